@@ -1,0 +1,1 @@
+"""Bourse buyer: the client library and the ``buyer`` / ``bourse`` commands."""

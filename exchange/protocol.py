@@ -1,0 +1,322 @@
+"""Wire contract v1: every message Bourse puts on NATS, and its JSON codec.
+
+One module, imported by the supplier, the exchange and the buyer. Messages are msgspec
+Structs tagged by a ``type`` field whose value is the class name. Receivers skip fields they
+do not know (so a newer peer may add optional fields); types and ranges are checked strictly
+on decode (no "2" for 2), and a decode error names the offending field by its JSON path.
+See docs/protocol.md for the prose version with an example of every message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any, Literal, TypeVar
+
+import msgspec
+from ulid import ULID
+
+PROTOCOL_VERSION = "v1"
+
+# A payload larger than this is refused with an Error before it is parsed. The server's own
+# max_payload (1 MiB by default) is larger, so an oversize message still reaches us and gets
+# a clear answer instead of a silent drop.
+MAX_PAYLOAD_BYTES = 64 * 1024
+
+# Resource ceilings per request: big enough for any machine that exists, small enough that
+# arithmetic and SQLite integers never overflow and a typo (memory_mb=10**12) is an error.
+MAX_CPUS = 4096
+MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB
+MAX_DISK_MB = 1024 * 1024 * 1024  # 1 EiB in MiB
+MAX_GPUS = 256
+MAX_DEADLINE_MS = 30_000
+DEFAULT_DEADLINE_MS = 500
+MAX_HOLD_MS = 60_000
+
+ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
+ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
+MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}$"
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}$"
+MACHINE_ID_SEPARATOR = "~"
+
+Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
+WorkerId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="worker id")]
+OrderId = Annotated[str, msgspec.Meta(pattern=ORDER_ID_PATTERN)]
+MachineId = Annotated[str, msgspec.Meta(pattern=MACHINE_ID_PATTERN)]
+Image = Annotated[str, msgspec.Meta(pattern=IMAGE_PATTERN)]
+LabelKey = Annotated[str, msgspec.Meta(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, msgspec.Meta(pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
+Metadata = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(min_length=1, max_length=64)],
+        Annotated[str, msgspec.Meta(max_length=1024)],
+    ],
+    msgspec.Meta(max_length=64),
+]
+Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Millis = Annotated[int, msgspec.Meta(ge=0)]
+
+UnfilledReason = Literal[
+    "no_workers", "no_offers", "below_min_score", "all_commits_rejected", "deadline"
+]
+RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
+ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
+MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
+MACHINE_VERBS = ("get", "list", "start", "stop", "destroy")
+EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch (only for timestamps shown to people)."""
+    return time.time_ns() // 1_000_000
+
+
+def new_order_id() -> str:
+    return str(ULID())
+
+
+def new_machine_id(worker_id: str) -> str:
+    return f"{worker_id}{MACHINE_ID_SEPARATOR}{ULID()}"
+
+
+def worker_of_machine(machine_id: str) -> str:
+    """The worker id embedded in a machine id (``<worker_id>~<ulid>``)."""
+    return machine_id.split(MACHINE_ID_SEPARATOR, 1)[0]
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True):
+    """An amount of every resource a worker sells. Memory and disk in MiB."""
+
+    cpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_CPUS)]
+    memory_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MEMORY_MB)]
+    disk_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_DISK_MB)] = 0
+    gpus: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)] = 0
+
+
+class Amount(msgspec.Struct, frozen=True, kw_only=True):
+    """Like Resources but may be zero everywhere: committed or held totals, capacities."""
+
+    cpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+    memory_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
+    disk_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
+    gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True):
+    """Base of every wire message: tagged by ``type`` = class name."""
+
+
+class PlaceOrder(Message, kw_only=True):
+    order_id: OrderId = msgspec.field(default_factory=new_order_id)
+    region: Region
+    resources: Resources
+    image: Image
+    constraints: Labels = {}
+    exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+    min_score: Score = 0.0
+    deadline_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
+    metadata: Metadata = {}
+
+
+class Bid(Message, kw_only=True):
+    order_id: OrderId
+    region: Region
+    resources: Resources
+    image: Image
+    constraints: Labels = {}
+    exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+    hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)]
+    # Added in v1: unique per auction run, so a Release from one run never drops the hold
+    # of a retry of the same order, and a bid that arrives after its own release is ignored.
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    # Added in v1: a worker whose free capacity is only taken by other orders' HOLDS (not by
+    # committed machines) may keep the bid up to wait_ms and answer as soon as a hold is
+    # released. 0 = answer now or stay silent. This keeps concurrent orders from starving
+    # each other when every order holds on every fitting worker.
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)] = 0
+
+
+class Offer(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    score: Score
+    subscores: dict[str, float] = {}
+    image_cached: bool = False
+    hold_expires_at_ms: Millis = 0
+    # Added in v1: set when this worker already runs a machine for this order id, so a
+    # retried order is answered with the machine it already has (I3).
+    machine_id: MachineId | None = None
+
+
+class Commit(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    resources: Resources
+    image: Image
+    metadata: Metadata = {}
+
+
+class Placed(Message, kw_only=True):
+    order_id: OrderId
+    machine_id: MachineId
+    worker_id: WorkerId
+    region: Region
+    score: Score
+    image_cached: bool
+    elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
+    # Added in v1: why this worker won (the winning offer's subscores), and whether this
+    # reply re-reports a machine that an earlier attempt with the same order id created.
+    subscores: dict[str, float] = {}
+    existing: bool = False
+
+
+class Rejected(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    reason: RejectReason
+    detail: str = ""
+
+
+class Unfilled(Message, kw_only=True):
+    order_id: OrderId
+    region: Region
+    reason: UnfilledReason
+    offers: Annotated[int, msgspec.Meta(ge=0)]
+    commits_tried: Annotated[int, msgspec.Meta(ge=0)]
+    elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
+    detail: str = ""
+
+
+class Error(Message, kw_only=True):
+    code: ErrorCode
+    detail: str
+
+
+class Release(Message, kw_only=True):
+    """Drop the hold for an order. On a worker's subject ``worker_id`` is that worker; on a
+    region's release subject it is empty and every worker of the region drops its hold.
+
+    ``abort_commit`` (added in v1): the auction gave up waiting for this worker's commit
+    reply; if the commit went through, the worker destroys that never-started machine so
+    the ``Unfilled`` the buyer saw stays true (I4).
+    """
+
+    order_id: OrderId
+    worker_id: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    abort_commit: bool = False
+
+
+class StatusRequest(Message, kw_only=True):
+    """Scatter-gather: every worker of the region answers with its WorkerStatus."""
+
+
+class WorkerStatus(Message, kw_only=True):
+    worker_id: WorkerId
+    region: Region
+    labels: dict[str, str]
+    capacity: Amount
+    committed: Amount
+    held: Amount
+    images: list[str]
+    machines: Annotated[int, msgspec.Meta(ge=0)]
+    draining: bool
+    holds: Annotated[int, msgspec.Meta(ge=0)] = 0  # added in v1: number of live holds
+
+
+class MachineRequest(Message, kw_only=True):
+    """Body of machine.get / start / stop / destroy."""
+
+    machine_id: MachineId
+
+
+class ListMachines(Message, kw_only=True):
+    """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask."""
+
+    worker_id: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    include_destroyed: bool = False
+
+
+class Machine(Message, kw_only=True):
+    machine_id: MachineId
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    state: MachineState
+    resources: Resources
+    image: Image
+    metadata: dict[str, str] = {}
+    score: Score = 0.0
+    created_at_ms: Millis = 0
+    updated_at_ms: Millis = 0
+    # Added in v1: destroyed because the auction gave up on its commit (Release.abort_commit);
+    # such a machine does not hold its order id, so the order can be retried.
+    aborted: bool = False
+
+
+class MachineList(Message, kw_only=True):
+    worker_id: WorkerId
+    machines: list[Machine]
+
+
+class Event(Message, kw_only=True):
+    kind: str
+    region: Region
+    worker_id: WorkerId
+    at_ms: Millis
+    order_id: str = ""
+    machine_id: str = ""
+    detail: str = ""
+
+
+# Replies a requester may get, per request kind.
+OrderReply = Placed | Unfilled | Error
+CommitReply = Placed | Rejected | Error
+MachineReply = Machine | MachineList | Error
+
+
+class BadMessage(ValueError):
+    """A payload that is not a valid message of the expected type. ``str()`` names the field."""
+
+
+_encoder = msgspec.json.Encoder()
+_decoders: dict[Any, msgspec.json.Decoder[Any]] = {}
+T = TypeVar("T")
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return _encoder.encode(msg)
+
+
+def _decoder(typ: Any) -> msgspec.json.Decoder[Any]:
+    dec = _decoders.get(typ)
+    if dec is None:
+        dec = _decoders[typ] = msgspec.json.Decoder(typ, strict=True)
+    return dec
+
+
+def type_name(typ: Any) -> str:
+    return getattr(typ, "__name__", None) or " | ".join(a.__name__ for a in typ.__args__)
+
+
+def decode(data: bytes, typ: type[T]) -> T:
+    """Decode ``data`` as ``typ`` (a message class or a union of them).
+
+    Raises BadMessage with a message that names the problem and the field, e.g.
+    ``invalid PlaceOrder: Expected `int` >= 1 - at `$.resources.cpus```.
+    """
+    if len(data) > MAX_PAYLOAD_BYTES:
+        raise BadMessage(
+            f"payload of {len(data)} bytes exceeds the limit of {MAX_PAYLOAD_BYTES} bytes"
+        )
+    if not data:
+        raise BadMessage(f"empty payload: expected a JSON {type_name(typ)} object")
+    try:
+        return _decoder(typ).decode(data)
+    except msgspec.ValidationError as exc:
+        raise BadMessage(f"invalid {type_name(typ)}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise BadMessage(f"malformed JSON: {exc}") from None

@@ -1,0 +1,72 @@
+"""What every long-running program does the same way: options shared by the CLIs, the
+event loop (uvloop when installed), and a clean stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import typer
+
+from exchange.connection import ENV_CREDS, ENV_URL
+from exchange.protocol import Labels
+
+T = TypeVar("T")
+
+NatsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nats",
+        envvar=ENV_URL,
+        help="NATS server URL (repeat, or comma-separate, for a cluster).",
+        show_default=False,
+    ),
+]
+CredsOpt = Annotated[
+    str | None, typer.Option("--creds", envvar=ENV_CREDS, help="NATS credentials file.")
+]
+PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help="Subject prefix.")]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
+LogJsonOpt = Annotated[bool, typer.Option("--log-json", help="Log JSON lines instead of k=v.")]
+
+
+def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, str]:
+    """``["disk=ssd", "zone=a"]`` -> dict; a clear error names the bad pair."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} {pair!r} must look like key=value")
+        out[key] = value
+    try:
+        return msgspec.convert(out, Labels)
+    except msgspec.ValidationError as exc:
+        raise typer.BadParameter(f"{what}: {exc}") from None
+
+
+def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
+    """Run ``main(stop_event)`` on uvloop if available; SIGINT/SIGTERM set the stop event."""
+
+    async def wrapper() -> T:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, stop.set)
+        return await main(stop)
+
+    try:
+        import uvloop  # optional speed-up: pip install bourse[fast]
+    except ImportError:
+        return asyncio.run(wrapper())
+    return uvloop.run(wrapper())
+
+
+def fail(message: str, code: int = 1) -> Any:
+    """One clear line on stderr and a non-zero exit."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

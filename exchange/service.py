@@ -1,0 +1,148 @@
+"""The exchange: a stateless broker. Any number of instances share the queue group
+``exchange``; each order is handled by one of them.
+
+- ``<root>.order.<region>``: PlaceOrder -> runs the auction -> Placed | Unfilled | Error
+- ``<root>.machine.<verb>``: routes to ``<root>.worker.<id>.machine.<verb>`` by the worker
+  id embedded in the machine id (or ListMachines.worker_id) and relays the worker's reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from exchange.auction import AuctionConfig, Auctioneer, AuctionError
+from exchange.protocol import (
+    MACHINE_VERBS,
+    BadMessage,
+    ListMachines,
+    MachineRequest,
+    PlaceOrder,
+    decode,
+    worker_of_machine,
+)
+from exchange.replies import Responder, subject_region_mismatch
+from exchange.subjects import EXCHANGE_QUEUE, Subjects
+
+log = structlog.get_logger("bourse.exchange")
+
+MACHINE_TIMEOUT_S = 5.0
+
+
+class ExchangeService:
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects | None = None,
+        *,
+        auction: AuctionConfig | None = None,
+        regions: set[str] | None = None,
+        max_inflight: int = 10_000,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects or Subjects()
+        self.auctioneer = Auctioneer(nc, self.subjects, auction)
+        self.regions = regions or None
+        self.max_inflight = max_inflight
+        self.responder = Responder(nc, "exchange")
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    async def start(self) -> None:
+        g = self.responder.guard
+        s = self.subjects
+        self._subs.append(
+            await self.nc.subscribe(s.order_all, queue=EXCHANGE_QUEUE, cb=g(self._on_order))
+        )
+        self._subs.append(
+            await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
+        )
+        await self.nc.flush()
+        log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
+
+    async def stop(self) -> None:
+        """Stop taking orders, let the ones under way finish (their deadlines bound it)."""
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=35)
+        await self.auctioneer.close()
+        log.info("exchange_stopped", counts=dict(self.responder.counts))
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _on_order(self, msg: Msg) -> None:
+        region = self.subjects.tail(msg.subject, 1)[0]
+        order = decode(msg.data, PlaceOrder)
+        if order.region != region:
+            raise subject_region_mismatch("order", order.region, region)
+        if self.regions is not None and region not in self.regions:
+            raise BadMessage(
+                f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
+            )
+        if len(self._tasks) >= self.max_inflight:
+            await self.responder.error(
+                msg, "internal", f"exchange overloaded: {len(self._tasks)} orders in flight"
+            )
+            return
+        self._spawn(self._place(msg, order))
+
+    async def _place(self, msg: Msg, order: PlaceOrder) -> None:
+        try:
+            result = await self.auctioneer.run(order)
+        except AuctionError as exc:
+            await self.responder.error(msg, "internal", str(exc))
+            return
+        except Exception as exc:
+            log.exception("auction_failed", order_id=order.order_id)
+            await self.responder.error(msg, "internal", f"{type(exc).__name__}: {exc}")
+            return
+        self.responder.counts[type(result).__name__] += 1
+        with contextlib.suppress(Exception):
+            await self.responder.reply(msg, result)
+
+    async def _on_machine(self, msg: Msg) -> None:
+        verb = self.subjects.tail(msg.subject, 1)[0]
+        if verb not in MACHINE_VERBS:
+            await self.responder.error(
+                msg,
+                "unknown_subject",
+                f"unknown machine verb {verb!r}: use one of {', '.join(MACHINE_VERBS)}",
+            )
+            return
+        if verb == "list":
+            worker_id = decode(msg.data, ListMachines).worker_id
+            if not worker_id:
+                raise BadMessage("machine.list through the exchange needs worker_id")
+        else:
+            worker_id = worker_of_machine(decode(msg.data, MachineRequest).machine_id)
+        self._spawn(self._relay(msg, worker_id, verb))
+
+    async def _relay(self, msg: Msg, worker_id: str, verb: str) -> None:
+        subject = self.subjects.worker_machine(worker_id, verb)
+        try:
+            reply = await self.nc.request(subject, msg.data, timeout=MACHINE_TIMEOUT_S)
+        except nats.errors.NoRespondersError:
+            await self.responder.error(
+                msg, "bad_request", f"worker {worker_id!r} is not reachable: no supplier serves it"
+            )
+            return
+        except nats.errors.TimeoutError:
+            await self.responder.error(
+                msg, "internal", f"worker {worker_id!r} did not answer {verb} in time"
+            )
+            return
+        if msg.reply:
+            await self.nc.publish(msg.reply, reply.data)

@@ -1,0 +1,84 @@
+"""Every NATS subject Bourse uses, built in one place.
+
+``bourse`` is the default prefix; a deployment may choose another (``--prefix``), e.g. to run
+two independent markets on one NATS account.
+"""
+
+from __future__ import annotations
+
+import re
+
+from exchange.protocol import ID_PATTERN, PROTOCOL_VERSION
+
+DEFAULT_PREFIX = "bourse"
+EXCHANGE_QUEUE = "exchange"
+_ID = re.compile(ID_PATTERN)
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def is_valid_id(value: str) -> bool:
+    """Region and worker ids: ``[a-z0-9][a-z0-9-]{0,62}``."""
+    return bool(_ID.match(value))
+
+
+class Subjects:
+    """Subject builders for one prefix. All subjects are ``<prefix>.v1.<kind>...``."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        if not _PREFIX.match(prefix):
+            raise ValueError(f"invalid subject prefix {prefix!r}: use tokens of [A-Za-z0-9_-]")
+        self.prefix = prefix
+        self.root = f"{prefix}.{PROTOCOL_VERSION}"
+        # Token positions, used to parse incoming subjects: root has len(prefix tokens)+1.
+        self.root_tokens = self.root.count(".") + 1
+
+    # -- orders and the auction ------------------------------------------------------------
+    def order(self, region: str) -> str:
+        return f"{self.root}.order.{region}"
+
+    @property
+    def order_all(self) -> str:
+        return f"{self.root}.order.*"
+
+    def bid(self, region: str) -> str:
+        return f"{self.root}.bid.{region}"
+
+    def region_release(self, region: str) -> str:
+        """Added in v1: one publish drops every worker's hold for an order in the region."""
+        return f"{self.root}.release.{region}"
+
+    def status(self, region: str) -> str:
+        return f"{self.root}.status.{region}"
+
+    # -- one worker ---------------------------------------------------------------------------
+    def worker_all(self, worker_id: str) -> str:
+        """Everything addressed to one worker: commit, release, machine.<verb>, and unknowns."""
+        return f"{self.root}.worker.{worker_id}.>"
+
+    def commit(self, worker_id: str) -> str:
+        return f"{self.root}.worker.{worker_id}.commit"
+
+    def release(self, worker_id: str) -> str:
+        return f"{self.root}.worker.{worker_id}.release"
+
+    def worker_machine(self, worker_id: str, verb: str) -> str:
+        return f"{self.root}.worker.{worker_id}.machine.{verb}"
+
+    # -- machines through the exchange --------------------------------------------------------
+    def machine(self, verb: str) -> str:
+        return f"{self.root}.machine.{verb}"
+
+    @property
+    def machine_all(self) -> str:
+        return f"{self.root}.machine.*"
+
+    # -- events -------------------------------------------------------------------------------
+    def event(self, region: str, worker_id: str, kind: str) -> str:
+        return f"{self.root}.event.{region}.{worker_id}.{kind}"
+
+    def events(self, region: str = "*", worker_id: str = "*", kind: str = "*") -> str:
+        return f"{self.root}.event.{region}.{worker_id}.{kind}"
+
+    def tail(self, subject: str, skip: int) -> list[str]:
+        """Tokens of ``subject`` after the root and ``skip`` more tokens."""
+        return subject.split(".")[self.root_tokens + skip :]

@@ -1,0 +1,1 @@
+"""Bourse supplier daemon: one (or many virtual) workers selling their capacity."""

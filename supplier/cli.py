@@ -1,0 +1,149 @@
+"""``supplier run``: one worker from flags, or a fleet of virtual workers from a TOML file."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+import typer
+
+from exchange import logs
+from exchange.connection import connect, split_urls
+from exchange.runtime import (
+    CredsOpt,
+    LogJsonOpt,
+    LogLevelOpt,
+    NatsOpt,
+    PrefixOpt,
+    fail,
+    parse_labels,
+    run,
+)
+from exchange.subjects import DEFAULT_PREFIX, Subjects
+from supplier.config import (
+    ConfigError,
+    WorkerConfig,
+    check_workers,
+    load_fleet,
+)
+from supplier.host import SupplierHost
+from supplier.store import Store, StoreError
+
+app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
+
+DB_NAME = "supplier.db"
+
+
+@app.callback()
+def main() -> None:
+    """Bourse supplier daemon."""
+
+
+@app.command("run")
+def run_cmd(
+    worker_id: Annotated[str | None, typer.Option(help="This worker's id.")] = None,
+    region: Annotated[str | None, typer.Option(help="The region it sells in.")] = None,
+    cpus: Annotated[int, typer.Option(min=0)] = 0,
+    memory_mb: Annotated[int, typer.Option(min=0)] = 0,
+    disk_mb: Annotated[int, typer.Option(min=0)] = 0,
+    gpus: Annotated[int, typer.Option(min=0)] = 0,
+    label: Annotated[list[str] | None, typer.Option(help="key=value (repeatable).")] = None,
+    image: Annotated[list[str] | None, typer.Option(help="A cached image (repeatable).")] = None,
+    preset: Annotated[str, typer.Option(help="Utility preset: spread or binpack.")] = "spread",
+    image_weight: Annotated[float, typer.Option(min=0, max=1)] = 0.3,
+    spread_ms: Annotated[float, typer.Option(min=0, max=1000)] = 4.0,
+    fleet: Annotated[
+        Path | None, typer.Option(help="TOML file of virtual workers to host in this process.")
+    ] = None,
+    data_dir: Annotated[Path | None, typer.Option(help="Where the SQLite state lives.")] = None,
+    draining: Annotated[bool, typer.Option(help="Start without offering capacity.")] = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    log_level: LogLevelOpt = "info",
+    log_json: LogJsonOpt = False,
+) -> None:
+    """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
+    logs.configure(log_level, log_json)
+    urls = split_urls(nats)
+    if not urls:
+        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    try:
+        if fleet is not None:
+            if worker_id or region:
+                fail(
+                    "--fleet and --worker-id/--region are exclusive: describe workers in one place"
+                )
+            workers = load_fleet(fleet)
+            data_dir = data_dir or Path(".bourse") / f"fleet-{fleet.stem}"
+        else:
+            workers = [
+                _single_worker(
+                    worker_id,
+                    region,
+                    cpus,
+                    memory_mb,
+                    disk_mb,
+                    gpus,
+                    label,
+                    image,
+                    preset,
+                    image_weight,
+                    spread_ms,
+                    draining,
+                )
+            ]
+            data_dir = data_dir or Path(".bourse") / workers[0].worker_id
+        check_workers(workers)
+        subjects = Subjects(prefix)
+        store = Store(data_dir / DB_NAME)
+    except (ConfigError, StoreError, ValueError) as exc:
+        fail(str(exc))
+
+    async def main(stop: asyncio.Event) -> None:
+        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
+        host = SupplierHost(nc, workers, store, subjects)
+        await host.start()
+        typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
+        await stop.wait()
+        await host.stop()
+        await nc.drain()
+        store.close()
+
+    run(main)
+
+
+def _single_worker(
+    worker_id: str | None,
+    region: str | None,
+    cpus: int,
+    memory_mb: int,
+    disk_mb: int,
+    gpus: int,
+    label: list[str] | None,
+    image: list[str] | None,
+    preset: str,
+    image_weight: float,
+    spread_ms: float,
+    draining: bool,
+) -> WorkerConfig:
+    if not worker_id or not region:
+        fail("--worker-id and --region are required (or use --fleet FILE)")
+    if cpus < 1 or memory_mb < 1:
+        fail("--cpus and --memory-mb must be at least 1")
+    raw = {
+        "worker_id": worker_id,
+        "region": region,
+        "capacity": {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+        "labels": parse_labels(label),
+        "images": image or [],
+        "pricing": {"preset": preset, "image_weight": image_weight, "spread_ms": spread_ms},
+        "draining": draining,
+    }
+    try:
+        return msgspec.convert(raw, WorkerConfig, strict=True)
+    except msgspec.ValidationError as exc:
+        fail(f"invalid worker: {exc}")
+    raise AssertionError("unreachable")

@@ -1,0 +1,92 @@
+"""What a worker sells and how it prices: its identity, capacity, labels, images, curves.
+
+A single worker comes from ``supplier run`` flags; a fleet of virtual workers sharing one
+process and one NATS connection comes from a TOML file (``supplier run --fleet FILE``):
+
+    [defaults]
+    data_dir = "/var/lib/bourse"
+
+    [[worker]]
+    worker_id = "mad-1"
+    region = "mad"
+    capacity = { cpus = 16, memory_mb = 65536, disk_mb = 500000 }
+    labels = { disk = "ssd" }
+    images = ["web", "db"]
+    pricing = { preset = "binpack" }
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Annotated, Literal
+
+import msgspec
+
+from exchange.protocol import Amount, Image, Labels, Region, WorkerId
+
+Preset = Literal["spread", "binpack"]
+# A curve is a list of [utilization, desirability] points, utilization ascending in [0, 1].
+Curve = Annotated[
+    list[Annotated[list[float], msgspec.Meta(min_length=2, max_length=2)]],
+    msgspec.Meta(min_length=2, max_length=32),
+]
+
+
+class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """The worker's utility function. See supplier/pricing.py for the formula."""
+
+    preset: Preset = "spread"
+    curves: dict[str, Curve] = {}  # per resource, overriding the preset's curve
+    weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    image_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.3
+    spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
+
+
+class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    worker_id: WorkerId
+    region: Region
+    capacity: Amount
+    labels: Labels = {}
+    images: list[Image] = []
+    pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
+    draining: bool = False
+
+
+class FleetFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    worker: list[WorkerConfig]
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def load_fleet(path: str | Path) -> list[WorkerConfig]:
+    """Read a fleet TOML file; errors name the file and the offending field."""
+    try:
+        raw = tomllib.loads(Path(path).read_text())
+        fleet = msgspec.convert(raw, FleetFile, strict=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot read fleet file {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"fleet file {path} is not valid TOML: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"fleet file {path}: {exc}") from None
+    check_workers(fleet.worker)
+    return fleet.worker
+
+
+def check_workers(workers: list[WorkerConfig]) -> None:
+    seen: set[str] = set()
+    for w in workers:
+        if w.worker_id in seen:
+            raise ConfigError(f"worker id {w.worker_id!r} appears twice")
+        seen.add(w.worker_id)
+        if w.capacity.cpus < 1 or w.capacity.memory_mb < 1:
+            raise ConfigError(f"worker {w.worker_id}: capacity needs cpus >= 1 and memory_mb >= 1")
+        from supplier.pricing import build_curves  # validates the curves
+
+        try:
+            build_curves(w.pricing)
+        except ValueError as exc:
+            raise ConfigError(f"worker {w.worker_id}: {exc}") from None

@@ -1,0 +1,251 @@
+"""The supplier daemon's NATS side: one connection, one store, one or many workers.
+
+Per region the host has ONE subscription each for bids, region releases and status, and
+fans a message out to its workers of that region in-process, so a thousand virtual workers
+cost a thousand dict entries rather than a thousand deliveries. Each worker has its own
+subscription for what is addressed to it (``<root>.worker.<id>.>``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import OrderedDict
+from collections.abc import Coroutine
+from typing import Any
+
+import structlog
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from exchange.protocol import (
+    MACHINE_VERBS,
+    BadMessage,
+    Bid,
+    Commit,
+    Event,
+    ListMachines,
+    MachineRequest,
+    Offer,
+    Release,
+    StatusRequest,
+    decode,
+    encode,
+    worker_of_machine,
+)
+from exchange.replies import Responder, subject_region_mismatch
+from exchange.subjects import Subjects
+from supplier.config import WorkerConfig, check_workers
+from supplier.store import Store
+from supplier.worker import Worker
+
+log = structlog.get_logger("bourse.supplier")
+
+SWEEP_INTERVAL_S = 0.05
+# A region release can overtake its own bid (they travel on two subscriptions). The host
+# remembers released (order, auction) pairs this long and ignores such late bids.
+TOMBSTONE_TTL_S = 5.0
+
+
+class SupplierHost:
+    def __init__(
+        self,
+        nc: NATS,
+        workers: list[WorkerConfig],
+        store: Store,
+        subjects: Subjects | None = None,
+    ) -> None:
+        check_workers(workers)
+        self.nc = nc
+        self.subjects = subjects or Subjects()
+        self.store = store
+        self.responder = Responder(nc, "supplier")
+        self.workers: dict[str, Worker] = {}
+        self.by_region: dict[str, list[Worker]] = {}
+        for cfg in workers:
+            w = Worker(cfg, store, self._emit)
+            w.send_offer = self._send_late_offer
+            self.workers[cfg.worker_id] = w
+            self.by_region.setdefault(cfg.region, []).append(w)
+        self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
+        self._subs: list[Subscription] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+
+    # -- life ---------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for w in self.workers.values():
+            w.recover()
+        g = self.responder.guard
+        s = self.subjects
+        for region in self.by_region:
+            self._subs.append(await self.nc.subscribe(s.bid(region), cb=g(self._on_bid)))
+            self._subs.append(
+                await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
+            )
+            self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
+        for wid in self.workers:
+            self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
+        await self.nc.flush()
+        self._sweeper = asyncio.create_task(self._sweep())
+        log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
+
+    async def stop(self) -> None:
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        self._subs.clear()
+        if self._sweeper:
+            self._sweeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sweeper
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=10)
+        log.info("supplier_stopped", workers=len(self.workers))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("task_failed", error=repr(task.exception()))
+
+    def _emit(self, event: Event) -> None:
+        subject = self.subjects.event(event.region, event.worker_id, event.kind)
+        self._spawn(self.nc.publish(subject, encode(event)))
+
+    def _region_of(self, msg: Msg) -> str:
+        return self.subjects.tail(msg.subject, 1)[0]
+
+    # -- bids -------------------------------------------------------------------------------------
+    async def _on_bid(self, msg: Msg) -> None:
+        bid = decode(msg.data, Bid)
+        region = self._region_of(msg)
+        if bid.region != region:
+            raise subject_region_mismatch("bid", bid.region, region)
+        if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
+            return
+        now = time.monotonic()
+        offers: list[tuple[float, Offer, Worker]] = []
+        for w in self.by_region.get(region, ()):
+            answer = w.bid(bid, now, msg.reply)
+            if answer is not None:
+                offers.append((answer[1], answer[0], w))
+        if not offers:
+            return
+        offers.sort(key=lambda o: o[0])
+        if offers[-1][0] <= 0:
+            for _, offer, _ in offers:
+                await self.nc.publish(msg.reply, encode(offer))
+        else:
+            self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
+
+    async def _send_offers(
+        self, inbox: str, auction_id: str, t0: float, offers: list[tuple[float, Offer, Worker]]
+    ) -> None:
+        """Send each offer at t0 + its delay (best first), unless released meanwhile."""
+        for delay, offer, w in offers:
+            wait = t0 + delay - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if offer.machine_id or w.holds_for(offer.order_id, auction_id):
+                await self.nc.publish(inbox, encode(offer))
+
+    def _send_late_offer(self, inbox: str, auction_id: str, offer: Offer, delay: float) -> None:
+        """A waiting bid found capacity: send its offer (still ordered by score)."""
+        self._spawn(
+            self._send_offers(
+                inbox, auction_id, time.monotonic(), [(delay, offer, self.workers[offer.worker_id])]
+            )
+        )
+
+    async def _on_region_release(self, msg: Msg) -> None:
+        rel = decode(msg.data, Release)
+        self.released[(rel.order_id, rel.auction_id)] = time.monotonic()
+        for w in self.by_region.get(self._region_of(msg), ()):
+            w.release(rel.order_id, rel.auction_id)
+
+    async def _on_status(self, msg: Msg) -> None:
+        if msg.data.strip():
+            decode(msg.data, StatusRequest)
+        for w in self.by_region.get(self._region_of(msg), ()):
+            await self.responder.reply(msg, w.status())
+
+    # -- one worker's subjects -------------------------------------------------------------------
+    async def _on_worker(self, msg: Msg) -> None:
+        wid, *rest = self.subjects.tail(msg.subject, 1)
+        w = self.workers[wid]
+        if rest == ["commit"]:
+            commit = decode(msg.data, Commit)
+            self._spawn(self._commit(w, msg, commit))
+        elif rest == ["release"]:
+            rel = decode(msg.data, Release)
+            if rel.worker_id and rel.worker_id != wid:
+                raise BadMessage(f"release for worker {rel.worker_id!r} sent to worker {wid!r}")
+            w.release(rel.order_id, rel.auction_id, rel.abort_commit)
+        elif len(rest) == 2 and rest[0] == "machine" and rest[1] in MACHINE_VERBS:
+            await self._machine(w, msg, rest[1])
+        else:
+            await self.responder.error(
+                msg,
+                "unknown_subject",
+                f"unknown subject {msg.subject!r}: a worker answers commit, release and "
+                f"machine.<{'|'.join(MACHINE_VERBS)}>",
+            )
+
+    async def _commit(self, w: Worker, msg: Msg, commit: Commit) -> None:
+        try:
+            result = await w.commit(commit)
+            await self.responder.reply(msg, result)
+        except Exception as exc:  # a task: nobody else would answer the requester
+            w.log.exception("commit_failed", order_id=commit.order_id)
+            await self.responder.error(msg, "internal", f"{type(exc).__name__}: {exc}")
+
+    async def _machine(self, w: Worker, msg: Msg, verb: str) -> None:
+        if verb == "list":
+            req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
+            await self.responder.reply(msg, w.list_machines(req.include_destroyed))
+            return
+        mreq = decode(msg.data, MachineRequest)
+        if worker_of_machine(mreq.machine_id) != w.worker_id:
+            raise BadMessage(f"machine {mreq.machine_id} does not belong to worker {w.worker_id}")
+        if verb == "get":
+            await self.responder.reply(msg, w.get_machine(mreq.machine_id))
+        else:
+            self._spawn(self._transition(w, msg, verb, mreq.machine_id))
+
+    async def _transition(self, w: Worker, msg: Msg, verb: str, machine_id: str) -> None:
+        await self.responder.reply(msg, await w.transition(verb, machine_id))
+
+    # -- housekeeping ---------------------------------------------------------------------------
+    async def _sweep(self) -> None:
+        """Expire holds (publishing hold_expired) and forget old tombstones."""
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            now = time.monotonic()
+            for w in self.workers.values():
+                if w.ledger.holds:
+                    w.expire_holds(now)
+                if w.waiting:
+                    w.prune_waiting(now)
+            cutoff = now - TOMBSTONE_TTL_S
+            while self.released:
+                key, at = next(iter(self.released.items()))
+                if at > cutoff:
+                    break
+                del self.released[key]
+
+    def check_invariants(self) -> list[str]:
+        """I1 on every worker of this host; returns the violations found."""
+        problems = []
+        for w in self.workers.values():
+            try:
+                w.ledger.check()
+            except AssertionError as exc:
+                problems.append(f"{w.worker_id}: {exc}")
+        return problems

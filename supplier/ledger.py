@@ -1,0 +1,158 @@
+"""A worker's capacity accounting: capacity, committed, and holds with a TTL (I1).
+
+Resources are 4-tuples (cpus, memory_mb, disk_mb, gpus) of ints. The ledger keeps
+``committed + held <= capacity`` per resource at all times: a hold is only added when it
+fits, a commit converts a hold into committed without ever adding on top of it, and a hold
+that is being committed is pinned (it can neither expire nor be released underneath the
+write). Holds live in memory and use the monotonic clock: a restart forgets them, which is
+safe because a commit without a live hold is rejected.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+
+Vec = tuple[int, int, int, int]
+ZERO: Vec = (0, 0, 0, 0)
+
+# How long a worker remembers that a hold expired, to answer a late commit with
+# "hold_expired" instead of "no_hold".
+EXPIRED_MEMORY = 4096
+
+
+def add(a: Sequence[int], b: Sequence[int]) -> Vec:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+
+
+def sub(a: Sequence[int], b: Sequence[int]) -> Vec:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
+
+
+def leq(a: Sequence[int], b: Sequence[int]) -> bool:
+    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3]
+
+
+class Hold:
+    __slots__ = (
+        "auction_id",
+        "committing",
+        "expires_at",
+        "image_cached",
+        "order_id",
+        "score",
+        "subscores",
+        "want",
+    )
+
+    def __init__(
+        self,
+        order_id: str,
+        want: Vec,
+        expires_at: float,
+        score: float,
+        subscores: dict[str, float],
+        image_cached: bool,
+        auction_id: str,
+    ) -> None:
+        self.order_id = order_id
+        self.want = want
+        self.expires_at = expires_at
+        self.score = score
+        self.subscores = subscores
+        self.image_cached = image_cached
+        self.auction_id = auction_id
+        self.committing = False
+
+
+class Ledger:
+    def __init__(self, capacity: Vec) -> None:
+        self.capacity = capacity
+        self.committed: Vec = ZERO
+        self.held: Vec = ZERO
+        self.holds: dict[str, Hold] = {}
+        self._expiry: list[tuple[float, str]] = []  # heap of (expires_at, order_id)
+        self.recently_expired: OrderedDict[str, None] = OrderedDict()
+
+    @property
+    def free(self) -> Vec:
+        return sub(self.capacity, add(self.committed, self.held))
+
+    @property
+    def free_of_committed(self) -> Vec:
+        """What would be free if every hold were released."""
+        return sub(self.capacity, self.committed)
+
+    @property
+    def used(self) -> Vec:
+        return add(self.committed, self.held)
+
+    def check(self) -> None:
+        """Raise if I1 is broken (used by tests and the load-test harness)."""
+        if not leq(self.used, self.capacity):
+            raise AssertionError(
+                f"overcommitted: committed {self.committed} + held {self.held} > {self.capacity}"
+            )
+
+    # -- holds -----------------------------------------------------------------------------
+    def hold(self, hold: Hold) -> bool:
+        """Add a hold if it fits (the caller priced it against ``free`` just before)."""
+        if not leq(hold.want, self.free):
+            return False
+        self.holds[hold.order_id] = hold
+        self.held = add(self.held, hold.want)
+        heapq.heappush(self._expiry, (hold.expires_at, hold.order_id))
+        return True
+
+    def drop(self, order_id: str, auction_id: str = "") -> Hold | None:
+        """Release a hold unless it is being committed (or belongs to another auction)."""
+        h = self.holds.get(order_id)
+        if h is None or h.committing or (auction_id and h.auction_id != auction_id):
+            return None
+        return self._remove(h)
+
+    def _remove(self, h: Hold) -> Hold:
+        del self.holds[h.order_id]
+        self.held = sub(self.held, h.want)
+        return h
+
+    def expire(self, now: float | None = None) -> list[Hold]:
+        """Drop holds past their TTL; returns them (for hold_expired events)."""
+        now = time.monotonic() if now is None else now
+        gone: list[Hold] = []
+        heap = self._expiry
+        while heap and heap[0][0] <= now:
+            expires_at, order_id = heapq.heappop(heap)
+            h = self.holds.get(order_id)
+            # Stale heap entries (hold dropped, or refreshed with a later expiry) are skipped.
+            if h is None or h.expires_at != expires_at:
+                continue
+            if h.committing:
+                continue  # pinned: the commit decides; it removes the hold itself
+            gone.append(self._remove(h))
+            self.recently_expired[order_id] = None
+            if len(self.recently_expired) > EXPIRED_MEMORY:
+                self.recently_expired.popitem(last=False)
+        return gone
+
+    # -- commits ----------------------------------------------------------------------------
+    def convert(self, h: Hold, want: Vec) -> None:
+        """A durable commit: the hold becomes committed (``want`` <= the hold's amount)."""
+        if self.holds.get(h.order_id) is h:
+            self._remove(h)
+        self.committed = add(self.committed, want)
+
+    def unpin(self, h: Hold) -> None:
+        """A commit failed: the hold goes away (the buyer's auction moves on)."""
+        h.committing = False
+        if self.holds.get(h.order_id) is h:
+            self._remove(h)
+
+    def load_committed(self, want: Vec) -> None:
+        """Recovery: machines found in the store count as committed."""
+        self.committed = add(self.committed, want)
+
+    def free_committed(self, want: Vec) -> None:
+        self.committed = sub(self.committed, want)

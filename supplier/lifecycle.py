@@ -1,0 +1,36 @@
+"""Machine lifecycle: which verb moves a machine from which state to which.
+
+    reserved -> starting -> started -> stopping -> stopped -> destroyed
+
+``start``, ``stop`` and ``destroy`` are idempotent (start on a started machine returns it
+unchanged); anything else not in the table is an InvalidTransition with a clear message.
+"""
+
+from __future__ import annotations
+
+LIVE_STATES = ("reserved", "starting", "started", "stopping", "stopped")
+
+# verb -> {from_state: to_state}
+TRANSITIONS: dict[str, dict[str, str]] = {
+    "start": {"reserved": "started", "stopped": "started", "starting": "started"},
+    "stop": {"started": "stopped", "starting": "stopped", "stopping": "stopped"},
+    "destroy": {s: "destroyed" for s in LIVE_STATES},
+}
+# verb -> the state in which it has nothing to do
+SETTLED = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
+# verb -> the event published when it changes a machine
+EVENT_OF = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
+
+
+class InvalidTransition(ValueError):
+    pass
+
+
+def next_state(verb: str, machine_id: str, state: str) -> str:
+    """The state after ``verb``; ``state`` itself when there is nothing to do."""
+    if SETTLED.get(verb) == state:
+        return state
+    to = TRANSITIONS.get(verb, {}).get(state)
+    if to is None:
+        raise InvalidTransition(f"cannot {verb} machine {machine_id}: it is {state}")
+    return to

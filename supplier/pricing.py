@@ -1,0 +1,141 @@
+"""The supplier's price for a bid: a short pipeline of small pure stages.
+
+    fit/filter   -> rejection reason or None      (check_fit)
+    utilization  -> u_r after placement, per resource the order asks for
+    utility      -> f_r(u_r), piecewise-linear curves (preset spread / binpack, overridable)
+    combine      -> weighted mean of f_r(u_r) = "utility"
+    image term   -> score = (1 - image_weight) * utility + image_weight * cached
+
+Every stage contributes a named subscore so an Offer (and the Placed it turns into) explains
+itself: {"cpus": .., "memory_mb": .., "utility": .., "image": ..}.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Mapping, Sequence
+from itertools import pairwise
+
+from supplier.config import PricingConfig
+
+RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
+# Resources scored even when the order asks for none of them is impossible: cpus and memory
+# are always >= 1. Disk and gpus count only when asked for, so a GPU worker is not "empty"
+# (and so attractive under spread) to orders that need no GPU.
+DEFAULT_WEIGHTS = {"cpus": 1.0, "memory_mb": 1.0, "disk_mb": 0.5, "gpus": 1.0}
+PRESET_CURVES: dict[str, tuple[tuple[float, float], ...]] = {
+    "spread": ((0.0, 1.0), (1.0, 0.0)),  # prefer emptier workers
+    "binpack": ((0.0, 0.0), (1.0, 1.0)),  # prefer fuller workers
+}
+
+# Named rejection reasons (why a worker stays silent), for logs and tests.
+EXCLUDED = "excluded"
+DRAINING = "draining"
+CONSTRAINT_MISMATCH = "constraint_mismatch"
+INSUFFICIENT = "insufficient"
+
+
+class Curve:
+    """Piecewise-linear f(u) through points (u ascending); clamped outside [u0, un]."""
+
+    __slots__ = ("us", "vs")
+
+    def __init__(self, points: Sequence[Sequence[float]]) -> None:
+        pts = [(float(u), float(v)) for u, v in points]
+        if len(pts) < 2:
+            raise ValueError("a curve needs at least 2 points")
+        for (u0, _), (u1, _) in pairwise(pts):
+            if not u1 > u0:
+                raise ValueError(f"curve points must have strictly ascending utilization: {pts}")
+        for u, v in pts:
+            if not (0.0 <= u <= 1.0 and 0.0 <= v <= 1.0):
+                raise ValueError(f"curve point ({u}, {v}) is outside [0, 1] x [0, 1]")
+        self.us = [u for u, _ in pts]
+        self.vs = [v for _, v in pts]
+
+    def __call__(self, u: float) -> float:
+        us, vs = self.us, self.vs
+        if u <= us[0]:
+            return vs[0]
+        if u >= us[-1]:
+            return vs[-1]
+        i = bisect_right(us, u)
+        u0, u1, v0, v1 = us[i - 1], us[i], vs[i - 1], vs[i]
+        return v0 + (v1 - v0) * (u - u0) / (u1 - u0)
+
+
+class Pricer:
+    """A worker's utility function, built once from its PricingConfig."""
+
+    __slots__ = ("curves", "image_weight", "spread_ms", "weights")
+
+    def __init__(self, cfg: PricingConfig) -> None:
+        self.curves = build_curves(cfg)
+        self.weights = {**DEFAULT_WEIGHTS, **cfg.weights}
+        self.image_weight = cfg.image_weight
+        self.spread_ms = cfg.spread_ms
+
+    def price(
+        self,
+        capacity: Sequence[int],
+        used: Sequence[int],
+        want: Sequence[int],
+        image_cached: bool,
+    ) -> tuple[float, dict[str, float]]:
+        """Score in [0, 1] and subscores for placing ``want`` on top of ``used``."""
+        subscores: dict[str, float] = {}
+        total = weight_sum = 0.0
+        for i, name in enumerate(RESOURCES):
+            if want[i] == 0 or capacity[i] == 0:
+                continue
+            u = (used[i] + want[i]) / capacity[i]
+            f = self.curves[name](u)
+            w = self.weights[name]
+            subscores[name] = round(f, 6)
+            total += w * f
+            weight_sum += w
+        utility = total / weight_sum if weight_sum else 0.0
+        image = 1.0 if image_cached else 0.0
+        score = (1.0 - self.image_weight) * utility + self.image_weight * image
+        subscores["utility"] = round(utility, 6)
+        subscores["image"] = image
+        return round(min(1.0, max(0.0, score)), 6), subscores
+
+    def delay_s(self, score: float) -> float:
+        """Better offers answer first: wait (1 - score) * spread_ms."""
+        return (1.0 - score) * self.spread_ms / 1000.0
+
+
+def build_curves(cfg: PricingConfig) -> dict[str, Curve]:
+    unknown = set(cfg.curves) - set(RESOURCES)
+    if unknown:
+        raise ValueError(f"unknown resource(s) in curves: {sorted(unknown)}; use {RESOURCES}")
+    unknown = set(cfg.weights) - set(RESOURCES)
+    if unknown:
+        raise ValueError(f"unknown resource(s) in weights: {sorted(unknown)}; use {RESOURCES}")
+    base = PRESET_CURVES[cfg.preset]
+    return {r: Curve(cfg.curves.get(r, base)) for r in RESOURCES}
+
+
+def check_fit(
+    *,
+    worker_id: str,
+    labels: Mapping[str, str],
+    draining: bool,
+    free: Sequence[int],
+    want: Sequence[int],
+    constraints: Mapping[str, str],
+    exclude_workers: Sequence[str],
+) -> str | None:
+    """None if the worker can offer, else the named reason it stays silent."""
+    if draining:
+        return DRAINING
+    if exclude_workers and worker_id in exclude_workers:
+        return EXCLUDED
+    for key, value in constraints.items():
+        if labels.get(key) != value:
+            return CONSTRAINT_MISMATCH
+    for i in range(4):
+        if want[i] > free[i]:
+            return INSUFFICIENT
+    return None

@@ -1,0 +1,213 @@
+"""Durable worker state: an append-only op log plus the materialized machines table.
+
+One SQLite file per supplier process (``<data_dir>/supplier.db``), WAL mode,
+``synchronous=FULL``; rows carry the worker id, so many virtual workers in one process
+share a file. Every change is one transaction that appends to ``oplog`` and upserts
+``machines`` together, so the two never disagree.
+
+Writes go through one writer thread with group commit: whatever is queued when the
+thread wakes is written in one transaction and fsynced once, then every waiter is told.
+``await store.write(...)`` returns only after the data is durable, so a ``Placed`` reply
+sent after it survives kill -9 (I2). The event loop never blocks on the disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import structlog
+
+from exchange.protocol import Machine, now_ms
+
+log = structlog.get_logger("bourse.store")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS oplog (
+    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+    worker_id  TEXT    NOT NULL,
+    at_ms      INTEGER NOT NULL,
+    op         TEXT    NOT NULL,
+    order_id   TEXT    NOT NULL,
+    machine_id TEXT    NOT NULL,
+    state      TEXT    NOT NULL,
+    detail     TEXT    NOT NULL DEFAULT '',
+    machine    BLOB    NOT NULL
+);
+CREATE TABLE IF NOT EXISTS machines (
+    machine_id    TEXT PRIMARY KEY,
+    worker_id     TEXT    NOT NULL,
+    order_id      TEXT    NOT NULL,
+    state         TEXT    NOT NULL,
+    updated_at_ms INTEGER NOT NULL,
+    machine       BLOB    NOT NULL
+);
+-- I3 on disk: at most one live machine per order id on a worker.
+CREATE UNIQUE INDEX IF NOT EXISTS machines_live_order
+    ON machines (worker_id, order_id) WHERE state != 'destroyed';
+CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
+"""
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(Machine)
+_STOP = object()
+
+
+class StoreError(RuntimeError):
+    """The data dir cannot take writes (disk full, read-only, corrupt file)."""
+
+
+@dataclass(slots=True)
+class Op:
+    """One change: ``op`` names it (place, start, stop, destroy, ...); ``machine`` is the
+    machine's full state after it."""
+
+    op: str
+    machine: Machine
+    detail: str = ""
+
+
+class Store:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            with self._connect() as conn:
+                conn.executescript(SCHEMA)
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open {self.path}: {exc}") from None
+        self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._writer, name=f"store:{self.path}", daemon=True)
+        self._thread.start()
+        self.batches = 0
+        self.ops = 0
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute("PRAGMA busy_timeout=5000")
+        return conn
+
+    # -- reads (start-up and tests) ------------------------------------------------------------
+    def load_machines(self, worker_id: str) -> list[Machine]:
+        """The materialized state of one worker, for recovery after a restart."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT machine FROM machines WHERE worker_id = ? ORDER BY machine_id", (worker_id,)
+            ).fetchall()
+        finally:
+            conn.close()
+        return [_dec.decode(r[0]) for r in rows]
+
+    def oplog(self, worker_id: str | None = None) -> list[tuple[int, str, str, str, str]]:
+        """(seq, op, order_id, machine_id, state) rows, oldest first."""
+        conn = self._connect()
+        try:
+            sql = "SELECT seq, op, order_id, machine_id, state FROM oplog"
+            args: tuple[str, ...] = ()
+            if worker_id:
+                sql += " WHERE worker_id = ?"
+                args = (worker_id,)
+            return conn.execute(sql + " ORDER BY seq", args).fetchall()
+        finally:
+            conn.close()
+
+    # -- writes ----------------------------------------------------------------------------------
+    async def write(self, *ops: Op) -> None:
+        """Append ``ops`` in one transaction; returns once it is durable. Raises StoreError."""
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put((ops, fut, loop))
+        await fut
+
+    def _writer(self) -> None:
+        try:
+            conn = self._connect()
+        except sqlite3.Error as exc:
+            log.error("store_open_failed", path=str(self.path), error=str(exc))
+            conn = None
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                break
+            batch = [first]
+            stop = False
+            while len(batch) < 1024:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is _STOP:
+                    stop = True
+                    break
+                batch.append(item)
+            self._write_batch(conn, batch)  # type: ignore[arg-type]
+            if stop:
+                break
+        if conn is not None:
+            conn.close()
+
+    def _write_batch(self, conn: sqlite3.Connection | None, batch: list) -> None:
+        try:
+            if conn is None:
+                raise sqlite3.OperationalError("database could not be opened")
+            self._apply(conn, [op for ops, _, _ in batch for op in ops])
+            self.batches += 1
+            self.ops += len(batch)
+            for _, fut, loop in batch:
+                loop.call_soon_threadsafe(_resolve, fut, None)
+        except sqlite3.Error as exc:
+            # A failed group: retry each change alone so one bad change spoils no other.
+            if len(batch) > 1 and conn is not None:
+                for item in batch:
+                    self._write_batch(conn, [item])
+                return
+            err = StoreError(f"write to {self.path} failed: {exc}")
+            for _, fut, loop in batch:
+                loop.call_soon_threadsafe(_resolve, fut, err)
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
+        at = now_ms()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for op in ops:
+                m = op.machine
+                blob = _enc.encode(m)
+                conn.execute(
+                    "INSERT INTO oplog (worker_id, at_ms, op, order_id, machine_id, state, detail,"
+                    " machine) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                    (m.worker_id, at, op.op, m.order_id, m.machine_id, m.state, op.detail, blob),
+                )
+                conn.execute(
+                    "INSERT INTO machines (machine_id, worker_id, order_id, state, updated_at_ms,"
+                    " machine) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (machine_id) DO UPDATE SET"
+                    " state = excluded.state, updated_at_ms = excluded.updated_at_ms,"
+                    " machine = excluded.machine",
+                    (m.machine_id, m.worker_id, m.order_id, m.state, m.updated_at_ms, blob),
+                )
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(_STOP)
+            self._thread.join(timeout=10)
+
+
+def _resolve(fut: asyncio.Future[None], err: BaseException | None) -> None:
+    if fut.done():
+        return
+    if err is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(err)

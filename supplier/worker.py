@@ -1,0 +1,415 @@
+"""One worker's market logic: answer bids, hold, commit durably, release, report status.
+
+No NATS here: the host (supplier/host.py) decodes messages and calls these methods, so
+the same code serves a real worker and a thousand virtual ones in a load test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+import structlog
+
+from exchange.protocol import (
+    Amount,
+    Bid,
+    Commit,
+    CommitReply,
+    Error,
+    Event,
+    Machine,
+    MachineList,
+    MachineReply,
+    Offer,
+    Placed,
+    Rejected,
+    Resources,
+    WorkerStatus,
+    new_machine_id,
+    now_ms,
+)
+from supplier.config import WorkerConfig
+from supplier.ledger import Hold, Ledger, Vec, leq
+from supplier.lifecycle import EVENT_OF, InvalidTransition, next_state
+from supplier.pricing import INSUFFICIENT, Pricer, check_fit
+from supplier.store import Op, Store, StoreError
+
+log = structlog.get_logger("bourse.supplier")
+
+EmitFn = Callable[[Event], None]
+# (reply inbox, auction id, offer, delay in s): how a waiting bid's late offer goes out.
+SendOfferFn = Callable[[str, str, Offer, float], None]
+# At most this many bids wait for held capacity on one worker; more are not answered.
+MAX_WAITING = 1024
+_WAIT = object()
+
+
+class _Waiting:
+    __slots__ = ("bid", "inbox", "until")
+
+    def __init__(self, bid: Bid, inbox: str, until: float) -> None:
+        self.bid = bid
+        self.inbox = inbox
+        self.until = until
+
+
+def vec(r: Resources | Amount) -> Vec:
+    return (r.cpus, r.memory_mb, r.disk_mb, r.gpus)
+
+
+def amount(v: Vec) -> Amount:
+    return Amount(cpus=v[0], memory_mb=v[1], disk_mb=v[2], gpus=v[3])
+
+
+class Worker:
+    def __init__(self, cfg: WorkerConfig, store: Store, emit: EmitFn) -> None:
+        self.cfg = cfg
+        self.worker_id = cfg.worker_id
+        self.region = cfg.region
+        self.labels = dict(cfg.labels)
+        self.images: set[str] = set(cfg.images)
+        self.pricer = Pricer(cfg.pricing)
+        self.ledger = Ledger(vec(cfg.capacity))
+        self.draining = cfg.draining
+        self.drain_reason = "configured" if cfg.draining else ""
+        self.store = store
+        self.emit = emit
+        self.machines: dict[str, Machine] = {}
+        self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
+        self.committing: dict[str, asyncio.Future[CommitReply]] = {}
+        self.aborts: set[str] = set()
+        self._lifecycle_lock = asyncio.Lock()
+        self.waiting: deque[_Waiting] = deque()
+        self.send_offer: SendOfferFn = lambda inbox, auction_id, offer, delay: None
+        self.log = log.bind(worker_id=self.worker_id, region=self.region)
+
+    # -- start-up ---------------------------------------------------------------------------
+    def recover(self) -> None:
+        """Resume from the store: machines and their committed resources come back."""
+        for m in self.store.load_machines(self.worker_id):
+            self.machines[m.machine_id] = m
+            if not m.aborted:
+                self.by_order[m.order_id] = m.machine_id
+            if m.state != "destroyed":
+                self.ledger.load_committed(vec(m.resources))
+        if not leq(self.ledger.committed, self.ledger.capacity):
+            self.set_draining(
+                f"committed {self.ledger.committed} exceeds capacity {self.ledger.capacity}"
+            )
+        self.log.info("worker_recovered", machines=self.live_machines())
+
+    def live_machines(self) -> int:
+        return sum(1 for m in self.machines.values() if m.state != "destroyed")
+
+    def set_draining(self, reason: str) -> None:
+        if not self.draining:
+            self.log.error("worker_draining", reason=reason)
+        self.draining = True
+        self.drain_reason = reason
+
+    def _event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> None:
+        self.emit(
+            Event(
+                kind=kind,
+                region=self.region,
+                worker_id=self.worker_id,
+                at_ms=now_ms(),
+                order_id=order_id,
+                machine_id=machine_id,
+                detail=detail,
+            )
+        )
+
+    # -- the auction ---------------------------------------------------------------------------
+    def expire_holds(self, now: float | None = None) -> None:
+        gone = self.ledger.expire(now)
+        for h in gone:
+            self._event("hold_expired", order_id=h.order_id)
+        if gone:
+            self._freed()
+
+    def bid(self, bid: Bid, now: float, inbox: str = "") -> tuple[Offer, float] | None:
+        """An Offer and how long to wait before sending it, or None to stay silent.
+
+        A bid that only lacks capacity because of other orders' holds waits (up to
+        ``bid.wait_ms``) and is answered through ``send_offer`` when a hold goes away.
+        """
+        existing = self.by_order.get(bid.order_id)
+        if existing is not None:
+            m = self.machines[existing]
+            offer = Offer(
+                order_id=bid.order_id,
+                worker_id=self.worker_id,
+                region=self.region,
+                score=m.score,
+                image_cached=m.image in self.images,
+                machine_id=m.machine_id,
+            )
+            return offer, 0.0
+        old = self.ledger.holds.get(bid.order_id)
+        if old is not None:
+            if old.committing:
+                return None  # a commit for this order is under way here
+            self.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold
+        self.expire_holds(now)
+        answer = self._try(bid, now)
+        if answer is _WAIT:
+            if bid.wait_ms and inbox and len(self.waiting) < MAX_WAITING:
+                self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))
+            return None
+        return answer  # type: ignore[return-value]
+
+    def _try(self, bid: Bid, now: float) -> tuple[Offer, float] | object | None:
+        want = vec(bid.resources)
+        reason = check_fit(
+            worker_id=self.worker_id,
+            labels=self.labels,
+            draining=self.draining,
+            free=self.ledger.free,
+            want=want,
+            constraints=bid.constraints,
+            exclude_workers=bid.exclude_workers,
+        )
+        if reason == INSUFFICIENT and leq(want, self.ledger.free_of_committed):
+            return _WAIT
+        if reason:
+            return None
+        cached = bid.image in self.images
+        score, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached)
+        hold = Hold(
+            bid.order_id,
+            want,
+            now + bid.hold_ms / 1000.0,
+            score,
+            subscores,
+            cached,
+            bid.auction_id,
+        )
+        if not self.ledger.hold(hold):
+            return None
+        offer = Offer(
+            order_id=bid.order_id,
+            worker_id=self.worker_id,
+            region=self.region,
+            score=score,
+            subscores=subscores,
+            image_cached=cached,
+            hold_expires_at_ms=now_ms() + bid.hold_ms,
+        )
+        return offer, self.pricer.delay_s(score)
+
+    def _freed(self) -> None:
+        """Capacity came back: answer waiting bids that fit now, oldest first."""
+        if not self.waiting:
+            return
+        now = time.monotonic()
+        keep: deque[_Waiting] = deque()
+        while self.waiting:
+            w = self.waiting.popleft()
+            if w.until <= now or w.bid.order_id in self.ledger.holds:
+                continue
+            answer = self._try(w.bid, now)
+            if answer is _WAIT:
+                keep.append(w)
+            elif answer is not None:
+                offer, delay = answer  # type: ignore[misc]
+                self.send_offer(w.inbox, w.bid.auction_id, offer, delay)
+        self.waiting = keep
+
+    def prune_waiting(self, now: float) -> None:
+        if any(w.until <= now for w in self.waiting):
+            self.waiting = deque(w for w in self.waiting if w.until > now)
+
+    def holds_for(self, order_id: str, auction_id: str) -> bool:
+        """Is the hold an offer was made for still there (not released meanwhile)?"""
+        h = self.ledger.holds.get(order_id)
+        return h is not None and h.auction_id == auction_id
+
+    def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
+        if abort_commit:
+            if order_id in self.committing:
+                self.aborts.add(order_id)  # the commit finishing will undo itself
+                return
+            mid = self.by_order.get(order_id)
+            if mid is not None and self.machines[mid].state == "reserved":
+                self.aborts.add(order_id)
+                asyncio.get_running_loop().create_task(self._abort(self.machines[mid]))
+                return
+        if self.waiting:
+            self.waiting = deque(
+                w
+                for w in self.waiting
+                if w.bid.order_id != order_id or (auction_id and w.bid.auction_id != auction_id)
+            )
+        if self.ledger.drop(order_id, auction_id) is not None:
+            self._freed()
+
+    async def commit(self, c: Commit) -> CommitReply:
+        t0 = time.perf_counter()
+        if c.worker_id != self.worker_id:
+            return Error(
+                code="bad_request",
+                detail=f"commit for worker {c.worker_id!r} sent to worker {self.worker_id!r}",
+            )
+        existing = self.by_order.get(c.order_id)
+        if existing is not None:
+            return self._placed(self.machines[existing], t0, existing=True)
+        pending = self.committing.get(c.order_id)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        if self.draining:
+            return self._rejected(c, "draining", self.drain_reason)
+        self.expire_holds()
+        h = self.ledger.holds.get(c.order_id)
+        if h is None:
+            if c.order_id in self.ledger.recently_expired:
+                return self._rejected(c, "hold_expired", "the hold's TTL passed before the commit")
+            return self._rejected(c, "no_hold", "no hold for this order on this worker")
+        want = vec(c.resources)
+        if not leq(want, h.want):
+            return self._rejected(
+                c, "insufficient", f"commit asks for {want} but the hold is for {h.want}"
+            )
+        return await self._commit_hold(c, h, want, t0)
+
+    async def _commit_hold(self, c: Commit, h: Hold, want: Vec, t0: float) -> CommitReply:
+        h.committing = True
+        fut: asyncio.Future[CommitReply] = asyncio.get_running_loop().create_future()
+        self.committing[c.order_id] = fut
+        at = now_ms()
+        machine = Machine(
+            machine_id=new_machine_id(self.worker_id),
+            order_id=c.order_id,
+            worker_id=self.worker_id,
+            region=self.region,
+            state="reserved",
+            resources=c.resources,
+            image=c.image,
+            metadata=dict(c.metadata),
+            score=h.score,
+            created_at_ms=at,
+            updated_at_ms=at,
+        )
+        result: CommitReply
+        try:
+            await self.store.write(Op("place", machine))
+        except StoreError as exc:
+            self.ledger.unpin(h)
+            self.set_draining(str(exc))
+            result = Error(code="internal", detail=f"worker {self.worker_id} cannot store: {exc}")
+        else:
+            self.ledger.convert(h, want)
+            if want != h.want:
+                self._freed()
+            self.machines[machine.machine_id] = machine
+            self.by_order[c.order_id] = machine.machine_id
+            result = self._placed(machine, t0, subscores=h.subscores)
+            self.log.info(
+                "machine_placed", order_id=c.order_id, machine_id=machine.machine_id, score=h.score
+            )
+            self._event("placed", c.order_id, machine.machine_id)
+        finally:
+            del self.committing[c.order_id]
+        fut.set_result(result)
+        if c.order_id in self.aborts and isinstance(result, Placed):
+            await self._abort(machine)
+        return result
+
+    async def _abort(self, m: Machine) -> None:
+        """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
+        self.aborts.discard(m.order_id)
+        async with self._lifecycle_lock:
+            m = self.machines[m.machine_id]
+            if m.state != "reserved":
+                return
+            gone = msgspec.structs.replace(
+                m, state="destroyed", aborted=True, updated_at_ms=now_ms()
+            )
+            await self.store.write(Op("abort", gone, "the auction gave up waiting for the commit"))
+            self.ledger.free_committed(vec(m.resources))
+            self.machines[m.machine_id] = gone
+            self.by_order.pop(m.order_id, None)
+            self._freed()
+        self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
+        self._event("destroyed", m.order_id, m.machine_id, "aborted")
+
+    def _placed(
+        self,
+        m: Machine,
+        t0: float,
+        existing: bool = False,
+        subscores: dict[str, float] | None = None,
+    ) -> Placed:
+        return Placed(
+            order_id=m.order_id,
+            machine_id=m.machine_id,
+            worker_id=self.worker_id,
+            region=self.region,
+            score=m.score,
+            image_cached=m.image in self.images,
+            elapsed_ms=round((time.perf_counter() - t0) * 1000.0, 3),
+            subscores=subscores or {},
+            existing=existing,
+        )
+
+    def _rejected(self, c: Commit, reason: str, detail: str) -> Rejected:
+        self.log.info("commit_rejected", order_id=c.order_id, reason=reason)
+        return Rejected(order_id=c.order_id, worker_id=self.worker_id, reason=reason, detail=detail)  # type: ignore[arg-type]
+
+    # -- status and machines --------------------------------------------------------------------
+    def status(self) -> WorkerStatus:
+        self.expire_holds()
+        return WorkerStatus(
+            worker_id=self.worker_id,
+            region=self.region,
+            labels=self.labels,
+            capacity=amount(self.ledger.capacity),
+            committed=amount(self.ledger.committed),
+            held=amount(self.ledger.held),
+            images=sorted(self.images),
+            machines=self.live_machines(),
+            draining=self.draining,
+            holds=len(self.ledger.holds),
+        )
+
+    def list_machines(self, include_destroyed: bool) -> MachineList:
+        ms = [m for m in self.machines.values() if include_destroyed or m.state != "destroyed"]
+        return MachineList(worker_id=self.worker_id, machines=ms)
+
+    def get_machine(self, machine_id: str) -> Machine | Error:
+        m = self.machines.get(machine_id)
+        if m is None:
+            return Error(
+                code="bad_request", detail=f"no machine {machine_id} on worker {self.worker_id}"
+            )
+        return m
+
+    async def transition(self, verb: str, machine_id: str) -> MachineReply:
+        """start / stop / destroy, written to the op log before it is reported."""
+        async with self._lifecycle_lock:
+            m = self.get_machine(machine_id)
+            if isinstance(m, Error):
+                return m
+            try:
+                to = next_state(verb, machine_id, m.state)
+            except InvalidTransition as exc:
+                return Error(code="bad_request", detail=str(exc))
+            if to == m.state:
+                return m
+            new = msgspec.structs.replace(m, state=to, updated_at_ms=now_ms())
+            try:
+                await self.store.write(Op(verb, new))
+            except StoreError as exc:
+                self.set_draining(str(exc))
+                return Error(code="internal", detail=f"cannot {verb} {machine_id}: {exc}")
+            self.machines[machine_id] = new
+            if to == "destroyed":
+                self.ledger.free_committed(vec(m.resources))
+                self._freed()
+        self.log.info("machine_" + EVENT_OF[verb], order_id=m.order_id, machine_id=machine_id)
+        self._event(EVENT_OF[verb], m.order_id, machine_id)
+        return new
