@@ -48,7 +48,10 @@ async def connect(
         bound.warning("nats_error", error=repr(exc))
 
     async def disconnected_cb() -> None:
-        bound.warning("nats_disconnected")
+        if nc.is_closed or nc.is_draining:
+            bound.debug("nats_closed")
+        else:
+            bound.warning("nats_disconnected")
 
     async def reconnected_cb() -> None:
         bound.info("nats_reconnected", url=str(nc.connected_url.netloc if nc.connected_url else ""))

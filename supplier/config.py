@@ -1,7 +1,7 @@
 """What a worker sells and how it prices: its identity, capacity, labels, images, curves.
 
 A single worker comes from ``supplier run`` flags; a fleet of virtual workers sharing one
-process and one NATS connection comes from a TOML file (``supplier run --fleet FILE``):
+process and one NATS connection comes from a TOML (or JSON) file (``--fleet FILE``):
 
     [defaults]
     data_dir = "/var/lib/bourse"
@@ -62,14 +62,19 @@ class ConfigError(ValueError):
 
 
 def load_fleet(path: str | Path) -> list[WorkerConfig]:
-    """Read a fleet TOML file; errors name the file and the offending field."""
+    """Read a fleet file (TOML, or JSON if it ends in .json); errors name the file and the
+    offending field."""
+    path = Path(path)
     try:
-        raw = tomllib.loads(Path(path).read_text())
-        fleet = msgspec.convert(raw, FleetFile, strict=True)
+        text = path.read_text()
+        if path.suffix == ".json":
+            fleet = msgspec.json.decode(text, type=FleetFile, strict=True)
+        else:
+            fleet = msgspec.convert(tomllib.loads(text), FleetFile, strict=True)
     except OSError as exc:
         raise ConfigError(f"cannot read fleet file {path}: {exc.strerror}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"fleet file {path} is not valid TOML: {exc}") from None
+    except (tomllib.TOMLDecodeError, msgspec.DecodeError) as exc:
+        raise ConfigError(f"fleet file {path} is malformed: {exc}") from None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"fleet file {path}: {exc}") from None
     check_workers(fleet.worker)

@@ -1,0 +1,3 @@
+from buyer_cli.cli import app
+
+app()

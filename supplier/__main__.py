@@ -1,0 +1,3 @@
+from supplier.cli import app
+
+app()

@@ -1,0 +1,38 @@
+"""Shared fixtures: one real nats-server per test session (tests isolate themselves with a
+unique subject prefix), and a Market helper that builds suppliers, exchanges and buyers on
+it and closes everything it built."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from exchange.embedded_nats import EmbeddedNats
+from exchange.subjects import Subjects
+from tests.market import Market
+
+
+@pytest.fixture(scope="session")
+def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
+    srv = EmbeddedNats(workdir=tmp_path_factory.mktemp("nats")).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def subjects() -> Subjects:
+    return Subjects(f"t{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+async def market(
+    nats_server: EmbeddedNats, subjects: Subjects, tmp_path: Path
+) -> AsyncIterator[Market]:
+    m = Market(nats_server.url, subjects, tmp_path)
+    try:
+        yield m
+    finally:
+        await m.close()

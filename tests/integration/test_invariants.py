@@ -1,0 +1,123 @@
+"""I1 no overcommit, I3 one machine per order id, I4 Unfilled leaves nothing, I5 strict region."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+
+from nats.aio.msg import Msg
+
+from exchange.protocol import Placed, Unfilled
+from tests.market import Market, order, wait_until, worker
+
+
+async def test_i1_200_concurrent_orders_fill_exactly_the_fleet_and_never_overcommit(
+    market: Market,
+) -> None:
+    # 3 workers x 6 cpus = 18 one-cpu slots (memory is not the limit).
+    host = await market.host(*(worker(f"w{i}", cpus=6, memory_mb=65536) for i in range(3)))
+    await market.exchange()
+    await market.exchange()  # two instances share the queue group
+    buyer = await market.client()
+    peaks: list[str] = []
+
+    async def watch() -> None:  # I1 at all times, not only at the end
+        while True:
+            peaks.extend(market.violations())
+            await asyncio.sleep(0)
+
+    watcher = asyncio.create_task(watch())
+    results = await asyncio.gather(
+        *(buyer.place(order(cpus=1, memory_mb=64, deadline_ms=2000)) for _ in range(200))
+    )
+    watcher.cancel()
+    kinds = Counter(type(r).__name__ for r in results)
+    assert kinds == {"Placed": 18, "Unfilled": 182}
+    assert {r.reason for r in results if isinstance(r, Unfilled)} == {"no_offers"}
+    assert peaks == []
+    assert market.violations() == []
+    per_worker = Counter(r.worker_id for r in results if isinstance(r, Placed))
+    assert per_worker == {"w0": 6, "w1": 6, "w2": 6}
+    assert all(w.ledger.committed[0] == 6 for w in host.workers.values())
+    assert len({r.machine_id for r in results if isinstance(r, Placed)}) == 18
+
+
+async def test_i3_same_order_id_twice_through_two_exchanges_gives_one_machine(
+    market: Market,
+) -> None:
+    host = await market.host(*(worker(f"w{i}") for i in range(4)))
+    await market.exchange()
+    await market.exchange()
+    buyers = [await market.client(), await market.client()]
+    first = await buyers[0].place(order(order_id="dup-1"))
+    # Sent again many times: the queue group spreads them over both exchange instances.
+    again = await asyncio.gather(*(buyers[i % 2].place(order(order_id="dup-1")) for i in range(10)))
+    assert isinstance(first, Placed) and first.existing is False
+    assert all(isinstance(r, Placed) for r in again)
+    assert {r.machine_id for r in again} == {first.machine_id}  # type: ignore[union-attr]
+    assert all(r.existing for r in again)  # type: ignore[union-attr]
+    machines = [m for w in host.workers.values() for m in w.machines.values()]
+    assert [m.order_id for m in machines] == ["dup-1"]
+
+
+async def test_i3_concurrent_duplicates_in_one_exchange_share_one_auction(market: Market) -> None:
+    host = await market.host(*(worker(f"w{i}") for i in range(4)))
+    await market.exchange()
+    buyer = await market.client()
+    rs = await asyncio.gather(*(buyer.place(order(order_id="dup-2")) for _ in range(8)))
+    assert len({r.machine_id for r in rs if isinstance(r, Placed)}) == 1
+    assert sum(len(w.machines) for w in host.workers.values()) == 1
+
+
+async def test_i4_unfilled_leaves_no_machine_and_no_hold_past_the_ttl(market: Market) -> None:
+    host = await market.host(worker("a"), worker("b"))
+    await market.exchange()
+    buyer = await market.client()
+    r = await buyer.place(order(min_score=0.99, deadline_ms=100))
+    assert isinstance(r, Unfilled) and r.offers == 2
+    ws = list(host.workers.values())
+    # Released at once by the auction; at the latest gone when the hold's TTL passes
+    # (deadline 100 + commit grace 100 + margin 150 = 350 ms).
+    await wait_until(lambda: all(not w.ledger.holds for w in ws), timeout_s=0.35)
+    assert all(not w.machines for w in ws)
+    assert all(w.ledger.committed == (0, 0, 0, 0) for w in ws)
+
+
+async def test_i4_a_hold_whose_auction_vanished_expires_by_its_ttl(market: Market) -> None:
+    host = await market.host(worker("a"))
+    nc = await market.connect("raw-bidder")
+    from exchange.protocol import Bid, Resources, encode
+
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    bid = Bid(
+        order_id="orphan",
+        region="mad",
+        resources=Resources(cpus=1, memory_mb=1),
+        image="x",
+        hold_ms=150,
+    )
+    await nc.publish(market.subjects.bid("mad"), encode(bid), reply=inbox)
+    await sub.next_msg(timeout=2)  # the offer: a hold now exists, and nobody will commit
+    w = host.workers["a"]
+    assert "orphan" in w.ledger.holds
+    await wait_until(lambda: "orphan" not in w.ledger.holds, timeout_s=2)
+    assert w.ledger.held == (0, 0, 0, 0)
+
+
+async def test_i5_workers_of_other_regions_never_receive_the_bid(market: Market) -> None:
+    await market.host(worker("mad-1", region="mad"), worker("fra-1", region="fra"))
+    await market.exchange()
+    spy = await market.connect("spy")
+    seen: Counter[str] = Counter()
+
+    async def count(msg: Msg) -> None:
+        seen[msg.subject.rsplit(".", 1)[-1]] += 1
+
+    await spy.subscribe(market.subjects.bid("*"), cb=count)
+    await spy.flush()
+    buyer = await market.client()
+    rs = [await buyer.place(order(region="mad")) for _ in range(5)]
+    await spy.flush()
+    assert all(isinstance(r, Placed) and r.region == "mad" and r.worker_id == "mad-1" for r in rs)
+    assert seen == {"mad": 5}

@@ -1,0 +1,104 @@
+"""Immediate-or-cancel: every Unfilled reason, each caused by a scenario, within the deadline."""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+from exchange.protocol import (
+    Bid,
+    Commit,
+    Offer,
+    Placed,
+    Rejected,
+    Release,
+    Unfilled,
+    decode,
+    encode,
+)
+from tests.market import Market, order, wait_until, worker
+
+
+async def _ghost_worker(market: Market, worker_id: str, on_commit: str) -> list[Release]:
+    """A stand-in supplier on the real bus that offers for everything, then either rejects
+    each commit ("reject") or never answers it ("silent"). Returns the releases it gets."""
+    nc = await market.connect("ghost")
+    releases: list[Release] = []
+
+    async def bid(msg: Msg) -> None:
+        b = decode(msg.data, Bid)
+        offer = Offer(order_id=b.order_id, worker_id=worker_id, region=b.region, score=0.9)
+        await nc.publish(msg.reply, encode(offer))
+
+    async def commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        if on_commit == "reject":
+            rej = Rejected(order_id=c.order_id, worker_id=worker_id, reason="no_hold")
+            await nc.publish(msg.reply, encode(rej))
+
+    async def release(msg: Msg) -> None:
+        releases.append(decode(msg.data, Release))
+
+    await nc.subscribe(market.subjects.bid("mad"), cb=bid)
+    await nc.subscribe(market.subjects.commit(worker_id), cb=commit)
+    await nc.subscribe(market.subjects.release(worker_id), cb=release)
+    await nc.flush()
+    return releases
+
+
+async def test_no_workers_when_nobody_listens_in_the_region(market: Market) -> None:
+    await market.host(worker("mad-1"))
+    await market.exchange()
+    r = await (await market.client()).place(order(region="nowhere", deadline_ms=2000))
+    assert isinstance(r, Unfilled)
+    assert (r.reason, r.offers, r.commits_tried) == ("no_workers", 0, 0)
+    assert r.elapsed_ms < 100  # answered by the server's no-responders status, not the deadline
+    assert "nowhere" in r.detail
+
+
+async def test_no_offers_when_no_worker_fits(market: Market) -> None:
+    await market.host(worker("mad-1", cpus=4))
+    await market.exchange()
+    r = await (await market.client()).place(order(cpus=64, deadline_ms=400))
+    assert isinstance(r, Unfilled)
+    assert (r.reason, r.offers, r.commits_tried) == ("no_offers", 0, 0)
+    assert r.elapsed_ms <= 400 + 50
+    assert "64 cpus" in r.detail
+
+
+async def test_below_min_score_when_every_offer_is_too_cheap(market: Market) -> None:
+    await market.host(worker("a"), worker("b"))
+    await market.exchange()
+    r = await (await market.client()).place(order(min_score=0.95))
+    assert isinstance(r, Unfilled)
+    assert (r.reason, r.offers, r.commits_tried) == ("below_min_score", 2, 0)
+
+
+async def test_all_commits_rejected_when_the_only_worker_refuses(market: Market) -> None:
+    await _ghost_worker(market, "ghost", on_commit="reject")
+    await market.exchange()
+    r = await (await market.client()).place(order(deadline_ms=300))
+    assert isinstance(r, Unfilled)
+    assert (r.reason, r.offers, r.commits_tried) == ("all_commits_rejected", 1, 1)
+    assert "ghost: no_hold" in r.detail
+
+
+async def test_rejected_commit_moves_on_to_the_next_best_offer(market: Market) -> None:
+    await _ghost_worker(market, "ghost", on_commit="reject")  # score 0.9: tried first
+    await market.host(worker("real"))
+    await market.exchange()
+    r = await (await market.client()).place(order())
+    assert isinstance(r, Placed) and r.worker_id == "real"
+
+
+async def test_deadline_when_the_commit_goes_unanswered_and_the_worker_is_told_to_undo(
+    market: Market,
+) -> None:
+    releases = await _ghost_worker(market, "ghost", on_commit="silent")
+    await market.exchange(commit_grace_ms=50)
+    buyer = await market.client()
+    r = await buyer.place(order(order_id="late-1", deadline_ms=200))
+    assert isinstance(r, Unfilled)
+    assert (r.reason, r.offers, r.commits_tried) == ("deadline", 1, 1)
+    assert r.elapsed_ms < 200 + 50 + 100
+    await wait_until(lambda: bool(releases))
+    assert releases and releases[0].order_id == "late-1" and releases[0].abort_commit is True
