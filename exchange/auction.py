@@ -33,6 +33,7 @@ from ulid import ULID
 from exchange.protocol import (
     BadMessage,
     Bid,
+    BidReply,
     Commit,
     CommitReply,
     Offer,
@@ -42,6 +43,7 @@ from exchange.protocol import (
     Release,
     Unfilled,
     UnfilledReason,
+    Waiting,
     decode,
     encode,
 )
@@ -61,8 +63,9 @@ class AuctionConfig:
     # Holds outlive the deadline by the commit grace plus this margin, so a commit sent just
     # before the deadline still finds its hold.
     hold_margin_ms: int = 150
-    # Workers may keep a bid waiting for held capacity this fraction of the quiet window, so
-    # their late answer still arrives before the auction stops listening.
+    # Workers may keep a bid waiting for held capacity this fraction of the deadline (they say
+    # so with a Waiting reply, and the auction listens while any worker waits); the rest of
+    # the deadline is left for the commit.
     wait_ratio: float = 0.8
 
 
@@ -111,6 +114,7 @@ class _Tally:
     commits: int = 0
     rejections: list[str] = field(default_factory=list)
     foreign: int = 0
+    waited: int = 0  # workers that said they were waiting for held capacity
 
 
 class Auctioneer:
@@ -183,9 +187,10 @@ class Auctioneer:
             exclude_workers=order.exclude_workers,
             hold_ms=order.deadline_ms + int(cfg.commit_grace_ms) + cfg.hold_margin_ms,
             auction_id=auction_id,
-            wait_ms=int(min(cfg.quiet_ms, order.deadline_ms) * cfg.wait_ratio),
+            wait_ms=int(order.deadline_ms * cfg.wait_ratio),
         )
         heap: list[tuple[float, int, Offer]] = []
+        waiting: dict[str, float] = {}  # worker id -> until when it may still offer
         excluded = set(order.exclude_workers)
         try:
             await self.nc.publish(
@@ -200,7 +205,7 @@ class Auctioneer:
                         return self._unfilled(
                             order, "no_workers", tally, t0, f"no worker listens in {order.region!r}"
                         )
-                    offer = self._accept(order, msg.data, excluded, tally)
+                    offer = self._accept(order, msg.data, excluded, tally, waiting)
                     if offer is None:
                         continue
                     if offer.machine_id:
@@ -213,7 +218,10 @@ class Auctioneer:
                     if result is not None:
                         return result
                     continue
-                wait = min(deadline, last_offer + cfg.quiet_ms / 1000.0) - time.monotonic()
+                horizon = last_offer + cfg.quiet_ms / 1000.0
+                if waiting:
+                    horizon = max(horizon, max(waiting.values()))
+                wait = min(deadline, horizon) - time.monotonic()
                 if not await box.wait(wait):
                     break
             return self._unfilled(order, self._reason(tally), tally, t0, self._detail(order, tally))
@@ -222,11 +230,17 @@ class Auctioneer:
             await self._release(order, auction_id)
 
     def _accept(
-        self, order: PlaceOrder, data: bytes, excluded: set[str], tally: _Tally
+        self,
+        order: PlaceOrder,
+        data: bytes,
+        excluded: set[str],
+        tally: _Tally,
+        waiting: dict[str, float],
     ) -> Offer | None:
-        """Decode and vet an offer; None if it is not one we may take."""
+        """Decode and vet a bid reply; an Offer we may take, else None (a Waiting only
+        updates ``waiting``)."""
         try:
-            offer = decode(data, Offer)
+            offer = decode(data, BidReply)
         except BadMessage as exc:
             log.warning("bad_offer", order_id=order.order_id, error=str(exc))
             return None
@@ -243,6 +257,14 @@ class Auctioneer:
             return None
         if offer.worker_id in excluded:
             return None
+        if isinstance(offer, Waiting):
+            if offer.wait_ms:
+                tally.waited += 1
+                waiting[offer.worker_id] = time.monotonic() + offer.wait_ms / 1000.0
+            else:
+                waiting.pop(offer.worker_id, None)
+            return None
+        waiting.pop(offer.worker_id, None)
         tally.offers += 1
         if offer.score < order.min_score and not offer.machine_id:
             tally.below_min += 1
@@ -360,6 +382,11 @@ class Auctioneer:
     def _detail(order: PlaceOrder, t: _Tally) -> str:
         if t.commits:
             return "commits rejected: " + ", ".join(t.rejections)
+        if t.offers == 0 and t.waited:
+            return (
+                f"no worker in {order.region!r} could take {_describe(order)} in time: "
+                f"{t.waited} waited for capacity held by other orders"
+            )
         if t.offers == 0:
             return f"no worker in {order.region!r} can take {_describe(order)}"
         if t.below_min == t.offers:

@@ -151,6 +151,18 @@ class Offer(Message, kw_only=True):
     machine_id: MachineId | None = None
 
 
+class Waiting(Message, kw_only=True):
+    """Added in v1, sent only in answer to a Bid with ``wait_ms > 0``: this worker cannot offer
+    now only because other orders HOLD its capacity; it will send an Offer within ``wait_ms``
+    if they are released. A later Waiting with ``wait_ms = 0`` withdraws (the capacity went to
+    committed machines). The auction keeps listening while a worker waits."""
+
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)]
+
+
 class Commit(Message, kw_only=True):
     order_id: OrderId
     worker_id: WorkerId
@@ -273,6 +285,7 @@ class Event(Message, kw_only=True):
 
 
 # Replies a requester may get, per request kind.
+BidReply = Offer | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | Error

@@ -86,6 +86,11 @@ class ExchangeService:
     async def _on_order(self, msg: Msg) -> None:
         region = self.subjects.tail(msg.subject, 1)[0]
         order = decode(msg.data, PlaceOrder)
+        if not msg.reply:
+            # Nobody would learn the outcome: placing would only leak a machine.
+            self.responder.counts["order_without_reply"] += 1
+            log.warning("order_without_reply_ignored", order_id=order.order_id, region=region)
+            return
         if order.region != region:
             raise subject_region_mismatch("order", order.region, region)
         if self.regions is not None and region not in self.regions:

@@ -28,7 +28,7 @@ from supplier.config import (
     check_workers,
     load_fleet,
 )
-from supplier.host import SupplierHost
+from supplier.host import SupplierHost, WorkerIdInUse
 from supplier.store import Store, StoreError
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
@@ -105,7 +105,12 @@ def run_cmd(
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
         host = SupplierHost(nc, workers, store, subjects)
-        await host.start()
+        try:
+            await host.start()
+        except WorkerIdInUse as exc:
+            await nc.drain()
+            store.close()
+            fail(str(exc))
         typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
         await stop.wait()
         await host.stop()

@@ -15,6 +15,7 @@ from collections import OrderedDict
 from collections.abc import Coroutine
 from typing import Any
 
+import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -31,6 +32,7 @@ from exchange.protocol import (
     Offer,
     Release,
     StatusRequest,
+    Waiting,
     decode,
     encode,
     worker_of_machine,
@@ -44,9 +46,14 @@ from supplier.worker import Worker
 log = structlog.get_logger("bourse.supplier")
 
 SWEEP_INTERVAL_S = 0.05
+CLAIM_CHECK_S = 0.5
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
 TOMBSTONE_TTL_S = 5.0
+
+
+class WorkerIdInUse(RuntimeError):
+    pass
 
 
 class SupplierHost:
@@ -76,6 +83,7 @@ class SupplierHost:
 
     # -- life ---------------------------------------------------------------------------------
     async def start(self) -> None:
+        await self._check_unclaimed()
         for w in self.workers.values():
             w.recover()
         g = self.responder.guard
@@ -91,6 +99,28 @@ class SupplierHost:
         await self.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep())
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
+
+    async def _check_unclaimed(self) -> None:
+        """Refuse to start if another process already serves one of our worker ids: two
+        processes answering one worker's commits could place two machines for one order."""
+
+        async def served(wid: str) -> bool:
+            try:
+                await self.nc.request(
+                    self.subjects.worker_machine(wid, "list"), b"", timeout=CLAIM_CHECK_S
+                )
+            except nats.errors.NoRespondersError:
+                return False
+            except nats.errors.TimeoutError:
+                return True  # someone holds the subscription but is slow to answer
+            return True
+
+        ids = list(self.workers)
+        taken = [w for w, t in zip(ids, await asyncio.gather(*map(served, ids)), strict=True) if t]
+        if taken:
+            raise WorkerIdInUse(
+                f"worker id(s) {', '.join(taken[:5])} already served by another supplier process"
+            )
 
     async def stop(self) -> None:
         for sub in self._subs:
@@ -131,7 +161,7 @@ class SupplierHost:
         if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
             return
         now = time.monotonic()
-        offers: list[tuple[float, Offer, Worker]] = []
+        offers: list[tuple[float, Offer | Waiting, Worker]] = []
         for w in self.by_region.get(region, ()):
             answer = w.bid(bid, now, msg.reply)
             if answer is not None:
@@ -146,17 +176,28 @@ class SupplierHost:
             self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
 
     async def _send_offers(
-        self, inbox: str, auction_id: str, t0: float, offers: list[tuple[float, Offer, Worker]]
+        self,
+        inbox: str,
+        auction_id: str,
+        t0: float,
+        offers: list[tuple[float, Offer | Waiting, Worker]],
     ) -> None:
-        """Send each offer at t0 + its delay (best first), unless released meanwhile."""
+        """Send each reply at t0 + its delay (best first); an offer whose hold was released
+        meanwhile is dropped."""
         for delay, offer, w in offers:
             wait = t0 + delay - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if offer.machine_id or w.holds_for(offer.order_id, auction_id):
+            if (
+                isinstance(offer, Waiting)
+                or offer.machine_id
+                or w.holds_for(offer.order_id, auction_id)
+            ):
                 await self.nc.publish(inbox, encode(offer))
 
-    def _send_late_offer(self, inbox: str, auction_id: str, offer: Offer, delay: float) -> None:
+    def _send_late_offer(
+        self, inbox: str, auction_id: str, offer: Offer | Waiting, delay: float
+    ) -> None:
         """A waiting bid found capacity: send its offer (still ordered by score)."""
         self._spawn(
             self._send_offers(

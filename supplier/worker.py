@@ -28,6 +28,7 @@ from exchange.protocol import (
     Placed,
     Rejected,
     Resources,
+    Waiting,
     WorkerStatus,
     new_machine_id,
     now_ms,
@@ -41,8 +42,8 @@ from supplier.store import Op, Store, StoreError
 log = structlog.get_logger("bourse.supplier")
 
 EmitFn = Callable[[Event], None]
-# (reply inbox, auction id, offer, delay in s): how a waiting bid's late offer goes out.
-SendOfferFn = Callable[[str, str, Offer, float], None]
+# (reply inbox, auction id, reply, delay in s): how a waiting bid's late answer goes out.
+SendOfferFn = Callable[[str, str, Offer | Waiting, float], None]
 # At most this many bids wait for held capacity on one worker; more are not answered.
 MAX_WAITING = 1024
 _WAIT = object()
@@ -132,11 +133,12 @@ class Worker:
         if gone:
             self._freed()
 
-    def bid(self, bid: Bid, now: float, inbox: str = "") -> tuple[Offer, float] | None:
-        """An Offer and how long to wait before sending it, or None to stay silent.
+    def bid(self, bid: Bid, now: float, inbox: str = "") -> tuple[Offer | Waiting, float] | None:
+        """A reply and how long to wait before sending it, or None to stay silent.
 
-        A bid that only lacks capacity because of other orders' holds waits (up to
-        ``bid.wait_ms``) and is answered through ``send_offer`` when a hold goes away.
+        A bid that only lacks capacity because of other orders' holds is kept (up to
+        ``bid.wait_ms``; the reply says so with a Waiting) and answered through
+        ``send_offer`` when a hold goes away.
         """
         existing = self.by_order.get(bid.order_id)
         if existing is not None:
@@ -160,8 +162,14 @@ class Worker:
         if answer is _WAIT:
             if bid.wait_ms and inbox and len(self.waiting) < MAX_WAITING:
                 self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))
+                return self._waiting(bid, bid.wait_ms), 0.0
             return None
         return answer  # type: ignore[return-value]
+
+    def _waiting(self, bid: Bid, wait_ms: int) -> Waiting:
+        return Waiting(
+            order_id=bid.order_id, worker_id=self.worker_id, region=self.region, wait_ms=wait_ms
+        )
 
     def _try(self, bid: Bid, now: float) -> tuple[Offer, float] | object | None:
         want = vec(bid.resources)
@@ -218,6 +226,20 @@ class Worker:
             elif answer is not None:
                 offer, delay = answer  # type: ignore[misc]
                 self.send_offer(w.inbox, w.bid.auction_id, offer, delay)
+            else:  # committed machines took the capacity: withdraw, so the auction need not wait
+                self.send_offer(w.inbox, w.bid.auction_id, self._waiting(w.bid, 0), 0.0)
+        self.waiting = keep
+
+    def _withdraw_hopeless(self) -> None:
+        """Committed machines grew: bids that can no longer fit even if every hold went
+        away are withdrawn, so their auctions stop waiting for this worker."""
+        free = self.ledger.free_of_committed
+        keep: deque[_Waiting] = deque()
+        for w in self.waiting:
+            if leq(vec(w.bid.resources), free):
+                keep.append(w)
+            else:
+                self.send_offer(w.inbox, w.bid.auction_id, self._waiting(w.bid, 0), 0.0)
         self.waiting = keep
 
     def prune_waiting(self, now: float) -> None:
@@ -305,6 +327,8 @@ class Worker:
             self.ledger.convert(h, want)
             if want != h.want:
                 self._freed()
+            elif self.waiting:
+                self._withdraw_hopeless()
             self.machines[machine.machine_id] = machine
             self.by_order[c.order_id] = machine.machine_id
             result = self._placed(machine, t0, subscores=h.subscores)

@@ -24,7 +24,7 @@ async def test_i1_200_concurrent_orders_fill_exactly_the_fleet_and_never_overcom
     async def watch() -> None:  # I1 at all times, not only at the end
         while True:
             peaks.extend(market.violations())
-            await asyncio.sleep(0)
+            await asyncio.sleep(0.001)
 
     watcher = asyncio.create_task(watch())
     results = await asyncio.gather(
@@ -121,3 +121,27 @@ async def test_i5_workers_of_other_regions_never_receive_the_bid(market: Market)
     await spy.flush()
     assert all(isinstance(r, Placed) and r.region == "mad" and r.worker_id == "mad-1" for r in rs)
     assert seen == {"mad": 5}
+
+
+async def test_i3_a_second_process_for_the_same_worker_id_refuses_to_start(
+    market: Market,
+) -> None:
+    import pytest
+
+    from supplier.host import WorkerIdInUse
+
+    await market.host(worker("solo"))
+    with pytest.raises(WorkerIdInUse, match="solo"):
+        await market.host(worker("solo"))
+
+
+async def test_an_order_without_a_reply_subject_places_nothing(market: Market) -> None:
+    host = await market.host(worker("a"))
+    svc = await market.exchange()
+    nc = await market.connect("fire-and-forget")
+    from exchange.protocol import encode
+
+    await nc.publish(market.subjects.order("mad"), encode(order(order_id="no-reply")))
+    await nc.flush()
+    await wait_until(lambda: svc.responder.counts["order_without_reply"] == 1)
+    assert not host.workers["a"].machines

@@ -1,0 +1,95 @@
+"""Bids that wait for held capacity (Bid.wait_ms): a Waiting reply at once, then an Offer
+when the hold is released, or a withdrawal when committed machines take the capacity."""
+
+from __future__ import annotations
+
+from nats.aio.client import Client as NATS
+
+from exchange.protocol import (
+    Bid,
+    BidReply,
+    Commit,
+    Offer,
+    Placed,
+    Release,
+    Resources,
+    Waiting,
+    decode,
+    encode,
+)
+from tests.market import Market, worker
+
+ONE_CPU = Resources(cpus=1, memory_mb=64)
+
+
+async def _bid(nc: NATS, market: Market, order_id: str, wait_ms: int) -> tuple[str, object]:
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    bid = Bid(
+        order_id=order_id,
+        region="mad",
+        resources=ONE_CPU,
+        image="x",
+        hold_ms=5000,
+        auction_id=f"a-{order_id}",
+        wait_ms=wait_ms,
+    )
+    await nc.publish(market.subjects.bid("mad"), encode(bid), reply=inbox)
+    return inbox, sub
+
+
+async def test_a_bid_blocked_by_a_hold_waits_then_gets_the_offer(market: Market) -> None:
+    await market.host(worker("one", cpus=1))
+    nc = await market.connect("bidder")
+    _, first = await _bid(nc, market, "o1", wait_ms=0)
+    assert isinstance(decode((await first.next_msg(2)).data, Offer), Offer)  # holds the cpu
+
+    _, second = await _bid(nc, market, "o2", wait_ms=3000)
+    w = decode((await second.next_msg(2)).data, BidReply)
+    assert isinstance(w, Waiting) and (w.worker_id, w.wait_ms) == ("one", 3000)
+
+    release = Release(order_id="o1", auction_id="a-o1")
+    await nc.publish(market.subjects.region_release("mad"), encode(release))
+    offer = decode((await second.next_msg(2)).data, BidReply)
+    assert isinstance(offer, Offer) and offer.order_id == "o2"
+
+
+async def test_a_waiting_bid_is_withdrawn_when_a_commit_takes_the_capacity(
+    market: Market,
+) -> None:
+    await market.host(worker("one", cpus=1))
+    nc = await market.connect("bidder")
+    _, first = await _bid(nc, market, "o1", wait_ms=0)
+    await first.next_msg(2)
+    _, second = await _bid(nc, market, "o2", wait_ms=3000)
+    assert isinstance(decode((await second.next_msg(2)).data, BidReply), Waiting)
+
+    commit = Commit(order_id="o1", worker_id="one", resources=ONE_CPU, image="x")
+    placed = await nc.request(market.subjects.commit("one"), encode(commit), timeout=2)
+    assert isinstance(decode(placed.data, Placed), Placed)
+    withdrawn = decode((await second.next_msg(2)).data, BidReply)
+    assert isinstance(withdrawn, Waiting) and withdrawn.wait_ms == 0
+
+
+async def test_without_wait_ms_a_blocked_worker_stays_silent(market: Market) -> None:
+    host = await market.host(worker("one", cpus=1), worker("two", cpus=1))
+    nc = await market.connect("bidder")
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    only_one = Bid(
+        order_id="o1",
+        region="mad",
+        resources=ONE_CPU,
+        image="x",
+        hold_ms=5000,
+        exclude_workers=["two"],
+    )
+    await nc.publish(market.subjects.bid("mad"), encode(only_one), reply=inbox)
+    assert decode((await sub.next_msg(2)).data, Offer).worker_id == "one"
+
+    _, second = await _bid(nc, market, "o2", wait_ms=0)
+    # The host prices a bid for all its workers in one pass before sending anything, so
+    # once "two" answers, "one" has already decided: silent, nothing queued.
+    assert decode((await second.next_msg(2)).data, Offer).worker_id == "two"
+    assert list(host.workers["one"].ledger.holds) == ["o1"]
+    assert not host.workers["one"].waiting
