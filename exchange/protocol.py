@@ -32,12 +32,14 @@ MAX_DEADLINE_MS = 30_000
 DEFAULT_DEADLINE_MS = 500
 MAX_HOLD_MS = 60_000
 
-ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}$"
-ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$"
-MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}$"
-IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}$"
-LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$"
-LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}$"
+# Patterns anchor with \Z (end of string), not $: in Python, $ also matches before a
+# trailing newline, which would let "mad\n" through.
+ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}\Z"
+ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z"
+MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}\Z"
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"
 MACHINE_ID_SEPARATOR = "~"
 
 Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
@@ -330,6 +332,8 @@ def decode(data: bytes, typ: type[T]) -> T:
     try:
         return _decoder(typ).decode(data)
     except msgspec.ValidationError as exc:
-        raise BadMessage(f"invalid {type_name(typ)}: {exc}") from None
+        # Show patterns the way every regex dialect writes them ($), not Python's \Z.
+        detail = str(exc).replace("\\\\Z'", "$'")
+        raise BadMessage(f"invalid {type_name(typ)}: {detail}") from None
     except msgspec.DecodeError as exc:
         raise BadMessage(f"malformed JSON: {exc}") from None

@@ -98,7 +98,13 @@ class Ledger:
 
     # -- holds -----------------------------------------------------------------------------
     def hold(self, hold: Hold) -> bool:
-        """Add a hold if it fits (the caller priced it against ``free`` just before)."""
+        """Add a hold if it fits (the caller priced it against ``free`` just before). A hold
+        for an order that already has one replaces it, unless that one is being committed."""
+        old = self.holds.get(hold.order_id)
+        if old is not None:
+            if old.committing:
+                return False
+            self._remove(old)
         if not leq(hold.want, self.free):
             return False
         self.holds[hold.order_id] = hold

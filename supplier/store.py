@@ -86,6 +86,7 @@ class Store:
         self._thread.start()
         self.batches = 0
         self.ops = 0
+        self._closed = False
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -122,6 +123,8 @@ class Store:
     # -- writes ----------------------------------------------------------------------------------
     async def write(self, *ops: Op) -> None:
         """Append ``ops`` in one transaction; returns once it is durable. Raises StoreError."""
+        if self._closed:
+            raise StoreError(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((ops, fut, loop))
@@ -153,6 +156,16 @@ class Store:
                 break
         if conn is not None:
             conn.close()
+        # Writes that raced with close(): tell their waiters instead of leaving them hanging.
+        closed = StoreError(f"store {self.path} is closed")
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            if item is not _STOP:
+                _, fut, loop = item  # type: ignore[misc]
+                loop.call_soon_threadsafe(_resolve, fut, closed)
 
     def _write_batch(self, conn: sqlite3.Connection | None, batch: list) -> None:
         try:
@@ -199,6 +212,7 @@ class Store:
             raise
 
     def close(self) -> None:
+        self._closed = True
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=10)

@@ -159,6 +159,8 @@ class Worker:
             self.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold
         self.expire_holds(now)
         answer = self._try(bid, now)
+        if old is not None and bid.order_id not in self.ledger.holds:
+            self._freed()  # the earlier hold's capacity is free: waiting bids may take it
         if answer is _WAIT:
             if bid.wait_ms and inbox and len(self.waiting) < MAX_WAITING:
                 self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))

@@ -1,0 +1,414 @@
+"""Capacity accounting (supplier/ledger.py): holds, TTLs, commits, and I1."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from supplier.ledger import EXPIRED_MEMORY, ZERO, Hold, Ledger, Vec, add, leq, sub
+
+CAP: Vec = (8, 8192, 100, 1)
+
+
+def hold(
+    order_id: str,
+    want: Vec = (2, 2048, 0, 0),
+    expires_at: float = 10.0,
+    auction_id: str = "",
+) -> Hold:
+    return Hold(order_id, want, expires_at, 0.5, {"utility": 0.5}, False, auction_id)
+
+
+def held_sum(ledger: Ledger) -> Vec:
+    total = ZERO
+    for h in ledger.holds.values():
+        total = add(total, h.want)
+    return total
+
+
+# -- vector helpers ----------------------------------------------------------------------------
+
+
+def test_vector_helpers() -> None:
+    assert add((1, 2, 3, 4), (10, 20, 30, 40)) == (11, 22, 33, 44)
+    assert sub((11, 22, 33, 44), (1, 2, 3, 4)) == (10, 20, 30, 40)
+    assert leq((1, 2, 3, 4), (1, 2, 3, 4)) is True
+    assert leq((1, 2, 3, 5), (1, 2, 3, 4)) is False
+    assert leq((0, 3, 0, 0), (9, 2, 9, 9)) is False
+
+
+# -- hold --------------------------------------------------------------------------------------
+
+
+def test_new_ledger_is_empty() -> None:
+    ledger = Ledger(CAP)
+    assert ledger.committed == ZERO
+    assert ledger.held == ZERO
+    assert ledger.free == CAP
+    assert ledger.used == ZERO
+    assert ledger.free_of_committed == CAP
+
+
+def test_hold_that_fits() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a", (3, 1000, 10, 1))
+    assert ledger.hold(h) is True
+    assert ledger.holds == {"a": h}
+    assert ledger.held == (3, 1000, 10, 1)
+    assert ledger.free == (5, 7192, 90, 0)
+    assert ledger.used == (3, 1000, 10, 1)
+    assert ledger.free_of_committed == CAP
+
+
+def test_hold_exactly_the_rest() -> None:
+    ledger = Ledger(CAP)
+    assert ledger.hold(hold("a", (6, 6000, 0, 0)))
+    assert ledger.hold(hold("b", (2, 2192, 100, 1)))
+    assert ledger.free == ZERO
+    ledger.check()
+
+
+@pytest.mark.parametrize("want", [(9, 1, 0, 0), (1, 8193, 0, 0), (1, 1, 101, 0), (1, 1, 0, 2)])
+def test_hold_that_does_not_fit(want: Vec) -> None:
+    ledger = Ledger(CAP)
+    assert ledger.hold(hold("a", want)) is False
+    assert ledger.holds == {}
+    assert ledger.held == ZERO
+
+
+def test_hold_does_not_fit_on_top_of_others() -> None:
+    ledger = Ledger(CAP)
+    assert ledger.hold(hold("a", (6, 1000, 0, 0)))
+    assert ledger.hold(hold("b", (3, 1000, 0, 0))) is False  # 6 + 3 > 8 CPUs
+    assert ledger.held == (6, 1000, 0, 0)
+    assert list(ledger.holds) == ["a"]
+
+
+def test_hold_does_not_fit_on_top_of_committed() -> None:
+    ledger = Ledger(CAP)
+    ledger.load_committed((7, 1000, 0, 0))
+    assert ledger.free == (1, 7192, 100, 1)
+    assert ledger.hold(hold("a", (2, 1, 0, 0))) is False
+    assert ledger.hold(hold("a", (1, 1, 0, 0))) is True
+    assert ledger.free == (0, 7191, 100, 1)
+    assert ledger.free_of_committed == (1, 7192, 100, 1)
+
+
+def test_rehold_same_order_replaces_earlier_hold() -> None:
+    ledger = Ledger(CAP)
+    assert ledger.hold(hold("a", (2, 2048, 0, 0), expires_at=5.0))
+    assert ledger.hold(hold("a", (3, 1024, 0, 0), expires_at=9.0))
+    assert ledger.held == (3, 1024, 0, 0) == held_sum(ledger)
+
+
+# -- drop --------------------------------------------------------------------------------------
+
+
+def test_drop_frees_capacity() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a")
+    ledger.hold(h)
+    ledger.hold(hold("b", (1, 1, 0, 0)))
+    assert ledger.drop("a") is h
+    assert ledger.held == (1, 1, 0, 0)
+    assert list(ledger.holds) == ["b"]
+    assert ledger.drop("a") is None  # already gone
+    assert ledger.drop("zzz") is None
+    assert ledger.held == (1, 1, 0, 0)
+
+
+def test_drop_respects_committing_pin() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a")
+    ledger.hold(h)
+    h.committing = True
+    assert ledger.drop("a") is None
+    assert ledger.holds == {"a": h}
+    assert ledger.held == (2, 2048, 0, 0)
+
+
+def test_drop_respects_auction_id() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a", auction_id="run-2")
+    ledger.hold(h)
+    assert ledger.drop("a", auction_id="run-1") is None  # a Release from an older run
+    assert ledger.holds == {"a": h}
+    assert ledger.drop("a", auction_id="run-2") is h
+    assert ledger.held == ZERO
+
+
+def test_drop_without_auction_id_drops_any_run() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", auction_id="run-2"))
+    assert ledger.drop("a") is not None
+    assert ledger.holds == {}
+
+
+# -- expire ------------------------------------------------------------------------------------
+
+
+def test_expire_drops_only_past_ttl() -> None:
+    ledger = Ledger(CAP)
+    a, b, c = hold("a", expires_at=10.0), hold("b", expires_at=20.0), hold("c", expires_at=30.0)
+    for h in (c, a, b):
+        ledger.hold(h)
+    assert ledger.expire(now=9.999) == []
+    assert ledger.held == (6, 6144, 0, 0)
+    assert ledger.expire(now=10.0) == [a]  # expires_at <= now
+    assert ledger.held == (4, 4096, 0, 0)
+    assert ledger.expire(now=25.0) == [b]
+    assert ledger.expire(now=25.0) == []
+    assert list(ledger.holds) == ["c"]
+    assert ledger.expire(now=1e9) == [c]
+    assert ledger.held == ZERO
+    assert ledger.holds == {}
+
+
+def test_expire_returns_in_expiry_order() -> None:
+    ledger = Ledger(CAP)
+    for oid, t in (("x", 3.0), ("y", 1.0), ("z", 2.0)):
+        ledger.hold(hold(oid, (1, 1, 0, 0), expires_at=t))
+    assert [h.order_id for h in ledger.expire(now=5.0)] == ["y", "z", "x"]
+
+
+def test_expire_skips_dropped_holds() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", expires_at=1.0))
+    ledger.drop("a")
+    assert ledger.expire(now=2.0) == []
+    assert "a" not in ledger.recently_expired
+
+
+def test_stale_heap_entry_after_rehold() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", expires_at=1.0))
+    ledger.drop("a")
+    fresh = hold("a", (1, 512, 0, 0), expires_at=5.0)
+    ledger.hold(fresh)
+    # The old (1.0, "a") heap entry must not expire the fresh hold.
+    assert ledger.expire(now=2.0) == []
+    assert ledger.holds == {"a": fresh}
+    assert ledger.held == (1, 512, 0, 0)
+    assert "a" not in ledger.recently_expired
+    assert ledger.expire(now=5.0) == [fresh]
+    assert ledger.held == ZERO
+
+
+def test_rehold_with_earlier_expiry() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", expires_at=9.0))
+    ledger.drop("a")
+    fresh = hold("a", expires_at=3.0)
+    ledger.hold(fresh)
+    assert ledger.expire(now=3.0) == [fresh]
+    assert ledger.expire(now=9.0) == []  # the old entry is stale, nothing to remove twice
+    assert ledger.held == ZERO
+
+
+def test_expire_skips_pinned_hold() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a", expires_at=1.0)
+    ledger.hold(h)
+    h.committing = True
+    assert ledger.expire(now=100.0) == []
+    assert ledger.holds == {"a": h}
+    assert ledger.held == (2, 2048, 0, 0)
+    assert "a" not in ledger.recently_expired
+
+
+def test_recently_expired() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", (1, 1, 0, 0), expires_at=1.0))
+    ledger.hold(hold("b", (1, 1, 0, 0), expires_at=2.0))
+    ledger.expire(now=1.5)
+    assert list(ledger.recently_expired) == ["a"]
+    ledger.expire(now=2.5)
+    assert list(ledger.recently_expired) == ["a", "b"]
+
+
+def test_recently_expired_is_bounded() -> None:
+    ledger = Ledger((EXPIRED_MEMORY + 10, 10**9, 0, 0))
+    for i in range(EXPIRED_MEMORY + 3):
+        assert ledger.hold(hold(f"o{i}", (1, 1, 0, 0), expires_at=float(i)))
+    gone = ledger.expire(now=1e9)
+    assert len(gone) == EXPIRED_MEMORY + 3
+    assert len(ledger.recently_expired) == EXPIRED_MEMORY
+    assert next(iter(ledger.recently_expired)) == "o3"  # the oldest three were forgotten
+    assert "o2" not in ledger.recently_expired
+    assert f"o{EXPIRED_MEMORY + 2}" in ledger.recently_expired
+
+
+def test_expire_default_now_uses_monotonic_clock() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("past", expires_at=-1.0))  # before any monotonic reading
+    ledger.hold(hold("future", expires_at=float("inf")))
+    assert [h.order_id for h in ledger.expire()] == ["past"]
+    assert list(ledger.holds) == ["future"]
+
+
+# -- convert and unpin -------------------------------------------------------------------------
+
+
+def test_convert_moves_hold_to_committed() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a", (2, 2048, 10, 0))
+    ledger.hold(h)
+    h.committing = True
+    ledger.convert(h, (2, 2048, 10, 0))
+    assert ledger.holds == {}
+    assert ledger.held == ZERO
+    assert ledger.committed == (2, 2048, 10, 0)
+    assert ledger.free == (6, 6144, 90, 1)
+    ledger.check()
+
+
+def test_convert_less_than_hold_frees_the_rest() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a", (4, 4096, 0, 0))
+    ledger.hold(h)
+    ledger.convert(h, (1, 1024, 0, 0))
+    assert ledger.held == ZERO
+    assert ledger.committed == (1, 1024, 0, 0)
+    assert ledger.free == (7, 7168, 100, 1)
+
+
+def test_convert_of_a_hold_no_longer_present_only_commits() -> None:
+    ledger = Ledger(CAP)
+    old = hold("a")
+    ledger.hold(old)
+    ledger.drop("a")
+    new = hold("a", (1, 1, 0, 0))
+    ledger.hold(new)
+    ledger.convert(old, (2, 2048, 0, 0))  # `old` is not the hold on record: leave `new` alone
+    assert ledger.holds == {"a": new}
+    assert ledger.held == (1, 1, 0, 0)
+    assert ledger.committed == (2, 2048, 0, 0)
+
+
+def test_unpin_removes_the_hold() -> None:
+    ledger = Ledger(CAP)
+    h = hold("a")
+    ledger.hold(h)
+    h.committing = True
+    ledger.unpin(h)
+    assert h.committing is False
+    assert ledger.holds == {}
+    assert ledger.held == ZERO
+    assert ledger.committed == ZERO
+
+
+def test_unpin_leaves_a_newer_hold() -> None:
+    ledger = Ledger(CAP)
+    old = hold("a")
+    ledger.hold(old)
+    ledger.drop("a")
+    new = hold("a", (1, 1, 0, 0))
+    ledger.hold(new)
+    ledger.unpin(old)
+    assert ledger.holds == {"a": new}
+    assert ledger.held == (1, 1, 0, 0)
+
+
+def test_load_and_free_committed() -> None:
+    ledger = Ledger(CAP)
+    ledger.load_committed((2, 100, 0, 0))
+    ledger.load_committed((3, 200, 5, 1))
+    assert ledger.committed == (5, 300, 5, 1)
+    ledger.free_committed((2, 100, 0, 0))
+    assert ledger.committed == (3, 200, 5, 1)
+    assert ledger.free == (5, 7992, 95, 0)
+
+
+# -- check (I1) --------------------------------------------------------------------------------
+
+
+def test_check_passes_at_capacity() -> None:
+    ledger = Ledger(CAP)
+    ledger.load_committed((4, 4096, 50, 1))
+    ledger.hold(hold("a", (4, 4096, 50, 0)))
+    ledger.check()
+
+
+def test_check_raises_on_overcommit() -> None:
+    ledger = Ledger(CAP)
+    ledger.load_committed((9, 1, 0, 0))  # recovery may find more than the capacity
+    with pytest.raises(AssertionError) as info:
+        ledger.check()
+    assert str(info.value) == (
+        "overcommitted: committed (9, 1, 0, 0) + held (0, 0, 0, 0) > (8, 8192, 100, 1)"
+    )
+
+
+def test_check_raises_on_overcommit_with_holds() -> None:
+    ledger = Ledger(CAP)
+    ledger.hold(hold("a", (1, 8000, 0, 0)))
+    ledger.load_committed((1, 200, 0, 0))
+    with pytest.raises(AssertionError, match=r"held \(1, 8000, 0, 0\)"):
+        ledger.check()
+
+
+# -- property: I1 under random operations ------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_operations_never_overcommit(seed: int) -> None:
+    rng = random.Random(seed)
+    cap: Vec = (16, 16384, 200, 2)
+    ledger = Ledger(cap)
+    now = 0.0
+    committed_orders: dict[str, Vec] = {}
+    counts = {"hold": 0, "refused": 0, "drop": 0, "expire": 0, "convert": 0, "free": 0}
+    for step in range(400):
+        now += rng.uniform(0.0, 0.3)
+        op = rng.choice(["hold", "hold", "hold", "drop", "expire", "convert", "unpin", "free"])
+        if op == "hold":
+            oid = f"o{rng.randrange(40)}"
+            if oid in committed_orders:
+                continue
+            if oid in ledger.holds and ledger.drop(oid) is None:
+                continue  # pinned: the worker does not re-hold a committing order
+            want = (rng.randint(1, 6), rng.randint(1, 6000), rng.randint(0, 80), rng.randint(0, 1))
+            fits = leq(want, ledger.free)
+            ok = ledger.hold(
+                Hold(oid, want, now + rng.uniform(0.1, 2.0), 0.5, {}, False, f"run{step}")
+            )
+            assert ok is fits
+            counts["hold" if ok else "refused"] += 1
+        elif op == "drop" and ledger.holds:
+            oid = rng.choice(sorted(ledger.holds))
+            aid = rng.choice(["", ledger.holds[oid].auction_id, "other-run"])
+            dropped = ledger.drop(oid, aid)
+            counts["drop"] += dropped is not None
+        elif op == "expire":
+            counts["expire"] += len(ledger.expire(now=now))
+        elif op == "convert" and ledger.holds:
+            h = ledger.holds[rng.choice(sorted(ledger.holds))]
+            h.committing = True
+            # The commit may ask for less than the hold, never more.
+            want = tuple(rng.randint(min(1, x), x) for x in h.want)
+            ledger.convert(h, want)  # type: ignore[arg-type]
+            committed_orders[h.order_id] = want  # type: ignore[assignment]
+            counts["convert"] += 1
+        elif op == "unpin" and ledger.holds:
+            h = ledger.holds[rng.choice(sorted(ledger.holds))]
+            h.committing = True
+            ledger.unpin(h)
+        elif op == "free" and committed_orders:
+            oid = rng.choice(sorted(committed_orders))
+            ledger.free_committed(committed_orders.pop(oid))
+            counts["free"] += 1
+        # I1 and the bookkeeping behind it, after every step.
+        ledger.check()
+        assert leq(ledger.used, cap)
+        assert ledger.held == held_sum(ledger)
+        committed = ZERO
+        for v in committed_orders.values():
+            committed = add(committed, v)
+        assert ledger.committed == committed
+        assert all(x >= 0 for x in ledger.free)
+    # The loop exercised every path (so the checks above were not vacuous).
+    assert counts["hold"] > 20
+    assert counts["refused"] > 0
+    assert counts["expire"] > 0
+    assert counts["convert"] > 0
