@@ -13,7 +13,7 @@ from typing import TypeVar
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from exchange.auction import AuctionConfig, Auctioneer
+from exchange.auction import AuctionConfig, Auctioneer, ConflictingOrder
 from exchange.protocol import (
     BadMessage,
     Error,
@@ -68,7 +68,10 @@ class BourseClient:
     async def place(self, order: PlaceOrder) -> Placed | Unfilled:
         """Run one immediate-or-cancel order; raises ClientError on an Error reply."""
         if self._auctioneer is not None:
-            return await self._auctioneer.run(order)
+            try:
+                return await self._auctioneer.run(order)
+            except ConflictingOrder as exc:
+                raise ClientError(str(exc), "bad_request") from None
         timeout = order.deadline_ms / 1000.0 + REPLY_SLACK_S
         reply = await self._request(
             self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"

@@ -56,6 +56,10 @@ class AuctionError(RuntimeError):
     """The auction could not run at all (e.g. not connected to NATS)."""
 
 
+class ConflictingOrder(ValueError):
+    """The order id is the idempotency key: reusing it for a different order is an error."""
+
+
 @dataclass(frozen=True, slots=True)
 class AuctionConfig:
     quiet_ms: float = 100.0
@@ -127,17 +131,25 @@ class Auctioneer:
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.config = config or AuctionConfig()
-        self._inflight: dict[str, asyncio.Future[Placed | Unfilled]] = {}
+        self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
         self._boxes: dict[str, _Mailbox] = {}
         self._sub: Subscription | None = None
         self._prefix = ""
 
     async def run(self, order: PlaceOrder) -> Placed | Unfilled:
+        """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
+        order id but a different order (region, resources, image...) is under way here."""
         running = self._inflight.get(order.order_id)
         if running is not None:
-            return await asyncio.shield(running)
-        fut: asyncio.Future[Placed | Unfilled] = asyncio.get_running_loop().create_future()
-        self._inflight[order.order_id] = fut
+            first, fut = running
+            if first != order:
+                raise ConflictingOrder(
+                    f"order id {order.order_id!r} is already in use by a different order "
+                    f"(region {first.region!r}) that is being placed now"
+                )
+            return await asyncio.shield(fut)
+        fut = asyncio.get_running_loop().create_future()
+        self._inflight[order.order_id] = (order, fut)
         try:
             result = await self._run(order)
         except BaseException as exc:
@@ -255,6 +267,8 @@ class Auctioneer:
                 offer_order=offer.order_id,
             )
             return None
+        if isinstance(offer, Offer) and offer.machine_id:
+            return offer  # this order already has a machine: I3 outranks exclude_workers
         if offer.worker_id in excluded:
             return None
         if isinstance(offer, Waiting):

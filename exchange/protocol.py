@@ -26,7 +26,7 @@ MAX_PAYLOAD_BYTES = 64 * 1024
 # arithmetic and SQLite integers never overflow and a typo (memory_mb=10**12) is an error.
 MAX_CPUS = 4096
 MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB
-MAX_DISK_MB = 1024 * 1024 * 1024  # 1 EiB in MiB
+MAX_DISK_MB = 1024 * 1024 * 1024  # 1 PiB, in MiB
 MAX_GPUS = 256
 MAX_DEADLINE_MS = 30_000
 DEFAULT_DEADLINE_MS = 500
@@ -44,6 +44,8 @@ MACHINE_ID_SEPARATOR = "~"
 
 Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
 WorkerId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="worker id")]
+# A worker id, or "" where the subject already says which worker (or "every worker").
+OptionalWorkerId = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,62})?\Z")]
 OrderId = Annotated[str, msgspec.Meta(pattern=ORDER_ID_PATTERN)]
 MachineId = Annotated[str, msgspec.Meta(pattern=MACHINE_ID_PATTERN)]
 Image = Annotated[str, msgspec.Meta(pattern=IMAGE_PATTERN)]
@@ -219,7 +221,7 @@ class Release(Message, kw_only=True):
     """
 
     order_id: OrderId
-    worker_id: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    worker_id: OptionalWorkerId = ""
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
     abort_commit: bool = False
 
@@ -250,7 +252,7 @@ class MachineRequest(Message, kw_only=True):
 class ListMachines(Message, kw_only=True):
     """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask."""
 
-    worker_id: Annotated[str, msgspec.Meta(max_length=63)] = ""
+    worker_id: OptionalWorkerId = ""
     include_destroyed: bool = False
 
 

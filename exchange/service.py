@@ -18,7 +18,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from exchange.auction import AuctionConfig, Auctioneer, AuctionError
+from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
 from exchange.protocol import (
     MACHINE_VERBS,
     BadMessage,
@@ -107,6 +107,9 @@ class ExchangeService:
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
         try:
             result = await self.auctioneer.run(order)
+        except ConflictingOrder as exc:
+            await self.responder.error(msg, "bad_request", str(exc))
+            return
         except AuctionError as exc:
             await self.responder.error(msg, "internal", str(exc))
             return

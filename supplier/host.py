@@ -112,7 +112,10 @@ class SupplierHost:
             except nats.errors.NoRespondersError:
                 return False
             except nats.errors.TimeoutError:
-                return True  # someone holds the subscription but is slow to answer
+                # Someone subscribes but does not answer: a passive listener (a `nats sub`
+                # on bourse.v1.>) rather than a supplier, which would answer machine.list.
+                log.warning("worker_subject_has_silent_listener", worker_id=wid)
+                return False
             return True
 
         ids = list(self.workers)

@@ -109,6 +109,7 @@ class Ledger:
             return False
         self.holds[hold.order_id] = hold
         self.held = add(self.held, hold.want)
+        self.recently_expired.pop(hold.order_id, None)
         heapq.heappush(self._expiry, (hold.expires_at, hold.order_id))
         return True
 

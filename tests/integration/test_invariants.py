@@ -145,3 +145,52 @@ async def test_an_order_without_a_reply_subject_places_nothing(market: Market) -
     await nc.flush()
     await wait_until(lambda: svc.responder.counts["order_without_reply"] == 1)
     assert not host.workers["a"].machines
+
+
+async def test_i3_a_retry_that_excludes_the_machines_worker_still_gets_that_machine(
+    market: Market,
+) -> None:
+    host = await market.host(worker("a"), worker("b"))
+    await market.exchange()
+    buyer = await market.client()
+    first = await buyer.place(order(order_id="ex-1"))
+    assert isinstance(first, Placed)
+    again = await buyer.place(order(order_id="ex-1", exclude_workers=[first.worker_id]))
+    assert isinstance(again, Placed) and again.machine_id == first.machine_id and again.existing
+    assert sum(len(w.machines) for w in host.workers.values()) == 1
+
+
+async def test_i5_one_order_id_for_two_regions_at_once_is_refused_not_merged(
+    market: Market,
+) -> None:
+    from buyer_cli.client import ClientError
+
+    await market.host(worker("m", region="mad"), worker("l", region="lis"))
+    await market.exchange()
+    buyer = await market.client()
+    rs = await asyncio.gather(
+        buyer.place(order(region="mad", order_id="same")),
+        buyer.place(order(region="lis", order_id="same")),
+        return_exceptions=True,
+    )
+    by_region = dict(zip(["mad", "lis"], rs, strict=True))
+    placed = {region: r for region, r in by_region.items() if isinstance(r, Placed)}
+    errors = [r for r in rs if isinstance(r, ClientError)]
+    assert len(placed) == 1 and len(errors) == 1
+    assert errors[0].code == "bad_request" and "already in use" in str(errors[0])
+    [(asked, got)] = placed.items()
+    assert got.region == asked  # never a Placed from the other region
+
+
+async def test_a_passive_listener_on_all_subjects_does_not_block_a_supplier(
+    market: Market,
+) -> None:
+    spy = await market.connect("spy")
+
+    async def ignore(msg: Msg) -> None:
+        pass
+
+    await spy.subscribe(f"{market.subjects.root}.>", cb=ignore)
+    await spy.flush()
+    host = await market.host(worker("w1"))
+    assert "w1" in host.workers
