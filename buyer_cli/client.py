@@ -20,6 +20,7 @@ from exchange.protocol import (
     ListMachines,
     Machine,
     MachineList,
+    MachineLogs,
     MachineReply,
     MachineRequest,
     OrderReply,
@@ -113,6 +114,16 @@ class BourseClient:
             "exchange",
         )
         return _expect(reply, Machine)
+
+    async def logs(self, machine_id: str, tail: int = 100) -> MachineLogs:
+        reply = await self._request(
+            self.subjects.machine("logs"),
+            encode(MachineRequest(machine_id=machine_id, tail=tail)),
+            MachineReply,
+            10.0,
+            "exchange",
+        )
+        return _expect(reply, MachineLogs)
 
     async def machines(self, worker_id: str, include_destroyed: bool = False) -> MachineList:
         body = ListMachines(worker_id=worker_id, include_destroyed=include_destroyed)

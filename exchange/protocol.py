@@ -68,7 +68,7 @@ UnfilledReason = Literal[
 RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
 ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
 MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
-MACHINE_VERBS = ("get", "list", "start", "stop", "destroy")
+MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
 EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
 
 
@@ -244,9 +244,10 @@ class WorkerStatus(Message, kw_only=True):
 
 
 class MachineRequest(Message, kw_only=True):
-    """Body of machine.get / start / stop / destroy."""
+    """Body of machine.get / start / stop / destroy / logs."""
 
     machine_id: MachineId
+    tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # added in v1: logs only
 
 
 class ListMachines(Message, kw_only=True):
@@ -278,6 +279,15 @@ class MachineList(Message, kw_only=True):
     machines: list[Machine]
 
 
+class MachineLogs(Message, kw_only=True):
+    """Added in v1: reply to machine.logs, the last lines of the machine's output (the
+    process driver's log file; the sim driver has none)."""
+
+    machine_id: MachineId
+    lines: list[str]
+    truncated: bool = False  # older lines (or over-long ones) were left out
+
+
 class Event(Message, kw_only=True):
     kind: str
     region: Region
@@ -292,7 +302,7 @@ class Event(Message, kw_only=True):
 BidReply = Offer | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
-MachineReply = Machine | MachineList | Error
+MachineReply = Machine | MachineList | MachineLogs | Error
 
 
 class BadMessage(ValueError):

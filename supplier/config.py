@@ -43,14 +43,42 @@ class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
 
 
+RestartPolicy = Literal["no", "on-failure", "always"]
+RESTART_POLICIES = ("no", "on-failure", "always")
+DriverName = Literal["sim", "process"]
+
+
+class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What an image means on this worker. ``command`` is what the process driver runs;
+    ``size_mb`` is what the image costs in the cache (and, for sim, its pull time)."""
+
+    command: list[str] = []
+    env: dict[str, str] = {}
+    size_mb: Annotated[int, msgspec.Meta(ge=0)] = 200
+    restart: RestartPolicy = "no"
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
+
+
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker_id: WorkerId
     region: Region
     capacity: Amount
     labels: Labels = {}
-    images: list[Image] = []
+    images: list[Image] = []  # cached at start
     pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
     draining: bool = False
+    driver: DriverName = "sim"
+    # Images this worker knows (the process driver runs only these); sim runs any image.
+    catalog: dict[Image, ImageSpec] = {}
+    # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
+    image_cache_mb: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    pull_mb_per_s: Annotated[float, msgspec.Meta(ge=0)] = 1000.0  # sim pull speed
+
+    @property
+    def image_budget_mb(self) -> int:
+        if self.image_cache_mb is not None:
+            return self.image_cache_mb
+        return max(self.capacity.disk_mb // 5, 10 * 1024)
 
 
 class FleetFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):

@@ -13,6 +13,7 @@ import contextlib
 import time
 from collections import OrderedDict
 from collections.abc import Coroutine
+from pathlib import Path
 from typing import Any
 
 import nats.errors
@@ -40,6 +41,9 @@ from exchange.protocol import (
 from exchange.replies import Responder, subject_region_mismatch
 from exchange.subjects import Subjects
 from supplier.config import WorkerConfig, check_workers
+from supplier.drivers import Driver
+from supplier.drivers.process import ProcessDriver
+from supplier.drivers.sim import SimDriver
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -50,6 +54,19 @@ CLAIM_CHECK_S = 0.5
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
 TOMBSTONE_TTL_S = 5.0
+
+
+def make_driver(cfg: WorkerConfig, data_dir: Path) -> Driver:
+    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/."""
+    if cfg.driver == "process":
+        # on_exit is bound once the worker exists (it records the exit in its op log).
+        return ProcessDriver(cfg.catalog, data_dir / "machines" / cfg.worker_id, _unbound_exit)
+    sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
+    return SimDriver(cfg.pull_mb_per_s, sizes)
+
+
+def _unbound_exit(machine_id: str, code: int) -> None:
+    raise AssertionError("process driver used before its worker bound on_exit")
 
 
 class WorkerIdInUse(RuntimeError):
@@ -72,7 +89,7 @@ class SupplierHost:
         self.workers: dict[str, Worker] = {}
         self.by_region: dict[str, list[Worker]] = {}
         for cfg in workers:
-            w = Worker(cfg, store, self._emit)
+            w = Worker(cfg, store, self._emit, make_driver(cfg, store.path.parent))
             w.send_offer = self._send_late_offer
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
@@ -98,6 +115,8 @@ class SupplierHost:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await self.nc.flush()
         self._sweeper = asyncio.create_task(self._sweep())
+        for w in self.workers.values():  # machines that should run are started again
+            await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
 
     async def _check_unclaimed(self) -> None:
@@ -136,6 +155,8 @@ class SupplierHost:
                 await self._sweeper
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
+        for w in self.workers.values():
+            await w.keeper.close()
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
@@ -260,6 +281,8 @@ class SupplierHost:
             raise BadMessage(f"machine {mreq.machine_id} does not belong to worker {w.worker_id}")
         if verb == "get":
             await self.responder.reply(msg, w.get_machine(mreq.machine_id))
+        elif verb == "logs":
+            await self.responder.reply(msg, await w.logs(mreq.machine_id, mreq.tail))
         else:
             self._spawn(self._transition(w, msg, verb, mreq.machine_id))
 

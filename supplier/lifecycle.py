@@ -20,6 +20,10 @@ TRANSITIONS: dict[str, dict[str, str]] = {
 SETTLED = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
 # verb -> the event published when it changes a machine
 EVENT_OF = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
+# verb -> the state recorded while the driver works (so a crash mid-way is visible)
+INTERMEDIATE = {"start": "starting", "stop": "stopping"}
+# states in which a machine should be running (resumed after a supplier restart)
+SHOULD_RUN = ("starting", "started")
 
 
 class InvalidTransition(ValueError):

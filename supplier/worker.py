@@ -11,7 +11,6 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-import msgspec
 import structlog
 
 from exchange.protocol import (
@@ -34,8 +33,12 @@ from exchange.protocol import (
     now_ms,
 )
 from supplier.config import WorkerConfig
+from supplier.drivers import Driver
+from supplier.drivers.process import ProcessDriver
+from supplier.drivers.sim import SimDriver
+from supplier.images import DEFAULT_IMAGE_MB, ImageCache
 from supplier.ledger import Hold, Ledger, Vec, leq
-from supplier.lifecycle import EVENT_OF, InvalidTransition, next_state
+from supplier.machines import Machines
 from supplier.pricing import INSUFFICIENT, Pricer, check_fit
 from supplier.store import Op, Store, StoreError
 
@@ -67,23 +70,39 @@ def amount(v: Vec) -> Amount:
 
 
 class Worker:
-    def __init__(self, cfg: WorkerConfig, store: Store, emit: EmitFn) -> None:
+    def __init__(
+        self, cfg: WorkerConfig, store: Store, emit: EmitFn, driver: Driver | None = None
+    ) -> None:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
         self.region = cfg.region
         self.labels = dict(cfg.labels)
-        self.images: set[str] = set(cfg.images)
+        sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
+        self.images = ImageCache(
+            cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB)
+        )
+        self.driver: Driver = driver or SimDriver(cfg.pull_mb_per_s, sizes)
         self.pricer = Pricer(cfg.pricing)
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
         self.drain_reason = "configured" if cfg.draining else ""
         self.store = store
         self.emit = emit
-        self.machines: dict[str, Machine] = {}
-        self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
+        self.keeper = Machines(
+            self.worker_id,
+            store,
+            self.driver,
+            self.images,
+            self._event,
+            self._destroyed,
+            self.set_draining,
+        )
+        if isinstance(self.driver, ProcessDriver):
+            self.driver.on_exit = self.keeper.exited
+        self.machines = self.keeper.by_id
+        self.by_order = self.keeper.by_order  # order id -> machine id (I3)
         self.committing: dict[str, asyncio.Future[CommitReply]] = {}
         self.aborts: set[str] = set()
-        self._lifecycle_lock = asyncio.Lock()
         self.waiting: deque[_Waiting] = deque()
         self.send_offer: SendOfferFn = lambda inbox, auction_id, offer, delay: None
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
@@ -91,10 +110,7 @@ class Worker:
     # -- start-up ---------------------------------------------------------------------------
     def recover(self) -> None:
         """Resume from the store: machines and their committed resources come back."""
-        for m in self.store.load_machines(self.worker_id):
-            self.machines[m.machine_id] = m
-            if not m.aborted:
-                self.by_order[m.order_id] = m.machine_id
+        for m in self.keeper.load():
             if m.state != "destroyed":
                 self.ledger.load_committed(vec(m.resources))
         if not leq(self.ledger.committed, self.ledger.capacity):
@@ -104,7 +120,12 @@ class Worker:
         self.log.info("worker_recovered", machines=self.live_machines())
 
     def live_machines(self) -> int:
-        return sum(1 for m in self.machines.values() if m.state != "destroyed")
+        return self.keeper.live()
+
+    def _destroyed(self, m: Machine) -> None:
+        """A machine is gone: its resources go back to the market."""
+        self.ledger.free_committed(vec(m.resources))
+        self._freed()
 
     def set_draining(self, reason: str) -> None:
         if not self.draining:
@@ -186,7 +207,7 @@ class Worker:
         )
         if reason == INSUFFICIENT and leq(want, self.ledger.free_of_committed):
             return _WAIT
-        if reason:
+        if reason or not self.driver.can_run(bid.image):
             return None
         cached = bid.image in self.images
         score, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached)
@@ -331,8 +352,7 @@ class Worker:
                 self._freed()
             elif self.waiting:
                 self._withdraw_hopeless()
-            self.machines[machine.machine_id] = machine
-            self.by_order[c.order_id] = machine.machine_id
+            self.keeper.added(machine)
             result = self._placed(machine, t0, subscores=h.subscores)
             self.log.info(
                 "machine_placed", order_id=c.order_id, machine_id=machine.machine_id, score=h.score
@@ -346,22 +366,8 @@ class Worker:
         return result
 
     async def _abort(self, m: Machine) -> None:
-        """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
         self.aborts.discard(m.order_id)
-        async with self._lifecycle_lock:
-            m = self.machines[m.machine_id]
-            if m.state != "reserved":
-                return
-            gone = msgspec.structs.replace(
-                m, state="destroyed", aborted=True, updated_at_ms=now_ms()
-            )
-            await self.store.write(Op("abort", gone, "the auction gave up waiting for the commit"))
-            self.ledger.free_committed(vec(m.resources))
-            self.machines[m.machine_id] = gone
-            self.by_order.pop(m.order_id, None)
-            self._freed()
-        self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
-        self._event("destroyed", m.order_id, m.machine_id, "aborted")
+        await self.keeper.abort(m)
 
     def _placed(
         self,
@@ -407,35 +413,11 @@ class Worker:
         return MachineList(worker_id=self.worker_id, machines=ms)
 
     def get_machine(self, machine_id: str) -> Machine | Error:
-        m = self.machines.get(machine_id)
-        if m is None:
-            return Error(
-                code="bad_request", detail=f"no machine {machine_id} on worker {self.worker_id}"
-            )
-        return m
+        return self.keeper.get(machine_id)
 
     async def transition(self, verb: str, machine_id: str) -> MachineReply:
         """start / stop / destroy, written to the op log before it is reported."""
-        async with self._lifecycle_lock:
-            m = self.get_machine(machine_id)
-            if isinstance(m, Error):
-                return m
-            try:
-                to = next_state(verb, machine_id, m.state)
-            except InvalidTransition as exc:
-                return Error(code="bad_request", detail=str(exc))
-            if to == m.state:
-                return m
-            new = msgspec.structs.replace(m, state=to, updated_at_ms=now_ms())
-            try:
-                await self.store.write(Op(verb, new))
-            except StoreError as exc:
-                self.set_draining(str(exc))
-                return Error(code="internal", detail=f"cannot {verb} {machine_id}: {exc}")
-            self.machines[machine_id] = new
-            if to == "destroyed":
-                self.ledger.free_committed(vec(m.resources))
-                self._freed()
-        self.log.info("machine_" + EVENT_OF[verb], order_id=m.order_id, machine_id=machine_id)
-        self._event(EVENT_OF[verb], m.order_id, machine_id)
-        return new
+        return await self.keeper.transition(verb, machine_id)
+
+    async def logs(self, machine_id: str, tail: int) -> MachineReply:
+        return await self.keeper.logs(machine_id, tail)

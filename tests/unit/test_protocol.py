@@ -24,6 +24,7 @@ from exchange.protocol import (
     ListMachines,
     Machine,
     MachineList,
+    MachineLogs,
     MachineRequest,
     Message,
     Offer,
@@ -136,6 +137,7 @@ SAMPLES: list[Message] = [
     ListMachines(worker_id="mad-1", include_destroyed=True),
     MACHINE,
     MachineList(worker_id="mad-1", machines=[MACHINE]),
+    MachineLogs(machine_id=MACHINE.machine_id, lines=["booting", "ready"], truncated=True),
     Event(
         kind="placed",
         region="mad",

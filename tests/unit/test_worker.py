@@ -491,10 +491,14 @@ async def test_transitions(worker: Worker, store: Store, rec: Recorder) -> None:
     destroyed = await worker.transition("destroy", mid)
     assert isinstance(destroyed, Machine)
     assert destroyed.state == "destroyed"
+    # Each verb records its intermediate state before the driver works, then the result.
     assert [row[1:] for row in store.oplog(WID)] == [
         ("place", "order-1", mid, "reserved"),
+        ("start", "order-1", mid, "starting"),
         ("start", "order-1", mid, "started"),
+        ("stop", "order-1", mid, "stopping"),
         ("stop", "order-1", mid, "stopped"),
+        ("start", "order-1", mid, "starting"),
         ("start", "order-1", mid, "started"),
         ("destroy", "order-1", mid, "destroyed"),
     ]

@@ -1,0 +1,55 @@
+"""How a worker runs machines. A driver turns lifecycle verbs into reality:
+
+- ``sim``: no process; a start pulls the image if it is not cached (simulated time from its
+  size), used by the load-test harness and virtual fleets.
+- ``process``: the image names a command in the worker's catalog; a start runs it as a
+  supervised subprocess with a restart policy; its output goes to a per-machine log file.
+
+The worker writes every transition to its op log; the driver only does the work and
+reports failures by raising DriverError (a clear message for the requester).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from exchange.protocol import Machine
+
+
+class DriverError(RuntimeError):
+    pass
+
+
+class Driver(Protocol):
+    name: str
+
+    def can_run(self, image: str) -> bool:
+        """Whether this worker can run the image at all (offers are only made if so)."""
+        ...
+
+    async def pull(self, image: str) -> float:
+        """Fetch an image that is not cached; returns the seconds it took."""
+        ...
+
+    async def start(self, m: Machine) -> None:
+        """Run the machine (its image is cached by now)."""
+        ...
+
+    async def stop(self, m: Machine) -> None:
+        """Stop it: gracefully, then forcibly after the grace period."""
+        ...
+
+    async def destroy(self, m: Machine) -> None:
+        """Release whatever the machine held (it is stopped first if needed)."""
+        ...
+
+    def is_running(self, machine_id: str) -> bool: ...
+
+    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
+        """The last ``tail`` lines of output (within ``max_bytes``), and whether some were
+        left out."""
+        ...
+
+    async def close(self) -> None:
+        """The supplier is stopping: stop supervising (machines keep their recorded state)."""
+        ...

@@ -1,0 +1,207 @@
+"""The ``process`` driver: a machine's image names a command in the worker's catalog; a
+start runs it as a supervised subprocess.
+
+- restart policy (image spec, or the order's ``restart`` metadata): ``no``, ``on-failure``
+  (restart on a non-zero exit), ``always``; restarts back off exponentially (0.1 s doubling
+  to 10 s), and the backoff resets after a run of 30 s;
+- stop: SIGTERM, then SIGKILL after the grace period;
+- stdout and stderr append to ``<log_dir>/<machine_id>.log``;
+- an exit the policy does not restart is reported through ``on_exit`` (the worker records
+  the machine as stopped with the exit code);
+- a command word ``{python}`` stands for the supplier's own Python interpreter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import structlog
+
+from exchange.protocol import Machine
+from supplier.config import RESTART_POLICIES, ImageSpec, RestartPolicy
+from supplier.drivers import DriverError
+
+log = structlog.get_logger("bourse.driver.process")
+
+# A command word "{python}" is replaced by the supplier's own interpreter (portable specs).
+PYTHON = "{python}"
+BACKOFF_FIRST_S = 0.1
+BACKOFF_MAX_S = 10.0
+BACKOFF_RESET_AFTER_S = 30.0
+
+# (machine id, exit code): a machine's process ended and will not be restarted.
+ExitFn = Callable[[str, int], None]
+
+
+class _Supervisor:
+    def __init__(self, m: Machine, spec: ImageSpec, policy: RestartPolicy, log_path: Path) -> None:
+        self.m = m
+        self.spec = spec
+        self.policy = policy
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+        self.task: asyncio.Task[None] | None = None
+        self.stopping = False
+        self.restarts = 0
+
+
+class ProcessDriver:
+    name = "process"
+
+    def __init__(self, catalog: dict[str, ImageSpec], log_dir: Path, on_exit: ExitFn) -> None:
+        self.catalog = catalog
+        self.log_dir = log_dir
+        self.on_exit = on_exit
+        self._sups: dict[str, _Supervisor] = {}
+
+    def can_run(self, image: str) -> bool:
+        spec = self.catalog.get(image)
+        return spec is not None and bool(spec.command)
+
+    async def pull(self, image: str) -> float:
+        return 0.0  # commands are local: nothing to fetch
+
+    def log_path(self, machine_id: str) -> Path:
+        return self.log_dir / f"{machine_id}.log"
+
+    def is_running(self, machine_id: str) -> bool:
+        sup = self._sups.get(machine_id)
+        return sup is not None and sup.proc is not None and sup.proc.returncode is None
+
+    async def start(self, m: Machine) -> None:
+        spec = self.catalog.get(m.image)
+        if spec is None or not spec.command:
+            raise DriverError(f"image {m.image!r} is not in this worker's catalog")
+        policy = m.metadata.get("restart", spec.restart)
+        if policy not in RESTART_POLICIES:
+            raise DriverError(
+                f"restart policy {policy!r}: use one of {', '.join(RESTART_POLICIES)}"
+            )
+        if self.is_running(m.machine_id):
+            return
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        sup = _Supervisor(m, spec, policy, self.log_path(m.machine_id))  # type: ignore[arg-type]
+        await self._spawn(sup)  # a command that cannot start fails the start itself
+        self._sups[m.machine_id] = sup
+        sup.task = asyncio.get_running_loop().create_task(self._supervise(sup))
+
+    async def _spawn(self, sup: _Supervisor) -> None:
+        env = {
+            **os.environ,
+            **sup.spec.env,
+            "BOURSE_MACHINE_ID": sup.m.machine_id,
+            "BOURSE_ORDER_ID": sup.m.order_id,
+        }
+        with sup.log_path.open("ab") as out:
+            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode())
+            out.flush()
+            command = [sys.executable if word == PYTHON else word for word in sup.spec.command]
+            try:
+                sup.proc = await asyncio.create_subprocess_exec(
+                    sys.executable,
+                    "-m",
+                    "supplier.drivers.reaper",
+                    "--",
+                    *command,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    env=env,
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise DriverError(f"cannot start {sup.spec.command[0]!r}: {exc}") from None
+
+    async def _supervise(self, sup: _Supervisor) -> None:
+        backoff = BACKOFF_FIRST_S
+        mlog = log.bind(machine_id=sup.m.machine_id)
+        while True:
+            assert sup.proc is not None
+            began = time.monotonic()
+            code = await sup.proc.wait()
+            if sup.stopping:
+                return
+            if not (sup.policy == "always" or (sup.policy == "on-failure" and code != 0)):
+                mlog.info("machine_exited", code=code, policy=sup.policy)
+                self._sups.pop(sup.m.machine_id, None)
+                self.on_exit(sup.m.machine_id, code)
+                return
+            if time.monotonic() - began > BACKOFF_RESET_AFTER_S:
+                backoff = BACKOFF_FIRST_S
+            sup.restarts += 1
+            mlog.info("machine_restarting", code=code, restarts=sup.restarts, backoff_s=backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, BACKOFF_MAX_S)
+            if sup.stopping:
+                return
+            try:
+                await self._spawn(sup)
+            except DriverError as exc:
+                mlog.error("machine_restart_failed", error=str(exc))
+                self._sups.pop(sup.m.machine_id, None)
+                self.on_exit(sup.m.machine_id, 127)
+                return
+
+    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
+        path = self.log_path(machine_id)
+        if not path.exists():
+            return [], False
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - max_bytes))
+            data = f.read()
+        lines = data.decode(errors="replace").splitlines()
+        truncated = size > max_bytes
+        if truncated and lines:
+            lines = lines[1:]  # the first line was cut by the byte window
+        if len(lines) > tail:
+            lines, truncated = lines[-tail:], True
+        return lines, truncated
+
+    def restarts(self, machine_id: str) -> int:
+        sup = self._sups.get(machine_id)
+        return sup.restarts if sup else 0
+
+    def pid(self, machine_id: str) -> int | None:
+        sup = self._sups.get(machine_id)
+        return sup.proc.pid if sup and sup.proc and sup.proc.returncode is None else None
+
+    async def stop(self, m: Machine) -> None:
+        sup = self._sups.pop(m.machine_id, None)
+        if sup is None:
+            return
+        sup.stopping = True
+        proc = sup.proc
+        if proc is not None and proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+            try:
+                await asyncio.wait_for(proc.wait(), sup.spec.stop_grace_s)
+            except TimeoutError:
+                log.warning(
+                    "machine_kill_after_grace",
+                    machine_id=m.machine_id,
+                    grace_s=sup.spec.stop_grace_s,
+                )
+                with contextlib.suppress(ProcessLookupError):
+                    proc.kill()
+                await proc.wait()
+        if sup.task is not None:
+            sup.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sup.task
+
+    async def destroy(self, m: Machine) -> None:
+        await self.stop(m)
+
+    async def close(self) -> None:
+        """Stop every process (they come back when the supplier restarts: their recorded
+        state still says started)."""
+        for sup in list(self._sups.values()):
+            await self.stop(sup.m)

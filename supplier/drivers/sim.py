@@ -1,0 +1,50 @@
+"""The ``sim`` driver: machines without processes. A start whose image is not cached waits
+the simulated pull time (size / pull rate); everything else is instant."""
+
+from __future__ import annotations
+
+import asyncio
+
+from exchange.protocol import Machine
+from supplier.images import DEFAULT_IMAGE_MB
+
+
+class SimDriver:
+    name = "sim"
+
+    def __init__(self, pull_mb_per_s: float = 1000.0, sizes: dict[str, int] | None = None) -> None:
+        self.pull_mb_per_s = pull_mb_per_s
+        self.sizes = sizes or {}
+        self.running: set[str] = set()
+
+    def can_run(self, image: str) -> bool:
+        return True
+
+    def pull_seconds(self, image: str) -> float:
+        if self.pull_mb_per_s <= 0:
+            return 0.0
+        return self.sizes.get(image, DEFAULT_IMAGE_MB) / self.pull_mb_per_s
+
+    async def pull(self, image: str) -> float:
+        seconds = self.pull_seconds(image)
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+        return seconds
+
+    async def start(self, m: Machine) -> None:
+        self.running.add(m.machine_id)
+
+    async def stop(self, m: Machine) -> None:
+        self.running.discard(m.machine_id)
+
+    async def destroy(self, m: Machine) -> None:
+        self.running.discard(m.machine_id)
+
+    def is_running(self, machine_id: str) -> bool:
+        return machine_id in self.running
+
+    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
+        return [], False  # simulated machines print nothing
+
+    async def close(self) -> None:
+        self.running.clear()

@@ -1,0 +1,211 @@
+"""One worker's machines: their lifecycle, driven by the worker's driver, every step in the
+op log before it is reported.
+
+    start:   reserved|stopped -> starting -> (pull the image if not cached) -> started
+    stop:    started -> stopping -> stopped        (the driver stops the process)
+    destroy: any live state -> destroyed           (resources go back to the market)
+
+Each machine has its own lock, so a slow pull on one machine never delays another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import structlog
+
+from exchange.protocol import Error, Machine, MachineLogs, now_ms
+from supplier.drivers import Driver, DriverError
+from supplier.images import ImageCache
+from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
+from supplier.store import Op, Store, StoreError
+
+# (kind, order id, machine id, detail)
+EventFn = Callable[[str, str, str, str], None]
+MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
+
+
+class Machines:
+    def __init__(
+        self,
+        worker_id: str,
+        store: Store,
+        driver: Driver,
+        images: ImageCache,
+        event: EventFn,
+        on_destroyed: Callable[[Machine], None],
+        on_store_error: Callable[[str], None],
+    ) -> None:
+        self.worker_id = worker_id
+        self.store = store
+        self.driver = driver
+        self.images = images
+        self.event = event
+        self.on_destroyed = on_destroyed
+        self.on_store_error = on_store_error
+        self.by_id: dict[str, Machine] = {}
+        self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
+
+    def lock(self, machine_id: str) -> asyncio.Lock:
+        lk = self._locks.get(machine_id)
+        if lk is None:
+            lk = self._locks[machine_id] = asyncio.Lock()
+        return lk
+
+    def load(self) -> list[Machine]:
+        ms = self.store.load_machines(self.worker_id)
+        for m in ms:
+            self.by_id[m.machine_id] = m
+            if not m.aborted:
+                self.by_order[m.order_id] = m.machine_id
+        return ms
+
+    def live(self) -> int:
+        return sum(1 for m in self.by_id.values() if m.state != "destroyed")
+
+    def in_use(self, image: str) -> bool:
+        return any(m.image == image and m.state in SHOULD_RUN for m in self.by_id.values())
+
+    def get(self, machine_id: str) -> Machine | Error:
+        m = self.by_id.get(machine_id)
+        if m is None:
+            return Error(
+                code="bad_request", detail=f"no machine {machine_id} on worker {self.worker_id}"
+            )
+        return m
+
+    def added(self, m: Machine) -> None:
+        """A commit placed ``m`` (already durable)."""
+        self.by_id[m.machine_id] = m
+        self.by_order[m.order_id] = m.machine_id
+
+    async def _record(
+        self, m: Machine, state: str, op: str, detail: str = "", **changes: Any
+    ) -> Machine:
+        new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
+        await self.store.write(Op(op, new, detail))
+        self.by_id[m.machine_id] = new
+        return new
+
+    # -- verbs ------------------------------------------------------------------------------------
+    async def transition(self, verb: str, machine_id: str) -> Machine | Error:
+        async with self.lock(machine_id):
+            m = self.get(machine_id)
+            if isinstance(m, Error):
+                return m
+            try:
+                to = next_state(verb, machine_id, m.state)
+            except InvalidTransition as exc:
+                return Error(code="bad_request", detail=str(exc))
+            if to == m.state:
+                return m
+            try:
+                m = await self._run(verb, m, to)
+            except StoreError as exc:
+                self.on_store_error(str(exc))
+                return Error(code="internal", detail=f"cannot {verb} {machine_id}: {exc}")
+            except DriverError as exc:
+                return Error(code="internal", detail=f"cannot {verb} {machine_id}: {exc}")
+        self.log.info("machine_" + EVENT_OF[verb], order_id=m.order_id, machine_id=machine_id)
+        return m
+
+    async def _run(self, verb: str, m: Machine, to: str) -> Machine:
+        if verb in INTERMEDIATE:
+            m = await self._record(m, INTERMEDIATE[verb], verb)
+        if verb == "start":
+            return await self._start(m)
+        if verb == "stop":
+            await self.driver.stop(m)
+        else:
+            await self.driver.destroy(m)
+        m = await self._record(m, to, verb)
+        if to == "destroyed":
+            self.on_destroyed(m)
+        self.event(EVENT_OF[verb], m.order_id, m.machine_id, "")
+        return m
+
+    async def _start(self, m: Machine, resumed: bool = False) -> Machine:
+        """Pull if needed, run, record started; a failure records stopped and re-raises."""
+        try:
+            if m.image not in self.images:
+                seconds = await self.driver.pull(m.image)
+                evicted = self.images.add(m.image, self.in_use)
+                self.event("pulled", m.order_id, m.machine_id, f"{m.image} in {seconds:.3f}s")
+                if evicted:
+                    self.log.info("images_evicted", images=evicted, for_image=m.image)
+            else:
+                self.images.touch(m.image)
+            await self.driver.start(m)
+        except DriverError as exc:
+            await self._record(m, "stopped", "start_failed", str(exc))
+            self.event("stopped", m.order_id, m.machine_id, f"start failed: {exc}")
+            raise
+        if m.state != "started":
+            m = await self._record(m, "started", "start")
+        self.event("started", m.order_id, m.machine_id, "resumed" if resumed else "")
+        return m
+
+    async def abort(self, m: Machine) -> None:
+        """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
+        async with self.lock(m.machine_id):
+            m = self.by_id[m.machine_id]
+            if m.state != "reserved":
+                return
+            gone = await self._record(
+                m, "destroyed", "abort", "the auction gave up waiting for the commit", aborted=True
+            )
+            self.by_order.pop(m.order_id, None)
+            self.on_destroyed(gone)
+        self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
+        self.event("destroyed", m.order_id, m.machine_id, "aborted")
+
+    def exited(self, machine_id: str, code: int) -> None:
+        """The driver saw the machine's process end for good (restart policy said no)."""
+        task = asyncio.get_running_loop().create_task(self._exited(machine_id, code))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _exited(self, machine_id: str, code: int) -> None:
+        async with self.lock(machine_id):
+            m = self.by_id.get(machine_id)
+            if m is None or m.state != "started":
+                return
+            detail = f"exited with code {code}"
+            try:
+                await self._record(m, "stopped", "exited", detail)
+            except StoreError as exc:
+                self.on_store_error(str(exc))
+                return
+        self.log.info("machine_exited", machine_id=machine_id, code=code)
+        self.event("stopped", m.order_id, machine_id, detail)
+
+    async def resume(self) -> None:
+        """After a restart: machines that should run are started again; half-done stops
+        are finished."""
+        for m in list(self.by_id.values()):
+            async with self.lock(m.machine_id):
+                try:
+                    if m.state in SHOULD_RUN:
+                        await self._start(m, resumed=True)
+                    elif m.state == "stopping":
+                        await self._record(m, "stopped", "stop")
+                except (DriverError, StoreError) as exc:
+                    self.log.error("machine_resume_failed", machine_id=m.machine_id, error=str(exc))
+
+    async def logs(self, machine_id: str, tail: int) -> MachineLogs | Error:
+        m = self.get(machine_id)
+        if isinstance(m, Error):
+            return m
+        lines, truncated = self.driver.logs(machine_id, tail, MAX_LOG_BYTES)
+        return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated)
+
+    async def close(self) -> None:
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
+        await self.driver.close()
