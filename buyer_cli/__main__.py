@@ -1,3 +1,3 @@
-from buyer_cli.cli import app
+from buyer_cli.cli import main
 
-app()
+main()

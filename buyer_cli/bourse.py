@@ -24,14 +24,14 @@ from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats
 from exchange.protocol import Placed
-from exchange.runtime import NatsOpt, PrefixOpt
+from exchange.runtime import NatsOpt, PrefixOpt, cli_main
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
 
 
 @app.callback()
-def main() -> None:
+def _callback() -> None:
     """Bourse."""
 
 
@@ -150,5 +150,9 @@ def _outcome_table(outcomes: list[tuple[str, object]]) -> Table:
     return t
 
 
+def main() -> None:
+    cli_main(app)
+
+
 if __name__ == "__main__":
-    app()
+    main()

@@ -7,19 +7,32 @@ Exit codes: 0 placed / ok, 2 unfilled, 1 error (one clear line on stderr).
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 from typing import Annotated, TypeVar
 
 import msgspec
 import typer
+from nats.aio.msg import Msg
 
-from buyer_cli import render
+from buyer_cli import policy, render
 from buyer_cli.client import BourseClient, ClientError
+from buyer_cli.policy import Deployment
 from exchange import logs
 from exchange.auction import AuctionError
 from exchange.connection import connect, split_urls
-from exchange.protocol import DEFAULT_DEADLINE_MS, Placed, PlaceOrder
-from exchange.runtime import CredsOpt, NatsOpt, PrefixOpt, fail, parse_labels
+from exchange.protocol import (
+    DEFAULT_DEADLINE_MS,
+    BadMessage,
+    Event,
+    Machine,
+    Placed,
+    PlaceOrder,
+    Resources,
+    decode,
+    validation_detail,
+)
+from exchange.runtime import CredsOpt, NatsOpt, PrefixOpt, cli_main, fail, parse_labels, run
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse buyer: place machine orders on the market.", no_args_is_help=True)
@@ -32,6 +45,39 @@ DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
 ]
 EXIT_UNFILLED = 2
+# JSON paths of a PlaceOrder (or Resources) -> the flag a person typed.
+_FLAGS = {
+    "resources.cpus": "--cpus",
+    "resources.memory_mb": "--memory-mb",
+    "resources.disk_mb": "--disk-mb",
+    "resources.gpus": "--gpus",
+    "cpus": "--cpus",
+    "memory_mb": "--memory-mb",
+    "disk_mb": "--disk-mb",
+    "gpus": "--gpus",
+    "region": "--region",
+    "image": "--image",
+    "constraints": "--label",
+    "exclude_workers": "--exclude",
+    "min_score": "--min-score",
+    "deadline_ms": "--deadline-ms",
+    "order_id": "--order-id",
+    "metadata": "--meta",
+}
+_PATH = re.compile(r" - at `\$\.([A-Za-z_.]+)[^`]*`")
+
+
+def _flag_names(text: str) -> str:
+    """``Expected `int` >= 1 - at `$.resources.cpus` `` -> ``... (--cpus)``."""
+
+    def sub(m: re.Match[str]) -> str:
+        path = m.group(1)
+        for key in sorted(_FLAGS, key=len, reverse=True):
+            if path == key or path.startswith(key + "."):
+                return f" ({_FLAGS[key]})"
+        return m.group(0)
+
+    return _PATH.sub(sub, text)
 
 
 def _with_client(
@@ -109,7 +155,7 @@ def place(
     try:
         order = msgspec.convert(raw, PlaceOrder, strict=True)
     except msgspec.ValidationError as exc:
-        fail(f"invalid order: {exc}")
+        fail(f"invalid order: {_flag_names(validation_detail(exc))}")
 
     async def go(c: BourseClient):  # type: ignore[no-untyped-def]
         r = await c.place(order)
@@ -170,12 +216,13 @@ def machines_list(
 def _verb(verb: str, help_text: str) -> None:
     def command(
         machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
+        direct: DirectOpt = False,
         json: JsonOpt = False,
         nats: NatsOpt = None,
         creds: CredsOpt = None,
         prefix: PrefixOpt = DEFAULT_PREFIX,
     ) -> None:
-        m = _with_client(nats, creds, prefix, False, lambda c: c.machine(verb, machine_id))
+        m = _with_client(nats, creds, prefix, direct, lambda c: c.machine(verb, machine_id))
         if json:
             typer.echo(render.as_json(m))
         else:
@@ -185,7 +232,186 @@ def _verb(verb: str, help_text: str) -> None:
     machines_app.command("show" if verb == "get" else verb)(command)
 
 
+@machines_app.command("logs")
+def machines_logs(
+    machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
+    tail: Annotated[int, typer.Option(min=1, max=1000, help="How many lines.")] = 100,
+    direct: DirectOpt = False,
+    json: JsonOpt = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+) -> None:
+    """The last lines a machine printed (process driver)."""
+    out = _with_client(nats, creds, prefix, direct, lambda c: c.logs(machine_id, tail))
+    if json:
+        typer.echo(render.as_json(out))
+        return
+    if out.truncated:
+        typer.echo("... (older lines left out)")
+    for line in out.lines:
+        typer.echo(line)
+
+
 _verb("get", "One machine.")
 _verb("start", "Start a machine.")
 _verb("stop", "Stop a machine.")
 _verb("destroy", "Destroy a machine and free its resources.")
+
+
+def main() -> None:
+    cli_main(app)
+
+
+@app.command()
+def deploy(
+    app_name: Annotated[str, typer.Option("--app", help="App name (machines carry it).")],
+    region: Annotated[list[str], typer.Option(help="Regions, tried in this order.")],
+    cpus: Annotated[int, typer.Option()],
+    memory_mb: Annotated[int, typer.Option()],
+    image: Annotated[str, typer.Option()],
+    count: Annotated[int, typer.Option(min=0, help="Machines to run.")] = 1,
+    spares: Annotated[int, typer.Option(min=0, help="Extra machines placed, not started.")] = 0,
+    disk_mb: Annotated[int, typer.Option()] = 0,
+    gpus: Annotated[int, typer.Option()] = 0,
+    label: Annotated[list[str] | None, typer.Option(help="Constraint key=value.")] = None,
+    min_score: Annotated[float, typer.Option()] = 0.0,
+    deadline_ms: Annotated[int, typer.Option()] = DEFAULT_DEADLINE_MS,
+    direct: DirectOpt = False,
+    json: JsonOpt = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+) -> None:
+    """Deploy an app: machines on distinct workers, plus spares (idempotent)."""
+    try:
+        resources = msgspec.convert(
+            {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+            Resources,
+            strict=True,
+        )
+    except msgspec.ValidationError as exc:
+        fail(f"invalid resources: {_flag_names(validation_detail(exc))}")
+    constraints = parse_labels(label)
+
+    async def go(c: BourseClient) -> Deployment:
+        return await policy.deploy(
+            c,
+            app=app_name,
+            regions=region,
+            count=count,
+            spares=spares,
+            resources=resources,
+            image=image,
+            constraints=constraints,
+            deadline_ms=deadline_ms,
+            min_score=min_score,
+        )
+
+    d = _with_client(nats, creds, prefix, direct, go)
+    if json:
+        typer.echo(
+            render.as_json(
+                {
+                    "app": d.app,
+                    "complete": d.complete,
+                    "slots": [
+                        {
+                            "slot": s.name,
+                            "role": s.role,
+                            "machine": s.machine,
+                            "existed": s.existed,
+                            "unfilled": s.unfilled,
+                        }
+                        for s in d.slots
+                    ],
+                }
+            )
+        )
+    else:
+        render.console.print(render.deployment(d))
+    if not d.complete:
+        raise typer.Exit(EXIT_UNFILLED)
+
+
+@app.command()
+def failover(
+    app_name: Annotated[str, typer.Option("--app", help="The app.")],
+    machine: Annotated[str, typer.Option(help="The machine whose worker is gone.")],
+    region: Annotated[list[str], typer.Option(help="Regions to look for spares in, in order.")],
+    force: Annotated[bool, typer.Option(help="Start a spare even if the worker answers.")] = False,
+    direct: DirectOpt = False,
+    json: JsonOpt = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+) -> None:
+    """Start a spare of the app in place of a machine whose worker is gone."""
+
+    async def go(c: BourseClient) -> Machine | str:
+        try:
+            return await policy.failover(
+                c, app=app_name, regions=region, machine_id=machine, force=force
+            )
+        except ClientError as exc:
+            if exc.code == "unfilled":
+                return str(exc)
+            raise
+
+    m = _with_client(nats, creds, prefix, direct, go)
+    if isinstance(m, str):
+        typer.echo(f"no failover: {m}", err=True)
+        raise typer.Exit(EXIT_UNFILLED)
+    if json:
+        typer.echo(render.as_json(m))
+    else:
+        render.console.print(f"started spare {m.machine_id} on {m.worker_id} ({m.region})")
+
+
+@app.command()
+def watch(
+    region: Annotated[str, typer.Option(help="Region, or * for all.")] = "*",
+    worker: Annotated[str, typer.Option(help="Worker id, or * for all.")] = "*",
+    kind: Annotated[str, typer.Option(help="Event kind, or * for all.")] = "*",
+    count: Annotated[int, typer.Option(min=0, help="Stop after this many (0: never).")] = 0,
+    json: JsonOpt = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+) -> None:
+    """Print market events as they happen, until Ctrl-C."""
+    logs.configure("warning")
+    urls = split_urls(nats)
+    if not urls:
+        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    subjects = Subjects(prefix)
+
+    async def main(stop: asyncio.Event) -> None:
+        try:
+            nc = await connect(urls, name="bourse-watch", creds=creds, service=False)
+        except Exception as exc:
+            fail(f"cannot connect to NATS at {', '.join(urls)}: {exc}")
+        seen = 0
+
+        async def on_event(msg: Msg) -> None:
+            nonlocal seen
+            try:
+                e = decode(msg.data, Event)
+            except BadMessage as exc:
+                typer.echo(f"(unreadable event on {msg.subject}: {exc})", err=True)
+                return
+            typer.echo(render.as_json(e) if json else render.event_line(e))
+            seen += 1
+            if count and seen >= count:
+                stop.set()
+
+        await nc.subscribe(subjects.events(region, worker, kind), cb=on_event)
+        await nc.flush()
+        if not json:
+            typer.echo(
+                f"watching {subjects.events(region, worker, kind)} (Ctrl-C to stop)", err=True
+            )
+        await stop.wait()
+        await nc.drain()
+
+    run(main)

@@ -31,6 +31,7 @@ from exchange.protocol import (
     WorkerStatus,
     decode,
     encode,
+    worker_of_machine,
 )
 from exchange.subjects import Subjects
 
@@ -38,6 +39,8 @@ T = TypeVar("T")
 
 # How long past an order's own deadline the buyer waits for the exchange's answer.
 REPLY_SLACK_S = 2.0
+# Machine verbs may wait for a stop grace or an image pull.
+MACHINE_TIMEOUT_S = 60.0
 
 
 class ClientError(RuntimeError):
@@ -105,24 +108,23 @@ class BourseClient:
             await sub.unsubscribe()
         return sorted(out, key=lambda s: s.worker_id)
 
+    def _machine_subject(self, verb: str, machine_id: str) -> tuple[str, str]:
+        """Through the exchange, or (direct) straight to the worker named in the id."""
+        if self.direct:
+            return self.subjects.worker_machine(worker_of_machine(machine_id), verb), "worker"
+        return self.subjects.machine(verb), "exchange"
+
     async def machine(self, verb: str, machine_id: str) -> Machine:
-        reply = await self._request(
-            self.subjects.machine(verb),
-            encode(MachineRequest(machine_id=machine_id)),
-            MachineReply,
-            10.0,
-            "exchange",
-        )
+        """get / start / stop / destroy one machine; returns it as it is afterwards."""
+        subject, who = self._machine_subject(verb, machine_id)
+        body = encode(MachineRequest(machine_id=machine_id))
+        reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, Machine)
 
     async def logs(self, machine_id: str, tail: int = 100) -> MachineLogs:
-        reply = await self._request(
-            self.subjects.machine("logs"),
-            encode(MachineRequest(machine_id=machine_id, tail=tail)),
-            MachineReply,
-            10.0,
-            "exchange",
-        )
+        subject, who = self._machine_subject("logs", machine_id)
+        body = encode(MachineRequest(machine_id=machine_id, tail=tail))
+        reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, MachineLogs)
 
     async def machines(self, worker_id: str, include_destroyed: bool = False) -> MachineList:
@@ -132,7 +134,9 @@ class BourseClient:
             if self.direct
             else self.subjects.machine("list")
         )
-        reply = await self._request(subject, encode(body), MachineReply, 10.0, "worker")
+        reply = await self._request(
+            subject, encode(body), MachineReply, MACHINE_TIMEOUT_S, "worker"
+        )
         return _expect(reply, MachineList)
 
     async def _request(

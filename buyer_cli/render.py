@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 
 import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from exchange.protocol import Machine, Placed, Unfilled, WorkerStatus
+from exchange.protocol import Event, Machine, Placed, Unfilled, WorkerStatus
 
 console = Console()
 
@@ -80,3 +81,39 @@ def machines(ms: Iterable[Machine]) -> Table:
             f"{m.score:.3f}",
         )
     return t
+
+
+def deployment(d: object) -> Table:
+    from buyer_cli.policy import Deployment
+
+    assert isinstance(d, Deployment)
+    t = Table(title=f"app {d.app}")
+    for col in ("slot", "machine", "region", "worker", "state", "note"):
+        t.add_column(col)
+    for s in d.slots:
+        if s.machine is not None:
+            m = s.machine
+            note = (
+                "kept (already deployed)"
+                if s.existed
+                else f"score {s.placed.score:.3f}"
+                if s.placed
+                else ""
+            )
+            t.add_row(s.name, m.machine_id, m.region, m.worker_id, m.state, note)
+        else:
+            why = "; ".join(f"{u.region}: {u.reason}" for u in s.unfilled)
+            t.add_row(s.name, "-", "-", "-", "[yellow]unfilled[/]", why)
+    return t
+
+
+def event_line(e: Event) -> str:
+    at = time.strftime("%H:%M:%S", time.localtime(e.at_ms / 1000)) + f".{e.at_ms % 1000:03d}"
+    parts = [at, f"{e.kind:<12}", e.region, e.worker_id]
+    if e.machine_id:
+        parts.append(e.machine_id)
+    if e.order_id:
+        parts.append(f"order={e.order_id}")
+    if e.detail:
+        parts.append(e.detail)
+    return "  ".join(parts)

@@ -1,3 +1,3 @@
-from exchange.cli import app
+from exchange.cli import main
 
-app()
+main()

@@ -10,7 +10,16 @@ import typer
 from exchange import logs
 from exchange.auction import AuctionConfig
 from exchange.connection import connect, split_urls
-from exchange.runtime import CredsOpt, LogJsonOpt, LogLevelOpt, NatsOpt, PrefixOpt, fail, run
+from exchange.runtime import (
+    CredsOpt,
+    LogJsonOpt,
+    LogLevelOpt,
+    NatsOpt,
+    PrefixOpt,
+    cli_main,
+    fail,
+    run,
+)
 from exchange.service import ExchangeService
 from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
@@ -18,7 +27,7 @@ app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or
 
 
 @app.callback()
-def main() -> None:
+def _callback() -> None:
     """Bourse exchange."""
 
 
@@ -68,3 +77,7 @@ def serve(
         await nc.drain()
 
     run(main)
+
+
+def main() -> None:
+    cli_main(app)

@@ -45,7 +45,8 @@ async def connect(
     bound = log.bind(client=name)
 
     async def error_cb(exc: Exception) -> None:
-        bound.warning("nats_error", error=repr(exc))
+        # A one-shot command reports its own failure in one line; daemons log every error.
+        (bound.warning if service else bound.debug)("nats_error", error=repr(exc))
 
     async def disconnected_cb() -> None:
         if nc.is_closed or nc.is_draining:

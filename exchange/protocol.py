@@ -329,6 +329,12 @@ def type_name(typ: Any) -> str:
     return getattr(typ, "__name__", None) or " | ".join(a.__name__ for a in typ.__args__)
 
 
+def validation_detail(exc: msgspec.ValidationError) -> str:
+    """msgspec's message, with patterns shown as every regex dialect writes them ($), not
+    Python's \\Z."""
+    return str(exc).replace("\\\\Z'", "$'")
+
+
 def decode(data: bytes, typ: type[T]) -> T:
     """Decode ``data`` as ``typ`` (a message class or a union of them).
 
@@ -344,8 +350,6 @@ def decode(data: bytes, typ: type[T]) -> T:
     try:
         return _decoder(typ).decode(data)
     except msgspec.ValidationError as exc:
-        # Show patterns the way every regex dialect writes them ($), not Python's \Z.
-        detail = str(exc).replace("\\\\Z'", "$'")
-        raise BadMessage(f"invalid {type_name(typ)}: {detail}") from None
+        raise BadMessage(f"invalid {type_name(typ)}: {validation_detail(exc)}") from None
     except msgspec.DecodeError as exc:
         raise BadMessage(f"malformed JSON: {exc}") from None

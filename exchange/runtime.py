@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any, TypeVar
 
@@ -13,9 +14,22 @@ import msgspec
 import typer
 
 from exchange.connection import ENV_CREDS, ENV_URL
-from exchange.protocol import Labels
+from exchange.protocol import Labels, validation_detail
 
 T = TypeVar("T")
+
+# Typer >= 0.29 carries its own click; older ones use click's exceptions.
+try:
+    from typer import Abort as _TyperAbort
+    from typer import TyperException as _TyperException
+
+    _USAGE_ERRORS: tuple[type[Exception], ...] = (_TyperException,)
+    _ABORTS: tuple[type[BaseException], ...] = (_TyperAbort,)
+except ImportError:  # pragma: no cover - older typer
+    import click
+
+    _USAGE_ERRORS = (click.ClickException,)
+    _ABORTS = (click.exceptions.Abort,)
 
 NatsOpt = Annotated[
     list[str] | None,
@@ -45,7 +59,7 @@ def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, st
     try:
         return msgspec.convert(out, Labels)
     except msgspec.ValidationError as exc:
-        raise typer.BadParameter(f"{what}: {exc}") from None
+        raise typer.BadParameter(f"{what}: {validation_detail(exc)}") from None
 
 
 def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
@@ -64,6 +78,22 @@ def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
     except ImportError:
         return asyncio.run(wrapper())
     return uvloop.run(wrapper())
+
+
+def cli_main(app: typer.Typer) -> None:
+    """Run a typer app as a console script with Bourse's exit-code contract: usage errors
+    are ONE line on stderr and exit 1 (click's 2 would read as "unfilled"); Ctrl-C is 130."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERRORS as exc:
+        message = exc.format_message()
+        if not message:  # no arguments: the help was shown, which is what was asked for
+            sys.exit(0)
+        typer.echo(f"error: {message}", err=True)
+        sys.exit(1)
+    except _ABORTS:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
 
 
 def fail(message: str, code: int = 1) -> Any:

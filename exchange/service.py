@@ -33,7 +33,7 @@ from exchange.subjects import EXCHANGE_QUEUE, Subjects
 
 log = structlog.get_logger("bourse.exchange")
 
-MACHINE_TIMEOUT_S = 5.0
+MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
 
 
 class ExchangeService:

@@ -1,3 +1,3 @@
-from supplier.cli import app
+from supplier.cli import main
 
-app()
+main()

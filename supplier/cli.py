@@ -11,12 +11,14 @@ import typer
 
 from exchange import logs
 from exchange.connection import connect, split_urls
+from exchange.protocol import validation_detail
 from exchange.runtime import (
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
     NatsOpt,
     PrefixOpt,
+    cli_main,
     fail,
     parse_labels,
     run,
@@ -37,7 +39,7 @@ DB_NAME = "supplier.db"
 
 
 @app.callback()
-def main() -> None:
+def _callback() -> None:
     """Bourse supplier daemon."""
 
 
@@ -150,5 +152,9 @@ def _single_worker(
     try:
         return msgspec.convert(raw, WorkerConfig, strict=True)
     except msgspec.ValidationError as exc:
-        fail(f"invalid worker: {exc}")
+        fail(f"invalid worker: {validation_detail(exc)}")
     raise AssertionError("unreachable")
+
+
+def main() -> None:
+    cli_main(app)

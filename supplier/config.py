@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from exchange.protocol import Amount, Image, Labels, Region, WorkerId
+from exchange.protocol import Amount, Image, Labels, Region, WorkerId, validation_detail
 
 Preset = Literal["spread", "binpack"]
 # A curve is a list of [utilization, desirability] points, utilization ascending in [0, 1].
@@ -104,7 +104,7 @@ def load_fleet(path: str | Path) -> list[WorkerConfig]:
     except (tomllib.TOMLDecodeError, msgspec.DecodeError) as exc:
         raise ConfigError(f"fleet file {path} is malformed: {exc}") from None
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"fleet file {path}: {exc}") from None
+        raise ConfigError(f"fleet file {path}: {validation_detail(exc)}") from None
     check_workers(fleet.worker)
     return fleet.worker
 
