@@ -1,15 +1,21 @@
 """``bourse``: the main job in one command.
 
-``bourse demo`` starts an embedded nats-server (unless ``--nats`` is given), a demo fleet of
-suppliers in three regions as real processes, one exchange process, places a scripted batch
-of real orders plus a concurrent burst, prints what happened, and stops everything.
+``bourse demo`` starts an embedded nats-server, a demo fleet of suppliers in three regions
+as real processes, one exchange process, places a scripted batch of real orders plus a
+concurrent burst, prints what happened, and stops everything. With ``--nats URL`` it only
+places the orders, on a market that is already up (``bourse up``).
+
+``bourse up`` runs that market until Ctrl-C, keeping state in a data dir so the next ``up``
+resumes (machines that were running start again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import shutil
+import socket
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -22,9 +28,9 @@ from buyer_cli.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
 from buyer_cli.launcher import Program, start_program
 from exchange import logs
 from exchange.connection import connect, split_urls
-from exchange.embedded_nats import EmbeddedNats
+from exchange.embedded_nats import EmbeddedNats, NatsServerError
 from exchange.protocol import Placed
-from exchange.runtime import NatsOpt, PrefixOpt, cli_main
+from exchange.runtime import NatsOpt, PrefixOpt, cli_main, fail, run
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
@@ -57,20 +63,14 @@ def demo(
             shutil.rmtree(root, ignore_errors=True)
 
 
-async def _demo(
-    urls: list[str], subjects: Subjects, root: Path, burst: int, json: bool, keep: bool
-) -> None:
-    say = (lambda *_: None) if json else render.console.print
-    server = None
-    if not urls:
-        server = EmbeddedNats(workdir=root / "nats").start()
-        urls = [server.url]
-        say(f"embedded nats-server on {server.url} (log: {server.log_path})")
+async def _start_market(
+    urls: list[str], subjects: Subjects, root: Path, say: Callable[[str], None]
+) -> list[Program]:
+    """Supplier processes (one per demo region) and one exchange process."""
     programs: list[Program] = []
+    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     try:
-        common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
-        fleets = write_fleet_files(root / "config")
-        for region, path in fleets.items():
+        for region, path in write_fleet_files(root / "config").items():
             programs.append(
                 await start_program(
                     "supplier",
@@ -94,7 +94,32 @@ async def _demo(
                 ready="exchange ready",
             )
         )
-        say("exchange ready; placing orders\n")
+    except BaseException:
+        await _stop_all(programs)
+        raise
+    return programs
+
+
+async def _stop_all(programs: list[Program]) -> None:
+    for p in reversed(programs):  # the exchange first, then the suppliers
+        await p.stop()
+
+
+async def _demo(
+    urls: list[str], subjects: Subjects, root: Path, burst: int, json: bool, keep: bool
+) -> None:
+    say = (lambda *_: None) if json else render.console.print
+    server = None
+    programs: list[Program] = []
+    try:
+        if urls:
+            say(f"placing orders on the market at {', '.join(urls)}")
+        else:
+            server = EmbeddedNats(workdir=root / "nats").start()
+            urls = [server.url]
+            say(f"embedded nats-server on {server.url}")
+            programs = await _start_market(urls, subjects, root, say)
+            say("exchange ready; placing orders\n")
         nc = await connect(urls, name="bourse-demo", service=False)
         client = BourseClient(nc, subjects)
         try:
@@ -118,17 +143,96 @@ async def _demo(
             if report:
                 say(
                     f"\nburst: {report.orders} concurrent orders in {report.seconds:.2f}s: "
-                    f"{report.placed} placed, unfilled {report.unfilled or 0} (the fleet is "
-                    f"full); placed latency p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
+                    f"{report.placed} placed, unfilled {report.unfilled or 0}; placed latency "
+                    f"p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
                 )
             render.console.print(render.fleet(statuses))
             if keep:
                 say(f"\nlogs and state kept in {root}")
     finally:
-        for p in reversed(programs):
-            await p.stop()
+        await _stop_all(programs)
         if server is not None:
             server.stop()
+
+
+@app.command()
+def up(
+    nats: NatsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    data_dir: Annotated[
+        Path, typer.Option(help="State and logs; a second `up` resumes from it.")
+    ] = Path(".bourse/up"),
+    port: Annotated[
+        int, typer.Option(help="Port of the embedded nats-server (-1: any free port).")
+    ] = 4222,
+) -> None:
+    """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
+    logs.configure("warning")
+    try:
+        code = run(lambda stop: _up(split_urls(nats), Subjects(prefix), data_dir, port, stop))
+    except (NatsServerError, RuntimeError) as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+async def _up(
+    urls: list[str], subjects: Subjects, root: Path, port: int, stop: asyncio.Event
+) -> int:
+    say = render.console.print
+    server = None
+    if not urls:
+        if port > 0 and _port_busy(port):
+            fail(f"port {port} is in use: pass --port -1 for a free one, or --nats URL")
+        server = EmbeddedNats(workdir=root / "nats", port=port).start()
+        urls = [server.url]
+        say(f"embedded nats-server on {server.url} (log: {server.log_path})")
+    programs: list[Program] = []
+    try:
+        programs = await _start_market(urls, subjects, root, say)
+        px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
+        say(
+            f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
+            f"  export BOURSE_NATS_URL={urls[0]}\n"
+            f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
+            f"  buyer fleet --region mad --region fra --region sjc{px}\n"
+            f"  buyer watch{px}\n"
+            f"  bourse demo --nats {urls[0]}{px}\n"
+            "Ctrl-C stops everything; machines that were running start again on the next up."
+        )
+        await _watch_programs(programs, stop, say)
+        say("stopping...")
+        return 0
+    finally:
+        await _stop_all(programs)
+        if server is not None:
+            server.stop()
+
+
+async def _watch_programs(
+    programs: list[Program], stop: asyncio.Event, say: Callable[[str], None]
+) -> None:
+    """Until ``stop``: a program that exits is reported, and the rest keep serving (workers
+    come and go on a market; that is what failover is for)."""
+    waits = {asyncio.ensure_future(p.proc.wait()): p for p in programs}
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while waits:
+            done, _ = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
+            if stopping in done:
+                return
+            for fut in done:
+                p = waits.pop(fut)
+                say(f"[red]{p.name} exited with code {p.proc.returncode}[/]; see {p.log_path}")
+        say("every program has exited")
+    finally:
+        stopping.cancel()
+        for fut in waits:
+            fut.cancel()
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _outcome_table(outcomes: list[tuple[str, object]]) -> Table:

@@ -73,13 +73,30 @@ DEMO_FLEET: dict[str, list[dict[str, object]]] = {
 }
 
 
+# What the demo's machines run (process driver): a heartbeat printer named after the image.
+DEMO_CATALOG = {
+    image: {
+        "command": ["{python}", "-m", "supplier.drivers.heartbeat", image, "--every-s", "5"],
+        "size_mb": size,
+        "restart": "on-failure",
+        "stop_grace_s": 5,
+    }
+    for image, size in (("web", 150), ("api", 200), ("db", 800), ("ml", 4000))
+}
+
+
 def write_fleet_files(directory: Path) -> dict[str, Path]:
-    """One fleet file (JSON) per region; returns region -> path."""
+    """One fleet file (JSON) per region, process driver; returns region -> path."""
     directory.mkdir(parents=True, exist_ok=True)
     out = {}
     for region, workers in DEMO_FLEET.items():
         path = directory / f"fleet-{region}.json"
-        doc = {"worker": [{**w, "region": region} for w in workers]}
+        doc = {
+            "worker": [
+                {**w, "region": region, "driver": "process", "catalog": DEMO_CATALOG}
+                for w in workers
+            ]
+        }
         path.write_bytes(msgspec.json.format(msgspec.json.encode(doc)))
         out[region] = path
     return out

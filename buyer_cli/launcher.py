@@ -51,6 +51,10 @@ async def start_program(
         proc = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
+            "exchange.reaper",  # the program dies with us, never lingers as an orphan
+            "--",
+            sys.executable,
+            "-m",
             module,
             *args,
             stdin=asyncio.subprocess.DEVNULL,

@@ -39,17 +39,9 @@ def outcome(r: Placed | Unfilled) -> None:
 
 def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     t = Table(title="fleet")
-    for col in (
-        "region",
-        "worker",
-        "cpus used/cap",
-        "memory MiB used/cap",
-        "held cpus",
-        "machines",
-        "images",
-        "labels",
-        "state",
-    ):
+    for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
+        t.add_column(col, no_wrap=True)
+    for col in ("images", "labels", "state"):
         t.add_column(col)
     for s in statuses:
         t.add_row(

@@ -9,7 +9,7 @@ import typer
 
 from exchange import logs
 from exchange.auction import AuctionConfig
-from exchange.connection import connect, split_urls
+from exchange.connection import connect, shutdown, split_urls
 from exchange.runtime import (
     CredsOpt,
     LogJsonOpt,
@@ -74,7 +74,7 @@ def serve(
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")
         await stop.wait()
         await svc.stop()
-        await nc.drain()
+        await shutdown(nc)
 
     run(main)
 

@@ -74,3 +74,14 @@ async def connect(
     opts.update(options)
     nc = await nats.connect(**opts)
     return nc
+
+
+async def shutdown(nc: NATS) -> None:
+    """Drain if connected (finish what is queued); close at once if not (drain would wait
+    for its timeout on a connection that cannot flush)."""
+    if nc.is_closed:
+        return
+    if nc.is_connected:
+        await nc.drain()
+    else:
+        await nc.close()

@@ -51,7 +51,8 @@ class EmbeddedNats:
 
     ``with EmbeddedNats() as srv: srv.url`` — or ``start()`` / ``stop()``. ``extra_args`` go
     to the server as they are (e.g. ``["-js"]``); ``config`` is a config file path; with
-    ``bind_loopback=False`` the config's own listen address is used.
+    ``bind_loopback=False`` the config's own listen address is used. ``port=-1`` (the
+    default) picks a free port.
     """
 
     def __init__(
@@ -62,6 +63,7 @@ class EmbeddedNats:
         config: str | Path | None = None,
         ready_timeout_s: float = 10.0,
         bind_loopback: bool = True,
+        port: int = -1,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bourse-nats-"))
@@ -69,6 +71,7 @@ class EmbeddedNats:
         self.config = str(config) if config else None
         self.ready_timeout_s = ready_timeout_s
         self.bind_loopback = bind_loopback
+        self.requested_port = port
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.log_path = self.workdir / "nats-server.log"
@@ -89,7 +92,7 @@ class EmbeddedNats:
         if self.config:
             args += ["-c", self.config]
         if self.bind_loopback:
-            args += ["-a", "127.0.0.1", "-p", "-1"]
+            args += ["-a", "127.0.0.1", "-p", str(self.requested_port)]
         args += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
         args += self.extra_args
         self.proc = subprocess.Popen(

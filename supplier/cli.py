@@ -10,7 +10,7 @@ import msgspec
 import typer
 
 from exchange import logs
-from exchange.connection import connect, split_urls
+from exchange.connection import connect, shutdown, split_urls
 from exchange.protocol import validation_detail
 from exchange.runtime import (
     CredsOpt,
@@ -116,7 +116,7 @@ def run_cmd(
         typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
         await stop.wait()
         await host.stop()
-        await nc.drain()
+        await shutdown(nc)
         store.close()
 
     run(main)

@@ -106,7 +106,7 @@ class ProcessDriver:
                 sup.proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "supplier.drivers.reaper",
+                    "exchange.reaper",
                     "--",
                     *command,
                     stdin=asyncio.subprocess.DEVNULL,

@@ -122,3 +122,25 @@ async def test_supplier_refuses_bad_flags_with_one_clear_line(tmp_path: Path) ->
     _, err = await proc.communicate()
     assert proc.returncode == 1
     assert "invalid worker" in err.decode() and "$.worker_id" in err.decode()
+
+
+async def test_supplier_stops_promptly_on_sigterm_even_when_nats_is_gone(tmp_path: Path) -> None:
+    from exchange.embedded_nats import EmbeddedNats
+
+    srv = EmbeddedNats(workdir=tmp_path / "nats").start()
+    try:
+        sup = await start(
+            "supplier",
+            *SUPPLIER_ARGS,
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--nats",
+            srv.url,
+            log_path=tmp_path / "s.log",
+            ready="supplier ready",
+        )
+    finally:
+        srv.stop()  # the server goes away under the running supplier
+    t = asyncio.get_running_loop().time()
+    assert await sup.stop(timeout_s=10) == 0  # SIGTERM; would be -9 if it had to be killed
+    assert asyncio.get_running_loop().time() - t < 5

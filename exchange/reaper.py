@@ -1,8 +1,10 @@
-"""Exec wrapper for machine processes: ``python -m supplier.drivers.reaper -- CMD ARGS...``.
+"""Exec wrapper that ties a child to its parent: ``python -m exchange.reaper -- CMD ARGS...``.
 
-It asks Linux to send SIGTERM to this process when its parent (the supplier) dies, then
-execs the command (the setting survives exec). So a supplier killed with -9 leaves no
-orphan machines behind, and its restart can start them again without duplicates.
+It asks Linux to send SIGTERM to this process when its parent dies, then execs the command
+(the setting survives exec). Machine processes are started through it by the process
+driver, so a supplier killed with -9 leaves no orphan machines (its restart starts them
+again, without duplicates); ``bourse up`` starts its suppliers and exchange through it, so
+no daemon outlives an ``up`` that was killed.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ PR_SET_PDEATHSIG = 1
 
 def main(argv: list[str]) -> None:
     if not argv or argv[0] != "--" or len(argv) < 2:
-        sys.stderr.write("usage: python -m supplier.drivers.reaper -- CMD [ARGS...]\n")
+        sys.stderr.write("usage: python -m exchange.reaper -- CMD [ARGS...]\n")
         raise SystemExit(2)
     parent = os.getppid()
     if sys.platform.startswith("linux"):
