@@ -28,6 +28,8 @@ def configure(level: str = "info", json: bool = False) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        # Resolve sys.stderr when a logger is made, not now: a swapped stream (a test
+        # runner's capture) must not be kept after it is closed.
+        logger_factory=lambda *_: structlog.PrintLogger(sys.stderr),
         cache_logger_on_first_use=False,
     )

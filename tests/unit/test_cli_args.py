@@ -1,0 +1,79 @@
+"""The CLIs' argument handling through typer's runner (no NATS needed: bad input is refused
+before any connection)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import structlog
+from typer.testing import CliRunner
+
+from buyer_cli.cli import app as buyer
+from supplier.cli import app as supplier
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    yield
+    structlog.reset_defaults()  # the CLIs configure logging for the whole process
+
+
+PLACE = ["place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "web"]
+NO_NATS = ["--nats", "nats://127.0.0.1:1"]
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (
+            ["place", "--region", "mad", "--cpus", "0", "--memory-mb", "64", "--image", "web"],
+            "Expected `int` >= 1 (--cpus)",
+        ),
+        (
+            ["place", "--region", "Mad!", "--cpus", "1", "--memory-mb", "64", "--image", "web"],
+            "(--region)",
+        ),
+        ([*PLACE, "--label", "disk"], "--label 'disk' must look like key=value"),
+        ([*PLACE, "--min-score", "2"], "(--min-score)"),
+        ([*PLACE, "--deadline-ms", "0"], "(--deadline-ms)"),
+        ([*PLACE, "--order-id", "bad id"], "(--order-id)"),
+        (
+            [
+                "deploy",
+                "--app",
+                "a",
+                "--region",
+                "mad",
+                "--cpus",
+                "0",
+                "--memory-mb",
+                "1",
+                "--image",
+                "x",
+            ],
+            "(--cpus)",
+        ),
+    ],
+)
+def test_buyer_refuses_bad_arguments_naming_the_flag(args: list[str], text: str) -> None:
+    result = runner.invoke(buyer, [*args, *NO_NATS])
+    assert result.exit_code != 0
+    assert text in result.output
+
+
+def test_buyer_without_a_nats_url_says_how_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("BOURSE_NATS_URL", raising=False)
+    result = runner.invoke(buyer, PLACE)
+    assert result.exit_code == 1
+    assert "pass --nats URL or set BOURSE_NATS_URL" in result.output
+
+
+def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    fleet = tmp_path / "f.toml"
+    fleet.write_text('[[worker]]\nworker_id = "w1"\nregion = "mad"\ncapacity = {cpus = -1}\n')
+    result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])
+    assert result.exit_code == 1
+    assert f"fleet file {fleet}" in result.output and "$.worker[0].capacity.cpus" in result.output
