@@ -20,7 +20,7 @@ from buyer_cli.client import BourseClient, ClientError
 from buyer_cli.policy import Deployment
 from exchange import logs
 from exchange.auction import AuctionError
-from exchange.connection import connect, split_urls
+from exchange.connection import connect
 from exchange.protocol import (
     DEFAULT_DEADLINE_MS,
     BadMessage,
@@ -32,7 +32,16 @@ from exchange.protocol import (
     decode,
     validation_detail,
 )
-from exchange.runtime import CredsOpt, NatsOpt, PrefixOpt, cli_main, fail, parse_labels, run
+from exchange.runtime import (
+    CredsOpt,
+    NatsOpt,
+    PrefixOpt,
+    cli_main,
+    fail,
+    nats_urls,
+    parse_labels,
+    run,
+)
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse buyer: place machine orders on the market.", no_args_is_help=True)
@@ -88,9 +97,7 @@ def _with_client(
     fn: Callable[[BourseClient], Awaitable[T]],
 ) -> T:
     logs.configure("warning")
-    urls = split_urls(nats)
-    if not urls:
-        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    urls = nats_urls(nats)
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
@@ -381,9 +388,7 @@ def watch(
 ) -> None:
     """Print market events as they happen, until Ctrl-C."""
     logs.configure("warning")
-    urls = split_urls(nats)
-    if not urls:
-        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    urls = nats_urls(nats)
     subjects = Subjects(prefix)
 
     async def main(stop: asyncio.Event) -> None:

@@ -9,7 +9,7 @@ import typer
 
 from exchange import logs
 from exchange.auction import AuctionConfig
-from exchange.connection import connect, shutdown, split_urls
+from exchange.connection import connect, shutdown
 from exchange.runtime import (
     CredsOpt,
     LogJsonOpt,
@@ -18,6 +18,7 @@ from exchange.runtime import (
     PrefixOpt,
     cli_main,
     fail,
+    nats_urls,
     run,
 )
 from exchange.service import ExchangeService
@@ -52,9 +53,7 @@ def serve(
 ) -> None:
     """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
     logs.configure(log_level, log_json)
-    urls = split_urls(nats)
-    if not urls:
-        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    urls = nats_urls(nats)
     region_set = {r.strip() for r in regions.split(",") if r.strip()}
     bad = [r for r in region_set if not is_valid_id(r)]
     if bad:

@@ -13,7 +13,7 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 import typer
 
-from exchange.connection import ENV_CREDS, ENV_URL
+from exchange.connection import ENV_CREDS, ENV_URL, split_urls
 from exchange.protocol import Labels, validation_detail
 
 T = TypeVar("T")
@@ -94,6 +94,14 @@ def cli_main(app: typer.Typer) -> None:
     except _ABORTS:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def nats_urls(given: list[str] | None) -> list[str]:
+    """The servers from --nats / $BOURSE_NATS_URL, or one clear error."""
+    urls = split_urls(given)
+    if not urls:
+        fail(f"no NATS server given: pass --nats URL or set {ENV_URL}")
+    return urls
 
 
 def fail(message: str, code: int = 1) -> Any:

@@ -10,7 +10,7 @@ import msgspec
 import typer
 
 from exchange import logs
-from exchange.connection import connect, shutdown, split_urls
+from exchange.connection import connect, shutdown
 from exchange.protocol import validation_detail
 from exchange.runtime import (
     CredsOpt,
@@ -20,6 +20,7 @@ from exchange.runtime import (
     PrefixOpt,
     cli_main,
     fail,
+    nats_urls,
     parse_labels,
     run,
 )
@@ -69,9 +70,7 @@ def run_cmd(
 ) -> None:
     """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
     logs.configure(log_level, log_json)
-    urls = split_urls(nats)
-    if not urls:
-        fail("no NATS server given: pass --nats URL or set BOURSE_NATS_URL")
+    urls = nats_urls(nats)
     try:
         if fleet is not None:
             if worker_id or region:
