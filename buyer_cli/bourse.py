@@ -15,10 +15,13 @@ import asyncio
 import shutil
 import socket
 import tempfile
+import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import typer
 from rich.table import Table
 
@@ -26,6 +29,9 @@ from buyer_cli import render
 from buyer_cli.client import BourseClient
 from buyer_cli.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
 from buyer_cli.launcher import Program, start_program
+from buyer_cli.loadtest import report as loadtest_report
+from buyer_cli.loadtest.harness import run_loadtest
+from buyer_cli.loadtest.workload import SCENARIOS, Profile
 from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats, NatsServerError
@@ -61,6 +67,86 @@ def demo(
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
+
+
+@app.command()
+def loadtest(
+    scenario: Annotated[
+        str, typer.Option(help=f"A named profile: {', '.join(SCENARIOS)}.")
+    ] = "smoke",
+    profile_file: Annotated[
+        Path | None, typer.Option("--profile", help="A profile file (JSON or TOML).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(min=1)] = None,
+    regions: Annotated[int | None, typer.Option(min=1)] = None,
+    rate: Annotated[float | None, typer.Option(min=0.1, help="Orders/s (open loop).")] = None,
+    duration_s: Annotated[float | None, typer.Option(min=0.1)] = None,
+    mode: Annotated[str | None, typer.Option(help="open or closed.")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Closed loop.")] = None,
+    lifetime_s: Annotated[float | None, typer.Option(min=0.01)] = None,
+    processes: Annotated[int | None, typer.Option(min=1, help="Supplier processes.")] = None,
+    exchanges: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
+    ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
+    oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
+    nats: NatsOpt = None,
+    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+) -> None:
+    """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
+
+    Exit code 1 if any invariant (I1, I3, I5) was violated."""
+    logs.configure("warning")
+    try:
+        if profile_file is not None:
+            text = profile_file.read_text()
+            raw = (
+                msgspec.json.decode(text) if profile_file.suffix == ".json" else tomllib.loads(text)
+            )
+            profile = msgspec.convert(raw, Profile, strict=False)
+        elif scenario in SCENARIOS:
+            profile = SCENARIOS[scenario]
+        else:
+            fail(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)}")
+        overrides = {
+            k: v
+            for k, v in {
+                "workers": workers,
+                "regions": regions,
+                "rate": rate,
+                "duration_s": duration_s,
+                "mode": mode,
+                "concurrency": concurrency,
+                "lifetime_s": lifetime_s,
+                "supplier_processes": processes,
+                "exchanges": exchanges,
+                "seed": seed,
+            }.items()
+            if v is not None
+        }
+        profile = msgspec.convert(
+            {**msgspec.to_builtins(profile), **overrides}, Profile, strict=False
+        )
+    except (OSError, ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        fail(f"invalid load profile: {exc}")
+    target = (
+        out or Path(".bourse") / "loadtest" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    )
+    console = None if json else render.console
+    rep = asyncio.run(
+        run_loadtest(
+            profile, target, split_urls(nats), ceiling=ceiling, oracle=oracle, console=console
+        )
+    )
+    if json:
+        typer.echo(render.as_json(rep))
+    else:
+        render.console.print(loadtest_report.table(rep))
+        render.console.print(f"report: {target / 'report.json'}")
+        for plot in rep["plots"]:
+            render.console.print(f"plot: {plot}")
+    if rep["violations"]:
+        raise typer.Exit(1)
 
 
 async def _start_market(

@@ -1,0 +1,118 @@
+"""``bourse loadtest``: the whole run, from an embedded NATS to the report files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from buyer_cli.client import BourseClient
+from buyer_cli.launcher import Program
+from buyer_cli.loadtest import report as reports
+from buyer_cli.loadtest.oracle import run_oracle
+from buyer_cli.loadtest.runner import (
+    Generator,
+    Measured,
+    Sampler,
+    check_invariants,
+    nats_ceiling,
+    start_fleet,
+)
+from buyer_cli.loadtest.workload import Profile, trace
+from exchange.connection import connect, shutdown
+from exchange.embedded_nats import EmbeddedNats
+from exchange.subjects import Subjects
+
+
+async def run_loadtest(
+    profile: Profile,
+    out: Path,
+    urls: list[str] | None = None,
+    *,
+    ceiling: bool = True,
+    ceiling_s: float = 3.0,
+    oracle: bool = True,
+    console: Console | None = None,
+) -> dict[str, Any]:
+    """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report."""
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
+    say = console.print if console else (lambda *_: None)
+    server = None
+    if not urls:
+        server = EmbeddedNats(workdir=out / "nats").start()
+        urls = [server.url]
+    subjects = Subjects(f"lt{uuid.uuid4().hex[:8]}")  # a run never sees another's traffic
+    programs: list[Program] = []
+    m = Measured()
+    try:
+        ceiling_rps = None
+        if ceiling:
+            say("measuring the NATS request-reply ceiling...")
+            ceiling_rps = await nats_ceiling(urls, out, seconds=ceiling_s)
+        say(f"starting {profile.workers} workers in {profile.supplier_processes} process(es)...")
+        programs = await start_fleet(profile, urls, subjects, out)
+        sampler = Sampler([(p.name, p.proc.pid) for p in programs])
+        m.processes = sampler.stats
+        orders = trace(profile)
+        nc = await connect(urls, name="bourse-loadgen", service=False)
+        market = BourseClient(nc, subjects)
+        direct = BourseClient(nc, subjects, direct=True)
+        try:
+            await _send(profile, orders, market, direct, m, sampler, console)
+            await check_invariants(direct, profile, orders, m)
+        finally:
+            await shutdown(nc)
+        sampler.sample()
+    finally:
+        for p in reversed(programs):
+            await p.stop()
+        if server is not None:
+            server.stop()
+    oracle_result = None
+    if oracle:
+        say("replaying the trace through the oracle...")
+        oracle_result = run_oracle(profile, orders)
+    rep = reports.build(profile, m, ceiling_rps, oracle_result)
+    (out / "report.json").write_text(json.dumps(rep, indent=2))
+    rep["plots"] = [str(p) for p in reports.plots(m, rep, out)]
+    return rep
+
+
+async def _send(
+    profile: Profile,
+    orders: list[Any],
+    market: BourseClient,
+    direct: BourseClient,
+    m: Measured,
+    sampler: Sampler,
+    console: Console | None,
+) -> None:
+    progress = Progress(
+        TextColumn("orders"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console is None,
+        transient=True,
+    )
+    with progress:
+        bar = progress.add_task("orders", total=len(orders))
+        gen = Generator(profile, market, direct, m, lambda n: progress.advance(bar, n))
+
+        async def sample() -> None:
+            while True:
+                sampler.sample()
+                await asyncio.sleep(0.5)
+
+        sampling = asyncio.create_task(sample())
+        try:
+            await gen.run(orders)
+        finally:
+            sampling.cancel()
+            await gen.cancel_lifecycles()

@@ -1,0 +1,45 @@
+"""A small smoke run of the load-test harness: the report's shape and zero violations
+(speed is the harness's business, not the test suite's)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import msgspec
+
+from buyer_cli.loadtest.harness import run_loadtest
+from buyer_cli.loadtest.workload import SCENARIOS, trace
+from exchange.embedded_nats import EmbeddedNats
+
+
+async def test_smoke_run_reports_every_figure_and_no_violations(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    profile = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=1.0, lifetime_s=0.5)
+    rep = await run_loadtest(profile, tmp_path, [nats_server.url], ceiling_s=0.3)
+
+    assert rep["violations"] == []
+    assert rep["orders"] == len(trace(profile))
+    accounted = (
+        rep["placed"]
+        + sum(rep["unfilled"].values())
+        + sum(n for k, n in rep["errors"].items() if not k.startswith("lifecycle"))
+    )
+    assert accounted == rep["orders"]
+    assert rep["placed"] > 0 and rep["placements_per_s"] > 0
+    lat = rep["latency_ms_placed"]
+    assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"]
+    assert rep["nats_ceiling_rps"] > 0 and 0 < rep["vs_ceiling"] < 1
+    assert rep["oracle"]["fill_rate"] == 1.0 and rep["oracle"]["fill_vs_oracle"] > 0
+    assert rep["machines_checked"] >= rep["placed"]
+    assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange"}
+    assert all(p["max_rss_mb"] > 0 for p in rep["processes"])
+    on_disk = json.loads((tmp_path / "report.json").read_text())
+    assert on_disk["placed"] == rep["placed"]
+    assert sorted(Path(p).name for p in rep["plots"]) == [
+        "latency-cdf.png",
+        "throughput.png",
+        "utilization.png",
+    ]
+    assert all(Path(p).stat().st_size > 1000 for p in rep["plots"])
