@@ -87,6 +87,7 @@ def loadtest(
     processes: Annotated[int | None, typer.Option(min=1, help="Supplier processes.")] = None,
     exchanges: Annotated[int | None, typer.Option(min=1)] = None,
     seed: Annotated[int | None, typer.Option()] = None,
+    spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,

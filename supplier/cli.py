@@ -31,7 +31,7 @@ from supplier.config import (
     check_workers,
     load_fleet,
 )
-from supplier.host import SupplierHost, WorkerIdInUse
+from supplier.host import DEFAULT_MAX_OFFERS, SupplierHost, WorkerIdInUse
 from supplier.store import Store, StoreError
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
@@ -62,6 +62,9 @@ def run_cmd(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where the SQLite state lives.")] = None,
     draining: Annotated[bool, typer.Option(help="Start without offering capacity.")] = False,
+    max_offers: Annotated[
+        int, typer.Option(min=0, help="Offers per bid from this process (its best); 0: all.")
+    ] = DEFAULT_MAX_OFFERS,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
@@ -105,7 +108,7 @@ def run_cmd(
 
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
-        host = SupplierHost(nc, workers, store, subjects)
+        host = SupplierHost(nc, workers, store, subjects, max_offers=max_offers)
         try:
             await host.start()
         except WorkerIdInUse as exc:

@@ -45,11 +45,13 @@ from supplier.drivers import Driver
 from supplier.drivers.process import ProcessDriver
 from supplier.drivers.sim import SimDriver
 from supplier.store import Store
-from supplier.worker import Worker
+from supplier.worker import WAIT, Quote, Worker
 
 log = structlog.get_logger("bourse.supplier")
 
 SWEEP_INTERVAL_S = 0.05
+# A host offers at most this many of its workers per bid (the best-scoring); 0: all.
+DEFAULT_MAX_OFFERS = 3
 CLAIM_CHECK_S = 0.5
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
@@ -80,8 +82,10 @@ class SupplierHost:
         workers: list[WorkerConfig],
         store: Store,
         subjects: Subjects | None = None,
+        max_offers: int = DEFAULT_MAX_OFFERS,
     ) -> None:
         check_workers(workers)
+        self.max_offers = max_offers
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.store = store
@@ -184,20 +188,48 @@ class SupplierHost:
             raise subject_region_mismatch("bid", bid.region, region)
         if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
             return
-        now = time.monotonic()
-        offers: list[tuple[float, Offer | Waiting, Worker]] = []
-        for w in self.by_region.get(region, ()):
-            answer = w.bid(bid, now, msg.reply)
-            if answer is not None:
-                offers.append((answer[1], answer[0], w))
+        offers = self._answers(bid, region, msg.reply)
         if not offers:
             return
+        now = time.monotonic()
         offers.sort(key=lambda o: o[0])
         if offers[-1][0] <= 0:
             for _, offer, _ in offers:
                 await self.nc.publish(msg.reply, encode(offer))
         else:
             self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
+
+    def _answers(
+        self, bid: Bid, region: str, inbox: str
+    ) -> list[tuple[float, Offer | Waiting, Worker]]:
+        """Price the bid on every worker of the region here, then hold and offer only the
+        best ``max_offers`` (the auction takes the best offer; holding on every worker of a
+        big host would only lock capacity and flood the auction). Workers blocked only by
+        holds wait, but only when no worker here can offer at once."""
+        now = time.monotonic()
+        out: list[tuple[float, Offer | Waiting, Worker]] = []
+        quotes: list[tuple[float, int, Worker, Quote]] = []
+        blocked: list[Worker] = []
+        for i, w in enumerate(self.by_region.get(region, ())):
+            q = w.quote(bid, now)
+            if isinstance(q, Quote):
+                quotes.append((-q.score, i, w, q))
+            elif isinstance(q, Offer):
+                out.append((0.0, q, w))  # this order already has a machine there
+            elif q is WAIT:
+                blocked.append(w)
+        if quotes:
+            quotes.sort(key=lambda x: (x[0], x[1]))
+            for _, _, w, q in quotes[: self.max_offers or None]:
+                taken = w.take(bid, now, q)
+                if taken is not None:
+                    out.append((taken[1], taken[0], w))
+        elif not out:
+            for w in blocked[: self.max_offers or None]:
+                waiting = w.wait(bid, now, inbox)
+                if waiting is not None:
+                    out.append((0.0, waiting[0], w))
+        return out
 
     async def _send_offers(
         self,

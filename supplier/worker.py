@@ -48,8 +48,20 @@ EmitFn = Callable[[Event], None]
 # (reply inbox, auction id, reply, delay in s): how a waiting bid's late answer goes out.
 SendOfferFn = Callable[[str, str, Offer | Waiting, float], None]
 # At most this many bids wait for held capacity on one worker; more are not answered.
-MAX_WAITING = 1024
-_WAIT = object()
+MAXWAITING = 1024
+WAIT = object()  # a bid blocked only by other orders' holds
+
+
+class Quote:
+    """A worker's price for a bid, before anything is held."""
+
+    __slots__ = ("cached", "score", "subscores", "want")
+
+    def __init__(self, score: float, subscores: dict[str, float], cached: bool, want: Vec) -> None:
+        self.score = score
+        self.subscores = subscores
+        self.cached = cached
+        self.want = want
 
 
 class _Waiting:
@@ -159,12 +171,25 @@ class Worker:
 
         A bid that only lacks capacity because of other orders' holds is kept (up to
         ``bid.wait_ms``; the reply says so with a Waiting) and answered through
-        ``send_offer`` when a hold goes away.
+        ``send_offer`` when a hold goes away. (A host with many workers uses the steps
+        quote / take / wait itself, to offer only its best workers.)
         """
+        q = self.quote(bid, now)
+        if isinstance(q, Offer):
+            return q, 0.0
+        if isinstance(q, Quote):
+            return self.take(bid, now, q)
+        if q is WAIT:
+            return self.wait(bid, now, inbox)
+        return None
+
+    def quote(self, bid: Bid, now: float) -> Offer | Quote | object | None:
+        """Price a bid without holding anything: an Offer for a machine this order already
+        has here, a Quote, WAIT (only holds are in the way), or None (silent)."""
         existing = self.by_order.get(bid.order_id)
         if existing is not None:
             m = self.machines[existing]
-            offer = Offer(
+            return Offer(
                 order_id=bid.order_id,
                 worker_id=self.worker_id,
                 region=self.region,
@@ -172,29 +197,16 @@ class Worker:
                 image_cached=m.image in self.images,
                 machine_id=m.machine_id,
             )
-            return offer, 0.0
         old = self.ledger.holds.get(bid.order_id)
         if old is not None:
             if old.committing:
                 return None  # a commit for this order is under way here
             self.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold
+            self._freed()  # waiting bids may take that capacity first (first come first)
         self.expire_holds(now)
-        answer = self._try(bid, now)
-        if old is not None and bid.order_id not in self.ledger.holds:
-            self._freed()  # the earlier hold's capacity is free: waiting bids may take it
-        if answer is _WAIT:
-            if bid.wait_ms and inbox and len(self.waiting) < MAX_WAITING:
-                self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))
-                return self._waiting(bid, bid.wait_ms), 0.0
-            return None
-        return answer  # type: ignore[return-value]
+        return self._quote(bid)
 
-    def _waiting(self, bid: Bid, wait_ms: int) -> Waiting:
-        return Waiting(
-            order_id=bid.order_id, worker_id=self.worker_id, region=self.region, wait_ms=wait_ms
-        )
-
-    def _try(self, bid: Bid, now: float) -> tuple[Offer, float] | object | None:
+    def _quote(self, bid: Bid) -> Quote | object | None:
         want = vec(bid.resources)
         reason = check_fit(
             worker_id=self.worker_id,
@@ -206,18 +218,22 @@ class Worker:
             exclude_workers=bid.exclude_workers,
         )
         if reason == INSUFFICIENT and leq(want, self.ledger.free_of_committed):
-            return _WAIT
+            return WAIT
         if reason or not self.driver.can_run(bid.image):
             return None
         cached = bid.image in self.images
         score, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached)
+        return Quote(score, subscores, cached, want)
+
+    def take(self, bid: Bid, now: float, q: Quote) -> tuple[Offer, float] | None:
+        """Hold the quoted resources and make the Offer (sent after its delay)."""
         hold = Hold(
             bid.order_id,
-            want,
+            q.want,
             now + bid.hold_ms / 1000.0,
-            score,
-            subscores,
-            cached,
+            q.score,
+            q.subscores,
+            q.cached,
             bid.auction_id,
         )
         if not self.ledger.hold(hold):
@@ -226,12 +242,28 @@ class Worker:
             order_id=bid.order_id,
             worker_id=self.worker_id,
             region=self.region,
-            score=score,
-            subscores=subscores,
-            image_cached=cached,
+            score=q.score,
+            subscores=q.subscores,
+            image_cached=q.cached,
             hold_expires_at_ms=now_ms() + bid.hold_ms,
         )
-        return offer, self.pricer.delay_s(score)
+        return offer, self.pricer.delay_s(q.score)
+
+    def wait(self, bid: Bid, now: float, inbox: str) -> tuple[Waiting, float] | None:
+        """Keep a bid blocked only by holds (if the bidder allows waiting)."""
+        if bid.wait_ms and inbox and len(self.waiting) < MAXWAITING:
+            self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))
+            return self._waiting(bid, bid.wait_ms), 0.0
+        return None
+
+    def _waiting(self, bid: Bid, wait_ms: int) -> Waiting:
+        return Waiting(
+            order_id=bid.order_id, worker_id=self.worker_id, region=self.region, wait_ms=wait_ms
+        )
+
+    def _try(self, bid: Bid, now: float) -> tuple[Offer, float] | object | None:
+        q = self._quote(bid)
+        return self.take(bid, now, q) if isinstance(q, Quote) else q
 
     def _freed(self) -> None:
         """Capacity came back: answer waiting bids that fit now, oldest first."""
@@ -244,7 +276,7 @@ class Worker:
             if w.until <= now or w.bid.order_id in self.ledger.holds:
                 continue
             answer = self._try(w.bid, now)
-            if answer is _WAIT:
+            if answer is WAIT:
                 keep.append(w)
             elif answer is not None:
                 offer, delay = answer  # type: ignore[misc]

@@ -73,11 +73,15 @@ class Market:
         self.conns.append(nc)
         return nc
 
-    async def host(self, *workers: WorkerConfig, data_dir: Path | None = None) -> SupplierHost:
+    async def host(
+        self, *workers: WorkerConfig, data_dir: Path | None = None, **options: Any
+    ) -> SupplierHost:
         data_dir = data_dir or self.tmp_path / f"supplier-{len(self.hosts)}"
         store = Store(data_dir / "supplier.db")
         self.stores.append(store)
-        host = SupplierHost(await self.connect("supplier"), list(workers), store, self.subjects)
+        host = SupplierHost(
+            await self.connect("supplier"), list(workers), store, self.subjects, **options
+        )
         await host.start()
         self.hosts.append(host)
         return host

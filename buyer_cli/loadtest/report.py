@@ -47,6 +47,7 @@ def build(
         "unfilled_after_rejected_commits": m.commits_rejected_unfilled,
         "latency_ms_all": _pcts(m.latency_all),
         "latency_ms_placed": _pcts(m.latency_placed),
+        "auction_ms_placed": _pcts(m.auction_placed),
         "generator_lag_max_ms": round(m.lag_max_ms, 1),
         "utilization_cpu": {
             "mean": round(statistics.fmean(util), 4) if util else 0.0,
@@ -105,6 +106,8 @@ def table(r: dict[str, Any]) -> Table:
     la, lp = r["latency_ms_all"], r["latency_ms_placed"]
     t.add_row("latency placed (ms)", "  ".join(f"{k} {v}" for k, v in lp.items()))
     t.add_row("latency all (ms)", "  ".join(f"{k} {v}" for k, v in la.items()))
+    t.add_row("auction, in the exchange (ms)",
+              "  ".join(f"{k} {v}" for k, v in r["auction_ms_placed"].items()))
     t.add_row("fill rate", f"{r['fill_rate']:.2%}")
     t.add_row("image hit rate", f"{r['image_hit_rate']:.2%}")
     if r["oracle"]:

@@ -56,6 +56,7 @@ class Measured:
     commits_rejected_unfilled: int = 0
     latency_all: HdrHistogram = field(default_factory=new_hist)
     latency_placed: HdrHistogram = field(default_factory=new_hist)
+    auction_placed: HdrHistogram = field(default_factory=new_hist)  # Placed.elapsed_ms
     per_second: Counter[int] = field(default_factory=Counter)  # placements completed per s
     lag_max_ms: float = 0.0
     statuses: list[WorkerStatus] = field(default_factory=list)
@@ -196,6 +197,7 @@ class Generator:
             m.placed += 1
             m.image_hits += r.image_cached
             m.latency_placed.record_value(min(us, HIST_MAX_US))
+            m.auction_placed.record_value(max(1, min(int(r.elapsed_ms * 1000), HIST_MAX_US)))
             m.per_second[int(done - m.started_at)] += 1
             self._spawn(self._lifecycle(r, t.lifetime_s), self.lifecycle)
         else:

@@ -39,6 +39,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     image_cache_mb: int = 8000
     pull_mb_per_s: float = 2000.0
     preset: Literal["spread", "binpack"] = "spread"
+    spread_ms: float = 4.0  # the suppliers' offer delay scale ((1 - score) x spread_ms)
     # the load
     mode: Literal["open", "closed"] = "open"
     rate: float = 100.0  # orders per second (open loop)
@@ -151,7 +152,7 @@ def fleet(p: Profile) -> list[dict[str, object]]:
                 "catalog": catalog,
                 "image_cache_mb": p.image_cache_mb,
                 "pull_mb_per_s": p.pull_mb_per_s,
-                "pricing": {"preset": p.preset},
+                "pricing": {"preset": p.preset, "spread_ms": p.spread_ms},
             }
         )
     return out

@@ -116,3 +116,43 @@ async def test_losing_offers_have_their_holds_released_at_once(market: Market) -
     # The region-wide Release follows the Placed reply; no TTL wait is needed.
     await wait_until(lambda: all(not w.ledger.holds for w in workers), timeout_s=0.5)
     assert sum(w.ledger.committed[0] for w in workers) == 1
+
+
+async def _offers_for_one_bid(market: Market) -> list[str]:
+    from exchange.protocol import Bid, Offer, Resources, encode
+
+    nc = await market.connect("bidder")
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    bid = Bid(
+        order_id="o",
+        region="mad",
+        resources=Resources(cpus=1, memory_mb=64),
+        image="x",
+        hold_ms=5000,
+    )
+    await nc.publish(market.subjects.bid("mad"), encode(bid), reply=inbox)
+    first = decode((await sub.next_msg(2)).data, Offer)
+    got = [first.worker_id]
+    # The host sends its offers from one pass; once the first arrived, the rest follow in
+    # order within spread_ms. Read until the holds say how many were made.
+    host = market.hosts[0]
+    held = sum("o" in w.ledger.holds for w in host.workers.values())
+    while len(got) < held:
+        got.append(decode((await sub.next_msg(2)).data, Offer).worker_id)
+    return got
+
+
+async def test_a_big_host_offers_only_its_best_workers(market: Market) -> None:
+    # w0 is the emptiest (spread likes it), then w1, w2...
+    host = await market.host(
+        *(worker(f"w{i}", cpus=8 + 8 * (9 - i)) for i in range(10)), max_offers=3
+    )
+    offers = await _offers_for_one_bid(market)
+    assert offers == ["w0", "w1", "w2"]  # best first; only 3 holds exist
+    assert sum(bool(w.ledger.holds) for w in host.workers.values()) == 3
+
+
+async def test_max_offers_0_offers_every_fitting_worker(market: Market) -> None:
+    await market.host(*(worker(f"w{i}") for i in range(10)), max_offers=0)
+    assert len(await _offers_for_one_bid(market)) == 10
