@@ -88,6 +88,8 @@ def loadtest(
     exchanges: Annotated[int | None, typer.Option(min=1)] = None,
     seed: Annotated[int | None, typer.Option()] = None,
     spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
+    bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
+    bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import heapq
+import random
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -67,6 +68,12 @@ class AuctionConfig:
     # Holds outlive the deadline by the commit grace plus this margin, so a commit sent just
     # before the deadline still finds its hold.
     hold_margin_ms: int = 150
+    # Sampled bidding (power of d choices): workers are in bid_shards shards per region; a
+    # bid goes to bid_sample random shards, then to the whole region if they had nothing.
+    # 0 shards (the default): every bid goes to the whole region. Suppliers must be started
+    # with the same --bid-shards.
+    bid_shards: int = 0
+    bid_sample: int = 2
     # Workers may keep a bid waiting for held capacity this fraction of the deadline (they say
     # so with a Waiting reply, and the auction listens while any worker waits); the rest of
     # the deadline is left for the commit.
@@ -119,6 +126,8 @@ class _Tally:
     rejections: list[str] = field(default_factory=list)
     foreign: int = 0
     waited: int = 0  # workers that said they were waiting for held capacity
+    sampled: bool = False  # the bid went to sampled shards (not yet to the whole region)
+    fallbacks: int = 0
 
 
 class Auctioneer:
@@ -203,17 +212,25 @@ class Auctioneer:
         )
         heap: list[tuple[float, int, Offer]] = []
         waiting: dict[str, float] = {}  # worker id -> until when it may still offer
+        tally.sampled = bool(cfg.bid_shards and cfg.bid_sample < cfg.bid_shards)
         excluded = set(order.exclude_workers)
+        reply = f"{prefix}.{auction_id}"
+        data = encode(bid)
         try:
-            await self.nc.publish(
-                self.subjects.bid(order.region), encode(bid), reply=f"{prefix}.{auction_id}"
-            )
+            targets = await self._publish_bid(order.region, auction_id, data, reply)
+            empty = 0  # targets that answered 503: nobody listens there
             last_offer = t0
             while True:
                 # Take every offer already queued, so we commit the best of them.
                 while box.items:
                     msg = box.items.popleft()
                     if msg.headers and msg.headers.get("Status") == "503":
+                        empty += 1
+                        if empty < targets:
+                            continue
+                        if targets > 0 and tally.sampled:  # empty shards: ask the region
+                            targets, empty = await self._broadcast(order, data, reply, tally)
+                            continue
                         return self._unfilled(
                             order, "no_workers", tally, t0, f"no worker listens in {order.region!r}"
                         )
@@ -235,11 +252,37 @@ class Auctioneer:
                     horizon = max(horizon, max(waiting.values()))
                 wait = min(deadline, horizon) - time.monotonic()
                 if not await box.wait(wait):
+                    if tally.sampled and not tally.offers and time.monotonic() < deadline:
+                        # the sampled shards had nothing: ask the whole region before giving up
+                        targets, empty = await self._broadcast(order, data, reply, tally)
+                        last_offer = time.monotonic()
+                        continue
                     break
             return self._unfilled(order, self._reason(tally), tally, t0, self._detail(order, tally))
         finally:
             del self._boxes[auction_id]
             await self._release(order, auction_id)
+
+    async def _publish_bid(self, region: str, auction_id: str, data: bytes, reply: str) -> int:
+        """Send the bid to the whole region, or (sampled bidding) to ``bid_sample`` of its
+        ``bid_shards`` shards, drawn from a generator seeded with the auction id (so a
+        post-mortem can replay the draw). Returns how many subjects it went to."""
+        cfg = self.config
+        if not cfg.bid_shards or cfg.bid_sample >= cfg.bid_shards:
+            await self.nc.publish(self.subjects.bid(region), data, reply=reply)
+            return 1
+        shards = random.Random(auction_id).sample(range(cfg.bid_shards), cfg.bid_sample)
+        for shard in shards:
+            await self.nc.publish(self.subjects.bid_shard(region, shard), data, reply=reply)
+        return len(shards)
+
+    async def _broadcast(
+        self, order: PlaceOrder, data: bytes, reply: str, tally: _Tally
+    ) -> tuple[int, int]:
+        tally.sampled = False
+        tally.fallbacks += 1
+        await self.nc.publish(self.subjects.bid(order.region), data, reply=reply)
+        return 1, 0
 
     def _accept(
         self,

@@ -47,6 +47,10 @@ def serve(
         float, typer.Option(min=0, help="How long past the deadline a started commit may take.")
     ] = 100.0,
     max_inflight: Annotated[int, typer.Option(min=1)] = 10_000,
+    bid_shards: Annotated[
+        int, typer.Option(min=0, help="Sampled bidding: shards per region (0: broadcast).")
+    ] = 0,
+    bid_sample: Annotated[int, typer.Option(min=1, help="Shards a bid goes to first.")] = 2,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
@@ -62,7 +66,12 @@ def serve(
         subjects = Subjects(prefix)
     except ValueError as exc:
         fail(str(exc))
-    config = AuctionConfig(quiet_ms=quiet_ms, commit_grace_ms=commit_grace_ms)
+    config = AuctionConfig(
+        quiet_ms=quiet_ms,
+        commit_grace_ms=commit_grace_ms,
+        bid_shards=bid_shards,
+        bid_sample=bid_sample,
+    )
 
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(urls, name=name or "bourse-exchange", creds=creds)

@@ -7,6 +7,7 @@ two independent markets on one NATS account.
 from __future__ import annotations
 
 import re
+import zlib
 
 from exchange.protocol import ID_PATTERN, PROTOCOL_VERSION
 
@@ -14,6 +15,11 @@ DEFAULT_PREFIX = "bourse"
 EXCHANGE_QUEUE = "exchange"
 _ID = re.compile(ID_PATTERN)
 _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def shard_of(worker_id: str, shards: int) -> int:
+    """Which bid shard a worker is in (stable across processes and restarts)."""
+    return zlib.crc32(worker_id.encode()) % shards
 
 
 def is_valid_id(value: str) -> bool:
@@ -42,6 +48,10 @@ class Subjects:
 
     def bid(self, region: str) -> str:
         return f"{self.root}.bid.{region}"
+
+    def bid_shard(self, region: str, shard: int) -> str:
+        """Added in v1 (sampled bidding): the workers of one shard of a region."""
+        return f"{self.root}.bid.{region}.{shard}"
 
     def region_release(self, region: str) -> str:
         """Added in v1: one publish drops every worker's hold for an order in the region."""

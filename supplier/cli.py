@@ -31,7 +31,12 @@ from supplier.config import (
     check_workers,
     load_fleet,
 )
-from supplier.host import DEFAULT_MAX_OFFERS, SupplierHost, WorkerIdInUse
+from supplier.host import (
+    DEFAULT_MAX_BID_BACKLOG,
+    DEFAULT_MAX_OFFERS,
+    SupplierHost,
+    WorkerIdInUse,
+)
 from supplier.store import Store, StoreError
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
@@ -65,6 +70,12 @@ def run_cmd(
     max_offers: Annotated[
         int, typer.Option(min=0, help="Offers per bid from this process (its best); 0: all.")
     ] = DEFAULT_MAX_OFFERS,
+    bid_shards: Annotated[
+        int, typer.Option(min=0, help="Sampled bidding: shards per region (0: off).")
+    ] = 0,
+    max_bid_backlog: Annotated[
+        int, typer.Option(min=1, help="Shed bids queued beyond this many (overload).")
+    ] = DEFAULT_MAX_BID_BACKLOG,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
@@ -108,7 +119,15 @@ def run_cmd(
 
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
-        host = SupplierHost(nc, workers, store, subjects, max_offers=max_offers)
+        host = SupplierHost(
+            nc,
+            workers,
+            store,
+            subjects,
+            max_offers=max_offers,
+            bid_shards=bid_shards,
+            max_bid_backlog=max_bid_backlog,
+        )
         try:
             await host.start()
         except WorkerIdInUse as exc:

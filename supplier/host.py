@@ -39,7 +39,7 @@ from exchange.protocol import (
     worker_of_machine,
 )
 from exchange.replies import Responder, subject_region_mismatch
-from exchange.subjects import Subjects
+from exchange.subjects import Subjects, shard_of
 from supplier.config import WorkerConfig, check_workers
 from supplier.drivers import Driver
 from supplier.drivers.process import ProcessDriver
@@ -52,6 +52,8 @@ log = structlog.get_logger("bourse.supplier")
 SWEEP_INTERVAL_S = 0.05
 # A host offers at most this many of its workers per bid (the best-scoring); 0: all.
 DEFAULT_MAX_OFFERS = 3
+# Bids queued beyond this many on one subscription are shed (answered by nobody here).
+DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
@@ -83,9 +85,16 @@ class SupplierHost:
         store: Store,
         subjects: Subjects | None = None,
         max_offers: int = DEFAULT_MAX_OFFERS,
+        bid_shards: int = 0,
+        max_bid_backlog: int = DEFAULT_MAX_BID_BACKLOG,
     ) -> None:
         check_workers(workers)
         self.max_offers = max_offers
+        self.bid_shards = bid_shards
+        self.max_bid_backlog = max_bid_backlog
+        self.bids_shed = 0
+        self._shed_logged = 0
+        self._bid_subs: dict[str, Subscription] = {}
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.store = store
@@ -97,6 +106,11 @@ class SupplierHost:
             w.send_offer = self._send_late_offer
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
+        # (region, shard) -> workers, when bids may be sampled by shard
+        self.by_shard: dict[tuple[str, int], list[Worker]] = {}
+        for w in self.workers.values() if bid_shards else ():
+            key = (w.region, shard_of(w.worker_id, bid_shards))
+            self.by_shard.setdefault(key, []).append(w)
         self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -109,8 +123,13 @@ class SupplierHost:
             w.recover()
         g = self.responder.guard
         s = self.subjects
+        bid_subjects = [s.bid(region) for region in self.by_region]
+        bid_subjects += [s.bid_shard(r, shard) for r, shard in self.by_shard]  # sampled bids
+        for subject in bid_subjects:
+            sub = await self.nc.subscribe(subject, cb=g(self._on_bid))
+            self._bid_subs[subject] = sub
+            self._subs.append(sub)
         for region in self.by_region:
-            self._subs.append(await self.nc.subscribe(s.bid(region), cb=g(self._on_bid)))
             self._subs.append(
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
@@ -182,13 +201,21 @@ class SupplierHost:
 
     # -- bids -------------------------------------------------------------------------------------
     async def _on_bid(self, msg: Msg) -> None:
+        sub = self._bid_subs.get(msg.subject)
+        if sub is not None and sub.pending_msgs > self.max_bid_backlog:
+            # Overloaded: this bid waited behind a deep queue, so its auction has most
+            # likely moved on. Shedding the oldest bids lets the fresh ones be answered in
+            # time, instead of answering every auction too late (collapse).
+            self.bids_shed += 1
+            return
         bid = decode(msg.data, Bid)
-        region = self._region_of(msg)
+        region, *shard = self.subjects.tail(msg.subject, 1)
         if bid.region != region:
             raise subject_region_mismatch("bid", bid.region, region)
         if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
             return
-        offers = self._answers(bid, region, msg.reply)
+        workers = self.by_shard[(region, int(shard[0]))] if shard else self.by_region[region]
+        offers = self._answers(bid, workers, msg.reply)
         if not offers:
             return
         now = time.monotonic()
@@ -200,7 +227,7 @@ class SupplierHost:
             self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
 
     def _answers(
-        self, bid: Bid, region: str, inbox: str
+        self, bid: Bid, workers: list[Worker], inbox: str
     ) -> list[tuple[float, Offer | Waiting, Worker]]:
         """Price the bid on every worker of the region here, then hold and offer only the
         best ``max_offers`` (the auction takes the best offer; holding on every worker of a
@@ -210,7 +237,7 @@ class SupplierHost:
         out: list[tuple[float, Offer | Waiting, Worker]] = []
         quotes: list[tuple[float, int, Worker, Quote]] = []
         blocked: list[Worker] = []
-        for i, w in enumerate(self.by_region.get(region, ())):
+        for i, w in enumerate(workers):
             q = w.quote(bid, now)
             if isinstance(q, Quote):
                 quotes.append((-q.score, i, w, q))
@@ -332,6 +359,11 @@ class SupplierHost:
                     w.expire_holds(now)
                 if w.waiting:
                     w.prune_waiting(now)
+            if self.bids_shed > self._shed_logged:
+                log.warning(
+                    "bids_shed", total=self.bids_shed, new=self.bids_shed - self._shed_logged
+                )
+                self._shed_logged = self.bids_shed
             cutoff = now - TOMBSTONE_TTL_S
             while self.released:
                 key, at = next(iter(self.released.items()))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import uuid
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,11 @@ async def run_loadtest(
             ceiling_rps = await nats_ceiling(urls, out, seconds=ceiling_s)
         say(f"starting {profile.workers} workers in {profile.supplier_processes} process(es)...")
         programs = await start_fleet(profile, urls, subjects, out)
-        sampler = Sampler([(p.name, p.proc.pid) for p in programs])
+        watched = [(p.name, p.proc.pid) for p in programs]
+        watched.append(("loadgen", os.getpid()))  # this process: generator and client
+        if server is not None and server.proc is not None:
+            watched.append(("nats-server", server.proc.pid))
+        sampler = Sampler(watched)
         m.processes = sampler.stats
         orders = trace(profile)
         nc = await connect(urls, name="bourse-loadgen", service=False)

@@ -64,6 +64,9 @@ def build(
             }
             for p in m.processes
         ],
+        "machine_cpu_pct": round(
+            sum(100 * p.cpu_s / m.seconds for p in m.processes) if m.seconds else 0.0, 1
+        ),
         "rss_kb_per_virtual_worker": round(
             max((p.max_rss_mb for p in suppliers), default=0.0) * 1024 / per_proc, 1
         ),
@@ -106,8 +109,10 @@ def table(r: dict[str, Any]) -> Table:
     la, lp = r["latency_ms_all"], r["latency_ms_placed"]
     t.add_row("latency placed (ms)", "  ".join(f"{k} {v}" for k, v in lp.items()))
     t.add_row("latency all (ms)", "  ".join(f"{k} {v}" for k, v in la.items()))
-    t.add_row("auction, in the exchange (ms)",
-              "  ".join(f"{k} {v}" for k, v in r["auction_ms_placed"].items()))
+    t.add_row(
+        "auction, in the exchange (ms)",
+        "  ".join(f"{k} {v}" for k, v in r["auction_ms_placed"].items()),
+    )
     t.add_row("fill rate", f"{r['fill_rate']:.2%}")
     t.add_row("image hit rate", f"{r['image_hit_rate']:.2%}")
     if r["oracle"]:

@@ -55,6 +55,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the processes
     supplier_processes: int = 2
     exchanges: int = 1
+    bid_shards: int = 0  # sampled bidding (0: broadcast every bid to the region)
+    bid_sample: int = 2
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]

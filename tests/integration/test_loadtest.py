@@ -33,7 +33,7 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     assert rep["nats_ceiling_rps"] > 0 and 0 < rep["vs_ceiling"] < 1
     assert rep["oracle"]["fill_rate"] == 1.0 and rep["oracle"]["fill_vs_oracle"] > 0
     assert rep["machines_checked"] >= rep["placed"]
-    assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange"}
+    assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange", "loadgen"}
     assert all(p["max_rss_mb"] > 0 for p in rep["processes"])
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["placed"] == rep["placed"]
