@@ -16,12 +16,10 @@ import shutil
 import socket
 import tempfile
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
-import msgspec
 import typer
 from rich.table import Table
 
@@ -31,7 +29,7 @@ from buyer_cli.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
 from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest import report as loadtest_report
 from buyer_cli.loadtest.harness import run_loadtest
-from buyer_cli.loadtest.workload import SCENARIOS, Profile
+from buyer_cli.loadtest.workload import SCENARIOS, resolve_profile
 from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats, NatsServerError
@@ -90,6 +88,9 @@ def loadtest(
     spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
     bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
     bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
+    max_inflight: Annotated[
+        int | None, typer.Option(min=1, help="Auctions one exchange runs at once.")
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
@@ -100,41 +101,19 @@ def loadtest(
 
     Exit code 1 if any invariant (I1, I3, I5) was violated."""
     logs.configure("warning")
+    overrides = {
+        "workers": workers, "regions": regions, "rate": rate, "duration_s": duration_s,
+        "mode": mode, "concurrency": concurrency, "lifetime_s": lifetime_s,
+        "supplier_processes": processes, "exchanges": exchanges, "seed": seed,
+        "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
+        "exchange_max_inflight": max_inflight,
+    }  # fmt: skip
     try:
-        if profile_file is not None:
-            text = profile_file.read_text()
-            raw = (
-                msgspec.json.decode(text) if profile_file.suffix == ".json" else tomllib.loads(text)
-            )
-            profile = msgspec.convert(raw, Profile, strict=False)
-        elif scenario in SCENARIOS:
-            profile = SCENARIOS[scenario]
-        else:
-            fail(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)}")
-        overrides = {
-            k: v
-            for k, v in {
-                "workers": workers,
-                "regions": regions,
-                "rate": rate,
-                "duration_s": duration_s,
-                "mode": mode,
-                "concurrency": concurrency,
-                "lifetime_s": lifetime_s,
-                "supplier_processes": processes,
-                "exchanges": exchanges,
-                "seed": seed,
-            }.items()
-            if v is not None
-        }
-        profile = msgspec.convert(
-            {**msgspec.to_builtins(profile), **overrides}, Profile, strict=False
-        )
-    except (OSError, ValueError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+        profile = resolve_profile(scenario, profile_file, overrides)
+    except ValueError as exc:
         fail(f"invalid load profile: {exc}")
-    target = (
-        out or Path(".bourse") / "loadtest" / f"{profile.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    )
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
     rep = asyncio.run(
         run_loadtest(

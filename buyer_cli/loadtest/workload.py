@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import math
 import random
+import tomllib
 from dataclasses import dataclass
-from typing import Literal
+from pathlib import Path
+from typing import Any, Literal
 
 import msgspec
 
@@ -57,6 +59,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     exchanges: int = 1
     bid_shards: int = 0  # sampled bidding (0: broadcast every bid to the region)
     bid_sample: int = 2
+    exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]
@@ -116,6 +119,36 @@ SCENARIOS: dict[str, Profile] = {
         supplier_processes=1,
     ),
 }
+
+
+def resolve_profile(
+    scenario: str, profile_file: Path | None = None, overrides: dict[str, Any] | None = None
+) -> Profile:
+    """A named scenario or a profile file (JSON or TOML), with the given fields replaced
+    (``None`` values are ignored). Raises ValueError naming the problem; an override that is
+    not a Profile field is an error, never silently ignored."""
+    if profile_file is not None:
+        try:
+            text = profile_file.read_text()
+            is_json = profile_file.suffix == ".json"
+            raw = msgspec.json.decode(text) if is_json else tomllib.loads(text)
+            base = msgspec.convert(raw, Profile, strict=False)
+        except (OSError, tomllib.TOMLDecodeError, msgspec.DecodeError) as exc:
+            raise ValueError(f"cannot read {profile_file}: {exc}") from None
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"{profile_file}: {exc}") from None
+    elif scenario in SCENARIOS:
+        base = SCENARIOS[scenario]
+    else:
+        raise ValueError(f"unknown scenario {scenario!r}: use one of {', '.join(SCENARIOS)}")
+    given = {k: v for k, v in (overrides or {}).items() if v is not None}
+    unknown = set(given) - set(Profile.__struct_fields__)
+    if unknown:
+        raise ValueError(f"not profile fields: {sorted(unknown)}")
+    try:
+        return msgspec.convert({**msgspec.to_builtins(base), **given}, Profile, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ValueError(str(exc)) from None
 
 
 @dataclass(frozen=True, slots=True)

@@ -68,3 +68,46 @@ def test_oracle_chooses_like_the_suppliers_spread_vs_binpack() -> None:
     binpack = run_oracle(msgspec.structs.replace(base, preset="binpack"), orders).chosen
     assert spread == {"o0": "r0-w0000", "o1": "r0-w0001"}
     assert binpack == {"o0": "r0-w0000", "o1": "r0-w0000"}
+
+
+def test_every_override_reaches_the_profile_and_unknown_ones_are_refused() -> None:
+    from buyer_cli.loadtest.workload import resolve_profile
+
+    overrides = {
+        "workers": 7,
+        "regions": 3,
+        "rate": 11.0,
+        "duration_s": 2.5,
+        "mode": "closed",
+        "concurrency": 5,
+        "lifetime_s": 1.5,
+        "supplier_processes": 2,
+        "exchanges": 3,
+        "seed": 9,
+        "spread_ms": 1.0,
+        "bid_shards": 4,
+        "bid_sample": 1,
+        "exchange_max_inflight": 50,
+    }
+    p = resolve_profile("smoke", None, overrides)
+    assert {k: getattr(p, k) for k in overrides} == overrides
+    assert resolve_profile("smoke", None, {"rate": None}).rate == SCENARIOS["smoke"].rate
+    with pytest.raises(ValueError, match="not profile fields"):
+        resolve_profile("smoke", None, {"bid_shard": 4})
+    with pytest.raises(ValueError, match="unknown scenario"):
+        resolve_profile("nope")
+
+
+def test_every_loadtest_flag_is_passed_as_an_override() -> None:
+    # Guards against a CLI flag that is accepted and silently dropped.
+    import inspect
+
+    from buyer_cli import bourse
+
+    source = inspect.getsource(bourse.loadtest)
+    flags = [
+        n
+        for n in inspect.signature(bourse.loadtest).parameters
+        if n not in {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "json"}
+    ]
+    assert flags and all(f": {f}," in source or f": {f}\n" in source for f in flags), flags
