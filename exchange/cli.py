@@ -46,7 +46,10 @@ def serve(
     commit_grace_ms: Annotated[
         float, typer.Option(min=0, help="How long past the deadline a started commit may take.")
     ] = 100.0,
-    max_inflight: Annotated[int, typer.Option(min=1)] = 10_000,
+    max_inflight: Annotated[int, typer.Option(min=1, help="Auctions run at once.")] = 10_000,
+    max_order_backlog: Annotated[
+        int, typer.Option(min=1, help="Orders queued beyond this many are refused at once.")
+    ] = 256,
     bid_shards: Annotated[
         int, typer.Option(min=0, help="Sampled bidding: shards per region (0: broadcast).")
     ] = 0,
@@ -76,7 +79,12 @@ def serve(
     async def main(stop: asyncio.Event) -> None:
         nc = await connect(urls, name=name or "bourse-exchange", creds=creds)
         svc = ExchangeService(
-            nc, subjects, auction=config, regions=region_set, max_inflight=max_inflight
+            nc,
+            subjects,
+            auction=config,
+            regions=region_set,
+            max_inflight=max_inflight,
+            max_order_backlog=max_order_backlog,
         )
         await svc.start()
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")

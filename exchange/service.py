@@ -45,12 +45,15 @@ class ExchangeService:
         auction: AuctionConfig | None = None,
         regions: set[str] | None = None,
         max_inflight: int = 10_000,
+        max_order_backlog: int = 256,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.auctioneer = Auctioneer(nc, self.subjects, auction)
         self.regions = regions or None
         self.max_inflight = max_inflight
+        self.max_order_backlog = max_order_backlog
+        self._orders: Subscription | None = None
         self.responder = Responder(nc, "exchange")
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -58,9 +61,10 @@ class ExchangeService:
     async def start(self) -> None:
         g = self.responder.guard
         s = self.subjects
-        self._subs.append(
-            await self.nc.subscribe(s.order_all, queue=EXCHANGE_QUEUE, cb=g(self._on_order))
+        self._orders = await self.nc.subscribe(
+            s.order_all, queue=EXCHANGE_QUEUE, cb=g(self._on_order)
         )
+        self._subs.append(self._orders)
         self._subs.append(
             await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
         )
@@ -97,9 +101,15 @@ class ExchangeService:
             raise BadMessage(
                 f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
             )
-        if len(self._tasks) >= self.max_inflight:
+        backlog = self._orders.pending_msgs if self._orders is not None else 0
+        if len(self._tasks) >= self.max_inflight or backlog > self.max_order_backlog:
+            # Refusing at once is the cheap, honest answer: an auction started now would
+            # run on an order that has already waited behind the queue.
+            self.responder.counts["shed"] += 1
             await self.responder.error(
-                msg, "internal", f"exchange overloaded: {len(self._tasks)} orders in flight"
+                msg,
+                "internal",
+                f"exchange overloaded: {len(self._tasks)} orders in flight, {backlog} queued",
             )
             return
         self._spawn(self._place(msg, order))

@@ -252,3 +252,25 @@ async def test_a_flood_of_garbage_does_not_stop_placements(market: Market) -> No
         await buyer.nc.publish(market.subjects.commit("mad-1"), b"null")
     r = await buyer.place(order())
     assert isinstance(r, Placed)
+
+
+async def test_an_overloaded_exchange_refuses_at_once_and_recovers(market: Market) -> None:
+    import asyncio
+
+    from buyer_cli.client import ClientError
+    from exchange.service import ExchangeService
+
+    await market.host(worker("mad-1", cpus=64, memory_mb=65536))
+    svc = ExchangeService(await market.connect("ex"), market.subjects, max_order_backlog=2)
+    await svc.start()
+    market.exchanges.append(svc)
+    buyer = await market.client()
+    results = await asyncio.gather(
+        *(buyer.place(order(order_id=f"burst-{i}")) for i in range(60)), return_exceptions=True
+    )
+    refused = [r for r in results if isinstance(r, ClientError)]
+    placed = [r for r in results if isinstance(r, Placed)]
+    assert refused and placed and len(refused) + len(placed) == 60
+    assert all("exchange overloaded" in str(r) and "queued" in str(r) for r in refused)
+    assert svc.responder.counts["shed"] == len(refused)
+    assert isinstance(await buyer.place(order(order_id="after")), Placed)  # serving again
