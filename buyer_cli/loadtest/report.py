@@ -158,6 +158,7 @@ def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
+        import matplotlib.ticker
     except ImportError:
         return []
     out.mkdir(parents=True, exist_ok=True)
@@ -168,6 +169,7 @@ def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
             qs = [p / 10 for p in range(1, 1000)]
             ax.plot([h.get_value_at_percentile(q) / 1000 for q in qs], qs, label=name)
     ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
     ax.set_xlabel("latency (ms, from when the order was due)")
     ax.set_ylabel("percentile")
     ax.set_title(f"latency CDF - {report['profile']['name']}")
