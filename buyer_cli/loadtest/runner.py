@@ -91,6 +91,25 @@ class Sampler:
             s.cpu_s = self._cpu(p) - self._cpu0[s.pid]
 
 
+def supplier_args(
+    profile: Profile, fleet_file: Path, data_dir: Path, common: list[str]
+) -> list[str]:
+    """The command line of one supplier process of the run (one home: tested)."""
+    return [
+        "run", "--fleet", str(fleet_file), "--data-dir", str(data_dir), *common,
+        "--bid-shards", str(profile.bid_shards),
+    ]  # fmt: skip
+
+
+def exchange_args(profile: Profile, common: list[str]) -> list[str]:
+    """The command line of one exchange process of the run."""
+    return [
+        "serve", *common, "--bid-shards", str(profile.bid_shards),
+        "--bid-sample", str(profile.bid_sample),
+        "--max-inflight", str(profile.exchange_max_inflight),
+    ]  # fmt: skip
+
+
 async def start_fleet(
     profile: Profile, urls: list[str], subjects: Subjects, root: Path
 ) -> list[Program]:
@@ -101,19 +120,14 @@ async def start_fleet(
     try:
         n = max(1, profile.supplier_processes)
         for i in range(n):
-            part = workers[i::n]
             path = root / "config" / f"fleet-{i}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"worker": part}))
+            path.write_text(json.dumps({"worker": workers[i::n]}))
+            args = supplier_args(profile, path, root / "data" / f"s{i}", common)
             programs.append(
                 await start_program(
                     "supplier",
-                    "run",
-                    "--fleet",
-                    str(path),
-                    "--data-dir",
-                    str(root / "data" / f"s{i}"),
-                    *common,
+                    *args,
                     log_path=root / "logs" / f"supplier-{i}.log",
                     ready="supplier ready",
                 )
@@ -122,8 +136,7 @@ async def start_fleet(
             programs.append(
                 await start_program(
                     "exchange",
-                    "serve",
-                    *common,
+                    *exchange_args(profile, common),
                     log_path=root / "logs" / f"exchange-{i}.log",
                     ready="exchange ready",
                 )

@@ -111,3 +111,25 @@ def test_every_loadtest_flag_is_passed_as_an_override() -> None:
         if n not in {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "json"}
     ]
     assert flags and all(f": {f}," in source or f": {f}\n" in source for f in flags), flags
+
+
+def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from buyer_cli.loadtest.runner import exchange_args, supplier_args
+    from buyer_cli.loadtest.workload import resolve_profile
+
+    p = resolve_profile(
+        "smoke", None, {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77}
+    )
+    sup = supplier_args(p, tmp_path / "f.json", tmp_path / "d", ["--nats", "x"])
+    ex = exchange_args(p, ["--nats", "x"])
+    assert sup[sup.index("--bid-shards") + 1] == "8"
+    assert ex[ex.index("--bid-shards") + 1] == "8" and ex[ex.index("--bid-sample") + 1] == "3"
+    assert ex[ex.index("--max-inflight") + 1] == "77"
+    # and the programs accept them
+    from typer.testing import CliRunner
+
+    from exchange.cli import app as exchange_app
+    from supplier.cli import app as supplier_app
+
+    for app, args in ((supplier_app, [*sup, "--help"]), (exchange_app, [*ex, "--help"])):
+        assert CliRunner().invoke(app, args).exit_code == 0
