@@ -217,7 +217,7 @@ class Auctioneer:
         reply = f"{prefix}.{auction_id}"
         data = encode(bid)
         try:
-            targets = await self._publish_bid(order.region, auction_id, data, reply)
+            targets = await self._publish_bid(order.region, order.order_id, data, reply)
             empty = 0  # targets that answered 503: nobody listens there
             last_offer = t0
             while True:
@@ -263,15 +263,16 @@ class Auctioneer:
             del self._boxes[auction_id]
             await self._release(order, auction_id)
 
-    async def _publish_bid(self, region: str, auction_id: str, data: bytes, reply: str) -> int:
+    async def _publish_bid(self, region: str, order_id: str, data: bytes, reply: str) -> int:
         """Send the bid to the whole region, or (sampled bidding) to ``bid_sample`` of its
-        ``bid_shards`` shards, drawn from a generator seeded with the auction id (so a
-        post-mortem can replay the draw). Returns how many subjects it went to."""
+        ``bid_shards`` shards, drawn from a generator seeded with the ORDER id: a retry of
+        the order asks the same shards, so the worker that already placed it is asked
+        again (I3), and a post-mortem can replay the draw. Returns the subjects count."""
         cfg = self.config
         if not cfg.bid_shards or cfg.bid_sample >= cfg.bid_shards:
             await self.nc.publish(self.subjects.bid(region), data, reply=reply)
             return 1
-        shards = random.Random(auction_id).sample(range(cfg.bid_shards), cfg.bid_sample)
+        shards = random.Random(order_id).sample(range(cfg.bid_shards), cfg.bid_sample)
         for shard in shards:
             await self.nc.publish(self.subjects.bid_shard(region, shard), data, reply=reply)
         return len(shards)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,8 @@ async def run_loadtest(
 ) -> dict[str, Any]:
     """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report."""
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
+    for stale in ("data", "config"):  # every run starts from an empty fleet
+        shutil.rmtree(out / stale, ignore_errors=True)
     say = console.print if console else (lambda *_: None)
     server = None
     if not urls:
@@ -72,7 +75,6 @@ async def run_loadtest(
             await check_invariants(direct, profile, orders, m)
         finally:
             await shutdown(nc)
-        sampler.sample()
     finally:
         for p in reversed(programs):
             await p.stop()
@@ -120,4 +122,5 @@ async def _send(
             await gen.run(orders)
         finally:
             sampling.cancel()
+            sampler.sample()  # CPU over the load window only (not the checks after it)
             await gen.cancel_lifecycles()

@@ -63,3 +63,23 @@ async def test_sampled_shards_that_cannot_fit_fall_back_before_unfilled(market: 
     assert isinstance(r, Placed) and r.worker_id == "big"
     r = await buyer.place(order(cpus=128, deadline_ms=300))
     assert isinstance(r, Unfilled) and r.reason == "no_offers"
+
+
+async def test_i3_a_retried_order_asks_the_same_shards_and_finds_its_machine(
+    market: Market,
+) -> None:
+    # 8 shards, 1 sampled: with a draw per auction, most retries would miss the worker
+    # that has the machine and place a second one elsewhere.
+    host = await market.host(*(worker(f"w{i}") for i in range(40)), bid_shards=SHARDS)
+    await market.exchange(bid_shards=SHARDS, bid_sample=1)
+    buyer = await market.client()
+    first = {}
+    for i in range(12):
+        r = await buyer.place(order(order_id=f"retry-{i}"))
+        assert isinstance(r, Placed)
+        first[r.order_id] = r.machine_id
+    for i in range(12):
+        again = await buyer.place(order(order_id=f"retry-{i}"))
+        assert isinstance(again, Placed) and again.existing
+        assert again.machine_id == first[again.order_id]
+    assert sum(len(w.machines) for w in host.workers.values()) == 12
