@@ -8,6 +8,7 @@ nats-py's callback machinery, so a process keeps serving whatever it is sent (I6
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -29,6 +30,7 @@ class Responder:
         self.nc = nc
         self.counts: Counter[str] = Counter()
         self.log = log.bind(component=component)
+        self.tasks: set[asyncio.Task[None]] = set()
 
     async def reply(self, msg: Msg, message: msgspec.Struct) -> None:
         if msg.reply:
@@ -41,19 +43,34 @@ class Responder:
             await self.nc.publish(msg.reply, encode(Error(code=code, detail=detail)))
 
     def guard(self, handler: Handler) -> Handler:
-        """Wrap a handler: BadMessage -> bad_request, anything else -> internal."""
+        """Wrap a subscription handler: BadMessage -> bad_request, anything else -> internal."""
 
         async def guarded(msg: Msg) -> None:
             self.counts["requests"] += 1
-            try:
-                await handler(msg)
-            except BadMessage as exc:
-                await self._safe_error(msg, "bad_request", str(exc))
-            except Exception as exc:
-                self.log.exception("handler_failed", subject=msg.subject)
-                await self._safe_error(msg, "internal", f"{type(exc).__name__}: {exc}")
+            await self._answering(msg, handler(msg))
 
         return guarded
+
+    def spawn(self, msg: Msg, work: Awaitable[None]) -> None:
+        """Answer ``msg`` from a task (work that must not hold up its subscription). The task
+        is tracked (``wait`` finishes them), and whatever it raises becomes an Error reply,
+        so a requester never waits for an answer that cannot come."""
+        task = asyncio.get_running_loop().create_task(self._answering(msg, work))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def wait(self, timeout_s: float) -> None:
+        if self.tasks:
+            await asyncio.wait(self.tasks, timeout=timeout_s)
+
+    async def _answering(self, msg: Msg, work: Awaitable[None]) -> None:
+        try:
+            await work
+        except BadMessage as exc:
+            await self._safe_error(msg, "bad_request", str(exc))
+        except Exception as exc:
+            self.log.exception("handler_failed", subject=msg.subject)
+            await self._safe_error(msg, "internal", f"{type(exc).__name__}: {exc}")
 
     async def _safe_error(self, msg: Msg, code: ErrorCode, detail: str) -> None:
         try:

@@ -8,9 +8,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-from typing import Any
 
 import nats.errors
 import structlog
@@ -56,7 +54,6 @@ class ExchangeService:
         self._orders: Subscription | None = None
         self.responder = Responder(nc, "exchange")
         self._subs: list[Subscription] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def start(self) -> None:
         g = self.responder.guard
@@ -77,15 +74,9 @@ class ExchangeService:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=35)
+        await self.responder.wait(35)
         await self.auctioneer.close()
         log.info("exchange_stopped", counts=dict(self.responder.counts))
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def _on_order(self, msg: Msg) -> None:
         region = self.subjects.tail(msg.subject, 1)[0]
@@ -102,17 +93,18 @@ class ExchangeService:
                 f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
             )
         backlog = self._orders.pending_msgs if self._orders is not None else 0
-        if len(self._tasks) >= self.max_inflight or backlog > self.max_order_backlog:
+        inflight = len(self.responder.tasks)
+        if inflight >= self.max_inflight or backlog > self.max_order_backlog:
             # Refusing at once is the cheap, honest answer: an auction started now would
             # run on an order that has already waited behind the queue.
             self.responder.counts["shed"] += 1
             await self.responder.error(
                 msg,
                 "internal",
-                f"exchange overloaded: {len(self._tasks)} orders in flight, {backlog} queued",
+                f"exchange overloaded: {inflight} orders in flight, {backlog} queued",
             )
             return
-        self._spawn(self._place(msg, order))
+        self.responder.spawn(msg, self._place(msg, order))
 
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
         try:
@@ -122,10 +114,6 @@ class ExchangeService:
             return
         except AuctionError as exc:
             await self.responder.error(msg, "internal", str(exc))
-            return
-        except Exception as exc:
-            log.exception("auction_failed", order_id=order.order_id)
-            await self.responder.error(msg, "internal", f"{type(exc).__name__}: {exc}")
             return
         self.responder.counts[type(result).__name__] += 1
         with contextlib.suppress(Exception):
@@ -146,7 +134,7 @@ class ExchangeService:
                 raise BadMessage("machine.list through the exchange needs worker_id")
         else:
             worker_id = worker_of_machine(decode(msg.data, MachineRequest).machine_id)
-        self._spawn(self._relay(msg, worker_id, verb))
+        self.responder.spawn(msg, self._relay(msg, worker_id, verb))
 
     async def _relay(self, msg: Msg, worker_id: str, verb: str) -> None:
         subject = self.subjects.worker_machine(worker_id, verb)

@@ -12,10 +12,11 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Coroutine
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
@@ -176,6 +177,7 @@ class SupplierHost:
             self._sweeper.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sweeper
+        await self.responder.wait(10)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
         for w in self.workers.values():
@@ -306,7 +308,7 @@ class SupplierHost:
         w = self.workers[wid]
         if rest == ["commit"]:
             commit = decode(msg.data, Commit)
-            self._spawn(self._commit(w, msg, commit))
+            self.responder.spawn(msg, self._answer(msg, w.commit(commit)))
         elif rest == ["release"]:
             rel = decode(msg.data, Release)
             if rel.worker_id and rel.worker_id != wid:
@@ -322,13 +324,8 @@ class SupplierHost:
                 f"machine.<{'|'.join(MACHINE_VERBS)}>",
             )
 
-    async def _commit(self, w: Worker, msg: Msg, commit: Commit) -> None:
-        try:
-            result = await w.commit(commit)
-            await self.responder.reply(msg, result)
-        except Exception as exc:  # a task: nobody else would answer the requester
-            w.log.exception("commit_failed", order_id=commit.order_id)
-            await self.responder.error(msg, "internal", f"{type(exc).__name__}: {exc}")
+    async def _answer(self, msg: Msg, result: Awaitable[msgspec.Struct]) -> None:
+        await self.responder.reply(msg, await result)
 
     async def _machine(self, w: Worker, msg: Msg, verb: str) -> None:
         if verb == "list":
@@ -343,10 +340,7 @@ class SupplierHost:
         elif verb == "logs":
             await self.responder.reply(msg, await w.logs(mreq.machine_id, mreq.tail))
         else:
-            self._spawn(self._transition(w, msg, verb, mreq.machine_id))
-
-    async def _transition(self, w: Worker, msg: Msg, verb: str, machine_id: str) -> None:
-        await self.responder.reply(msg, await w.transition(verb, machine_id))
+            self.responder.spawn(msg, self._answer(msg, w.transition(verb, mreq.machine_id)))
 
     # -- housekeeping ---------------------------------------------------------------------------
     async def _sweep(self) -> None:

@@ -11,7 +11,7 @@ Each machine has its own lock, so a slow pull on one machine never delays anothe
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import msgspec
@@ -165,11 +165,20 @@ class Machines:
         self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
         self.event("destroyed", m.order_id, m.machine_id, "aborted")
 
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Background lifecycle work (an exit, an abort): tracked, failures logged."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            self.log.error("lifecycle_task_failed", error=repr(task.exception()))
+
     def exited(self, machine_id: str, code: int) -> None:
         """The driver saw the machine's process end for good (restart policy said no)."""
-        task = asyncio.get_running_loop().create_task(self._exited(machine_id, code))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self.spawn(self._exited(machine_id, code))
 
     async def _exited(self, machine_id: str, code: int) -> None:
         async with self.lock(machine_id):

@@ -314,7 +314,7 @@ class Worker:
             mid = self.by_order.get(order_id)
             if mid is not None and self.machines[mid].state == "reserved":
                 self.aborts.add(order_id)
-                asyncio.get_running_loop().create_task(self._abort(self.machines[mid]))
+                self.keeper.spawn(self._abort(self.machines[mid]))
                 return
         if self.waiting:
             self.waiting = deque(

@@ -3,6 +3,7 @@ process keeps serving afterwards."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Callable
 
@@ -274,3 +275,26 @@ async def test_an_overloaded_exchange_refuses_at_once_and_recovers(market: Marke
     assert all("exchange overloaded" in str(r) and "queued" in str(r) for r in refused)
     assert svc.responder.counts["shed"] == len(refused)
     assert isinstance(await buyer.place(order(order_id="after")), Placed)  # serving again
+
+
+async def test_a_bug_in_a_spawned_request_still_answers_the_requester(market: Market) -> None:
+    import pytest
+
+    from buyer_cli.client import ClientError
+
+    host = await market.host(worker("mad-1"))
+    await market.exchange()
+    buyer = await market.client()
+    r = await buyer.place(order())
+    assert isinstance(r, Placed)
+
+    async def broken(verb: str, machine_id: str) -> None:  # fault injection: a bug
+        raise RuntimeError("boom")
+
+    host.workers["mad-1"].keeper.transition = broken  # type: ignore[method-assign]
+    for client in (buyer, await market.client(direct=True)):  # via the exchange, and direct
+        with pytest.raises(ClientError) as err:
+            await asyncio.wait_for(client.machine("start", r.machine_id), 5)
+        assert err.value.code == "internal" and "RuntimeError: boom" in str(err.value)
+    # the worker still serves everything else
+    assert isinstance(await buyer.place(order()), Placed)
