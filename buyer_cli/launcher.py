@@ -18,6 +18,7 @@ class Program:
         self.name = name
         self.proc = proc
         self.log_path = log_path
+        self.ready_line = ""  # the stdout line that said it was ready
 
     @property
     def log(self) -> str:
@@ -72,6 +73,7 @@ async def start_program(
                 tail = "\n".join(prog.log.splitlines()[-5:])
                 raise RuntimeError(f"{module} exited with code {proc.returncode}:\n{tail}")
             if ready in line.decode(errors="replace"):
+                prog.ready_line = line.decode(errors="replace").strip()
                 return prog
     except BaseException:
         if proc.returncode is None:

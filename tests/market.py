@@ -118,7 +118,10 @@ class Market:
         for h in self.hosts:
             await h.stop()
         for nc in self.conns:
+            # close, not drain: a test's sync subscription may hold unread messages, and
+            # drain would wait its 30 s timeout for them (graceful drain is tested on the
+            # real processes in test_processes.py).
             if not nc.is_closed:
-                await nc.drain()
+                await nc.close()
         for s in self.stores:
             s.close()

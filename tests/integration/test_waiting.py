@@ -93,3 +93,36 @@ async def test_without_wait_ms_a_blocked_worker_stays_silent(market: Market) -> 
     assert decode((await second.next_msg(2)).data, Offer).worker_id == "two"
     assert list(host.workers["one"].ledger.holds) == ["o1"]
     assert not host.workers["one"].waiting
+
+
+async def test_a_bid_that_arrives_after_its_own_release_is_ignored(market: Market) -> None:
+    # The release and the bid travel on two subscriptions; if the release wins, the late
+    # bid must not take a hold nobody will ever release (it would linger until its TTL).
+    host = await market.host(worker("one"), worker("two"))
+    nc = await market.connect("bidder")
+    release = Release(order_id="late", auction_id="a-late")
+    await nc.publish(market.subjects.region_release("mad"), encode(release))
+    await nc.flush()
+    _, sub = await _bid(nc, market, "late", wait_ms=0)  # same auction id "a-late"
+    _, probe = await _bid(nc, market, "probe", wait_ms=0)
+    # the host handles bids in order: once the probe is answered, "late" was seen
+    assert decode((await probe.next_msg(2)).data, Offer).order_id == "probe"
+    assert all("late" not in w.ledger.holds for w in host.workers.values())
+    assert sub.pending_msgs == 0
+
+
+async def test_an_overloaded_supplier_sheds_queued_bids_and_keeps_answering(
+    market: Market,
+) -> None:
+    host = await market.host(worker("one", cpus=64, memory_mb=65536), max_bid_backlog=1)
+    nc = await market.connect("bidder")
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    for i in range(200):  # a burst: the supplier reads them far faster than it prices them
+        bid = Bid(order_id=f"b{i}", region="mad", resources=ONE_CPU, image="x", hold_ms=200)
+        await nc.publish(market.subjects.bid("mad"), encode(bid), reply=inbox)
+    _, probe = await _bid(nc, market, "after", wait_ms=0)
+    assert decode((await probe.next_msg(2)).data, Offer).order_id == "after"
+    assert host.bids_shed > 0
+    answered = sub.pending_msgs
+    assert answered + host.bids_shed == 200  # every bid was either answered or shed

@@ -1,0 +1,53 @@
+"""``bourse up``: the long-running demo market stops cleanly and resumes its machines."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from buyer_cli.client import BourseClient
+from buyer_cli.launcher import Program, start_program
+from exchange.connection import connect
+from exchange.protocol import Placed
+from tests.market import order, wait_until
+
+
+async def _up(data_dir: Path) -> tuple[Program, str]:
+    up = await start_program(
+        "buyer_cli.bourse",
+        "up",
+        "--port",
+        "-1",
+        "--data-dir",
+        str(data_dir),
+        log_path=data_dir.parent / "up.log",
+        ready="BOURSE_NATS_URL=",
+    )
+    return up, up.ready_line.split("=", 1)[1]
+
+
+async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "up"
+    up, url = await _up(data)
+    try:
+        nc = await connect(url, name="t", service=False)
+        client = BourseClient(nc)
+        r = await client.place(order(region="mad", image="web", cpus=1, memory_mb=256))
+        assert isinstance(r, Placed)
+        assert (await client.machine("start", r.machine_id)).state == "started"
+        await nc.close()
+    finally:
+        assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
+    log = data / "data" / "mad" / "machines" / r.worker_id / f"{r.machine_id}.log"
+    await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully
+
+    up, url = await _up(data)
+    try:
+        nc = await connect(url, name="t", service=False)
+        client = BourseClient(nc)
+        assert (await client.machine("get", r.machine_id)).state == "started"
+        await wait_until(lambda: log.read_text().count("web up") == 2)  # running again
+        await nc.close()
+    finally:
+        assert await up.stop() == 0
