@@ -9,6 +9,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from buyer_cli.policy import Deployment
 from exchange.protocol import Event, Machine, Placed, Unfilled, WorkerStatus
 
 console = Console()
@@ -75,10 +76,7 @@ def machines(ms: Iterable[Machine]) -> Table:
     return t
 
 
-def deployment(d: object) -> Table:
-    from buyer_cli.policy import Deployment
-
-    assert isinstance(d, Deployment)
+def deployment(d: Deployment) -> Table:
     t = Table(title=f"app {d.app}")
     for col in ("slot", "machine", "region", "worker", "state", "note"):
         t.add_column(col)

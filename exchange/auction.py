@@ -124,7 +124,6 @@ class _Tally:
     below_min: int = 0
     commits: int = 0
     rejections: list[str] = field(default_factory=list)
-    foreign: int = 0
     waited: int = 0  # workers that said they were waiting for held capacity
     sampled: bool = False  # the bid went to sampled shards (not yet to the whole region)
     fallbacks: int = 0
@@ -228,7 +227,7 @@ class Auctioneer:
                         empty += 1
                         if empty < targets:
                             continue
-                        if targets > 0 and tally.sampled:  # empty shards: ask the region
+                        if tally.sampled:  # the sampled shards are empty: ask the region
                             targets, empty = await self._broadcast(order, data, reply, tally)
                             continue
                         return self._unfilled(
@@ -302,7 +301,6 @@ class Auctioneer:
             return None
         if offer.order_id != order.order_id or offer.region != order.region:
             # I5: an offer from another region (or for another order) is never taken.
-            tally.foreign += 1
             log.warning(
                 "foreign_offer",
                 order_id=order.order_id,

@@ -152,15 +152,6 @@ class EmbeddedNats:
         if self._own_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def kill(self) -> None:
-        """SIGKILL, for fault tests."""
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            if self.proc.stderr:
-                self.proc.stderr.close()
-            self.proc = None
-
     def __enter__(self) -> EmbeddedNats:
         return self.start()
 

@@ -24,6 +24,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from exchange.protocol import Amount, Image, Labels, Region, WorkerId, validation_detail
+from supplier.pricing import build_curves
 
 Preset = Literal["spread", "binpack"]
 # A curve is a list of [utilization, desirability] points, utilization ascending in [0, 1].
@@ -117,8 +118,6 @@ def check_workers(workers: list[WorkerConfig]) -> None:
         seen.add(w.worker_id)
         if w.capacity.cpus < 1 or w.capacity.memory_mb < 1:
             raise ConfigError(f"worker {w.worker_id}: capacity needs cpus >= 1 and memory_mb >= 1")
-        from supplier.pricing import build_curves  # validates the curves
-
         try:
             build_curves(w.pricing)
         except ValueError as exc:

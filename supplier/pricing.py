@@ -15,8 +15,10 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
+from typing import TYPE_CHECKING
 
-from supplier.config import PricingConfig
+if TYPE_CHECKING:  # config imports this module to validate curves
+    from supplier.config import PricingConfig
 
 RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
 # Resources scored even when the order asks for none of them is impossible: cpus and memory

@@ -85,7 +85,7 @@ class Store:
         self._thread = threading.Thread(target=self._writer, name=f"store:{self.path}", daemon=True)
         self._thread.start()
         self.batches = 0
-        self.ops = 0
+        self.writes = 0  # write() calls stored (each may carry several ops)
         self._closed = False
 
     def _connect(self) -> sqlite3.Connection:
@@ -173,7 +173,7 @@ class Store:
                 raise sqlite3.OperationalError("database could not be opened")
             self._apply(conn, [op for ops, _, _ in batch for op in ops])
             self.batches += 1
-            self.ops += len(batch)
+            self.writes += len(batch)
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None)
         except sqlite3.Error as exc:

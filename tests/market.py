@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from buyer_cli.client import BourseClient
 from exchange.auction import AuctionConfig
 from exchange.connection import connect
-from exchange.protocol import Placed, PlaceOrder, Resources, Unfilled
+from exchange.protocol import PlaceOrder, Resources
 from exchange.service import ExchangeService
 from exchange.subjects import Subjects
 from supplier.config import WorkerConfig
@@ -103,9 +103,6 @@ class Market:
         )
         self.clients.append(c)
         return c
-
-    async def place(self, client: BourseClient, o: PlaceOrder) -> Placed | Unfilled:
-        return await client.place(o)
 
     def violations(self) -> list[str]:
         return [v for h in self.hosts for v in h.check_invariants()]

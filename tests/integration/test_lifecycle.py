@@ -11,11 +11,11 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from buyer_cli.launcher import start_program as start
 from exchange.protocol import Event, Machine, Placed, Unfilled, decode
 from supplier.config import WorkerConfig
 from supplier.drivers.process import ProcessDriver
 from tests.market import Market, order, wait_until, worker
-from tests.procs import start
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
 

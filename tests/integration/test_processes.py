@@ -6,9 +6,9 @@ import asyncio
 import sys
 from pathlib import Path
 
+from buyer_cli.launcher import start_program as start
 from exchange.protocol import Placed
 from tests.market import Market, order
-from tests.procs import start
 
 SUPPLIER_ARGS = (
     "run",

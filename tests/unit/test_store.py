@@ -133,7 +133,7 @@ async def test_oplog_records_ops_in_order(store: Store) -> None:
         (5, "place", "order-9", other.machine_id, "reserved"),
     ]
     assert store.load_machines("mad-1") == [moved(m, "destroyed")]
-    assert store.ops == 4  # counts write() calls (items), not the 5 ops they carried
+    assert store.writes == 4  # write() calls, not the 5 ops they carried
     assert store.batches == 4
 
 
@@ -269,7 +269,7 @@ async def test_concurrent_writes_are_grouped(db: Path, store: Store) -> None:
     ms = [machine(f"order-{i}", i) for i in range(n)]
     results = await write_all_while_blocked(store, db, [(Op("place", m),) for m in ms])
     assert results == [None] * n
-    assert store.ops == n
+    assert store.writes == n
     assert 1 <= store.batches <= 2 < n
     assert len(store.load_machines("mad-1")) == n
     assert len(store.oplog()) == n
@@ -279,7 +279,7 @@ async def test_many_concurrent_writes_all_resolve(store: Store) -> None:
     n = 200
     ms = [machine(f"order-{i}", i) for i in range(n)]
     await asyncio.gather(*(store.write(Op("place", m)) for m in ms))
-    assert store.ops == n
+    assert store.writes == n
     assert store.batches < n  # fsync takes long enough for the queue to fill
     assert store.load_machines("mad-1") == sorted(ms, key=lambda m: m.machine_id)
     seqs = [row[0] for row in store.oplog()]
