@@ -83,8 +83,11 @@ class Pricer:
         used: Sequence[int],
         want: Sequence[int],
         image_cached: bool,
+        detail: bool = True,
     ) -> tuple[float, dict[str, float]]:
-        """Score in [0, 1] and subscores for placing ``want`` on top of ``used``."""
+        """Score in [0, 1] and subscores for placing ``want`` on top of ``used``.
+        ``detail=False`` skips the subscores (the hot path prices every worker of a bid but
+        offers only the best few; the score is the same either way)."""
         subscores: dict[str, float] = {}
         total = weight_sum = 0.0
         for i, name in enumerate(RESOURCES):
@@ -93,14 +96,16 @@ class Pricer:
             u = (used[i] + want[i]) / capacity[i]
             f = self.curves[name](u)
             w = self.weights[name]
-            subscores[name] = round(f, 6)
+            if detail:
+                subscores[name] = round(f, 6)
             total += w * f
             weight_sum += w
         utility = total / weight_sum if weight_sum else 0.0
         image = 1.0 if image_cached else 0.0
         score = (1.0 - self.image_weight) * utility + self.image_weight * image
-        subscores["utility"] = round(utility, 6)
-        subscores["image"] = image
+        if detail:
+            subscores["utility"] = round(utility, 6)
+            subscores["image"] = image
         return round(min(1.0, max(0.0, score)), 6), subscores
 
     def delay_s(self, score: float) -> float:

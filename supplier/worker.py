@@ -55,11 +55,10 @@ WAIT = object()  # a bid blocked only by other orders' holds
 class Quote:
     """A worker's price for a bid, before anything is held."""
 
-    __slots__ = ("cached", "score", "subscores", "want")
+    __slots__ = ("cached", "score", "want")
 
-    def __init__(self, score: float, subscores: dict[str, float], cached: bool, want: Vec) -> None:
+    def __init__(self, score: float, cached: bool, want: Vec) -> None:
         self.score = score
-        self.subscores = subscores
         self.cached = cached
         self.want = want
 
@@ -222,17 +221,19 @@ class Worker:
         if reason or not self.driver.can_run(bid.image):
             return None
         cached = bid.image in self.images
-        score, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached)
-        return Quote(score, subscores, cached, want)
+        score, _ = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached, False)
+        return Quote(score, cached, want)
 
     def take(self, bid: Bid, now: float, q: Quote) -> tuple[Offer, float] | None:
-        """Hold the quoted resources and make the Offer (sent after its delay)."""
+        """Hold the quoted resources and make the Offer (sent after its delay). Only now, for
+        the workers actually offered, are the subscores worked out."""
+        _, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, q.want, q.cached)
         hold = Hold(
             bid.order_id,
             q.want,
             now + bid.hold_ms / 1000.0,
             q.score,
-            q.subscores,
+            subscores,
             q.cached,
             bid.auction_id,
         )
@@ -243,7 +244,7 @@ class Worker:
             worker_id=self.worker_id,
             region=self.region,
             score=q.score,
-            subscores=q.subscores,
+            subscores=subscores,
             image_cached=q.cached,
             hold_expires_at_ms=now_ms() + bid.hold_ms,
         )

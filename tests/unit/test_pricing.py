@@ -375,3 +375,13 @@ def test_reason_precedence() -> None:
         fit(**{**everything, "draining": False, "exclude_workers": [], "constraints": {}})
         == INSUFFICIENT
     )
+
+
+@pytest.mark.parametrize("preset", ["spread", "binpack"])
+@pytest.mark.parametrize("cached", [True, False])
+def test_the_hot_path_price_without_detail_is_the_same_score(preset: str, cached: bool) -> None:
+    p = Pricer(PricingConfig(preset=preset))  # type: ignore[arg-type]
+    for used in [(0, 0, 0, 0), (3, 1000, 10, 0), (7, 8000, 0, 1)]:
+        full, subs = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached)
+        fast, none = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached, detail=False)
+        assert fast == full and none == {} and subs
