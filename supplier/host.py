@@ -25,6 +25,7 @@ from nats.aio.subscription import Subscription
 
 from exchange.protocol import (
     MACHINE_VERBS,
+    MAX_HOLD_MS,
     BadMessage,
     Bid,
     Commit,
@@ -113,6 +114,9 @@ class SupplierHost:
             key = (w.region, shard_of(w.worker_id, bid_shards))
             self.by_shard.setdefault(key, []).append(w)
         self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (order, auction) -> (when, the workers asked to hold or wait for it): a region
+        # release then touches those, not every worker of the region in this process.
+        self.asked: OrderedDict[tuple[str, str], tuple[float, list[Worker]]] = OrderedDict()
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -221,6 +225,11 @@ class SupplierHost:
         if not offers:
             return
         now = time.monotonic()
+        key = (bid.order_id, bid.auction_id)
+        asked = self.asked.get(key)
+        if asked is None:
+            asked = self.asked[key] = (now, [])
+        asked[1].extend(w for _, _, w in offers)
         offers.sort(key=lambda o: o[0])
         if offers[-1][0] <= 0:
             for _, offer, _ in offers:
@@ -292,8 +301,14 @@ class SupplierHost:
 
     async def _on_region_release(self, msg: Msg) -> None:
         rel = decode(msg.data, Release)
-        self.released[(rel.order_id, rel.auction_id)] = time.monotonic()
-        for w in self.by_region.get(self._region_of(msg), ()):
+        key = (rel.order_id, rel.auction_id)
+        self.released[key] = time.monotonic()
+        asked = self.asked.pop(key, None)
+        if rel.auction_id:  # only the workers this host asked can hold for that auction
+            workers = asked[1] if asked else ()
+        else:  # a release for any auction of the order (a third party's): ask everyone
+            workers = self.by_region.get(self._region_of(msg), ())
+        for w in workers:
             w.release(rel.order_id, rel.auction_id)
 
     async def _on_status(self, msg: Msg) -> None:
@@ -364,6 +379,14 @@ class SupplierHost:
                 if at > cutoff:
                     break
                 del self.released[key]
+            # an auction that never released (its exchange died): the holds expire by their
+            # TTL, and its entry goes once no hold of it can be alive any more
+            cutoff = now - MAX_HOLD_MS / 1000.0
+            while self.asked:
+                key, (at, _) = next(iter(self.asked.items()))
+                if at > cutoff:
+                    break
+                del self.asked[key]
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host; returns the violations found."""

@@ -17,7 +17,7 @@ from exchange.protocol import (
     decode,
     encode,
 )
-from tests.market import Market, worker
+from tests.market import Market, wait_until, worker
 
 ONE_CPU = Resources(cpus=1, memory_mb=64)
 
@@ -126,3 +126,31 @@ async def test_an_overloaded_supplier_sheds_queued_bids_and_keeps_answering(
     assert host.bids_shed > 0
     answered = sub.pending_msgs
     assert answered + host.bids_shed == 200  # every bid was either answered or shed
+
+
+async def test_a_region_release_reaches_the_asked_workers_and_leaves_nothing_behind(
+    market: Market,
+) -> None:
+    from exchange.auction import AuctionConfig, Auctioneer
+    from exchange.protocol import PlaceOrder
+
+    host = await market.host(*(worker(f"w{i}") for i in range(30)), max_offers=3)
+    auctioneer = Auctioneer(await market.connect("a"), market.subjects, AuctionConfig())
+    for i in range(5):
+        o = PlaceOrder(order_id=f"o{i}", region="mad", resources=ONE_CPU, image="x")
+        assert isinstance(await auctioneer.run(o), Placed)
+    await (await market.connect("flush")).flush()
+    await wait_until(lambda: not host.asked)  # every auction's release found its entry
+    assert all(not w.ledger.holds for w in host.workers.values())
+    await auctioneer.close()
+
+
+async def test_a_release_without_auction_id_drops_the_hold_on_any_worker(market: Market) -> None:
+    host = await market.host(worker("one"), worker("two"))
+    nc = await market.connect("bidder")
+    _, sub = await _bid(nc, market, "o1", wait_ms=0)
+    await sub.next_msg(2)
+    holders = [w for w in host.workers.values() if "o1" in w.ledger.holds]
+    assert holders
+    await nc.publish(market.subjects.region_release("mad"), encode(Release(order_id="o1")))
+    await wait_until(lambda: all("o1" not in w.ledger.holds for w in host.workers.values()))
