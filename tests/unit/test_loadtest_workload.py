@@ -98,19 +98,50 @@ def test_every_override_reaches_the_profile_and_unknown_ones_are_refused() -> No
         resolve_profile("nope")
 
 
-def test_every_loadtest_flag_is_passed_as_an_override() -> None:
-    # Guards against a CLI flag that is accepted and silently dropped.
-    import inspect
+def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
+    monkeypatch: pytest.MonkeyPatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # Guards against a CLI flag that is accepted and silently dropped (it happened).
+    import structlog
+    from typer.testing import CliRunner
 
     from buyer_cli import bourse
 
-    source = inspect.getsource(bourse.loadtest)
-    flags = [
-        n
-        for n in inspect.signature(bourse.loadtest).parameters
-        if n not in {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "json"}
-    ]
-    assert flags and all(f": {f}," in source or f": {f}\n" in source for f in flags), flags
+    got: list[Profile] = []
+
+    async def fake_run(profile: Profile, *args: object, **kwargs: object) -> dict[str, object]:
+        got.append(profile)
+        return {"violations": [], "plots": []}
+
+    monkeypatch.setattr(bourse, "run_loadtest", fake_run)
+    flags = {
+        "--workers": ("workers", 7),
+        "--regions": ("regions", 3),
+        "--rate": ("rate", 11.0),
+        "--duration-s": ("duration_s", 2.5),
+        "--mode": ("mode", "closed"),
+        "--concurrency": ("concurrency", 5),
+        "--lifetime-s": ("lifetime_s", 1.5),
+        "--processes": ("supplier_processes", 2),
+        "--exchanges": ("exchanges", 3),
+        "--seed": ("seed", 9),
+        "--spread-ms": ("spread_ms", 1.0),
+        "--bid-shards": ("bid_shards", 4),
+        "--bid-sample": ("bid_sample", 1),
+        "--max-inflight": ("exchange_max_inflight", 50),
+    }
+    args = [a for flag, (_, v) in flags.items() for a in (flag, str(v))]
+    result = CliRunner().invoke(bourse.app, ["loadtest", *args, "--json", "--out", str(tmp_path)])
+    structlog.reset_defaults()
+    assert result.exit_code == 0, result.output
+    [profile] = got
+    assert {field: getattr(profile, field) for field, _ in flags.values()} == dict(flags.values())
+    # and every option of the command is either such a flag or one of the run's own
+    import inspect
+
+    own = {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "json"}
+    params = set(inspect.signature(bourse.loadtest).parameters) - own
+    assert len(params) == len(flags)
 
 
 def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> None:  # type: ignore[no-untyped-def]
