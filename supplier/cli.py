@@ -67,6 +67,10 @@ def run_cmd(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where the SQLite state lives.")] = None,
     draining: Annotated[bool, typer.Option(help="Start without offering capacity.")] = False,
+    max_db_mb: Annotated[
+        int | None,
+        typer.Option(min=1, help="Cap the state file (MiB); past it the supplier drains."),
+    ] = None,
     max_offers: Annotated[
         int, typer.Option(min=0, help="Offers per bid from this process (its best); 0: all.")
     ] = DEFAULT_MAX_OFFERS,
@@ -113,7 +117,7 @@ def run_cmd(
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
         check_workers(workers)
         subjects = Subjects(prefix)
-        store = Store(data_dir / DB_NAME)
+        store = Store(data_dir / DB_NAME, max_db_mb=max_db_mb)
     except (ConfigError, StoreError, ValueError) as exc:
         fail(str(exc))
 

@@ -60,6 +60,8 @@ CLAIM_CHECK_S = 0.5
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
 TOMBSTONE_TTL_S = 5.0
+# While the store refuses writes, probe it this often; a success lifts the drain.
+STORE_PROBE_INTERVAL_S = 1.0
 
 
 def make_driver(cfg: WorkerConfig, data_dir: Path) -> Driver:
@@ -120,6 +122,9 @@ class SupplierHost:
         self._subs: list[Subscription] = []
         self._tasks: set[asyncio.Task[Any]] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self.store_failing = False  # the store refused a write: every worker here drains
+        self._next_probe = 0.0
+        self._probing: asyncio.Task[None] | None = None
 
     # -- life ---------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -177,10 +182,11 @@ class SupplierHost:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
-        if self._sweeper:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
+        for task in (self._sweeper, self._probing):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.responder.wait(10)
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=10)
@@ -368,6 +374,7 @@ class SupplierHost:
                     w.expire_holds(now)
                 if w.waiting:
                     w.prune_waiting(now)
+            self._watch_store(now)
             if self.bids_shed > self._shed_logged:
                 log.warning(
                     "bids_shed", total=self.bids_shed, new=self.bids_shed - self._shed_logged
@@ -387,6 +394,35 @@ class SupplierHost:
                 if at > cutoff:
                     break
                 del self.asked[key]
+
+    def _watch_store(self, now: float) -> None:
+        """Drain every worker of this process while its store refuses writes (they share
+        it): offering capacity that cannot be committed only makes auctions fail later."""
+        if self.store.failure and not self.store_failing:
+            self.store_failing = True
+            self._next_probe = now + STORE_PROBE_INTERVAL_S
+            log.error(
+                "supplier_draining",
+                reason=f"store refuses writes: {self.store.failure}",
+                path=str(self.store.path),
+                workers=len(self.workers),
+            )
+            for w in self.workers.values():
+                w.store_failed(self.store.failure)
+        if self.store_failing and now >= self._next_probe and self._probing is None:
+            self._probing = asyncio.get_running_loop().create_task(self._probe_store())
+
+    async def _probe_store(self) -> None:
+        try:
+            if await self.store.probe():
+                self.store_failing = False
+                resumed = sum(w.store_recovered() for w in self.workers.values())
+                log.warning("supplier_resumed", reason="store takes writes again", workers=resumed)
+            else:
+                log.info("store_still_failing", reason=self.store.failure)
+        finally:
+            self._next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
+            self._probing = None
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host; returns the violations found."""

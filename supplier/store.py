@@ -9,11 +9,18 @@ Writes go through one writer thread with group commit: whatever is queued when t
 thread wakes is written in one transaction and fsynced once, then every waiter is told.
 ``await store.write(...)`` returns only after the data is durable, so a ``Placed`` reply
 sent after it survives kill -9 (I2). The event loop never blocks on the disk.
+
+Health: a write that fails (disk full, read-only or moved file, I/O error) sets
+``store.failure``; the host then drains its workers (no offers for capacity it could not
+commit) and calls ``probe()`` until a test transaction that needs fresh space succeeds
+again. ``max_db_mb`` caps the file (``PRAGMA max_page_count``): past it SQLite reports
+"database or disk is full", the same path as a full disk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import queue
 import sqlite3
 import threading
@@ -56,6 +63,10 @@ CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
 _STOP = object()
+_PROBE = object()
+# The probe writes (then deletes) this much, so it needs fresh pages or WAL space: a store
+# that is full again fails it instead of passing on a tiny in-place update.
+PROBE_BYTES = 64 * 1024
 
 
 class StoreError(RuntimeError):
@@ -73,14 +84,23 @@ class Op:
 
 
 class Store:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, max_db_mb: int | None = None) -> None:
+        if max_db_mb is not None and max_db_mb < 1:
+            raise StoreError(f"max_db_mb must be at least 1, got {max_db_mb}")
         self.path = Path(path)
+        self.max_db_mb = max_db_mb
+        # Why the last write failed ("" while healthy); set by the writer thread.
+        self.failure = ""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._connect() as conn:
                 conn.executescript(SCHEMA)
-        except sqlite3.Error as exc:
+            st = os.stat(self.path)
+        except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
+        # The file we write to: if the path stops naming it (the data dir was deleted, a
+        # mount went away), writes would land in an unlinked file and vanish on restart.
+        self._identity = (st.st_dev, st.st_ino)
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._writer, name=f"store:{self.path}", daemon=True)
         self._thread.start()
@@ -93,6 +113,9 @@ class Store:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA synchronous=FULL")
         conn.execute("PRAGMA busy_timeout=5000")
+        if self.max_db_mb is not None:
+            page = conn.execute("PRAGMA page_size").fetchone()[0]
+            conn.execute(f"PRAGMA max_page_count = {self.max_db_mb * 1024 * 1024 // page}")
         return conn
 
     # -- reads (start-up and tests) ------------------------------------------------------------
@@ -130,6 +153,20 @@ class Store:
         self._queue.put((ops, fut, loop))
         await fut
 
+    async def probe(self) -> bool:
+        """Can the store take writes again? One transaction that needs fresh space, rolled
+        into the writer's queue like any write; clears ``failure`` when it succeeds."""
+        if self._closed:
+            return False
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put((_PROBE, fut, loop))
+        try:
+            await fut
+        except StoreError:
+            return False
+        return True
+
     def _writer(self) -> None:
         try:
             conn = self._connect()
@@ -151,7 +188,12 @@ class Store:
                     stop = True
                     break
                 batch.append(item)
-            self._write_batch(conn, batch)  # type: ignore[arg-type]
+            probes = [item for item in batch if item[0] is _PROBE]  # type: ignore[index]
+            if probes:
+                batch = [item for item in batch if item[0] is not _PROBE]  # type: ignore[index]
+                self._probe(conn, probes)
+            if batch:
+                self._write_batch(conn, batch)  # type: ignore[arg-type]
             if stop:
                 break
         if conn is not None:
@@ -171,9 +213,11 @@ class Store:
         try:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
+            self._check_identity()
             self._apply(conn, [op for ops, _, _ in batch for op in ops])
             self.batches += 1
             self.writes += len(batch)
+            self.failure = ""
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None)
         except sqlite3.Error as exc:
@@ -183,8 +227,42 @@ class Store:
                     self._write_batch(conn, [item])
                 return
             err = StoreError(f"write to {self.path} failed: {exc}")
+            if _is_storage_fault(exc):
+                self.failure = str(exc)
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, err)
+
+    def _check_identity(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._identity:
+            raise sqlite3.OperationalError(
+                "the state file was removed or replaced under the running supplier"
+            )
+
+    def _probe(self, conn: sqlite3.Connection | None, probes: list) -> None:
+        err: StoreError | None = None
+        try:
+            if conn is None:
+                raise sqlite3.OperationalError("database could not be opened")
+            self._check_identity()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.execute("CREATE TABLE IF NOT EXISTS probe (data BLOB)")
+                conn.execute("INSERT INTO probe VALUES (zeroblob(?))", (PROBE_BYTES,))
+                conn.execute("DELETE FROM probe")
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+            self.failure = ""
+        except sqlite3.Error as exc:
+            self.failure = str(exc)
+            err = StoreError(f"probe of {self.path} failed: {exc}")
+        for _, fut, loop in probes:
+            loop.call_soon_threadsafe(_resolve, fut, err)
 
     @staticmethod
     def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
@@ -208,7 +286,7 @@ class Store:
                 )
             conn.execute("COMMIT")
         except BaseException:
-            conn.execute("ROLLBACK")
+            _rollback(conn)
             raise
 
     def close(self) -> None:
@@ -216,6 +294,18 @@ class Store:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=10)
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    """Roll back if a transaction is still open: SQLite ends some on its own (a full disk),
+    and a second ROLLBACK would hide the real error behind "no transaction is active"."""
+    if conn.in_transaction:
+        conn.execute("ROLLBACK")
+
+
+def _is_storage_fault(exc: sqlite3.Error) -> bool:
+    """A fault of the disk or the file (not of one change, e.g. a constraint violation)."""
+    return not isinstance(exc, sqlite3.IntegrityError)
 
 
 def _resolve(fut: asyncio.Future[None], err: BaseException | None) -> None:

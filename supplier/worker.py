@@ -49,6 +49,8 @@ EmitFn = Callable[[Event], None]
 SendOfferFn = Callable[[str, str, Offer | Waiting, float], None]
 # At most this many bids wait for held capacity on one worker; more are not answered.
 MAXWAITING = 1024
+# Drain reasons that a store failure sets start with this; only they are lifted by a probe.
+STORE_DRAIN = "store: "
 WAIT = object()  # a bid blocked only by other orders' holds
 
 
@@ -106,7 +108,7 @@ class Worker:
             self.images,
             self._event,
             self._destroyed,
-            self.set_draining,
+            self.store_failed,
         )
         if isinstance(self.driver, ProcessDriver):
             self.driver.on_exit = self.keeper.exited
@@ -143,6 +145,21 @@ class Worker:
             self.log.error("worker_draining", reason=reason)
         self.draining = True
         self.drain_reason = reason
+
+    def store_failed(self, reason: str) -> None:
+        """The store refused a write: offer nothing that could not be committed."""
+        if not self.drain_reason.startswith(STORE_DRAIN):
+            self.set_draining(f"{STORE_DRAIN}{reason}")
+
+    def store_recovered(self) -> bool:
+        """Lift a drain that a store failure caused (never one the operator configured)."""
+        if not (self.draining and self.drain_reason.startswith(STORE_DRAIN)):
+            return False
+        self.draining = False
+        self.drain_reason = ""
+        self.log.warning("worker_resumed", reason="the store takes writes again")
+        self._freed()  # queued bids may be answered now
+        return True
 
     def _event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> None:
         self.emit(
@@ -377,7 +394,7 @@ class Worker:
             await self.store.write(Op("place", machine))
         except StoreError as exc:
             self.ledger.unpin(h)
-            self.set_draining(str(exc))
+            self.store_failed(str(exc))
             result = Error(code="internal", detail=f"worker {self.worker_id} cannot store: {exc}")
         else:
             self.ledger.convert(h, want)
@@ -439,6 +456,7 @@ class Worker:
             machines=self.live_machines(),
             draining=self.draining,
             holds=len(self.ledger.holds),
+            drain_reason=self.drain_reason,
         )
 
     def list_machines(self, include_destroyed: bool) -> MachineList:

@@ -292,3 +292,51 @@ async def test_write_after_close_raises(db: Path) -> None:
     # The timeout only turns the hang into a failure; a correct store raises at once.
     with pytest.raises(StoreError):
         await asyncio.wait_for(s.write(Op("place", machine("order-1"))), timeout=0.5)
+
+
+# -- health: a full or vanished file ---------------------------------------------------------
+def _fill(db: Path, mb: int) -> None:
+    """Another writer takes the room up to the cap (as a full disk would)."""
+    conn = sqlite3.connect(db, isolation_level=None)
+    conn.execute("CREATE TABLE filler (data BLOB)")
+    conn.execute("INSERT INTO filler VALUES (zeroblob(?))", (mb * 1024 * 1024,))
+    conn.close()
+
+
+async def test_full_store_fails_the_write_and_reports_it(db: Path) -> None:
+    s = Store(db, max_db_mb=1)
+    try:
+        await s.write(Op("place", machine("o-1", 1)))
+        assert s.failure == "" and await s.probe()
+        await asyncio.to_thread(_fill, db, 1)
+        stored = 1
+        with pytest.raises(StoreError, match="database or disk is full"):
+            for n in range(2, 200):  # free pages left by the probe take a few first
+                await s.write(Op("place", machine(f"o-{n}", n)))
+                stored += 1
+        assert "full" in s.failure
+        assert not await s.probe()  # still full: the probe needs fresh room
+        conn = sqlite3.connect(db, isolation_level=None)
+        conn.execute("DROP TABLE filler")
+        conn.close()
+        assert await s.probe() and s.failure == ""
+        await s.write(Op("place", machine("o-last", 999)))  # and writes work again
+        assert len(s.load_machines("mad-1")) == stored + 1
+    finally:
+        s.close()
+
+
+async def test_write_after_the_file_vanished_is_refused(db: Path, store: Store) -> None:
+    """SQLite would write on into the unlinked file (lost on restart): refuse instead."""
+    await store.write(Op("place", machine("o-1", 1)))
+    for f in db.parent.glob("supplier.db*"):
+        f.unlink()
+    with pytest.raises(StoreError, match="removed or replaced"):
+        await store.write(Op("place", machine("o-2", 2)))
+    assert "removed or replaced" in store.failure
+    assert not await store.probe()
+
+
+def test_a_cap_below_one_mib_is_refused(db: Path) -> None:
+    with pytest.raises(StoreError, match="max_db_mb must be at least 1"):
+        Store(db, max_db_mb=0)
