@@ -241,6 +241,9 @@ class WorkerStatus(Message, kw_only=True):
     machines: Annotated[int, msgspec.Meta(ge=0)]
     draining: bool
     holds: Annotated[int, msgspec.Meta(ge=0)] = 0  # added in v1: number of live holds
+    # Added in v1: why the worker is draining ("configured", "store: database or disk is
+    # full", ...); "" when it is not.
+    drain_reason: str = ""
 
 
 class MachineRequest(Message, kw_only=True):
