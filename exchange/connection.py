@@ -8,9 +8,12 @@ connection events are logged with structlog.
 from __future__ import annotations
 
 import os
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import nats
+import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
@@ -18,6 +21,22 @@ log = structlog.get_logger("bourse.nats")
 
 ENV_URL = "BOURSE_NATS_URL"
 ENV_CREDS = "BOURSE_NATS_CREDS"
+# A slow consumer drops messages one error at a time: log at most this often (with totals).
+SLOW_LOG_INTERVAL_S = 1.0
+
+
+@dataclass
+class ConnectionStats:
+    """What happened to one program's connection (logged, and counted for reports/tests)."""
+
+    slow_consumer_drops: int = 0  # messages nats-py dropped: a subscription fell behind
+    disconnects: int = 0
+    reconnects: int = 0
+    _slow_logged_at: float = 0.0
+
+
+# Every connection made by this process, by client name (a daemon has one; tests many).
+STATS: dict[str, ConnectionStats] = {}
 
 
 def split_urls(urls: list[str] | str | None) -> list[str]:
@@ -43,8 +62,20 @@ async def connect(
         raise ValueError(f"no NATS server given: pass --nats URL or set ${ENV_URL}")
     creds = creds or os.environ.get(ENV_CREDS) or None
     bound = log.bind(client=name)
+    stats = STATS.setdefault(name, ConnectionStats())
 
     async def error_cb(exc: Exception) -> None:
+        if isinstance(exc, nats.errors.SlowConsumerError):
+            stats.slow_consumer_drops += 1
+            now = time.monotonic()
+            if now - stats._slow_logged_at >= SLOW_LOG_INTERVAL_S:
+                stats._slow_logged_at = now
+                bound.warning(
+                    "nats_slow_consumer",
+                    subject=exc.subject,
+                    dropped_total=stats.slow_consumer_drops,
+                )
+            return
         # A one-shot command reports its own failure in one line; daemons log every error.
         (bound.warning if service else bound.debug)("nats_error", error=repr(exc))
 
@@ -52,10 +83,13 @@ async def connect(
         if nc.is_closed or nc.is_draining:
             bound.debug("nats_closed")
         else:
-            bound.warning("nats_disconnected")
+            stats.disconnects += 1
+            bound.warning("nats_disconnected", total=stats.disconnects)
 
     async def reconnected_cb() -> None:
-        bound.info("nats_reconnected", url=str(nc.connected_url.netloc if nc.connected_url else ""))
+        stats.reconnects += 1
+        url = str(nc.connected_url.netloc if nc.connected_url else "")
+        bound.info("nats_reconnected", url=url, total=stats.reconnects)
 
     opts: dict[str, Any] = {
         "servers": servers,

@@ -110,37 +110,60 @@ def exchange_args(profile: Profile, common: list[str]) -> list[str]:
     ]  # fmt: skip
 
 
+@dataclass
+class Spec:
+    """How to start (and restart) one program of a run."""
+
+    name: str
+    module: str
+    args: list[str]
+    log_path: Path
+    ready: str
+    data_dir: Path | None = None  # a supplier's state
+    env: dict[str, str] = field(default_factory=dict)
+
+    async def start(self) -> Program:
+        return await start_program(
+            self.module, *self.args, log_path=self.log_path, ready=self.ready, env=self.env
+        )
+
+
+def fleet_specs(
+    profile: Profile,
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    supplier_extra: list[str] | None = None,
+) -> list[Spec]:
+    """Supplier processes (the workers split evenly, fleet files written under ``root``),
+    then the exchange instances."""
+    workers = fleet(profile)
+    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix, "--log-level", "warning"]
+    specs: list[Spec] = []
+    n = max(1, profile.supplier_processes)
+    for i in range(n):
+        path = root / "config" / f"fleet-{i}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"worker": workers[i::n]}))
+        data_dir = root / "data" / f"s{i}"
+        args = supplier_args(profile, path, data_dir, common) + list(supplier_extra or [])
+        log_path = root / "logs" / f"supplier-{i}.log"
+        specs.append(Spec(f"supplier-{i}", "supplier", args, log_path, "supplier ready", data_dir))
+    for i in range(profile.exchanges):
+        args = exchange_args(profile, common)
+        log_path = root / "logs" / f"exchange-{i}.log"
+        specs.append(Spec(f"exchange-{i}", "exchange", args, log_path, "exchange ready"))
+    return specs
+
+
 async def start_fleet(
     profile: Profile, urls: list[str], subjects: Subjects, root: Path
 ) -> list[Program]:
-    """Supplier processes (the workers split evenly) and the exchange instances."""
-    workers = fleet(profile)
-    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix, "--log-level", "warning"]
+    """Start every program of :func:`fleet_specs`; all or none."""
     programs: list[Program] = []
     try:
-        n = max(1, profile.supplier_processes)
-        for i in range(n):
-            path = root / "config" / f"fleet-{i}.json"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps({"worker": workers[i::n]}))
-            args = supplier_args(profile, path, root / "data" / f"s{i}", common)
-            programs.append(
-                await start_program(
-                    "supplier",
-                    *args,
-                    log_path=root / "logs" / f"supplier-{i}.log",
-                    ready="supplier ready",
-                )
-            )
-        for i in range(profile.exchanges):
-            programs.append(
-                await start_program(
-                    "exchange",
-                    *exchange_args(profile, common),
-                    log_path=root / "logs" / f"exchange-{i}.log",
-                    ready="exchange ready",
-                )
-            )
+        for spec in fleet_specs(profile, urls, subjects, root):
+            programs.append(await spec.start())
     except BaseException:
         for p in programs:
             await p.stop()
