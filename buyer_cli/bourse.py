@@ -29,6 +29,8 @@ from buyer_cli.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
 from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest import report as loadtest_report
 from buyer_cli.loadtest.harness import run_loadtest
+from buyer_cli.loadtest.soak import run_soak
+from buyer_cli.loadtest.soak import table as soak_table
 from buyer_cli.loadtest.workload import SCENARIOS, resolve_profile
 from exchange import logs
 from exchange.connection import connect, split_urls
@@ -96,11 +98,30 @@ def loadtest(
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
     nats: NatsOpt = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    soak: Annotated[
+        float | None,
+        typer.Option(
+            min=1, help="Soak mode: this many seconds of load with random faults, then audit."
+        ),
+    ] = None,
+    fault_every_s: Annotated[
+        float, typer.Option(min=0.1, help="Soak mode: mean seconds between faults.")
+    ] = 5.0,
 ) -> None:
     """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
 
-    Exit code 1 if any invariant (I1, I3, I5) was violated."""
+    With --soak: faults (kill -9 of suppliers and exchanges, nats-server restarts, stalled
+    suppliers, a full state file, bad input) strike at random while the load runs; the
+    suppliers' SQLite files are then audited against what the client saw (I1-I6).
+
+    Exit code 1 if any invariant was violated."""
     logs.configure("warning")
+    if soak is not None:
+        logs.configure("error")  # the faults make every client log warnings by design
+        if nats:
+            fail("--soak starts (and restarts) its own nats-server: leave out --nats")
+        if scenario == "smoke" and profile_file is None:
+            scenario = "soak"
     overrides = {
         "workers": workers, "regions": regions, "rate": rate, "duration_s": duration_s,
         "mode": mode, "concurrency": concurrency, "lifetime_s": lifetime_s,
@@ -115,6 +136,16 @@ def loadtest(
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
+    if soak is not None:
+        rep = asyncio.run(run_soak(profile, target, soak, fault_every_s, console))
+        if json:
+            typer.echo(render.as_json(rep))
+        else:
+            render.console.print(soak_table(rep))
+            render.console.print(f"report: {rep['path']}")
+        if rep["audit"]["violations"]:
+            raise typer.Exit(1)
+        return
     rep = asyncio.run(
         run_loadtest(
             profile, target, split_urls(nats), ceiling=ceiling, oracle=oracle, console=console

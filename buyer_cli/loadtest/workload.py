@@ -108,6 +108,21 @@ SCENARIOS: dict[str, Profile] = {
         images=200,
         start_machines=False,
     ),
+    # The soak mode's fleet (bourse loadtest --soak): 3 supplier processes and 2 exchanges,
+    # so a fault always leaves others serving; 30/s x 2 s x 1.67 cpus / 384 cpus = 26%,
+    # leaving room for the capacity a killed or stalled process takes away.
+    "soak": Profile(
+        name="soak",
+        workers=12,
+        regions=2,
+        worker_cpus=32,
+        rate=30,
+        duration_s=60.0,
+        lifetime_s=2.0,
+        supplier_processes=3,
+        exchanges=2,
+        images=10,
+    ),
     # 20/s x 17.28 s x 1.67 cpus / 640 cpus = 90% offered load
     "quality-90": Profile(
         name="quality-90",

@@ -1,0 +1,44 @@
+"""The soak mode end to end, through the real command: load, random faults, the audit."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
+    out = tmp_path / "soak"
+    cmd = [
+        sys.executable, "-m", "buyer_cli.bourse", "loadtest",
+        "--soak", "6", "--fault-every-s", "0.7", "--seed", "3", "--json", "--out", str(out),
+    ]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report == json.loads((out / "soak-report.json").read_text()) | {
+        "path": str(out / "soak-report.json")
+    }
+    orders, faults = report["orders"], report["faults"]
+    assert orders["sent"] == 180  # 30/s for 6 s, the same seeded trace every time
+    assert (
+        orders["placed"] + sum(orders["unfilled"].values()) + sum(orders["failed"].values())
+        == orders["sent"]
+    )
+    assert faults["total"] >= 2 and sum(faults["by_kind"].values()) == faults["total"]
+    assert set(faults["by_kind"]) <= {
+        "kill-supplier", "kill-exchange", "restart-nats", "stall-supplier", "fill-disk",
+        "bad-input",
+    }  # fmt: skip
+    assert report["audit"]["files"] == 3 and report["audit"]["violations"] == []
+    assert set(report["max_rss_mb"]) == {
+        "supplier-0", "supplier-1", "supplier-2", "exchange-0", "exchange-1",
+    }  # fmt: skip
+
+
+def test_soak_refuses_an_external_nats() -> None:
+    cmd = [sys.executable, "-m", "buyer_cli.bourse", "loadtest", "--soak", "5", "--nats", "x"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "--soak starts (and restarts) its own nats-server" in done.stderr + done.stdout
