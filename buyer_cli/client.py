@@ -76,6 +76,10 @@ class BourseClient:
                 return await self._auctioneer.run(order)
             except ConflictingOrder as exc:
                 raise ClientError(str(exc), "bad_request") from None
+        if not self.nc.is_connected:
+            # Immediate-or-cancel: a request buffered while disconnected would be sent on
+            # reconnect and answered long after its deadline. Fail now; retry if you like.
+            raise ClientError("not connected to NATS: the order was not sent", "not_connected")
         timeout = order.deadline_ms / 1000.0 + REPLY_SLACK_S
         reply = await self._request(
             self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"

@@ -26,12 +26,13 @@ from typing import Any
 
 import msgspec
 import structlog
+from hdrh.histogram import HdrHistogram
 from nats.aio.client import Client as NATS
 
 from buyer_cli.client import BourseClient, ClientError
 from buyer_cli.launcher import Program
 from buyer_cli.loadtest.audit import AuditResult, OrderRecord, audit
-from buyer_cli.loadtest.runner import Spec, fleet_specs
+from buyer_cli.loadtest.runner import HIST_MAX_US, Spec, fleet_specs, new_hist
 from buyer_cli.loadtest.workload import Profile, TraceOrder, fleet
 from exchange.auction import AuctionConfig
 from exchange.connection import connect, shutdown
@@ -125,6 +126,9 @@ class ChaosStats:
     retried_errors: Counter[str] = field(default_factory=Counter)
     destroy_errors: int = 0
     slowest_ms: float = 0.0
+    # send -> Placed/Unfilled, every answered attempt (an error's time is the client's own
+    # timeout, not the market's)
+    answer_us: HdrHistogram = field(default_factory=new_hist)
     faults: list[FaultRecord] = field(default_factory=list)
     bad_input_sent: int = 0
     violations: list[str] = field(default_factory=list)  # found during the run (I6)
@@ -259,6 +263,7 @@ class ChaosRun:
                 took = (time.monotonic() - sent) * 1000
                 rec.slowest_ms = max(rec.slowest_ms, took)
             self.stats.slowest_ms = max(self.stats.slowest_ms, took)
+            self.stats.answer_us.record_value(max(1, min(int(took * 1000), HIST_MAX_US)))
             if isinstance(r, Placed):
                 rec.outcome = "placed"
                 rec.machine_ids.append(r.machine_id)
@@ -434,6 +439,10 @@ class ChaosRun:
                 "failed": dict(st.failed),
                 "retried_after_error": dict(st.retried_errors),
                 "slowest_answer_ms": round(st.slowest_ms, 1),
+                "answer_ms": {
+                    f"p{q:g}": round(st.answer_us.get_value_at_percentile(q) / 1000, 1)
+                    for q in (50, 99, 99.9, 100)
+                },
             },
             "faults": {
                 "total": len(st.faults),

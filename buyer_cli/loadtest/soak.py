@@ -117,7 +117,7 @@ def table(report: dict[str, Any]) -> Table:
     t.add_row("unfilled", _counts(o["unfilled"]))
     t.add_row("failed (after retries)", _counts(o["failed"]))
     t.add_row("errors retried", _counts(o["retried_after_error"]))
-    t.add_row("slowest answer", f"{o['slowest_answer_ms']} ms")
+    t.add_row("answer time (ms)", _counts(o["answer_ms"]) + " (send to Placed/Unfilled)")
     t.add_row("faults injected", f"{f['total']}: {_counts(f['by_kind'])}")
     t.add_row("bad-input requests", str(report["bad_input_requests"]))
     t.add_row("max RSS (MiB)", _counts(report["max_rss_mb"]))

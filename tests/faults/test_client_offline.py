@@ -1,0 +1,36 @@
+"""A client cut off from NATS fails an order at once instead of sending it late."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+from buyer_cli.client import BourseClient, ClientError
+from exchange.connection import connect, shutdown
+from exchange.embedded_nats import EmbeddedNats
+from exchange.protocol import PlaceOrder, Resources
+
+
+async def test_order_is_not_buffered_while_disconnected(tmp_path: Path) -> None:
+    srv = EmbeddedNats(workdir=tmp_path / "nats").start()
+    nc = await connect(srv.url, name="offline-client", service=True)
+    try:
+        srv.stop()
+        end = time.monotonic() + 10
+        while nc.is_connected:  # the client notices the server is gone
+            assert time.monotonic() < end
+            await asyncio.sleep(0.02)
+        order = PlaceOrder(
+            region="mad", resources=Resources(cpus=1, memory_mb=64), image="web", deadline_ms=500
+        )
+        t0 = time.monotonic()
+        with pytest.raises(ClientError, match="not connected to NATS") as err:
+            await BourseClient(nc).place(order)
+        assert err.value.code == "not_connected"
+        # at once, not after the 2.5 s reply timeout: nothing was queued to go out later
+        assert time.monotonic() - t0 < 1.0
+    finally:
+        await shutdown(nc)
