@@ -30,6 +30,7 @@ from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest import report as loadtest_report
 from buyer_cli.loadtest.harness import run_loadtest
 from buyer_cli.loadtest.workload import SCENARIOS, resolve_profile
+from buyer_cli.nats_config import nats_config
 from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats, NatsServerError
@@ -43,6 +44,9 @@ app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_a
 @app.callback()
 def _callback() -> None:
     """Bourse."""
+
+
+app.command("nats-config")(nats_config)
 
 
 @app.command()
