@@ -5,7 +5,6 @@ nats config is exactly what ``bourse nats-config`` generates, every credential i
 
 from __future__ import annotations
 
-import importlib
 import re
 import shlex
 import subprocess
@@ -15,17 +14,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import typer
 import yaml
 
 from exchange.embedded_nats import find_nats_server
+from tests.topology.programs import SCRIPTS, parse_with_the_real_app
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "compose.yaml").read_text())
 SERVICES: dict[str, dict[str, Any]] = COMPOSE["services"]
 GENERATE = ROOT / "deploy" / "compose" / "generate.sh"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
-SCRIPTS: dict[str, str] = PYPROJECT["project"]["scripts"]
 SECRETS = "./deploy/compose/secrets/"
 NATS = {n: s for n, s in SERVICES.items() if s.get("image", "").startswith("nats:")}
 BOURSE = {n: s for n, s in SERVICES.items() if n not in NATS}
@@ -52,24 +50,6 @@ def generate_command(program: str) -> list[str]:
 
 def option_value(args: list[str], flag: str) -> str:
     return args[args.index(flag) + 1]
-
-
-def parse_with_the_real_app(args: list[str], env: dict[str, str]) -> dict[str, Any]:
-    """Parse a command line with the program's own typer app (options, types, ranges);
-    returns the subcommand's parameters. Raises the parser's error on anything refused."""
-    module, _, _ = SCRIPTS[args[0]].partition(":")
-    group = typer.main.get_command(importlib.import_module(module).app)
-    assert isinstance(group, typer.core.TyperGroup), f"{args[0]} has no subcommands"
-    mp = pytest.MonkeyPatch()
-    try:
-        for k, v in env.items():
-            mp.setenv(k, v)
-        parent = typer.Context(group, info_name=args[0])
-        sub = group.get_command(parent, args[1])
-        assert sub is not None, f"{args[0]} has no command {args[1]!r}"
-        return sub.make_context(args[1], args[2:], parent=parent).params
-    finally:
-        mp.undo()
 
 
 def test_services_are_three_nats_two_exchanges_two_regions_and_a_buyer() -> None:
