@@ -99,6 +99,14 @@ def loadtest(
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
     nats: NatsOpt = None,
+    supplier_nats: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The suppliers connect here (e.g. another cluster of a supercluster); "
+            "the generator and exchanges to --nats.",
+            show_default=False,
+        ),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
 ) -> None:
     """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
@@ -116,12 +124,20 @@ def loadtest(
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
+    if supplier_nats and not split_urls(nats):
+        fail("--supplier-nats needs --nats: the generator and exchanges' cluster")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
     rep = asyncio.run(
         run_loadtest(
-            profile, target, split_urls(nats), ceiling=ceiling, oracle=oracle, console=console
+            profile,
+            target,
+            split_urls(nats),
+            ceiling=ceiling,
+            oracle=oracle,
+            console=console,
+            supplier_urls=split_urls(supplier_nats) if supplier_nats else None,
         )
     )
     if json:

@@ -111,11 +111,19 @@ def exchange_args(profile: Profile, common: list[str]) -> list[str]:
 
 
 async def start_fleet(
-    profile: Profile, urls: list[str], subjects: Subjects, root: Path
+    profile: Profile,
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    supplier_urls: list[str] | None = None,
 ) -> list[Program]:
-    """Supplier processes (the workers split evenly) and the exchange instances."""
+    """Supplier processes (the workers split evenly) and the exchange instances. The
+    suppliers connect to ``supplier_urls`` when given (another cluster of a supercluster),
+    the exchanges to ``urls``."""
     workers = fleet(profile)
-    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix, "--log-level", "warning"]
+    common = ["--prefix", subjects.prefix, "--log-level", "warning"]
+    supplier_common = ["--nats", ",".join(supplier_urls or urls), *common]
+    common = ["--nats", ",".join(urls), *common]
     programs: list[Program] = []
     try:
         n = max(1, profile.supplier_processes)
@@ -123,7 +131,7 @@ async def start_fleet(
             path = root / "config" / f"fleet-{i}.json"
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps({"worker": workers[i::n]}))
-            args = supplier_args(profile, path, root / "data" / f"s{i}", common)
+            args = supplier_args(profile, path, root / "data" / f"s{i}", supplier_common)
             programs.append(
                 await start_program(
                     "supplier",
