@@ -73,6 +73,9 @@ def nats_config(
     for name, text in files.items():
         (out / name).write_text(text)
         typer.echo(f"wrote {out / name}")
+    stale = sorted(p.name for p in out.glob("*.conf") if p.name not in files)
+    if stale:
+        typer.echo(f"note: {out} also holds {', '.join(stale)}, not part of this topology")
     for c in topo.clusters:
         urls = natsconf.client_urls(topo, c.name)
         if urls:

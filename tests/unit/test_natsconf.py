@@ -168,6 +168,12 @@ def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
     ]
     assert "http:" not in (tmp_path / "west-1.conf").read_text()
     assert "cluster east: --nats nats://nats-1:4222,nats://nats-2:4222" in out.stdout
+    again = subprocess.run(
+        [sys.executable, "-m", "buyer_cli.bourse", "nats-config", "--out", str(tmp_path),
+         "--cluster", "east=nats-1"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert f"note: {tmp_path} also holds east-2.conf, west-1.conf, not part of" in again.stdout
 
 
 @pytest.mark.parametrize(
