@@ -9,7 +9,11 @@ import sys
 from pathlib import Path
 
 import msgspec
+import pytest
+import structlog
+from typer.testing import CliRunner
 
+from buyer_cli import bourse
 from buyer_cli.loadtest.harness import run_loadtest
 from buyer_cli.loadtest.runner import start_fleet
 from buyer_cli.loadtest.workload import SCENARIOS
@@ -61,3 +65,24 @@ def test_supplier_nats_without_nats_is_refused() -> None:
     assert (
         out.stderr == "error: --supplier-nats needs --nats: the generator and exchanges' cluster\n"
     )
+
+
+def test_supplier_nats_reaches_the_run_as_the_suppliers_urls(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    got: dict[str, object] = {}
+
+    async def fake_run(profile: object, out: Path, urls: list[str], **kw: object) -> dict:
+        got.update(urls=urls, **kw)
+        return {"violations": [], "plots": []}
+
+    monkeypatch.setattr(bourse, "run_loadtest", fake_run)
+    result = CliRunner().invoke(
+        bourse.app,
+        ["loadtest", "--nats", "nats://a:1", "--supplier-nats", "nats://b:1,nats://b:2",
+         "--json", "--out", str(tmp_path)],
+    )  # fmt: skip
+    structlog.reset_defaults()
+    assert result.exit_code == 0, result.output
+    assert got["urls"] == ["nats://a:1"]
+    assert got["supplier_urls"] == ["nats://b:1", "nats://b:2"]
