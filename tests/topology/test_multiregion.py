@@ -118,3 +118,32 @@ async def test_ioc_across_the_gateway_releases_every_hold(market: Market) -> Non
     r = await market.buyer.place(order(region="mad", cpus=4, memory_mb=1024))
     assert isinstance(r, Placed) and r.worker_id == "mad-1", r
     await market.buyer.machine("destroy", r.machine_id)
+
+
+async def test_orders_go_to_an_exchange_in_the_buyers_own_cluster(
+    market: Market, tmp_path: Path
+) -> None:
+    # NATS prefers a queue-group member in the publisher's cluster: with an exchange in b,
+    # a buyer on b never sends its orders over the gateway to the exchange in a.
+    sc = market.sc
+    ex_b = await exchange(sc.urls("b"), PREFIX, tmp_path, "exchange-b")
+    nc = await connect(sc.urls("b"), name="buyer-b", service=False)
+    try:
+        buyer_b = BourseClient(nc, Subjects(PREFIX))
+        before, before_b = delivered_to(sc, "exchange-a"), delivered_to(sc, "exchange-b")
+        placed = [await buyer_b.place(order(region="sjc")) for _ in range(10)]
+        assert all(isinstance(r, Placed) and r.worker_id == "sjc-1" for r in placed), placed
+        assert delivered_to(sc, "exchange-a") == before
+        assert delivered_to(sc, "exchange-b") >= before_b + 10  # the orders, at least
+        for r in placed:
+            await buyer_b.machine("destroy", r.machine_id)  # type: ignore[union-attr]
+    finally:
+        await shutdown(nc)
+        assert await ex_b.stop() == 0
+
+
+def delivered_to(sc: Supercluster, connection: str) -> int:
+    """Messages the server has delivered to a named client connection (connz out_msgs)."""
+    server = sc.server_of(connection)
+    [conn] = [c for c in sc.monitor(server, "connz")["connections"] if c.get("name") == connection]
+    return int(conn["out_msgs"])
