@@ -128,16 +128,20 @@ def _check_server(
             f"host of server {s.name!r} is {s.host}, a bind address: name the address the "
             "other servers and the clients reach it at (the listen address is separate)"
         )
+    _check_ports(topo, c, s, bound)
+
+
+def _check_ports(topo: Topology, c: Cluster, s: Server, bound: dict[tuple[str, int], str]) -> None:
+    """Each port in range, real where other servers must name it, and no two on one
+    host and port (``bound``: what already uses each)."""
     ports = {"client": s.client_port, "http": s.http_port}
     if len(c.servers) > 1:
         ports["cluster"] = s.cluster_port
     if topo.is_supercluster:
         ports["gateway"] = s.gateway_port
     for kind, port in ports.items():
-        if port is None:
-            continue
         needed_by_others = kind in ("cluster", "gateway")
-        if port == RANDOM_PORT and not needed_by_others:
+        if port is None or (port == RANDOM_PORT and not needed_by_others):
             continue
         if not 1 <= port <= 65535:
             why = (
@@ -146,13 +150,13 @@ def _check_server(
                 else "use 1..65535" + ("" if needed_by_others else f" (or {RANDOM_PORT}: any)")
             )
             raise TopologyError(f"{kind} port {port} of server {s.name!r} is invalid: {why}")
-        key = (s.host, port)
+        key, user = (s.host, port), f"{s.name!r} ({kind})"
         if key in bound:
             raise TopologyError(
-                f"servers {bound[key]!r} and {s.name!r} both use {s.host}:{port}: give "
-                "servers on one host distinct ports (bourse nats-config --port-step 1)"
+                f"{bound[key]} and {user} both use {s.host}:{port}: give servers on one "
+                "host distinct ports (bourse nats-config --port-step 1)"
             )
-        bound[key] = s.name
+        bound[key] = user
 
 
 def _check_name(what: str, name: str) -> None:

@@ -3,6 +3,7 @@ checked against the text it must produce and against nats-server's own config ch
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -111,7 +112,8 @@ def test_parse_cluster_names_servers_when_asked() -> None:
         (["e.1=a"], Ports(), "cluster name 'e.1' is invalid"),
         (["e=a b"], Ports(), "host of server 'e-1' 'a b' is invalid"),
         (["e=0.0.0.0"], Ports(), "is 0.0.0.0, a bind address"),
-        (["e=h,h"], Ports(), "servers 'e-1' and 'e-2' both use h:4222"),
+        (["e=h,h"], Ports(), "'e-1' (client) and 'e-2' (client) both use h:4222"),
+        (["e=h"], Ports(http=4222), "'e-1' (client) and 'e-1' (http) both use h:4222"),
         (["e=a,b"], Ports(cluster=-1), "cluster port -1 of server 'e-1' is invalid: the other"),
         (["e=a", "w=b"], Ports(gateway=70000), "gateway port 70000 of server 'e-1' is invalid"),
         (["e=a"], Ports(client=0), "client port 0 of server 'e-1' is invalid: use 1..65535"),
@@ -120,7 +122,7 @@ def test_parse_cluster_names_servers_when_asked() -> None:
 def test_bad_topologies_are_refused_naming_the_problem(
     specs: list[str], ports: Ports, error: str
 ) -> None:
-    with pytest.raises(TopologyError, match=error.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(TopologyError, match=re.escape(error)):
         render(Topology(clusters=plan(specs, ports)))
 
 
@@ -179,7 +181,7 @@ def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("args", "error"),
     [
-        (["--cluster", "e=h,h"], "error: servers 'e-1' and 'e-2' both use h:4222"),
+        (["--cluster", "e=h,h"], "error: 'e-1' (client) and 'e-2' (client) both use h:4222"),
         (["--cluster", "e=h", "--tls-cert", "c.pem"], "error: --tls-cert and --tls-key go"),
         (["--cluster", "e=h", "--tls-ca", "ca.pem"], "error: --tls-ca and --tls-verify need"),
     ],
