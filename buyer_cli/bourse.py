@@ -32,6 +32,7 @@ from buyer_cli.loadtest.harness import run_loadtest
 from buyer_cli.loadtest.soak import run_soak
 from buyer_cli.loadtest.soak import table as soak_table
 from buyer_cli.loadtest.workload import SCENARIOS, resolve_profile
+from buyer_cli.nats_config import nats_config
 from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats, NatsServerError
@@ -45,6 +46,9 @@ app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_a
 @app.callback()
 def _callback() -> None:
     """Bourse."""
+
+
+app.command("nats-config")(nats_config)
 
 
 @app.command()
@@ -97,6 +101,14 @@ def loadtest(
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
     nats: NatsOpt = None,
+    supplier_nats: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The suppliers connect here (e.g. another cluster of a supercluster); "
+            "the generator and exchanges to --nats.",
+            show_default=False,
+        ),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     soak: Annotated[
         float | None,
@@ -133,6 +145,8 @@ def loadtest(
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
+    if supplier_nats and not split_urls(nats):
+        fail("--supplier-nats needs --nats: the generator and exchanges' cluster")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
@@ -148,7 +162,13 @@ def loadtest(
         return
     rep = asyncio.run(
         run_loadtest(
-            profile, target, split_urls(nats), ceiling=ceiling, oracle=oracle, console=console
+            profile,
+            target,
+            split_urls(nats),
+            ceiling=ceiling,
+            oracle=oracle,
+            console=console,
+            supplier_urls=split_urls(supplier_nats) if supplier_nats else None,
         )
     )
     if json:

@@ -40,13 +40,20 @@ async def run_loadtest(
     ceiling_s: float = 3.0,
     oracle: bool = True,
     console: Console | None = None,
+    supplier_urls: list[str] | None = None,
 ) -> dict[str, Any]:
-    """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report."""
+    """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report.
+    ``supplier_urls``: the suppliers connect there (e.g. another cluster of a supercluster),
+    the generator and the exchanges to ``urls``."""
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
     for stale in ("data", "config"):  # every run starts from an empty fleet
         shutil.rmtree(out / stale, ignore_errors=True)
     say = console.print if console else (lambda *_: None)
     server = None
+    if supplier_urls and not urls:
+        raise ValueError(
+            "supplier URLs need the generator's URLs too: the embedded server would not reach them"
+        )
     if not urls:
         server = EmbeddedNats(workdir=out / "nats").start()
         urls = [server.url]
@@ -59,7 +66,7 @@ async def run_loadtest(
             say("measuring the NATS request-reply ceiling...")
             ceiling_rps = await nats_ceiling(urls, out, seconds=ceiling_s)
         say(f"starting {profile.workers} workers in {profile.supplier_processes} process(es)...")
-        programs = await start_fleet(profile, urls, subjects, out)
+        programs = await start_fleet(profile, urls, subjects, out, supplier_urls)
         watched = [(p.name, p.proc.pid) for p in programs]
         watched.append(("loadgen", os.getpid()))  # this process: generator and client
         if server is not None and server.proc is not None:

@@ -134,11 +134,15 @@ def fleet_specs(
     subjects: Subjects,
     root: Path,
     supplier_extra: list[str] | None = None,
+    supplier_urls: list[str] | None = None,
 ) -> list[Spec]:
     """Supplier processes (the workers split evenly, fleet files written under ``root``),
-    then the exchange instances."""
+    then the exchange instances. The suppliers connect to ``supplier_urls`` when given
+    (another cluster of a supercluster), the exchanges to ``urls``."""
     workers = fleet(profile)
-    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix, "--log-level", "warning"]
+    tail = ["--prefix", subjects.prefix, "--log-level", "warning"]
+    supplier_common = ["--nats", ",".join(supplier_urls or urls), *tail]
+    common = ["--nats", ",".join(urls), *tail]
     specs: list[Spec] = []
     n = max(1, profile.supplier_processes)
     for i in range(n):
@@ -146,7 +150,7 @@ def fleet_specs(
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps({"worker": workers[i::n]}))
         data_dir = root / "data" / f"s{i}"
-        args = supplier_args(profile, path, data_dir, common) + list(supplier_extra or [])
+        args = supplier_args(profile, path, data_dir, supplier_common) + list(supplier_extra or [])
         log_path = root / "logs" / f"supplier-{i}.log"
         specs.append(Spec(f"supplier-{i}", "supplier", args, log_path, "supplier ready", data_dir))
     for i in range(profile.exchanges):
@@ -157,12 +161,16 @@ def fleet_specs(
 
 
 async def start_fleet(
-    profile: Profile, urls: list[str], subjects: Subjects, root: Path
+    profile: Profile,
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    supplier_urls: list[str] | None = None,
 ) -> list[Program]:
     """Start every program of :func:`fleet_specs`; all or none."""
     programs: list[Program] = []
     try:
-        for spec in fleet_specs(profile, urls, subjects, root):
+        for spec in fleet_specs(profile, urls, subjects, root, supplier_urls=supplier_urls):
             programs.append(await spec.start())
     except BaseException:
         for p in programs:

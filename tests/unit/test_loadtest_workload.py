@@ -139,7 +139,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     # and every option of the command is either such a flag or one of the run's own
     import inspect
 
-    own = {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "json"}
+    own = {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "supplier_nats", "json"}
     params = set(inspect.signature(bourse.loadtest).parameters) - own
     assert len(params) == len(flags)
 

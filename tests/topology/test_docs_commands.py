@@ -1,0 +1,39 @@
+"""The `bourse nats-config` commands quoted in the docs run as written (into a temp dir)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.topology.programs import ROOT
+
+
+def quoted_commands(doc: str) -> list[list[str]]:
+    """Every `bourse nats-config ...` command in a doc's code blocks, continuations joined."""
+    text = (ROOT / "docs" / doc).read_text().replace("\\\n", " ")
+    return [shlex.split(m) for m in re.findall(r"^bourse nats-config .*$", text, re.M)]
+
+
+@pytest.mark.parametrize(
+    ("doc", "files"),
+    [
+        (
+            "deploy.md",
+            ["eu-1.conf", "eu-2.conf", "eu-3.conf", "us-1.conf", "us-2.conf", "us-3.conf"],
+        ),
+        ("performance.md", ["a-1.conf", "b-1.conf"]),
+    ],
+)
+def test_nats_config_commands_in_the_docs_work(doc: str, files: list[str], tmp_path: Path) -> None:
+    [cmd] = quoted_commands(doc)
+    cmd[cmd.index("--out") + 1] = str(tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "buyer_cli.bourse", *cmd[1:]], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == files
