@@ -21,6 +21,9 @@ PROTOCOL_VERSION = "v1"
 # max_payload (1 MiB by default) is larger, so an oversize message still reaches us and gets
 # a clear answer instead of a silent drop.
 MAX_PAYLOAD_BYTES = 64 * 1024
+# A Bid or Commit made from an order at the limit is a little longer than the order (an
+# auction id, a worker id, defaults written out): receivers allow this much more for them.
+DERIVED_OVERHEAD_BYTES = 1024
 
 # Resource ceilings per request: big enough for any machine that exists, small enough that
 # arithmetic and SQLite integers never overflow and a typo (memory_mb=10**12) is an error.
@@ -338,16 +341,27 @@ def validation_detail(exc: msgspec.ValidationError) -> str:
     return str(exc).replace("\\\\Z'", "$'")
 
 
+def payload_limit(typ: Any) -> int | None:
+    """The size cap of a message type: MAX_PAYLOAD_BYTES for what a client sends; a little
+    more for Bid and Commit, which repeat an order's fields with defaults written out plus
+    their own (so an order at the limit can still be bid and committed); none for replies
+    (a MachineList grows with the machines; NATS's own max_payload bounds it)."""
+    if typ in (Bid, Commit):
+        return MAX_PAYLOAD_BYTES + DERIVED_OVERHEAD_BYTES
+    if typ in (PlaceOrder, Release, StatusRequest, MachineRequest, ListMachines):
+        return MAX_PAYLOAD_BYTES
+    return None
+
+
 def decode(data: bytes, typ: type[T]) -> T:
     """Decode ``data`` as ``typ`` (a message class or a union of them).
 
     Raises BadMessage with a message that names the problem and the field, e.g.
     ``invalid PlaceOrder: Expected `int` >= 1 - at `$.resources.cpus```.
     """
-    if len(data) > MAX_PAYLOAD_BYTES:
-        raise BadMessage(
-            f"payload of {len(data)} bytes exceeds the limit of {MAX_PAYLOAD_BYTES} bytes"
-        )
+    limit = payload_limit(typ)
+    if limit is not None and len(data) > limit:
+        raise BadMessage(f"payload of {len(data)} bytes exceeds the limit of {limit} bytes")
     if not data:
         raise BadMessage(f"empty payload: expected a JSON {type_name(typ)} object")
     try:
@@ -356,3 +370,10 @@ def decode(data: bytes, typ: type[T]) -> T:
         raise BadMessage(f"invalid {type_name(typ)}: {validation_detail(exc)}") from None
     except msgspec.DecodeError as exc:
         raise BadMessage(f"malformed JSON: {exc}") from None
+    # msgspec lets these two escape as they are; they are bad input all the same (I6), not
+    # an internal failure: arrays/objects nested ~1000 deep, and a typed string field
+    # holding bytes that are not UTF-8 (e.g. an encoded surrogate).
+    except RecursionError:
+        raise BadMessage("malformed JSON: nested too deeply") from None
+    except UnicodeDecodeError as exc:
+        raise BadMessage(f"malformed JSON: a string is not valid UTF-8 ({exc.reason})") from None
