@@ -136,7 +136,11 @@ def place(
     min_score: Annotated[float, typer.Option()] = 0.0,
     deadline_ms: Annotated[int, typer.Option()] = DEFAULT_DEADLINE_MS,
     order_id: Annotated[
-        str | None, typer.Option(help="Idempotency key (a ULID when omitted).")
+        str | None,
+        typer.Option(
+            help="Idempotency key (a ULID when omitted). A given id is sent as a retry: the "
+            "worker that already placed it answers first."
+        ),
     ] = None,
     meta: Annotated[list[str] | None, typer.Option(help="Metadata key=value.")] = None,
     start: Annotated[bool, typer.Option(help="Start the machine once placed.")] = False,
@@ -159,6 +163,7 @@ def place(
     }
     if order_id:
         raw["order_id"] = order_id
+        raw["retry"] = True  # the id may have been placed before (I3)
     try:
         order = msgspec.convert(raw, PlaceOrder, strict=True)
     except msgspec.ValidationError as exc:

@@ -24,6 +24,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
@@ -150,7 +151,7 @@ class Auctioneer:
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
-            if first != order:
+            if msgspec.structs.replace(first, retry=order.retry) != order:  # retry: a hint
                 raise ConflictingOrder(
                     f"order id {order.order_id!r} is already in use by a different order "
                     f"(region {first.region!r}) that is being placed now"
@@ -219,6 +220,10 @@ class Auctioneer:
             targets = await self._publish_bid(order.region, order.order_id, data, reply)
             empty = 0  # targets that answered 503: nobody listens there
             last_offer = t0
+            # A retry commits a new machine only after this: the worker that placed the
+            # order before answers with its machine meanwhile, whatever its offer delay.
+            gather_s = min(cfg.quiet_ms, order.deadline_ms / 2) / 1000.0 if order.retry else 0
+            gather_until = t0 + gather_s
             while True:
                 # Take every offer already queued, so we commit the best of them.
                 while box.items:
@@ -240,7 +245,7 @@ class Auctioneer:
                         return self._existing(order, offer, t0)
                     heapq.heappush(heap, (-offer.score, tally.offers, offer))
                     last_offer = time.monotonic()
-                if heap:
+                if heap and time.monotonic() >= gather_until:
                     _, _, offer = heapq.heappop(heap)
                     result = await self._commit(order, offer, deadline, tally, t0, olog)
                     if result is not None:
@@ -249,8 +254,12 @@ class Auctioneer:
                 horizon = last_offer + cfg.quiet_ms / 1000.0
                 if waiting:
                     horizon = max(horizon, max(waiting.values()))
+                if heap:  # a retry still gathering
+                    horizon = gather_until
                 wait = min(deadline, horizon) - time.monotonic()
                 if not await box.wait(wait):
+                    if heap and time.monotonic() < deadline:
+                        continue  # a retry's gathering is over: commit the best offer
                     if tally.sampled and not tally.offers and time.monotonic() < deadline:
                         # the sampled shards had nothing: ask the whole region before giving up
                         targets, empty = await self._broadcast(order, data, reply, tally)

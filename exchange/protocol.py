@@ -125,6 +125,10 @@ class PlaceOrder(Message, kw_only=True):
     min_score: Score = 0.0
     deadline_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     metadata: Metadata = {}
+    # Added in v1: this order id may have been placed before (a retry after an error or a
+    # lost reply). The auction then gathers offers for its quiet window before committing a
+    # NEW machine, so the worker that already has one can answer first (I3).
+    retry: bool = False
 
 
 class Bid(Message, kw_only=True):

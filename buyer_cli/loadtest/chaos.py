@@ -143,7 +143,7 @@ class ChaosRun:
         profile: Profile,
         root: Path,
         *,
-        retries: int = 3,
+        retries: int = 5,
         max_db_mb: int | None = None,
         supplier_env: dict[int, dict[str, str]] | None = None,
         exchange_env: dict[str, str] | None = None,
@@ -250,13 +250,16 @@ class ChaosRun:
             rec.attempts += 1
             self.stats.attempts += 1
             sent = time.monotonic()
+            # a retry says so: the worker that may have placed it gets to answer first (I3)
+            order = msgspec.structs.replace(o, retry=True) if attempt else o
             try:
-                r = await self.market.place(o)
+                r = await self.market.place(order)
             except ClientError as exc:
                 rec.outcome = f"error:{exc.code}"
                 if attempt < self.retries:
                     self.stats.retried_errors[exc.code] += 1
-                    await asyncio.sleep(RETRY_BACKOFF_S)
+                    # exponential, capped: a retry budget (~3.4 s) outlasts a server restart
+                    await asyncio.sleep(min(RETRY_BACKOFF_S * 2**attempt, 1.0))
                     continue
                 break
             finally:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import msgspec
+
 from buyer_cli.loadtest.chaos import ChaosRun
 from buyer_cli.loadtest.workload import trace
 from exchange.protocol import Placed
@@ -54,7 +56,8 @@ async def test_exchange_kill9_under_load(chaos: ChaosRun) -> None:
         and t.order.order_id not in chaos.destroyed
     ]
     assert len(placed) >= 10
-    again = await asyncio.gather(*(chaos.market.place(t.order) for t in placed[:10]))
+    retries = [msgspec.structs.replace(t.order, retry=True) for t in placed[:10]]
+    again = await asyncio.gather(*(chaos.market.place(o) for o in retries))
     for t, r in zip(placed[:10], again, strict=True):
         assert isinstance(r, Placed) and r.existing
         assert r.machine_id == chaos.records[t.order.order_id].machine_ids[0]
