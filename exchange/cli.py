@@ -16,7 +16,12 @@ from exchange.runtime import (
     LogLevelOpt,
     NatsOpt,
     PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    check_tls,
     cli_main,
+    creds_file,
     fail,
     nats_urls,
     run,
@@ -36,6 +41,9 @@ def _callback() -> None:
 def serve(
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     regions: Annotated[
         str, typer.Option(help="Comma-separated regions to serve; others get an Error.")
@@ -61,6 +69,8 @@ def serve(
     """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
     logs.configure(log_level, log_json)
     urls = nats_urls(nats)
+    creds = creds_file(creds)
+    tls = check_tls(tls_ca, tls_cert, tls_key)
     region_set = {r.strip() for r in regions.split(",") if r.strip()}
     bad = [r for r in region_set if not is_valid_id(r)]
     if bad:
@@ -77,7 +87,7 @@ def serve(
     )
 
     async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=name or "bourse-exchange", creds=creds)
+        nc = await connect(urls, name=name or "bourse-exchange", creds=creds, **tls)
         svc = ExchangeService(
             nc,
             subjects,

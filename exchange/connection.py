@@ -1,23 +1,29 @@
 """Connecting to NATS the same way in every program.
 
 Every program takes ``--nats URL`` (repeatable, or comma-separated; env ``BOURSE_NATS_URL``)
-and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``). Long-running services reconnect forever;
+and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``): a JWT ``.creds`` file or an nkey seed file,
+told apart by content (see exchange/auth.py). Long-running services reconnect forever;
 connection events are logged with structlog.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 from typing import Any
 
-import nats
 import structlog
 from nats.aio.client import Client as NATS
+
+from exchange.auth import read_credentials
+from exchange.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
 
 log = structlog.get_logger("bourse.nats")
 
 ENV_URL = "BOURSE_NATS_URL"
 ENV_CREDS = "BOURSE_NATS_CREDS"
+CLOSE_AFTER_FAILURE_S = 1.0
 
 
 def split_urls(urls: list[str] | str | None) -> list[str]:
@@ -35,9 +41,16 @@ async def connect(
     name: str,
     creds: str | None = None,
     service: bool = True,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
     **options: Any,
 ) -> NATS:
-    """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI)."""
+    """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI).
+
+    TLS: ``tls_ca`` (the CA that signed the server's certificate), ``tls_cert``/``tls_key``
+    (a client certificate, for mutual TLS); each falls back to $BOURSE_NATS_TLS_CA,
+    $BOURSE_NATS_TLS_CERT, $BOURSE_NATS_TLS_KEY."""
     servers = split_urls(servers)
     if not servers:
         raise ValueError(f"no NATS server given: pass --nats URL or set ${ENV_URL}")
@@ -70,9 +83,25 @@ async def connect(
     else:
         opts.update(max_reconnect_attempts=2, reconnect_time_wait=0.1, allow_reconnect=True)
     if creds:
-        opts["user_credentials"] = creds
+        opts.update(read_credentials(creds))
+    tls = client_context(
+        tls_ca or os.environ.get(ENV_CA),
+        tls_cert or os.environ.get(ENV_CERT),
+        tls_key or os.environ.get(ENV_KEY),
+    )
+    if tls is not None:
+        opts["tls"] = tls
     opts.update(options)
-    nc = await nats.connect(**opts)
+    nc = NATS()
+    try:
+        await nc.connect(**opts)
+    except BaseException:
+        # A refused connection (bad credentials, an untrusted certificate) leaves no socket
+        # open. Bounded: after a failed TLS handshake nats-py's close() waits for a stream
+        # that is never told it closed.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(nc.close(), CLOSE_AFTER_FAILURE_S)
+        raise
     return nc
 
 

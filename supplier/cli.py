@@ -18,7 +18,12 @@ from exchange.runtime import (
     LogLevelOpt,
     NatsOpt,
     PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    check_tls,
     cli_main,
+    creds_file,
     fail,
     nats_urls,
     parse_labels,
@@ -78,6 +83,9 @@ def run_cmd(
     ] = DEFAULT_MAX_BID_BACKLOG,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
@@ -85,6 +93,8 @@ def run_cmd(
     """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
     logs.configure(log_level, log_json)
     urls = nats_urls(nats)
+    creds = creds_file(creds)
+    tls = check_tls(tls_ca, tls_cert, tls_key)
     try:
         if fleet is not None:
             if worker_id or region:
@@ -118,7 +128,7 @@ def run_cmd(
         fail(str(exc))
 
     async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
+        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds, **tls)
         host = SupplierHost(
             nc,
             workers,
