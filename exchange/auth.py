@@ -321,3 +321,20 @@ def read_credentials(path: str | Path) -> dict[str, Any]:
         return {"user_credentials": str(path)}
     seed = read_seed_file(path)
     return {"nkeys_seed_str": seed, "inbox_prefix": inbox_prefix_for(public_key_of(seed))}
+
+
+def signing_seed(path: str | Path) -> str:
+    """The user seed in a ``--creds`` file (either kind): the key a supplier signs with."""
+    text = _read(path)
+    if JWT_MARKER not in text:
+        return read_seed_file(path)
+    lines = [ln.strip() for ln in text.splitlines()]
+    for i, line in enumerate(lines):
+        if "BEGIN USER NKEY SEED" in line and i + 1 < len(lines):
+            seed = lines[i + 1]
+            try:
+                public_key_of(seed)
+            except AuthError as exc:
+                raise AuthError(f"credentials file {path}: {exc}") from None
+            return seed
+    raise AuthError(f"credentials file {path} has a user JWT but no USER NKEY SEED block")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -27,6 +28,7 @@ from exchange.runtime import (
     run,
 )
 from exchange.service import ExchangeService
+from exchange.signing import TrustError, TrustStore
 from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
 app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
@@ -63,6 +65,13 @@ def serve(
     ] = 0,
     bid_sample: Annotated[int, typer.Option(min=1, help="Shards a bid goes to first.")] = 2,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
+    trust: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trust file (worker id -> public nkey, from `bourse auth init`): take only "
+            "offers signed by their worker's key."
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -78,6 +87,10 @@ def serve(
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
+        fail(str(exc))
+    try:
+        trust_store = TrustStore.load(trust) if trust is not None else None
+    except TrustError as exc:
         fail(str(exc))
     config = AuctionConfig(
         quiet_ms=quiet_ms,
@@ -95,6 +108,7 @@ def serve(
             regions=region_set,
             max_inflight=max_inflight,
             max_order_backlog=max_order_backlog,
+            trust=trust_store,
         )
         await svc.start()
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")

@@ -27,6 +27,7 @@ from exchange.protocol import (
     worker_of_machine,
 )
 from exchange.replies import Responder, subject_region_mismatch
+from exchange.signing import TrustStore
 from exchange.subjects import EXCHANGE_QUEUE, Subjects
 
 log = structlog.get_logger("bourse.exchange")
@@ -44,10 +45,11 @@ class ExchangeService:
         regions: set[str] | None = None,
         max_inflight: int = 10_000,
         max_order_backlog: int = 256,
+        trust: TrustStore | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
-        self.auctioneer = Auctioneer(nc, self.subjects, auction)
+        self.auctioneer = Auctioneer(nc, self.subjects, auction, trust)
         self.regions = regions or None
         self.max_inflight = max_inflight
         self.max_order_backlog = max_order_backlog
@@ -76,7 +78,11 @@ class ExchangeService:
         self._subs.clear()
         await self.responder.wait(35)
         await self.auctioneer.close()
-        log.info("exchange_stopped", counts=dict(self.responder.counts))
+        log.info(
+            "exchange_stopped",
+            counts=dict(self.responder.counts),
+            unverified_offers=dict(self.auctioneer.unverified),
+        )
 
     async def _on_order(self, msg: Msg) -> None:
         region = self.subjects.tail(msg.subject, 1)[0]

@@ -10,6 +10,7 @@ import msgspec
 import typer
 
 from exchange import logs
+from exchange.auth import AuthError, signing_seed
 from exchange.connection import connect, shutdown
 from exchange.protocol import validation_detail
 from exchange.runtime import (
@@ -29,6 +30,7 @@ from exchange.runtime import (
     parse_labels,
     run,
 )
+from exchange.signing import OfferSigner, TrustError
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 from supplier.config import (
     ConfigError,
@@ -95,6 +97,7 @@ def run_cmd(
     urls = nats_urls(nats)
     creds = creds_file(creds)
     tls = check_tls(tls_ca, tls_cert, tls_key)
+    signer = _offer_signer(creds)
     try:
         if fleet is not None:
             if worker_id or region:
@@ -137,6 +140,7 @@ def run_cmd(
             max_offers=max_offers,
             bid_shards=bid_shards,
             max_bid_backlog=max_bid_backlog,
+            signer=signer,
         )
         try:
             await host.start()
@@ -151,6 +155,17 @@ def run_cmd(
         store.close()
 
     run(main)
+
+
+def _offer_signer(creds: str | None) -> OfferSigner | None:
+    """Offers are signed with the key of the --creds file (an exchange started with --trust
+    takes only signed offers); without credentials they go unsigned."""
+    if not creds:
+        return None
+    try:
+        return OfferSigner(signing_seed(creds))
+    except (AuthError, TrustError) as exc:
+        return fail(str(exc))
 
 
 def _single_worker(

@@ -90,7 +90,7 @@ async def test_auth_init_bad_input(tmp_path: Path) -> None:
     assert code == 1 and "no supplier given" in err
 
 
-async def test_programs_name_a_bad_credentials_or_tls_file(tmp_path: Path) -> None:
+async def test_programs_name_a_bad_credentials_trust_or_tls_file(tmp_path: Path) -> None:
     junk = tmp_path / "junk.creds"
     junk.write_text("not a key\n")
     nats = ("--nats", "nats://127.0.0.1:1")
@@ -100,6 +100,8 @@ async def test_programs_name_a_bad_credentials_or_tls_file(tmp_path: Path) -> No
         f"error: credentials file {junk} is neither a NATS .creds file (with a user JWT) nor "
         "an nkey seed file (one line starting with SU)"
     )
+    code, _, err = await run("exchange", "serve", *nats, "--trust", str(tmp_path / "nope"))
+    assert code == 1 and f"cannot read trust file {tmp_path / 'nope'}" in err
     sup = ("supplier", "run", "--worker-id", "w", "--region", "r", "--cpus", "1")
     code, _, err = await run(*sup, "--memory-mb", "1", *nats, "--tls-cert", str(junk))
     assert code == 1 and "--tls-cert and --tls-key go together" in err

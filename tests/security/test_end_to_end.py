@@ -1,5 +1,5 @@
-"""The positive path: every program as a real process on its own credentials, a buyer on
-the buyer's, real orders placed."""
+"""The positive path: every program as a real process on its own credentials (and the
+exchange taking only signed offers), a buyer on the buyer's, real orders placed."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from tests.security.conftest import FLEET_FRA, PREFIX, Secured
 
 
 async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Program]:
-    """A one-worker supplier (mad-1), a fleet supplier (fra-1, fra-2) and an exchange, each
-    with --creds of its own user."""
+    """A one-worker supplier (mad-1), a fleet supplier (fra-1, fra-2) and an exchange with
+    the trust file, each with --creds of its own user."""
     common = ["--nats", secured.url, "--prefix", PREFIX, *extra]
     fleet = tmp_path / "fleet-fra.toml"
     fleet.write_text(FLEET_FRA)
@@ -37,7 +37,7 @@ async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Pr
             "supplier:fleet-fra",
             ("supplier", "run", "--fleet", str(fleet), "--data-dir", str(tmp_path / "f")),
         ),
-        ("exchange", "exchange", ("exchange", "serve")),
+        ("exchange", "exchange", ("exchange", "serve", "--trust", str(secured.files.trust))),
     ]
     programs: list[Program] = []
     try:
@@ -75,3 +75,4 @@ async def test_orders_placed_with_every_program_on_its_own_credentials(
     assert codes == [0, 0, 0]
     for p in programs:
         assert "permissions violation" not in p.log.lower(), p.log
+        assert "offer_unverified" not in p.log, p.log
