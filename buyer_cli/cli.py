@@ -20,7 +20,7 @@ from buyer_cli.client import BourseClient, ClientError
 from buyer_cli.policy import Deployment
 from exchange import logs
 from exchange.auction import AuctionError
-from exchange.connection import connect
+from exchange.connection import connect, flush_all
 from exchange.protocol import (
     DEFAULT_DEADLINE_MS,
     BadMessage,
@@ -427,7 +427,7 @@ def watch(
                 stop.set()
 
         await nc.subscribe(subjects.events(region, worker, kind), cb=on_event)
-        await nc.flush()
+        await flush_all(nc)
         if not json:
             typer.echo(
                 f"watching {subjects.events(region, worker, kind)} (Ctrl-C to stop)", err=True

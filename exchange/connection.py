@@ -105,6 +105,19 @@ async def connect(
     return nc
 
 
+async def flush_all(nc: NATS, timeout_s: int = 10) -> None:
+    """A round trip to the server after EVERY command queued so far, subscriptions included.
+
+    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands still
+    queued for its flusher task (the SUB of a ``subscribe()`` just before), so the PONG can
+    come back before the server has seen those subscriptions: a program would say "ready"
+    while a message sent to it right then reaches nobody. Push the queue out first."""
+    flush_pending = getattr(nc, "_flush_pending", None)
+    if flush_pending is not None and nc.is_connected:
+        await flush_pending(force_flush=True)
+    await nc.flush(timeout_s)
+
+
 async def shutdown(nc: NATS) -> None:
     """Drain if connected (finish what is queued); close at once if not (drain would wait
     for its timeout on a connection that cannot flush)."""

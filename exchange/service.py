@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
+from exchange.connection import flush_all
 from exchange.protocol import (
     MACHINE_VERBS,
     BadMessage,
@@ -67,7 +68,7 @@ class ExchangeService:
         self._subs.append(
             await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
         )
-        await self.nc.flush()
+        await flush_all(self.nc)
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
 
     async def stop(self) -> None:

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from exchange.connection import flush_all
 from exchange.protocol import (
     MACHINE_VERBS,
     MAX_HOLD_MS,
@@ -145,7 +146,7 @@ class SupplierHost:
             self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
-        await self.nc.flush()
+        await flush_all(self.nc)
         self._sweeper = asyncio.create_task(self._sweep())
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()

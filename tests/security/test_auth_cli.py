@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from exchange.auth import public_key_of
-from exchange.connection import connect
+from exchange.connection import connect, flush_all
 from exchange.embedded_nats import EmbeddedNats
 from tests.security.conftest import FLEET_FRA
 
@@ -67,7 +67,7 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
             tls_cert=str(out / "tls" / "supplier-fleet-fra.pem"),
             tls_key=str(out / "tls" / "supplier-fleet-fra-key.pem"),
         )
-        await nc.flush()
+        await flush_all(nc)
         await nc.close()
 
     old_buyer = public_key_of(seeds["buyer.nk"].read_text())

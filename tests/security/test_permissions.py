@@ -5,13 +5,15 @@ client may do what its role allows."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nats
 import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
 from exchange.auth import inbox_prefix_for, new_seed, public_key_of
-from exchange.connection import connect
+from exchange.connection import connect, flush_all
 from exchange.embedded_nats import EmbeddedNats
 from exchange.protocol import Commit, Event, Resources, encode
 from tests.security.conftest import Secured
@@ -27,7 +29,7 @@ async def test_unauthenticated_client_cannot_connect(secured_server: EmbeddedNat
     assert not nc.is_connected
 
 
-async def test_unknown_nkey_cannot_connect(secured_server: EmbeddedNats, tmp_path) -> None:  # type: ignore[no-untyped-def]
+async def test_unknown_nkey_cannot_connect(secured_server: EmbeddedNats, tmp_path: Path) -> None:
     stranger = tmp_path / "stranger.nk"
     stranger.write_text(new_seed() + "\n")
     with pytest.raises(nats.errors.Error, match="Authorization Violation"):
@@ -44,7 +46,7 @@ async def test_buyer_cannot_publish_a_commit_to_a_worker(secured: Secured) -> No
     s = secured.subjects
     sup, sup_v = await secured.connect("supplier:mad-1")
     commits = await sup.subscribe(s.commit("mad-1"))
-    await sup.flush()
+    await flush_all(sup)
     buyer, v = await secured.connect("buyer")
     commit = Commit(
         order_id="o-1", worker_id="mad-1", resources=Resources(cpus=1, memory_mb=1), image="web"
@@ -52,7 +54,7 @@ async def test_buyer_cannot_publish_a_commit_to_a_worker(secured: Secured) -> No
     await buyer.publish(s.commit("mad-1"), encode(commit))
     assert f'publish to "{s.commit("mad-1")}"' in await v.next()
     # and the worker never saw it: a round trip on its own connection comes back first
-    await sup.flush()
+    await flush_all(sup)
     assert commits.pending_msgs == 0
     assert sup_v.none_yet()
 
@@ -81,7 +83,7 @@ async def test_supplier_cannot_subscribe_to_another_workers_commits(secured: Sec
     s = secured.subjects
     sup, v = await secured.connect("supplier:mad-1")
     await sup.subscribe(s.commit("mad-1"))  # its own: fine
-    await sup.flush()
+    await flush_all(sup)
     assert v.none_yet()
     await sup.subscribe(s.commit("mad-2"))
     assert f'subscription to "{s.commit("mad-2")}"' in await v.next()
@@ -93,7 +95,7 @@ async def test_supplier_cannot_publish_events_under_another_workers_id(secured: 
     s = secured.subjects
     watcher, _ = await secured.connect("buyer")
     events = await watcher.subscribe(s.events())
-    await watcher.flush()
+    await flush_all(watcher)
     sup, v = await secured.connect("supplier:mad-1")
     forged = Event(kind="placed", region="mad", worker_id="mad-2", at_ms=1)
     await sup.publish(s.event("mad", "mad-2", "placed"), encode(forged))
@@ -114,7 +116,7 @@ async def test_supplier_cannot_listen_to_another_regions_bids(secured: Secured) 
     await sup.subscribe(s.bid_shard("mad", 4))
     await sup.subscribe(s.region_release("mad"))
     await sup.subscribe(s.status("mad"))
-    await sup.flush()
+    await flush_all(sup)
     assert v.none_yet()
     await sup.subscribe(s.bid("fra"))
     assert f'subscription to "{s.bid("fra")}"' in await v.next()
@@ -127,7 +129,7 @@ async def test_fleet_user_covers_exactly_its_workers(secured: Secured) -> None:
         await fleet.subscribe(s.worker_all(wid))
         await fleet.publish(s.event("fra", wid, "placed"), b"{}")
     await fleet.subscribe(s.bid("fra"))
-    await fleet.flush()
+    await flush_all(fleet)
     assert v.none_yet()
     await fleet.subscribe(s.worker_all("mad-1"))
     assert f'subscription to "{s.worker_all("mad-1")}"' in await v.next()
@@ -149,7 +151,7 @@ async def test_no_user_can_read_another_users_replies(secured: Secured) -> None:
     own = inbox_prefix_for(public_key_of(secured.files.users[0].seed))
     assert buyer.new_inbox().startswith(own + ".")
     await buyer.subscribe(f"{own}.x")
-    await buyer.flush()
+    await flush_all(buyer)
     assert v.none_yet()
     await buyer.subscribe("_INBOX.>")
     # (nats-py lowercases the server's error text)
@@ -164,7 +166,7 @@ async def test_exchange_serves_orders_only_in_its_queue_group(secured: Secured) 
     ex, v = await secured.connect("exchange")
     await ex.subscribe(s.order_all, queue="exchange")
     await ex.subscribe(s.machine_all, queue="exchange")
-    await ex.flush()
+    await flush_all(ex)
     assert v.none_yet()
     await ex.subscribe(s.order_all)  # a plain subscription would see every order
     assert f'subscription to "{s.order_all}"' in await v.next()

@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 
 from exchange.auction import AuctionConfig, Auctioneer
 from exchange.auth import new_seed
+from exchange.connection import flush_all
 from exchange.protocol import Bid, Offer, Placed, Unfilled, decode, encode
 from exchange.signing import (
     BAD_SIGNATURE,
@@ -148,7 +149,7 @@ async def test_a_rogue_responder_cannot_answer_for_another_worker(
     rogue_nc, rogue_v = await secured.connect("supplier:mad-2")
     rogue = Rogue(rogue_nc, secured.files.seed_file("supplier:mad-2").read_text())
     await rogue_nc.subscribe(s.bid("mad"), cb=rogue.on_bid)
-    await rogue_nc.flush()
+    await flush_all(rogue_nc)
     ex_nc, ex_v = await secured.connect("exchange")
     trust = TrustStore.load(secured.files.trust)
     # a long quiet time: the auction waits for every forged offer, however slow the machine

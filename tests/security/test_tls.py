@@ -12,7 +12,7 @@ import pytest
 
 from buyer_cli.client import BourseClient
 from exchange.auth import AuthFiles
-from exchange.connection import connect
+from exchange.connection import connect, flush_all
 from exchange.embedded_nats import EmbeddedNats
 from exchange.protocol import Placed
 from exchange.subjects import Subjects
@@ -47,7 +47,7 @@ async def _connect(files: AuthFiles, srv: EmbeddedNats, **tls: str) -> None:
     )
     try:
         assert nc.is_connected
-        await nc.flush()
+        await flush_all(nc)
     finally:
         await nc.close()
 
