@@ -21,6 +21,8 @@ Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import os
 from collections.abc import Iterable, Sequence
@@ -58,9 +60,22 @@ def new_seed() -> str:
     return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
 
 
+def decode_nkey(text: str) -> bytes:
+    """The bytes of an encoded nkey (a seed or a public key) without its CRC-16, which is
+    checked (nkeys.decode_seed does not: a typo would only show as a refused login)."""
+    try:
+        raw = base64.b32decode(text + "=" * (-len(text) % 8))
+    except (binascii.Error, ValueError):
+        raise AuthError("not an nkey: not base32") from None
+    if len(raw) < 3 or bytes(nkeys.crc16_checksum(raw[:-2])) != raw[-2:]:
+        raise AuthError("nkey checksum mismatch (a typo or a truncated key?)")
+    return raw[:-2]
+
+
 def public_key_of(seed: str) -> str:
     """The user's public nkey (``U...``) for a seed; AuthError if it is not a user seed."""
     try:
+        decode_nkey(seed.strip())
         kp = nkeys.from_seed(seed.strip().encode())
         public = kp.public_key.decode()
     except (nkeys.NkeysError, ValueError) as exc:

@@ -31,6 +31,7 @@ import nkeys
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from exchange.auth import AuthError, decode_nkey
 from exchange.protocol import Offer
 from exchange.subjects import is_valid_id
 
@@ -79,14 +80,12 @@ def _unb64(text: str) -> bytes:
 def raw_public_key(public_nkey: str) -> bytes:
     """The 32 ed25519 key bytes inside a public user nkey (``U...``), checksum checked."""
     try:
-        raw = base64.b32decode(public_nkey + "=" * (-len(public_nkey) % 8))
-    except (binascii.Error, ValueError):
-        raise TrustError(f"{public_nkey!r} is not a public nkey (base32)") from None
-    if len(raw) != 35 or raw[0] != nkeys.PREFIX_BYTE_USER:
+        raw = decode_nkey(public_nkey)
+    except AuthError as exc:
+        raise TrustError(f"{public_nkey!r}: {exc}") from None
+    if len(raw) != 33 or raw[0] != nkeys.PREFIX_BYTE_USER:
         raise TrustError(f"{public_nkey!r} is not a public USER nkey (U..., 56 characters)")
-    if bytes(nkeys.crc16_checksum(raw[:-2])) != raw[-2:]:
-        raise TrustError(f"{public_nkey!r}: checksum mismatch (a typo?)")
-    return raw[1:33]
+    return raw[1:]
 
 
 class OfferSigner:
