@@ -24,6 +24,7 @@ import typer
 from rich.table import Table
 
 from buyer_cli import render
+from buyer_cli.auth_cli import auth_app
 from buyer_cli.client import BourseClient
 from buyer_cli.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
 from buyer_cli.launcher import Program, start_program
@@ -41,6 +42,7 @@ from exchange.runtime import NatsOpt, PrefixOpt, cli_main, fail, run
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
 
 
 @app.callback()

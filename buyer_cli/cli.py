@@ -20,7 +20,7 @@ from buyer_cli.client import BourseClient, ClientError
 from buyer_cli.policy import Deployment
 from exchange import logs
 from exchange.auction import AuctionError
-from exchange.connection import connect
+from exchange.connection import connect, flush_all
 from exchange.protocol import (
     DEFAULT_DEADLINE_MS,
     BadMessage,
@@ -36,6 +36,10 @@ from exchange.runtime import (
     CredsOpt,
     NatsOpt,
     PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    check_tls,
     cli_main,
     fail,
     nats_urls,
@@ -49,6 +53,18 @@ machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True
 app.add_typer(machines_app, name="machines")
 
 T = TypeVar("T")
+# TLS to NATS, set once for every command by the app's options (buyer --tls-ca FILE place ...).
+_TLS: dict[str, str | None] = {}
+
+
+@app.callback()
+def _callback(
+    tls_ca: TlsCaOpt = None, tls_cert: TlsCertOpt = None, tls_key: TlsKeyOpt = None
+) -> None:
+    """Bourse buyer: place machine orders on the market."""
+    _TLS.update(check_tls(tls_ca, tls_cert, tls_key))
+
+
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
@@ -105,7 +121,7 @@ def _with_client(
 
     async def main() -> T:
         try:
-            nc = await connect(urls, name="bourse-buyer", creds=creds, service=False)
+            nc = await connect(urls, name="bourse-buyer", creds=creds, service=False, **_TLS)
         except Exception as exc:
             fail(f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}")
         client = BourseClient(nc, subjects, direct=direct)
@@ -398,7 +414,7 @@ def watch(
 
     async def main(stop: asyncio.Event) -> None:
         try:
-            nc = await connect(urls, name="bourse-watch", creds=creds, service=False)
+            nc = await connect(urls, name="bourse-watch", creds=creds, service=False, **_TLS)
         except Exception as exc:
             fail(f"cannot connect to NATS at {', '.join(urls)}: {exc}")
         seen = 0
@@ -416,7 +432,7 @@ def watch(
                 stop.set()
 
         await nc.subscribe(subjects.events(region, worker, kind), cb=on_event)
-        await nc.flush()
+        await flush_all(nc)
         if not json:
             typer.echo(
                 f"watching {subjects.events(region, worker, kind)} (Ctrl-C to stop)", err=True

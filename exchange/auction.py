@@ -21,7 +21,7 @@ import asyncio
 import heapq
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 
 import msgspec
@@ -49,6 +49,7 @@ from exchange.protocol import (
     decode,
     encode,
 )
+from exchange.signing import TrustStore
 from exchange.subjects import Subjects
 
 log = structlog.get_logger("bourse.auction")
@@ -128,16 +129,28 @@ class _Tally:
     waited: int = 0  # workers that said they were waiting for held capacity
     sampled: bool = False  # the bid went to sampled shards (not yet to the whole region)
     fallbacks: int = 0
+    unverified: int = 0  # offers dropped: not signed by the key trusted for their worker
 
 
 class Auctioneer:
     """Runs auctions on one NATS connection. Concurrent runs of the same order id share
-    one auction (in this process), so a duplicate can never place a second machine."""
+    one auction (in this process), so a duplicate can never place a second machine.
+
+    With ``trust`` (worker id -> public key), only offers signed by their worker's key are
+    taken; the others are logged (``offer_unverified``), counted by reason in
+    ``unverified``, and the auction goes on with the rest."""
 
     def __init__(
-        self, nc: NATS, subjects: Subjects | None = None, config: AuctionConfig | None = None
+        self,
+        nc: NATS,
+        subjects: Subjects | None = None,
+        config: AuctionConfig | None = None,
+        trust: TrustStore | None = None,
     ) -> None:
         self.nc = nc
+        self.trust = trust
+        # Offers dropped by the signature check, by reason (exchange/signing.py).
+        self.unverified: Counter[str] = Counter()
         self.subjects = subjects or Subjects()
         self.config = config or AuctionConfig()
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
@@ -318,6 +331,8 @@ class Auctioneer:
                 offer_order=offer.order_id,
             )
             return None
+        if isinstance(offer, Offer) and not self._verified(order, offer, tally):
+            return None
         if isinstance(offer, Offer) and offer.machine_id:
             return offer  # this order already has a machine: I3 outranks exclude_workers
         if offer.worker_id in excluded:
@@ -335,6 +350,26 @@ class Auctioneer:
             tally.below_min += 1
             return None
         return offer
+
+    def _verified(self, order: PlaceOrder, offer: Offer, tally: _Tally) -> bool:
+        """With a trust file: is the offer signed by its worker's key? If not, someone
+        answered for a worker without its key (or altered the offer): it is never taken,
+        not even a machine_id claim (that would skip the commit)."""
+        if self.trust is None:
+            return True
+        why = self.trust.check(offer)
+        if why is None:
+            return True
+        tally.unverified += 1
+        self.unverified[why] += 1
+        log.warning(
+            "offer_unverified",
+            order_id=order.order_id,
+            worker_id=offer.worker_id,
+            reason=why,
+            signer=offer.signer,
+        )
+        return False
 
     async def _commit(
         self,
@@ -451,6 +486,11 @@ class Auctioneer:
             return (
                 f"no worker in {order.region!r} could take {_describe(order)} in time: "
                 f"{t.waited} waited for capacity held by other orders"
+            )
+        if t.offers == 0 and t.unverified:
+            return (
+                f"no worker in {order.region!r} can take {_describe(order)}: "
+                f"{t.unverified} offer(s) failed the signature check"
             )
         if t.offers == 0:
             return f"no worker in {order.region!r} can take {_describe(order)}"

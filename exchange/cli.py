@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -16,12 +17,18 @@ from exchange.runtime import (
     LogLevelOpt,
     NatsOpt,
     PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    check_tls,
     cli_main,
+    creds_file,
     fail,
     nats_urls,
     run,
 )
 from exchange.service import ExchangeService
+from exchange.signing import TrustError, TrustStore
 from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
 app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
@@ -36,6 +43,9 @@ def _callback() -> None:
 def serve(
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     regions: Annotated[
         str, typer.Option(help="Comma-separated regions to serve; others get an Error.")
@@ -55,12 +65,21 @@ def serve(
     ] = 0,
     bid_sample: Annotated[int, typer.Option(min=1, help="Shards a bid goes to first.")] = 2,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
+    trust: Annotated[
+        Path | None,
+        typer.Option(
+            help="Trust file (worker id -> public nkey, from `bourse auth init`): take only "
+            "offers signed by their worker's key."
+        ),
+    ] = None,
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
 ) -> None:
     """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
     logs.configure(log_level, log_json)
     urls = nats_urls(nats)
+    creds = creds_file(creds)
+    tls = check_tls(tls_ca, tls_cert, tls_key)
     region_set = {r.strip() for r in regions.split(",") if r.strip()}
     bad = [r for r in region_set if not is_valid_id(r)]
     if bad:
@@ -68,6 +87,10 @@ def serve(
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
+        fail(str(exc))
+    try:
+        trust_store = TrustStore.load(trust) if trust is not None else None
+    except TrustError as exc:
         fail(str(exc))
     config = AuctionConfig(
         quiet_ms=quiet_ms,
@@ -77,7 +100,7 @@ def serve(
     )
 
     async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=name or "bourse-exchange", creds=creds)
+        nc = await connect(urls, name=name or "bourse-exchange", creds=creds, **tls)
         svc = ExchangeService(
             nc,
             subjects,
@@ -85,6 +108,7 @@ def serve(
             regions=region_set,
             max_inflight=max_inflight,
             max_order_backlog=max_order_backlog,
+            trust=trust_store,
         )
         await svc.start()
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")

@@ -1,12 +1,15 @@
 """Connecting to NATS the same way in every program.
 
 Every program takes ``--nats URL`` (repeatable, or comma-separated; env ``BOURSE_NATS_URL``)
-and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``). Long-running services reconnect forever;
+and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``): a JWT ``.creds`` file or an nkey seed file,
+told apart by content (see exchange/auth.py). Long-running services reconnect forever;
 connection events are logged with structlog.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -16,6 +19,9 @@ import nats
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
+
+from exchange.auth import read_credentials
+from exchange.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
 
 log = structlog.get_logger("bourse.nats")
 
@@ -38,6 +44,8 @@ class ConnectionStats:
 # Every connection made by this process, by client name (a daemon has one; tests many).
 STATS: dict[str, ConnectionStats] = {}
 
+CLOSE_AFTER_FAILURE_S = 1.0
+
 
 def split_urls(urls: list[str] | str | None) -> list[str]:
     """``["a,b", "c"]`` → ``["a", "b", "c"]``; falls back to $BOURSE_NATS_URL."""
@@ -54,9 +62,16 @@ async def connect(
     name: str,
     creds: str | None = None,
     service: bool = True,
+    tls_ca: str | None = None,
+    tls_cert: str | None = None,
+    tls_key: str | None = None,
     **options: Any,
 ) -> NATS:
-    """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI)."""
+    """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI).
+
+    TLS: ``tls_ca`` (the CA that signed the server's certificate), ``tls_cert``/``tls_key``
+    (a client certificate, for mutual TLS); each falls back to $BOURSE_NATS_TLS_CA,
+    $BOURSE_NATS_TLS_CERT, $BOURSE_NATS_TLS_KEY."""
     servers = split_urls(servers)
     if not servers:
         raise ValueError(f"no NATS server given: pass --nats URL or set ${ENV_URL}")
@@ -104,10 +119,39 @@ async def connect(
     else:
         opts.update(max_reconnect_attempts=2, reconnect_time_wait=0.1, allow_reconnect=True)
     if creds:
-        opts["user_credentials"] = creds
+        opts.update(read_credentials(creds))
+    tls = client_context(
+        tls_ca or os.environ.get(ENV_CA),
+        tls_cert or os.environ.get(ENV_CERT),
+        tls_key or os.environ.get(ENV_KEY),
+    )
+    if tls is not None:
+        opts["tls"] = tls
     opts.update(options)
-    nc = await nats.connect(**opts)
+    nc = NATS()
+    try:
+        await nc.connect(**opts)
+    except BaseException:
+        # A refused connection (bad credentials, an untrusted certificate) leaves no socket
+        # open. Bounded: after a failed TLS handshake nats-py's close() waits for a stream
+        # that is never told it closed.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(nc.close(), CLOSE_AFTER_FAILURE_S)
+        raise
     return nc
+
+
+async def flush_all(nc: NATS, timeout_s: int = 10) -> None:
+    """A round trip to the server after EVERY command queued so far, subscriptions included.
+
+    nats-py 2.16's ``flush()`` writes its PING straight to the socket, ahead of commands still
+    queued for its flusher task (the SUB of a ``subscribe()`` just before), so the PONG can
+    come back before the server has seen those subscriptions: a program would say "ready"
+    while a message sent to it right then reaches nobody. Push the queue out first."""
+    flush_pending = getattr(nc, "_flush_pending", None)
+    if flush_pending is not None and nc.is_connected:
+        await flush_pending(force_flush=True)
+    await nc.flush(timeout_s)
 
 
 async def shutdown(nc: NATS) -> None:

@@ -160,6 +160,12 @@ class Offer(Message, kw_only=True):
     # Added in v1: set when this worker already runs a machine for this order id, so a
     # retried order is answered with the machine it already has (I3).
     machine_id: MachineId | None = None
+    # Added in v1 (signed offers, docs/security.md): the bid's auction_id, echoed so the
+    # signature binds the offer to one auction run; the signer's public user nkey (U...);
+    # the ed25519 signature (base64url, no padding) of exchange/signing.offer_signing_bytes.
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    signer: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    sig: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class Waiting(Message, kw_only=True):

@@ -13,8 +13,10 @@ from typing import Annotated, Any, TypeVar
 import msgspec
 import typer
 
+from exchange.auth import AuthError, read_credentials
 from exchange.connection import ENV_CREDS, ENV_URL, split_urls
 from exchange.protocol import Labels, validation_detail
+from exchange.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsError, client_context
 
 T = TypeVar("T")
 
@@ -41,7 +43,24 @@ NatsOpt = Annotated[
     ),
 ]
 CredsOpt = Annotated[
-    str | None, typer.Option("--creds", envvar=ENV_CREDS, help="NATS credentials file.")
+    str | None,
+    typer.Option(
+        "--creds",
+        envvar=ENV_CREDS,
+        help="NATS credentials: an nkey seed file (from `bourse auth init`) or a JWT .creds file.",
+    ),
+]
+TlsCaOpt = Annotated[
+    str | None,
+    typer.Option("--tls-ca", envvar=ENV_CA, help="TLS to NATS: the CA file to trust."),
+]
+TlsCertOpt = Annotated[
+    str | None,
+    typer.Option("--tls-cert", envvar=ENV_CERT, help="Mutual TLS: this client's certificate."),
+]
+TlsKeyOpt = Annotated[
+    str | None,
+    typer.Option("--tls-key", envvar=ENV_KEY, help="Mutual TLS: the client certificate's key."),
 ]
 PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help="Subject prefix.")]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
@@ -102,6 +121,25 @@ def nats_urls(given: list[str] | None) -> list[str]:
     if not urls:
         fail(f"no NATS server given: pass --nats URL or set {ENV_URL}")
     return urls
+
+
+def creds_file(given: str | None) -> str | None:
+    """The --creds file, read now so that a bad one is one clear error before connecting."""
+    if given:
+        try:
+            read_credentials(given)
+        except AuthError as exc:
+            fail(str(exc))
+    return given or None
+
+
+def check_tls(ca: str | None, cert: str | None, key: str | None) -> dict[str, str | None]:
+    """The TLS options, checked now (one clear error), as connect() keyword arguments."""
+    try:
+        client_context(ca, cert, key)
+    except TlsError as exc:
+        fail(str(exc))
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
 
 
 def fail(message: str, code: int = 1) -> Any:

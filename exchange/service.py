@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
+from exchange.connection import flush_all
 from exchange.protocol import (
     MACHINE_VERBS,
     BadMessage,
@@ -27,6 +28,7 @@ from exchange.protocol import (
     worker_of_machine,
 )
 from exchange.replies import Responder, subject_region_mismatch
+from exchange.signing import TrustStore
 from exchange.subjects import EXCHANGE_QUEUE, Subjects
 
 log = structlog.get_logger("bourse.exchange")
@@ -44,10 +46,11 @@ class ExchangeService:
         regions: set[str] | None = None,
         max_inflight: int = 10_000,
         max_order_backlog: int = 256,
+        trust: TrustStore | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
-        self.auctioneer = Auctioneer(nc, self.subjects, auction)
+        self.auctioneer = Auctioneer(nc, self.subjects, auction, trust)
         self.regions = regions or None
         self.max_inflight = max_inflight
         self.max_order_backlog = max_order_backlog
@@ -65,7 +68,7 @@ class ExchangeService:
         self._subs.append(
             await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
         )
-        await self.nc.flush()
+        await flush_all(self.nc)
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
 
     async def stop(self) -> None:
@@ -76,7 +79,11 @@ class ExchangeService:
         self._subs.clear()
         await self.responder.wait(35)
         await self.auctioneer.close()
-        log.info("exchange_stopped", counts=dict(self.responder.counts))
+        log.info(
+            "exchange_stopped",
+            counts=dict(self.responder.counts),
+            unverified_offers=dict(self.auctioneer.unverified),
+        )
 
     async def _on_order(self, msg: Msg) -> None:
         region = self.subjects.tail(msg.subject, 1)[0]

@@ -10,6 +10,7 @@ import msgspec
 import typer
 
 from exchange import logs
+from exchange.auth import AuthError, signing_seed
 from exchange.connection import connect, shutdown
 from exchange.protocol import validation_detail
 from exchange.runtime import (
@@ -18,12 +19,18 @@ from exchange.runtime import (
     LogLevelOpt,
     NatsOpt,
     PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    check_tls,
     cli_main,
+    creds_file,
     fail,
     nats_urls,
     parse_labels,
     run,
 )
+from exchange.signing import OfferSigner, TrustError
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 from supplier.config import (
     ConfigError,
@@ -82,6 +89,9 @@ def run_cmd(
     ] = DEFAULT_MAX_BID_BACKLOG,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
@@ -89,6 +99,9 @@ def run_cmd(
     """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
     logs.configure(log_level, log_json)
     urls = nats_urls(nats)
+    creds = creds_file(creds)
+    tls = check_tls(tls_ca, tls_cert, tls_key)
+    signer = _offer_signer(creds)
     try:
         if fleet is not None:
             if worker_id or region:
@@ -122,7 +135,7 @@ def run_cmd(
         fail(str(exc))
 
     async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds)
+        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds, **tls)
         host = SupplierHost(
             nc,
             workers,
@@ -131,6 +144,7 @@ def run_cmd(
             max_offers=max_offers,
             bid_shards=bid_shards,
             max_bid_backlog=max_bid_backlog,
+            signer=signer,
         )
         try:
             await host.start()
@@ -145,6 +159,17 @@ def run_cmd(
         store.close()
 
     run(main)
+
+
+def _offer_signer(creds: str | None) -> OfferSigner | None:
+    """Offers are signed with the key of the --creds file (an exchange started with --trust
+    takes only signed offers); without credentials they go unsigned."""
+    if not creds:
+        return None
+    try:
+        return OfferSigner(signing_seed(creds))
+    except (AuthError, TrustError) as exc:
+        return fail(str(exc))
 
 
 def _single_worker(

@@ -23,6 +23,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from exchange.connection import flush_all
 from exchange.protocol import (
     MACHINE_VERBS,
     MAX_HOLD_MS,
@@ -41,6 +42,7 @@ from exchange.protocol import (
     worker_of_machine,
 )
 from exchange.replies import Responder, subject_region_mismatch
+from exchange.signing import OfferSigner
 from exchange.subjects import Subjects, shard_of
 from supplier.config import WorkerConfig, check_workers
 from supplier.drivers import Driver
@@ -91,8 +93,11 @@ class SupplierHost:
         max_offers: int = DEFAULT_MAX_OFFERS,
         bid_shards: int = 0,
         max_bid_backlog: int = DEFAULT_MAX_BID_BACKLOG,
+        signer: OfferSigner | None = None,
     ) -> None:
         check_workers(workers)
+        # Signs every Offer this host sends (the auction may require it: --trust).
+        self.signer = signer
         self.max_offers = max_offers
         self.bid_shards = bid_shards
         self.max_bid_backlog = max_bid_backlog
@@ -146,7 +151,7 @@ class SupplierHost:
             self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
-        await self.nc.flush()
+        await flush_all(self.nc)
         self._sweeper = asyncio.create_task(self._sweep())
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
@@ -239,7 +244,7 @@ class SupplierHost:
         offers.sort(key=lambda o: o[0])
         if offers[-1][0] <= 0:
             for _, offer, _ in offers:
-                await self.nc.publish(msg.reply, encode(offer))
+                await self.nc.publish(msg.reply, self._wire(offer))
         else:
             self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
 
@@ -293,7 +298,13 @@ class SupplierHost:
                 or offer.machine_id
                 or w.holds_for(offer.order_id, auction_id)
             ):
-                await self.nc.publish(inbox, encode(offer))
+                await self.nc.publish(inbox, self._wire(offer))
+
+    def _wire(self, reply: Offer | Waiting) -> bytes:
+        """A bid reply as sent: an Offer signed with this host's key when it has one."""
+        if self.signer is not None and isinstance(reply, Offer):
+            reply = self.signer.sign(reply)
+        return encode(reply)
 
     def _send_late_offer(
         self, inbox: str, auction_id: str, offer: Offer | Waiting, delay: float

@@ -212,6 +212,7 @@ class Worker:
                 score=m.score,
                 image_cached=m.image in self.images,
                 machine_id=m.machine_id,
+                auction_id=bid.auction_id,
             )
         old = self.ledger.holds.get(bid.order_id)
         if old is not None:
@@ -264,6 +265,7 @@ class Worker:
             subscores=subscores,
             image_cached=q.cached,
             hold_expires_at_ms=now_ms() + bid.hold_ms,
+            auction_id=bid.auction_id,
         )
         return offer, self.pricer.delay_s(q.score)
 

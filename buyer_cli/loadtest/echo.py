@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from exchange.connection import connect, shutdown
+from exchange.connection import connect, flush_all, shutdown
 from exchange.runtime import run
 
 
@@ -17,7 +17,7 @@ async def serve(url: str, subject: str, stop: asyncio.Event) -> None:
         await nc.publish(msg.reply, b"")
 
     await nc.subscribe(subject, cb=echo)
-    await nc.flush()
+    await flush_all(nc)
     print("echo ready", flush=True)
     await stop.wait()
     await shutdown(nc)

@@ -1,0 +1,112 @@
+"""A secured market: keys from exchange/auth.py (what `bourse auth init` writes), a real
+nats-server started with the generated config, and connections as each role.
+
+Users: buyer, exchange, supplier:mad-1 and supplier:mad-2 (one worker each), and
+supplier:fleet-fra (a fleet user covering fra-1 and fra-2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.aio.client import Client as NATS
+
+from exchange.auth import AuthFiles, SupplierSpec, write_auth_dir
+from exchange.connection import connect
+from exchange.embedded_nats import EmbeddedNats
+from exchange.subjects import Subjects
+
+PREFIX = "sec"
+SUPPLIERS = [
+    SupplierSpec("mad-1", (("mad-1", "mad"),)),
+    SupplierSpec("mad-2", (("mad-2", "mad"),)),
+    SupplierSpec("fleet-fra", (("fra-1", "fra"), ("fra-2", "fra"))),
+]
+FLEET_FRA = """
+[[worker]]
+worker_id = "fra-1"
+region = "fra"
+capacity = { cpus = 8, memory_mb = 8192 }
+images = ["web"]
+
+[[worker]]
+worker_id = "fra-2"
+region = "fra"
+capacity = { cpus = 4, memory_mb = 4096 }
+"""
+
+
+class Violations:
+    """error_cb of one connection: permission violations queue up, to be awaited (never
+    slept on); anything else is kept in ``other``."""
+
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[str] = asyncio.Queue()
+        self.other: list[Exception] = []
+
+    async def error_cb(self, exc: Exception) -> None:
+        if "permissions violation" in str(exc):
+            self.queue.put_nowait(str(exc))
+        else:
+            self.other.append(exc)
+
+    async def next(self, timeout_s: float = 5.0) -> str:
+        return await asyncio.wait_for(self.queue.get(), timeout_s)
+
+    def none_yet(self) -> bool:
+        return self.queue.empty()
+
+
+@dataclass
+class Secured:
+    server: EmbeddedNats
+    files: AuthFiles
+    subjects: Subjects
+    conns: list[NATS] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+    def creds(self, user: str) -> str:
+        return str(self.files.seed_file(user))
+
+    async def connect(self, user: str, **kw: Any) -> tuple[NATS, Violations]:
+        v = Violations()
+        nc = await connect(
+            self.url, name=user, creds=self.creds(user), service=False, error_cb=v.error_cb, **kw
+        )
+        self.conns.append(nc)
+        return nc, v
+
+
+def make_auth_dir(out: Path, **kw: Any) -> AuthFiles:
+    return write_auth_dir(out, Subjects(PREFIX), SUPPLIERS, **kw)
+
+
+@pytest.fixture
+def auth_files(tmp_path: Path) -> AuthFiles:
+    return make_auth_dir(tmp_path / "auth")
+
+
+@pytest.fixture
+def secured_server(auth_files: AuthFiles, tmp_path: Path) -> Iterator[EmbeddedNats]:
+    srv = EmbeddedNats(workdir=tmp_path / "nats", config=auth_files.server_conf).start()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+async def secured(secured_server: EmbeddedNats, auth_files: AuthFiles) -> AsyncIterator[Secured]:
+    s = Secured(secured_server, auth_files, Subjects(PREFIX))
+    try:
+        yield s
+    finally:
+        for nc in s.conns:
+            if not nc.is_closed:
+                await nc.close()

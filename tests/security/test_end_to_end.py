@@ -1,0 +1,78 @@
+"""The positive path: every program as a real process on its own credentials (and the
+exchange taking only signed offers), a buyer on the buyer's, real orders placed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from buyer_cli.client import BourseClient
+from buyer_cli.launcher import Program, start_program
+from exchange.protocol import Event, Placed, decode
+from tests.market import order
+from tests.security.conftest import FLEET_FRA, PREFIX, Secured
+
+
+async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Program]:
+    """A one-worker supplier (mad-1), a fleet supplier (fra-1, fra-2) and an exchange with
+    the trust file, each with --creds of its own user."""
+    common = ["--nats", secured.url, "--prefix", PREFIX, *extra]
+    fleet = tmp_path / "fleet-fra.toml"
+    fleet.write_text(FLEET_FRA)
+
+    async def run(name: str, user: str, *args: str) -> Program:
+        return await start_program(
+            *args,
+            "--creds",
+            secured.creds(user),
+            *common,
+            log_path=tmp_path / "logs" / f"{name}.log",
+            ready=f"{args[0]} ready",
+        )
+
+    one = ("--worker-id", "mad-1", "--region", "mad", "--cpus", "8", "--memory-mb", "8192")
+    specs = [
+        ("mad-1", "supplier:mad-1", ("supplier", "run", *one, "--data-dir", str(tmp_path / "m"))),
+        (
+            "fra",
+            "supplier:fleet-fra",
+            ("supplier", "run", "--fleet", str(fleet), "--data-dir", str(tmp_path / "f")),
+        ),
+        ("exchange", "exchange", ("exchange", "serve", "--trust", str(secured.files.trust))),
+    ]
+    programs: list[Program] = []
+    try:
+        for name, user, args in specs:
+            programs.append(await run(name, user, *args))
+    except BaseException:
+        for p in programs:
+            await p.stop()
+        raise
+    return programs
+
+
+async def test_orders_placed_with_every_program_on_its_own_credentials(
+    secured: Secured, tmp_path: Path
+) -> None:
+    programs = await start_market(secured, tmp_path)
+    try:
+        nc, violations = await secured.connect("buyer")
+        events = await nc.subscribe(secured.subjects.events(kind="placed"))
+        buyer = BourseClient(nc, secured.subjects)
+        fra = await buyer.place(order(region="fra", cpus=2, memory_mb=1024, order_id="sec-fra"))
+        assert isinstance(fra, Placed), fra
+        assert fra.region == "fra" and fra.worker_id in {"fra-1", "fra-2"}
+        mad = await buyer.place(order(region="mad", cpus=2, memory_mb=1024, order_id="sec-mad"))
+        assert isinstance(mad, Placed) and mad.worker_id == "mad-1", mad
+        # machine state through the exchange, and a status gather (one reply per worker)
+        assert (await buyer.machine("get", fra.machine_id)).order_id == "sec-fra"
+        statuses = await buyer.status("fra")
+        assert [s.worker_id for s in statuses] == ["fra-1", "fra-2"]
+        placed = {decode((await events.next_msg(timeout=5)).data, Event).order_id for _ in "ab"}
+        assert placed == {"sec-fra", "sec-mad"}
+        assert violations.none_yet() and not violations.other
+    finally:
+        codes = [await p.stop() for p in reversed(programs)]
+    assert codes == [0, 0, 0]
+    for p in programs:
+        assert "permissions violation" not in p.log.lower(), p.log
+        assert "offer_unverified" not in p.log, p.log
