@@ -132,8 +132,12 @@ def test_credentials_are_the_files_bourse_auth_init_writes_and_are_not_committed
             want = f"supplier-{worker_id}.nk"
         else:
             want = expected_role[args[0]]
-        # each program gets its own role's key and nothing else
-        assert list(secrets.values()) == [f"{SECRETS}{want}"], name
+        # each program gets its own role's key and nothing else; an exchange also gets the
+        # workers' public keys (trust.json), which is what verifies signed offers
+        extra = [f"{SECRETS}trust.json"] if args[0] == "exchange" else []
+        assert list(secrets.values()) == [f"{SECRETS}{want}", *extra], name
+        if extra:
+            assert option_value(args, "--trust") == "/secrets/trust.json", name
     ignored = subprocess.run(
         ["git", "-C", str(ROOT), "check-ignore", "-q", "deploy/compose/secrets/buyer.nk"]
     )
