@@ -121,6 +121,12 @@ def loadtest(
     fault_every_s: Annotated[
         float, typer.Option(min=0.1, help="Soak mode: mean seconds between faults.")
     ] = 5.0,
+    nats_nodes: Annotated[
+        int,
+        typer.Option(
+            min=1, max=5, help="Soak mode: a NATS cluster of this many nodes (nodes get killed)."
+        ),
+    ] = 1,
 ) -> None:
     """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
 
@@ -153,7 +159,7 @@ def loadtest(
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
     if soak is not None:
-        rep = asyncio.run(run_soak(profile, target, soak, fault_every_s, console))
+        rep = asyncio.run(run_soak(profile, target, soak, fault_every_s, console, nats_nodes))
         if json:
             typer.echo(render.as_json(rep))
         else:

@@ -39,6 +39,7 @@ from exchange.connection import connect, shutdown
 from exchange.embedded_nats import EmbeddedNats
 from exchange.protocol import Amount, Error, Placed, WorkerStatus, decode
 from exchange.subjects import Subjects
+from exchange.supercluster import Supercluster
 
 log = structlog.get_logger("bourse.chaos")
 
@@ -148,6 +149,7 @@ class ChaosRun:
         supplier_env: dict[int, dict[str, str]] | None = None,
         exchange_env: dict[str, str] | None = None,
         seed: int = 1,
+        nats_nodes: int = 1,
     ) -> None:
         self.p = profile
         self.root = root
@@ -158,6 +160,8 @@ class ChaosRun:
         self.rng = random.Random(seed)
         self.subjects = Subjects(f"chaos{uuid.uuid4().hex[:8]}")
         self.server: EmbeddedNats | None = None
+        self.nats_nodes = nats_nodes
+        self.cluster: Supercluster | None = None  # nats_nodes > 1: one cluster of that many
         self.suppliers: list[Managed] = []
         self.exchanges: list[Managed] = []
         self.records: dict[str, OrderRecord] = {}
@@ -185,8 +189,13 @@ class ChaosRun:
 
     async def start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
-        self.server = EmbeddedNats(workdir=self.root / "nats").start()
-        urls = [self.server.url]
+        if self.nats_nodes > 1:
+            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes})
+            await asyncio.to_thread(self.cluster.start)
+            urls = self.cluster.urls("c")  # every program gets every URL: it can fail over
+        else:
+            self.server = EmbeddedNats(workdir=self.root / "nats").start()
+            urls = [self.server.url]
         extra = ["--max-db-mb", str(self.max_db_mb)] if self.max_db_mb else []
         for spec in fleet_specs(self.p, urls, self.subjects, self.root, extra):
             spec.args += ["--log-level", "info"]  # the drain/resume lines are info/warning
@@ -215,6 +224,9 @@ class ChaosRun:
         if self.server is not None:
             self.server.stop()
             self.server = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
 
     async def keep_machines(self) -> None:
         """Stop destroying machines at the end of their lifetime (before re-placing)."""
@@ -340,6 +352,16 @@ class ChaosRun:
         self.server = await asyncio.to_thread(EmbeddedNats(workdir=workdir, port=port or -1).start)
         return time.monotonic() - t
 
+    async def kill_nats_node(self, i: int, down_s: float = 0.5) -> None:
+        """SIGKILL node ``i`` of the cluster (its clients must fail over to the others),
+        then start it again and wait until the cluster is meshed again."""
+        assert self.cluster is not None, "kill_nats_node needs nats_nodes > 1"
+        name = f"c-{i + 1}"
+        self.cluster.kill(name)
+        self._note("kill-nats-node", name, f"down {down_s:.1f}s")
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(self.cluster.restart, name)
+
     async def fill_disk(self, i: int, full_s: float) -> None:
         """Fill supplier ``i``'s capped state file (run with ``max_db_mb``) from outside,
         keep it full for ``full_s``, then free the space again."""
@@ -383,6 +405,8 @@ class ChaosRun:
             await self.kill_supplier(self.rng.randrange(len(self.suppliers)), down)
         elif kind == "kill-exchange":
             await self.kill_exchange(self.rng.randrange(len(self.exchanges)), down)
+        elif kind == "restart-nats" and self.cluster is not None:
+            await self.kill_nats_node(self.rng.randrange(self.nats_nodes), down)
         elif kind == "restart-nats":
             await self.restart_nats(down)
         elif kind == "stall-supplier":

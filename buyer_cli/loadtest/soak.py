@@ -33,13 +33,14 @@ async def run_soak(
     seconds: float,
     fault_every_s: float,
     console: Console | None = None,
+    nats_nodes: int = 1,
 ) -> dict[str, Any]:
     """One soak run; writes ``out/soak-report.json`` and returns the report."""
     profile = _with_duration(profile, seconds)
     orders = trace(profile, "soak")
     rng = random.Random(f"{profile.seed}:faults")
     rss: dict[str, float] = {}
-    run = ChaosRun(profile, out, max_db_mb=SOAK_DB_MB, seed=profile.seed)
+    run = ChaosRun(profile, out, max_db_mb=SOAK_DB_MB, seed=profile.seed, nats_nodes=nats_nodes)
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -89,6 +90,7 @@ async def run_soak(
         "rate": profile.rate,
         "seconds": seconds,
         "fault_every_s": fault_every_s,
+        "nats_nodes": nats_nodes,
         "seed": profile.seed,
     }
     report["max_rss_mb"] = {k: round(v, 1) for k, v in sorted(rss.items())}

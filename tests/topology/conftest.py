@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.topology.supercluster import Supercluster
+from exchange.supercluster import Supercluster
 
 
 @pytest.fixture(scope="session")

@@ -12,9 +12,9 @@ from buyer_cli.client import BourseClient, ClientError
 from exchange.connection import connect, shutdown
 from exchange.protocol import Placed
 from exchange.subjects import Subjects
+from exchange.supercluster import Supercluster
 from tests.market import order
 from tests.topology.programs import exchange, supplier
-from tests.topology.supercluster import Supercluster
 
 PREFIX = "fo"
 RESUME_TIMEOUT_S = 15.0

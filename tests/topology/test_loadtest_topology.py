@@ -18,7 +18,7 @@ from buyer_cli.loadtest.harness import run_loadtest
 from buyer_cli.loadtest.runner import start_fleet
 from buyer_cli.loadtest.workload import SCENARIOS
 from exchange.subjects import Subjects
-from tests.topology.supercluster import Supercluster
+from exchange.supercluster import Supercluster
 
 TINY = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=1.0, lifetime_s=0.5, rate=20)
 

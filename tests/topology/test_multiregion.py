@@ -16,9 +16,9 @@ from buyer_cli.launcher import Program
 from exchange.connection import connect, shutdown
 from exchange.protocol import Placed, Unfilled
 from exchange.subjects import Subjects
+from exchange.supercluster import Supercluster
 from tests.market import order
 from tests.topology.programs import exchange, supplier
-from tests.topology.supercluster import Supercluster
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

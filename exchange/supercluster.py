@@ -1,7 +1,7 @@
-"""A real NATS supercluster for tests: clusters of nats-server processes joined by gateways,
-started from configs written by ``exchange.natsconf`` (the code behind ``bourse
-nats-config``), and ready only once every route and gateway is up (polled on each server's
-monitoring endpoint: /routez and /gatewayz)."""
+"""A real NATS supercluster on this machine (tests, fault runs): clusters of nats-server
+processes joined by gateways, started from configs written by ``exchange.natsconf`` (the
+code behind ``bourse nats-config``), and ready only once every route and gateway is up
+(polled on each server's monitoring endpoint: /routez and /gatewayz)."""
 
 from __future__ import annotations
 
@@ -79,6 +79,15 @@ class Supercluster:
     def stop(self) -> None:
         for srv in self.servers.values():
             srv.stop()
+
+    def restart(self, server: str) -> None:
+        """Start a stopped or killed server again from its config (same ports), and wait
+        until the supercluster is meshed again."""
+        conf = self.root / "conf" / f"{server}.conf"
+        self.servers[server] = EmbeddedNats(
+            workdir=self.root / server, config=conf, bind_loopback=False
+        ).start()
+        self.wait_meshed()
 
     def kill(self, server: str) -> None:
         """SIGKILL one server (no lame-duck, no goodbye to its routes)."""

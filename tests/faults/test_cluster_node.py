@@ -1,0 +1,35 @@
+"""A 3-node NATS cluster loses a node under load: every program was given all three URLs,
+fails over to the survivors by itself, and nothing is lost or doubled."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from buyer_cli.loadtest.chaos import ChaosRun
+from buyer_cli.loadtest.workload import trace
+from tests.faults.conftest import FLEET
+
+
+async def test_killing_a_cluster_node_under_load(tmp_path: Path) -> None:
+    async with ChaosRun(FLEET, tmp_path / "run", nats_nodes=3) as run:
+        assert run.cluster is not None
+        orders = trace(run.p, "kc")
+        # the node most programs use (URLs are shuffled): the one with the most connections
+        busiest = max(
+            range(3),
+            key=lambda i: len(run.cluster.connections(f"c-{i + 1}")),  # type: ignore[union-attr]
+        )
+        assert run.cluster.connections(f"c-{busiest + 1}")
+
+        async def kill() -> None:
+            await asyncio.sleep(1.0)
+            await run.kill_nats_node(busiest, down_s=1.0)
+
+        await asyncio.gather(run.load(orders), kill())
+        assert all(m.alive for m in run.suppliers + run.exchanges)
+        assert sum(run.stats.failed.values()) == 0, run.stats.failed
+        late = [r for r in run.records.values() if r.answered_at_s > 2.0]
+        assert late and all(r.outcome == "placed" for r in late)  # placing after the kill
+        result = await run.finish()
+        assert result.violations == []
