@@ -197,8 +197,8 @@ class ChaosRun:
             self.server = EmbeddedNats(workdir=self.root / "nats").start()
             urls = [self.server.url]
         extra = ["--max-db-mb", str(self.max_db_mb)] if self.max_db_mb else []
-        for spec in fleet_specs(self.p, urls, self.subjects, self.root, extra):
-            spec.args += ["--log-level", "info"]  # the drain/resume lines are info/warning
+        # info: the drain/resume and reconnect lines are part of what the tests read
+        for spec in fleet_specs(self.p, urls, self.subjects, self.root, extra, log_level="info"):
             if spec.module == "supplier":
                 spec.env.update(self.supplier_env.get(len(self.suppliers), {}))
                 self.suppliers.append(Managed(spec))
@@ -369,11 +369,11 @@ class ChaosRun:
             raise ValueError("fill_disk needs the suppliers to run with max_db_mb")
         path = self.db_path(i)
         self._note("fill-disk", self.suppliers[i].name, f"full {full_s:.1f}s")
-        await asyncio.to_thread(_fill, path, self.max_db_mb)
+        await asyncio.to_thread(fill_store, path, self.max_db_mb)
         try:
             await asyncio.sleep(full_s)
         finally:
-            await asyncio.to_thread(_unfill, path)
+            await asyncio.to_thread(free_store, path)
 
     async def bad_input(self) -> None:
         """Requests with malformed payloads on public subjects: each must get an Error."""
@@ -399,7 +399,8 @@ class ChaosRun:
                 self.stats.violations.append(f"I6 {kind} {payload[:30]!r}: Error without detail")
 
     async def random_fault(self) -> None:
-        kind = self.rng.choice(FAULTS if self.max_db_mb else FAULTS[:-2] + FAULTS[-1:])
+        kinds = [k for k in FAULTS if self.max_db_mb or k != "fill-disk"]  # needs a cap
+        kind = self.rng.choice(kinds)
         down = self.rng.uniform(0.2, 1.5)
         if kind == "kill-supplier":
             await self.kill_supplier(self.rng.randrange(len(self.suppliers)), down)
@@ -486,7 +487,8 @@ class ChaosRun:
         }
 
 
-def _fill(path: Path, cap_mb: int) -> None:
+def fill_store(path: Path, cap_mb: int) -> None:
+    """Take the room left in a supplier's capped state file (from another connection)."""
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.execute("CREATE TABLE IF NOT EXISTS chaos_filler (data BLOB)")
@@ -498,7 +500,8 @@ def _fill(path: Path, cap_mb: int) -> None:
         conn.close()
 
 
-def _unfill(path: Path) -> None:
+def free_store(path: Path) -> None:
+    """Give back what :func:`fill_store` took."""
     conn = sqlite3.connect(path, timeout=10, isolation_level=None)
     try:
         conn.execute("DROP TABLE IF EXISTS chaos_filler")

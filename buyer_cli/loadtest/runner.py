@@ -135,12 +135,13 @@ def fleet_specs(
     root: Path,
     supplier_extra: list[str] | None = None,
     supplier_urls: list[str] | None = None,
+    log_level: str = "warning",
 ) -> list[Spec]:
     """Supplier processes (the workers split evenly, fleet files written under ``root``),
     then the exchange instances. The suppliers connect to ``supplier_urls`` when given
     (another cluster of a supercluster), the exchanges to ``urls``."""
     workers = fleet(profile)
-    tail = ["--prefix", subjects.prefix, "--log-level", "warning"]
+    tail = ["--prefix", subjects.prefix, "--log-level", log_level]
     supplier_common = ["--nats", ",".join(supplier_urls or urls), *tail]
     common = ["--nats", ",".join(urls), *tail]
     specs: list[Spec] = []

@@ -1,0 +1,97 @@
+"""PlaceOrder.retry: the worker that already has a machine for the order answers a little
+later than a fresh offer from another worker (a busy process); a retry still gets that
+machine back, while a first attempt commits the first offer (the race the flag closes).
+
+The two "workers" are hand-written responders on the real nats-server, so the order of
+their answers is exact rather than left to scheduling."""
+
+from __future__ import annotations
+
+import asyncio
+
+import msgspec
+from nats.aio.msg import Msg
+
+from buyer_cli.client import BourseClient
+from exchange.connection import connect, shutdown
+from exchange.embedded_nats import EmbeddedNats
+from exchange.protocol import Bid, Commit, Offer, Placed, PlaceOrder, Resources, decode, encode
+from exchange.subjects import Subjects
+
+OWNER_DELAY_S = 0.03  # the owner's answer comes 30 ms after the other worker's
+
+
+async def _run(
+    nats_server: EmbeddedNats, subjects: Subjects, *retries: bool
+) -> tuple[list[Placed], int]:
+    """Place the same order once per entry of ``retries`` (concurrently, one client)."""
+    nc = await connect(nats_server.url, name="retry-gather", service=False)
+    commits_to_fresh = 0
+
+    async def fresh(msg: Msg) -> None:  # worker "b": fits, answers at once
+        bid = decode(msg.data, Bid)
+        offer = Offer(order_id=bid.order_id, worker_id="b", region="mad", score=0.9)
+        await nc.publish(msg.reply, encode(offer))
+
+    async def owner(msg: Msg) -> None:  # worker "a": already runs the order's machine
+        bid = decode(msg.data, Bid)
+        await asyncio.sleep(OWNER_DELAY_S)
+        offer = Offer(
+            order_id=bid.order_id, worker_id="a", region="mad", score=0.5, machine_id="a~M1"
+        )
+        await nc.publish(msg.reply, encode(offer))
+
+    async def commit_b(msg: Msg) -> None:
+        nonlocal commits_to_fresh
+        commits_to_fresh += 1
+        c = decode(msg.data, Commit)
+        placed = Placed(
+            order_id=c.order_id,
+            machine_id="b~M2",
+            worker_id="b",
+            region="mad",
+            score=0.9,
+            image_cached=False,
+            elapsed_ms=1.0,
+        )
+        await nc.publish(msg.reply, encode(placed))
+
+    try:
+        await nc.subscribe(subjects.bid("mad"), cb=fresh)
+        await nc.subscribe(subjects.bid("mad"), cb=owner)
+        await nc.subscribe(subjects.commit("b"), cb=commit_b)
+        await nc.flush()
+        client = BourseClient(nc, subjects, direct=True)
+        order = PlaceOrder(
+            order_id="o-retry", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
+        )
+        runs = [client.place(msgspec.structs.replace(order, retry=r)) for r in retries]
+        results = await asyncio.gather(*runs)
+        await client.close()
+        assert all(isinstance(r, Placed) for r in results)
+        return results, commits_to_fresh  # type: ignore[return-value]
+    finally:
+        await shutdown(nc)
+
+
+async def test_a_retry_waits_for_the_worker_that_has_the_machine(
+    nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    (r,), commits = await _run(nats_server, subjects, True)
+    assert (r.machine_id, r.existing, commits) == ("a~M1", True, 0)
+
+
+async def test_without_the_flag_the_first_offer_is_committed(
+    nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    (r,), commits = await _run(nats_server, subjects, False)
+    assert (r.machine_id, r.existing, commits) == ("b~M2", False, 1)
+
+
+async def test_a_retry_and_a_first_attempt_at_once_are_one_order(
+    nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    """The flag is a hint, not part of the order: concurrent runs of the same order id with
+    and without it share one auction (no ConflictingOrder, one result)."""
+    (first, second), commits = await _run(nats_server, subjects, False, True)
+    assert first == second and commits == 1
