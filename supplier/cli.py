@@ -32,6 +32,7 @@ from exchange.runtime import (
 )
 from exchange.signing import OfferSigner, TrustError
 from exchange.subjects import DEFAULT_PREFIX, Subjects
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import (
     ConfigError,
     WorkerConfig,
@@ -87,6 +88,14 @@ def run_cmd(
     max_bid_backlog: Annotated[
         int, typer.Option(min=1, help="Shed bids queued beyond this many (overload).")
     ] = DEFAULT_MAX_BID_BACKLOG,
+    quote_sample: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Price a bid on a sample of this many workers per source (owner, cached "
+            "image, random) once a bid group here exceeds twice it; 0: price all.",
+        ),
+    ] = DEFAULT_QUOTE_SAMPLE,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -145,6 +154,7 @@ def run_cmd(
             bid_shards=bid_shards,
             max_bid_backlog=max_bid_backlog,
             signer=signer,
+            quote_sample=quote_sample,
         )
         try:
             await host.start()

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ from exchange.protocol import (
     ListMachines,
     MachineRequest,
     Offer,
+    Placed,
     Release,
     StatusRequest,
     Waiting,
@@ -44,6 +45,7 @@ from exchange.protocol import (
 from exchange.replies import Responder, subject_region_mismatch
 from exchange.signing import OfferSigner
 from exchange.subjects import Subjects, shard_of
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.config import WorkerConfig, check_workers
 from supplier.drivers import Driver
 from supplier.drivers.process import ProcessDriver
@@ -94,8 +96,12 @@ class SupplierHost:
         bid_shards: int = 0,
         max_bid_backlog: int = DEFAULT_MAX_BID_BACKLOG,
         signer: OfferSigner | None = None,
+        quote_sample: int = DEFAULT_QUOTE_SAMPLE,
     ) -> None:
         check_workers(workers)
+        # Past 2 x this many workers in a bid group, a bid is priced on a sample of them
+        # (supplier/candidates.py); 0: always on all.
+        self.quote_sample = quote_sample
         # Signs every Offer this host sends (the auction may require it: --trust).
         self.signer = signer
         self.max_offers = max_offers
@@ -120,6 +126,23 @@ class SupplierHost:
         for w in self.workers.values() if bid_shards else ():
             key = (w.region, shard_of(w.worker_id, bid_shards))
             self.by_shard.setdefault(key, []).append(w)
+        # bid subject -> the workers it reaches here, with their image index
+        s = self.subjects
+        self.groups: dict[str, BidGroup[Worker]] = {
+            s.bid(region): BidGroup(ws) for region, ws in self.by_region.items()
+        }
+        self.groups.update(
+            (s.bid_shard(region, shard), BidGroup(ws))
+            for (region, shard), ws in self.by_shard.items()
+        )
+        for group in self.groups.values():
+            for w in group.workers:
+                for image in w.images:
+                    group.image_changed(w, image, True)
+        for w in self.workers.values():
+            w.images.listener = self._image_listener(w)
+        # order id -> the worker here that placed it (a retry must price that one: I3)
+        self.owners: dict[str, Worker] = {}
         self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
         # (order, auction) -> (when, the workers asked to hold or wait for it): a region
         # release then touches those, not every worker of the region in this process.
@@ -132,15 +155,24 @@ class SupplierHost:
         self._probing: asyncio.Task[None] | None = None
 
     # -- life ---------------------------------------------------------------------------------
+    def _image_listener(self, w: Worker) -> Callable[[str, bool], None]:
+        mine = [g for g in self.groups.values() if id(w) in g.members]
+
+        def changed(image: str, cached: bool) -> None:
+            for group in mine:
+                group.image_changed(w, image, cached)
+
+        return changed
+
     async def start(self) -> None:
         await self._check_unclaimed()
         for w in self.workers.values():
             w.recover()
+            for order_id in w.by_order:
+                self.owners[order_id] = w
         g = self.responder.guard
         s = self.subjects
-        bid_subjects = [s.bid(region) for region in self.by_region]
-        bid_subjects += [s.bid_shard(r, shard) for r, shard in self.by_shard]  # sampled bids
-        for subject in bid_subjects:
+        for subject in self.groups:  # the region's subject, and its shards' (sampled bids)
             sub = await self.nc.subscribe(subject, cb=g(self._on_bid))
             self._bid_subs[subject] = sub
             self._subs.append(sub)
@@ -226,13 +258,12 @@ class SupplierHost:
             self.bids_shed += 1
             return
         bid = decode(msg.data, Bid)
-        region, *shard = self.subjects.tail(msg.subject, 1)
+        region = self.subjects.tail(msg.subject, 1)[0]
         if bid.region != region:
             raise subject_region_mismatch("bid", bid.region, region)
         if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
             return
-        workers = self.by_shard[(region, int(shard[0]))] if shard else self.by_region[region]
-        offers = self._answers(bid, workers, msg.reply)
+        offers = self._answers(bid, self.groups[msg.subject], msg.reply)
         if not offers:
             return
         now = time.monotonic()
@@ -249,24 +280,23 @@ class SupplierHost:
             self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
 
     def _answers(
-        self, bid: Bid, workers: list[Worker], inbox: str
+        self, bid: Bid, group: BidGroup[Worker], inbox: str
     ) -> list[tuple[float, Offer | Waiting, Worker]]:
-        """Price the bid on every worker of the region here, then hold and offer only the
-        best ``max_offers`` (the auction takes the best offer; holding on every worker of a
+        """Price the bid on the group's candidates (all of a small group, a sample of a big
+        one, then all if the sample had nothing), then hold and offer only the best
+        ``max_offers`` (the auction takes the best offer; holding on every worker of a
         big host would only lock capacity and flood the auction). Workers blocked only by
         holds wait, but only when no worker here can offer at once."""
         now = time.monotonic()
         out: list[tuple[float, Offer | Waiting, Worker]] = []
         quotes: list[tuple[float, int, Worker, Quote]] = []
         blocked: list[Worker] = []
-        for i, w in enumerate(workers):
-            q = w.quote(bid, now)
-            if isinstance(q, Quote):
-                quotes.append((-q.score, i, w, q))
-            elif isinstance(q, Offer):
-                out.append((0.0, q, w))  # this order already has a machine there
-            elif q is WAIT:
-                blocked.append(w)
+        owner = self.owners.get(bid.order_id)
+        workers = group.candidates(bid.order_id, bid.image, owner, self.quote_sample)
+        self._quote_all(bid, now, workers, quotes, out, blocked)
+        if not quotes and not out and workers is not group.workers:
+            blocked.clear()  # the sample had nothing to offer at once: ask everyone here
+            self._quote_all(bid, now, group.workers, quotes, out, blocked)
         if quotes:
             quotes.sort(key=lambda x: (x[0], x[1]))
             for _, _, w, q in quotes[: self.max_offers or None]:
@@ -279,6 +309,24 @@ class SupplierHost:
                 if waiting is not None:
                     out.append((0.0, waiting[0], w))
         return out
+
+    @staticmethod
+    def _quote_all(
+        bid: Bid,
+        now: float,
+        workers: list[Worker],
+        quotes: list[tuple[float, int, Worker, Quote]],
+        out: list[tuple[float, Offer | Waiting, Worker]],
+        blocked: list[Worker],
+    ) -> None:
+        for i, w in enumerate(workers):
+            q = w.quote(bid, now)
+            if isinstance(q, Quote):
+                quotes.append((-q.score, i, w, q))
+            elif isinstance(q, Offer):
+                out.append((0.0, q, w))  # this order already has a machine there
+            elif q is WAIT:
+                blocked.append(w)
 
     async def _send_offers(
         self,
@@ -340,7 +388,7 @@ class SupplierHost:
         w = self.workers[wid]
         if rest == ["commit"]:
             commit = decode(msg.data, Commit)
-            self.responder.spawn(msg, self._answer(msg, w.commit(commit)))
+            self.responder.spawn(msg, self._committed(msg, w, commit))
         elif rest == ["release"]:
             rel = decode(msg.data, Release)
             if rel.worker_id and rel.worker_id != wid:
@@ -355,6 +403,12 @@ class SupplierHost:
                 f"unknown subject {msg.subject!r}: a worker answers commit, release and "
                 f"machine.<{'|'.join(MACHINE_VERBS)}>",
             )
+
+    async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:
+        result = await w.commit(commit)
+        if isinstance(result, Placed):
+            self.owners[result.order_id] = w
+        await self.responder.reply(msg, result)
 
     async def _answer(self, msg: Msg, result: Awaitable[msgspec.Struct]) -> None:
         await self.responder.reply(msg, await result)

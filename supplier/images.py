@@ -23,6 +23,8 @@ class ImageCache:
         self.budget_mb = budget_mb
         self.size_of = size_of
         self._lru: OrderedDict[str, int] = OrderedDict()
+        # Told (image, cached) whenever an image comes or goes: the host's image index.
+        self.listener: Callable[[str, bool], None] | None = None
         for image in initial:  # configured images are cached whatever the budget says
             self._lru[image] = size_of(image)
 
@@ -57,4 +59,8 @@ class ImageCache:
                 del self._lru[old]
                 evicted.append(old)
         self._lru[image] = size
+        if self.listener is not None:
+            for old in evicted:
+                self.listener(old, False)
+            self.listener(image, True)
         return evicted
