@@ -38,7 +38,7 @@ from exchange import logs
 from exchange.connection import connect, split_urls
 from exchange.embedded_nats import EmbeddedNats, NatsServerError
 from exchange.protocol import Placed
-from exchange.runtime import NatsOpt, PrefixOpt, cli_main, fail, run
+from exchange.runtime import NatsOpt, PrefixOpt, cli_main, fail, run, run_fast
 from exchange.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
@@ -96,6 +96,12 @@ def loadtest(
     spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
     bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
     bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
+    max_offers: Annotated[
+        int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
+    ] = None,
+    quote_sample: Annotated[
+        int | None, typer.Option(min=0, help="Workers a big host prices per bid (0: all).")
+    ] = None,
     max_inflight: Annotated[
         int | None, typer.Option(min=1, help="Auctions one exchange runs at once.")
     ] = None,
@@ -147,7 +153,8 @@ def loadtest(
         "mode": mode, "concurrency": concurrency, "lifetime_s": lifetime_s,
         "supplier_processes": processes, "exchanges": exchanges, "seed": seed,
         "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
-        "exchange_max_inflight": max_inflight,
+        "exchange_max_inflight": max_inflight, "max_offers": max_offers,
+        "quote_sample": quote_sample,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)
@@ -168,7 +175,7 @@ def loadtest(
         if rep["audit"]["violations"]:
             raise typer.Exit(1)
         return
-    rep = asyncio.run(
+    rep = run_fast(  # the generator is a load source: give it the fast loop too
         run_loadtest(
             profile,
             target,

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import signal
 import sys
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Annotated, Any, TypeVar
 
 import msgspec
@@ -92,11 +92,16 @@ def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
                 loop.add_signal_handler(sig, stop.set)
         return await main(stop)
 
+    return run_fast(wrapper())
+
+
+def run_fast(coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run`` on uvloop when it is installed (pip install bourse[fast])."""
     try:
-        import uvloop  # optional speed-up: pip install bourse[fast]
+        import uvloop
     except ImportError:
-        return asyncio.run(wrapper())
-    return uvloop.run(wrapper())
+        return asyncio.run(coro)
+    return uvloop.run(coro)
 
 
 def cli_main(app: typer.Typer) -> None:

@@ -97,7 +97,8 @@ def supplier_args(
     """The command line of one supplier process of the run (one home: tested)."""
     return [
         "run", "--fleet", str(fleet_file), "--data-dir", str(data_dir), *common,
-        "--bid-shards", str(profile.bid_shards),
+        "--bid-shards", str(profile.bid_shards), "--max-offers", str(profile.max_offers),
+        "--quote-sample", str(profile.quote_sample),
     ]  # fmt: skip
 
 

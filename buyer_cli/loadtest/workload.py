@@ -59,6 +59,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     exchanges: int = 1
     bid_shards: int = 0  # sampled bidding (0: broadcast every bid to the region)
     bid_sample: int = 2
+    max_offers: int = 3  # offers per bid from one supplier process (its best); 0: all
+    quote_sample: int = 8  # a big host prices a bid on a sample (supplier/candidates.py)
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
 
     def region_names(self) -> list[str]:
