@@ -61,10 +61,12 @@ async def run_loadtest(
     programs: list[Program] = []
     m = Measured()
     try:
-        ceiling_rps = None
+        refs = None
         if ceiling:
-            say("measuring the NATS request-reply ceiling...")
-            ceiling_rps = await nats_ceiling(urls, out, seconds=ceiling_s)
+            say("measuring the NATS request-reply ceiling and round trip...")
+            refs = await nats_ceiling(
+                urls, out, seconds=ceiling_s, pace_per_s=profile.rate, paced_s=ceiling_s
+            )
         say(f"starting {profile.workers} workers in {profile.supplier_processes} process(es)...")
         programs = await start_fleet(profile, urls, subjects, out, supplier_urls)
         watched = [(p.name, p.proc.pid) for p in programs]
@@ -91,7 +93,7 @@ async def run_loadtest(
     if oracle:
         say("replaying the trace through the oracle...")
         oracle_result = run_oracle(profile, orders)
-    rep = reports.build(profile, m, ceiling_rps, oracle_result)
+    rep = reports.build(profile, m, refs, oracle_result)
     (out / "report.json").write_text(json.dumps(rep, indent=2))
     rep["plots"] = [str(p) for p in reports.plots(m, rep, out)]
     return rep

@@ -12,7 +12,7 @@ from hdrh.histogram import HdrHistogram
 from rich.table import Table
 
 from buyer_cli.loadtest.oracle import OracleResult
-from buyer_cli.loadtest.runner import Measured
+from buyer_cli.loadtest.runner import Ceiling, Measured
 from buyer_cli.loadtest.workload import Profile
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
@@ -25,8 +25,11 @@ def _pcts(h: HdrHistogram) -> dict[str, float]:
 
 
 def build(
-    profile: Profile, m: Measured, ceiling_rps: float | None, oracle: OracleResult | None
+    profile: Profile, m: Measured, ceiling: Ceiling | None, oracle: OracleResult | None
 ) -> dict[str, Any]:
+    ceiling_rps = ceiling.rps if ceiling else None
+    rtt = _pcts(ceiling.rtt) if ceiling else None
+    placed_ms = _pcts(m.latency_placed)
     rate = m.placed / m.seconds if m.seconds else 0.0
     fill = m.placed / m.sent if m.sent else 0.0
     hit = m.image_hits / m.placed if m.placed else 0.0
@@ -46,7 +49,7 @@ def build(
         "errors": dict(m.errors),
         "unfilled_after_rejected_commits": m.commits_rejected_unfilled,
         "latency_ms_all": _pcts(m.latency_all),
-        "latency_ms_placed": _pcts(m.latency_placed),
+        "latency_ms_placed": placed_ms,
         "auction_ms_placed": _pcts(m.auction_placed),
         "generator_lag_max_ms": round(m.lag_max_ms, 1),
         "utilization_cpu": {
@@ -72,6 +75,14 @@ def build(
         ),
         "nats_ceiling_rps": round(ceiling_rps, 1) if ceiling_rps else None,
         "vs_ceiling": round(rate / ceiling_rps, 4) if ceiling_rps else None,
+        # One raw request-reply at the run's pace; a placement is 3 in a row (buyer ->
+        # exchange, bid -> offer, commit -> Placed) plus an fsync, so ~3x is its floor.
+        "nats_rtt_ms": rtt,
+        "latency_in_round_trips": {
+            k: round(placed_ms[k] / rtt[k], 2) for k in ("p50", "p99") if rtt[k]
+        }
+        if rtt
+        else None,
         "oracle": None
         if oracle is None
         else {
@@ -105,6 +116,13 @@ def table(r: dict[str, Any]) -> Table:
         t.add_row(
             "vs NATS req-reply ceiling",
             f"{r['vs_ceiling']:.1%} of {r['nats_ceiling_rps']:.0f} req/s",
+        )
+    if r.get("nats_rtt_ms"):
+        rtt, x = r["nats_rtt_ms"], r["latency_in_round_trips"]
+        t.add_row(
+            "NATS round trip at this pace",
+            f"p50 {rtt['p50']}  p99 {rtt['p99']} ms; placed p50 = {x.get('p50')}x, "
+            f"p99 = {x.get('p99')}x of it",
         )
     la, lp = r["latency_ms_all"], r["latency_ms_placed"]
     t.add_row("latency placed (ms)", "  ".join(f"{k} {v}" for k, v in lp.items()))

@@ -25,7 +25,7 @@ from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest.workload import Profile, TraceOrder, fleet
 from exchange.connection import connect, shutdown
 from exchange.protocol import Machine, Placed, Unfilled, WorkerStatus
-from exchange.subjects import Subjects
+from exchange.subjects import Subjects, shard_of
 
 HIST_MAX_US = 120_000_000
 
@@ -129,6 +129,20 @@ class Spec:
         )
 
 
+def split_fleet(
+    workers: list[dict[str, Any]], processes: int, bid_shards: int
+) -> list[list[dict[str, Any]]]:
+    """The workers of each supplier process. Under sampled bidding a shard's workers share
+    a process, so a bid to d shards reaches at most d processes instead of every one;
+    otherwise the workers are dealt round-robin."""
+    if not bid_shards or bid_shards < processes:
+        return [workers[i::processes] for i in range(processes)]
+    shares: list[list[dict[str, Any]]] = [[] for _ in range(processes)]
+    for w in workers:
+        shares[shard_of(str(w["worker_id"]), bid_shards) % processes].append(w)
+    return shares
+
+
 def fleet_specs(
     profile: Profile,
     urls: list[str],
@@ -147,10 +161,10 @@ def fleet_specs(
     common = ["--nats", ",".join(urls), *tail]
     specs: list[Spec] = []
     n = max(1, profile.supplier_processes)
-    for i in range(n):
+    for i, share in enumerate(split_fleet(workers, n, profile.bid_shards)):
         path = root / "config" / f"fleet-{i}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"worker": workers[i::n]}))
+        path.write_text(json.dumps({"worker": share}))
         data_dir = root / "data" / f"s{i}"
         args = supplier_args(profile, path, data_dir, supplier_common) + list(supplier_extra or [])
         log_path = root / "logs" / f"supplier-{i}.log"
@@ -300,10 +314,27 @@ async def check_invariants(
     m.violations.extend(f"I3 order {o} has {n} machines" for o, n in per_order.items() if n > 1)
 
 
+@dataclass
+class Ceiling:
+    """The references from raw NATS on the same machine and client library: the closed-loop
+    request-reply rate (the throughput ceiling), and one request-reply's latency when sent
+    at the run's own pace (the floor under every hop of an auction: an idle process wakes
+    up slower than a busy one)."""
+
+    rps: float
+    rtt: HdrHistogram = field(default_factory=new_hist)
+
+
 async def nats_ceiling(
-    urls: list[str], root: Path, seconds: float = 3.0, concurrency: int = 64
-) -> float:
-    """Closed-loop request-reply rate against a trivial responder process (req/s)."""
+    urls: list[str],
+    root: Path,
+    seconds: float = 3.0,
+    concurrency: int = 64,
+    pace_per_s: float = 20.0,
+    paced_s: float = 3.0,
+) -> Ceiling:
+    """Against a trivial responder process: the closed-loop rate, then the latency of
+    requests sent one at a time at ``pace_per_s`` (at most 100/s) for ``paced_s``."""
     subject = "bourse-ceiling.echo"
     echo = await start_program(
         "buyer_cli.loadtest.echo",
@@ -325,7 +356,14 @@ async def nats_ceiling(
 
         t0 = time.monotonic()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return done / (time.monotonic() - t0)
+        ceiling = Ceiling(done / (time.monotonic() - t0))
+        gap = 1.0 / min(max(pace_per_s, 1.0), 100.0)
+        for _ in range(max(20, int(paced_s / gap))):
+            await asyncio.sleep(gap)
+            sent = time.perf_counter()
+            await nc.request(subject, b"", timeout=5)
+            ceiling.rtt.record_value(max(1, int((time.perf_counter() - sent) * 1e6)))
+        return ceiling
     finally:
         await shutdown(nc)
         await echo.stop()

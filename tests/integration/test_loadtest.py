@@ -31,6 +31,10 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     lat = rep["latency_ms_placed"]
     assert 0 < lat["p50"] <= lat["p90"] <= lat["p99"] <= lat["p99.9"]
     assert rep["nats_ceiling_rps"] > 0 and 0 < rep["vs_ceiling"] < 1
+    rtt = rep["nats_rtt_ms"]
+    assert 0 < rtt["p50"] <= rtt["p99"]
+    # a placement is at least two request-replies in a row, whatever the machine
+    assert rep["latency_in_round_trips"]["p50"] > 1
     assert rep["oracle"]["fill_rate"] == 1.0 and rep["oracle"]["fill_vs_oracle"] > 0
     assert rep["machines_checked"] >= rep["placed"]
     assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange", "loadgen"}

@@ -167,3 +167,22 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> Non
 
     for app, args in ((supplier_app, [*sup, "--help"]), (exchange_app, [*ex, "--help"])):
         assert CliRunner().invoke(app, args).exit_code == 0
+
+
+def test_a_shard_lives_in_one_supplier_process_under_sampled_bidding() -> None:
+    from buyer_cli.loadtest.runner import split_fleet
+    from buyer_cli.loadtest.workload import fleet, resolve_profile
+    from exchange.subjects import shard_of
+
+    p = resolve_profile("smoke", None, {"workers": 60, "bid_shards": 6})
+    workers = fleet(p)
+    shares = split_fleet(workers, 3, p.bid_shards)
+    assert sorted(w["worker_id"] for s in shares for w in s) == sorted(
+        w["worker_id"] for w in workers
+    )
+    homes = {shard_of(str(w["worker_id"]), 6): i for i, s in enumerate(shares) for w in s}
+    for i, share in enumerate(shares):
+        assert all(homes[shard_of(str(w["worker_id"]), 6)] == i for w in share)
+    # broadcast (or fewer shards than processes): dealt round-robin
+    assert [len(s) for s in split_fleet(workers, 3, 0)] == [20, 20, 20]
+    assert [len(s) for s in split_fleet(workers, 4, 2)] == [15, 15, 15, 15]
