@@ -99,6 +99,9 @@ def loadtest(
     max_offers: Annotated[
         int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
     ] = None,
+    target_auction_ms: Annotated[
+        float | None, typer.Option(min=0, help="Exchange admission target (0: fixed cap).")
+    ] = None,
     quote_sample: Annotated[
         int | None, typer.Option(min=0, help="Workers a big host prices per bid (0: all).")
     ] = None,
@@ -154,7 +157,7 @@ def loadtest(
         "supplier_processes": processes, "exchanges": exchanges, "seed": seed,
         "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
         "exchange_max_inflight": max_inflight, "max_offers": max_offers,
-        "quote_sample": quote_sample,
+        "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)

@@ -27,7 +27,7 @@ from exchange.runtime import (
     nats_urls,
     run,
 )
-from exchange.service import ExchangeService
+from exchange.service import DEFAULT_TARGET_AUCTION_MS, ExchangeService
 from exchange.signing import TrustError, TrustStore
 from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
@@ -56,7 +56,17 @@ def serve(
     commit_grace_ms: Annotated[
         float, typer.Option(min=0, help="How long past the deadline a started commit may take.")
     ] = 100.0,
-    max_inflight: Annotated[int, typer.Option(min=1, help="Auctions run at once.")] = 10_000,
+    max_inflight: Annotated[
+        int, typer.Option(min=1, help="Auctions run at once, at most (the adaptive cap's top).")
+    ] = 10_000,
+    target_auction_ms: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            help="Admission: adapt how many auctions run at once so they end within this "
+            "(AIMD); past it orders are refused at once. 0: a fixed cap of --max-inflight.",
+        ),
+    ] = DEFAULT_TARGET_AUCTION_MS,
     max_order_backlog: Annotated[
         int, typer.Option(min=1, help="Orders queued beyond this many are refused at once.")
     ] = 256,
@@ -109,6 +119,7 @@ def serve(
             max_inflight=max_inflight,
             max_order_backlog=max_order_backlog,
             trust=trust_store,
+            target_auction_ms=target_auction_ms,
         )
         await svc.start()
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")

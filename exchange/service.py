@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 
 import nats.errors
 import structlog
@@ -16,6 +17,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from exchange.admission import ConcurrencyLimit
 from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
 from exchange.connection import flush_all
 from exchange.protocol import (
@@ -34,6 +36,10 @@ from exchange.subjects import EXCHANGE_QUEUE, Subjects
 log = structlog.get_logger("bourse.exchange")
 
 MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
+# Admission (exchange/admission.py): auctions should end within this under load.
+DEFAULT_TARGET_AUCTION_MS = 25.0
+ADMISSION_FLOOR = 16
+ADMISSION_INITIAL = 64
 
 
 class ExchangeService:
@@ -47,6 +53,7 @@ class ExchangeService:
         max_inflight: int = 10_000,
         max_order_backlog: int = 256,
         trust: TrustStore | None = None,
+        target_auction_ms: float = DEFAULT_TARGET_AUCTION_MS,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -54,6 +61,14 @@ class ExchangeService:
         self.regions = regions or None
         self.max_inflight = max_inflight
         self.max_order_backlog = max_order_backlog
+        # How many auctions run at once: adaptive (exchange/admission.py), at most
+        # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
+        self.admission = ConcurrencyLimit(
+            ceiling=max_inflight,
+            target_ms=target_auction_ms,
+            floor=min(max_inflight, ADMISSION_FLOOR),
+            initial=min(max_inflight, ADMISSION_INITIAL),
+        )
         self._orders: Subscription | None = None
         self.responder = Responder(nc, "exchange")
         self._subs: list[Subscription] = []
@@ -100,20 +115,23 @@ class ExchangeService:
                 f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
             )
         backlog = self._orders.pending_msgs if self._orders is not None else 0
-        inflight = len(self.responder.tasks)
-        if inflight >= self.max_inflight or backlog > self.max_order_backlog:
+        adm = self.admission
+        if backlog > self.max_order_backlog or not adm.try_acquire():
             # Refusing at once is the cheap, honest answer: an auction started now would
-            # run on an order that has already waited behind the queue.
+            # run on an order that has already waited behind the queue, or slow down
+            # every auction under way (past capacity the market would collapse).
             self.responder.counts["shed"] += 1
             await self.responder.error(
                 msg,
                 "internal",
-                f"exchange overloaded: {inflight} orders in flight, {backlog} queued",
+                f"exchange overloaded: {adm.inflight} auctions in flight (limit "
+                f"{int(adm.limit)}), {backlog} orders queued; try again",
             )
             return
         self.responder.spawn(msg, self._place(msg, order))
 
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
+        t0 = time.monotonic()
         try:
             result = await self.auctioneer.run(order)
         except ConflictingOrder as exc:
@@ -122,6 +140,11 @@ class ExchangeService:
         except AuctionError as exc:
             await self.responder.error(msg, "internal", str(exc))
             return
+        finally:
+            # A retry gathers offers on purpose (a quiet window): its time says nothing
+            # about load, so it only gives its slot back.
+            elapsed_ms = 0.0 if order.retry else (time.monotonic() - t0) * 1000.0
+            self.admission.release(elapsed_ms)
         self.responder.counts[type(result).__name__] += 1
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, result)

@@ -45,7 +45,7 @@ from supplier.host import (
     SupplierHost,
     WorkerIdInUse,
 )
-from supplier.store import Store, StoreError
+from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
 
@@ -88,6 +88,14 @@ def run_cmd(
     max_bid_backlog: Annotated[
         int, typer.Option(min=1, help="Shed bids queued beyond this many (overload).")
     ] = DEFAULT_MAX_BID_BACKLOG,
+    commit_linger_ms: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            max=50,
+            help="While busy, the store waits this long for more writes to share an fsync.",
+        ),
+    ] = DEFAULT_LINGER_MS,
     quote_sample: Annotated[
         int,
         typer.Option(
@@ -139,7 +147,7 @@ def run_cmd(
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
         check_workers(workers)
         subjects = Subjects(prefix)
-        store = Store(data_dir / DB_NAME, max_db_mb=max_db_mb)
+        store = Store(data_dir / DB_NAME, max_db_mb=max_db_mb, linger_ms=commit_linger_ms)
     except (ConfigError, StoreError, ValueError) as exc:
         fail(str(exc))
 

@@ -7,6 +7,10 @@ share a file. Every change is one transaction that appends to ``oplog`` and upse
 
 Writes go through one writer thread with group commit: whatever is queued when the
 thread wakes is written in one transaction and fsynced once, then every waiter is told.
+Under load (the last group had several writes, or more came while it was written) the
+thread lingers up to ``linger_ms`` for more before it writes: an fsync costs ~100 us of CPU
+here whatever it carries, so this trades a fraction of a millisecond of latency, only
+when busy, for fewer fsyncs. A lone write on an idle store never waits.
 ``await store.write(...)`` returns only after the data is durable, so a ``Placed`` reply
 sent after it survives kill -9 (I2). The event loop never blocks on the disk.
 
@@ -24,6 +28,7 @@ import os
 import queue
 import sqlite3
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +72,8 @@ _PROBE = object()
 # The probe writes (then deletes) this much, so it needs fresh pages or WAL space: a store
 # that is full again fails it instead of passing on a tiny in-place update.
 PROBE_BYTES = 64 * 1024
+DEFAULT_LINGER_MS = 0.5
+MAX_GROUP = 1024
 
 
 class StoreError(RuntimeError):
@@ -84,9 +91,15 @@ class Op:
 
 
 class Store:
-    def __init__(self, path: str | Path, max_db_mb: int | None = None) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        max_db_mb: int | None = None,
+        linger_ms: float = DEFAULT_LINGER_MS,
+    ) -> None:
         if max_db_mb is not None and max_db_mb < 1:
             raise StoreError(f"max_db_mb must be at least 1, got {max_db_mb}")
+        self.linger_s = max(0.0, linger_ms) / 1000.0
         self.path = Path(path)
         self.max_db_mb = max_db_mb
         # Why the last write failed ("" while healthy); set by the writer thread.
@@ -173,15 +186,18 @@ class Store:
         except sqlite3.Error as exc:
             log.error("store_open_failed", path=str(self.path), error=str(exc))
             conn = None
+        busy = False
         while True:
             first = self._queue.get()
             if first is _STOP:
                 break
             batch = [first]
             stop = False
-            while len(batch) < 1024:
+            until = time.monotonic() + self.linger_s if busy else 0.0
+            while len(batch) < MAX_GROUP:
                 try:
-                    item = self._queue.get_nowait()
+                    wait = until - time.monotonic()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
                 if item is _STOP:
@@ -196,6 +212,7 @@ class Store:
                 self._write_batch(conn, batch)  # type: ignore[arg-type]
             if stop:
                 break
+            busy = len(batch) > 1 or not self._queue.empty()
         if conn is not None:
             conn.close()
         # Writes that raced with close(): tell their waiters instead of leaving them hanging.

@@ -62,6 +62,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_offers: int = 3  # offers per bid from one supplier process (its best); 0: all
     quote_sample: int = 8  # a big host prices a bid on a sample (supplier/candidates.py)
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
+    exchange_target_ms: float = 25.0  # the exchange's adaptive admission target (0: fixed)
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]

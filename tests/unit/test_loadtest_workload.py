@@ -131,6 +131,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
         "--max-inflight": ("exchange_max_inflight", 50),
         "--max-offers": ("max_offers", 2),
         "--quote-sample": ("quote_sample", 5),
+        "--target-auction-ms": ("exchange_target_ms", 12.5),
     }
     args = [a for flag, (_, v) in flags.items() for a in (flag, str(v))]
     result = CliRunner().invoke(bourse.app, ["loadtest", *args, "--json", "--out", str(tmp_path)])

@@ -340,3 +340,31 @@ async def test_write_after_the_file_vanished_is_refused(db: Path, store: Store) 
 def test_a_cap_below_one_mib_is_refused(db: Path) -> None:
     with pytest.raises(StoreError, match="max_db_mb must be at least 1"):
         Store(db, max_db_mb=0)
+
+
+async def test_an_idle_store_writes_each_lone_write_at_once(db: Path) -> None:
+    s = Store(db, linger_ms=10_000)  # a linger would show as a 10 s stall (the test times out)
+    try:
+        for i in range(5):
+            await s.write(Op("place", machine(f"order-{i}", i)))
+        assert (s.writes, s.batches) == (5, 5)
+    finally:
+        s.close()
+
+
+async def test_a_busy_store_lingers_to_share_an_fsync(db: Path) -> None:
+    s = Store(db, linger_ms=200)
+    try:
+        ms = [machine(f"order-{i}", i) for i in range(12)]
+        # two at once: the writer sees load, so the next group waits for company
+        await write_all_while_blocked(s, db, [(Op("place", m),) for m in ms[:2]])
+        before = s.batches
+        pending = []
+        for m in ms[2:]:  # a trickle: one write every ~2 ms, each alone in the queue
+            pending.append(asyncio.ensure_future(s.write(Op("place", m))))
+            await asyncio.sleep(0.002)
+        await asyncio.gather(*pending)
+        assert s.batches - before <= 3  # without the linger: ~10 groups of one
+        assert len(s.load_machines("mad-1")) == 12
+    finally:
+        s.close()

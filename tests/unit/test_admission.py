@@ -1,0 +1,63 @@
+"""The exchange's adaptive cap on auctions in flight (exchange/admission.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from exchange.admission import ConcurrencyLimit
+
+
+def test_a_fixed_cap_refuses_past_it_and_never_moves() -> None:
+    cap = ConcurrencyLimit(ceiling=2, target_ms=0, floor=1)
+    assert cap.try_acquire() and cap.try_acquire()
+    assert not cap.try_acquire()
+    assert (cap.inflight, cap.refused) == (2, 1)
+    cap.release(elapsed_ms=10_000)  # slow, but a fixed cap does not adapt
+    assert cap.limit == 2 and cap.try_acquire()
+
+
+def test_fast_auctions_open_one_slot_per_round() -> None:
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=10)
+    for _ in range(10):  # one round: 10 auctions within the target
+        assert cap.try_acquire()
+        cap.release(elapsed_ms=5)
+    # each adds 1/limit: 10 x ~1/10 -> about one more slot
+    assert 10.9 < cap.limit < 11.0
+
+
+def test_a_slow_burst_cuts_once_per_target_interval() -> None:
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=50, decrease=0.8)
+    for _ in range(5):
+        cap.try_acquire()
+    for _ in range(5):  # the same congestion event (within 25 ms): one cut
+        cap.release(elapsed_ms=80, now=1000.0)
+    assert cap.limit == 40.0 and cap.cuts == 1
+    cap.try_acquire()
+    cap.release(elapsed_ms=80, now=1000.026)  # the next interval: cut again
+    assert cap.limit == 32.0 and cap.cuts == 2
+
+
+def test_the_limit_stays_between_floor_and_ceiling() -> None:
+    cap = ConcurrencyLimit(ceiling=12, target_ms=25, floor=4, initial=64)
+    assert cap.limit == 12  # the initial value is clamped too
+    for i in range(50):
+        cap.try_acquire()
+        cap.release(elapsed_ms=500, now=float(i))
+    assert cap.limit == 4
+    for _ in range(1000):
+        cap.try_acquire()
+        cap.release(elapsed_ms=1)
+    assert cap.limit == 12
+
+
+@pytest.mark.parametrize(
+    ("kw", "problem"),
+    [
+        ({"floor": 0}, "floor"),
+        ({"floor": 20, "ceiling": 10}, "floor"),
+        ({"decrease": 1.0}, "decrease"),
+    ],
+)
+def test_bad_settings_are_named(kw: dict[str, float], problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ConcurrencyLimit(**kw)  # type: ignore[arg-type]
