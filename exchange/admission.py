@@ -2,21 +2,32 @@
 
 Past the fleet's capacity every process queues, each auction waits behind the others, and
 they all end late (``no_offers`` after the quiet window, or the deadline): the market
-collapses instead of placing as many orders as fit. An exchange therefore refuses an order
-at once (an ``Error`` saying it is overloaded; the client may try again or elsewhere) while
-it runs ``limit`` auctions.
+collapses instead of placing as many orders as fit. An exchange therefore runs at most
+``limit`` auctions at once. An order that finds them all busy waits for a slot, first come
+first served, for a bounded share of its deadline (a burst of a deploy's orders is served,
+not refused); if none frees in that time it is refused (an ``Error`` saying the exchange is
+overloaded: the client may try again later or elsewhere), and the auction that does run
+gets only what is left of the deadline. When no order has found a free slot for
+``standing_ms``, the line is not a burst but overload (as in CoDel): orders arriving then
+wait at most
+``congested_wait_ms``, so under sustained overload refusals come fast and the orders that
+are placed do not queue for long either.
 
-The limit adapts, AIMD as in TCP congestion control: every auction that finishes within
-``target_ms`` adds ``1 / limit`` (one more slot per round of auctions); an auction slower
-than that cuts the limit by ``decrease`` at most once per ``target_ms`` (one cut per
-congestion event, not one per slow auction of the same burst). An idle market never
+The limit adapts, AIMD as in TCP congestion control: every placement made within
+``target_ms`` adds ``1 / limit`` (one more slot per round of auctions); a slower one, or an
+auction that ran into its deadline, cuts the limit by ``decrease`` at most once per
+``target_ms`` (one cut per congestion event, not one per slow auction of the same burst).
+Other outcomes say nothing about load (``no_offers`` waits out a quiet window by design,
+a retry gathers offers on purpose) and only give their slot back. An idle market never
 reaches the limit, so it costs nothing there; a saturated one settles where auctions take
 about ``target_ms``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 
@@ -34,6 +45,10 @@ class ConcurrencyLimit:
     refused: int = field(default=0, init=False)
     cuts: int = field(default=0, init=False)
     _next_cut: float = field(default=0.0, init=False)
+    standing_ms: float = 100.0
+    congested_wait_ms: float = 25.0
+    _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
+    _calm_at: float = field(default=0.0, init=False)  # last time a slot was free at once
 
     def __post_init__(self) -> None:
         if self.floor < 1 or self.ceiling < self.floor:
@@ -45,18 +60,58 @@ class ConcurrencyLimit:
     def _clamp(self, value: float) -> float:
         return min(float(self.ceiling), max(float(self.floor), value))
 
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
     def try_acquire(self) -> bool:
-        """Take a slot for one auction; False (counted in ``refused``) when full."""
-        if self.inflight >= int(self.limit):
-            self.refused += 1
+        """Take a free slot at once (none is free while others wait for one)."""
+        if self.inflight >= int(self.limit) or self._waiters:
             return False
         self.inflight += 1
+        self._calm_at = time.monotonic()
         return True
 
-    def release(self, elapsed_ms: float, now: float | None = None) -> None:
-        """An auction ended after ``elapsed_ms``: give its slot back and adapt the limit."""
+    async def acquire(self, within_s: float) -> bool:
+        """Take a slot, waiting up to ``within_s`` in line for one; False (counted in
+        ``refused``) if none came."""
+        if self.try_acquire():
+            return True
+        if time.monotonic() - self._calm_at > self.standing_ms / 1000.0:
+            within_s = min(within_s, self.congested_wait_ms / 1000.0)
+        if within_s > 0:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, within_s)
+                return True  # the releaser counted us in
+            except TimeoutError:
+                if fut.done() and not fut.cancelled():
+                    return True  # handed a slot just as the wait ran out
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        self.refused += 1
+        return False
+
+    def _hand_over(self) -> None:
+        """Give free slots to the orders waiting longest."""
+        while self._waiters and self.inflight < int(self.limit):
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.inflight += 1
+                fut.set_result(None)
+
+    def release(self, elapsed_ms: float | None, now: float | None = None) -> None:
+        """An auction ended: give its slot back and adapt the limit. ``elapsed_ms``: how long
+        a placement (or an auction that hit its deadline: pass the deadline) took; None for
+        an outcome that says nothing about load."""
         self.inflight -= 1
-        if not self.target_ms:
+        self._adapt(elapsed_ms, now)
+        self._hand_over()
+
+    def _adapt(self, elapsed_ms: float | None, now: float | None) -> None:
+        if not self.target_ms or elapsed_ms is None:
             return
         if elapsed_ms <= self.target_ms:
             self.limit = self._clamp(self.limit + 1.0 / self.limit)

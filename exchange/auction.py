@@ -158,9 +158,11 @@ class Auctioneer:
         self._sub: Subscription | None = None
         self._prefix = ""
 
-    async def run(self, order: PlaceOrder) -> Placed | Unfilled:
+    async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
-        order id but a different order (region, resources, image...) is under way here."""
+        order id but a different order (region, resources, image...) is under way here.
+        ``spent_ms``: time the order already waited (for admission): the auction's deadline
+        is what is left of the order's."""
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
@@ -173,7 +175,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run(order)
+            result = await self._run(order, spent_ms)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -201,11 +203,11 @@ class Auctioneer:
             await self._sub.unsubscribe()
             self._sub = None
 
-    async def _run(self, order: PlaceOrder) -> Placed | Unfilled:
+    async def _run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
         t0 = time.monotonic()
-        deadline = t0 + order.deadline_ms / 1000.0
+        deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
         cfg = self.config
         auction_id = str(ULID())
         tally = _Tally()

@@ -25,6 +25,7 @@ from exchange.protocol import (
     BadMessage,
     ListMachines,
     MachineRequest,
+    Placed,
     PlaceOrder,
     decode,
     worker_of_machine,
@@ -40,6 +41,9 @@ MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
 DEFAULT_TARGET_AUCTION_MS = 25.0
 ADMISSION_FLOOR = 16
 ADMISSION_INITIAL = 64
+# An order that finds every slot busy waits this share of its deadline for one.
+ADMISSION_WAIT_SHARE = 0.25
+OVERLOADED = "exchange overloaded"  # the start of an admission refusal's detail
 
 
 class ExchangeService:
@@ -115,25 +119,36 @@ class ExchangeService:
                 f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
             )
         backlog = self._orders.pending_msgs if self._orders is not None else 0
-        adm = self.admission
-        if backlog > self.max_order_backlog or not adm.try_acquire():
+        if backlog > self.max_order_backlog:
             # Refusing at once is the cheap, honest answer: an auction started now would
-            # run on an order that has already waited behind the queue, or slow down
-            # every auction under way (past capacity the market would collapse).
-            self.responder.counts["shed"] += 1
-            await self.responder.error(
-                msg,
-                "internal",
-                f"exchange overloaded: {adm.inflight} auctions in flight (limit "
-                f"{int(adm.limit)}), {backlog} orders queued; try again",
-            )
+            # run on an order that has already waited behind the queue.
+            await self._overloaded(msg, backlog)
             return
         self.responder.spawn(msg, self._place(msg, order))
 
+    async def _overloaded(self, msg: Msg, backlog: int = 0) -> None:
+        adm = self.admission
+        self.responder.counts["shed"] += 1
+        await self.responder.error(
+            msg,
+            "internal",
+            f"{OVERLOADED}: {adm.inflight} auctions in flight (limit {int(adm.limit)}), "
+            f"{adm.waiting} orders waiting, {backlog} queued; try again",
+        )
+
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
         t0 = time.monotonic()
+        # Past the admission limit an order waits its turn for a share of its deadline: an
+        # auction started now would slow every one under way (the market would collapse).
+        if not await self.admission.acquire(order.deadline_ms * ADMISSION_WAIT_SHARE / 1000):
+            await self._overloaded(msg)
+            return
+        started = time.monotonic()
+        load_ms: float | None = None  # what this auction says about load (admission.py)
         try:
-            result = await self.auctioneer.run(order)
+            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
+            if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
+                load_ms = (time.monotonic() - started) * 1000.0
         except ConflictingOrder as exc:
             await self.responder.error(msg, "bad_request", str(exc))
             return
@@ -141,10 +156,7 @@ class ExchangeService:
             await self.responder.error(msg, "internal", str(exc))
             return
         finally:
-            # A retry gathers offers on purpose (a quiet window): its time says nothing
-            # about load, so it only gives its slot back.
-            elapsed_ms = 0.0 if order.retry else (time.monotonic() - t0) * 1000.0
-            self.admission.release(elapsed_ms)
+            self.admission.release(load_ms)
         self.responder.counts[type(result).__name__] += 1
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, result)

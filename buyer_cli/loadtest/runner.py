@@ -25,10 +25,10 @@ from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest.workload import Profile, TraceOrder, fleet
 from exchange.connection import connect, shutdown
 from exchange.protocol import Machine, Placed, Unfilled, WorkerStatus
+from exchange.service import OVERLOADED
 from exchange.subjects import Subjects, shard_of
 
 HIST_MAX_US = 120_000_000
-OVERLOADED = "exchange overloaded"  # the start of the exchange's admission refusal
 
 
 def new_hist() -> HdrHistogram:

@@ -2,18 +2,49 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from exchange.admission import ConcurrencyLimit
 
 
-def test_a_fixed_cap_refuses_past_it_and_never_moves() -> None:
+async def test_a_fixed_cap_refuses_past_it_and_never_moves() -> None:
     cap = ConcurrencyLimit(ceiling=2, target_ms=0, floor=1)
     assert cap.try_acquire() and cap.try_acquire()
-    assert not cap.try_acquire()
+    assert not await cap.acquire(within_s=0)
     assert (cap.inflight, cap.refused) == (2, 1)
     cap.release(elapsed_ms=10_000)  # slow, but a fixed cap does not adapt
     assert cap.limit == 2 and cap.try_acquire()
+
+
+async def test_a_full_cap_serves_waiters_in_order_as_slots_free() -> None:
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    assert cap.try_acquire()
+    order: list[str] = []
+
+    async def wait(name: str) -> None:
+        if await cap.acquire(within_s=5):
+            order.append(name)
+
+    waiters = [asyncio.ensure_future(wait(n)) for n in ("a", "b")]
+    await asyncio.sleep(0)  # both are in line now
+    assert cap.waiting == 2 and not cap.try_acquire()  # no jumping the line
+    cap.release(None)
+    await waiters[0]
+    assert order == ["a"] and cap.inflight == 1
+    cap.release(None)
+    await waiters[1]
+    assert order == ["a", "b"] and cap.refused == 0
+
+
+async def test_a_waiter_is_refused_when_no_slot_frees_in_time() -> None:
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    assert cap.try_acquire()
+    assert not await cap.acquire(within_s=0.01)
+    assert (cap.refused, cap.waiting, cap.inflight) == (1, 0, 1)
+    cap.release(None)
+    assert cap.inflight == 0  # the refused waiter took nothing
 
 
 def test_fast_auctions_open_one_slot_per_round() -> None:
@@ -35,6 +66,13 @@ def test_a_slow_burst_cuts_once_per_target_interval() -> None:
     cap.try_acquire()
     cap.release(elapsed_ms=80, now=1000.026)  # the next interval: cut again
     assert cap.limit == 32.0 and cap.cuts == 2
+
+
+def test_outcomes_that_say_nothing_about_load_only_free_their_slot() -> None:
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=10)
+    cap.try_acquire()
+    cap.release(None)  # e.g. no_offers after a quiet window
+    assert (cap.limit, cap.inflight, cap.cuts) == (10, 0, 0)
 
 
 def test_the_limit_stays_between_floor_and_ceiling() -> None:
@@ -61,3 +99,14 @@ def test_the_limit_stays_between_floor_and_ceiling() -> None:
 def test_bad_settings_are_named(kw: dict[str, float], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
         ConcurrencyLimit(**kw)  # type: ignore[arg-type]
+
+
+async def test_a_standing_line_shortens_the_wait_of_new_arrivals() -> None:
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1, standing_ms=30, congested_wait_ms=0)
+    assert cap.try_acquire()
+    first = asyncio.ensure_future(cap.acquire(within_s=5))  # a burst: waits its full share
+    await asyncio.sleep(0.05)  # no slot has been free at once for longer than standing_ms
+    assert not await cap.acquire(within_s=5)  # overload: a newcomer waits 0 and is refused
+    assert not first.done()
+    cap.release(None)
+    assert await first  # the one in line keeps its place and gets the slot
