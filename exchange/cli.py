@@ -26,6 +26,7 @@ from exchange.runtime import (
     fail,
     nats_urls,
     run,
+    settle_heap,
 )
 from exchange.service import DEFAULT_TARGET_AUCTION_MS, ExchangeService
 from exchange.signing import TrustError, TrustStore
@@ -122,6 +123,7 @@ def serve(
             target_auction_ms=target_auction_ms,
         )
         await svc.start()
+        settle_heap()
         typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")
         await stop.wait()
         await svc.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
@@ -93,6 +94,15 @@ def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
         return await main(stop)
 
     return run_fast(wrapper())
+
+
+def settle_heap() -> None:
+    """Call once a program has started: every object made so far (a thousand virtual
+    workers' state, a load test's trace) moves out of the cyclic GC's reach (gc.freeze), so
+    the oldest-generation collections, which walk all of it, stop stalling the event loop
+    for tens of milliseconds, a spike straight into the p99 latency."""
+    gc.collect()
+    gc.freeze()
 
 
 def run_fast(coro: Coroutine[Any, Any, T]) -> T:

@@ -29,6 +29,7 @@ from exchange.runtime import (
     nats_urls,
     parse_labels,
     run,
+    settle_heap,
 )
 from exchange.signing import OfferSigner, TrustError
 from exchange.subjects import DEFAULT_PREFIX, Subjects
@@ -170,6 +171,7 @@ def run_cmd(
             await nc.drain()
             store.close()
             fail(str(exc))
+        settle_heap()
         typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
         await stop.wait()
         await host.stop()

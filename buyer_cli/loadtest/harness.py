@@ -28,6 +28,7 @@ from buyer_cli.loadtest.runner import (
 from buyer_cli.loadtest.workload import Profile, trace
 from exchange.connection import connect, shutdown
 from exchange.embedded_nats import EmbeddedNats
+from exchange.runtime import settle_heap
 from exchange.subjects import Subjects
 
 
@@ -80,6 +81,7 @@ async def run_loadtest(
         market = BourseClient(nc, subjects)
         direct = BourseClient(nc, subjects, direct=True)
         try:
+            settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
             await _send(profile, orders, market, direct, m, sampler, console)
             await check_invariants(direct, profile, orders, m)
         finally:

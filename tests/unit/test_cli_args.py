@@ -77,3 +77,16 @@ def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path) -> None:  # ty
     result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])
     assert result.exit_code == 1
     assert f"fleet file {fleet}" in result.output and "$.worker[0].capacity.cpus" in result.output
+
+
+def test_settle_heap_puts_what_exists_out_of_the_collectors_reach() -> None:
+    import gc
+
+    from exchange.runtime import settle_heap
+
+    keep = [[i] for i in range(1000)]  # a started program's state
+    try:
+        settle_heap()
+        assert gc.get_freeze_count() >= len(keep)
+    finally:
+        gc.unfreeze()
