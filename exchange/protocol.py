@@ -93,7 +93,7 @@ def worker_of_machine(machine_id: str) -> str:
     return machine_id.split(MACHINE_ID_SEPARATOR, 1)[0]
 
 
-class Resources(msgspec.Struct, frozen=True, kw_only=True):
+class Resources(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """An amount of every resource a worker sells. Memory and disk in MiB."""
 
     cpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_CPUS)]
@@ -102,7 +102,7 @@ class Resources(msgspec.Struct, frozen=True, kw_only=True):
     gpus: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)] = 0
 
 
-class Amount(msgspec.Struct, frozen=True, kw_only=True):
+class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Like Resources but may be zero everywhere: committed or held totals, capacities."""
 
     cpus: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -111,8 +111,12 @@ class Amount(msgspec.Struct, frozen=True, kw_only=True):
     gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
-class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True):
-    """Base of every wire message: tagged by ``type`` = class name."""
+class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True, gc=False):
+    """Base of every wire message: tagged by ``type`` = class name.
+
+    ``gc=False`` (inherited): messages are plain data that never refer back to themselves,
+    so the cyclic GC need not track the thousands decoded per second, nor every machine a
+    supplier keeps."""
 
 
 class PlaceOrder(Message, kw_only=True):

@@ -36,10 +36,12 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         r = await client.place(order(region="mad", image="web", cpus=1, memory_mb=256))
         assert isinstance(r, Placed)
         assert (await client.machine("start", r.machine_id)).state == "started"
+        log = data / "data" / "mad" / "machines" / r.worker_id / f"{r.machine_id}.log"
+        # its program is up (a SIGTERM before its handler is installed would just kill it)
+        await wait_until(lambda: "web up" in log.read_text())
         await nc.close()
     finally:
         assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
-    log = data / "data" / "mad" / "machines" / r.worker_id / f"{r.machine_id}.log"
     await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully
 
     up, url = await _up(data)
