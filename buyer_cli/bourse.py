@@ -99,6 +99,14 @@ def loadtest(
     max_offers: Annotated[
         int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
     ] = None,
+    direct: Annotated[
+        bool | None,
+        typer.Option(
+            "--direct/--via-exchange",
+            help="The generator runs the auctions itself (buyer --direct): no exchange.",
+            show_default=False,
+        ),
+    ] = None,
     target_auction_ms: Annotated[
         float | None, typer.Option(min=0, help="Exchange admission target (0: fixed cap).")
     ] = None,
@@ -158,6 +166,7 @@ def loadtest(
         "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
         "exchange_max_inflight": max_inflight, "max_offers": max_offers,
         "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
+        "direct": direct,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)

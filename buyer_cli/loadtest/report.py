@@ -104,7 +104,8 @@ def table(r: dict[str, Any]) -> Table:
     t.add_row(
         "fleet",
         f"{p['workers']} workers in {p['regions']} regions, "
-        f"{p['supplier_processes']} supplier process(es), {p['exchanges']} exchange(s)",
+        f"{p['supplier_processes']} supplier process(es), "
+        + ("no exchange (direct)" if p.get("direct") else f"{p['exchanges']} exchange(s)"),
     )
     t.add_row(
         "load",

@@ -171,7 +171,7 @@ def fleet_specs(
         args = supplier_args(profile, path, data_dir, supplier_common) + list(supplier_extra or [])
         log_path = root / "logs" / f"supplier-{i}.log"
         specs.append(Spec(f"supplier-{i}", "supplier", args, log_path, "supplier ready", data_dir))
-    for i in range(profile.exchanges):
+    for i in range(0 if profile.direct else profile.exchanges):
         args = exchange_args(profile, common)
         log_path = root / "logs" / f"exchange-{i}.log"
         specs.append(Spec(f"exchange-{i}", "exchange", args, log_path, "exchange ready"))
@@ -247,7 +247,7 @@ class Generator:
         m = self.m
         m.sent += 1
         try:
-            r = await self.market.place(t.order)
+            r = await (self.direct if self.p.direct else self.market).place(t.order)
         except ClientError as exc:
             # An exchange refusing at once past its admission limit is not a failure of
             # the market: count it apart (the client would try again later or elsewhere).

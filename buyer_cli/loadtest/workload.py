@@ -54,6 +54,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     region_weights: list[float] = []  # default: even
     deadline_ms: int = 500
     start_machines: bool = True  # start each placed machine (pulls fill the image caches)
+    direct: bool = False  # the generator runs each auction itself (buyer --direct): no exchange
     # the processes
     supplier_processes: int = 2
     exchanges: int = 1

@@ -47,3 +47,15 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
         "utilization.png",
     ]
     assert all(Path(p).stat().st_size > 1000 for p in rep["plots"])
+
+
+async def test_a_direct_run_places_without_any_exchange(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    profile = msgspec.structs.replace(
+        SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, direct=True, bid_shards=4
+    )
+    rep = await run_loadtest(profile, tmp_path, [nats_server.url], ceiling=False, oracle=False)
+    assert rep["violations"] == []
+    assert rep["placed"] == rep["orders"] == len(trace(profile))
+    assert {p["name"] for p in rep["processes"]} == {"supplier", "loadgen"}  # no exchange
