@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import heapq
-import random
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, field
@@ -50,7 +49,7 @@ from exchange.protocol import (
     encode,
 )
 from exchange.signing import TrustStore
-from exchange.subjects import Subjects
+from exchange.subjects import Subjects, sampled_shards
 
 log = structlog.get_logger("bourse.auction")
 
@@ -232,7 +231,7 @@ class Auctioneer:
         reply = f"{prefix}.{auction_id}"
         data = encode(bid)
         try:
-            targets = await self._publish_bid(order.region, order.order_id, data, reply)
+            targets = await self._publish_bid(order, data, reply)
             empty = 0  # targets that answered 503: nobody listens there
             last_offer = t0
             # A retry commits a new machine only after this: the worker that placed the
@@ -286,16 +285,17 @@ class Auctioneer:
             del self._boxes[auction_id]
             await self._release(order, auction_id)
 
-    async def _publish_bid(self, region: str, order_id: str, data: bytes, reply: str) -> int:
+    async def _publish_bid(self, order: PlaceOrder, data: bytes, reply: str) -> int:
         """Send the bid to the whole region, or (sampled bidding) to ``bid_sample`` of its
-        ``bid_shards`` shards, drawn from a generator seeded with the ORDER id: a retry of
-        the order asks the same shards, so the worker that already placed it is asked
-        again (I3), and a post-mortem can replay the draw. Returns the subjects count."""
+        ``bid_shards`` shards: the image's home shard and others drawn from the ORDER id
+        (subjects.sampled_shards: a retry asks the same shards, so the worker that already
+        placed it is asked again, I3). Returns the subjects count."""
         cfg = self.config
+        region = order.region
         if not cfg.bid_shards or cfg.bid_sample >= cfg.bid_shards:
             await self.nc.publish(self.subjects.bid(region), data, reply=reply)
             return 1
-        shards = random.Random(order_id).sample(range(cfg.bid_shards), cfg.bid_sample)
+        shards = sampled_shards(order.order_id, order.image, cfg.bid_shards, cfg.bid_sample)
         for shard in shards:
             await self.nc.publish(self.subjects.bid_shard(region, shard), data, reply=reply)
         return len(shards)

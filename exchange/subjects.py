@@ -6,6 +6,7 @@ two independent markets on one NATS account.
 
 from __future__ import annotations
 
+import random
 import re
 import zlib
 
@@ -20,6 +21,18 @@ _PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 def shard_of(worker_id: str, shards: int) -> int:
     """Which bid shard a worker is in (stable across processes and restarts)."""
     return zlib.crc32(worker_id.encode()) % shards
+
+
+def sampled_shards(order_id: str, image: str, shards: int, sample: int) -> list[int]:
+    """The shards a sampled bid goes to: the image's home shard (``crc32(image) mod
+    shards``) first, then ``sample - 1`` others drawn by a generator seeded with the order
+    id. The home shard makes image locality reinforce itself: an image's machines land
+    there more often than elsewhere, so that shard's workers pull and keep the image, and
+    the next bid for it finds it cached. The order-id seed makes a retry ask the same shards
+    (the worker that placed it answers: I3) and lets a post-mortem replay the draw."""
+    home = zlib.crc32(image.encode()) % shards
+    others = [s for s in range(shards) if s != home]
+    return [home, *random.Random(order_id).sample(others, min(sample, shards) - 1)]
 
 
 def is_valid_id(value: str) -> bool:

@@ -611,3 +611,17 @@ def test_region_with_trailing_newline_rejected() -> None:
 
 def test_is_valid_id_rejects_trailing_newline() -> None:
     assert is_valid_id("mad\n") is False
+
+
+def test_a_sampled_bid_goes_to_the_images_home_shard_and_others_from_the_order_id() -> None:
+    import zlib
+
+    from exchange.subjects import sampled_shards
+
+    home = zlib.crc32(b"web") % 10
+    got = sampled_shards("order-1", "web", 10, 3)
+    assert got[0] == home and len(set(got)) == 3 and all(0 <= s < 10 for s in got)
+    assert sampled_shards("order-1", "web", 10, 3) == got  # a retry asks the same shards
+    draws = {tuple(sampled_shards(f"order-{i}", "web", 10, 2)) for i in range(50)}
+    assert {d[0] for d in draws} == {home} and len({d[1] for d in draws}) > 5
+    assert sorted(sampled_shards("o", "web", 3, 5)) == [0, 1, 2]  # never more than exist
