@@ -13,6 +13,7 @@ from typing import TypeVar
 import nats.errors
 from nats.aio.client import Client as NATS
 
+from exchange.admission import ConcurrencyLimit, overloaded_detail, run_admitted
 from exchange.auction import AuctionConfig, Auctioneer, ConflictingOrder
 from exchange.protocol import (
     BadMessage,
@@ -59,10 +60,14 @@ class BourseClient:
         *,
         direct: bool = False,
         auction: AuctionConfig | None = None,
+        admission: ConcurrencyLimit | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.direct = direct
+        # Direct mode only: the exchange's admission control, run here (a load source
+        # placing thousands of orders a second wants it; one CLI order does not).
+        self.admission = admission
         self._auctioneer = Auctioneer(nc, self.subjects, auction) if direct else None
 
     async def close(self) -> None:
@@ -73,9 +78,14 @@ class BourseClient:
         """Run one immediate-or-cancel order; raises ClientError on an Error reply."""
         if self._auctioneer is not None:
             try:
-                return await self._auctioneer.run(order)
+                if self.admission is None:
+                    return await self._auctioneer.run(order)
+                result = await run_admitted(self.admission, self._auctioneer, order)
             except ConflictingOrder as exc:
                 raise ClientError(str(exc), "bad_request") from None
+            if result is None:
+                raise ClientError(overloaded_detail(self.admission), "internal")
+            return result
         if not self.nc.is_connected:
             # Immediate-or-cancel: a request buffered while disconnected would be sent on
             # reconnect and answered long after its deadline. Fail now; retry if you like.

@@ -30,6 +30,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 
+from exchange.auction import Auctioneer
+from exchange.protocol import Placed, PlaceOrder, Unfilled
+
+# An order that finds every slot busy waits this share of its deadline for one.
+WAIT_SHARE = 0.25
+OVERLOADED = "exchange overloaded"  # the start of an admission refusal's detail
+DEFAULT_TARGET_MS = 25.0  # auctions should end within this under load
+FLOOR = 16
+INITIAL = 64
+
 
 @dataclass(slots=True)
 class ConcurrencyLimit:
@@ -121,3 +131,42 @@ class ConcurrencyLimit:
             self.limit = self._clamp(self.limit * self.decrease)
             self.cuts += 1
             self._next_cut = now + self.target_ms / 1000.0
+
+
+def adaptive_limit(max_inflight: int, target_ms: float) -> ConcurrencyLimit:
+    """The exchange's limit: starts at 64, adapts within [16, ``max_inflight``] toward
+    auctions of ``target_ms`` (0: a fixed cap of ``max_inflight``)."""
+    return ConcurrencyLimit(
+        ceiling=max_inflight,
+        target_ms=target_ms,
+        floor=min(max_inflight, FLOOR),
+        initial=min(max_inflight, INITIAL),
+    )
+
+
+def overloaded_detail(limit: ConcurrencyLimit, backlog: int = 0) -> str:
+    """The refusal's text (an ``Error internal``): always starts with ``OVERLOADED``."""
+    return (
+        f"{OVERLOADED}: {limit.inflight} auctions in flight (limit {int(limit.limit)}), "
+        f"{limit.waiting} orders waiting, {backlog} queued; try again"
+    )
+
+
+async def run_admitted(
+    limit: ConcurrencyLimit, auctioneer: Auctioneer, order: PlaceOrder
+) -> Placed | Unfilled | None:
+    """Run the order's auction once ``limit`` has a slot for it (waiting in line for a
+    share of its deadline); None if it was refused. The auction gets what is left of the
+    deadline, and what it says about load adapts the limit."""
+    t0 = time.monotonic()
+    if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
+        return None
+    started = time.monotonic()
+    load_ms: float | None = None
+    try:
+        result = await auctioneer.run(order, (started - t0) * 1000.0)
+        if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
+            load_ms = (time.monotonic() - started) * 1000.0
+        return result
+    finally:
+        limit.release(load_ms)

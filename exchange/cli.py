@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from exchange import logs
+from exchange.admission import DEFAULT_TARGET_MS
 from exchange.auction import AuctionConfig
 from exchange.connection import connect, shutdown
 from exchange.runtime import (
@@ -28,7 +29,7 @@ from exchange.runtime import (
     run,
     settle_heap,
 )
-from exchange.service import DEFAULT_TARGET_AUCTION_MS, ExchangeService
+from exchange.service import ExchangeService
 from exchange.signing import TrustError, TrustStore
 from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
@@ -67,7 +68,7 @@ def serve(
             help="Admission: adapt how many auctions run at once so they end within this "
             "(AIMD); past it orders are refused at once. 0: a fixed cap of --max-inflight.",
         ),
-    ] = DEFAULT_TARGET_AUCTION_MS,
+    ] = DEFAULT_TARGET_MS,
     max_order_backlog: Annotated[
         int, typer.Option(min=1, help="Orders queued beyond this many are refused at once.")
     ] = 256,

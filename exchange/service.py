@@ -9,7 +9,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 
 import nats.errors
 import structlog
@@ -17,7 +16,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from exchange.admission import ConcurrencyLimit
+from exchange.admission import (
+    DEFAULT_TARGET_MS,
+    adaptive_limit,
+    overloaded_detail,
+    run_admitted,
+)
 from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
 from exchange.connection import flush_all
 from exchange.protocol import (
@@ -25,7 +29,6 @@ from exchange.protocol import (
     BadMessage,
     ListMachines,
     MachineRequest,
-    Placed,
     PlaceOrder,
     decode,
     worker_of_machine,
@@ -37,13 +40,6 @@ from exchange.subjects import EXCHANGE_QUEUE, Subjects
 log = structlog.get_logger("bourse.exchange")
 
 MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
-# Admission (exchange/admission.py): auctions should end within this under load.
-DEFAULT_TARGET_AUCTION_MS = 25.0
-ADMISSION_FLOOR = 16
-ADMISSION_INITIAL = 64
-# An order that finds every slot busy waits this share of its deadline for one.
-ADMISSION_WAIT_SHARE = 0.25
-OVERLOADED = "exchange overloaded"  # the start of an admission refusal's detail
 
 
 class ExchangeService:
@@ -57,7 +53,7 @@ class ExchangeService:
         max_inflight: int = 10_000,
         max_order_backlog: int = 256,
         trust: TrustStore | None = None,
-        target_auction_ms: float = DEFAULT_TARGET_AUCTION_MS,
+        target_auction_ms: float = DEFAULT_TARGET_MS,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -67,12 +63,7 @@ class ExchangeService:
         self.max_order_backlog = max_order_backlog
         # How many auctions run at once: adaptive (exchange/admission.py), at most
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
-        self.admission = ConcurrencyLimit(
-            ceiling=max_inflight,
-            target_ms=target_auction_ms,
-            floor=min(max_inflight, ADMISSION_FLOOR),
-            initial=min(max_inflight, ADMISSION_INITIAL),
-        )
+        self.admission = adaptive_limit(max_inflight, target_auction_ms)
         self._orders: Subscription | None = None
         self.responder = Responder(nc, "exchange")
         self._subs: list[Subscription] = []
@@ -127,36 +118,23 @@ class ExchangeService:
         self.responder.spawn(msg, self._place(msg, order))
 
     async def _overloaded(self, msg: Msg, backlog: int = 0) -> None:
-        adm = self.admission
         self.responder.counts["shed"] += 1
-        await self.responder.error(
-            msg,
-            "internal",
-            f"{OVERLOADED}: {adm.inflight} auctions in flight (limit {int(adm.limit)}), "
-            f"{adm.waiting} orders waiting, {backlog} queued; try again",
-        )
+        await self.responder.error(msg, "internal", overloaded_detail(self.admission, backlog))
 
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
-        t0 = time.monotonic()
         # Past the admission limit an order waits its turn for a share of its deadline: an
         # auction started now would slow every one under way (the market would collapse).
-        if not await self.admission.acquire(order.deadline_ms * ADMISSION_WAIT_SHARE / 1000):
-            await self._overloaded(msg)
-            return
-        started = time.monotonic()
-        load_ms: float | None = None  # what this auction says about load (admission.py)
         try:
-            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
-            if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
-                load_ms = (time.monotonic() - started) * 1000.0
+            result = await run_admitted(self.admission, self.auctioneer, order)
         except ConflictingOrder as exc:
             await self.responder.error(msg, "bad_request", str(exc))
             return
         except AuctionError as exc:
             await self.responder.error(msg, "internal", str(exc))
             return
-        finally:
-            self.admission.release(load_ms)
+        if result is None:
+            await self._overloaded(msg)
+            return
         self.responder.counts[type(result).__name__] += 1
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, result)

@@ -26,6 +26,7 @@ from buyer_cli.loadtest.runner import (
     start_fleet,
 )
 from buyer_cli.loadtest.workload import Profile, trace
+from exchange.admission import adaptive_limit
 from exchange.auction import AuctionConfig
 from exchange.connection import connect, shutdown
 from exchange.embedded_nats import EmbeddedNats
@@ -81,7 +82,8 @@ async def run_loadtest(
         nc = await connect(urls, name="bourse-loadgen", service=False)
         market = BourseClient(nc, subjects)
         auction = AuctionConfig(bid_shards=profile.bid_shards, bid_sample=profile.bid_sample)
-        direct = BourseClient(nc, subjects, direct=True, auction=auction)
+        limit = adaptive_limit(profile.exchange_max_inflight, profile.exchange_target_ms)
+        direct = BourseClient(nc, subjects, direct=True, auction=auction, admission=limit)
         try:
             settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
             await _send(profile, orders, market, direct, m, sampler, console)

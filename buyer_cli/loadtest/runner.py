@@ -23,9 +23,9 @@ from nats.aio.client import Client as NATS
 from buyer_cli.client import BourseClient, ClientError
 from buyer_cli.launcher import Program, start_program
 from buyer_cli.loadtest.workload import Profile, TraceOrder, fleet
+from exchange.admission import OVERLOADED
 from exchange.connection import connect, shutdown
 from exchange.protocol import Machine, Placed, Unfilled, WorkerStatus
-from exchange.service import OVERLOADED
 from exchange.subjects import Subjects, shard_of
 
 HIST_MAX_US = 120_000_000

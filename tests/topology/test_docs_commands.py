@@ -37,3 +37,21 @@ def test_nats_config_commands_in_the_docs_work(doc: str, files: list[str], tmp_p
     )
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == files
+
+
+def test_every_loadtest_command_in_the_docs_parses() -> None:
+    """A flag renamed or removed would leave a figure whose command no longer runs."""
+    from typer.testing import CliRunner
+
+    from buyer_cli.bourse import app
+
+    text = "\n".join(
+        (ROOT / name).read_text().replace("\\\n", " ")
+        for name in ("README.md", "docs/performance.md", "docs/reliability.md")
+    )
+    cmds = [shlex.split(m) for m in re.findall(r"bourse loadtest[^`\n|#]*", text)]
+    assert len(cmds) >= 10
+    for cmd in cmds:
+        args = [a for a in cmd[2:] if a not in ("&", "&&")]
+        result = CliRunner().invoke(app, ["loadtest", *args, "--help"])
+        assert result.exit_code == 0, (cmd, result.output)

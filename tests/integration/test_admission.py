@@ -1,0 +1,50 @@
+"""Admission (exchange/admission.py) on a real market: past the limit an order waits a
+share of its deadline for a slot, then is refused at once with a clear Error; the exchange
+and a direct buyer behave the same."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from buyer_cli.client import BourseClient, ClientError
+from exchange.admission import ConcurrencyLimit
+from exchange.protocol import Placed, Unfilled
+from exchange.service import ExchangeService
+from tests.market import Market, order, wait_until, worker
+
+
+async def _one_slot_busy(buyer: BourseClient, limit: ConcurrencyLimit) -> None:
+    """An order that holds the only slot for the quiet window (nobody can take 64 cpus),
+    while a 100 ms order waits 25 ms for a slot and is refused."""
+    slow = asyncio.ensure_future(buyer.place(order(cpus=64, order_id="slow")))
+    await wait_until(lambda: limit.inflight == 1)  # it has the slot
+    with pytest.raises(ClientError, match="exchange overloaded: 1 auctions in flight") as exc:
+        await buyer.place(order(order_id="late", deadline_ms=100))
+    assert exc.value.code == "internal"
+    slow_result = await slow
+    assert isinstance(slow_result, Unfilled) and slow_result.reason == "no_offers"
+    placed = await buyer.place(order(order_id="late", deadline_ms=100))  # the slot is free
+    assert isinstance(placed, Placed)
+
+
+async def test_a_full_exchange_refuses_after_a_share_of_the_deadline(market: Market) -> None:
+    await market.host(worker("mad-1"))
+    svc = ExchangeService(
+        await market.connect("ex"), market.subjects, max_inflight=1, target_auction_ms=0
+    )
+    await svc.start()
+    market.exchanges.append(svc)
+    await _one_slot_busy(await market.client(), svc.admission)
+    assert svc.responder.counts["shed"] == 1
+    assert svc.admission.refused == 1 and svc.admission.inflight == 0
+
+
+async def test_a_direct_buyer_with_admission_refuses_the_same_way(market: Market) -> None:
+    await market.host(worker("mad-1"))
+    limit = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    buyer = BourseClient(await market.connect("buyer"), market.subjects, direct=True)
+    buyer.admission = limit
+    await _one_slot_busy(buyer, limit)
+    assert (limit.refused, limit.inflight) == (1, 0)
