@@ -13,10 +13,13 @@ wait at most
 ``congested_wait_ms``, so under sustained overload refusals come fast and the orders that
 are placed do not queue for long either.
 
-The limit adapts, AIMD as in TCP congestion control: every placement made within
-``target_ms`` adds ``1 / limit`` (one more slot per round of auctions); a slower one, or an
-auction that ran into its deadline, cuts the limit by ``decrease`` at most once per
-``target_ms`` (one cut per congestion event, not one per slow auction of the same burst).
+The limit adapts, AIMD as in TCP congestion control, on a moving average (EWMA, weight
+``smoothing``) of how long auctions take: while it is within ``target_ms`` every placement
+adds ``1 / limit`` (one more slot per round of auctions); above it the limit is cut by
+``decrease``, at most once per ``target_ms`` (one cut per congestion event, not one per
+slow auction of the same burst). The average, not each auction, decides: a tail of slow
+auctions is normal at any load and would otherwise hold the limit far below capacity.
+Placements and auctions that ran into their deadline feed the average.
 Other outcomes say nothing about load (``no_offers`` waits out a quiet window by design,
 a retry gathers offers on purpose) and only give their slot back. An idle market never
 reaches the limit, so it costs nothing there; a saturated one settles where auctions take
@@ -58,6 +61,8 @@ class ConcurrencyLimit:
     standing_ms: float = 100.0
     congested_wait_ms: float = 25.0
     _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
+    smoothing: float = 0.05
+    avg_ms: float | None = field(default=None, init=False)  # the auctions' moving average
     _calm_at: float = field(default=0.0, init=False)  # last time a slot was free at once
 
     def __post_init__(self) -> None:
@@ -123,7 +128,9 @@ class ConcurrencyLimit:
     def _adapt(self, elapsed_ms: float | None, now: float | None) -> None:
         if not self.target_ms or elapsed_ms is None:
             return
-        if elapsed_ms <= self.target_ms:
+        avg = self.target_ms / 2 if self.avg_ms is None else self.avg_ms  # a neutral start
+        self.avg_ms = avg = avg + self.smoothing * (elapsed_ms - avg)
+        if avg <= self.target_ms:
             self.limit = self._clamp(self.limit + 1.0 / self.limit)
             return
         now = time.monotonic() if now is None else now

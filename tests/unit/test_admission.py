@@ -56,16 +56,28 @@ def test_fast_auctions_open_one_slot_per_round() -> None:
     assert 10.9 < cap.limit < 11.0
 
 
-def test_a_slow_burst_cuts_once_per_target_interval() -> None:
+def test_a_slow_average_cuts_once_per_target_interval() -> None:
     cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=50, decrease=0.8)
     for _ in range(5):
         cap.try_acquire()
-    for _ in range(5):  # the same congestion event (within 25 ms): one cut
+    for _ in range(5):  # the average passes 25 ms at the 4th; the same event: one cut
         cap.release(elapsed_ms=80, now=1000.0)
-    assert cap.limit == 40.0 and cap.cuts == 1
+    # 3 x (+1/limit) while the average was on target, then x 0.8 once
+    assert cap.cuts == 1 and 40.0 < cap.limit < 40.1
+    assert cap.avg_ms is not None and cap.avg_ms > 25
+    before = cap.limit
     cap.try_acquire()
     cap.release(elapsed_ms=80, now=1000.026)  # the next interval: cut again
-    assert cap.limit == 32.0 and cap.cuts == 2
+    assert cap.limit == pytest.approx(before * 0.8) and cap.cuts == 2
+
+
+def test_a_slow_tail_does_not_cut_while_the_average_is_on_target() -> None:
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=20, smoothing=0.05)
+    for i in range(400):  # 1 auction in 20 takes 60 ms, the rest 10 ms: average ~12.5 ms
+        cap.try_acquire()
+        cap.release(elapsed_ms=60 if i % 20 == 0 else 10, now=float(i))
+    assert cap.cuts == 0 and cap.avg_ms is not None and cap.avg_ms < 25
+    assert cap.limit > 20
 
 
 def test_outcomes_that_say_nothing_about_load_only_free_their_slot() -> None:
