@@ -12,9 +12,8 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import nats.errors
@@ -50,6 +49,7 @@ from supplier.config import WorkerConfig, check_workers
 from supplier.drivers import Driver
 from supplier.drivers.process import ProcessDriver
 from supplier.drivers.sim import SimDriver
+from supplier.outbox import Outbox
 from supplier.store import Store
 from supplier.worker import WAIT, Quote, Worker
 
@@ -148,7 +148,7 @@ class SupplierHost:
         # release then touches those, not every worker of the region in this process.
         self.asked: OrderedDict[tuple[str, str], tuple[float, list[Worker]]] = OrderedDict()
         self._subs: list[Subscription] = []
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self.outbox = Outbox(nc)  # events and delayed bid replies, in order, no task each
         self._sweeper: asyncio.Task[None] | None = None
         self.store_failing = False  # the store refused a write: every worker here drains
         self._next_probe = 0.0
@@ -165,6 +165,7 @@ class SupplierHost:
         return changed
 
     async def start(self) -> None:
+        self.outbox.start()
         await self._check_unclaimed()
         for w in self.workers.values():
             w.recover()
@@ -225,25 +226,14 @@ class SupplierHost:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
         await self.responder.wait(10)
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=10)
         for w in self.workers.values():
             await w.keeper.close()
+        await self.outbox.close()
         log.info("supplier_stopped", workers=len(self.workers))
-
-    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.error("task_failed", error=repr(task.exception()))
 
     def _emit(self, event: Event) -> None:
         subject = self.subjects.event(event.region, event.worker_id, event.kind)
-        self._spawn(self.nc.publish(subject, encode(event)))
+        self.outbox.post(subject, encode(event))
 
     def _region_of(self, msg: Msg) -> str:
         return self.subjects.tail(msg.subject, 1)[0]
@@ -277,7 +267,7 @@ class SupplierHost:
             for _, offer, _ in offers:
                 await self.nc.publish(msg.reply, self._wire(offer))
         else:
-            self._spawn(self._send_offers(msg.reply, bid.auction_id, now, offers))
+            self._send_offers(msg.reply, bid.auction_id, now, offers)
 
     def _answers(
         self, bid: Bid, group: BidGroup[Worker], inbox: str
@@ -328,25 +318,30 @@ class SupplierHost:
             elif q is WAIT:
                 blocked.append(w)
 
-    async def _send_offers(
+    def _send_offers(
         self,
         inbox: str,
         auction_id: str,
         t0: float,
         offers: list[tuple[float, Offer | Waiting, Worker]],
     ) -> None:
-        """Send each reply at t0 + its delay (best first); an offer whose hold was released
-        meanwhile is dropped."""
+        """Send each reply at t0 + its delay (best first, as the delays grow with a worse
+        score); an offer whose hold was released meanwhile is dropped when it falls due."""
+        loop = asyncio.get_running_loop()
         for delay, offer, w in offers:
             wait = t0 + delay - time.monotonic()
             if wait > 0:
-                await asyncio.sleep(wait)
-            if (
-                isinstance(offer, Waiting)
-                or offer.machine_id
-                or w.holds_for(offer.order_id, auction_id)
-            ):
-                await self.nc.publish(inbox, self._wire(offer))
+                loop.call_later(wait, self._offer_due, inbox, auction_id, offer, w)
+            else:
+                self._offer_due(inbox, auction_id, offer, w)
+
+    def _offer_due(self, inbox: str, auction_id: str, offer: Offer | Waiting, w: Worker) -> None:
+        if (
+            isinstance(offer, Waiting)
+            or offer.machine_id
+            or w.holds_for(offer.order_id, auction_id)
+        ):
+            self.outbox.post(inbox, self._wire(offer))
 
     def _wire(self, reply: Offer | Waiting) -> bytes:
         """A bid reply as sent: an Offer signed with this host's key when it has one."""
@@ -358,11 +353,8 @@ class SupplierHost:
         self, inbox: str, auction_id: str, offer: Offer | Waiting, delay: float
     ) -> None:
         """A waiting bid found capacity: send its offer (still ordered by score)."""
-        self._spawn(
-            self._send_offers(
-                inbox, auction_id, time.monotonic(), [(delay, offer, self.workers[offer.worker_id])]
-            )
-        )
+        w = self.workers[offer.worker_id]
+        self._send_offers(inbox, auction_id, time.monotonic(), [(delay, offer, w)])
 
     async def _on_region_release(self, msg: Msg) -> None:
         rel = decode(msg.data, Release)

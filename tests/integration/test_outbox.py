@@ -1,0 +1,41 @@
+"""The supplier's outbox (supplier/outbox.py): in order, drained on close, and a publish
+that fails is counted without stopping the rest."""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+from supplier.outbox import Outbox
+from tests.market import Market, wait_until
+
+
+async def test_messages_go_out_in_order_and_close_sends_what_is_queued(market: Market) -> None:
+    sub_nc = await market.connect("sub")
+    got: list[bytes] = []
+
+    async def collect(msg: Msg) -> None:
+        got.append(msg.data)
+
+    subject = market.subjects.prefix + ".outbox"
+    await sub_nc.subscribe(subject, cb=collect)
+    await sub_nc.flush()
+    box = Outbox(await market.connect("pub"))
+    box.start()
+    for i in range(200):
+        box.post(subject, str(i).encode())
+    await box.close()  # returns once all 200 are handed to the connection
+    assert len(box) == 0
+    await box.nc.flush()
+    await wait_until(lambda: len(got) == 200)
+    assert got == [str(i).encode() for i in range(200)]
+
+
+async def test_a_failing_publish_is_counted_and_the_pump_goes_on(market: Market) -> None:
+    nc = await market.connect("pub")
+    box = Outbox(nc)
+    box.start()
+    await nc.close()  # every publish now raises
+    box.post("x.y", b"1")
+    box.post("x.y", b"2")
+    await wait_until(lambda: box.failed == 2)
+    await box.close()
