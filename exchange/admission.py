@@ -103,6 +103,11 @@ class ConcurrencyLimit:
             except TimeoutError:
                 if fut.done() and not fut.cancelled():
                     return True  # handed a slot just as the wait ran out
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # handed a slot, then cancelled:
+                    self.inflight -= 1  # give it back, or it would be lost for good
+                    self._hand_over()
+                raise
             finally:
                 if fut in self._waiters:
                     self._waiters.remove(fut)

@@ -122,3 +122,18 @@ async def test_a_standing_line_shortens_the_wait_of_new_arrivals() -> None:
     assert not first.done()
     cap.release(None)
     assert await first  # the one in line keeps its place and gets the slot
+
+
+async def test_a_waiter_cancelled_after_being_handed_a_slot_gives_it_back() -> None:
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    assert cap.try_acquire()
+    waiter = asyncio.ensure_future(cap.acquire(within_s=5))
+    await asyncio.sleep(0)  # in line
+    cap.release(None)  # hands the slot to the waiter...
+    waiter.cancel()  # ...which is cancelled before it could use it
+    [got] = await asyncio.gather(waiter, return_exceptions=True)
+    if got is True:  # wait_for may swallow a cancel that races the result: the slot is ours
+        cap.release(None)
+    else:
+        assert isinstance(got, asyncio.CancelledError)
+    assert cap.inflight == 0 and cap.try_acquire()  # no slot was lost either way
