@@ -48,22 +48,24 @@ INITIAL = 64
 class ConcurrencyLimit:
     """An adaptive cap on auctions in flight (``target_ms=0``: a fixed cap of ``ceiling``)."""
 
+    # settings
     ceiling: int = 10_000
-    target_ms: float = 25.0
-    floor: int = 16
-    initial: int = 64
+    target_ms: float = DEFAULT_TARGET_MS
+    floor: int = FLOOR
+    initial: int = INITIAL
     decrease: float = 0.8
+    smoothing: float = 0.05
+    standing_ms: float = 100.0
+    congested_wait_ms: float = 25.0
+    # state
     limit: float = field(init=False)
     inflight: int = field(default=0, init=False)
     refused: int = field(default=0, init=False)
     cuts: int = field(default=0, init=False)
-    _next_cut: float = field(default=0.0, init=False)
-    standing_ms: float = 100.0
-    congested_wait_ms: float = 25.0
-    _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
-    smoothing: float = 0.05
     avg_ms: float | None = field(default=None, init=False)  # the auctions' moving average
+    _next_cut: float = field(default=0.0, init=False)
     _calm_at: float = field(default=0.0, init=False)  # last time a slot was free at once
+    _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
 
     def __post_init__(self) -> None:
         if self.floor < 1 or self.ceiling < self.floor:

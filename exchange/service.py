@@ -59,7 +59,6 @@ class ExchangeService:
         self.subjects = subjects or Subjects()
         self.auctioneer = Auctioneer(nc, self.subjects, auction, trust)
         self.regions = regions or None
-        self.max_inflight = max_inflight
         self.max_order_backlog = max_order_backlog
         # How many auctions run at once: adaptive (exchange/admission.py), at most
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.

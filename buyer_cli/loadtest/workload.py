@@ -15,7 +15,10 @@ from typing import Any, Literal
 
 import msgspec
 
+from exchange.admission import DEFAULT_TARGET_MS
 from exchange.protocol import PlaceOrder, Resources
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE
+from supplier.host import DEFAULT_MAX_OFFERS
 
 
 class Shape(msgspec.Struct, frozen=True):
@@ -60,10 +63,10 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     exchanges: int = 1
     bid_shards: int = 0  # sampled bidding (0: broadcast every bid to the region)
     bid_sample: int = 2
-    max_offers: int = 3  # offers per bid from one supplier process (its best); 0: all
-    quote_sample: int = 8  # a big host prices a bid on a sample (supplier/candidates.py)
+    max_offers: int = DEFAULT_MAX_OFFERS  # offers per bid from one supplier process; 0: all
+    quote_sample: int = DEFAULT_QUOTE_SAMPLE  # a big host prices a sample (candidates.py)
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
-    exchange_target_ms: float = 25.0  # the exchange's adaptive admission target (0: fixed)
+    exchange_target_ms: float = DEFAULT_TARGET_MS  # adaptive admission target (0: fixed)
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]
