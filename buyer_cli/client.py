@@ -13,7 +13,7 @@ from typing import TypeVar
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from exchange.admission import ConcurrencyLimit, overloaded_detail, run_admitted
+from exchange.admission import OVERLOADED, ConcurrencyLimit, overloaded_detail, run_admitted
 from exchange.auction import AuctionConfig, Auctioneer, ConflictingOrder
 from exchange.protocol import (
     BadMessage,
@@ -42,6 +42,12 @@ T = TypeVar("T")
 REPLY_SLACK_S = 2.0
 # Machine verbs may wait for a stop grace or an image pull.
 MACHINE_TIMEOUT_S = 60.0
+
+
+# ClientError.code of an order the exchange (or a direct buyer's own admission control)
+# refused as overloaded: nothing was bid; try again later or elsewhere. On the wire it is an
+# Error "internal" whose detail starts with "exchange overloaded" (the v1 codes are fixed).
+OVERLOADED_CODE = "overloaded"
 
 
 class ClientError(RuntimeError):
@@ -84,7 +90,7 @@ class BourseClient:
             except ConflictingOrder as exc:
                 raise ClientError(str(exc), "bad_request") from None
             if result is None:
-                raise ClientError(overloaded_detail(self.admission), "internal")
+                raise ClientError(overloaded_detail(self.admission), OVERLOADED_CODE)
             return result
         if not self.nc.is_connected:
             # Immediate-or-cancel: a request buffered while disconnected would be sent on
@@ -95,7 +101,8 @@ class BourseClient:
             self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"
         )
         if isinstance(reply, Error):
-            raise ClientError(reply.detail, reply.code)
+            overloaded = reply.code == "internal" and reply.detail.startswith(OVERLOADED)
+            raise ClientError(reply.detail, OVERLOADED_CODE if overloaded else reply.code)
         return reply
 
     async def status(

@@ -8,8 +8,9 @@ import asyncio
 
 import pytest
 
-from buyer_cli.client import BourseClient, ClientError
+from buyer_cli.client import OVERLOADED_CODE, BourseClient, ClientError
 from exchange.admission import ConcurrencyLimit
+from exchange.auction import Auctioneer
 from exchange.protocol import Placed, Unfilled
 from exchange.service import ExchangeService
 from tests.market import Market, order, wait_until, worker
@@ -22,7 +23,7 @@ async def _one_slot_busy(buyer: BourseClient, limit: ConcurrencyLimit) -> None:
     await wait_until(lambda: limit.inflight == 1)  # it has the slot
     with pytest.raises(ClientError, match="exchange overloaded: 1 auctions in flight") as exc:
         await buyer.place(order(order_id="late", deadline_ms=100))
-    assert exc.value.code == "internal"
+    assert exc.value.code == OVERLOADED_CODE  # told apart from other internal errors
     slow_result = await slow
     assert isinstance(slow_result, Unfilled) and slow_result.reason == "no_offers"
     placed = await buyer.place(order(order_id="late", deadline_ms=100))  # the slot is free
@@ -44,7 +45,24 @@ async def test_a_full_exchange_refuses_after_a_share_of_the_deadline(market: Mar
 async def test_a_direct_buyer_with_admission_refuses_the_same_way(market: Market) -> None:
     await market.host(worker("mad-1"))
     limit = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
-    buyer = BourseClient(await market.connect("buyer"), market.subjects, direct=True)
-    buyer.admission = limit
+    buyer = BourseClient(
+        await market.connect("buyer"), market.subjects, direct=True, admission=limit
+    )
     await _one_slot_busy(buyer, limit)
     assert (limit.refused, limit.inflight) == (1, 0)
+
+
+async def test_time_spent_waiting_for_a_slot_comes_off_the_auctions_deadline(
+    market: Market,
+) -> None:
+    await market.host(worker("mad-1"))
+    auctioneer = Auctioneer(await market.connect("auction"), market.subjects)
+    try:
+        # Nobody can take 64 cpus: the auction waits for offers until the quiet window
+        # (100 ms) or its deadline, whichever comes first. 295 of 300 ms were spent in line.
+        r = await auctioneer.run(order(cpus=64, order_id="late", deadline_ms=300), spent_ms=295)
+        assert isinstance(r, Unfilled) and r.elapsed_ms < 80  # not the 100 ms quiet window
+        full = await auctioneer.run(order(cpus=64, order_id="fresh", deadline_ms=300))
+        assert isinstance(full, Unfilled) and full.elapsed_ms >= 100
+    finally:
+        await auctioneer.close()
