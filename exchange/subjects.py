@@ -31,8 +31,9 @@ def sampled_shards(order_id: str, image: str, shards: int, sample: int) -> list[
     the next bid for it finds it cached. The order-id seed makes a retry ask the same shards
     (the worker that placed it answers: I3) and lets a post-mortem replay the draw."""
     home = zlib.crc32(image.encode()) % shards
-    others = [s for s in range(shards) if s != home]
-    return [home, *random.Random(order_id).sample(others, min(sample, shards) - 1)]
+    # the others, drawn from the shards but home: index i >= home stands for shard i + 1
+    drawn = random.Random(order_id).sample(range(shards - 1), min(sample, shards) - 1)
+    return [home, *(i + (i >= home) for i in drawn)]
 
 
 def is_valid_id(value: str) -> bool:

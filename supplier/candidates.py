@@ -47,7 +47,7 @@ class BidGroup(Generic[W]):
 
     def __init__(self, workers: list[W]) -> None:
         self.workers = workers
-        self.members = set(map(id, workers))
+        self.members = set(workers)
         self.by_image: dict[str, list[W]] = {}
 
     def image_changed(self, worker: W, image: str, cached: bool) -> None:
@@ -66,11 +66,7 @@ class BidGroup(Generic[W]):
         if not sample or len(self.workers) <= 2 * sample:
             return self.workers
         pos = zlib.crc32(order_id.encode())
-        picked: dict[int, W] = {}
-        if owner is not None and id(owner) in self.members:
-            picked[id(owner)] = owner
-        for w in window(self.by_image.get(image, ()), pos, sample):
-            picked[id(w)] = w
-        for w in window(self.workers, pos >> 8, sample):
-            picked[id(w)] = w
-        return list(picked.values())
+        picked = [owner] if owner is not None and owner in self.members else []
+        picked += window(self.by_image.get(image, ()), pos, sample)
+        picked += window(self.workers, pos >> 8, sample)
+        return list(dict.fromkeys(picked))  # each once, in that order

@@ -156,7 +156,7 @@ class SupplierHost:
 
     # -- life ---------------------------------------------------------------------------------
     def _image_listener(self, w: Worker) -> Callable[[str, bool], None]:
-        mine = [g for g in self.groups.values() if id(w) in g.members]
+        mine = [g for g in self.groups.values() if w in g.members]
 
         def changed(image: str, cached: bool) -> None:
             for group in mine:
@@ -263,11 +263,7 @@ class SupplierHost:
             asked = self.asked[key] = (now, [])
         asked[1].extend(w for _, _, w in offers)
         offers.sort(key=lambda o: o[0])
-        if offers[-1][0] <= 0:
-            for _, offer, _ in offers:
-                await self.nc.publish(msg.reply, self._wire(offer))
-        else:
-            self._send_offers(msg.reply, bid.auction_id, now, offers)
+        self._send_offers(msg.reply, bid.auction_id, now, offers)
 
     def _answers(
         self, bid: Bid, group: BidGroup[Worker], inbox: str

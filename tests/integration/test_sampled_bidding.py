@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
 
 from nats.aio.msg import Msg
@@ -41,6 +42,8 @@ async def test_bids_go_to_sampled_shards_only(market: Market) -> None:
     await (await market.connect("flush")).flush()
     assert "" not in seen  # never broadcast: the sampled shards always had workers
     assert sum(seen.values()) == 20  # 10 orders x 2 shards
+    # every bid asked the image's home shard (image locality builds there)
+    assert seen[f".{zlib.crc32(b'web') % SHARDS}"] == 10
 
 
 async def test_empty_sampled_shards_fall_back_to_the_whole_region(market: Market) -> None:

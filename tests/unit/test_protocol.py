@@ -625,3 +625,16 @@ def test_a_sampled_bid_goes_to_the_images_home_shard_and_others_from_the_order_i
     draws = {tuple(sampled_shards(f"order-{i}", "web", 10, 2)) for i in range(50)}
     assert {d[0] for d in draws} == {home} and len({d[1] for d in draws}) > 5
     assert sorted(sampled_shards("o", "web", 3, 5)) == [0, 1, 2]  # never more than exist
+
+
+def test_decoded_messages_are_not_tracked_by_the_cyclic_gc() -> None:
+    import gc
+
+    from exchange.protocol import Machine, Resources
+
+    m = Machine(
+        machine_id="w~1", order_id="o", worker_id="w", region="r", state="reserved",
+        resources=Resources(cpus=1, memory_mb=1), image="i", metadata={"a": "b"}, score=0.5,
+        created_at_ms=1, updated_at_ms=1,
+    )  # fmt: skip
+    assert not gc.is_tracked(m) and not gc.is_tracked(m.resources)
