@@ -4,9 +4,12 @@ FROM python:3.11-slim
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
+COPY bourse ./bourse
 COPY exchange ./exchange
 COPY supplier ./supplier
 COPY buyer_cli ./buyer_cli
+COPY ops ./ops
+COPY loadtest ./loadtest
 RUN pip install --no-cache-dir . \
     && useradd --system --create-home bourse \
     && mkdir /data && chown bourse /data

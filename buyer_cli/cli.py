@@ -1,5 +1,5 @@
 """``buyer``: place orders, look at the fleet, manage machines. Thin commands over
-buyer_cli.client; ``--json`` on every command for scripts.
+bourse.client; ``--json`` on every command for scripts.
 
 Exit codes: 0 placed / ok, 2 unfilled, 1 error (one clear line on stderr).
 """
@@ -15,24 +15,12 @@ import msgspec
 import typer
 from nats.aio.msg import Msg
 
-from buyer_cli import policy, render
-from buyer_cli.client import BourseClient, ClientError
-from buyer_cli.policy import Deployment
-from exchange import logs
-from exchange.auction import AuctionError
-from exchange.connection import connect, flush_all
-from exchange.protocol import (
-    DEFAULT_DEADLINE_MS,
-    BadMessage,
-    Event,
-    Machine,
-    Placed,
-    PlaceOrder,
-    Resources,
-    decode,
-    validation_detail,
-)
-from exchange.runtime import (
+from bourse.auction.driver import AuctionError
+from bourse.client import BourseClient, ClientError, policy, render
+from bourse.client.policy import Deployment
+from bourse.nats.connection import connect, flush_all
+from bourse.runtime import logs
+from bourse.runtime.cli import (
     CredsOpt,
     NatsOpt,
     PrefixOpt,
@@ -44,9 +32,12 @@ from exchange.runtime import (
     fail,
     nats_urls,
     parse_labels,
-    run,
 )
-from exchange.subjects import DEFAULT_PREFIX, Subjects
+from bourse.runtime.supervise import run
+from bourse.wire.codec import BadMessage, decode, validation_detail
+from bourse.wire.limits import DEFAULT_DEADLINE_MS
+from bourse.wire.messages import Event, Machine, Placed, PlaceOrder, Resources
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse buyer: place machine orders on the market.", no_args_is_help=True)
 machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)

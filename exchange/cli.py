@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
-from exchange import logs
-from exchange.admission import DEFAULT_TARGET_MS
-from exchange.auction import AuctionConfig
-from exchange.connection import connect, shutdown
-from exchange.runtime import (
+from bourse.auction.admission import DEFAULT_TARGET_MS
+from bourse.auction.driver import AuctionConfig
+from bourse.nats.connection import connect, shutdown
+from bourse.runtime import logs
+from bourse.runtime.cli import (
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -26,12 +26,11 @@ from exchange.runtime import (
     creds_file,
     fail,
     nats_urls,
-    run,
-    settle_heap,
 )
+from bourse.runtime.supervise import run, settle_heap
+from bourse.wire.signing import TrustError, TrustStore
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 from exchange.service import ExchangeService
-from exchange.signing import TrustError, TrustStore
-from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
 app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
 

@@ -16,26 +16,25 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from exchange.admission import (
+from bourse.auction.admission import (
     DEFAULT_TARGET_MS,
     adaptive_limit,
     overloaded_detail,
     run_admitted,
 )
-from exchange.auction import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
-from exchange.connection import flush_all
-from exchange.protocol import (
+from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
+from bourse.nats.connection import flush_all
+from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.wire.codec import BadMessage, decode
+from bourse.wire.messages import (
     MACHINE_VERBS,
-    BadMessage,
     ListMachines,
     MachineRequest,
     PlaceOrder,
-    decode,
     worker_of_machine,
 )
-from exchange.replies import Responder, subject_region_mismatch
-from exchange.signing import TrustStore
-from exchange.subjects import EXCHANGE_QUEUE, Subjects
+from bourse.wire.signing import TrustStore
+from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 
 log = structlog.get_logger("bourse.exchange")
 

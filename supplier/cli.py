@@ -9,11 +9,10 @@ from typing import Annotated
 import msgspec
 import typer
 
-from exchange import logs
-from exchange.auth import AuthError, signing_seed
-from exchange.connection import connect, shutdown
-from exchange.protocol import validation_detail
-from exchange.runtime import (
+from bourse.nats.auth import AuthError, signing_seed
+from bourse.nats.connection import connect, shutdown
+from bourse.runtime import logs
+from bourse.runtime.cli import (
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -28,11 +27,11 @@ from exchange.runtime import (
     fail,
     nats_urls,
     parse_labels,
-    run,
-    settle_heap,
 )
-from exchange.signing import OfferSigner, TrustError
-from exchange.subjects import DEFAULT_PREFIX, Subjects
+from bourse.runtime.supervise import run, settle_heap
+from bourse.wire.codec import validation_detail
+from bourse.wire.signing import OfferSigner, TrustError
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import (
     ConfigError,

@@ -23,7 +23,8 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from exchange.protocol import Amount, Image, Labels, Region, WorkerId, validation_detail
+from bourse.wire.codec import validation_detail
+from bourse.wire.messages import Amount, Image, Labels, Region, WorkerId
 from supplier.pricing import build_curves
 
 Preset = Literal["spread", "binpack"]

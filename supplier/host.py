@@ -22,11 +22,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from exchange.connection import flush_all
-from exchange.protocol import (
+from bourse.nats.connection import flush_all
+from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.limits import MAX_HOLD_MS
+from bourse.wire.messages import (
     MACHINE_VERBS,
-    MAX_HOLD_MS,
-    BadMessage,
     Bid,
     Commit,
     Event,
@@ -37,13 +38,10 @@ from exchange.protocol import (
     Release,
     StatusRequest,
     Waiting,
-    decode,
-    encode,
     worker_of_machine,
 )
-from exchange.replies import Responder, subject_region_mismatch
-from exchange.signing import OfferSigner
-from exchange.subjects import Subjects, shard_of
+from bourse.wire.signing import OfferSigner
+from bourse.wire.subjects import Subjects, shard_of
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.config import WorkerConfig, check_workers
 from supplier.drivers import Driver

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from exchange.protocol import Error, Machine, MachineLogs, now_ms
+from bourse.wire.messages import Error, Machine, MachineLogs, now_ms
 from supplier.drivers import Driver, DriverError
 from supplier.images import ImageCache
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state

@@ -35,7 +35,7 @@ from pathlib import Path
 import msgspec
 import structlog
 
-from exchange.protocol import Machine, now_ms
+from bourse.wire.messages import Machine, now_ms
 
 log = structlog.get_logger("bourse.store")
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import structlog
 
-from exchange.protocol import (
+from bourse.wire.messages import (
     Amount,
     Bid,
     Commit,

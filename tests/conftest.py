@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from exchange.embedded_nats import EmbeddedNats
-from exchange.subjects import Subjects
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.subjects import Subjects
 from tests.market import Market
 
 

@@ -13,12 +13,12 @@ from typing import Any
 import msgspec
 from nats.aio.client import Client as NATS
 
-from buyer_cli.client import BourseClient
-from exchange.auction import AuctionConfig
-from exchange.connection import connect
-from exchange.protocol import PlaceOrder, Resources
+from bourse.auction.driver import AuctionConfig
+from bourse.client import BourseClient
+from bourse.nats.connection import connect
+from bourse.wire.messages import PlaceOrder, Resources
+from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
-from exchange.subjects import Subjects
 from supplier.config import WorkerConfig
 from supplier.host import SupplierHost
 from supplier.store import Store

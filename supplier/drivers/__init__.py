@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from exchange.protocol import Machine
+from bourse.wire.messages import Machine
 
 
 class DriverError(RuntimeError):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import structlog
 
-from exchange.protocol import Machine
+from bourse.wire.messages import Machine
 from supplier.config import RESTART_POLICIES, ImageSpec, RestartPolicy
 from supplier.drivers import DriverError
 
@@ -106,7 +106,7 @@ class ProcessDriver:
                 sup.proc = await asyncio.create_subprocess_exec(
                     sys.executable,
                     "-m",
-                    "exchange.reaper",
+                    "bourse.runtime.reaper",
                     "--",
                     *command,
                     stdin=asyncio.subprocess.DEVNULL,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from exchange.protocol import Machine
+from bourse.wire.messages import Machine
 from supplier.images import DEFAULT_IMAGE_MB
 
 

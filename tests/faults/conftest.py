@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from buyer_cli.loadtest.chaos import ChaosRun
-from buyer_cli.loadtest.workload import Profile
+from loadtest.chaos import ChaosRun
+from loadtest.workload import Profile
 
 # 6 workers (32 CPUs each) in 3 supplier processes, 2 exchanges; about 40 orders/s, which
 # needs ~67 CPUs at steady state: the fleet has room for it with a process down.

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from buyer_cli.client import BourseClient, ClientError
-from exchange.connection import connect, shutdown
-from exchange.embedded_nats import EmbeddedNats
-from exchange.protocol import PlaceOrder, Resources
+from bourse.client import BourseClient, ClientError
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.messages import PlaceOrder, Resources
 
 
 async def test_order_is_not_buffered_while_disconnected(tmp_path: Path) -> None:

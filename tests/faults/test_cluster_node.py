@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from buyer_cli.loadtest.chaos import ChaosRun
-from buyer_cli.loadtest.workload import trace
+from loadtest.chaos import ChaosRun
+from loadtest.workload import trace
 from tests.faults.conftest import FLEET
 
 

@@ -1,5 +1,5 @@
 """kill -9 of a supplier or an exchange, and a nats-server restart, in the middle of a load
-run; afterwards I1-I5 are checked from the suppliers' own SQLite files (buyer_cli.loadtest
+run; afterwards I1-I5 are checked from the suppliers' own SQLite files (loadtest
 .audit) against everything the client saw."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import asyncio
 
 import msgspec
 
-from buyer_cli.loadtest.chaos import ChaosRun
-from buyer_cli.loadtest.workload import trace
-from exchange.protocol import Placed
+from bourse.wire.messages import Placed
+from loadtest.chaos import ChaosRun
+from loadtest.workload import trace
 from tests.faults.conftest import ANSWER_BOUND_MS, workers_of
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     cmd = [
-        sys.executable, "-m", "buyer_cli.bourse", "loadtest",
+        sys.executable, "-m", "ops.cli", "loadtest",
         "--soak", "6", "--fault-every-s", "0.7", "--seed", "3", "--json", "--out", str(out),
     ]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -38,7 +38,7 @@ def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
 
 
 def test_soak_refuses_an_external_nats() -> None:
-    cmd = [sys.executable, "-m", "buyer_cli.bourse", "loadtest", "--soak", "5", "--nats", "x"]
+    cmd = [sys.executable, "-m", "ops.cli", "loadtest", "--soak", "5", "--nats", "x"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1
     assert "--soak starts (and restarts) its own nats-server" in done.stderr + done.stdout

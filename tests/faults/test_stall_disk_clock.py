@@ -13,12 +13,13 @@ from pathlib import Path
 import libfaketime
 import structlog
 
-from buyer_cli.loadtest.audit import OrderRecord
-from buyer_cli.loadtest.chaos import ChaosRun, fill_store, free_store
-from buyer_cli.loadtest.workload import TraceOrder, trace
-from exchange.connection import STATS, connect, shutdown
-from exchange.embedded_nats import EmbeddedNats
-from exchange.protocol import Bid, Offer, PlaceOrder, Resources, WorkerStatus, decode, encode
+from bourse.nats.connection import STATS, connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, Offer, PlaceOrder, Resources, WorkerStatus
+from loadtest.audit import OrderRecord
+from loadtest.chaos import ChaosRun, fill_store, free_store
+from loadtest.workload import TraceOrder, trace
 from tests.faults.conftest import ANSWER_BOUND_MS, FLEET, workers_of
 
 

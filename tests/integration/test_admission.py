@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from buyer_cli.client import OVERLOADED_CODE, BourseClient, ClientError
-from exchange.admission import ConcurrencyLimit
-from exchange.auction import Auctioneer
-from exchange.protocol import Placed, Unfilled
+from bourse.auction.admission import ConcurrencyLimit
+from bourse.auction.driver import Auctioneer
+from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
+from bourse.wire.messages import Placed, Unfilled
 from exchange.service import ExchangeService
 from tests.market import Market, order, wait_until, worker
 

@@ -9,8 +9,10 @@ from collections.abc import Callable
 
 import pytest
 
-from exchange.protocol import MAX_PAYLOAD_BYTES, Error, Placed, decode
-from exchange.subjects import Subjects
+from bourse.wire.codec import decode
+from bourse.wire.limits import MAX_PAYLOAD_BYTES
+from bourse.wire.messages import Error, Placed
+from bourse.wire.subjects import Subjects
 from tests.market import Market, order, worker
 
 GOOD_ORDER = {
@@ -258,7 +260,7 @@ async def test_a_flood_of_garbage_does_not_stop_placements(market: Market) -> No
 async def test_an_overloaded_exchange_refuses_at_once_and_recovers(market: Market) -> None:
     import asyncio
 
-    from buyer_cli.client import ClientError
+    from bourse.client import ClientError
     from exchange.service import ExchangeService
 
     await market.host(worker("mad-1", cpus=64, memory_mb=65536))
@@ -280,7 +282,7 @@ async def test_an_overloaded_exchange_refuses_at_once_and_recovers(market: Marke
 async def test_a_bug_in_a_spawned_request_still_answers_the_requester(market: Market) -> None:
     import pytest
 
-    from buyer_cli.client import ClientError
+    from bourse.client import ClientError
 
     host = await market.host(worker("mad-1"))
     await market.exchange()

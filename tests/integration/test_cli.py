@@ -8,7 +8,7 @@ import json
 import os
 import sys
 
-from exchange.protocol import Placed
+from bourse.wire.messages import Placed
 from tests.market import Market, order, wait_until, worker
 
 

@@ -13,7 +13,7 @@ def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> Non
         [
             sys.executable,
             "-m",
-            "buyer_cli.bourse",
+            "ops.cli",
             "demo",
             "--json",
             "--burst",

@@ -7,7 +7,7 @@ from collections import Counter
 
 from nats.aio.msg import Msg
 
-from exchange.protocol import Placed, Unfilled
+from bourse.wire.messages import Placed, Unfilled
 from tests.market import Market, order, wait_until, worker
 
 
@@ -86,7 +86,8 @@ async def test_i4_unfilled_leaves_no_machine_and_no_hold_past_the_ttl(market: Ma
 async def test_i4_a_hold_whose_auction_vanished_expires_by_its_ttl(market: Market) -> None:
     host = await market.host(worker("a"))
     nc = await market.connect("raw-bidder")
-    from exchange.protocol import Bid, Resources, encode
+    from bourse.wire.codec import encode
+    from bourse.wire.messages import Bid, Resources
 
     inbox = nc.new_inbox()
     sub = await nc.subscribe(inbox)
@@ -139,7 +140,7 @@ async def test_an_order_without_a_reply_subject_places_nothing(market: Market) -
     host = await market.host(worker("a"))
     svc = await market.exchange()
     nc = await market.connect("fire-and-forget")
-    from exchange.protocol import encode
+    from bourse.wire.codec import encode
 
     await nc.publish(market.subjects.order("mad"), encode(order(order_id="no-reply")))
     await nc.flush()
@@ -163,7 +164,7 @@ async def test_i3_a_retry_that_excludes_the_machines_worker_still_gets_that_mach
 async def test_i5_one_order_id_for_two_regions_at_once_is_refused_not_merged(
     market: Market,
 ) -> None:
-    from buyer_cli.client import ClientError
+    from bourse.client import ClientError
 
     await market.host(worker("m", region="mad"), worker("l", region="lis"))
     await market.exchange()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
-from buyer_cli.launcher import start_program as start
-from exchange.protocol import Event, Machine, Placed, Unfilled, decode
+from bourse.runtime.launcher import start_program as start
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from supplier.config import WorkerConfig
 from supplier.drivers.process import ProcessDriver
 from tests.market import Market, order, wait_until, worker

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import msgspec
 
-from buyer_cli.loadtest.harness import run_loadtest
-from buyer_cli.loadtest.workload import SCENARIOS, trace
-from exchange.embedded_nats import EmbeddedNats
+from bourse.nats.embedded import EmbeddedNats
+from loadtest.harness import run_loadtest
+from loadtest.workload import SCENARIOS, trace
 
 
 async def test_smoke_run_reports_every_figure_and_no_violations(

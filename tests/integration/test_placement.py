@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from exchange.protocol import Event, Placed, decode
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event, Placed
 from tests.market import Market, order, wait_until, worker
 
 ULID_RE = r"[0-9A-HJKMNP-TV-Z]{26}"
@@ -119,7 +120,8 @@ async def test_losing_offers_have_their_holds_released_at_once(market: Market) -
 
 
 async def _offers_for_one_bid(market: Market) -> list[str]:
-    from exchange.protocol import Bid, Offer, Resources, encode
+    from bourse.wire.codec import encode
+    from bourse.wire.messages import Bid, Offer, Resources
 
     nc = await market.connect("bidder")
     inbox = nc.new_inbox()

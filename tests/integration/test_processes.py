@@ -6,8 +6,8 @@ import asyncio
 import sys
 from pathlib import Path
 
-from buyer_cli.launcher import start_program as start
-from exchange.protocol import Placed
+from bourse.runtime.launcher import start_program as start
+from bourse.wire.messages import Placed
 from tests.market import Market, order
 
 SUPPLIER_ARGS = (
@@ -125,7 +125,7 @@ async def test_supplier_refuses_bad_flags_with_one_clear_line(tmp_path: Path) ->
 
 
 async def test_supplier_stops_promptly_on_sigterm_even_when_nats_is_gone(tmp_path: Path) -> None:
-    from exchange.embedded_nats import EmbeddedNats
+    from bourse.nats.embedded import EmbeddedNats
 
     srv = EmbeddedNats(workdir=tmp_path / "nats").start()
     try:

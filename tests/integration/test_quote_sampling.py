@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from zlib import crc32
 
-from exchange.protocol import Placed
+from bourse.wire.messages import Placed
 from supplier.candidates import window
 from tests.market import Market, order, worker
 

@@ -12,11 +12,12 @@ import asyncio
 import msgspec
 from nats.aio.msg import Msg
 
-from buyer_cli.client import BourseClient
-from exchange.connection import connect, shutdown
-from exchange.embedded_nats import EmbeddedNats
-from exchange.protocol import Bid, Commit, Offer, Placed, PlaceOrder, Resources, decode, encode
-from exchange.subjects import Subjects
+from bourse.client import BourseClient
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Resources
+from bourse.wire.subjects import Subjects
 
 OWNER_DELAY_S = 0.03  # the owner's answer comes 30 ms after the other worker's
 

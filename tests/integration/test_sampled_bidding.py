@@ -7,8 +7,8 @@ from collections import Counter
 
 from nats.aio.msg import Msg
 
-from exchange.protocol import Placed, Unfilled
-from exchange.subjects import shard_of
+from bourse.wire.messages import Placed, Unfilled
+from bourse.wire.subjects import shard_of
 from tests.market import Market, order, worker
 
 SHARDS = 8

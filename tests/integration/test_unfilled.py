@@ -4,17 +4,8 @@ from __future__ import annotations
 
 from nats.aio.msg import Msg
 
-from exchange.protocol import (
-    Bid,
-    Commit,
-    Offer,
-    Placed,
-    Rejected,
-    Release,
-    Unfilled,
-    decode,
-    encode,
-)
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, Commit, Offer, Placed, Rejected, Release, Unfilled
 from tests.market import Market, order, wait_until, worker
 
 

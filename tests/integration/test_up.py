@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from buyer_cli.client import BourseClient
-from buyer_cli.launcher import Program, start_program
-from exchange.connection import connect
-from exchange.protocol import Placed
+from bourse.client import BourseClient
+from bourse.nats.connection import connect
+from bourse.runtime.launcher import Program, start_program
+from bourse.wire.messages import Placed
 from tests.market import order, wait_until
 
 
 async def _up(data_dir: Path) -> tuple[Program, str]:
     up = await start_program(
-        "buyer_cli.bourse",
+        "ops.cli",
         "up",
         "--port",
         "-1",

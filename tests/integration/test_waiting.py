@@ -5,18 +5,8 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NATS
 
-from exchange.protocol import (
-    Bid,
-    BidReply,
-    Commit,
-    Offer,
-    Placed,
-    Release,
-    Resources,
-    Waiting,
-    decode,
-    encode,
-)
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, BidReply, Commit, Offer, Placed, Release, Resources, Waiting
 from tests.market import Market, wait_until, worker
 
 ONE_CPU = Resources(cpus=1, memory_mb=64)
@@ -131,8 +121,8 @@ async def test_an_overloaded_supplier_sheds_queued_bids_and_keeps_answering(
 async def test_a_region_release_reaches_the_asked_workers_and_leaves_nothing_behind(
     market: Market,
 ) -> None:
-    from exchange.auction import AuctionConfig, Auctioneer
-    from exchange.protocol import PlaceOrder
+    from bourse.auction.driver import AuctionConfig, Auctioneer
+    from bourse.wire.messages import PlaceOrder
 
     host = await market.host(*(worker(f"w{i}") for i in range(30)), max_offers=3)
     auctioneer = Auctioneer(await market.connect("a"), market.subjects, AuctionConfig())

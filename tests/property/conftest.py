@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exchange.embedded_nats import EmbeddedNats
+from bourse.nats.embedded import EmbeddedNats
 from tests.property.harness import Harness
 
 

@@ -19,9 +19,10 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from buyer_cli.launcher import Program, start_program
-from exchange.connection import connect
-from exchange.protocol import (
+from bourse.nats.connection import connect
+from bourse.runtime.launcher import Program, start_program
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import (
     Error,
     ListMachines,
     Machine,
@@ -33,8 +34,6 @@ from exchange.protocol import (
     Resources,
     StatusRequest,
     WorkerStatus,
-    decode,
-    encode,
 )
 from tests.property.strategies import (
     BID_SHARDS,

@@ -20,12 +20,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from exchange import protocol
-from exchange.protocol import (
+from bourse.wire import codec, messages
+from bourse.wire.limits import (
     ID_PATTERN,
     IMAGE_PATTERN,
     MACHINE_ID_PATTERN,
-    MACHINE_VERBS,
     MAX_CPUS,
     MAX_DEADLINE_MS,
     MAX_DISK_MB,
@@ -35,7 +34,8 @@ from exchange.protocol import (
     MAX_PAYLOAD_BYTES,
     ORDER_ID_PATTERN,
 )
-from exchange.subjects import Subjects, shard_of
+from bourse.wire.messages import MACHINE_VERBS
+from bourse.wire.subjects import Subjects, shard_of
 
 # -- the market these cases are aimed at ---------------------------------------------------------
 PREFIX = f"prop{uuid.uuid4().hex[:10]}"
@@ -530,8 +530,8 @@ def _locally_valid(t: Target, data: bytes) -> bool:
     if t.empty_ok and not data.strip():
         return True
     try:
-        protocol.decode(data, getattr(protocol, t.typ))
-    except protocol.BadMessage:
+        codec.decode(data, getattr(messages, t.typ))
+    except codec.BadMessage:
         return False
     return True
 
@@ -575,7 +575,7 @@ def garbled(draw: st.DrawFn) -> Case:
 def oversized(draw: st.DrawFn) -> Case:
     """A valid message padded (unknown field) to just over the 64 KiB limit, or far over it."""
     t = draw(targets)
-    limit = protocol.payload_limit(getattr(protocol, t.typ))
+    limit = codec.payload_limit(getattr(messages, t.typ))
     assert limit is not None and limit >= MAX_PAYLOAD_BYTES
     size = draw(
         st.one_of(
@@ -613,7 +613,7 @@ def deeply_nested(draw: st.DrawFn) -> Case:
     else:
         data = head[:-1] + b',"deep":' + nest + b"}"
         names, prefixes = ("nested too deeply",), ("malformed JSON",)
-    if len(data) > (protocol.payload_limit(getattr(protocol, t.typ)) or len(data)):
+    if len(data) > (codec.payload_limit(getattr(messages, t.typ)) or len(data)):
         names, prefixes = ("exceeds the limit",), ("payload of",)
     return Case(
         t.subject, data, draw(replies), names=names, prefixes=prefixes,

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exchange.protocol import Error, decode
+from bourse.wire.codec import decode
+from bourse.wire.messages import Error
 from tests.property.harness import NO_REPLY, Harness, assert_same, assert_still_serving
 from tests.property.strategies import Case, misplaced_cases, raw_cases, structured_cases
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from exchange.protocol import (
-    DERIVED_OVERHEAD_BYTES,
-    MAX_PAYLOAD_BYTES,
-    BadMessage,
+from bourse.wire.codec import BadMessage, decode, encode, payload_limit
+from bourse.wire.limits import DERIVED_OVERHEAD_BYTES, MAX_PAYLOAD_BYTES
+from bourse.wire.messages import (
     Bid,
     Commit,
     Machine,
@@ -16,9 +15,6 @@ from exchange.protocol import (
     PlaceOrder,
     Resources,
     StatusRequest,
-    decode,
-    encode,
-    payload_limit,
 )
 
 

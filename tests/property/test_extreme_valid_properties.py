@@ -19,7 +19,8 @@ import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exchange.protocol import (
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import (
     BidReply,
     ListMachines,
     Machine,
@@ -32,10 +33,8 @@ from exchange.protocol import (
     Release,
     Unfilled,
     WorkerStatus,
-    decode,
-    encode,
 )
-from exchange.subjects import shard_of
+from bourse.wire.subjects import shard_of
 from tests.property.harness import REPLY_TIMEOUT_S, Harness, assert_same, assert_still_serving
 from tests.property.strategies import BID_SHARDS, REGION, SETUP_ORDER, SUBJECTS, W1, WORKERS
 from tests.property.valid_strategies import (
@@ -277,14 +276,9 @@ def test_an_order_of_exactly_64_kib_is_placed_and_listed(harness: Harness) -> No
     not be decoded by a client (buyer machines)."""
     import uuid
 
-    from exchange.protocol import (
-        MAX_PAYLOAD_BYTES,
-        Bid,
-        Commit,
-        MachineReply,
-        PlaceOrder,
-        payload_limit,
-    )
+    from bourse.wire.codec import payload_limit
+    from bourse.wire.limits import MAX_PAYLOAD_BYTES
+    from bourse.wire.messages import Bid, Commit, MachineReply, PlaceOrder
     from tests.property.strategies import dump
     from tests.property.valid_strategies import _to_the_limit
 

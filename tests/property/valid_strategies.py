@@ -14,7 +14,7 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from exchange.protocol import (
+from bourse.wire.limits import (
     MAX_CPUS,
     MAX_DEADLINE_MS,
     MAX_DISK_MB,

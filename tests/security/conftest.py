@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
-from exchange.auth import AuthFiles, SupplierSpec, write_auth_dir
-from exchange.connection import connect
-from exchange.embedded_nats import EmbeddedNats
-from exchange.subjects import Subjects
+from bourse.nats.auth import AuthFiles, SupplierSpec, write_auth_dir
+from bourse.nats.connection import connect
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.subjects import Subjects
 
 PREFIX = "sec"
 SUPPLIERS = [

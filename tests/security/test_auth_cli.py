@@ -8,9 +8,9 @@ import json
 import sys
 from pathlib import Path
 
-from exchange.auth import public_key_of
-from exchange.connection import connect, flush_all
-from exchange.embedded_nats import EmbeddedNats
+from bourse.nats.auth import public_key_of
+from bourse.nats.connection import connect, flush_all
+from bourse.nats.embedded import EmbeddedNats
 from tests.security.conftest import FLEET_FRA
 
 
@@ -31,7 +31,7 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     fleet = tmp_path / "fleet-fra.toml"
     fleet.write_text(FLEET_FRA)
     out = tmp_path / "auth"
-    init = ("buyer_cli.bourse", "auth", "init", "--out", str(out), "--fleet", str(fleet))
+    init = ("ops.cli", "auth", "init", "--out", str(out), "--fleet", str(fleet))
     code, stdout, err = await run(*init, "--worker", "mad-1=mad", "--tls", "--tls-clients")
     assert code == 0, err
     assert "supplier:fleet-fra" in stdout and "run: nats-server -c" in stdout
@@ -81,7 +81,7 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
 
 
 async def test_auth_init_bad_input(tmp_path: Path) -> None:
-    base = ("buyer_cli.bourse", "auth", "init", "--out", str(tmp_path / "a"))
+    base = ("ops.cli", "auth", "init", "--out", str(tmp_path / "a"))
     code, _, err = await run(*base, "--worker", "mad-1")
     assert code == 1 and "--worker 'mad-1' must look like WORKER_ID=REGION" in err
     code, _, err = await run(*base, "--worker", "mad-1=mad", "--worker", "mad-1=fra")

@@ -8,7 +8,7 @@ from pathlib import Path
 import nkeys
 import pytest
 
-from exchange.auth import (
+from bourse.nats.auth import (
     AuthError,
     inbox_prefix_for,
     new_seed,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from buyer_cli.client import BourseClient
-from buyer_cli.launcher import Program, start_program
-from exchange.protocol import Event, Placed, decode
+from bourse.client import BourseClient
+from bourse.runtime.launcher import Program, start_program
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event, Placed
 from tests.market import order
 from tests.security.conftest import FLEET_FRA, PREFIX, Secured
 

@@ -12,10 +12,11 @@ import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 
-from exchange.auth import inbox_prefix_for, new_seed, public_key_of
-from exchange.connection import connect, flush_all
-from exchange.embedded_nats import EmbeddedNats
-from exchange.protocol import Commit, Event, Resources, encode
+from bourse.nats.auth import inbox_prefix_for, new_seed, public_key_of
+from bourse.nats.connection import connect, flush_all
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.codec import encode
+from bourse.wire.messages import Commit, Event, Resources
 from tests.security.conftest import Secured
 
 

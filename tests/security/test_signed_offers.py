@@ -14,11 +14,12 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from exchange.auction import AuctionConfig, Auctioneer
-from exchange.auth import new_seed
-from exchange.connection import flush_all
-from exchange.protocol import Bid, Offer, Placed, Unfilled, decode, encode
-from exchange.signing import (
+from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.nats.auth import new_seed
+from bourse.nats.connection import flush_all
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, Offer, Placed, Unfilled
+from bourse.wire.signing import (
     BAD_SIGNATURE,
     UNKNOWN_WORKER,
     UNSIGNED,

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from buyer_cli.client import BourseClient
-from exchange.auth import AuthFiles
-from exchange.connection import connect, flush_all
-from exchange.embedded_nats import EmbeddedNats
-from exchange.protocol import Placed
-from exchange.subjects import Subjects
-from exchange.tls import TLS_CONF, TlsError, TlsFiles, client_context, write_tls_dir
+from bourse.client import BourseClient
+from bourse.nats.auth import AuthFiles
+from bourse.nats.connection import connect, flush_all
+from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.tls import TLS_CONF, TlsError, TlsFiles, client_context, write_tls_dir
+from bourse.wire.messages import Placed
+from bourse.wire.subjects import Subjects
 from tests.market import order, wait_until
 from tests.security.conftest import PREFIX, Secured, make_auth_dir
 from tests.security.test_end_to_end import start_market

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from exchange.supercluster import Supercluster
+from bourse.nats.supercluster import Supercluster
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import typer
 
-from buyer_cli.launcher import Program, start_program
+from bourse.runtime.launcher import Program, start_program
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS: dict[str, str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]

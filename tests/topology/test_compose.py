@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from exchange.embedded_nats import find_nats_server
+from bourse.nats.embedded import find_nats_server
 from tests.topology.programs import SCRIPTS, parse_with_the_real_app
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,7 +109,7 @@ def test_committed_nats_configs_are_what_the_command_generates(tmp_path: Path) -
     committed = ROOT / option_value(cmd, "--out")
     cmd[cmd.index("--out") + 1] = str(tmp_path)
     run = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", *cmd[1:]], capture_output=True, text=True
+        [sys.executable, "-m", "ops.cli", *cmd[1:]], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     fresh = {p.name: p.read_bytes() for p in tmp_path.iterdir()}

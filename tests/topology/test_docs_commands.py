@@ -33,7 +33,7 @@ def test_nats_config_commands_in_the_docs_work(doc: str, files: list[str], tmp_p
     [cmd] = quoted_commands(doc)
     cmd[cmd.index("--out") + 1] = str(tmp_path)
     run = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", *cmd[1:]], capture_output=True, text=True
+        [sys.executable, "-m", "ops.cli", *cmd[1:]], capture_output=True, text=True
     )
     assert run.returncode == 0, run.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == files
@@ -43,7 +43,7 @@ def test_every_loadtest_command_in_the_docs_parses() -> None:
     """A flag renamed or removed would leave a figure whose command no longer runs."""
     from typer.testing import CliRunner
 
-    from buyer_cli.bourse import app
+    from ops.cli import app
 
     text = "\n".join(
         (ROOT / name).read_text().replace("\\\n", " ")

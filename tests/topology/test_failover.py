@@ -8,11 +8,11 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from buyer_cli.client import BourseClient, ClientError
-from exchange.connection import connect, shutdown
-from exchange.protocol import Placed
-from exchange.subjects import Subjects
-from exchange.supercluster import Supercluster
+from bourse.client import BourseClient, ClientError
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.supercluster import Supercluster
+from bourse.wire.messages import Placed
+from bourse.wire.subjects import Subjects
 from tests.market import order
 from tests.topology.programs import exchange, supplier
 

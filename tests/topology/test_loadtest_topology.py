@@ -13,12 +13,12 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
-from buyer_cli import bourse
-from buyer_cli.loadtest.harness import run_loadtest
-from buyer_cli.loadtest.runner import start_fleet
-from buyer_cli.loadtest.workload import SCENARIOS
-from exchange.subjects import Subjects
-from exchange.supercluster import Supercluster
+from bourse.nats.supercluster import Supercluster
+from bourse.wire.subjects import Subjects
+from loadtest.harness import run_loadtest
+from loadtest.runner import start_fleet
+from loadtest.workload import SCENARIOS
+from ops import cli as bourse
 
 TINY = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=1.0, lifetime_s=0.5, rate=20)
 
@@ -57,7 +57,7 @@ async def test_a_run_across_the_gateway_places_and_checks_the_invariants(
 def test_supplier_nats_without_nats_is_refused() -> None:
     env = {k: v for k, v in os.environ.items() if k != "BOURSE_NATS_URL"}
     out = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", "loadtest", "--supplier-nats",
+        [sys.executable, "-m", "ops.cli", "loadtest", "--supplier-nats",
          "nats://127.0.0.1:4222"],
         capture_output=True, text=True, env=env,
     )  # fmt: skip

@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from buyer_cli.client import BourseClient
-from buyer_cli.launcher import Program
-from exchange.connection import connect, shutdown
-from exchange.protocol import Placed, Unfilled
-from exchange.subjects import Subjects
-from exchange.supercluster import Supercluster
+from bourse.client import BourseClient
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.supercluster import Supercluster
+from bourse.runtime.launcher import Program
+from bourse.wire.messages import Placed, Unfilled
+from bourse.wire.subjects import Subjects
 from tests.market import order
 from tests.topology.programs import exchange, supplier
 

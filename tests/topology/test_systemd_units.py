@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from exchange.connection import split_urls
+from bourse.nats.connection import split_urls
 from supplier.config import load_fleet
 from tests.topology.programs import ROOT, SCRIPTS, parse_with_the_real_app
 

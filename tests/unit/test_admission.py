@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from exchange.admission import ConcurrencyLimit
+from bourse.auction.admission import ConcurrencyLimit
 
 
 async def test_a_fixed_cap_refuses_past_it_and_never_moves() -> None:

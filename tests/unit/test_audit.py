@@ -8,8 +8,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from buyer_cli.loadtest.audit import OrderRecord, audit
-from exchange.protocol import Amount, Machine, Resources, WorkerStatus
+from bourse.wire.messages import Amount, Machine, Resources, WorkerStatus
+from loadtest.audit import OrderRecord, audit
 from supplier.store import Op, Store
 
 CAP = {"w-1": Amount(cpus=4, memory_mb=4096), "w-2": Amount(cpus=4, memory_mb=4096)}

@@ -82,7 +82,7 @@ def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path) -> None:  # ty
 def test_settle_heap_puts_what_exists_out_of_the_collectors_reach() -> None:
     import gc
 
-    from exchange.runtime import settle_heap
+    from bourse.runtime.supervise import settle_heap
 
     keep = [[i] for i in range(1000)]  # a started program's state
     try:

@@ -7,9 +7,9 @@ from itertools import pairwise
 import msgspec
 import pytest
 
-from buyer_cli.loadtest.oracle import run_oracle
-from buyer_cli.loadtest.workload import SCENARIOS, Profile, Shape, TraceOrder, fleet, trace
-from exchange.protocol import PlaceOrder, Resources
+from bourse.wire.messages import PlaceOrder, Resources
+from loadtest.oracle import run_oracle
+from loadtest.workload import SCENARIOS, Profile, Shape, TraceOrder, fleet, trace
 
 
 def test_same_seed_same_trace_and_fleet_other_seed_other_trace() -> None:
@@ -71,7 +71,7 @@ def test_oracle_chooses_like_the_suppliers_spread_vs_binpack() -> None:
 
 
 def test_every_override_reaches_the_profile_and_unknown_ones_are_refused() -> None:
-    from buyer_cli.loadtest.workload import resolve_profile
+    from loadtest.workload import resolve_profile
 
     overrides = {
         "workers": 7,
@@ -105,7 +105,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     import structlog
     from typer.testing import CliRunner
 
-    from buyer_cli import bourse
+    from ops import cli as bourse
 
     got: list[Profile] = []
 
@@ -150,8 +150,8 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
 
 
 def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from buyer_cli.loadtest.runner import exchange_args, supplier_args
-    from buyer_cli.loadtest.workload import resolve_profile
+    from loadtest.runner import exchange_args, supplier_args
+    from loadtest.workload import resolve_profile
 
     p = resolve_profile(
         "smoke", None, {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77}
@@ -172,9 +172,9 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> Non
 
 
 def test_a_shard_lives_in_one_supplier_process_under_sampled_bidding() -> None:
-    from buyer_cli.loadtest.runner import split_fleet
-    from buyer_cli.loadtest.workload import fleet, resolve_profile
-    from exchange.subjects import shard_of
+    from bourse.wire.subjects import shard_of
+    from loadtest.runner import split_fleet
+    from loadtest.workload import fleet, resolve_profile
 
     p = resolve_profile("smoke", None, {"workers": 60, "bid_shards": 6})
     workers = fleet(p)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from exchange.embedded_nats import find_nats_server
-from exchange.natsconf import (
+from bourse.nats.embedded import find_nats_server
+from bourse.nats.serverconf import (
     Cluster,
     Ports,
     Server,
@@ -158,7 +158,7 @@ def test_nats_server_accepts_every_generated_config(tmp_path: Path) -> None:
 
 def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", "nats-config", "--out", str(tmp_path),
+        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
          "--cluster", "east=nats-1,nats-2", "--cluster", "west=nats-3", "--http-port", "0"],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -171,7 +171,7 @@ def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
     assert "http:" not in (tmp_path / "west-1.conf").read_text()
     assert "cluster east: --nats nats://nats-1:4222,nats://nats-2:4222" in out.stdout
     again = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", "nats-config", "--out", str(tmp_path),
+        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
          "--cluster", "east=nats-1"],
         capture_output=True, text=True,
     )  # fmt: skip
@@ -188,7 +188,7 @@ def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
 )
 def test_command_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], error: str) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "buyer_cli.bourse", "nats-config", "--out", str(tmp_path), *args],
+        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path), *args],
         capture_output=True,
         text=True,
     )

@@ -1,4 +1,4 @@
-"""Wire contract v1 (exchange/protocol.py) and subject names (exchange/subjects.py)."""
+"""Wire contract v1 (bourse/wire/) and subject names (bourse/wire/subjects.py)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from exchange.protocol import (
-    MAX_CPUS,
-    MAX_DEADLINE_MS,
-    MAX_MEMORY_MB,
-    MAX_PAYLOAD_BYTES,
+from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.limits import MAX_CPUS, MAX_DEADLINE_MS, MAX_MEMORY_MB, MAX_PAYLOAD_BYTES
+from bourse.wire.messages import (
     Amount,
-    BadMessage,
     Bid,
     BidReply,
     Commit,
@@ -37,13 +34,11 @@ from exchange.protocol import (
     Unfilled,
     Waiting,
     WorkerStatus,
-    decode,
-    encode,
     new_machine_id,
     new_order_id,
     worker_of_machine,
 )
-from exchange.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 
 ULID_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")  # Crockford base32, 26 chars
 RES = Resources(cpus=4, memory_mb=4096, disk_mb=10_000, gpus=1)
@@ -616,7 +611,7 @@ def test_is_valid_id_rejects_trailing_newline() -> None:
 def test_a_sampled_bid_goes_to_the_images_home_shard_and_others_from_the_order_id() -> None:
     import zlib
 
-    from exchange.subjects import sampled_shards
+    from bourse.wire.subjects import sampled_shards
 
     home = zlib.crc32(b"web") % 10
     got = sampled_shards("order-1", "web", 10, 3)
@@ -630,7 +625,7 @@ def test_a_sampled_bid_goes_to_the_images_home_shard_and_others_from_the_order_i
 def test_decoded_messages_are_not_tracked_by_the_cyclic_gc() -> None:
     import gc
 
-    from exchange.protocol import Machine, Resources
+    from bourse.wire.messages import Machine, Resources
 
     m = Machine(
         machine_id="w~1", order_id="o", worker_id="w", region="r", state="reserved",

@@ -10,7 +10,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from exchange.protocol import Machine, Resources
+from bourse.wire.messages import Machine, Resources
 from supplier.store import Op, Store, StoreError
 
 

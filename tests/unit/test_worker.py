@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from exchange.protocol import (
+from bourse.wire.messages import (
     Amount,
     Bid,
     Commit,

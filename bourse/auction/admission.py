@@ -1,0 +1,186 @@
+"""Admission control for the exchange: how many auctions one instance runs at once.
+
+Past the fleet's capacity every process queues, each auction waits behind the others, and
+they all end late (``no_offers`` after the quiet window, or the deadline): the market
+collapses instead of placing as many orders as fit. An exchange therefore runs at most
+``limit`` auctions at once. An order that finds them all busy waits for a slot, first come
+first served, for a bounded share of its deadline (a burst of a deploy's orders is served,
+not refused); if none frees in that time it is refused (an ``Error`` saying the exchange is
+overloaded: the client may try again later or elsewhere), and the auction that does run
+gets only what is left of the deadline. When no order has found a free slot for
+``standing_ms``, the line is not a burst but overload (as in CoDel): orders arriving then
+wait at most
+``congested_wait_ms``, so under sustained overload refusals come fast and the orders that
+are placed do not queue for long either.
+
+The limit adapts, AIMD as in TCP congestion control, on a moving average (EWMA, weight
+``smoothing``) of how long auctions take: while it is within ``target_ms`` every placement
+adds ``1 / limit`` (one more slot per round of auctions); above it the limit is cut by
+``decrease``, at most once per ``target_ms`` (one cut per congestion event, not one per
+slow auction of the same burst). The average, not each auction, decides: a tail of slow
+auctions is normal at any load and would otherwise hold the limit far below capacity.
+Placements and auctions that ran into their deadline feed the average.
+Other outcomes say nothing about load (``no_offers`` waits out a quiet window by design,
+a retry gathers offers on purpose) and only give their slot back. An idle market never
+reaches the limit, so it costs nothing there; a saturated one settles where auctions take
+about ``target_ms``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from bourse.auction.driver import Auctioneer
+from bourse.wire.messages import Placed, PlaceOrder, Unfilled
+
+# An order that finds every slot busy waits this share of its deadline for one.
+WAIT_SHARE = 0.25
+OVERLOADED = "exchange overloaded"  # the start of an admission refusal's detail
+DEFAULT_TARGET_MS = 25.0  # auctions should end within this under load
+FLOOR = 16
+INITIAL = 64
+
+
+@dataclass(slots=True)
+class ConcurrencyLimit:
+    """An adaptive cap on auctions in flight (``target_ms=0``: a fixed cap of ``ceiling``)."""
+
+    # settings
+    ceiling: int = 10_000
+    target_ms: float = DEFAULT_TARGET_MS
+    floor: int = FLOOR
+    initial: int = INITIAL
+    decrease: float = 0.8
+    smoothing: float = 0.05
+    standing_ms: float = 100.0
+    congested_wait_ms: float = 25.0
+    # state
+    limit: float = field(init=False)
+    inflight: int = field(default=0, init=False)
+    refused: int = field(default=0, init=False)
+    cuts: int = field(default=0, init=False)
+    avg_ms: float | None = field(default=None, init=False)  # the auctions' moving average
+    _next_cut: float = field(default=0.0, init=False)
+    _calm_at: float = field(default=0.0, init=False)  # last time a slot was free at once
+    _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
+
+    def __post_init__(self) -> None:
+        if self.floor < 1 or self.ceiling < self.floor:
+            raise ValueError(f"need 1 <= floor <= ceiling, got {self.floor} and {self.ceiling}")
+        if not 0 < self.decrease < 1:
+            raise ValueError(f"decrease must be in (0, 1), got {self.decrease}")
+        self.limit = float(self.ceiling if not self.target_ms else self._clamp(self.initial))
+
+    def _clamp(self, value: float) -> float:
+        return min(float(self.ceiling), max(float(self.floor), value))
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiters)
+
+    def try_acquire(self) -> bool:
+        """Take a free slot at once (none is free while others wait for one)."""
+        if self.inflight >= int(self.limit) or self._waiters:
+            return False
+        self.inflight += 1
+        self._calm_at = time.monotonic()
+        return True
+
+    async def acquire(self, within_s: float) -> bool:
+        """Take a slot, waiting up to ``within_s`` in line for one; False (counted in
+        ``refused``) if none came."""
+        if self.try_acquire():
+            return True
+        if time.monotonic() - self._calm_at > self.standing_ms / 1000.0:
+            within_s = min(within_s, self.congested_wait_ms / 1000.0)
+        if within_s > 0:
+            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiters.append(fut)
+            try:
+                await asyncio.wait_for(fut, within_s)
+                return True  # the releaser counted us in
+            except TimeoutError:
+                if fut.done() and not fut.cancelled():
+                    return True  # handed a slot just as the wait ran out
+            except asyncio.CancelledError:
+                if fut.done() and not fut.cancelled():  # handed a slot, then cancelled:
+                    self.inflight -= 1  # give it back, or it would be lost for good
+                    self._hand_over()
+                raise
+            finally:
+                if fut in self._waiters:
+                    self._waiters.remove(fut)
+        self.refused += 1
+        return False
+
+    def _hand_over(self) -> None:
+        """Give free slots to the orders waiting longest."""
+        while self._waiters and self.inflight < int(self.limit):
+            fut = self._waiters.popleft()
+            if not fut.done():
+                self.inflight += 1
+                fut.set_result(None)
+
+    def release(self, elapsed_ms: float | None, now: float | None = None) -> None:
+        """An auction ended: give its slot back and adapt the limit. ``elapsed_ms``: how long
+        a placement (or an auction that hit its deadline: pass the deadline) took; None for
+        an outcome that says nothing about load."""
+        self.inflight -= 1
+        self._adapt(elapsed_ms, now)
+        self._hand_over()
+
+    def _adapt(self, elapsed_ms: float | None, now: float | None) -> None:
+        if not self.target_ms or elapsed_ms is None:
+            return
+        avg = self.target_ms / 2 if self.avg_ms is None else self.avg_ms  # a neutral start
+        self.avg_ms = avg = avg + self.smoothing * (elapsed_ms - avg)
+        if avg <= self.target_ms:
+            self.limit = self._clamp(self.limit + 1.0 / self.limit)
+            return
+        now = time.monotonic() if now is None else now
+        if now >= self._next_cut:
+            self.limit = self._clamp(self.limit * self.decrease)
+            self.cuts += 1
+            self._next_cut = now + self.target_ms / 1000.0
+
+
+def adaptive_limit(max_inflight: int, target_ms: float) -> ConcurrencyLimit:
+    """The exchange's limit: starts at 64, adapts within [16, ``max_inflight``] toward
+    auctions of ``target_ms`` (0: a fixed cap of ``max_inflight``)."""
+    return ConcurrencyLimit(
+        ceiling=max_inflight,
+        target_ms=target_ms,
+        floor=min(max_inflight, FLOOR),
+        initial=min(max_inflight, INITIAL),
+    )
+
+
+def overloaded_detail(limit: ConcurrencyLimit, backlog: int = 0) -> str:
+    """The refusal's text (an ``Error internal``): always starts with ``OVERLOADED``."""
+    return (
+        f"{OVERLOADED}: {limit.inflight} auctions in flight (limit {int(limit.limit)}), "
+        f"{limit.waiting} orders waiting, {backlog} queued; try again"
+    )
+
+
+async def run_admitted(
+    limit: ConcurrencyLimit, auctioneer: Auctioneer, order: PlaceOrder
+) -> Placed | Unfilled | None:
+    """Run the order's auction once ``limit`` has a slot for it (waiting in line for a
+    share of its deadline); None if it was refused. The auction gets what is left of the
+    deadline, and what it says about load adapts the limit."""
+    t0 = time.monotonic()
+    if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
+        return None
+    started = time.monotonic()
+    load_ms: float | None = None
+    try:
+        result = await auctioneer.run(order, (started - t0) * 1000.0)
+        if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
+            load_ms = (time.monotonic() - started) * 1000.0
+        return result
+    finally:
+        limit.release(load_ms)

@@ -1,0 +1,355 @@
+"""Who may do what on the bus: one NATS user per role, its nkey, its subject permissions,
+and the nats-server ``authorization`` block that enforces them (``bourse auth init``).
+
+Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox prefix
+``_INBOX.<its public nkey>``, so no user can read another user's replies):
+
+- ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``; subscribe ``R.event.>``.
+- ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``;
+  subscribe ``R.order.*`` and ``R.machine.*`` only in the queue group ``exchange``; answers
+  the requests it receives (allow_responses).
+- ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
+  its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
+  ``R.status.<region>`` and its workers' ``R.worker.<id>.>``; publish only its workers'
+  ``R.event.<region>.<id>.*`` and ``R.worker.<id>.machine.list`` (the start-up check that no
+  other process serves the same worker id); answers what it receives (allow_responses, many
+  replies per request: a bid gets several offers, a status request one reply per worker).
+
+Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` turns a
+``--creds`` file (an nkey seed file, or a JWT ``.creds`` file) into nats-py connect options.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nkeys
+
+from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
+
+ROLE_BUYER = "buyer"
+ROLE_EXCHANGE = "exchange"
+ROLE_SUPPLIER = "supplier"
+INBOX_ROOT = "_INBOX"
+# How long a responder may answer a request it received: a bid kept waiting for held
+# capacity is answered up to the order's deadline (30 s at most), then the late offer.
+RESPONSE_EXPIRES = "1m"
+# Replies a supplier may send to one reply subject. The server's default is ONE, but a bid
+# gets up to max_offers offers plus Waiting notes, and a status request one reply per worker.
+# -1: no limit (the grant still expires, and applies only to inboxes the supplier was sent).
+SUPPLIER_RESPONSES = -1
+AUTH_CONF = "auth.conf"
+SERVER_CONF = "server.conf"
+TRUST_FILE = "trust.json"
+SEED_SUFFIX = ".nk"
+
+
+class AuthError(ValueError):
+    """Bad input to credential generation, or an unreadable credentials file."""
+
+
+def new_seed() -> str:
+    """A fresh user nkey seed (``SU...``) from 32 random bytes of the OS."""
+    return nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER).decode()
+
+
+def decode_nkey(text: str) -> bytes:
+    """The bytes of an encoded nkey (a seed or a public key) without its CRC-16, which is
+    checked (nkeys.decode_seed does not: a typo would only show as a refused login)."""
+    try:
+        raw = base64.b32decode(text + "=" * (-len(text) % 8))
+    except (binascii.Error, ValueError):
+        raise AuthError("not an nkey: not base32") from None
+    if len(raw) < 3 or bytes(nkeys.crc16_checksum(raw[:-2])) != raw[-2:]:
+        raise AuthError("nkey checksum mismatch (a typo or a truncated key?)")
+    return raw[:-2]
+
+
+def public_key_of(seed: str) -> str:
+    """The user's public nkey (``U...``) for a seed; AuthError if it is not a user seed."""
+    try:
+        decode_nkey(seed.strip())
+        kp = nkeys.from_seed(seed.strip().encode())
+        public = kp.public_key.decode()
+    except (nkeys.NkeysError, ValueError) as exc:
+        raise AuthError(f"not a valid nkey seed: {exc}") from None
+    if not public.startswith("U"):
+        raise AuthError("the nkey seed is not a USER seed (SU...)")
+    return public
+
+
+def inbox_prefix_for(public_key: str) -> str:
+    """The inbox prefix a user's connection uses; its permissions allow only this one."""
+    return f"{INBOX_ROOT}.{public_key}"
+
+
+@dataclass(frozen=True, slots=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    # Replies allowed per received reply subject: 0 none, -1 unlimited.
+    responses: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SupplierSpec:
+    """One supplier process: its user name suffix and the (worker_id, region) it hosts."""
+
+    name: str
+    workers: tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class User:
+    name: str  # "buyer", "exchange", "supplier:<name>"
+    role: str
+    seed: str = field(repr=False)
+    workers: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def public_key(self) -> str:
+        return public_key_of(self.seed)
+
+    @property
+    def file_name(self) -> str:
+        return self.name.replace(":", "-") + SEED_SUFFIX
+
+
+def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
+    return Permissions(
+        publish=(s.order("*"), s.machine("*"), s.status("*")),
+        subscribe=(s.events(), f"{inbox}.>"),
+    )
+
+
+def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
+    return Permissions(
+        publish=(
+            f"{s.root}.bid.>",
+            s.region_release("*"),
+            s.commit("*"),
+            s.release("*"),
+            s.worker_machine("*", "*"),
+        ),
+        subscribe=(
+            f"{s.order_all} {EXCHANGE_QUEUE}",
+            f"{s.machine_all} {EXCHANGE_QUEUE}",
+            f"{inbox}.>",
+        ),
+        responses=1,
+    )
+
+
+def supplier_permissions(
+    s: Subjects, workers: Sequence[tuple[str, str]], inbox: str
+) -> Permissions:
+    regions = sorted({region for _, region in workers})
+    sub = [f"{inbox}.>"]
+    for r in regions:
+        sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r)]
+    sub += [s.worker_all(wid) for wid, _ in workers]
+    pub = [s.events(region, wid) for wid, region in workers]
+    pub += [s.worker_machine(wid, "list") for wid, _ in workers]
+    return Permissions(publish=tuple(pub), subscribe=tuple(sub), responses=SUPPLIER_RESPONSES)
+
+
+def permissions_for(user: User, s: Subjects) -> Permissions:
+    inbox = inbox_prefix_for(user.public_key)
+    if user.role == ROLE_BUYER:
+        return buyer_permissions(s, inbox)
+    if user.role == ROLE_EXCHANGE:
+        return exchange_permissions(s, inbox)
+    if user.role == ROLE_SUPPLIER:
+        return supplier_permissions(s, user.workers, inbox)
+    raise AuthError(f"unknown role {user.role!r}")
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def render_authorization(users: Sequence[User], s: Subjects) -> str:
+    """The ``authorization { users = [...] }`` block: each user's nkey and permissions."""
+    out = [
+        f"# Generated by `bourse auth init` for subject prefix {s.prefix!r}: regenerate, do not",
+        '# edit. Include it from a nats-server config: include "auth.conf"',
+        "authorization {",
+        "  users = [",
+    ]
+    for u in users:
+        p = permissions_for(u, s)
+        workers = f" ({', '.join(w for w, _ in u.workers)})" if u.workers else ""
+        out += [
+            f"    # {u.name}{workers}",
+            "    {",
+            f"      nkey: {json.dumps(u.public_key)}",
+            "      permissions: {",
+            f"        publish: {{ allow: {_list(p.publish)} }}",
+            f"        subscribe: {{ allow: {_list(p.subscribe)} }}",
+        ]
+        if p.responses:
+            out.append(
+                f'        allow_responses: {{ max: {p.responses}, expires: "{RESPONSE_EXPIRES}" }}'
+            )
+        out += ["      }", "    }"]
+    out += ["  ]", "}", ""]
+    return "\n".join(out)
+
+
+def parse_worker_flag(value: str) -> tuple[str, str]:
+    """``mad-1=mad`` -> (worker_id, region), or AuthError naming the bad value."""
+    wid, sep, region = value.partition("=")
+    if not sep:
+        raise AuthError(f"--worker {value!r} must look like WORKER_ID=REGION")
+    for what, v in (("worker id", wid), ("region", region)):
+        if not is_valid_id(v):
+            raise AuthError(f"--worker {value!r}: invalid {what} {v!r}: use [a-z0-9][a-z0-9-]*")
+    return wid, region
+
+
+def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
+    """Every worker id in exactly one supplier, every supplier name once."""
+    owner: dict[str, str] = {}
+    names: set[str] = set()
+    for sup in suppliers:
+        if not is_valid_id(sup.name):
+            raise AuthError(f"invalid supplier name {sup.name!r}: use [a-z0-9][a-z0-9-]*")
+        if sup.name in names:
+            raise AuthError(f"two suppliers are named {sup.name!r}: rename a fleet file")
+        names.add(sup.name)
+        if not sup.workers:
+            raise AuthError(f"supplier {sup.name!r} hosts no worker")
+        for wid, _ in sup.workers:
+            if wid in owner:
+                raise AuthError(
+                    f"worker {wid!r} is in both supplier {owner[wid]!r} and {sup.name!r}: "
+                    "one worker id must have one key"
+                )
+            owner[wid] = sup.name
+
+
+@dataclass(frozen=True, slots=True)
+class AuthFiles:
+    out: Path
+    users: tuple[User, ...]
+    auth_conf: Path
+    server_conf: Path
+    trust: Path
+
+    def seed_file(self, name: str) -> Path:
+        """The seed file of the user named ``name`` (``buyer``, ``supplier:mad-1``...)."""
+        for u in self.users:
+            if u.name == name:
+                return self.out / u.file_name
+        raise KeyError(name)
+
+
+def _write_secret(path: Path, text: str) -> None:
+    """Create ``path`` readable by its owner only (0600) before any secret is in it."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(path, 0o600)  # an existing file keeps its mode through O_CREAT
+
+
+def write_auth_dir(
+    out: Path,
+    subjects: Subjects,
+    suppliers: Sequence[SupplierSpec],
+    *,
+    force: bool = False,
+    extra_includes: Sequence[str] = (),
+) -> AuthFiles:
+    """Generate every user's seed, ``auth.conf``, ``trust.json`` and a ``server.conf`` that
+    includes them. Refuses to overwrite an existing ``auth.conf`` unless ``force``: new keys
+    lock out every program still holding the old ones."""
+    check_suppliers(suppliers)
+    out.mkdir(parents=True, exist_ok=True)
+    auth_conf = out / AUTH_CONF
+    if auth_conf.exists() and not force:
+        raise AuthError(
+            f"{auth_conf} exists: pass --force to replace every key (running programs holding "
+            "the old keys will be locked out)"
+        )
+    users = [User("buyer", ROLE_BUYER, new_seed()), User("exchange", ROLE_EXCHANGE, new_seed())]
+    users += [
+        User(f"supplier:{s.name}", ROLE_SUPPLIER, new_seed(), tuple(s.workers)) for s in suppliers
+    ]
+    for u in users:
+        _write_secret(out / u.file_name, u.seed + "\n")
+    auth_conf.write_text(render_authorization(users, subjects))
+    trust = out / TRUST_FILE
+    trust_map = {wid: u.public_key for u in users for wid, _ in u.workers}
+    trust.write_text(json.dumps({"workers": trust_map}, indent=2, sort_keys=True) + "\n")
+    server_conf = out / SERVER_CONF
+    includes = [AUTH_CONF, *extra_includes]
+    server_conf.write_text(
+        "# A nats-server config for Bourse (listen address from the command line or add it\n"
+        "# here): nats-server -c server.conf\n"
+        + "".join(f'include "{name}"\n' for name in includes)
+    )
+    return AuthFiles(out, tuple(users), auth_conf, server_conf, trust)
+
+
+# -- reading a --creds file ---------------------------------------------------------------------
+JWT_MARKER = "BEGIN NATS USER JWT"
+
+
+def read_seed_file(path: str | Path) -> str:
+    """The nkey seed in an nkey seed file (blank and ``#`` lines are skipped)."""
+    text = _read(path)
+    lines = [ln.strip() for ln in text.splitlines()]
+    seeds = [ln for ln in lines if ln and not ln.startswith("#")]
+    if len(seeds) != 1 or not seeds[0].startswith("SU"):
+        raise AuthError(
+            f"credentials file {path} is neither a NATS .creds file (with a user JWT) nor an "
+            "nkey seed file (one line starting with SU)"
+        )
+    try:
+        public_key_of(seeds[0])
+    except AuthError as exc:
+        raise AuthError(f"credentials file {path}: {exc}") from None
+    return seeds[0]
+
+
+def _read(path: str | Path) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise AuthError(f"cannot read credentials file {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise AuthError(f"credentials file {path} is not text") from None
+
+
+def read_credentials(path: str | Path) -> dict[str, Any]:
+    """nats-py connect options for a ``--creds`` file, detected by its content: a JWT
+    ``.creds`` file -> ``user_credentials``; an nkey seed file -> ``nkeys_seed_str`` and the
+    user's own ``inbox_prefix`` (the only inbox its permissions allow)."""
+    if JWT_MARKER in _read(path):
+        return {"user_credentials": str(path)}
+    seed = read_seed_file(path)
+    return {"nkeys_seed_str": seed, "inbox_prefix": inbox_prefix_for(public_key_of(seed))}
+
+
+def signing_seed(path: str | Path) -> str:
+    """The user seed in a ``--creds`` file (either kind): the key a supplier signs with."""
+    text = _read(path)
+    if JWT_MARKER not in text:
+        return read_seed_file(path)
+    lines = [ln.strip() for ln in text.splitlines()]
+    for i, line in enumerate(lines):
+        if "BEGIN USER NKEY SEED" in line and i + 1 < len(lines):
+            seed = lines[i + 1]
+            try:
+                public_key_of(seed)
+            except AuthError as exc:
+                raise AuthError(f"credentials file {path}: {exc}") from None
+            return seed
+    raise AuthError(f"credentials file {path} has a user JWT but no USER NKEY SEED block")

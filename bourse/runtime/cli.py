@@ -1,0 +1,127 @@
+"""What every long-running program does the same way: options shared by the CLIs, the
+event loop (uvloop when installed), and a clean stop on SIGINT/SIGTERM."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated, Any, TypeVar
+
+import msgspec
+import typer
+
+from bourse.nats.auth import AuthError, read_credentials
+from bourse.nats.connection import ENV_CREDS, ENV_URL, split_urls
+from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsError, client_context
+from bourse.wire.codec import validation_detail
+from bourse.wire.messages import Labels
+
+T = TypeVar("T")
+
+# Typer >= 0.29 carries its own click; older ones use click's exceptions.
+try:
+    from typer import Abort as _TyperAbort
+    from typer import TyperException as _TyperException
+
+    _USAGE_ERRORS: tuple[type[Exception], ...] = (_TyperException,)
+    _ABORTS: tuple[type[BaseException], ...] = (_TyperAbort,)
+except ImportError:  # pragma: no cover - older typer
+    import click
+
+    _USAGE_ERRORS = (click.ClickException,)
+    _ABORTS = (click.exceptions.Abort,)
+
+NatsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nats",
+        envvar=ENV_URL,
+        help="NATS server URL (repeat, or comma-separate, for a cluster).",
+        show_default=False,
+    ),
+]
+CredsOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--creds",
+        envvar=ENV_CREDS,
+        help="NATS credentials: an nkey seed file (from `bourse auth init`) or a JWT .creds file.",
+    ),
+]
+TlsCaOpt = Annotated[
+    str | None,
+    typer.Option("--tls-ca", envvar=ENV_CA, help="TLS to NATS: the CA file to trust."),
+]
+TlsCertOpt = Annotated[
+    str | None,
+    typer.Option("--tls-cert", envvar=ENV_CERT, help="Mutual TLS: this client's certificate."),
+]
+TlsKeyOpt = Annotated[
+    str | None,
+    typer.Option("--tls-key", envvar=ENV_KEY, help="Mutual TLS: the client certificate's key."),
+]
+PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help="Subject prefix.")]
+LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
+LogJsonOpt = Annotated[bool, typer.Option("--log-json", help="Log JSON lines instead of k=v.")]
+
+
+def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, str]:
+    """``["disk=ssd", "zone=a"]`` -> dict; a clear error names the bad pair."""
+    out: dict[str, str] = {}
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise typer.BadParameter(f"{what} {pair!r} must look like key=value")
+        out[key] = value
+    try:
+        return msgspec.convert(out, Labels)
+    except msgspec.ValidationError as exc:
+        raise typer.BadParameter(f"{what}: {validation_detail(exc)}") from None
+
+
+def cli_main(app: typer.Typer) -> None:
+    """Run a typer app as a console script with Bourse's exit-code contract: usage errors
+    are ONE line on stderr and exit 1 (click's 2 would read as "unfilled"); Ctrl-C is 130."""
+    try:
+        code = app(standalone_mode=False)
+    except _USAGE_ERRORS as exc:
+        message = exc.format_message()
+        if not message:  # no arguments: the help was shown, which is what was asked for
+            sys.exit(0)
+        typer.echo(f"error: {message}", err=True)
+        sys.exit(1)
+    except _ABORTS:
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def nats_urls(given: list[str] | None) -> list[str]:
+    """The servers from --nats / $BOURSE_NATS_URL, or one clear error."""
+    urls = split_urls(given)
+    if not urls:
+        fail(f"no NATS server given: pass --nats URL or set {ENV_URL}")
+    return urls
+
+
+def creds_file(given: str | None) -> str | None:
+    """The --creds file, read now so that a bad one is one clear error before connecting."""
+    if given:
+        try:
+            read_credentials(given)
+        except AuthError as exc:
+            fail(str(exc))
+    return given or None
+
+
+def check_tls(ca: str | None, cert: str | None, key: str | None) -> dict[str, str | None]:
+    """The TLS options, checked now (one clear error), as connect() keyword arguments."""
+    try:
+        client_context(ca, cert, key)
+    except TlsError as exc:
+        fail(str(exc))
+    return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
+
+
+def fail(message: str, code: int = 1) -> Any:
+    """One clear line on stderr and a non-zero exit."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)

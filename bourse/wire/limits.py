@@ -1,0 +1,35 @@
+"""Wire contract v1: the limits every peer enforces (sizes, ceilings, id patterns).
+
+See docs/protocol.md §2 and §3."""
+
+from __future__ import annotations
+
+PROTOCOL_VERSION = "v1"
+
+# A payload larger than this is refused with an Error before it is parsed. The server's own
+# max_payload (1 MiB by default) is larger, so an oversize message still reaches us and gets
+# a clear answer instead of a silent drop.
+MAX_PAYLOAD_BYTES = 64 * 1024
+# A Bid or Commit made from an order at the limit is a little longer than the order (an
+# auction id, a worker id, defaults written out): receivers allow this much more for them.
+DERIVED_OVERHEAD_BYTES = 1024
+
+# Resource ceilings per request: big enough for any machine that exists, small enough that
+# arithmetic and SQLite integers never overflow and a typo (memory_mb=10**12) is an error.
+MAX_CPUS = 4096
+MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB
+MAX_DISK_MB = 1024 * 1024 * 1024  # 1 PiB, in MiB
+MAX_GPUS = 256
+MAX_DEADLINE_MS = 30_000
+DEFAULT_DEADLINE_MS = 500
+MAX_HOLD_MS = 60_000
+
+# Patterns anchor with \Z (end of string), not $: in Python, $ also matches before a
+# trailing newline, which would let "mad\n" through.
+ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}\Z"
+ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z"
+MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}\Z"
+IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"
+MACHINE_ID_SEPARATOR = "~"

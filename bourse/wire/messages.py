@@ -1,0 +1,312 @@
+"""Wire contract v1: every message Bourse puts on NATS, and its JSON codec.
+
+One module, imported by the supplier, the exchange and the buyer. Messages are msgspec
+Structs tagged by a ``type`` field whose value is the class name. Receivers skip fields they
+do not know (so a newer peer may add optional fields); types and ranges are checked strictly
+on decode (no "2" for 2), and a decode error names the offending field by its JSON path.
+See docs/protocol.md for the prose version with an example of every message.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Literal
+
+import msgspec
+from ulid import ULID
+
+from bourse.wire.limits import (
+    DEFAULT_DEADLINE_MS,
+    ID_PATTERN,
+    IMAGE_PATTERN,
+    LABEL_KEY_PATTERN,
+    LABEL_VALUE_PATTERN,
+    MACHINE_ID_PATTERN,
+    MACHINE_ID_SEPARATOR,
+    MAX_CPUS,
+    MAX_DEADLINE_MS,
+    MAX_DISK_MB,
+    MAX_GPUS,
+    MAX_HOLD_MS,
+    MAX_MEMORY_MB,
+    ORDER_ID_PATTERN,
+)
+
+Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
+WorkerId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="worker id")]
+# A worker id, or "" where the subject already says which worker (or "every worker").
+OptionalWorkerId = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,62})?\Z")]
+OrderId = Annotated[str, msgspec.Meta(pattern=ORDER_ID_PATTERN)]
+MachineId = Annotated[str, msgspec.Meta(pattern=MACHINE_ID_PATTERN)]
+Image = Annotated[str, msgspec.Meta(pattern=IMAGE_PATTERN)]
+LabelKey = Annotated[str, msgspec.Meta(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, msgspec.Meta(pattern=LABEL_VALUE_PATTERN)]
+Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
+Metadata = Annotated[
+    dict[
+        Annotated[str, msgspec.Meta(min_length=1, max_length=64)],
+        Annotated[str, msgspec.Meta(max_length=1024)],
+    ],
+    msgspec.Meta(max_length=64),
+]
+Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
+Millis = Annotated[int, msgspec.Meta(ge=0)]
+
+UnfilledReason = Literal[
+    "no_workers", "no_offers", "below_min_score", "all_commits_rejected", "deadline"
+]
+RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
+ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
+MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
+MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
+EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds since the epoch (only for timestamps shown to people)."""
+    return time.time_ns() // 1_000_000
+
+
+def new_order_id() -> str:
+    return str(ULID())
+
+
+def new_machine_id(worker_id: str) -> str:
+    return f"{worker_id}{MACHINE_ID_SEPARATOR}{ULID()}"
+
+
+def worker_of_machine(machine_id: str) -> str:
+    """The worker id embedded in a machine id (``<worker_id>~<ulid>``)."""
+    return machine_id.split(MACHINE_ID_SEPARATOR, 1)[0]
+
+
+class Resources(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An amount of every resource a worker sells. Memory and disk in MiB."""
+
+    cpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_CPUS)]
+    memory_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MEMORY_MB)]
+    disk_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_DISK_MB)] = 0
+    gpus: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)] = 0
+
+
+class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """Like Resources but may be zero everywhere: committed or held totals, capacities."""
+
+    cpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+    memory_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
+    disk_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
+    gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+
+class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True, gc=False):
+    """Base of every wire message: tagged by ``type`` = class name.
+
+    ``gc=False`` (inherited): messages are plain data that never refer back to themselves,
+    so the cyclic GC need not track the thousands decoded per second, nor every machine a
+    supplier keeps."""
+
+
+class PlaceOrder(Message, kw_only=True):
+    order_id: OrderId = msgspec.field(default_factory=new_order_id)
+    region: Region
+    resources: Resources
+    image: Image
+    constraints: Labels = {}
+    exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+    min_score: Score = 0.0
+    deadline_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
+    metadata: Metadata = {}
+    # Added in v1: this order id may have been placed before (a retry after an error or a
+    # lost reply). The auction then gathers offers for its quiet window before committing a
+    # NEW machine, so the worker that already has one can answer first (I3).
+    retry: bool = False
+
+
+class Bid(Message, kw_only=True):
+    order_id: OrderId
+    region: Region
+    resources: Resources
+    image: Image
+    constraints: Labels = {}
+    exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+    hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)]
+    # Added in v1: unique per auction run, so a Release from one run never drops the hold
+    # of a retry of the same order, and a bid that arrives after its own release is ignored.
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    # Added in v1: a worker whose free capacity is only taken by other orders' HOLDS (not by
+    # committed machines) may keep the bid up to wait_ms and answer as soon as a hold is
+    # released. 0 = answer now or stay silent. This keeps concurrent orders from starving
+    # each other when every order holds on every fitting worker.
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)] = 0
+
+
+class Offer(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    score: Score
+    subscores: dict[str, float] = {}
+    image_cached: bool = False
+    hold_expires_at_ms: Millis = 0
+    # Added in v1: set when this worker already runs a machine for this order id, so a
+    # retried order is answered with the machine it already has (I3).
+    machine_id: MachineId | None = None
+    # Added in v1 (signed offers, docs/security.md): the bid's auction_id, echoed so the
+    # signature binds the offer to one auction run; the signer's public user nkey (U...);
+    # the ed25519 signature (base64url, no padding) of exchange/signing.offer_signing_bytes.
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    signer: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    sig: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class Waiting(Message, kw_only=True):
+    """Added in v1, sent only in answer to a Bid with ``wait_ms > 0``: this worker cannot offer
+    now only because other orders HOLD its capacity; it will send an Offer within ``wait_ms``
+    if they are released. A later Waiting with ``wait_ms = 0`` withdraws (the capacity went to
+    committed machines). The auction keeps listening while a worker waits."""
+
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)]
+
+
+class Commit(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    resources: Resources
+    image: Image
+    metadata: Metadata = {}
+
+
+class Placed(Message, kw_only=True):
+    order_id: OrderId
+    machine_id: MachineId
+    worker_id: WorkerId
+    region: Region
+    score: Score
+    image_cached: bool
+    elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
+    # Added in v1: why this worker won (the winning offer's subscores), and whether this
+    # reply re-reports a machine that an earlier attempt with the same order id created.
+    subscores: dict[str, float] = {}
+    existing: bool = False
+
+
+class Rejected(Message, kw_only=True):
+    order_id: OrderId
+    worker_id: WorkerId
+    reason: RejectReason
+    detail: str = ""
+
+
+class Unfilled(Message, kw_only=True):
+    order_id: OrderId
+    region: Region
+    reason: UnfilledReason
+    offers: Annotated[int, msgspec.Meta(ge=0)]
+    commits_tried: Annotated[int, msgspec.Meta(ge=0)]
+    elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
+    detail: str = ""
+
+
+class Error(Message, kw_only=True):
+    code: ErrorCode
+    detail: str
+
+
+class Release(Message, kw_only=True):
+    """Drop the hold for an order. On a worker's subject ``worker_id`` is that worker; on a
+    region's release subject it is empty and every worker of the region drops its hold.
+
+    ``abort_commit`` (added in v1): the auction gave up waiting for this worker's commit
+    reply; if the commit went through, the worker destroys that never-started machine so
+    the ``Unfilled`` the buyer saw stays true (I4).
+    """
+
+    order_id: OrderId
+    worker_id: OptionalWorkerId = ""
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    abort_commit: bool = False
+
+
+class StatusRequest(Message, kw_only=True):
+    """Scatter-gather: every worker of the region answers with its WorkerStatus."""
+
+
+class WorkerStatus(Message, kw_only=True):
+    worker_id: WorkerId
+    region: Region
+    labels: dict[str, str]
+    capacity: Amount
+    committed: Amount
+    held: Amount
+    images: list[str]
+    machines: Annotated[int, msgspec.Meta(ge=0)]
+    draining: bool
+    holds: Annotated[int, msgspec.Meta(ge=0)] = 0  # added in v1: number of live holds
+    # Added in v1: why the worker is draining ("configured", "store: database or disk is
+    # full", ...); "" when it is not.
+    drain_reason: str = ""
+
+
+class MachineRequest(Message, kw_only=True):
+    """Body of machine.get / start / stop / destroy / logs."""
+
+    machine_id: MachineId
+    tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # added in v1: logs only
+
+
+class ListMachines(Message, kw_only=True):
+    """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask."""
+
+    worker_id: OptionalWorkerId = ""
+    include_destroyed: bool = False
+
+
+class Machine(Message, kw_only=True):
+    machine_id: MachineId
+    order_id: OrderId
+    worker_id: WorkerId
+    region: Region
+    state: MachineState
+    resources: Resources
+    image: Image
+    metadata: dict[str, str] = {}
+    score: Score = 0.0
+    created_at_ms: Millis = 0
+    updated_at_ms: Millis = 0
+    # Added in v1: destroyed because the auction gave up on its commit (Release.abort_commit);
+    # such a machine does not hold its order id, so the order can be retried.
+    aborted: bool = False
+
+
+class MachineList(Message, kw_only=True):
+    worker_id: WorkerId
+    machines: list[Machine]
+
+
+class MachineLogs(Message, kw_only=True):
+    """Added in v1: reply to machine.logs, the last lines of the machine's output (the
+    process driver's log file; the sim driver has none)."""
+
+    machine_id: MachineId
+    lines: list[str]
+    truncated: bool = False  # older lines (or over-long ones) were left out
+
+
+class Event(Message, kw_only=True):
+    kind: str
+    region: Region
+    worker_id: WorkerId
+    at_ms: Millis
+    order_id: str = ""
+    machine_id: str = ""
+    detail: str = ""
+
+
+# Replies a requester may get, per request kind.
+BidReply = Offer | Waiting
+OrderReply = Placed | Unfilled | Error
+CommitReply = Placed | Rejected | Error
+MachineReply = Machine | MachineList | MachineLogs | Error

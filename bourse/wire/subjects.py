@@ -1,0 +1,108 @@
+"""Every NATS subject Bourse uses, built in one place.
+
+``bourse`` is the default prefix; a deployment may choose another (``--prefix``), e.g. to run
+two independent markets on one NATS account.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import zlib
+
+from bourse.wire.limits import ID_PATTERN, PROTOCOL_VERSION
+
+DEFAULT_PREFIX = "bourse"
+EXCHANGE_QUEUE = "exchange"
+_ID = re.compile(ID_PATTERN)
+_PREFIX = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
+
+
+def shard_of(worker_id: str, shards: int) -> int:
+    """Which bid shard a worker is in (stable across processes and restarts)."""
+    return zlib.crc32(worker_id.encode()) % shards
+
+
+def sampled_shards(order_id: str, image: str, shards: int, sample: int) -> list[int]:
+    """The shards a sampled bid goes to: the image's home shard (``crc32(image) mod
+    shards``) first, then ``sample - 1`` others drawn by a generator seeded with the order
+    id. The home shard makes image locality reinforce itself: an image's machines land
+    there more often than elsewhere, so that shard's workers pull and keep the image, and
+    the next bid for it finds it cached. The order-id seed makes a retry ask the same shards
+    (the worker that placed it answers: I3) and lets a post-mortem replay the draw."""
+    home = zlib.crc32(image.encode()) % shards
+    # the others, drawn from the shards but home: index i >= home stands for shard i + 1
+    drawn = random.Random(order_id).sample(range(shards - 1), min(sample, shards) - 1)
+    return [home, *(i + (i >= home) for i in drawn)]
+
+
+def is_valid_id(value: str) -> bool:
+    """Region and worker ids: ``[a-z0-9][a-z0-9-]{0,62}``."""
+    return bool(_ID.match(value))
+
+
+class Subjects:
+    """Subject builders for one prefix. All subjects are ``<prefix>.v1.<kind>...``."""
+
+    def __init__(self, prefix: str = DEFAULT_PREFIX) -> None:
+        if not _PREFIX.match(prefix):
+            raise ValueError(f"invalid subject prefix {prefix!r}: use tokens of [A-Za-z0-9_-]")
+        self.prefix = prefix
+        self.root = f"{prefix}.{PROTOCOL_VERSION}"
+        # Token positions, used to parse incoming subjects: root has len(prefix tokens)+1.
+        self.root_tokens = self.root.count(".") + 1
+
+    # -- orders and the auction ------------------------------------------------------------
+    def order(self, region: str) -> str:
+        return f"{self.root}.order.{region}"
+
+    @property
+    def order_all(self) -> str:
+        return f"{self.root}.order.*"
+
+    def bid(self, region: str) -> str:
+        return f"{self.root}.bid.{region}"
+
+    def bid_shard(self, region: str, shard: int) -> str:
+        """Added in v1 (sampled bidding): the workers of one shard of a region."""
+        return f"{self.root}.bid.{region}.{shard}"
+
+    def region_release(self, region: str) -> str:
+        """Added in v1: one publish drops every worker's hold for an order in the region."""
+        return f"{self.root}.release.{region}"
+
+    def status(self, region: str) -> str:
+        return f"{self.root}.status.{region}"
+
+    # -- one worker ---------------------------------------------------------------------------
+    def worker_all(self, worker_id: str) -> str:
+        """Everything addressed to one worker: commit, release, machine.<verb>, and unknowns."""
+        return f"{self.root}.worker.{worker_id}.>"
+
+    def commit(self, worker_id: str) -> str:
+        return f"{self.root}.worker.{worker_id}.commit"
+
+    def release(self, worker_id: str) -> str:
+        return f"{self.root}.worker.{worker_id}.release"
+
+    def worker_machine(self, worker_id: str, verb: str) -> str:
+        return f"{self.root}.worker.{worker_id}.machine.{verb}"
+
+    # -- machines through the exchange --------------------------------------------------------
+    def machine(self, verb: str) -> str:
+        return f"{self.root}.machine.{verb}"
+
+    @property
+    def machine_all(self) -> str:
+        return f"{self.root}.machine.*"
+
+    # -- events -------------------------------------------------------------------------------
+    def event(self, region: str, worker_id: str, kind: str) -> str:
+        return f"{self.root}.event.{region}.{worker_id}.{kind}"
+
+    def events(self, region: str = "*", worker_id: str = "*", kind: str = "*") -> str:
+        return f"{self.root}.event.{region}.{worker_id}.{kind}"
+
+    def tail(self, subject: str, skip: int) -> list[str]:
+        """Tokens of ``subject`` after the root and ``skip`` more tokens."""
+        return subject.split(".")[self.root_tokens + skip :]

@@ -1,0 +1,516 @@
+"""Faults under load: real processes killed, stalled, cut off from NATS or short of disk,
+while a client keeps placing orders and records what it saw.
+
+Used by the fault tests (``tests/faults``) and by the soak mode (``bourse loadtest --soak``).
+Every fault is done to a real process or file: SIGKILL, SIGSTOP/SIGCONT, a nats-server
+stopped and started again on the same port, a supplier's state file filled up to its cap.
+The end of a run is :meth:`ChaosRun.finish`: wait out the longest hold TTL, collect the
+workers' status, stop everything and audit the SQLite files against the client's records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import signal
+import sqlite3
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import structlog
+from hdrh.histogram import HdrHistogram
+from nats.aio.client import Client as NATS
+
+from bourse.auction.driver import AuctionConfig
+from bourse.client import BourseClient, ClientError
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.supercluster import Supercluster
+from bourse.runtime.launcher import Program
+from bourse.wire.codec import decode
+from bourse.wire.messages import Amount, Error, Placed, WorkerStatus
+from bourse.wire.subjects import Subjects
+from loadtest.audit import AuditResult, OrderRecord, audit
+from loadtest.runner import HIST_MAX_US, Spec, fleet_specs, new_hist
+from loadtest.workload import Profile, TraceOrder, fleet
+
+log = structlog.get_logger("bourse.chaos")
+
+FAULTS = (
+    "kill-supplier",
+    "kill-exchange",
+    "restart-nats",
+    "stall-supplier",
+    "fill-disk",
+    "bad-input",
+)
+RETRY_BACKOFF_S = 0.2
+# Bad input sent by the bad-input fault: (subject kind, payload). Every one is a request.
+GARBAGE: list[tuple[str, bytes]] = [
+    ("order", b"{nope"),
+    ("order", b'{"type":"PlaceOrder","region":"r0","resources":{"cpus":"2"},"image":"x"}'),
+    ("order", b"\xff\xfe" * 40),
+    ("commit", b'{"type":"Commit"}'),
+    ("commit", b"[]"),
+    ("machine", b'{"type":"MachineRequest","machine_id":""}'),
+    ("status", b'{"type":"Bid"}'),
+]
+
+
+class Managed:
+    """One program that faults may kill, stall and restart."""
+
+    def __init__(self, spec: Spec) -> None:
+        self.spec = spec
+        self.prog: Program | None = None
+        self.starts = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def pid(self) -> int:
+        assert self.prog is not None, f"{self.name} is not running"
+        return self.prog.proc.pid
+
+    @property
+    def alive(self) -> bool:
+        return self.prog is not None and self.prog.proc.returncode is None
+
+    async def start(self) -> None:
+        self.prog = await self.spec.start()
+        self.starts += 1
+
+    async def kill9(self) -> None:
+        if self.prog is not None and self.alive:
+            self.prog.kill9()
+            await self.prog.proc.wait()
+
+    def stall(self) -> None:
+        os.kill(self.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.pid, signal.SIGCONT)
+
+    async def stop(self) -> int | None:
+        if self.prog is None:
+            return None
+        if self.alive:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, signal.SIGCONT)  # a stalled program cannot handle SIGTERM
+        return await self.prog.stop()
+
+
+@dataclass
+class FaultRecord:
+    at_s: float
+    kind: str
+    target: str
+    detail: str = ""
+
+
+@dataclass
+class ChaosStats:
+    sent: int = 0
+    attempts: int = 0
+    placed: int = 0
+    unfilled: Counter[str] = field(default_factory=Counter)
+    failed: Counter[str] = field(default_factory=Counter)  # final answer an error, by code
+    retried_errors: Counter[str] = field(default_factory=Counter)
+    destroy_errors: int = 0
+    slowest_ms: float = 0.0
+    # send -> Placed/Unfilled, every answered attempt (an error's time is the client's own
+    # timeout, not the market's)
+    answer_us: HdrHistogram = field(default_factory=new_hist)
+    faults: list[FaultRecord] = field(default_factory=list)
+    bad_input_sent: int = 0
+    violations: list[str] = field(default_factory=list)  # found during the run (I6)
+
+
+class ChaosRun:
+    """A fleet of real processes on an embedded nats-server, a client placing orders with
+    retries (same order id), and the faults. ``async with ChaosRun(...) as run:``."""
+
+    def __init__(
+        self,
+        profile: Profile,
+        root: Path,
+        *,
+        retries: int = 5,
+        max_db_mb: int | None = None,
+        supplier_env: dict[int, dict[str, str]] | None = None,
+        exchange_env: dict[str, str] | None = None,
+        seed: int = 1,
+        nats_nodes: int = 1,
+    ) -> None:
+        self.p = profile
+        self.root = root
+        self.retries = retries
+        self.max_db_mb = max_db_mb
+        self.supplier_env = supplier_env or {}
+        self.exchange_env = exchange_env or {}
+        self.rng = random.Random(seed)
+        self.subjects = Subjects(f"chaos{uuid.uuid4().hex[:8]}")
+        self.server: EmbeddedNats | None = None
+        self.nats_nodes = nats_nodes
+        self.cluster: Supercluster | None = None  # nats_nodes > 1: one cluster of that many
+        self.suppliers: list[Managed] = []
+        self.exchanges: list[Managed] = []
+        self.records: dict[str, OrderRecord] = {}
+        self.stats = ChaosStats()
+        self.t0 = time.monotonic()
+        self._lifecycles: set[asyncio.Task[Any]] = set()
+        self.destroyed: set[str] = set()  # order ids whose machine the client destroyed
+        self.nc: NATS | None = None
+        workers = fleet(profile)
+        self.capacity = {
+            str(w["worker_id"]): msgspec.convert(w["capacity"], Amount) for w in workers
+        }
+        self.region_of = {str(w["worker_id"]): str(w["region"]) for w in workers}
+        # the longest a hold may live: deadline + commit grace + hold margin (AuctionConfig)
+        cfg = AuctionConfig()
+        self.max_hold_s = (profile.deadline_ms + cfg.commit_grace_ms + cfg.hold_margin_ms) / 1e3
+
+    # -- life ---------------------------------------------------------------------------------
+    async def __aenter__(self) -> ChaosRun:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.nats_nodes > 1:
+            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes})
+            await asyncio.to_thread(self.cluster.start)
+            urls = self.cluster.urls("c")  # every program gets every URL: it can fail over
+        else:
+            self.server = EmbeddedNats(workdir=self.root / "nats").start()
+            urls = [self.server.url]
+        extra = ["--max-db-mb", str(self.max_db_mb)] if self.max_db_mb else []
+        # info: the drain/resume and reconnect lines are part of what the tests read
+        for spec in fleet_specs(self.p, urls, self.subjects, self.root, extra, log_level="info"):
+            if spec.module == "supplier":
+                spec.env.update(self.supplier_env.get(len(self.suppliers), {}))
+                self.suppliers.append(Managed(spec))
+            else:
+                spec.env.update(self.exchange_env)
+                self.exchanges.append(Managed(spec))
+        for m in self.suppliers + self.exchanges:
+            await m.start()
+        # The client reconnects forever, like a service: a nats-server restart is a fault
+        # of the system under test, not of the load generator.
+        self.nc = await connect(urls, name="bourse-chaos", service=True)
+        self.market = BourseClient(self.nc, self.subjects)
+        self.direct = BourseClient(self.nc, self.subjects, direct=True)
+        self.t0 = time.monotonic()
+
+    async def close(self) -> None:
+        await self._cancel_lifecycles()
+        if self.nc is not None:
+            await shutdown(self.nc)
+            self.nc = None
+        for m in self.exchanges + self.suppliers:
+            await m.stop()
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+    async def keep_machines(self) -> None:
+        """Stop destroying machines at the end of their lifetime (before re-placing)."""
+        await self._cancel_lifecycles()
+
+    async def _cancel_lifecycles(self) -> None:
+        for t in list(self._lifecycles):
+            t.cancel()
+        if self._lifecycles:
+            await asyncio.wait(self._lifecycles)
+
+    # -- load ---------------------------------------------------------------------------------
+    async def load(self, orders: list[TraceOrder]) -> None:
+        """Send ``orders`` at their due times (open loop); returns when all have answered."""
+        start = time.monotonic()
+        tasks = []
+        for t in orders:
+            wait = start + t.due_s - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            tasks.append(asyncio.create_task(self.place(t)))
+        if tasks:
+            await asyncio.gather(*tasks)
+
+    async def place(self, t: TraceOrder) -> OrderRecord:
+        """One order with up to ``retries`` retries after an error, always the same id."""
+        o = t.order
+        rec = self.records.setdefault(
+            o.order_id, OrderRecord(o.order_id, o.region, o.resources, o.deadline_ms)
+        )
+        self.stats.sent += 1
+        for attempt in range(self.retries + 1):
+            rec.attempts += 1
+            self.stats.attempts += 1
+            sent = time.monotonic()
+            # a retry says so: the worker that may have placed it gets to answer first (I3)
+            order = msgspec.structs.replace(o, retry=True) if attempt else o
+            try:
+                r = await self.market.place(order)
+            except ClientError as exc:
+                rec.outcome = f"error:{exc.code}"
+                if attempt < self.retries:
+                    self.stats.retried_errors[exc.code] += 1
+                    # exponential, capped: a retry budget (~3.4 s) outlasts a server restart
+                    await asyncio.sleep(min(RETRY_BACKOFF_S * 2**attempt, 1.0))
+                    continue
+                break
+            finally:
+                took = (time.monotonic() - sent) * 1000
+                rec.slowest_ms = max(rec.slowest_ms, took)
+            self.stats.slowest_ms = max(self.stats.slowest_ms, took)
+            self.stats.answer_us.record_value(max(1, min(int(took * 1000), HIST_MAX_US)))
+            if isinstance(r, Placed):
+                rec.outcome = "placed"
+                rec.machine_ids.append(r.machine_id)
+                rec.worker_id = r.worker_id
+                self._spawn(self._destroy_later(o.order_id, r.machine_id, t.lifetime_s))
+            else:
+                rec.outcome = f"unfilled:{r.reason}"
+            break
+        rec.answered_at_s = time.monotonic() - self.t0
+        if rec.outcome == "placed":
+            self.stats.placed += 1
+        elif rec.outcome.startswith("unfilled"):
+            self.stats.unfilled[rec.outcome.split(":", 1)[1]] += 1
+        else:
+            self.stats.failed[rec.outcome.split(":", 1)[1]] += 1
+        return rec
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._lifecycles.add(task)
+        task.add_done_callback(self._lifecycles.discard)
+
+    async def _destroy_later(self, order_id: str, machine_id: str, after_s: float) -> None:
+        await asyncio.sleep(after_s)
+        self.destroyed.add(order_id)  # before the request: it may land even if cancelled
+        try:
+            await self.direct.machine("destroy", machine_id)
+        except ClientError:
+            self.stats.destroy_errors += 1  # its supplier is down: the machine stays
+
+    # -- faults -------------------------------------------------------------------------------
+    def _note(self, kind: str, target: str, detail: str = "") -> None:
+        self.stats.faults.append(FaultRecord(time.monotonic() - self.t0, kind, target, detail))
+        log.info("fault_injected", kind=kind, target=target, detail=detail)
+
+    async def kill_supplier(self, i: int, down_s: float = 0.0) -> None:
+        m = self.suppliers[i]
+        await m.kill9()
+        self._note("kill-supplier", m.name, f"down {down_s:.1f}s")
+        if down_s:
+            await asyncio.sleep(down_s)
+        await m.start()
+
+    async def kill_exchange(self, i: int, down_s: float = 0.0, restart: bool = True) -> None:
+        m = self.exchanges[i]
+        await m.kill9()
+        self._note("kill-exchange", m.name, f"down {down_s:.1f}s" if restart else "for good")
+        if not restart:
+            return
+        if down_s:
+            await asyncio.sleep(down_s)
+        await m.start()
+
+    async def stall_supplier(self, i: int, stall_s: float) -> None:
+        m = self.suppliers[i]
+        m.stall()
+        self._note("stall-supplier", m.name, f"SIGSTOP {stall_s:.1f}s")
+        try:
+            await asyncio.sleep(stall_s)
+        finally:
+            m.resume()
+
+    async def restart_nats(self, down_s: float = 0.5) -> float:
+        """Stop the nats-server, start it again on the same port; returns the outage (s)."""
+        assert self.server is not None
+        port, workdir = self.server.port, self.server.workdir
+        t = time.monotonic()
+        self.server.stop()
+        self._note("restart-nats", f"nats :{port}", f"down {down_s:.1f}s")
+        await asyncio.sleep(down_s)
+        self.server = await asyncio.to_thread(EmbeddedNats(workdir=workdir, port=port or -1).start)
+        return time.monotonic() - t
+
+    async def kill_nats_node(self, i: int, down_s: float = 0.5) -> None:
+        """SIGKILL node ``i`` of the cluster (its clients must fail over to the others),
+        then start it again and wait until the cluster is meshed again."""
+        assert self.cluster is not None, "kill_nats_node needs nats_nodes > 1"
+        name = f"c-{i + 1}"
+        self.cluster.kill(name)
+        self._note("kill-nats-node", name, f"down {down_s:.1f}s")
+        await asyncio.sleep(down_s)
+        await asyncio.to_thread(self.cluster.restart, name)
+
+    async def fill_disk(self, i: int, full_s: float) -> None:
+        """Fill supplier ``i``'s capped state file (run with ``max_db_mb``) from outside,
+        keep it full for ``full_s``, then free the space again."""
+        if not self.max_db_mb:
+            raise ValueError("fill_disk needs the suppliers to run with max_db_mb")
+        path = self.db_path(i)
+        self._note("fill-disk", self.suppliers[i].name, f"full {full_s:.1f}s")
+        await asyncio.to_thread(fill_store, path, self.max_db_mb)
+        try:
+            await asyncio.sleep(full_s)
+        finally:
+            await asyncio.to_thread(free_store, path)
+
+    async def bad_input(self) -> None:
+        """Requests with malformed payloads on public subjects: each must get an Error."""
+        assert self.nc is not None
+        s, region = self.subjects, self.p.region_names()[0]
+        worker = next(iter(self.region_of))
+        subject = {
+            "order": s.order(region),
+            "commit": s.commit(worker),
+            "machine": s.machine("get"),
+            "status": s.status(region),
+        }
+        self._note("bad-input", "every service", f"{len(GARBAGE)} requests")
+        for kind, payload in GARBAGE:
+            self.stats.bad_input_sent += 1
+            try:
+                msg = await self.nc.request(subject[kind], payload, timeout=5)
+                reply = decode(msg.data, Error)
+            except Exception as exc:  # no answer, or not an Error: that is the finding
+                self.stats.violations.append(f"I6 {kind} {payload[:30]!r}: no Error ({exc})")
+                continue
+            if not reply.detail:
+                self.stats.violations.append(f"I6 {kind} {payload[:30]!r}: Error without detail")
+
+    async def random_fault(self) -> None:
+        kinds = [k for k in FAULTS if self.max_db_mb or k != "fill-disk"]  # needs a cap
+        kind = self.rng.choice(kinds)
+        down = self.rng.uniform(0.2, 1.5)
+        if kind == "kill-supplier":
+            await self.kill_supplier(self.rng.randrange(len(self.suppliers)), down)
+        elif kind == "kill-exchange":
+            await self.kill_exchange(self.rng.randrange(len(self.exchanges)), down)
+        elif kind == "restart-nats" and self.cluster is not None:
+            await self.kill_nats_node(self.rng.randrange(self.nats_nodes), down)
+        elif kind == "restart-nats":
+            await self.restart_nats(down)
+        elif kind == "stall-supplier":
+            await self.stall_supplier(self.rng.randrange(len(self.suppliers)), down)
+        elif kind == "fill-disk":
+            await self.fill_disk(self.rng.randrange(len(self.suppliers)), down)
+        else:
+            await self.bad_input()
+
+    # -- the end ------------------------------------------------------------------------------
+    def db_path(self, i: int) -> Path:
+        data_dir = self.suppliers[i].spec.data_dir
+        assert data_dir is not None
+        return data_dir / "supplier.db"
+
+    async def statuses(self, within_s: float = 10.0) -> list[WorkerStatus]:
+        """Every worker's status; asks again until all answer or ``within_s`` passes."""
+        want = len(self.region_of)
+        end = time.monotonic() + within_s
+        got: dict[str, WorkerStatus] = {}
+        while len(got) < want and time.monotonic() < end:
+            for region in self.p.region_names():
+                for st in await self.direct.status(region, within_s=1.0):
+                    got[st.worker_id] = st
+        return sorted(got.values(), key=lambda s: s.worker_id)
+
+    async def settle(self) -> list[WorkerStatus]:
+        """After the load: wait until no hold can be alive, then every worker's status.
+        Holds still there after their TTL (plus the sweep) are an I4 violation."""
+        await asyncio.sleep(self.max_hold_s + 0.2)  # the TTL itself is under test
+        st = await self.statuses()
+        if len(st) < len(self.region_of):
+            self.stats.violations.append(
+                f"only {len(st)} of {len(self.region_of)} workers answered status"
+            )
+        return st
+
+    async def finish(self) -> AuditResult:
+        """Settle, stop every program (their files are then complete) and audit them."""
+        await self._cancel_lifecycles()
+        statuses = await self.settle()
+        for m in self.exchanges + self.suppliers:
+            await m.stop()
+        stores = [self.db_path(i) for i in range(len(self.suppliers))]
+        result = audit(list(self.records.values()), stores, self.capacity, self.region_of, statuses)
+        result.violations[:0] = self.stats.violations
+        return result
+
+    def report(self, result: AuditResult) -> dict[str, Any]:
+        st = self.stats
+        return {
+            "orders": {
+                "sent": st.sent,
+                "attempts": st.attempts,
+                "placed": st.placed,
+                "unfilled": dict(st.unfilled),
+                "failed": dict(st.failed),
+                "retried_after_error": dict(st.retried_errors),
+                "slowest_answer_ms": round(st.slowest_ms, 1),
+                "answer_ms": {
+                    f"p{q:g}": round(st.answer_us.get_value_at_percentile(q) / 1000, 1)
+                    for q in (50, 99, 99.9, 100)
+                },
+            },
+            "faults": {
+                "total": len(st.faults),
+                "by_kind": dict(Counter(f.kind for f in st.faults)),
+                "log": [f.__dict__ for f in st.faults],
+            },
+            "bad_input_requests": st.bad_input_sent,
+            "audit": {
+                "files": result.files,
+                "machines": result.machines,
+                "ops_replayed": result.ops,
+                "violations": result.violations,
+            },
+        }
+
+
+def fill_store(path: Path, cap_mb: int) -> None:
+    """Take the room left in a supplier's capped state file (from another connection)."""
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    try:
+        conn.execute("CREATE TABLE IF NOT EXISTS chaos_filler (data BLOB)")
+        size = conn.execute("PRAGMA page_count").fetchone()[0]
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        room = max(0, cap_mb * 1024 * 1024 - size * page)
+        conn.execute("INSERT INTO chaos_filler VALUES (zeroblob(?))", (room + 1024 * 1024,))
+    finally:
+        conn.close()
+
+
+def free_store(path: Path) -> None:
+    """Give back what :func:`fill_store` took."""
+    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
+    try:
+        conn.execute("DROP TABLE IF EXISTS chaos_filler")
+    finally:
+        conn.close()
+
+
+def write_report(report: dict[str, Any], out: Path) -> Path:
+    path = out / "soak-report.json"
+    path.write_text(json.dumps(report, indent=2))
+    return path

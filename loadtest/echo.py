@@ -1,0 +1,27 @@
+"""A trivial responder for the NATS request-reply ceiling: ``python -m
+loadtest.echo URL SUBJECT`` answers every request with an empty body."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+
+from bourse.nats.connection import connect, flush_all, shutdown
+from bourse.runtime.supervise import run
+
+
+async def serve(url: str, subject: str, stop: asyncio.Event) -> None:
+    nc = await connect(url, name="bourse-echo")
+
+    async def echo(msg) -> None:  # type: ignore[no-untyped-def]
+        await nc.publish(msg.reply, b"")
+
+    await nc.subscribe(subject, cb=echo)
+    await flush_all(nc)
+    print("echo ready", flush=True)
+    await stop.wait()
+    await shutdown(nc)
+
+
+if __name__ == "__main__":
+    run(lambda stop: serve(sys.argv[1], sys.argv[2], stop))

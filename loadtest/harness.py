@@ -1,0 +1,141 @@
+"""``bourse loadtest``: the whole run, from an embedded NATS to the report files."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from bourse.auction.admission import adaptive_limit
+from bourse.auction.driver import AuctionConfig
+from bourse.client import BourseClient
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.runtime.launcher import Program
+from bourse.runtime.supervise import settle_heap
+from bourse.wire.subjects import Subjects
+from loadtest import report as reports
+from loadtest.oracle import run_oracle
+from loadtest.runner import (
+    Generator,
+    Measured,
+    Sampler,
+    check_invariants,
+    nats_ceiling,
+    start_fleet,
+)
+from loadtest.workload import Profile, trace
+
+
+async def run_loadtest(
+    profile: Profile,
+    out: Path,
+    urls: list[str] | None = None,
+    *,
+    ceiling: bool = True,
+    ceiling_s: float = 3.0,
+    oracle: bool = True,
+    console: Console | None = None,
+    supplier_urls: list[str] | None = None,
+) -> dict[str, Any]:
+    """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report.
+    ``supplier_urls``: the suppliers connect there (e.g. another cluster of a supercluster),
+    the generator and the exchanges to ``urls``."""
+    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
+    for stale in ("data", "config"):  # every run starts from an empty fleet
+        shutil.rmtree(out / stale, ignore_errors=True)
+    say = console.print if console else (lambda *_: None)
+    server = None
+    if supplier_urls and not urls:
+        raise ValueError(
+            "supplier URLs need the generator's URLs too: the embedded server would not reach them"
+        )
+    if not urls:
+        server = EmbeddedNats(workdir=out / "nats").start()
+        urls = [server.url]
+    subjects = Subjects(f"lt{uuid.uuid4().hex[:8]}")  # a run never sees another's traffic
+    programs: list[Program] = []
+    m = Measured()
+    try:
+        refs = None
+        if ceiling:
+            say("measuring the NATS request-reply ceiling and round trip...")
+            refs = await nats_ceiling(
+                urls, out, seconds=ceiling_s, pace_per_s=profile.rate, paced_s=ceiling_s
+            )
+        say(f"starting {profile.workers} workers in {profile.supplier_processes} process(es)...")
+        programs = await start_fleet(profile, urls, subjects, out, supplier_urls)
+        watched = [(p.name, p.proc.pid) for p in programs]
+        watched.append(("loadgen", os.getpid()))  # this process: generator and client
+        if server is not None and server.proc is not None:
+            watched.append(("nats-server", server.proc.pid))
+        sampler = Sampler(watched)
+        m.processes = sampler.stats
+        orders = trace(profile)
+        nc = await connect(urls, name="bourse-loadgen", service=False)
+        market = BourseClient(nc, subjects)
+        auction = AuctionConfig(bid_shards=profile.bid_shards, bid_sample=profile.bid_sample)
+        limit = adaptive_limit(profile.exchange_max_inflight, profile.exchange_target_ms)
+        direct = BourseClient(nc, subjects, direct=True, auction=auction, admission=limit)
+        try:
+            settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
+            await _send(profile, orders, market, direct, m, sampler, console)
+            await check_invariants(direct, profile, orders, m)
+        finally:
+            await shutdown(nc)
+    finally:
+        for p in reversed(programs):
+            await p.stop()
+        if server is not None:
+            server.stop()
+    oracle_result = None
+    if oracle:
+        say("replaying the trace through the oracle...")
+        oracle_result = run_oracle(profile, orders)
+    rep = reports.build(profile, m, refs, oracle_result)
+    (out / "report.json").write_text(json.dumps(rep, indent=2))
+    rep["plots"] = [str(p) for p in reports.plots(m, rep, out)]
+    return rep
+
+
+async def _send(
+    profile: Profile,
+    orders: list[Any],
+    market: BourseClient,
+    direct: BourseClient,
+    m: Measured,
+    sampler: Sampler,
+    console: Console | None,
+) -> None:
+    progress = Progress(
+        TextColumn("orders"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        disable=console is None,
+        transient=True,
+    )
+    with progress:
+        bar = progress.add_task("orders", total=len(orders))
+        gen = Generator(profile, market, direct, m, lambda n: progress.advance(bar, n))
+
+        async def sample() -> None:
+            while True:
+                sampler.sample()
+                await asyncio.sleep(0.5)
+
+        sampling = asyncio.create_task(sample())
+        try:
+            await gen.run(orders)
+        finally:
+            sampling.cancel()
+            sampler.sample()  # CPU over the load window only (not the checks after it)
+            await gen.cancel_lifecycles()

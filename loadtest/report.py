@@ -1,0 +1,220 @@
+"""The load-test report: figures as ratios to the two references, as a table, a JSON file
+and PNG plots (latency CDF, placements per second, worker utilization)."""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from hdrh.histogram import HdrHistogram
+from rich.table import Table
+
+from loadtest.oracle import OracleResult
+from loadtest.runner import Ceiling, Measured
+from loadtest.workload import Profile
+
+PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+
+
+def _pcts(h: HdrHistogram) -> dict[str, float]:
+    if h.get_total_count() == 0:
+        return {f"p{p:g}": 0.0 for p in PERCENTILES}
+    return {f"p{p:g}": round(h.get_value_at_percentile(p) / 1000.0, 3) for p in PERCENTILES}
+
+
+def build(
+    profile: Profile, m: Measured, ceiling: Ceiling | None, oracle: OracleResult | None
+) -> dict[str, Any]:
+    ceiling_rps = ceiling.rps if ceiling else None
+    rtt = _pcts(ceiling.rtt) if ceiling else None
+    placed_ms = _pcts(m.latency_placed)
+    rate = m.placed / m.seconds if m.seconds else 0.0
+    fill = m.placed / m.sent if m.sent else 0.0
+    hit = m.image_hits / m.placed if m.placed else 0.0
+    util = [s.committed.cpus / s.capacity.cpus for s in m.statuses if s.capacity.cpus]
+    per_proc = max(1, profile.workers // max(1, profile.supplier_processes))
+    suppliers = [p for p in m.processes if p.name == "supplier"]
+    return {
+        "profile": msgspec.to_builtins(profile),
+        "offered_load": round(profile.offered_load(), 3),
+        "seconds": round(m.seconds, 3),
+        "orders": m.sent,
+        "placed": m.placed,
+        "placements_per_s": round(rate, 1),
+        "fill_rate": round(fill, 4),
+        "image_hit_rate": round(hit, 4),
+        "unfilled": dict(m.unfilled),
+        "errors": dict(m.errors),
+        "unfilled_after_rejected_commits": m.commits_rejected_unfilled,
+        "latency_ms_all": _pcts(m.latency_all),
+        "latency_ms_placed": placed_ms,
+        "auction_ms_placed": _pcts(m.auction_placed),
+        "generator_lag_max_ms": round(m.lag_max_ms, 1),
+        "utilization_cpu": {
+            "mean": round(statistics.fmean(util), 4) if util else 0.0,
+            "stdev": round(statistics.pstdev(util), 4) if util else 0.0,
+            "min": round(min(util), 4) if util else 0.0,
+            "max": round(max(util), 4) if util else 0.0,
+        },
+        "processes": [
+            {
+                "name": p.name,
+                "pid": p.pid,
+                "cpu_pct": round(100 * p.cpu_s / m.seconds, 1) if m.seconds else 0.0,
+                "max_rss_mb": round(p.max_rss_mb, 1),
+            }
+            for p in m.processes
+        ],
+        "machine_cpu_pct": round(
+            sum(100 * p.cpu_s / m.seconds for p in m.processes) if m.seconds else 0.0, 1
+        ),
+        "rss_kb_per_virtual_worker": round(
+            max((p.max_rss_mb for p in suppliers), default=0.0) * 1024 / per_proc, 1
+        ),
+        "nats_ceiling_rps": round(ceiling_rps, 1) if ceiling_rps else None,
+        "vs_ceiling": round(rate / ceiling_rps, 4) if ceiling_rps else None,
+        # One raw request-reply at the run's pace; a placement is 3 in a row (buyer ->
+        # exchange, bid -> offer, commit -> Placed) plus an fsync, so ~3x is its floor.
+        "nats_rtt_ms": rtt,
+        "latency_in_round_trips": {
+            k: round(placed_ms[k] / rtt[k], 2) for k in ("p50", "p99") if rtt[k]
+        }
+        if rtt
+        else None,
+        "oracle": None
+        if oracle is None
+        else {
+            "fill_rate": round(oracle.fill_rate, 4),
+            "image_hit_rate": round(oracle.image_hit_rate, 4),
+            "fill_vs_oracle": round(fill / oracle.fill_rate, 4) if oracle.fill_rate else None,
+            "image_hit_points_below_oracle": round(100 * (oracle.image_hit_rate - hit), 2),
+        },
+        "machines_checked": m.machines_checked,
+        "violations": m.violations,
+    }
+
+
+def table(r: dict[str, Any]) -> Table:
+    t = Table(title=f"load test: {r['profile']['name']}", show_header=False)
+    t.add_column("what")
+    t.add_column("figure")
+    p = r["profile"]
+    t.add_row(
+        "fleet",
+        f"{p['workers']} workers in {p['regions']} regions, "
+        f"{p['supplier_processes']} supplier process(es), "
+        + ("no exchange (direct)" if p.get("direct") else f"{p['exchanges']} exchange(s)"),
+    )
+    t.add_row(
+        "load",
+        f"{p['mode']} loop, {p['rate']}/s for {p['duration_s']} s "
+        f"(offered load {r['offered_load']:.0%})",
+    )
+    t.add_row("orders / placed", f"{r['orders']} / {r['placed']}  ({r['placements_per_s']}/s)")
+    if r["nats_ceiling_rps"]:
+        t.add_row(
+            "vs NATS req-reply ceiling",
+            f"{r['vs_ceiling']:.1%} of {r['nats_ceiling_rps']:.0f} req/s",
+        )
+    if r.get("nats_rtt_ms"):
+        rtt, x = r["nats_rtt_ms"], r["latency_in_round_trips"]
+        t.add_row(
+            "NATS round trip at this pace",
+            f"p50 {rtt['p50']}  p99 {rtt['p99']} ms; placed p50 = {x.get('p50')}x, "
+            f"p99 = {x.get('p99')}x of it",
+        )
+    la, lp = r["latency_ms_all"], r["latency_ms_placed"]
+    t.add_row("latency placed (ms)", "  ".join(f"{k} {v}" for k, v in lp.items()))
+    t.add_row("latency all (ms)", "  ".join(f"{k} {v}" for k, v in la.items()))
+    t.add_row(
+        "auction, in the exchange (ms)",
+        "  ".join(f"{k} {v}" for k, v in r["auction_ms_placed"].items()),
+    )
+    t.add_row("fill rate", f"{r['fill_rate']:.2%}")
+    t.add_row("image hit rate", f"{r['image_hit_rate']:.2%}")
+    if r["oracle"]:
+        o = r["oracle"]
+        t.add_row("oracle fill / image hits", f"{o['fill_rate']:.2%} / {o['image_hit_rate']:.2%}")
+        t.add_row("fill vs oracle", f"{o['fill_vs_oracle']:.2%}")
+        t.add_row(
+            "image hits vs oracle",
+            f"{o['image_hit_points_below_oracle']:.2f} points below the oracle",
+        )
+    t.add_row("unfilled", str(r["unfilled"] or 0))
+    if r["errors"]:
+        t.add_row("errors", str(r["errors"]))
+    u = r["utilization_cpu"]
+    t.add_row(
+        "cpu utilization at end",
+        f"mean {u['mean']:.1%}  stdev {u['stdev']:.1%}  min {u['min']:.1%}  max {u['max']:.1%}",
+    )
+    for proc in r["processes"]:
+        t.add_row(
+            f"process {proc['name']} {proc['pid']}",
+            f"cpu {proc['cpu_pct']}%  max rss {proc['max_rss_mb']} MiB",
+        )
+    t.add_row(
+        "supplier rss / workers",
+        f"{r['rss_kb_per_virtual_worker']} KiB "
+        "(the interpreter included: see fleet-1k for the marginal cost)",
+    )
+    t.add_row("generator lag (max)", f"{r['generator_lag_max_ms']} ms")
+    t.add_row(
+        "invariants (I1, I3, I5)",
+        "[green]0 violations[/]"
+        if not r["violations"]
+        else f"[red]{len(r['violations'])} violations[/]: {r['violations'][:3]}",
+    )
+    return t
+
+
+def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
+    """latency-cdf.png, throughput.png, utilization.png; [] when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        return []
+    out.mkdir(parents=True, exist_ok=True)
+    made = []
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, h in (("placed", m.latency_placed), ("all", m.latency_all)):
+        if h.get_total_count():
+            qs = [p / 10 for p in range(1, 1000)]
+            ax.plot([h.get_value_at_percentile(q) / 1000 for q in qs], qs, label=name)
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("latency (ms, from when the order was due)")
+    ax.set_ylabel("percentile")
+    ax.set_title(f"latency CDF - {report['profile']['name']}")
+    ax.legend()
+    ax.grid(True, alpha=0.3)
+    made.append(out / "latency-cdf.png")
+    fig.savefig(made[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    secs = sorted(m.per_second)
+    ax.bar(secs, [m.per_second[s] for s in secs], width=0.9)
+    ax.set_xlabel("second of the run")
+    ax.set_ylabel("placements")
+    ax.set_title("placements per second")
+    made.append(out / "throughput.png")
+    fig.savefig(made[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 3))
+    util = [s.committed.cpus / s.capacity.cpus for s in m.statuses if s.capacity.cpus]
+    ax.hist(util, bins=20, range=(0, 1))
+    ax.set_xlabel("cpu utilization per worker at the end")
+    ax.set_ylabel("workers")
+    ax.set_title("utilization spread")
+    made.append(out / "utilization.png")
+    fig.savefig(made[-1], dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return made

@@ -1,0 +1,408 @@
+"""``bourse``: the main job in one command.
+
+``bourse demo`` starts an embedded nats-server, a demo fleet of suppliers in three regions
+as real processes, one exchange process, places a scripted batch of real orders plus a
+concurrent burst, prints what happened, and stops everything. With ``--nats URL`` it only
+places the orders, on a market that is already up (``bourse up``).
+
+``bourse up`` runs that market until Ctrl-C, keeping state in a data dir so the next ``up``
+resumes (machines that were running start again).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from bourse.client import BourseClient, render
+from bourse.nats.connection import connect, split_urls
+from bourse.nats.embedded import EmbeddedNats, NatsServerError
+from bourse.runtime import logs
+from bourse.runtime.cli import NatsOpt, PrefixOpt, cli_main, fail
+from bourse.runtime.launcher import Program, start_program
+from bourse.runtime.supervise import run, run_fast
+from bourse.wire.messages import Placed
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+from loadtest import report as loadtest_report
+from loadtest.harness import run_loadtest
+from loadtest.soak import run_soak
+from loadtest.soak import table as soak_table
+from loadtest.workload import SCENARIOS, resolve_profile
+from ops.auth_cli import auth_app
+from ops.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
+from ops.nats_config import nats_config
+
+app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
+app.add_typer(auth_app, name="auth")
+
+
+@app.callback()
+def _callback() -> None:
+    """Bourse."""
+
+
+app.command("nats-config")(nats_config)
+
+
+@app.command()
+def demo(
+    nats: NatsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    data_dir: Annotated[
+        Path | None,
+        typer.Option(help="Keep the suppliers' state and logs here (default: a temp dir)."),
+    ] = None,
+    burst: Annotated[int, typer.Option(min=0, help="Concurrent orders in the burst.")] = 200,
+    json: Annotated[bool, typer.Option("--json", help="Print the outcomes as JSON.")] = False,
+) -> None:
+    """Run a demo market and place real orders on it."""
+    logs.configure("warning")
+    keep = data_dir is not None
+    root = data_dir or Path(tempfile.mkdtemp(prefix="bourse-demo-"))
+    try:
+        asyncio.run(_demo(split_urls(nats), Subjects(prefix), root, burst, json, keep))
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+@app.command()
+def loadtest(
+    scenario: Annotated[
+        str, typer.Option(help=f"A named profile: {', '.join(SCENARIOS)}.")
+    ] = "smoke",
+    profile_file: Annotated[
+        Path | None, typer.Option("--profile", help="A profile file (JSON or TOML).")
+    ] = None,
+    workers: Annotated[int | None, typer.Option(min=1)] = None,
+    regions: Annotated[int | None, typer.Option(min=1)] = None,
+    rate: Annotated[float | None, typer.Option(min=0.1, help="Orders/s (open loop).")] = None,
+    duration_s: Annotated[float | None, typer.Option(min=0.1)] = None,
+    mode: Annotated[str | None, typer.Option(help="open or closed.")] = None,
+    concurrency: Annotated[int | None, typer.Option(min=1, help="Closed loop.")] = None,
+    lifetime_s: Annotated[float | None, typer.Option(min=0.01)] = None,
+    processes: Annotated[int | None, typer.Option(min=1, help="Supplier processes.")] = None,
+    exchanges: Annotated[int | None, typer.Option(min=1)] = None,
+    seed: Annotated[int | None, typer.Option()] = None,
+    spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
+    bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
+    bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
+    max_offers: Annotated[
+        int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
+    ] = None,
+    direct: Annotated[
+        bool | None,
+        typer.Option(
+            "--direct/--via-exchange",
+            help="The generator runs the auctions itself (buyer --direct): no exchange.",
+            show_default=False,
+        ),
+    ] = None,
+    target_auction_ms: Annotated[
+        float | None, typer.Option(min=0, help="Exchange admission target (0: fixed cap).")
+    ] = None,
+    quote_sample: Annotated[
+        int | None, typer.Option(min=0, help="Workers a big host prices per bid (0: all).")
+    ] = None,
+    max_inflight: Annotated[
+        int | None, typer.Option(min=1, help="Auctions one exchange runs at once.")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
+    ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
+    oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
+    nats: NatsOpt = None,
+    supplier_nats: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="The suppliers connect here (e.g. another cluster of a supercluster); "
+            "the generator and exchanges to --nats.",
+            show_default=False,
+        ),
+    ] = None,
+    json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    soak: Annotated[
+        float | None,
+        typer.Option(
+            min=1, help="Soak mode: this many seconds of load with random faults, then audit."
+        ),
+    ] = None,
+    fault_every_s: Annotated[
+        float, typer.Option(min=0.1, help="Soak mode: mean seconds between faults.")
+    ] = 5.0,
+    nats_nodes: Annotated[
+        int,
+        typer.Option(
+            min=1, max=5, help="Soak mode: a NATS cluster of this many nodes (nodes get killed)."
+        ),
+    ] = 1,
+) -> None:
+    """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
+
+    With --soak: faults (kill -9 of suppliers and exchanges, nats-server restarts, stalled
+    suppliers, a full state file, bad input) strike at random while the load runs; the
+    suppliers' SQLite files are then audited against what the client saw (I1-I6).
+
+    Exit code 1 if any invariant was violated."""
+    logs.configure("warning")
+    if soak is not None:
+        logs.configure("error")  # the faults make every client log warnings by design
+        if nats:
+            fail("--soak starts (and restarts) its own nats-server: leave out --nats")
+        if scenario == "smoke" and profile_file is None:
+            scenario = "soak"
+    overrides = {
+        "workers": workers, "regions": regions, "rate": rate, "duration_s": duration_s,
+        "mode": mode, "concurrency": concurrency, "lifetime_s": lifetime_s,
+        "supplier_processes": processes, "exchanges": exchanges, "seed": seed,
+        "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
+        "exchange_max_inflight": max_inflight, "max_offers": max_offers,
+        "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
+        "direct": direct,
+    }  # fmt: skip
+    try:
+        profile = resolve_profile(scenario, profile_file, overrides)
+    except ValueError as exc:
+        fail(f"invalid load profile: {exc}")
+    if supplier_nats and not split_urls(nats):
+        fail("--supplier-nats needs --nats: the generator and exchanges' cluster")
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
+    console = None if json else render.console
+    if soak is not None:
+        rep = asyncio.run(run_soak(profile, target, soak, fault_every_s, console, nats_nodes))
+        if json:
+            typer.echo(render.as_json(rep))
+        else:
+            render.console.print(soak_table(rep))
+            render.console.print(f"report: {rep['path']}")
+        if rep["audit"]["violations"]:
+            raise typer.Exit(1)
+        return
+    rep = run_fast(  # the generator is a load source: give it the fast loop too
+        run_loadtest(
+            profile,
+            target,
+            split_urls(nats),
+            ceiling=ceiling,
+            oracle=oracle,
+            console=console,
+            supplier_urls=split_urls(supplier_nats) if supplier_nats else None,
+        )
+    )
+    if json:
+        typer.echo(render.as_json(rep))
+    else:
+        render.console.print(loadtest_report.table(rep))
+        render.console.print(f"report: {target / 'report.json'}")
+        for plot in rep["plots"]:
+            render.console.print(f"plot: {plot}")
+    if rep["violations"]:
+        raise typer.Exit(1)
+
+
+async def _start_market(
+    urls: list[str], subjects: Subjects, root: Path, say: Callable[[str], None]
+) -> list[Program]:
+    """Supplier processes (one per demo region) and one exchange process."""
+    programs: list[Program] = []
+    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
+    try:
+        for region, path in write_fleet_files(root / "config").items():
+            programs.append(
+                await start_program(
+                    "supplier",
+                    "run",
+                    "--fleet",
+                    str(path),
+                    "--data-dir",
+                    str(root / "data" / region),
+                    *common,
+                    log_path=root / "logs" / f"supplier-{region}.log",
+                    ready="supplier ready",
+                )
+            )
+            say(f"supplier for {region}: {len(DEMO_FLEET[region])} workers")
+        programs.append(
+            await start_program(
+                "exchange",
+                "serve",
+                *common,
+                log_path=root / "logs" / "exchange.log",
+                ready="exchange ready",
+            )
+        )
+    except BaseException:
+        await _stop_all(programs)
+        raise
+    return programs
+
+
+async def _stop_all(programs: list[Program]) -> None:
+    for p in reversed(programs):  # the exchange first, then the suppliers
+        await p.stop()
+
+
+async def _demo(
+    urls: list[str], subjects: Subjects, root: Path, burst: int, json: bool, keep: bool
+) -> None:
+    say = (lambda *_: None) if json else render.console.print
+    server = None
+    programs: list[Program] = []
+    try:
+        if urls:
+            say(f"placing orders on the market at {', '.join(urls)}")
+        else:
+            server = EmbeddedNats(workdir=root / "nats").start()
+            urls = [server.url]
+            say(f"embedded nats-server on {server.url}")
+            programs = await _start_market(urls, subjects, root, say)
+            say("exchange ready; placing orders\n")
+        nc = await connect(urls, name="bourse-demo", service=False)
+        client = BourseClient(nc, subjects)
+        try:
+            outcomes = await run_script(client)
+            report = await run_burst(client, burst) if burst else None
+            statuses = [s for region in DEMO_FLEET for s in await client.status(region)]
+        finally:
+            await nc.drain()
+        if json:
+            typer.echo(
+                render.as_json(
+                    {
+                        "orders": [{"scenario": n, "result": r} for n, r in outcomes],
+                        "burst": report.__dict__ if report else None,
+                        "fleet": statuses,
+                    }
+                )
+            )
+        else:
+            render.console.print(_outcome_table(outcomes))
+            if report:
+                say(
+                    f"\nburst: {report.orders} concurrent orders in {report.seconds:.2f}s: "
+                    f"{report.placed} placed, unfilled {report.unfilled or 0}; placed latency "
+                    f"p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
+                )
+            render.console.print(render.fleet(statuses))
+            if keep:
+                say(f"\nlogs and state kept in {root}")
+    finally:
+        await _stop_all(programs)
+        if server is not None:
+            server.stop()
+
+
+@app.command()
+def up(
+    nats: NatsOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    data_dir: Annotated[
+        Path, typer.Option(help="State and logs; a second `up` resumes from it.")
+    ] = Path(".bourse/up"),
+    port: Annotated[
+        int, typer.Option(help="Port of the embedded nats-server (-1: any free port).")
+    ] = 4222,
+) -> None:
+    """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
+    logs.configure("warning")
+    try:
+        code = run(lambda stop: _up(split_urls(nats), Subjects(prefix), data_dir, port, stop))
+    except (NatsServerError, RuntimeError) as exc:
+        fail(str(exc))
+    raise typer.Exit(code)
+
+
+async def _up(
+    urls: list[str], subjects: Subjects, root: Path, port: int, stop: asyncio.Event
+) -> int:
+    say = render.console.print
+    server = None
+    if not urls:
+        if port > 0 and _port_busy(port):
+            fail(f"port {port} is in use: pass --port -1 for a free one, or --nats URL")
+        server = EmbeddedNats(workdir=root / "nats", port=port).start()
+        urls = [server.url]
+        say(f"embedded nats-server on {server.url} (log: {server.log_path})")
+    programs: list[Program] = []
+    try:
+        programs = await _start_market(urls, subjects, root, say)
+        px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
+        say(
+            f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
+            f"  export BOURSE_NATS_URL={urls[0]}\n"
+            f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
+            f"  buyer fleet --region mad --region fra --region sjc{px}\n"
+            f"  buyer watch{px}\n"
+            f"  bourse demo --nats {urls[0]}{px}\n"
+            "Ctrl-C stops everything; machines that were running start again on the next up."
+        )
+        await _watch_programs(programs, stop, say)
+        say("stopping...")
+        return 0
+    finally:
+        await _stop_all(programs)
+        if server is not None:
+            server.stop()
+
+
+async def _watch_programs(
+    programs: list[Program], stop: asyncio.Event, say: Callable[[str], None]
+) -> None:
+    """Until ``stop``: a program that exits is reported, and the rest keep serving (workers
+    come and go on a market; that is what failover is for)."""
+    waits = {asyncio.ensure_future(p.proc.wait()): p for p in programs}
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while waits:
+            done, _ = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
+            if stopping in done:
+                return
+            for fut in done:
+                p = waits.pop(fut)
+                say(f"[red]{p.name} exited with code {p.proc.returncode}[/]; see {p.log_path}")
+        say("every program has exited")
+    finally:
+        stopping.cancel()
+        for fut in waits:
+            fut.cancel()
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _outcome_table(outcomes: list[tuple[str, object]]) -> Table:
+    t = Table(title="orders")
+    for col in ("scenario", "outcome", "worker / reason", "score", "cached", "ms"):
+        t.add_column(col)
+    for name, r in outcomes:
+        if isinstance(r, Placed):
+            t.add_row(
+                name,
+                "existing" if r.existing else "placed",
+                r.worker_id,
+                f"{r.score:.3f}",
+                "yes" if r.image_cached else "no",
+                f"{r.elapsed_ms:.1f}",
+            )
+        else:
+            t.add_row(name, "unfilled", r.reason, "", "", f"{r.elapsed_ms:.1f}")  # type: ignore[attr-defined]
+    return t
+
+
+def main() -> None:
+    cli_main(app)
+
+
+if __name__ == "__main__":
+    main()
