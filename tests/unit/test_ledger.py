@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from supplier.ledger import EXPIRED_MEMORY, ZERO, Hold, Ledger, Vec, add, leq, sub
+from bourse.wire.resources import ZERO, Vec, add, leq, sub
+from supplier.ledger import EXPIRED_MEMORY, Hold, Ledger
 
 CAP: Vec = (8, 8192, 100, 1)
 
