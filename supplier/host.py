@@ -4,6 +4,10 @@ Per region the host has ONE subscription each for bids, region releases and stat
 fans a message out to its workers of that region in-process, so a thousand virtual workers
 cost a thousand dict entries rather than a thousand deliveries. Each worker has its own
 subscription for what is addressed to it (``<root>.worker.<id>.>``).
+
+This is the NATS shell: it decodes, asks the desk (supplier/desk.py) how to answer a bid
+and sends what the desk returns, each reply after its delay, through the outbox. It makes
+no market decision itself.
 """
 
 from __future__ import annotations
