@@ -15,12 +15,11 @@ from dataclasses import dataclass
 
 import msgspec
 
+from bourse.wire.resources import ZERO, Vec, add, leq, sub, vec
 from loadtest.workload import Profile, TraceOrder, fleet, image_sizes
 from supplier.config import WorkerConfig
 from supplier.images import ImageCache
-from supplier.ledger import add, leq, sub
 from supplier.pricing import Pricer
-from supplier.worker import vec
 
 
 @dataclass
@@ -45,7 +44,7 @@ class _W:
     def __init__(self, cfg: WorkerConfig, sizes: dict[str, int]) -> None:
         self.worker_id = cfg.worker_id
         self.capacity = vec(cfg.capacity)
-        self.used = (0, 0, 0, 0)
+        self.used: Vec = ZERO
         self.pricer = Pricer(cfg.pricing)
         self.cache = ImageCache(cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, 0))
         self.in_use: Counter[str] = Counter()
@@ -57,7 +56,7 @@ def run_oracle(profile: Profile, orders: list[TraceOrder]) -> OracleResult:
     for raw in fleet(profile):
         cfg = msgspec.convert(raw, WorkerConfig)
         by_region.setdefault(cfg.region, []).append(_W(cfg, sizes))
-    leaving: list[tuple[float, int, _W, tuple[int, int, int, int], str]] = []
+    leaving: list[tuple[float, int, _W, Vec, str]] = []
     placed = hits = 0
     chosen: dict[str, str] = {}
     for n, t in enumerate(orders):

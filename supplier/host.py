@@ -4,6 +4,10 @@ Per region the host has ONE subscription each for bids, region releases and stat
 fans a message out to its workers of that region in-process, so a thousand virtual workers
 cost a thousand dict entries rather than a thousand deliveries. Each worker has its own
 subscription for what is addressed to it (``<root>.worker.<id>.>``).
+
+This is the NATS shell: it decodes, asks the desk (supplier/desk.py) how to answer a bid
+and sends what the desk returns, each reply after its delay, through the outbox. It makes
+no market decision itself.
 """
 
 from __future__ import annotations
@@ -12,8 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from pathlib import Path
+from collections.abc import Awaitable
 
 import msgspec
 import nats.errors
@@ -44,18 +47,15 @@ from bourse.wire.signing import OfferSigner
 from bourse.wire.subjects import Subjects, shard_of
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.config import WorkerConfig, check_workers
-from supplier.drivers import Driver
-from supplier.drivers.process import ProcessDriver
-from supplier.drivers.sim import SimDriver
+from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send
+from supplier.images import ImageListener
 from supplier.outbox import Outbox
 from supplier.store import Store
-from supplier.worker import WAIT, Quote, Worker
+from supplier.worker import Worker
 
 log = structlog.get_logger("bourse.supplier")
 
 SWEEP_INTERVAL_S = 0.05
-# A host offers at most this many of its workers per bid (the best-scoring); 0: all.
-DEFAULT_MAX_OFFERS = 3
 # Bids queued beyond this many on one subscription are shed (answered by nobody here).
 DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
@@ -64,19 +64,6 @@ CLAIM_CHECK_S = 0.5
 TOMBSTONE_TTL_S = 5.0
 # While the store refuses writes, probe it this often; a success lifts the drain.
 STORE_PROBE_INTERVAL_S = 1.0
-
-
-def make_driver(cfg: WorkerConfig, data_dir: Path) -> Driver:
-    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/."""
-    if cfg.driver == "process":
-        # on_exit is bound once the worker exists (it records the exit in its op log).
-        return ProcessDriver(cfg.catalog, data_dir / "machines" / cfg.worker_id, _unbound_exit)
-    sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
-    return SimDriver(cfg.pull_mb_per_s, sizes)
-
-
-def _unbound_exit(machine_id: str, code: int) -> None:
-    raise AssertionError("process driver used before its worker bound on_exit")
 
 
 class WorkerIdInUse(RuntimeError):
@@ -97,12 +84,10 @@ class SupplierHost:
         quote_sample: int = DEFAULT_QUOTE_SAMPLE,
     ) -> None:
         check_workers(workers)
-        # Past 2 x this many workers in a bid group, a bid is priced on a sample of them
-        # (supplier/candidates.py); 0: always on all.
-        self.quote_sample = quote_sample
         # Signs every Offer this host sends (the auction may require it: --trust).
         self.signer = signer
-        self.max_offers = max_offers
+        # How bids are answered: the pure core this shell asks (supplier/desk.py).
+        self.desk: Desk[Worker] = Desk(max_offers, quote_sample)
         self.bid_shards = bid_shards
         self.max_bid_backlog = max_bid_backlog
         self.bids_shed = 0
@@ -115,30 +100,17 @@ class SupplierHost:
         self.workers: dict[str, Worker] = {}
         self.by_region: dict[str, list[Worker]] = {}
         for cfg in workers:
-            w = Worker(cfg, store, self._emit, make_driver(cfg, store.path.parent))
-            w.send_offer = self._send_late_offer
+            w = Worker(
+                cfg,
+                store,
+                self._emit,
+                on_freed=self._freed,
+                on_grew=self._grew,
+                on_image=self._image_listener(cfg.worker_id),
+            )
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
-        # (region, shard) -> workers, when bids may be sampled by shard
-        self.by_shard: dict[tuple[str, int], list[Worker]] = {}
-        for w in self.workers.values() if bid_shards else ():
-            key = (w.region, shard_of(w.worker_id, bid_shards))
-            self.by_shard.setdefault(key, []).append(w)
-        # bid subject -> the workers it reaches here, with their image index
-        s = self.subjects
-        self.groups: dict[str, BidGroup[Worker]] = {
-            s.bid(region): BidGroup(ws) for region, ws in self.by_region.items()
-        }
-        self.groups.update(
-            (s.bid_shard(region, shard), BidGroup(ws))
-            for (region, shard), ws in self.by_shard.items()
-        )
-        for group in self.groups.values():
-            for w in group.workers:
-                for image in w.images:
-                    group.image_changed(w, image, True)
-        for w in self.workers.values():
-            w.images.listener = self._image_listener(w)
+        self.groups = self._bid_groups()
         # order id -> the worker here that placed it (a retry must price that one: I3)
         self.owners: dict[str, Worker] = {}
         self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
@@ -152,16 +124,38 @@ class SupplierHost:
         self._next_probe = 0.0
         self._probing: asyncio.Task[None] | None = None
 
-    # -- life ---------------------------------------------------------------------------------
-    def _image_listener(self, w: Worker) -> Callable[[str, bool], None]:
-        mine = [g for g in self.groups.values() if w in g.members]
+    # -- bid groups -----------------------------------------------------------------------------
+    def _bid_groups(self) -> dict[str, BidGroup[Worker]]:
+        """Bid subject -> the workers it reaches here, with their image index: the region's
+        subject, and its shards' when bids may be sampled by shard."""
+        s = self.subjects
+        groups = {s.bid(region): BidGroup(ws) for region, ws in self.by_region.items()}
+        by_shard: dict[tuple[str, int], list[Worker]] = {}
+        for w in self.workers.values() if self.bid_shards else ():
+            key = (w.region, shard_of(w.worker_id, self.bid_shards))
+            by_shard.setdefault(key, []).append(w)
+        groups.update(
+            (s.bid_shard(region, shard), BidGroup(ws)) for (region, shard), ws in by_shard.items()
+        )
+        self._groups_of: dict[str, list[BidGroup[Worker]]] = {}
+        for group in groups.values():
+            for w in group.workers:
+                self._groups_of.setdefault(w.worker_id, []).append(group)
+                for image in w.images:
+                    group.image_changed(w, image, True)
+        return groups
+
+    def _image_listener(self, worker_id: str) -> ImageListener:
+        """Keeps the bid groups' image index current as a worker pulls and evicts."""
 
         def changed(image: str, cached: bool) -> None:
-            for group in mine:
+            w = self.workers[worker_id]
+            for group in self._groups_of.get(worker_id, ()):
                 group.image_changed(w, image, cached)
 
         return changed
 
+    # -- life ---------------------------------------------------------------------------------
     async def start(self) -> None:
         self.outbox.start()
         await self._check_unclaimed()
@@ -251,104 +245,51 @@ class SupplierHost:
             raise subject_region_mismatch("bid", bid.region, region)
         if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
             return
-        offers = self._answers(bid, self.groups[msg.subject], msg.reply)
-        if not offers:
-            return
         now = time.monotonic()
+        ans = self.desk.answer(bid, msg.reply, now, self.groups[msg.subject], self.owners)
+        for w, holds in ans.expired:
+            w.holds_expired(holds)
+        self._send(ans.late, now)
+        if not ans.replies:
+            return
         key = (bid.order_id, bid.auction_id)
         asked = self.asked.get(key)
         if asked is None:
             asked = self.asked[key] = (now, [])
-        asked[1].extend(w for _, _, w in offers)
-        offers.sort(key=lambda o: o[0])
-        self._send_offers(msg.reply, bid.auction_id, now, offers)
+        asked[1].extend(r.worker for r in ans.replies)
+        self._send(ans.replies, now)
 
-    def _answers(
-        self, bid: Bid, group: BidGroup[Worker], inbox: str
-    ) -> list[tuple[float, Offer | Waiting, Worker]]:
-        """Price the bid on the group's candidates (all of a small group, a sample of a big
-        one, then all if the sample had nothing), then hold and offer only the best
-        ``max_offers`` (the auction takes the best offer; holding on every worker of a
-        big host would only lock capacity and flood the auction). Workers blocked only by
-        holds wait, but only when no worker here can offer at once."""
+    def _freed(self, w: Worker) -> None:
+        """Capacity came back on ``w`` outside a bid: the desk answers its waiting bids."""
         now = time.monotonic()
-        out: list[tuple[float, Offer | Waiting, Worker]] = []
-        quotes: list[tuple[float, int, Worker, Quote]] = []
-        blocked: list[Worker] = []
-        owner = self.owners.get(bid.order_id)
-        workers = group.candidates(bid.order_id, bid.image, owner, self.quote_sample)
-        self._quote_all(bid, now, workers, quotes, out, blocked)
-        if not quotes and not out and workers is not group.workers:
-            blocked.clear()  # the sample had nothing to offer at once: ask everyone here
-            self._quote_all(bid, now, group.workers, quotes, out, blocked)
-        if quotes:
-            quotes.sort(key=lambda x: (x[0], x[1]))
-            for _, _, w, q in quotes[: self.max_offers or None]:
-                taken = w.take(bid, now, q)
-                if taken is not None:
-                    out.append((taken[1], taken[0], w))
-        elif not out:
-            for w in blocked[: self.max_offers or None]:
-                waiting = w.wait(bid, now, inbox)
-                if waiting is not None:
-                    out.append((0.0, waiting[0], w))
-        return out
+        self._send(self.desk.freed(w, now), now)
 
-    @staticmethod
-    def _quote_all(
-        bid: Bid,
-        now: float,
-        workers: list[Worker],
-        quotes: list[tuple[float, int, Worker, Quote]],
-        out: list[tuple[float, Offer | Waiting, Worker]],
-        blocked: list[Worker],
-    ) -> None:
-        for i, w in enumerate(workers):
-            q = w.quote(bid, now)
-            if isinstance(q, Quote):
-                quotes.append((-q.score, i, w, q))
-            elif isinstance(q, Offer):
-                out.append((0.0, q, w))  # this order already has a machine there
-            elif q is WAIT:
-                blocked.append(w)
+    def _grew(self, w: Worker) -> None:
+        """Committed machines grew on ``w``: the desk withdraws hopeless waiting bids."""
+        self._send(self.desk.withdraw_hopeless(w), time.monotonic())
 
-    def _send_offers(
-        self,
-        inbox: str,
-        auction_id: str,
-        t0: float,
-        offers: list[tuple[float, Offer | Waiting, Worker]],
-    ) -> None:
-        """Send each reply at t0 + its delay (best first, as the delays grow with a worse
-        score); an offer whose hold was released meanwhile is dropped when it falls due."""
+    def _send(self, sends: list[Send[Worker]], t0: float) -> None:
+        """Send each reply at t0 + its delay, through the outbox (the desk put them best
+        first); a delayed offer whose hold was released meanwhile is dropped when due."""
+        if not sends:
+            return
         loop = asyncio.get_running_loop()
-        for delay, offer, w in offers:
-            wait = t0 + delay - time.monotonic()
+        for send in sends:
+            wait = t0 + send.delay_s - time.monotonic()
             if wait > 0:
-                loop.call_later(wait, self._offer_due, inbox, auction_id, offer, w)
+                loop.call_later(wait, self._due, send)
             else:
-                self._offer_due(inbox, auction_id, offer, w)
+                self._due(send)
 
-    def _offer_due(self, inbox: str, auction_id: str, offer: Offer | Waiting, w: Worker) -> None:
-        if (
-            isinstance(offer, Waiting)
-            or offer.machine_id
-            or w.holds_for(offer.order_id, auction_id)
-        ):
-            self.outbox.post(inbox, self._wire(offer))
+    def _due(self, send: Send[Worker]) -> None:
+        if self.desk.still_due(send):
+            self.outbox.post(send.inbox, self._wire(send.reply))
 
     def _wire(self, reply: Offer | Waiting) -> bytes:
         """A bid reply as sent: an Offer signed with this host's key when it has one."""
         if self.signer is not None and isinstance(reply, Offer):
             reply = self.signer.sign(reply)
         return encode(reply)
-
-    def _send_late_offer(
-        self, inbox: str, auction_id: str, offer: Offer | Waiting, delay: float
-    ) -> None:
-        """A waiting bid found capacity: send its offer (still ordered by score)."""
-        w = self.workers[offer.worker_id]
-        self._send_offers(inbox, auction_id, time.monotonic(), [(delay, offer, w)])
 
     async def _on_region_release(self, msg: Msg) -> None:
         rel = decode(msg.data, Release)

@@ -11,6 +11,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
 
 DEFAULT_IMAGE_MB = 200
+# Told (image, cached) whenever an image comes or goes: the host's image index.
+ImageListener = Callable[[str, bool], None]
 
 
 class ImageCache:
@@ -19,12 +21,12 @@ class ImageCache:
         budget_mb: int,
         initial: Iterable[str] = (),
         size_of: Callable[[str], int] = lambda _: DEFAULT_IMAGE_MB,
+        listener: ImageListener | None = None,
     ) -> None:
         self.budget_mb = budget_mb
         self.size_of = size_of
         self._lru: OrderedDict[str, int] = OrderedDict()
-        # Told (image, cached) whenever an image comes or goes: the host's image index.
-        self.listener: Callable[[str, bool], None] | None = None
+        self.listener = listener  # not told about the initial images: the host reads them
         for image in initial:  # configured images are cached whatever the budget says
             self._lru[image] = size_of(image)
 

@@ -1,6 +1,6 @@
 """A worker's capacity accounting: capacity, committed, and holds with a TTL (I1).
 
-Resources are 4-tuples (cpus, memory_mb, disk_mb, gpus) of ints. The ledger keeps
+Amounts are resource vectors (bourse/wire/resources.py). The ledger keeps
 ``committed + held <= capacity`` per resource at all times: a hold is only added when it
 fits, a commit converts a hold into committed without ever adding on top of it, and a hold
 that is being committed is pinned (it can neither expire nor be released underneath the
@@ -13,26 +13,12 @@ from __future__ import annotations
 import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
 
-Vec = tuple[int, int, int, int]
-ZERO: Vec = (0, 0, 0, 0)
+from bourse.wire.resources import ZERO, Vec, add, leq, sub
 
 # How long a worker remembers that a hold expired, to answer a late commit with
 # "hold_expired" instead of "no_hold".
 EXPIRED_MEMORY = 4096
-
-
-def add(a: Sequence[int], b: Sequence[int]) -> Vec:
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
-
-
-def sub(a: Sequence[int], b: Sequence[int]) -> Vec:
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
-
-
-def leq(a: Sequence[int], b: Sequence[int]) -> bool:
-    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3]
 
 
 class Hold:

@@ -17,10 +17,11 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from bourse.wire.resources import RESOURCES, Vec
+
 if TYPE_CHECKING:  # config imports this module to validate curves
     from supplier.config import PricingConfig
 
-RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
 # Resources scored even when the order asks for none of them is impossible: cpus and memory
 # are always >= 1. Disk and gpus count only when asked for, so a GPU worker is not "empty"
 # (and so attractive under spread) to orders that need no GPU.
@@ -79,9 +80,9 @@ class Pricer:
 
     def price(
         self,
-        capacity: Sequence[int],
-        used: Sequence[int],
-        want: Sequence[int],
+        capacity: Vec,
+        used: Vec,
+        want: Vec,
         image_cached: bool,
         detail: bool = True,
     ) -> tuple[float, dict[str, float]]:
@@ -129,8 +130,8 @@ def check_fit(
     worker_id: str,
     labels: Mapping[str, str],
     draining: bool,
-    free: Sequence[int],
-    want: Sequence[int],
+    free: Vec,
+    want: Vec,
     constraints: Mapping[str, str],
     exclude_workers: Sequence[str],
 ) -> str | None:

@@ -1,21 +1,22 @@
-"""One worker's market logic: answer bids, hold, commit durably, release, report status.
+"""One worker: its capacity ledger, its machines, durable commits, releases, status.
 
 No NATS here: the host (supplier/host.py) decodes messages and calls these methods, so
-the same code serves a real worker and a thousand virtual ones in a load test.
+the same code serves a real worker and a thousand virtual ones in a load test. How a bid
+is answered is the desk's business (supplier/desk.py); the worker holds the state the
+desk works on (ledger, pricer, waiting bids) and tells it, through ``on_freed`` and
+``on_grew``, when its capacity changes outside a bid.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 import structlog
 
 from bourse.wire.messages import (
-    Amount,
-    Bid,
     Commit,
     CommitReply,
     Error,
@@ -23,68 +24,66 @@ from bourse.wire.messages import (
     Machine,
     MachineList,
     MachineReply,
-    Offer,
     Placed,
     Rejected,
-    Resources,
-    Waiting,
     WorkerStatus,
     new_machine_id,
     now_ms,
 )
+from bourse.wire.resources import Vec, amount, leq, vec
 from supplier.config import WorkerConfig
+from supplier.desk import WaitingBids
 from supplier.drivers import Driver
-from supplier.drivers.process import ProcessDriver
+from supplier.drivers.process import ExitFn, ProcessDriver
 from supplier.drivers.sim import SimDriver
-from supplier.images import DEFAULT_IMAGE_MB, ImageCache
-from supplier.ledger import Hold, Ledger, Vec, leq
+from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
+from supplier.ledger import Hold, Ledger
 from supplier.machines import Machines
-from supplier.pricing import INSUFFICIENT, Pricer, check_fit
+from supplier.pricing import Pricer
 from supplier.store import Op, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
 
 EmitFn = Callable[[Event], None]
-# (reply inbox, auction id, reply, delay in s): how a waiting bid's late answer goes out.
-SendOfferFn = Callable[[str, str, Offer | Waiting, float], None]
-# At most this many bids wait for held capacity on one worker; more are not answered.
-MAXWAITING = 1024
+# Told about a worker whose capacity changed outside a bid (the host asks the desk).
+CapacityFn = Callable[["Worker"], None]
 # Drain reasons that a store failure sets start with this; only they are lifted by a probe.
 STORE_DRAIN = "store: "
-WAIT = object()  # a bid blocked only by other orders' holds
 
 
-class Quote:
-    """A worker's price for a bid, before anything is held."""
-
-    __slots__ = ("cached", "score", "want")
-
-    def __init__(self, score: float, cached: bool, want: Vec) -> None:
-        self.score = score
-        self.cached = cached
-        self.want = want
+def make_driver(cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn) -> Driver:
+    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/."""
+    if cfg.driver == "process":
+        return ProcessDriver(cfg.catalog, data_dir / "machines" / cfg.worker_id, on_exit)
+    sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
+    return SimDriver(cfg.pull_mb_per_s, sizes)
 
 
-class _Waiting:
-    __slots__ = ("bid", "inbox", "until")
-
-    def __init__(self, bid: Bid, inbox: str, until: float) -> None:
-        self.bid = bid
-        self.inbox = inbox
-        self.until = until
-
-
-def vec(r: Resources | Amount) -> Vec:
-    return (r.cpus, r.memory_mb, r.disk_mb, r.gpus)
-
-
-def amount(v: Vec) -> Amount:
-    return Amount(cpus=v[0], memory_mb=v[1], disk_mb=v[2], gpus=v[3])
+def _unchanged(w: Worker) -> None:
+    """No desk listens (a worker driven alone): nothing waits on its capacity."""
 
 
 class Worker:
+    """One worker of a supplier process. Collaborators are given here, once:
+
+    - ``emit``: publishes an Event;
+    - ``driver``: runs machines (default: the one ``cfg.driver`` names, see make_driver);
+    - ``on_freed(worker)``: capacity came back (a hold released or expired, a machine
+      destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
+    - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
+    - ``on_image(image, cached)``: the image cache gained or lost an image.
+    """
+
     def __init__(
-        self, cfg: WorkerConfig, store: Store, emit: EmitFn, driver: Driver | None = None
+        self,
+        cfg: WorkerConfig,
+        store: Store,
+        emit: EmitFn,
+        *,
+        driver: Driver | None = None,
+        on_freed: CapacityFn = _unchanged,
+        on_grew: CapacityFn = _unchanged,
+        on_image: ImageListener | None = None,
     ) -> None:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
@@ -92,15 +91,18 @@ class Worker:
         self.labels = dict(cfg.labels)
         sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
         self.images = ImageCache(
-            cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB)
+            cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB), on_image
         )
-        self.driver: Driver = driver or SimDriver(cfg.pull_mb_per_s, sizes)
-        self.pricer = Pricer(cfg.pricing)
+        # The driver's exit callback is this worker's (it records the exit in its op log).
+        self.driver: Driver = driver or make_driver(cfg, store.path.parent, self._exited)
+        self.pricer = Pricer(cfg.pricing)  # built once from the config
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
         self.drain_reason = "configured" if cfg.draining else ""
         self.store = store
         self.emit = emit
+        self.on_freed = on_freed
+        self.on_grew = on_grew
         self.keeper = Machines(
             self.worker_id,
             store,
@@ -110,15 +112,16 @@ class Worker:
             self._destroyed,
             self.store_failed,
         )
-        if isinstance(self.driver, ProcessDriver):
-            self.driver.on_exit = self.keeper.exited
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
         self.committing: dict[str, asyncio.Future[CommitReply]] = {}
         self.aborts: set[str] = set()
-        self.waiting: deque[_Waiting] = deque()
-        self.send_offer: SendOfferFn = lambda inbox, auction_id, offer, delay: None
+        self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
+
+    def _exited(self, machine_id: str, code: int) -> None:
+        """The driver saw a machine's process end for good."""
+        self.keeper.exited(machine_id, code)
 
     # -- start-up ---------------------------------------------------------------------------
     def recover(self) -> None:
@@ -138,7 +141,7 @@ class Worker:
     def _destroyed(self, m: Machine) -> None:
         """A machine is gone: its resources go back to the market."""
         self.ledger.free_committed(vec(m.resources))
-        self._freed()
+        self.on_freed(self)
 
     def set_draining(self, reason: str) -> None:
         if not self.draining:
@@ -158,7 +161,7 @@ class Worker:
         self.draining = False
         self.drain_reason = ""
         self.log.warning("worker_resumed", reason="the store takes writes again")
-        self._freed()  # queued bids may be answered now
+        self.on_freed(self)  # queued bids may be answered now
         return True
 
     def _event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> None:
@@ -174,157 +177,31 @@ class Worker:
             )
         )
 
-    # -- the auction ---------------------------------------------------------------------------
+    # -- holds and releases -----------------------------------------------------------------
     def expire_holds(self, now: float | None = None) -> None:
+        """Drop holds past their TTL, announce them, and hand the capacity back."""
         gone = self.ledger.expire(now)
-        for h in gone:
-            self._event("hold_expired", order_id=h.order_id)
         if gone:
-            self._freed()
+            self.holds_expired(gone)
+            self.on_freed(self)
 
-    def bid(self, bid: Bid, now: float, inbox: str = "") -> tuple[Offer | Waiting, float] | None:
-        """A reply and how long to wait before sending it, or None to stay silent.
-
-        A bid that only lacks capacity because of other orders' holds is kept (up to
-        ``bid.wait_ms``; the reply says so with a Waiting) and answered through
-        ``send_offer`` when a hold goes away. (A host with many workers uses the steps
-        quote / take / wait itself, to offer only its best workers.)
-        """
-        q = self.quote(bid, now)
-        if isinstance(q, Offer):
-            return q, 0.0
-        if isinstance(q, Quote):
-            return self.take(bid, now, q)
-        if q is WAIT:
-            return self.wait(bid, now, inbox)
-        return None
-
-    def quote(self, bid: Bid, now: float) -> Offer | Quote | object | None:
-        """Price a bid without holding anything: an Offer for a machine this order already
-        has here, a Quote, WAIT (only holds are in the way), or None (silent)."""
-        existing = self.by_order.get(bid.order_id)
-        if existing is not None:
-            m = self.machines[existing]
-            return Offer(
-                order_id=bid.order_id,
-                worker_id=self.worker_id,
-                region=self.region,
-                score=m.score,
-                image_cached=m.image in self.images,
-                machine_id=m.machine_id,
-                auction_id=bid.auction_id,
-            )
-        old = self.ledger.holds.get(bid.order_id)
-        if old is not None:
-            if old.committing:
-                return None  # a commit for this order is under way here
-            self.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold
-            self._freed()  # waiting bids may take that capacity first (first come first)
-        self.expire_holds(now)
-        return self._quote(bid)
-
-    def _quote(self, bid: Bid) -> Quote | object | None:
-        want = vec(bid.resources)
-        reason = check_fit(
-            worker_id=self.worker_id,
-            labels=self.labels,
-            draining=self.draining,
-            free=self.ledger.free,
-            want=want,
-            constraints=bid.constraints,
-            exclude_workers=bid.exclude_workers,
-        )
-        if reason == INSUFFICIENT and leq(want, self.ledger.free_of_committed):
-            return WAIT
-        if reason or not self.driver.can_run(bid.image):
-            return None
-        cached = bid.image in self.images
-        score, _ = self.pricer.price(self.ledger.capacity, self.ledger.used, want, cached, False)
-        return Quote(score, cached, want)
-
-    def take(self, bid: Bid, now: float, q: Quote) -> tuple[Offer, float] | None:
-        """Hold the quoted resources and make the Offer (sent after its delay). Only now, for
-        the workers actually offered, are the subscores worked out."""
-        _, subscores = self.pricer.price(self.ledger.capacity, self.ledger.used, q.want, q.cached)
-        hold = Hold(
-            bid.order_id,
-            q.want,
-            now + bid.hold_ms / 1000.0,
-            q.score,
-            subscores,
-            q.cached,
-            bid.auction_id,
-        )
-        if not self.ledger.hold(hold):
-            return None
-        offer = Offer(
-            order_id=bid.order_id,
-            worker_id=self.worker_id,
-            region=self.region,
-            score=q.score,
-            subscores=subscores,
-            image_cached=q.cached,
-            hold_expires_at_ms=now_ms() + bid.hold_ms,
-            auction_id=bid.auction_id,
-        )
-        return offer, self.pricer.delay_s(q.score)
-
-    def wait(self, bid: Bid, now: float, inbox: str) -> tuple[Waiting, float] | None:
-        """Keep a bid blocked only by holds (if the bidder allows waiting)."""
-        if bid.wait_ms and inbox and len(self.waiting) < MAXWAITING:
-            self.waiting.append(_Waiting(bid, inbox, now + bid.wait_ms / 1000.0))
-            return self._waiting(bid, bid.wait_ms), 0.0
-        return None
-
-    def _waiting(self, bid: Bid, wait_ms: int) -> Waiting:
-        return Waiting(
-            order_id=bid.order_id, worker_id=self.worker_id, region=self.region, wait_ms=wait_ms
-        )
-
-    def _try(self, bid: Bid, now: float) -> tuple[Offer, float] | object | None:
-        q = self._quote(bid)
-        return self.take(bid, now, q) if isinstance(q, Quote) else q
-
-    def _freed(self) -> None:
-        """Capacity came back: answer waiting bids that fit now, oldest first."""
-        if not self.waiting:
-            return
-        now = time.monotonic()
-        keep: deque[_Waiting] = deque()
-        while self.waiting:
-            w = self.waiting.popleft()
-            if w.until <= now or w.bid.order_id in self.ledger.holds:
-                continue
-            answer = self._try(w.bid, now)
-            if answer is WAIT:
-                keep.append(w)
-            elif answer is not None:
-                offer, delay = answer  # type: ignore[misc]
-                self.send_offer(w.inbox, w.bid.auction_id, offer, delay)
-            else:  # committed machines took the capacity: withdraw, so the auction need not wait
-                self.send_offer(w.inbox, w.bid.auction_id, self._waiting(w.bid, 0), 0.0)
-        self.waiting = keep
-
-    def _withdraw_hopeless(self) -> None:
-        """Committed machines grew: bids that can no longer fit even if every hold went
-        away are withdrawn, so their auctions stop waiting for this worker."""
-        free = self.ledger.free_of_committed
-        keep: deque[_Waiting] = deque()
-        for w in self.waiting:
-            if leq(vec(w.bid.resources), free):
-                keep.append(w)
-            else:
-                self.send_offer(w.inbox, w.bid.auction_id, self._waiting(w.bid, 0), 0.0)
-        self.waiting = keep
+    def holds_expired(self, holds: list[Hold]) -> None:
+        """Announce expired holds (``hold_expired`` events)."""
+        for h in holds:
+            self._event("hold_expired", order_id=h.order_id)
 
     def prune_waiting(self, now: float) -> None:
-        if any(w.until <= now for w in self.waiting):
-            self.waiting = deque(w for w in self.waiting if w.until > now)
+        """Forget waiting bids past their ``wait_ms``."""
+        self.waiting.prune(now)
 
-    def holds_for(self, order_id: str, auction_id: str) -> bool:
-        """Is the hold an offer was made for still there (not released meanwhile)?"""
-        h = self.ledger.holds.get(order_id)
-        return h is not None and h.auction_id == auction_id
+    def machine_for(self, order_id: str) -> Machine | None:
+        """The machine placed here for the order (not aborted), if any (I3)."""
+        mid = self.by_order.get(order_id)
+        return None if mid is None else self.machines[mid]
+
+    def can_run(self, image: str) -> bool:
+        """Whether this worker's driver can run the image at all."""
+        return self.driver.can_run(image)
 
     def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
         if abort_commit:
@@ -336,14 +213,9 @@ class Worker:
                 self.aborts.add(order_id)
                 self.keeper.spawn(self._abort(self.machines[mid]))
                 return
-        if self.waiting:
-            self.waiting = deque(
-                w
-                for w in self.waiting
-                if w.bid.order_id != order_id or (auction_id and w.bid.auction_id != auction_id)
-            )
+        self.waiting.drop(order_id, auction_id)
         if self.ledger.drop(order_id, auction_id) is not None:
-            self._freed()
+            self.on_freed(self)
 
     async def commit(self, c: Commit) -> CommitReply:
         t0 = time.perf_counter()
@@ -401,9 +273,9 @@ class Worker:
         else:
             self.ledger.convert(h, want)
             if want != h.want:
-                self._freed()
+                self.on_freed(self)  # the rest of the hold goes back to the market
             elif self.waiting:
-                self._withdraw_hopeless()
+                self.on_grew(self)
             self.keeper.added(machine)
             result = self._placed(machine, t0, subscores=h.subscores)
             self.log.info(

@@ -31,9 +31,11 @@ def test_adding_a_cached_image_only_refreshes_it() -> None:
 
 
 def test_the_listener_hears_evictions_then_the_new_image() -> None:
-    cache = ImageCache(100, ["a", "b"], SIZES.__getitem__)
     heard: list[tuple[str, bool]] = []
-    cache.listener = lambda image, cached: heard.append((image, cached))
+    cache = ImageCache(
+        100, ["a", "b"], SIZES.__getitem__, lambda image, cached: heard.append((image, cached))
+    )
+    assert heard == []  # the initial images are not told: the host reads them
     cache.add("c")
     assert heard == [("a", False), ("c", True)]
     cache.add("c")  # already cached: nothing changes, nothing is told

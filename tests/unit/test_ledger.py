@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from supplier.ledger import EXPIRED_MEMORY, ZERO, Hold, Ledger, Vec, add, leq, sub
+from bourse.wire.resources import ZERO, Vec, add, leq, sub
+from supplier.ledger import EXPIRED_MEMORY, Hold, Ledger
 
 CAP: Vec = (8, 8192, 100, 1)
 
@@ -386,9 +387,10 @@ def test_random_operations_never_overcommit(seed: int) -> None:
             h = ledger.holds[rng.choice(sorted(ledger.holds))]
             h.committing = True
             # The commit may ask for less than the hold, never more.
-            want = tuple(rng.randint(min(1, x), x) for x in h.want)
-            ledger.convert(h, want)  # type: ignore[arg-type]
-            committed_orders[h.order_id] = want  # type: ignore[assignment]
+            c, m, d, g = (rng.randint(min(1, x), x) for x in h.want)
+            want = (c, m, d, g)
+            ledger.convert(h, want)
+            committed_orders[h.order_id] = want
             counts["convert"] += 1
         elif op == "unpin" and ledger.holds:
             h = ledger.holds[rng.choice(sorted(ledger.holds))]

@@ -1,4 +1,5 @@
-"""One worker's market logic (supplier/worker.py), driven directly: no NATS, a real store.
+"""One worker (supplier/worker.py), driven directly: no NATS, a real store. Its bids are
+answered by the desk (supplier/desk.py, tested in test_desk.py), as the host does it.
 
 The worker sells 8 CPUs / 8 GiB / 100 GB disk and has the image "web" cached; pricing is the
 spread preset (f(u) = 1 - u) with image_weight 0.3: score = 0.7 * utility + 0.3 * cached.
@@ -26,12 +27,13 @@ from bourse.wire.messages import (
     Placed,
     Rejected,
     Resources,
-    Waiting,
     WorkerStatus,
     worker_of_machine,
 )
+from bourse.wire.resources import ZERO
+from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
-from supplier.ledger import ZERO
+from supplier.desk import Desk
 from supplier.store import Op, Store
 from supplier.worker import Worker
 
@@ -39,18 +41,17 @@ WID = "mad-1"
 FAR_FUTURE = 1e12  # a monotonic reading after every hold's TTL
 
 
+DESK: Desk[Worker] = Desk()
+
+
 class Recorder:
-    """What the worker emitted: events, and late answers to waiting bids."""
+    """What the worker emitted."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
-        self.sent: list[tuple[str, str, Offer | Waiting, float]] = []
 
     def emit(self, event: Event) -> None:
         self.events.append(event)
-
-    def send_offer(self, inbox: str, auction_id: str, reply: Offer | Waiting, delay: float) -> None:
-        self.sent.append((inbox, auction_id, reply, delay))
 
     def kinds(self) -> list[tuple[str, str]]:
         return [(e.kind, e.order_id) for e in self.events]
@@ -84,7 +85,6 @@ def rec() -> Recorder:
 
 def make_worker(store: Store, rec: Recorder, **overrides: Any) -> Worker:
     w = Worker(config(**overrides), store, rec.emit)
-    w.send_offer = rec.send_offer
     w.recover()
     return w
 
@@ -123,16 +123,20 @@ def commit(order_id: str = "order-1", resources: Resources | None = None, **kw: 
     return Commit(**kwargs)
 
 
-def offer_of(answer: tuple[Offer | Waiting, float] | None) -> Offer:
-    assert answer is not None
-    reply = answer[0]
-    assert isinstance(reply, Offer)
-    return reply
+def bid_on(worker: Worker, b: Bid) -> list[Offer]:
+    """Answer a bid for this worker alone, as the host's desk does; the offers made."""
+    ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker]), {})
+    return [s.reply for s in ans.replies if isinstance(s.reply, Offer)]
+
+
+def offer_of(offers: list[Offer]) -> Offer:
+    [offer] = offers
+    return offer
 
 
 async def place(worker: Worker, order_id: str = "order-1", resources: Resources | None = None):
     """Bid then commit; the Placed reply."""
-    offer_of(worker.bid(bid(order_id, resources), time.monotonic()))
+    offer_of(bid_on(worker, bid(order_id, resources)))
     placed = await worker.commit(commit(order_id, resources))
     assert isinstance(placed, Placed), placed
     return placed
@@ -145,171 +149,11 @@ async def run_spawned(before: set[asyncio.Task[Any]]) -> None:
     await asyncio.gather(*spawned)
 
 
-# -- bids ------------------------------------------------------------------------------------------
-
-
-def test_bid_returns_priced_offer_and_holds(worker: Worker) -> None:
-    answer = worker.bid(bid(), time.monotonic())
-    assert answer is not None
-    offer, delay = answer
-    # u_cpus = 2/8 = 0.25 -> 0.75; u_mem = 2048/8192 = 0.25 -> 0.75; utility 0.75
-    # score = 0.7 * 0.75 + 0.3 * 1 (image cached) = 0.825
-    assert isinstance(offer, Offer)
-    assert offer.score == 0.825
-    assert offer.subscores == {"cpus": 0.75, "memory_mb": 0.75, "utility": 0.75, "image": 1.0}
-    assert offer.image_cached is True
-    assert (offer.order_id, offer.worker_id, offer.region) == ("order-1", WID, "mad")
-    assert offer.machine_id is None
-    assert delay == pytest.approx((1 - 0.825) * 4.0 / 1000.0, abs=1e-12)  # spread_ms = 4
-    h = worker.ledger.holds["order-1"]
-    assert h.want == (2, 2048, 0, 0)
-    assert h.auction_id == "auc-order-1"
-    assert h.score == 0.825
-    assert worker.ledger.held == (2, 2048, 0, 0)
-    assert worker.ledger.committed == ZERO
-
-
-def test_bid_for_uncached_image(worker: Worker) -> None:
-    offer = offer_of(worker.bid(bid(image="db"), time.monotonic()))
-    assert offer.image_cached is False
-    assert offer.score == 0.525  # 0.7 * 0.75
-
-
-def test_hold_ttl(worker: Worker) -> None:
-    now = 500.0
-    worker.bid(bid(hold_ms=250), now)
-    assert worker.ledger.holds["order-1"].expires_at == 500.25
-
-
-def test_second_bid_replaces_hold(worker: Worker) -> None:
-    now = time.monotonic()
-    first = offer_of(worker.bid(bid(), now))
-    second = offer_of(worker.bid(bid(resources=res(3, 1024), auction_id="auc-2"), now))
-    assert list(worker.ledger.holds) == ["order-1"]
-    assert worker.ledger.holds["order-1"].auction_id == "auc-2"
-    assert worker.ledger.held == (3, 1024, 0, 0)  # not (5, 3072, ...): the first hold is gone
-    # priced against an empty worker, as the first: u_cpus = 3/8, u_mem = 1024/8192
-    # utility = (0.625 + 0.875) / 2 = 0.75 -> score 0.825
-    assert first.score == second.score == 0.825
-
-
-def test_bids_for_different_orders_stack(worker: Worker) -> None:
-    now = time.monotonic()
-    offer_of(worker.bid(bid("order-1"), now))
-    second = offer_of(worker.bid(bid("order-2"), now))
-    assert worker.ledger.held == (4, 4096, 0, 0)
-    # u = 4/8 for both -> utility 0.5 -> 0.7 * 0.5 + 0.3 = 0.65
-    assert second.score == 0.65
-
-
-@pytest.mark.parametrize(
-    "kw",
-    [
-        {"resources": res(9, 1024)},  # more than the capacity
-        {"constraints": {"disk": "hdd"}},
-        {"exclude_workers": ["mad-2", WID]},
-    ],
-)
-def test_bid_that_does_not_fit_is_silent(worker: Worker, kw: dict[str, Any]) -> None:
-    assert worker.bid(bid(**kw), time.monotonic(), "inbox") is None
-    assert worker.ledger.holds == {}
-    assert len(worker.waiting) == 0
-
-
-def test_draining_worker_is_silent(store: Store, rec: Recorder) -> None:
-    w = make_worker(store, rec, draining=True)
-    assert w.bid(bid(), time.monotonic()) is None
-    assert w.ledger.holds == {}
-
-
-def test_bid_blocked_by_committed_does_not_wait(worker: Worker) -> None:
-    worker.ledger.load_committed((7, 0, 0, 0))
-    assert worker.bid(bid(wait_ms=1000), time.monotonic(), "inbox") is None
-    assert len(worker.waiting) == 0
-
-
-def test_bid_blocked_by_holds_without_wait_is_silent(worker: Worker) -> None:
-    now = time.monotonic()
-    offer_of(worker.bid(bid("big", res(8, 1024)), now))
-    assert worker.bid(bid("order-2", wait_ms=0), now, "inbox") is None
-    assert worker.bid(bid("order-3", wait_ms=1000), now, "") is None  # no inbox to answer
-    assert len(worker.waiting) == 0
-
-
-async def test_bid_blocked_by_holds_waits_then_offers(worker: Worker, rec: Recorder) -> None:
-    now = time.monotonic()
-    offer_of(worker.bid(bid("big", res(8, 1024), auction_id="auc-big"), now))
-    answer = worker.bid(bid("order-2", res(4, 4096), wait_ms=5000, auction_id="auc-2"), now, "in-2")
-    assert answer == (Waiting(order_id="order-2", worker_id=WID, region="mad", wait_ms=5000), 0.0)
-    assert "order-2" not in worker.ledger.holds
-    assert rec.sent == []
-    worker.release("big", "auc-big")
-    assert len(rec.sent) == 1
-    inbox, auction_id, late, delay = rec.sent[0]
-    assert (inbox, auction_id) == ("in-2", "auc-2")
-    assert isinstance(late, Offer)
-    # priced after the release: u = 4/8 and 4096/8192 -> utility 0.5 -> 0.35 + 0.3
-    assert late.score == 0.65
-    assert late.order_id == "order-2"
-    assert delay == pytest.approx(0.35 * 4.0 / 1000.0, abs=1e-12)
-    assert worker.ledger.holds["order-2"].want == (4, 4096, 0, 0)
-    assert len(worker.waiting) == 0
-    # and the late offer can be committed like any other
-    placed = await worker.commit(commit("order-2", res(4, 4096)))
-    assert isinstance(placed, Placed)
-
-
-def test_waiting_bid_answered_when_blocking_hold_expires(worker: Worker, rec: Recorder) -> None:
-    now = time.monotonic()
-    worker.bid(bid("big", res(8, 1024), hold_ms=100), now)
-    worker.bid(bid("order-2", wait_ms=30_000), now, "in-2")
-    worker.expire_holds(now=now + 0.1)
-    assert rec.kinds() == [("hold_expired", "big")]
-    assert [(s[0], type(s[2]).__name__) for s in rec.sent] == [("in-2", "Offer")]
-
-
-def test_release_drops_a_waiting_bid(worker: Worker, rec: Recorder) -> None:
-    now = time.monotonic()
-    worker.bid(bid("big", res(8, 1024), auction_id="auc-big"), now)
-    worker.bid(bid("order-2", wait_ms=5000, auction_id="auc-2"), now, "in-2")
-    worker.release("order-2", "auc-2")
-    assert len(worker.waiting) == 0
-    worker.release("big", "auc-big")
-    assert rec.sent == []
-
-
-async def test_waiting_bid_withdrawn_when_committed_takes_capacity(
-    worker: Worker, rec: Recorder
-) -> None:
-    now = time.monotonic()
-    worker.bid(bid("big", res(6, 1024)), now)
-    worker.bid(bid("order-2", res(4, 1024), wait_ms=5000, auction_id="auc-2"), now, "in-2")
-    placed = await worker.commit(commit("big", res(6, 1024)))
-    assert isinstance(placed, Placed)
-    # 8 - 6 committed < 4: the bid can never fit, so the worker says so at once
-    assert rec.sent == [
-        ("in-2", "auc-2", Waiting(order_id="order-2", worker_id=WID, region="mad", wait_ms=0), 0.0)
-    ]
-    assert len(worker.waiting) == 0
-
-
-def test_rebid_that_drops_hold_answers_waiting_bid(worker: Worker, rec: Recorder) -> None:
-    now = time.monotonic()
-    worker.bid(bid("big", res(8, 1024), auction_id="run-1"), now)
-    worker.bid(bid("order-2", wait_ms=5000, auction_id="auc-2"), now, "in-2")
-    # A retry of "big" that excludes this worker: its old hold goes, and nothing takes it.
-    retry = bid("big", res(8, 1024), auction_id="run-2", exclude_workers=[WID])
-    assert worker.bid(retry, now) is None
-    # The old hold is gone and the waiting bid took the capacity at once.
-    assert list(worker.ledger.holds) == ["order-2"]
-    assert [(s[0], type(s[2]).__name__) for s in rec.sent] == [("in-2", "Offer")]
-
-
 # -- commit --------------------------------------------------------------------------------------
 
 
 async def test_commit_with_live_hold(worker: Worker, store: Store, rec: Recorder) -> None:
-    offer = offer_of(worker.bid(bid(), time.monotonic()))
+    offer = offer_of(bid_on(worker, bid()))
     placed = await worker.commit(commit())
     assert isinstance(placed, Placed)
     assert placed.order_id == "order-1"
@@ -338,7 +182,7 @@ async def test_commit_with_live_hold(worker: Worker, store: Store, rec: Recorder
 
 
 async def test_commit_less_than_hold_frees_the_rest(worker: Worker) -> None:
-    worker.bid(bid(resources=res(4, 4096)), time.monotonic())
+    bid_on(worker, bid(resources=res(4, 4096)))
     placed = await worker.commit(commit(resources=res(1, 1024)))
     assert isinstance(placed, Placed)
     assert worker.ledger.committed == (1, 1024, 0, 0)
@@ -358,25 +202,13 @@ async def test_commit_twice_returns_existing(worker: Worker, store: Store, rec: 
 
 
 async def test_concurrent_commits_make_one_machine(worker: Worker, store: Store) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     a, b = await asyncio.gather(worker.commit(commit()), worker.commit(commit()))
     assert isinstance(a, Placed)
     assert isinstance(b, Placed)
     assert a.machine_id == b.machine_id
     assert len(store.load_machines(WID)) == 1
     assert worker.ledger.committed == (2, 2048, 0, 0)
-
-
-async def test_bid_after_commit_reports_the_machine(worker: Worker) -> None:
-    placed = await place(worker)
-    answer = worker.bid(bid(auction_id="retry"), time.monotonic())
-    assert answer is not None
-    offer, delay = answer
-    assert isinstance(offer, Offer)
-    assert offer.machine_id == placed.machine_id
-    assert offer.score == placed.score
-    assert delay == 0.0
-    assert worker.ledger.holds == {}  # nothing held for it
 
 
 async def test_commit_without_hold(worker: Worker) -> None:
@@ -391,7 +223,7 @@ async def test_commit_without_hold(worker: Worker) -> None:
 
 
 async def test_commit_after_released_hold(worker: Worker) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     worker.release("order-1", "auc-order-1")
     reply = await worker.commit(commit())
     assert isinstance(reply, Rejected)
@@ -399,7 +231,7 @@ async def test_commit_after_released_hold(worker: Worker) -> None:
 
 
 async def test_commit_after_expiry(worker: Worker, store: Store, rec: Recorder) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     worker.expire_holds(now=FAR_FUTURE)
     assert worker.ledger.held == ZERO
     assert rec.kinds() == [("hold_expired", "order-1")]
@@ -415,7 +247,7 @@ async def test_commit_after_expiry(worker: Worker, store: Store, rec: Recorder) 
 
 
 async def test_commit_for_more_than_the_hold(worker: Worker) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     reply = await worker.commit(commit(resources=res(2, 4096)))
     assert reply == Rejected(
         order_id="order-1",
@@ -428,7 +260,7 @@ async def test_commit_for_more_than_the_hold(worker: Worker) -> None:
 
 
 async def test_commit_while_draining(worker: Worker) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     worker.set_draining("maintenance")
     reply = await worker.commit(commit())
     assert reply == Rejected(
@@ -438,7 +270,7 @@ async def test_commit_while_draining(worker: Worker) -> None:
 
 
 async def test_commit_for_another_worker(worker: Worker) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     reply = await worker.commit(commit(worker_id="mad-2"))
     assert reply == Error(
         code="bad_request", detail="commit for worker 'mad-2' sent to worker 'mad-1'"
@@ -461,7 +293,7 @@ async def test_failed_store_write_unpins_and_drains(store: Store, rec: Recorder)
         image="web",
     )
     await store.write(Op("place", stale))
-    other.bid(bid(), time.monotonic())
+    bid_on(other, bid())
     reply = await other.commit(commit())
     assert isinstance(reply, Error)
     assert reply.code == "internal"
@@ -565,26 +397,11 @@ async def test_transition_unknown_machine(worker: Worker) -> None:
 
 async def test_destroy_frees_committed_capacity(worker: Worker, rec: Recorder) -> None:
     mid = (await place(worker, "order-1", res(6, 6144))).machine_id
-    assert worker.bid(bid("order-2", res(4, 1024)), time.monotonic()) is None  # 6 + 4 > 8
+    assert bid_on(worker, bid("order-2", res(4, 1024))) == []  # 6 + 4 > 8
     await worker.transition("destroy", mid)
     assert worker.ledger.committed == ZERO
     assert worker.live_machines() == 0
-    offer_of(worker.bid(bid("order-2", res(4, 1024)), time.monotonic()))
-
-
-async def test_destroy_answers_waiting_bid(worker: Worker, rec: Recorder) -> None:
-    mid = (await place(worker, "order-1", res(4, 1024))).machine_id
-    worker.bid(bid("hold", res(4, 1024)), time.monotonic())
-    worker.bid(
-        bid("order-2", res(6, 1024), wait_ms=5000, auction_id="a2"), time.monotonic(), "in-2"
-    )
-    assert len(worker.waiting) == 0  # 8 - 4 committed < 6: cannot wait for holds alone
-    worker.bid(
-        bid("order-3", res(4, 1024), wait_ms=30_000, auction_id="a3"), time.monotonic(), "in"
-    )
-    assert len(worker.waiting) == 1
-    await worker.transition("destroy", mid)
-    assert [(s[0], s[1], type(s[2]).__name__) for s in rec.sent] == [("in", "a3", "Offer")]
+    offer_of(bid_on(worker, bid("order-2", res(4, 1024))))
 
 
 def test_get_and_list_machines(worker: Worker) -> None:
@@ -609,7 +426,7 @@ async def test_list_machines_hides_destroyed(worker: Worker) -> None:
 
 async def test_status(worker: Worker) -> None:
     await place(worker, "order-a", res(2, 1024, 500))
-    worker.bid(bid("order-b", res(1, 512)), time.monotonic())
+    bid_on(worker, bid("order-b", res(1, 512)))
     assert worker.status() == WorkerStatus(
         worker_id=WID,
         region="mad",
@@ -634,7 +451,7 @@ async def test_recover_restores_machines_and_committed(store: Store, rec: Record
     c = (await place(w1, "order-c", res(1, 512))).machine_id
     await w1.transition("start", b)
     await w1.transition("destroy", c)
-    w1.bid(bid("order-d"), time.monotonic())  # a hold: forgotten by the restart
+    bid_on(w1, bid("order-d"))  # a hold: forgotten by the restart
 
     w2 = make_worker(store, rec)
     assert w2.machines == w1.machines
@@ -705,14 +522,14 @@ async def test_abort_commit_leaves_started_machine(worker: Worker, store: Store)
 
 
 async def test_abort_commit_without_machine_drops_hold(worker: Worker) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     worker.release("order-1", "auc-order-1", abort_commit=True)
     assert worker.ledger.holds == {}
     assert worker.machines == {}
 
 
 async def test_abort_during_commit_undoes_it(worker: Worker, store: Store, rec: Recorder) -> None:
-    worker.bid(bid(), time.monotonic())
+    bid_on(worker, bid())
     seen: list[tuple[bool, bool]] = []
 
     def give_up() -> None:

@@ -1,0 +1,425 @@
+"""The supplier's desk: how a process answers a bid, as a pure core over its workers' ledgers.
+
+No NATS, no timer, no task: every entry point takes the monotonic ``now`` (and the desk a
+wall clock for ``hold_expires_at_ms``) and returns what to send, each reply with its inbox
+and its delay; the host (supplier/host.py) only decodes, asks the desk and sends. What a
+worker is, for the desk, is a :class:`Seat`: its ledger, pricer, labels, images, drain
+flag, machines by order and the queue of bids waiting for its held capacity.
+
+Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
+
+    existing machine for the order  -> Offer{machine_id}, at once, no hold  (EXISTING)
+    a commit for the order under way -> silent                               (COMMITTING)
+    an earlier hold for the order    -> dropped (a re-bid replaces it; bids waiting on the
+                                        worker may take that capacity first)
+    expired holds                    -> dropped (their hold_expired events are returned)
+    fit                              -> silent with the pricing stage's reason
+                                        (DRAINING, EXCLUDED, CONSTRAINT_MISMATCH,
+                                        INSUFFICIENT), BLOCKED when only holds are in
+                                        the way, CANNOT_RUN when the driver cannot run
+                                        the image
+    otherwise                        -> a Quote (a score; nothing held yet)
+
+then across the candidates: the best ``max_offers`` quotes hold and offer (delay
+``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
+up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Container, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+from bourse.wire.messages import Bid, Machine, Offer, Waiting, now_ms
+from bourse.wire.resources import Vec, leq, vec
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
+from supplier.ledger import Hold, Ledger
+from supplier.pricing import (
+    CONSTRAINT_MISMATCH,
+    DRAINING,
+    EXCLUDED,
+    INSUFFICIENT,
+    Pricer,
+    check_fit,
+)
+
+__all__ = [
+    "BLOCKED",
+    "CANNOT_RUN",
+    "COMMITTING",
+    "CONSTRAINT_MISMATCH",
+    "DEFAULT_MAX_OFFERS",
+    "DRAINING",
+    "EXCLUDED",
+    "INSUFFICIENT",
+    "MAX_WAITING",
+    "OUTRANKED",
+    "Answer",
+    "Desk",
+    "Quote",
+    "Seat",
+    "Send",
+    "WaitingBid",
+    "WaitingBids",
+]
+
+# Named reasons a worker stays silent, beside pricing's (EXCLUDED, DRAINING, ...).
+COMMITTING = "commit_under_way"  # a commit for this order is being written on the worker
+BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way (and it did not wait)
+CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the bid's image
+OUTRANKED = "outranked"  # it could offer, but the process offered its best max_offers only
+
+# A process offers at most this many of its workers per bid (the best-scoring); 0: all.
+DEFAULT_MAX_OFFERS = 3
+# At most this many bids wait for held capacity on one worker; more are not answered.
+MAX_WAITING = 1024
+
+
+class WaitingBid:
+    """A bid kept by a worker until ``until`` (monotonic s), blocked only by holds."""
+
+    __slots__ = ("bid", "inbox", "until")
+
+    def __init__(self, bid: Bid, inbox: str, until: float) -> None:
+        self.bid = bid
+        self.inbox = inbox
+        self.until = until
+
+
+class WaitingBids:
+    """One worker's waiting bids, oldest first (first come, first served)."""
+
+    __slots__ = ("_q",)
+
+    def __init__(self) -> None:
+        self._q: deque[WaitingBid] = deque()
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    def __iter__(self) -> Iterator[WaitingBid]:
+        return iter(self._q)
+
+    def append(self, w: WaitingBid) -> None:
+        self._q.append(w)
+
+    def take_all(self) -> deque[WaitingBid]:
+        """Empty the queue; returns what it held (the caller puts back what still waits)."""
+        q, self._q = self._q, deque()
+        return q
+
+    def drop(self, order_id: str, auction_id: str = "") -> None:
+        """A release: forget the order's waiting bids (of that auction, if given)."""
+        if self._q:
+            self._q = deque(
+                w
+                for w in self._q
+                if w.bid.order_id != order_id or (auction_id and w.bid.auction_id != auction_id)
+            )
+
+    def prune(self, now: float) -> None:
+        """Forget bids past their ``wait_ms`` (their auctions have moved on)."""
+        if any(w.until <= now for w in self._q):
+            self._q = deque(w for w in self._q if w.until > now)
+
+
+class Seat(Protocol):
+    """What the desk reads (and, through the ledger and queue, changes) of one worker."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def ledger(self) -> Ledger: ...
+    @property
+    def pricer(self) -> Pricer: ...
+    @property
+    def images(self) -> Container[str]: ...
+    @property
+    def waiting(self) -> WaitingBids: ...
+
+    def machine_for(self, order_id: str) -> Machine | None:
+        """The machine this worker placed for the order (not aborted), if any."""
+        ...
+
+    def can_run(self, image: str) -> bool:
+        """Whether the worker's driver can run the image at all."""
+        ...
+
+
+S = TypeVar("S", bound=Seat)
+
+
+class Quote:
+    """A worker's price for a bid, before anything is held."""
+
+    __slots__ = ("cached", "score", "want")
+
+    def __init__(self, score: float, cached: bool, want: Vec) -> None:
+        self.score = score
+        self.cached = cached
+        self.want = want
+
+
+@dataclass(slots=True, frozen=True)
+class Send(Generic[S]):
+    """One bid reply to send to ``inbox`` after ``delay_s`` (from the decision's ``now``)."""
+
+    delay_s: float
+    inbox: str
+    auction_id: str
+    reply: Offer | Waiting
+    worker: S
+
+
+@dataclass(slots=True)
+class Answer(Generic[S]):
+    """The desk's decisions for one bid."""
+
+    # Replies to this bid, best first (ascending delay): offers, existing-machine offers,
+    # Waiting notes.
+    replies: list[Send[S]] = field(default_factory=list)
+    # Replies to OTHER bids that were waiting: capacity this bid freed (a re-bid's old
+    # hold, expired holds) went to them first.
+    late: list[Send[S]] = field(default_factory=list)
+    # worker id -> why it stays silent (a named reason above or pricing's)
+    silent: dict[str, str] = field(default_factory=dict)
+    # holds found expired while answering, to announce (hold_expired events)
+    expired: list[tuple[S, list[Hold]]] = field(default_factory=list)
+
+
+class Desk(Generic[S]):
+    """Answers bids for the workers of one process (see the module doc)."""
+
+    def __init__(
+        self,
+        max_offers: int = DEFAULT_MAX_OFFERS,
+        quote_sample: int = DEFAULT_QUOTE_SAMPLE,
+        wall_ms: Callable[[], int] = now_ms,
+        max_waiting: int = MAX_WAITING,
+    ) -> None:
+        # The best this many quotes hold and offer per bid (0: every worker that fits).
+        self.max_offers = max_offers
+        # Past 2 x this many workers in a bid group, price a sample (supplier/candidates.py).
+        self.quote_sample = quote_sample
+        self.wall_ms = wall_ms  # for hold_expires_at_ms (the buyer's clock is wall time)
+        self.max_waiting = max_waiting
+
+    # -- one bid ----------------------------------------------------------------------------
+    def answer(
+        self, bid: Bid, inbox: str, now: float, group: BidGroup[S], owners: Mapping[str, S]
+    ) -> Answer[S]:
+        """Price the bid on the group's candidates (all of a small group, a sample of a big
+        one, then all if the sample had nothing to offer at once), then hold and offer only
+        the best ``max_offers`` (holding on every worker of a big process would only lock
+        capacity and flood the auction). Workers blocked only by holds wait, but only when
+        no worker here can offer at once. ``owners``: order id -> the worker that placed
+        it (a retry must reach that one: I3)."""
+        ans: Answer[S] = Answer()
+        quotes: list[tuple[float, int, S, Quote]] = []
+        blocked: list[S] = []
+        workers = group.candidates(
+            bid.order_id, bid.image, owners.get(bid.order_id), self.quote_sample
+        )
+        self._quote_all(bid, inbox, now, workers, quotes, blocked, ans)
+        if not quotes and not ans.replies and workers is not group.workers:
+            blocked.clear()  # the sample had nothing to offer at once: ask everyone here
+            ans.silent.clear()
+            self._quote_all(bid, inbox, now, group.workers, quotes, blocked, ans)
+        if quotes:
+            quotes.sort(key=lambda x: (x[0], x[1]))
+            best = quotes[: self.max_offers or None]
+            for _, _, w, q in best:
+                self._hold(w, bid, inbox, now, q, ans)
+            for _, _, w, _ in quotes[len(best) :]:
+                ans.silent[w.worker_id] = OUTRANKED
+        elif not ans.replies:
+            for w in blocked[: self.max_offers or None]:
+                waiting = self._wait(w, bid, inbox, now)
+                if waiting is None:
+                    continue
+                ans.replies.append(Send(0.0, inbox, bid.auction_id, waiting, w))
+                del ans.silent[w.worker_id]
+        ans.replies.sort(key=_by_delay)
+        return ans
+
+    def _quote_all(
+        self,
+        bid: Bid,
+        inbox: str,
+        now: float,
+        workers: list[S],
+        quotes: list[tuple[float, int, S, Quote]],
+        blocked: list[S],
+        ans: Answer[S],
+    ) -> None:
+        for i, w in enumerate(workers):
+            q = self.quote(w, bid, now, ans)
+            if isinstance(q, Quote):
+                quotes.append((-q.score, i, w, q))
+            elif isinstance(q, Offer):  # this order already has a machine there
+                ans.replies.append(Send(0.0, inbox, bid.auction_id, q, w))
+            else:
+                ans.silent[w.worker_id] = q
+                if q == BLOCKED:
+                    blocked.append(w)
+
+    def quote(self, w: S, bid: Bid, now: float, ans: Answer[S]) -> Offer | Quote | str:
+        """One worker's price for a bid, nothing held: an Offer for a machine the order
+        already has there, a Quote, or the reason it stays silent. Drops the order's
+        earlier hold (a re-bid) and expired holds, recording what that causes in ``ans``."""
+        m = w.machine_for(bid.order_id)
+        if m is not None:
+            return Offer(
+                order_id=bid.order_id,
+                worker_id=w.worker_id,
+                region=w.region,
+                score=m.score,
+                image_cached=m.image in w.images,
+                machine_id=m.machine_id,
+                auction_id=bid.auction_id,
+            )
+        old = w.ledger.holds.get(bid.order_id)
+        if old is not None:
+            if old.committing:
+                return COMMITTING
+            w.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
+            ans.late += self.freed(w, now)  # ...and waiting bids may take it first
+        gone = w.ledger.expire(now)
+        if gone:
+            ans.expired.append((w, gone))
+            ans.late += self.freed(w, now)
+        return self._price(w, bid)
+
+    @staticmethod
+    def _price(w: S, bid: Bid) -> Quote | str:
+        want = vec(bid.resources)
+        ledger = w.ledger
+        reason = check_fit(
+            worker_id=w.worker_id,
+            labels=w.labels,
+            draining=w.draining,
+            free=ledger.free,
+            want=want,
+            constraints=bid.constraints,
+            exclude_workers=bid.exclude_workers,
+        )
+        if reason == INSUFFICIENT and leq(want, ledger.free_of_committed):
+            return BLOCKED
+        if reason:
+            return reason
+        if not w.can_run(bid.image):
+            return CANNOT_RUN
+        cached = bid.image in w.images
+        score, _ = w.pricer.price(ledger.capacity, ledger.used, want, cached, False)
+        return Quote(score, cached, want)
+
+    def _hold(self, w: S, bid: Bid, inbox: str, now: float, q: Quote, ans: Answer[S]) -> None:
+        offered = self.take(w, bid, now, q)
+        if offered is None:  # cannot happen after a quote at the same now; stay safe (I1)
+            ans.silent[w.worker_id] = INSUFFICIENT
+        else:
+            offer, delay = offered
+            ans.replies.append(Send(delay, inbox, bid.auction_id, offer, w))
+
+    def take(self, w: S, bid: Bid, now: float, q: Quote) -> tuple[Offer, float] | None:
+        """Hold the quoted resources and make the Offer and its delay. Only now, for the
+        workers actually offered, are the subscores worked out."""
+        ledger = w.ledger
+        _, subscores = w.pricer.price(ledger.capacity, ledger.used, q.want, q.cached)
+        hold = Hold(
+            bid.order_id,
+            q.want,
+            now + bid.hold_ms / 1000.0,
+            q.score,
+            subscores,
+            q.cached,
+            bid.auction_id,
+        )
+        if not ledger.hold(hold):
+            return None
+        offer = Offer(
+            order_id=bid.order_id,
+            worker_id=w.worker_id,
+            region=w.region,
+            score=q.score,
+            subscores=subscores,
+            image_cached=q.cached,
+            hold_expires_at_ms=self.wall_ms() + bid.hold_ms,
+            auction_id=bid.auction_id,
+        )
+        return offer, w.pricer.delay_s(q.score)
+
+    def _wait(self, w: S, bid: Bid, inbox: str, now: float) -> Waiting | None:
+        """Keep a bid blocked only by holds, if the bidder allows waiting."""
+        if bid.wait_ms and inbox and len(w.waiting) < self.max_waiting:
+            w.waiting.append(WaitingBid(bid, inbox, now + bid.wait_ms / 1000.0))
+            return _waiting(w, bid, bid.wait_ms)
+        return None
+
+    # -- capacity changes ---------------------------------------------------------------------
+    def freed(self, w: S, now: float) -> list[Send[S]]:
+        """Capacity came back on ``w`` (a hold released or expired, a machine destroyed, a
+        commit smaller than its hold, a drain lifted): answer its waiting bids that fit now,
+        oldest first; withdraw (``Waiting{0}``) those committed machines made hopeless."""
+        if not w.waiting:
+            return []
+        sends: list[Send[S]] = []
+        keep: deque[WaitingBid] = deque()
+        held = w.ledger.holds
+        for wb in w.waiting.take_all():
+            bid = wb.bid
+            if wb.until <= now or bid.order_id in held:
+                continue  # too late, or the order holds here by now (through its own bid)
+            q = self._price(w, bid)
+            if q == BLOCKED:
+                keep.append(wb)
+                continue
+            offered = self.take(w, bid, now, q) if isinstance(q, Quote) else None
+            if offered is not None:
+                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w))
+            else:  # committed machines took the capacity: the auction need not wait
+                sends.append(Send(0.0, wb.inbox, bid.auction_id, _waiting(w, bid, 0), w))
+        for wb in keep:
+            w.waiting.append(wb)
+        return sends
+
+    @staticmethod
+    def withdraw_hopeless(w: S) -> list[Send[S]]:
+        """Committed machines grew on ``w``: bids that could not fit even if every hold went
+        away are withdrawn (``Waiting{0}``), so their auctions stop waiting for it."""
+        if not w.waiting:
+            return []
+        free = w.ledger.free_of_committed
+        sends: list[Send[S]] = []
+        for wb in w.waiting.take_all():
+            if leq(vec(wb.bid.resources), free):
+                w.waiting.append(wb)
+            else:
+                sends.append(Send(0.0, wb.inbox, wb.bid.auction_id, _waiting(w, wb.bid, 0), w))
+        return sends
+
+    @staticmethod
+    def still_due(send: Send[S]) -> bool:
+        """Is a delayed reply still worth sending? An offer whose hold was released (or
+        replaced by another auction's) in the meantime is dropped."""
+        reply = send.reply
+        if isinstance(reply, Waiting) or reply.machine_id:
+            return True
+        h = send.worker.ledger.holds.get(reply.order_id)
+        return h is not None and h.auction_id == send.auction_id
+
+
+def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
+    return Waiting(order_id=bid.order_id, worker_id=w.worker_id, region=w.region, wait_ms=wait_ms)
+
+
+def _by_delay(s: Send[S]) -> float:
+    return s.delay_s

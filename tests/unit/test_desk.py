@@ -1,0 +1,440 @@
+"""The supplier's desk (supplier/desk.py): every outcome of answering a bid (docs/protocol.md
+§6.2) and of holds and waiting bids (§6.3), on a fake clock, no NATS, no sleep.
+
+The seats are real workers (a real store in a temp dir), as production runs them. Each
+worker sells 8 CPUs / 8 GiB; pricing is the spread preset (f(u) = 1 - u) with image_weight
+0.3 and spread_ms 4: score = 0.7 * utility + 0.3 * cached, delay = (1 - score) * 4 ms.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from bourse.wire.messages import Bid, Commit, Offer, Placed, Resources, Waiting
+from supplier.candidates import BidGroup
+from supplier.config import WorkerConfig
+from supplier.desk import (
+    BLOCKED,
+    CANNOT_RUN,
+    COMMITTING,
+    CONSTRAINT_MISMATCH,
+    DRAINING,
+    EXCLUDED,
+    INSUFFICIENT,
+    OUTRANKED,
+    Answer,
+    Desk,
+    Send,
+)
+from supplier.store import Store
+from supplier.worker import Worker
+
+WALL_MS = 1_700_000_000_000  # the fake wall clock, in ms
+
+
+def cfg(worker_id: str, cpus: int = 8, memory_mb: int = 8192, **extra: Any) -> WorkerConfig:
+    raw = {
+        "worker_id": worker_id,
+        "region": "mad",
+        "capacity": {"cpus": cpus, "memory_mb": memory_mb},
+        "labels": {"disk": "ssd"},
+        **extra,
+    }
+    return msgspec.convert(raw, WorkerConfig)
+
+
+def res(cpus: int = 2, memory_mb: int = 2048) -> Resources:
+    return Resources(cpus=cpus, memory_mb=memory_mb)
+
+
+def bid(order_id: str = "o1", resources: Resources | None = None, **kw: Any) -> Bid:
+    kwargs: dict[str, Any] = {
+        "order_id": order_id,
+        "region": "mad",
+        "resources": resources or res(),
+        "image": "web",
+        "hold_ms": 1000,
+        "auction_id": f"a-{order_id}",
+    }
+    kwargs.update(kw)
+    return Bid(**kwargs)
+
+
+class Bench:
+    """One supplier process's workers and desk, driven as the host drives them, on a fake
+    clock; ``sent`` collects what capacity changes outside a bid sent (late replies).
+
+    The clock starts at a real monotonic reading because a commit (real worker code)
+    expires holds on the real clock; after that, only the tests move it."""
+
+    def __init__(
+        self, store: Store, *configs: WorkerConfig, max_offers: int = 3, quote_sample: int = 8
+    ) -> None:
+        self.t0 = self.now = time.monotonic()
+        self.desk: Desk[Worker] = Desk(max_offers, quote_sample, wall_ms=lambda: WALL_MS)
+        self.sent: list[Send[Worker]] = []
+        self.workers = {
+            c.worker_id: Worker(c, store, lambda e: None, on_freed=self._freed, on_grew=self._grew)
+            for c in configs
+        }
+        self.group: BidGroup[Worker] = BidGroup(list(self.workers.values()))
+        for w in self.group.workers:
+            for image in w.images:
+                self.group.image_changed(w, image, True)
+        self.owners: dict[str, Worker] = {}
+
+    def _freed(self, w: Worker) -> None:
+        self.sent += self.desk.freed(w, self.now)
+
+    def _grew(self, w: Worker) -> None:
+        self.sent += self.desk.withdraw_hopeless(w)
+
+    def __getitem__(self, worker_id: str) -> Worker:
+        return self.workers[worker_id]
+
+    def answer(self, b: Bid, inbox: str = "in") -> Answer[Worker]:
+        return self.desk.answer(b, inbox, self.now, self.group, self.owners)
+
+    async def place(self, order_id: str, resources: Resources | None = None) -> Placed:
+        """Bid and commit through the real worker; the Placed."""
+        ans = self.answer(bid(order_id, resources))
+        [reply] = ans.replies
+        w = reply.worker
+        c = Commit(
+            order_id=order_id, worker_id=w.worker_id, resources=resources or res(), image="web"
+        )
+        placed = await w.commit(c)
+        assert isinstance(placed, Placed)
+        self.owners[order_id] = w
+        return placed
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store(tmp_path / "supplier.db")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def offers(ans: Answer[Worker]) -> list[tuple[str, Offer]]:
+    out = []
+    for r in ans.replies:
+        assert isinstance(r.reply, Offer)
+        out.append((r.worker.worker_id, r.reply))
+    return out
+
+
+# -- §6.2: one worker, every outcome --------------------------------------------------------------
+
+
+def test_a_fitting_worker_holds_and_offers_after_its_score_delay(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    ans = bench.answer(bid(hold_ms=250))
+    [send] = ans.replies
+    # u = 2/8 and 2048/8192 -> 0.75 each -> utility 0.75; score 0.7 * 0.75 + 0.3 = 0.825
+    assert send.reply == Offer(
+        order_id="o1",
+        worker_id="w1",
+        region="mad",
+        score=0.825,
+        subscores={"cpus": 0.75, "memory_mb": 0.75, "utility": 0.75, "image": 1.0},
+        image_cached=True,
+        hold_expires_at_ms=WALL_MS + 250,
+        auction_id="a-o1",
+    )
+    assert (send.inbox, send.auction_id) == ("in", "a-o1")
+    assert send.delay_s == pytest.approx((1 - 0.825) * 4.0 / 1000.0, abs=1e-12)
+    h = bench["w1"].ledger.holds["o1"]
+    assert (h.want, h.expires_at, h.auction_id, h.score) == (
+        (2, 2048, 0, 0),
+        bench.t0 + 0.25,
+        "a-o1",
+        0.825,
+    )
+    assert (ans.silent, ans.late, ans.expired) == ({}, [], [])
+    assert bench.desk.still_due(send)
+
+
+def test_an_uncached_image_earns_no_image_bonus(store: Store) -> None:
+    [(_, offer)] = offers(Bench(store, cfg("w1")).answer(bid()))
+    assert (offer.score, offer.image_cached) == (0.525, False)  # 0.7 * 0.75
+
+
+@pytest.mark.parametrize(
+    ("worker", "kw", "reason"),
+    [
+        ({"draining": True}, {}, DRAINING),
+        ({}, {"exclude_workers": ["w2", "w1"]}, EXCLUDED),
+        ({}, {"constraints": {"disk": "hdd"}}, CONSTRAINT_MISMATCH),
+        ({}, {"constraints": {"gpu": "a100"}}, CONSTRAINT_MISMATCH),
+        ({}, {"resources": res(9, 1024)}, INSUFFICIENT),  # more than the capacity
+        ({"driver": "process", "catalog": {"db": {"command": ["x"]}}}, {}, CANNOT_RUN),
+        ({"driver": "process", "catalog": {"web": {}}}, {}, CANNOT_RUN),  # no command
+    ],
+)
+def test_a_worker_that_cannot_take_the_bid_is_silent_with_its_reason(
+    store: Store, worker: dict[str, Any], kw: dict[str, Any], reason: str
+) -> None:
+    bench = Bench(store, cfg("w1", **worker))
+    ans = bench.answer(bid(wait_ms=1000, **kw))
+    assert (ans.replies, ans.silent) == ([], {"w1": reason})
+    assert bench["w1"].ledger.holds == {}
+    assert len(bench["w1"].waiting) == 0
+
+
+@pytest.mark.parametrize("make_it_unable", ["drain", "fill"])
+async def test_an_existing_machine_is_offered_at_once_without_a_hold(
+    store: Store, make_it_unable: str
+) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    placed = await bench.place("o1")
+    w = bench["w1"]
+    if make_it_unable == "drain":
+        w.set_draining("maintenance")
+    else:
+        await bench.place("filler", res(6, 6144))
+    ans = bench.answer(bid("o1", auction_id="retry"))
+    [send] = ans.replies
+    assert send.reply == Offer(
+        order_id="o1",
+        worker_id="w1",
+        region="mad",
+        score=placed.score,
+        image_cached=True,
+        machine_id=placed.machine_id,
+        auction_id="retry",
+    )
+    assert (send.delay_s, send.inbox) == (0.0, "in")
+    assert w.ledger.holds == {}
+    assert bench.desk.still_due(send)
+
+
+def test_a_rebid_replaces_the_earlier_hold(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    [first] = bench.answer(bid()).replies
+    [second] = bench.answer(bid(resources=res(3, 1024), auction_id="a-2")).replies
+    w = bench["w1"]
+    assert list(w.ledger.holds) == ["o1"]
+    assert (w.ledger.holds["o1"].auction_id, w.ledger.held) == ("a-2", (3, 1024, 0, 0))
+    # priced against an empty worker, as the first: utility (0.625 + 0.875) / 2 = 0.75
+    assert first.reply.score == second.reply.score == 0.825  # type: ignore[union-attr]  # Offers
+    assert not bench.desk.still_due(first)  # due later: the first auction's offer is dropped
+    assert bench.desk.still_due(second)
+
+
+def test_bids_for_different_orders_stack(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    bench.answer(bid("o1"))
+    [(_, second)] = offers(bench.answer(bid("o2")))
+    assert bench["w1"].ledger.held == (4, 4096, 0, 0)
+    assert second.score == 0.65  # u = 4/8 -> utility 0.5 -> 0.35 + 0.3
+
+
+def test_a_commit_under_way_keeps_the_worker_silent(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid())
+    bench["w1"].ledger.holds["o1"].committing = True  # as Worker.commit pins it
+    ans = bench.answer(bid(auction_id="a-retry"))
+    assert (ans.replies, ans.silent) == ([], {"w1": COMMITTING})
+    assert bench["w1"].ledger.holds["o1"].auction_id == "a-o1"  # untouched
+
+
+def test_expired_holds_are_dropped_and_returned_to_announce(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("old", res(8, 1024), hold_ms=100))
+    bench.now = bench.t0 + 0.1
+    ans = bench.answer(bid("new", res(8, 1024)))
+    assert [(w.worker_id, [h.order_id for h in hs]) for w, hs in ans.expired] == [("w1", ["old"])]
+    assert [w for w, _ in offers(ans)] == ["w1"]
+    assert list(bench["w1"].ledger.holds) == ["new"]
+
+
+# -- §6.3: waiting bids ---------------------------------------------------------------------------
+
+
+def test_blocked_only_by_holds_waits_then_offers_when_the_hold_goes(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    bench.answer(bid("big", res(8, 1024)))
+    ans = bench.answer(bid("o2", res(4, 4096), wait_ms=5000), inbox="in-2")
+    assert [s.reply for s in ans.replies] == [
+        Waiting(order_id="o2", worker_id="w1", region="mad", wait_ms=5000)
+    ]
+    assert (ans.replies[0].delay_s, ans.silent) == (0.0, {})
+    assert "o2" not in bench["w1"].ledger.holds
+    bench.now += 0.5
+    bench["w1"].release("big", "a-big")
+    [late] = bench.sent
+    assert (late.inbox, late.auction_id) == ("in-2", "a-o2")
+    assert isinstance(late.reply, Offer)
+    assert late.reply.score == 0.65  # priced after the release: u = 4/8 -> 0.35 + 0.3
+    assert late.delay_s == pytest.approx(0.35 * 4.0 / 1000.0, abs=1e-12)
+    assert bench["w1"].ledger.holds["o2"].expires_at == bench.t0 + 0.5 + 1.0
+    assert len(bench["w1"].waiting) == 0
+
+
+@pytest.mark.parametrize(
+    ("kw", "inbox"),
+    [({"wait_ms": 0}, "in"), ({"wait_ms": 1000}, "")],  # not allowed to wait; nobody to tell
+)
+def test_blocked_by_holds_without_waiting_is_silent(
+    store: Store, kw: dict[str, Any], inbox: str
+) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(8, 1024)))
+    ans = bench.answer(bid("o2", **kw), inbox=inbox)
+    assert (ans.replies, ans.silent) == ([], {"w1": BLOCKED})
+    assert len(bench["w1"].waiting) == 0
+
+
+def test_a_full_waiting_queue_keeps_the_bid_silent(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.desk.max_waiting = 1
+    bench.answer(bid("big", res(8, 1024)))
+    assert bench.answer(bid("o2", wait_ms=1000)).replies
+    ans = bench.answer(bid("o3", wait_ms=1000))
+    assert (ans.replies, ans.silent) == ([], {"w1": BLOCKED})
+
+
+def test_blocked_by_committed_machines_does_not_wait(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench["w1"].ledger.load_committed((7, 0, 0, 0))
+    ans = bench.answer(bid(wait_ms=1000))
+    assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})
+
+
+async def test_a_waiting_bid_is_withdrawn_when_committed_machines_take_the_capacity(
+    store: Store,
+) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(6, 1024)))
+    bench.answer(bid("o2", res(4, 1024), wait_ms=5000), inbox="in-2")
+    placed = await bench["w1"].commit(
+        Commit(order_id="big", worker_id="w1", resources=res(6, 1024), image="web")
+    )
+    assert isinstance(placed, Placed)
+    # 8 - 6 committed < 4: the bid can never fit here, so the worker says so at once
+    assert [(s.inbox, s.auction_id, s.reply, s.delay_s) for s in bench.sent] == [
+        ("in-2", "a-o2", Waiting(order_id="o2", worker_id="w1", region="mad", wait_ms=0), 0.0)
+    ]
+    assert len(bench["w1"].waiting) == 0
+
+
+def test_a_waiting_bid_is_answered_when_the_blocking_hold_expires(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(8, 1024), hold_ms=100))
+    bench.answer(bid("o2", wait_ms=30_000), inbox="in-2")
+    bench.now = bench.t0 + 0.1
+    bench["w1"].expire_holds(bench.now)  # the sweep
+    assert [(s.inbox, type(s.reply).__name__) for s in bench.sent] == [("in-2", "Offer")]
+
+
+def test_a_waiting_bid_past_its_wait_is_dropped_silently(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(8, 1024)))
+    bench.answer(bid("o2", wait_ms=100))
+    bench.now = bench.t0 + 0.1
+    bench["w1"].release("big", "a-big")
+    assert bench.sent == []
+    assert len(bench["w1"].waiting) == 0
+
+
+def test_a_release_drops_the_waiting_bid(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(8, 1024)))
+    bench.answer(bid("o2", wait_ms=5000))
+    bench["w1"].release("o2", "a-o2")
+    assert len(bench["w1"].waiting) == 0
+    bench["w1"].release("big", "a-big")
+    assert bench.sent == []
+
+
+def test_a_rebid_that_drops_its_hold_answers_a_waiting_bid_first(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("big", res(8, 1024), auction_id="run-1"))
+    bench.answer(bid("o2", wait_ms=5000), inbox="in-2")
+    # a retry of "big" that excludes this worker: its old hold goes, the waiting bid takes it
+    ans = bench.answer(bid("big", res(8, 1024), auction_id="run-2", exclude_workers=["w1"]))
+    assert (ans.replies, ans.silent) == ([], {"w1": EXCLUDED})
+    assert [(s.inbox, type(s.reply).__name__) for s in ans.late] == [("in-2", "Offer")]
+    assert list(bench["w1"].ledger.holds) == ["o2"]
+
+
+async def test_a_destroyed_machine_answers_a_waiting_bid(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    mid = (await bench.place("o1", res(4, 1024))).machine_id
+    bench.answer(bid("hold", res(4, 1024)))
+    # 8 - 4 committed < 6: it cannot wait for holds alone
+    assert bench.answer(bid("o2", res(6, 1024), wait_ms=5000)).silent == {"w1": INSUFFICIENT}
+    assert bench.answer(bid("o3", res(4, 1024), wait_ms=30_000), inbox="in-3").replies
+    await bench["w1"].transition("destroy", mid)
+    assert [(s.inbox, type(s.reply).__name__) for s in bench.sent] == [("in-3", "Offer")]
+
+
+# -- across the workers of one process ----------------------------------------------------------
+
+
+def test_max_offers_keeps_only_the_best(store: Store) -> None:
+    # emptier workers score higher under spread: w4 (64 cpus) best, w0 (8 cpus) worst
+    configs = [cfg(f"w{i}", cpus=8 + 14 * i, memory_mb=8192) for i in range(5)]
+    bench = Bench(store, *configs, max_offers=2)
+    ans = bench.answer(bid())
+    assert [w for w, _ in offers(ans)] == ["w4", "w3"]  # best first (shorter delay)
+    assert ans.replies[0].delay_s < ans.replies[1].delay_s
+    assert ans.silent == {"w0": OUTRANKED, "w1": OUTRANKED, "w2": OUTRANKED}
+    assert [w.worker_id for w in bench.group.workers if w.ledger.holds] == ["w3", "w4"]
+
+
+def test_max_offers_0_offers_every_fitting_worker(store: Store) -> None:
+    bench = Bench(store, *(cfg(f"w{i}") for i in range(5)), max_offers=0)
+    assert len(bench.answer(bid()).replies) == 5
+
+
+def test_nobody_waits_when_another_worker_offers_at_once(store: Store) -> None:
+    bench = Bench(store, cfg("w1", cpus=2), cfg("w2", cpus=2))
+    bench.answer(bid("o1", exclude_workers=["w2"]))  # holds all of w1
+    ans = bench.answer(bid("o2", wait_ms=1000))
+    assert [w for w, _ in offers(ans)] == ["w2"]
+    assert ans.silent == {"w1": BLOCKED}
+    assert len(bench["w1"].waiting) == 0
+
+
+async def test_an_existing_machine_offer_goes_out_beside_the_best_quotes(store: Store) -> None:
+    bench = Bench(store, cfg("w1"), cfg("w2"), max_offers=1)
+    placed = await bench.place("o1")
+    ans = bench.answer(bid("o1", auction_id="retry"))
+    first = offers(ans)[0]
+    assert (first[0], first[1].machine_id) == (placed.worker_id, placed.machine_id)
+    assert len(ans.replies) == 2  # and the best fresh quote (the other worker)
+
+
+def test_a_big_group_prices_a_sample(store: Store) -> None:
+    configs = [cfg(f"w{i:02d}", images=["web"] if i == 37 else []) for i in range(40)]
+    bench = Bench(store, *configs, max_offers=0, quote_sample=2)
+    ans = bench.answer(bid())
+    asked = {w for w, _ in offers(ans)} | set(ans.silent)
+    assert "w37" in asked  # the only holder of the image is always priced
+    assert len(asked) <= 4  # 2 image holders + 2 at random, not 40
+    assert offers(ans)[0][0] == "w37"  # and it is the best
+
+
+def test_a_sample_that_cannot_offer_falls_back_to_every_worker(store: Store) -> None:
+    configs = [cfg(f"s{i:02d}", cpus=1) for i in range(39)] + [cfg("big", cpus=16)]
+    bench = Bench(store, *configs, quote_sample=2)
+    ans = bench.answer(bid(resources=res(4, 1024)))
+    assert [w for w, _ in offers(ans)] == ["big"]
+    assert ans.silent == {f"s{i:02d}": INSUFFICIENT for i in range(39)}
+
+
+def test_a_released_hold_makes_its_delayed_offer_stale(store: Store) -> None:
+    bench = Bench(store, cfg("w1"))
+    [send] = bench.answer(bid()).replies
+    bench["w1"].release("o1", "a-o1")
+    assert not bench.desk.still_due(send)
