@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
@@ -110,24 +110,26 @@ def serve(
         bid_sample=bid_sample,
     )
 
-    async def main(stop: asyncio.Event) -> None:
+    async def main() -> None:
         nc = await connect(urls, name=name or "bourse-exchange", creds=creds, **tls)
-        svc = ExchangeService(
-            nc,
-            subjects,
-            auction=config,
-            regions=region_set,
-            max_inflight=max_inflight,
-            max_order_backlog=max_order_backlog,
-            trust=trust_store,
-            target_auction_ms=target_auction_ms,
-        )
-        await svc.start()
-        settle_heap()
-        typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")
-        await stop.wait()
-        await svc.stop()
-        await shutdown(nc)
+        try:
+            svc = ExchangeService(
+                nc,
+                subjects,
+                auction=config,
+                regions=region_set,
+                max_inflight=max_inflight,
+                max_order_backlog=max_order_backlog,
+                trust=trust_store,
+                target_auction_ms=target_auction_ms,
+            )
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(svc.run)
+                settle_heap()
+                where = nc.connected_url.netloc if nc.connected_url else urls
+                typer.echo(f"exchange ready on {where}")
+        finally:
+            await shutdown(nc)
 
     run(main)
 
