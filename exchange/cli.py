@@ -10,9 +10,10 @@ import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
+    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -21,11 +22,8 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
-    check_tls,
     cli_main,
-    creds_file,
     fail,
-    nats_urls,
 )
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.signing import TrustError, TrustStore
@@ -88,9 +86,7 @@ def serve(
 ) -> None:
     """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
     logs.configure(log_level, log_json)
-    urls = nats_urls(nats)
-    creds = creds_file(creds)
-    tls = check_tls(tls_ca, tls_cert, tls_key)
+    conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     region_set = {r.strip() for r in regions.split(",") if r.strip()}
     bad = [r for r in region_set if not is_valid_id(r)]
     if bad:
@@ -111,7 +107,7 @@ def serve(
     )
 
     async def main() -> None:
-        nc = await connect(urls, name=name or "bourse-exchange", creds=creds, **tls)
+        nc = await conn.connect(name or "bourse-exchange")
         try:
             svc = ExchangeService(
                 nc,
@@ -126,7 +122,7 @@ def serve(
             async with anyio.create_task_group() as tasks:
                 await tasks.start(svc.run)
                 settle_heap()
-                where = nc.connected_url.netloc if nc.connected_url else urls
+                where = nc.connected_url.netloc if nc.connected_url else conn.urls
                 typer.echo(f"exchange ready on {where}")
         finally:
             await shutdown(nc)

@@ -11,9 +11,10 @@ import typer
 from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import AuthError, signing_seed
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
+    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -22,11 +23,8 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
-    check_tls,
     cli_main,
-    creds_file,
     fail,
-    nats_urls,
     parse_labels,
 )
 from bourse.runtime.supervise import run, settle_heap
@@ -116,10 +114,8 @@ def run_cmd(
 ) -> None:
     """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
     logs.configure(log_level, log_json)
-    urls = nats_urls(nats)
-    creds = creds_file(creds)
-    tls = check_tls(tls_ca, tls_cert, tls_key)
-    signer = _offer_signer(creds)
+    conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
+    signer = _offer_signer(conn.creds)
     try:
         if fleet is not None:
             if worker_id or region:
@@ -155,7 +151,7 @@ def run_cmd(
     async def main() -> None:
         try:
             name = f"bourse-supplier:{workers[0].worker_id}"
-            nc = await connect(urls, name=name, creds=creds, **tls)
+            nc = await conn.connect(name)
             try:
                 await _serve(nc, workers, store, subjects, data_dir, options)
             finally:
