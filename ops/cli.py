@@ -15,7 +15,7 @@ import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
@@ -365,7 +365,7 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _outcome_table(outcomes: list[tuple[str, object]]) -> Table:
+def _outcome_table(outcomes: Sequence[tuple[str, object]]) -> Table:
     t = Table(title="orders")
     for col in ("scenario", "outcome", "worker / reason", "score", "cached", "ms"):
         t.add_column(col)

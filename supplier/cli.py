@@ -148,12 +148,15 @@ def run_cmd(
     except (ConfigError, StoreError, ValueError) as exc:
         fail(str(exc))
 
+    assert data_dir is not None  # both branches above set it (fail() does not return)
+    state_dir = data_dir
+
     async def main() -> None:
         try:
             name = f"bourse-supplier:{workers[0].worker_id}"
             nc = await conn.connect(name)
             try:
-                await _serve(nc, workers, store, subjects, data_dir, options)
+                await _serve(nc, workers, store, subjects, state_dir, options)
             finally:
                 await shutdown(nc)
         finally:

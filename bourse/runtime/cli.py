@@ -1,5 +1,6 @@
-"""What every long-running program does the same way: options shared by the CLIs, the
-event loop (uvloop when installed), and a clean stop on SIGINT/SIGTERM."""
+"""What every CLI does the same way: ONE definition of each common option (--nats, --creds,
+--tls-*, --prefix, --json, logging), the Connection they make, and the exit-code contract.
+How a program runs (the event loop, signals) is bourse/runtime/supervise.py."""
 
 from __future__ import annotations
 
@@ -124,7 +125,7 @@ def cli_main(app: typer.Typer) -> None:
     try:
         code = app(standalone_mode=False)
     except _USAGE_ERRORS as exc:
-        message = exc.format_message()
+        message = exc.format_message()  # type: ignore[attr-defined]  # click/typer usage errors have it
         if not message:  # no arguments: the help was shown, which is what was asked for
             sys.exit(0)
         typer.echo(f"error: {message}", err=True)
