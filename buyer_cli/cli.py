@@ -9,28 +9,31 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
+import anyio
 import msgspec
 import typer
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.auction.driver import AuctionError
 from bourse.client import BourseClient, ClientError, policy, render
 from bourse.client.policy import Deployment
-from bourse.nats.connection import connect, flush_all
+from bourse.nats.connection import flush_all, shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
+    Connection,
     CredsOpt,
+    JsonOpt,
     NatsOpt,
     PrefixOpt,
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
-    check_tls,
     cli_main,
     fail,
-    nats_urls,
     parse_labels,
 )
 from bourse.runtime.supervise import run
@@ -44,21 +47,51 @@ machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True
 app.add_typer(machines_app, name="machines")
 
 T = TypeVar("T")
-# TLS to NATS, set once for every command by the app's options (buyer --tls-ca FILE place ...).
-_TLS: dict[str, str | None] = {}
+
+
+@dataclass(frozen=True)
+class GroupTls:
+    """--tls-* given before the command (``buyer --tls-ca F place ...``, documented in
+    docs/security.md); carried to the command in the click context, not a global."""
+
+    ca: str | None = None
+    cert: str | None = None
+    key: str | None = None
 
 
 @app.callback()
 def _callback(
-    tls_ca: TlsCaOpt = None, tls_cert: TlsCertOpt = None, tls_key: TlsKeyOpt = None
+    ctx: typer.Context,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
 ) -> None:
     """Bourse buyer: place machine orders on the market."""
-    _TLS.update(check_tls(tls_ca, tls_cert, tls_key))
+    ctx.obj = GroupTls(tls_ca, tls_cert, tls_key)
 
 
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+def _connection(
+    ctx: typer.Context,
+    nats: list[str] | None,
+    creds: str | None,
+    tls_ca: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+) -> Connection:
+    """The command's connection options; a --tls-* after the command wins over the same
+    one given before it."""
+    group = ctx.find_object(GroupTls) or GroupTls()
+    return Connection.from_options(
+        nats, creds, tls_ca or group.ca, tls_cert or group.cert, tls_key or group.key
+    )
+
+
 DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
+]
+# On a machine command --direct skips the exchange's routing, not an auction.
+MachineDirectOpt = Annotated[
+    bool, typer.Option("--direct", help="Talk to the worker directly; no exchange needed.")
 ]
 EXIT_UNFILLED = 2
 # JSON paths of a PlaceOrder (or Resources) -> the flag a person typed.
@@ -97,14 +130,12 @@ def _flag_names(text: str) -> str:
 
 
 def _with_client(
-    nats: list[str] | None,
-    creds: str | None,
+    conn: Connection,
     prefix: str,
     direct: bool,
     fn: Callable[[BourseClient], Awaitable[T]],
 ) -> T:
     logs.configure("warning")
-    urls = nats_urls(nats)
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
@@ -112,9 +143,9 @@ def _with_client(
 
     async def main() -> T:
         try:
-            nc = await connect(urls, name="bourse-buyer", creds=creds, service=False, **_TLS)
+            nc = await conn.connect("bourse-buyer", service=False)
         except Exception as exc:
-            fail(f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}")
+            fail(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc or type(exc).__name__}")
         client = BourseClient(nc, subjects, direct=direct)
         try:
             return await fn(client)
@@ -130,6 +161,7 @@ def _with_client(
 
 @app.command()
 def place(
+    ctx: typer.Context,
     region: Annotated[str, typer.Option(help="Region to place in (strict).")],
     cpus: Annotated[int, typer.Option(help="CPUs.")],
     memory_mb: Annotated[int, typer.Option(help="Memory in MiB.")],
@@ -155,6 +187,9 @@ def place(
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Place one immediate-or-cancel order."""
@@ -183,7 +218,9 @@ def place(
             machine = await c.machine("start", r.machine_id)
         return r, machine
 
-    r, machine = _with_client(nats, creds, prefix, direct, go)
+    r, machine = _with_client(
+        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key), prefix, direct, go
+    )
     if json:
         typer.echo(render.as_json({"result": r, "machine": machine}))
     else:
@@ -196,10 +233,14 @@ def place(
 
 @app.command()
 def fleet(
+    ctx: typer.Context,
     region: Annotated[list[str], typer.Option(help="Region(s) to ask (repeatable).")],
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Every worker's capacity, commitments, holds and images (status scatter-gather)."""
@@ -207,7 +248,9 @@ def fleet(
     async def go(c: BourseClient):  # type: ignore[no-untyped-def]
         return [s for r in region for s in await c.status(r)]
 
-    statuses = _with_client(nats, creds, prefix, False, go)
+    statuses = _with_client(
+        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key), prefix, False, go
+    )
     if json:
         typer.echo(render.as_json(statuses))
     else:
@@ -216,16 +259,25 @@ def fleet(
 
 @machines_app.command("list")
 def machines_list(
+    ctx: typer.Context,
     worker: Annotated[str, typer.Option(help="Worker whose machines to list.")],
     all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
-    direct: DirectOpt = False,
+    direct: MachineDirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Machines on one worker."""
-    listed = _with_client(nats, creds, prefix, direct, lambda c: c.machines(worker, all_))
+    listed = _with_client(
+        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
+        prefix,
+        direct,
+        lambda c: c.machines(worker, all_),
+    )
     if json:
         typer.echo(render.as_json(listed))
     else:
@@ -234,14 +286,23 @@ def machines_list(
 
 def _verb(verb: str, help_text: str) -> None:
     def command(
+        ctx: typer.Context,
         machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
-        direct: DirectOpt = False,
+        direct: MachineDirectOpt = False,
         json: JsonOpt = False,
         nats: NatsOpt = None,
         creds: CredsOpt = None,
+        tls_ca: TlsCaOpt = None,
+        tls_cert: TlsCertOpt = None,
+        tls_key: TlsKeyOpt = None,
         prefix: PrefixOpt = DEFAULT_PREFIX,
     ) -> None:
-        m = _with_client(nats, creds, prefix, direct, lambda c: c.machine(verb, machine_id))
+        m = _with_client(
+            _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
+            prefix,
+            direct,
+            lambda c: c.machine(verb, machine_id),
+        )
         if json:
             typer.echo(render.as_json(m))
         else:
@@ -253,16 +314,25 @@ def _verb(verb: str, help_text: str) -> None:
 
 @machines_app.command("logs")
 def machines_logs(
+    ctx: typer.Context,
     machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
     tail: Annotated[int, typer.Option(min=1, max=1000, help="How many lines.")] = 100,
-    direct: DirectOpt = False,
+    direct: MachineDirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """The last lines a machine printed (process driver)."""
-    out = _with_client(nats, creds, prefix, direct, lambda c: c.logs(machine_id, tail))
+    out = _with_client(
+        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
+        prefix,
+        direct,
+        lambda c: c.logs(machine_id, tail),
+    )
     if json:
         typer.echo(render.as_json(out))
         return
@@ -284,6 +354,7 @@ def main() -> None:
 
 @app.command()
 def deploy(
+    ctx: typer.Context,
     app_name: Annotated[str, typer.Option("--app", help="App name (machines carry it).")],
     region: Annotated[list[str], typer.Option(help="Regions, tried in this order.")],
     cpus: Annotated[int, typer.Option()],
@@ -300,6 +371,9 @@ def deploy(
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Deploy an app: machines on distinct workers, plus spares (idempotent)."""
@@ -327,7 +401,9 @@ def deploy(
             min_score=min_score,
         )
 
-    d = _with_client(nats, creds, prefix, direct, go)
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+
+    d = _with_client(conn, prefix, direct, go)
     if json:
         typer.echo(
             render.as_json(
@@ -355,6 +431,7 @@ def deploy(
 
 @app.command()
 def failover(
+    ctx: typer.Context,
     app_name: Annotated[str, typer.Option("--app", help="The app.")],
     machine: Annotated[str, typer.Option(help="The machine whose worker is gone.")],
     region: Annotated[list[str], typer.Option(help="Regions to look for spares in, in order.")],
@@ -363,6 +440,9 @@ def failover(
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Start a spare of the app in place of a machine whose worker is gone."""
@@ -377,7 +457,9 @@ def failover(
                 return str(exc)
             raise
 
-    m = _with_client(nats, creds, prefix, direct, go)
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+
+    m = _with_client(conn, prefix, direct, go)
     if isinstance(m, str):
         typer.echo(f"no failover: {m}", err=True)
         raise typer.Exit(EXIT_UNFILLED)
@@ -389,6 +471,7 @@ def failover(
 
 @app.command()
 def watch(
+    ctx: typer.Context,
     region: Annotated[str, typer.Option(help="Region, or * for all.")] = "*",
     worker: Annotated[str, typer.Option(help="Worker id, or * for all.")] = "*",
     kind: Annotated[str, typer.Option(help="Event kind, or * for all.")] = "*",
@@ -396,39 +479,48 @@ def watch(
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
     """Print market events as they happen, until Ctrl-C."""
     logs.configure("warning")
-    urls = nats_urls(nats)
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)
 
-    async def main(stop: asyncio.Event) -> None:
+    async def main() -> None:
         try:
-            nc = await connect(urls, name="bourse-watch", creds=creds, service=False, **_TLS)
+            nc = await conn.connect("bourse-watch", service=False)
         except Exception as exc:
-            fail(f"cannot connect to NATS at {', '.join(urls)}: {exc}")
-        seen = 0
-
-        async def on_event(msg: Msg) -> None:
-            nonlocal seen
-            try:
-                e = decode(msg.data, Event)
-            except BadMessage as exc:
-                typer.echo(f"(unreadable event on {msg.subject}: {exc})", err=True)
-                return
-            typer.echo(render.as_json(e) if json else render.event_line(e))
-            seen += 1
-            if count and seen >= count:
-                stop.set()
-
-        await nc.subscribe(subjects.events(region, worker, kind), cb=on_event)
-        await flush_all(nc)
-        if not json:
-            typer.echo(
-                f"watching {subjects.events(region, worker, kind)} (Ctrl-C to stop)", err=True
-            )
-        await stop.wait()
-        await nc.drain()
+            fail(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc}")
+        try:
+            await _watch(nc, subjects.events(region, worker, kind), count, json)
+        finally:
+            await shutdown(nc)
 
     run(main)
+
+
+async def _watch(nc: NATS, subject: str, count: int, json: bool) -> None:
+    """Print events until ``count`` were printed (0: until cancelled: Ctrl-C, SIGTERM)."""
+    done = anyio.Event()
+    seen = 0
+
+    async def on_event(msg: Msg) -> None:
+        nonlocal seen
+        try:
+            e = decode(msg.data, Event)
+        except BadMessage as exc:
+            typer.echo(f"(unreadable event on {msg.subject}: {exc})", err=True)
+            return
+        typer.echo(render.as_json(e) if json else render.event_line(e))
+        seen += 1
+        if count and seen >= count:
+            done.set()
+
+    await nc.subscribe(subject, cb=on_event)
+    await flush_all(nc)
+    if not json:
+        typer.echo(f"watching {subject} (Ctrl-C to stop)", err=True)
+    await done.wait()

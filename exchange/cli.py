@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
+    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -21,11 +22,8 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
-    check_tls,
     cli_main,
-    creds_file,
     fail,
-    nats_urls,
 )
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.signing import TrustError, TrustStore
@@ -88,9 +86,7 @@ def serve(
 ) -> None:
     """Serve orders and machine requests until SIGINT/SIGTERM, then drain."""
     logs.configure(log_level, log_json)
-    urls = nats_urls(nats)
-    creds = creds_file(creds)
-    tls = check_tls(tls_ca, tls_cert, tls_key)
+    conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     region_set = {r.strip() for r in regions.split(",") if r.strip()}
     bad = [r for r in region_set if not is_valid_id(r)]
     if bad:
@@ -110,24 +106,26 @@ def serve(
         bid_sample=bid_sample,
     )
 
-    async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=name or "bourse-exchange", creds=creds, **tls)
-        svc = ExchangeService(
-            nc,
-            subjects,
-            auction=config,
-            regions=region_set,
-            max_inflight=max_inflight,
-            max_order_backlog=max_order_backlog,
-            trust=trust_store,
-            target_auction_ms=target_auction_ms,
-        )
-        await svc.start()
-        settle_heap()
-        typer.echo(f"exchange ready on {nc.connected_url.netloc if nc.connected_url else urls}")
-        await stop.wait()
-        await svc.stop()
-        await shutdown(nc)
+    async def main() -> None:
+        nc = await conn.connect(name or "bourse-exchange")
+        try:
+            svc = ExchangeService(
+                nc,
+                subjects,
+                auction=config,
+                regions=region_set,
+                max_inflight=max_inflight,
+                max_order_backlog=max_order_backlog,
+                trust=trust_store,
+                target_auction_ms=target_auction_ms,
+            )
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(svc.run)
+                settle_heap()
+                where = nc.connected_url.netloc if nc.connected_url else conn.urls
+                typer.echo(f"exchange ready on {where}")
+        finally:
+            await shutdown(nc)
 
     run(main)
 

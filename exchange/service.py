@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 
+import anyio
+import anyio.abc
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
@@ -25,6 +27,7 @@ from bourse.auction.admission import (
 from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import (
     MACHINE_VERBS,
@@ -39,6 +42,10 @@ from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 log = structlog.get_logger("bourse.exchange")
 
 MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
+# A stop's bounds: the auctions under way (most end by their deadline, 500 ms by default),
+# and the whole stop, so SIGTERM ends the process within 2 s.
+HANDLERS_S = 0.8
+STOP_S = 1.5
 
 
 class ExchangeService:
@@ -63,10 +70,25 @@ class ExchangeService:
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
         self._orders: Subscription | None = None
-        self.responder = Responder(nc, "exchange")
         self._subs: list[Subscription] = []
 
-    async def start(self) -> None:
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled: subscribe, say ``started``, serve; then, shielded and
+        bounded: unsubscribe, let the auctions under way finish (their holds released),
+        close the auctioneer. Auctions and relays run in this task group."""
+        async with anyio.create_task_group() as tasks:
+            self.responder = Responder(self.nc, "exchange", tasks)
+            try:
+                await self._subscribe()
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                with cleanup_scope(STOP_S):
+                    await self._stop()
+
+    async def _subscribe(self) -> None:
         g = self.responder.guard
         s = self.subjects
         self._orders = await self.nc.subscribe(
@@ -79,13 +101,14 @@ class ExchangeService:
         await flush_all(self.nc)
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
 
-    async def stop(self) -> None:
-        """Stop taking orders, let the ones under way finish (their deadlines bound it)."""
+    async def _stop(self) -> None:
+        """Stop taking orders, let the ones under way finish (bounded: a stop must not wait
+        for a 30 s deadline; an auction cut short releases its holds on the way out)."""
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
-        await self.responder.wait(35)
+        await self.responder.finish(HANDLERS_S)
         await self.auctioneer.close()
         log.info(
             "exchange_stopped",

@@ -3,25 +3,29 @@ loadtest.echo URL SUBJECT`` answers every request with an empty body."""
 
 from __future__ import annotations
 
-import asyncio
 import sys
+
+import anyio
 
 from bourse.nats.connection import connect, flush_all, shutdown
 from bourse.runtime.supervise import run
 
 
-async def serve(url: str, subject: str, stop: asyncio.Event) -> None:
+async def serve(url: str, subject: str) -> None:
+    """Answer until cancelled (SIGINT/SIGTERM)."""
     nc = await connect(url, name="bourse-echo")
+    try:
 
-    async def echo(msg) -> None:  # type: ignore[no-untyped-def]
-        await nc.publish(msg.reply, b"")
+        async def echo(msg) -> None:  # type: ignore[no-untyped-def]  # nats-py's Msg, untyped cb
+            await nc.publish(msg.reply, b"")
 
-    await nc.subscribe(subject, cb=echo)
-    await flush_all(nc)
-    print("echo ready", flush=True)
-    await stop.wait()
-    await shutdown(nc)
+        await nc.subscribe(subject, cb=echo)
+        await flush_all(nc)
+        print("echo ready", flush=True)
+        await anyio.sleep_forever()
+    finally:
+        await shutdown(nc)
 
 
 if __name__ == "__main__":
-    run(lambda stop: serve(sys.argv[1], sys.argv[2], stop))
+    run(lambda: serve(sys.argv[1], sys.argv[2]))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import shutil
@@ -10,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import anyio
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -18,7 +18,7 @@ from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats
-from bourse.runtime.launcher import Program
+from bourse.runtime.launcher import Program, stop_all
 from bourse.runtime.supervise import settle_heap
 from bourse.wire.subjects import Subjects
 from loadtest import report as reports
@@ -91,8 +91,7 @@ async def run_loadtest(
         finally:
             await shutdown(nc)
     finally:
-        for p in reversed(programs):
-            await p.stop()
+        await stop_all(programs)
         if server is not None:
             server.stop()
     oracle_result = None
@@ -130,12 +129,10 @@ async def _send(
         async def sample() -> None:
             while True:
                 sampler.sample()
-                await asyncio.sleep(0.5)
+                await anyio.sleep(0.5)
 
-        sampling = asyncio.create_task(sample())
-        try:
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(sample)
             await gen.run(orders)
-        finally:
-            sampling.cancel()
-            sampler.sample()  # CPU over the load window only (not the checks after it)
-            await gen.cancel_lifecycles()
+            tasks.cancel_scope.cancel()
+        sampler.sample()  # CPU over the load window only (not the checks after it)

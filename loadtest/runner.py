@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
 import psutil
 from hdrh.histogram import HdrHistogram
 from nats.aio.client import Client as NATS
 
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
-from bourse.runtime.launcher import Program, start_program
+from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Machine, Placed, Unfilled, WorkerStatus
 from bourse.wire.subjects import Subjects, shard_of
 from loadtest.workload import Profile, TraceOrder, fleet
@@ -190,8 +192,7 @@ async def start_fleet(
         for spec in fleet_specs(profile, urls, subjects, root, supplier_urls=supplier_urls):
             programs.append(await spec.start())
     except BaseException:
-        for p in programs:
-            await p.stop()
+        await stop_all(programs)
         raise
     return programs
 
@@ -213,31 +214,31 @@ class Generator:
         self.placer = direct if profile.direct else market  # who runs the auctions
         self.m = measured
         self.on_progress = on_progress
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.lifecycle: set[asyncio.Task[Any]] = set()
-
-    def _spawn(self, coro: Any, pool: set[asyncio.Task[Any]]) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        pool.add(task)
-        task.add_done_callback(pool.discard)
+        self._lifecycles: anyio.abc.TaskGroup | None = None  # run()'s: started machines
 
     async def run(self, orders: list[TraceOrder]) -> None:
-        t0 = self.m.started_at = time.monotonic()
-        if self.p.mode == "open":
-            for t in orders:
-                due = t0 + t.due_s
-                wait = due - time.monotonic()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+        """Send every order (each in a task of this run's group) and wait for the answers;
+        the lifecycles of the machines placed (start, destroy after their life) run in a
+        group of their own, cancelled once the last answer is in (or the run is)."""
+        async with anyio.create_task_group() as lifecycles:
+            self._lifecycles = lifecycles
+            t0 = self.m.started_at = time.monotonic()
+            async with anyio.create_task_group() as sends:
+                if self.p.mode == "open":
+                    for t in orders:
+                        due = t0 + t.due_s
+                        wait = due - time.monotonic()
+                        if wait > 0:
+                            await anyio.sleep(wait)
+                        else:
+                            self.m.lag_max_ms = max(self.m.lag_max_ms, -wait * 1000)
+                        sends.start_soon(self._one, t, due)
                 else:
-                    self.m.lag_max_ms = max(self.m.lag_max_ms, -wait * 1000)
-                self._spawn(self._one(t, due), self.tasks)
-        else:
-            queue = iter(orders)
-            await asyncio.gather(*(self._closed(queue) for _ in range(self.p.concurrency)))
-        if self.tasks:
-            await asyncio.wait(self.tasks)
-        self.m.seconds = time.monotonic() - t0
+                    queue = iter(orders)
+                    for _ in range(self.p.concurrency):
+                        sends.start_soon(self._closed, queue)
+            self.m.seconds = time.monotonic() - t0
+            lifecycles.cancel_scope.cancel()
 
     async def _closed(self, queue: Any) -> None:
         for t in queue:
@@ -261,7 +262,8 @@ class Generator:
             m.latency_placed.record_value(min(us, HIST_MAX_US))
             m.auction_placed.record_value(max(1, min(int(r.elapsed_ms * 1000), HIST_MAX_US)))
             m.per_second[int(done - m.started_at)] += 1
-            self._spawn(self._lifecycle(r, t.lifetime_s), self.lifecycle)
+            assert self._lifecycles is not None, "orders are sent by run()"
+            self._lifecycles.start_soon(self._lifecycle, r, t.lifetime_s)
         else:
             assert isinstance(r, Unfilled)
             m.unfilled[r.reason] += 1
@@ -274,16 +276,10 @@ class Generator:
         try:
             if self.p.start_machines:
                 await self.direct.machine("start", r.machine_id)
-            await asyncio.sleep(lifetime_s)
+            await anyio.sleep(lifetime_s)
             await self.direct.machine("destroy", r.machine_id)
         except ClientError as exc:
             self.m.errors[f"lifecycle:{exc.code}"] += 1
-
-    async def cancel_lifecycles(self) -> None:
-        for task in list(self.lifecycle):
-            task.cancel()
-        if self.lifecycle:
-            await asyncio.wait(self.lifecycle)
 
 
 async def check_invariants(
@@ -368,4 +364,4 @@ async def nats_ceiling(
         return ceiling
     finally:
         await shutdown(nc)
-        await echo.stop()
+        await stop_all([echo])

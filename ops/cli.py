@@ -11,15 +11,15 @@ resumes (machines that were running start again).
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated
 
+import anyio
 import typer
 from rich.table import Table
 
@@ -28,8 +28,8 @@ from bourse.nats.connection import connect, split_urls
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.runtime import logs
 from bourse.runtime.cli import NatsOpt, PrefixOpt, cli_main, fail
-from bourse.runtime.launcher import Program, start_program
-from bourse.runtime.supervise import run, run_fast
+from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.runtime.supervise import run
 from bourse.wire.messages import Placed
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from loadtest import report as loadtest_report
@@ -69,7 +69,7 @@ def demo(
     keep = data_dir is not None
     root = data_dir or Path(tempfile.mkdtemp(prefix="bourse-demo-"))
     try:
-        asyncio.run(_demo(split_urls(nats), Subjects(prefix), root, burst, json, keep))
+        run(lambda: _demo(split_urls(nats), Subjects(prefix), root, burst, json, keep))
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -178,7 +178,7 @@ def loadtest(
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
     if soak is not None:
-        rep = asyncio.run(run_soak(profile, target, soak, fault_every_s, console, nats_nodes))
+        rep = run(lambda: run_soak(profile, target, soak, fault_every_s, console, nats_nodes))
         if json:
             typer.echo(render.as_json(rep))
         else:
@@ -187,8 +187,8 @@ def loadtest(
         if rep["audit"]["violations"]:
             raise typer.Exit(1)
         return
-    rep = run_fast(  # the generator is a load source: give it the fast loop too
-        run_loadtest(
+    rep = run(  # uvloop when installed: the generator is a load source
+        lambda: run_loadtest(
             profile,
             target,
             split_urls(nats),
@@ -241,14 +241,9 @@ async def _start_market(
             )
         )
     except BaseException:
-        await _stop_all(programs)
+        await stop_all(programs)
         raise
     return programs
-
-
-async def _stop_all(programs: list[Program]) -> None:
-    for p in reversed(programs):  # the exchange first, then the suppliers
-        await p.stop()
 
 
 async def _demo(
@@ -296,7 +291,7 @@ async def _demo(
             if keep:
                 say(f"\nlogs and state kept in {root}")
     finally:
-        await _stop_all(programs)
+        await stop_all(programs)
         if server is not None:
             server.stop()
 
@@ -315,15 +310,13 @@ def up(
     """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
     logs.configure("warning")
     try:
-        code = run(lambda stop: _up(split_urls(nats), Subjects(prefix), data_dir, port, stop))
+        run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port))
     except (NatsServerError, RuntimeError) as exc:
         fail(str(exc))
-    raise typer.Exit(code)
 
 
-async def _up(
-    urls: list[str], subjects: Subjects, root: Path, port: int, stop: asyncio.Event
-) -> int:
+async def _up(urls: list[str], subjects: Subjects, root: Path, port: int) -> None:
+    """The market until cancelled (SIGINT/SIGTERM); its programs stop on the way out."""
     say = render.console.print
     server = None
     if not urls:
@@ -345,35 +338,26 @@ async def _up(
             f"  bourse demo --nats {urls[0]}{px}\n"
             "Ctrl-C stops everything; machines that were running start again on the next up."
         )
-        await _watch_programs(programs, stop, say)
-        say("stopping...")
-        return 0
+        await _watch_programs(programs, say)
     finally:
-        await _stop_all(programs)
+        say("stopping...")
+        await stop_all(programs)
         if server is not None:
             server.stop()
 
 
-async def _watch_programs(
-    programs: list[Program], stop: asyncio.Event, say: Callable[[str], None]
-) -> None:
-    """Until ``stop``: a program that exits is reported, and the rest keep serving (workers
-    come and go on a market; that is what failover is for)."""
-    waits = {asyncio.ensure_future(p.proc.wait()): p for p in programs}
-    stopping = asyncio.ensure_future(stop.wait())
-    try:
-        while waits:
-            done, _ = await asyncio.wait([stopping, *waits], return_when=asyncio.FIRST_COMPLETED)
-            if stopping in done:
-                return
-            for fut in done:
-                p = waits.pop(fut)
-                say(f"[red]{p.name} exited with code {p.proc.returncode}[/]; see {p.log_path}")
-        say("every program has exited")
-    finally:
-        stopping.cancel()
-        for fut in waits:
-            fut.cancel()
+async def _watch_programs(programs: list[Program], say: Callable[[str], None]) -> None:
+    """Until every program has exited: one that exits is reported, and the rest keep
+    serving (workers come and go on a market; that is what failover is for)."""
+
+    async def watch(p: Program) -> None:
+        await p.proc.wait()
+        say(f"[red]{p.name} exited with code {p.proc.returncode}[/]; see {p.log_path}")
+
+    async with anyio.create_task_group() as tasks:
+        for p in programs:
+            tasks.start_soon(watch, p)
+    say("every program has exited")
 
 
 def _port_busy(port: int) -> bool:
@@ -381,7 +365,7 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _outcome_table(outcomes: list[tuple[str, object]]) -> Table:
+def _outcome_table(outcomes: Sequence[tuple[str, object]]) -> Table:
     t = Table(title="orders")
     for col in ("scenario", "outcome", "worker / reason", "score", "cached", "ms"):
         t.add_column(col)

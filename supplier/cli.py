@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
+import anyio
 import msgspec
 import typer
+from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import AuthError, signing_seed
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
+    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -21,11 +23,8 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
-    check_tls,
     cli_main,
-    creds_file,
     fail,
-    nats_urls,
     parse_labels,
 )
 from bourse.runtime.supervise import run, settle_heap
@@ -115,10 +114,8 @@ def run_cmd(
 ) -> None:
     """Serve bids, commits and machine requests until SIGINT/SIGTERM."""
     logs.configure(log_level, log_json)
-    urls = nats_urls(nats)
-    creds = creds_file(creds)
-    tls = check_tls(tls_ca, tls_cert, tls_key)
-    signer = _offer_signer(creds)
+    conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
+    signer = _offer_signer(conn.creds)
     try:
         if fleet is not None:
             if worker_id or region:
@@ -151,33 +148,51 @@ def run_cmd(
     except (ConfigError, StoreError, ValueError) as exc:
         fail(str(exc))
 
-    async def main(stop: asyncio.Event) -> None:
-        nc = await connect(urls, name=f"bourse-supplier:{workers[0].worker_id}", creds=creds, **tls)
-        host = SupplierHost(
-            nc,
-            workers,
-            store,
-            subjects,
-            max_offers=max_offers,
-            bid_shards=bid_shards,
-            max_bid_backlog=max_bid_backlog,
-            signer=signer,
-            quote_sample=quote_sample,
-        )
-        try:
-            await host.start()
-        except WorkerIdInUse as exc:
-            await nc.drain()
-            store.close()
-            fail(str(exc))
-        settle_heap()
-        typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
-        await stop.wait()
-        await host.stop()
-        await shutdown(nc)
-        store.close()
+    assert data_dir is not None  # both branches above set it (fail() does not return)
+    state_dir = data_dir
 
+    async def main() -> None:
+        try:
+            name = f"bourse-supplier:{workers[0].worker_id}"
+            nc = await conn.connect(name)
+            try:
+                await _serve(nc, workers, store, subjects, state_dir, options)
+            finally:
+                await shutdown(nc)
+        finally:
+            store.close()  # flushed and closed whatever stopped the supplier
+
+    options = {
+        "max_offers": max_offers,
+        "bid_shards": bid_shards,
+        "max_bid_backlog": max_bid_backlog,
+        "signer": signer,
+        "quote_sample": quote_sample,
+    }
     run(main)
+
+
+async def _serve(
+    nc: NATS,
+    workers: list[WorkerConfig],
+    store: Store,
+    subjects: Subjects,
+    data_dir: Path,
+    options: dict[str, Any],
+) -> None:
+    """The host in a task group until cancelled (SIGINT/SIGTERM)."""
+    host = SupplierHost(nc, workers, store, subjects, **options)
+    taken: WorkerIdInUse | None = None
+    async with anyio.create_task_group() as tasks:
+        try:
+            await tasks.start(host.run)
+        except WorkerIdInUse as exc:
+            taken = exc
+        else:
+            settle_heap()
+            typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
+    if taken is not None:
+        fail(str(taken))
 
 
 def _offer_signer(creds: str | None) -> OfferSigner | None:

@@ -18,6 +18,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable
 
+import anyio
+import anyio.abc
 import msgspec
 import nats.errors
 import structlog
@@ -27,6 +29,7 @@ from nats.aio.subscription import Subscription
 
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import (
@@ -64,6 +67,11 @@ CLAIM_CHECK_S = 0.5
 TOMBSTONE_TTL_S = 5.0
 # While the store refuses writes, probe it this often; a success lifts the drain.
 STORE_PROBE_INTERVAL_S = 1.0
+# A stop's bounds: the answers under way (a commit's fsync), the outbox's last messages, and
+# the whole stop (machines stopped too), so SIGTERM ends the process within 2 s.
+HANDLERS_S = 0.5
+OUTBOX_S = 0.3
+STOP_S = 1.5
 
 
 class WorkerIdInUse(RuntimeError):
@@ -96,7 +104,6 @@ class SupplierHost:
         self.nc = nc
         self.subjects = subjects or Subjects()
         self.store = store
-        self.responder = Responder(nc, "supplier")
         self.workers: dict[str, Worker] = {}
         self.by_region: dict[str, list[Worker]] = {}
         for cfg in workers:
@@ -119,10 +126,10 @@ class SupplierHost:
         self.asked: OrderedDict[tuple[str, str], tuple[float, list[Worker]]] = OrderedDict()
         self._subs: list[Subscription] = []
         self.outbox = Outbox(nc)  # events and delayed bid replies, in order, no task each
-        self._sweeper: asyncio.Task[None] | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the sweeper, probe, handlers
         self.store_failing = False  # the store refused a write: every worker here drains
         self._next_probe = 0.0
-        self._probing: asyncio.Task[None] | None = None
+        self._probing = False
 
     # -- bid groups -----------------------------------------------------------------------------
     def _bid_groups(self) -> dict[str, BidGroup[Worker]]:
@@ -156,9 +163,29 @@ class SupplierHost:
         return changed
 
     # -- life ---------------------------------------------------------------------------------
-    async def start(self) -> None:
-        self.outbox.start()
-        await self._check_unclaimed()
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Serve until cancelled: check no other process serves these workers, recover
+        them from the store, subscribe, say ``started``, serve; then, shielded and bounded:
+        unsubscribe, let the answers under way finish, stop the machines, send what the
+        outbox holds. The outbox pump, the sweeper, the store probe and the handlers run in
+        this task group. Raises WorkerIdInUse before ``started`` if a worker is taken."""
+        await self._check_unclaimed()  # before any task: a taken id is one plain error
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            self.responder = Responder(self.nc, "supplier", tasks)
+            await tasks.start(self.outbox.run)
+            try:
+                await self._start(tasks)
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                with cleanup_scope(STOP_S):
+                    await self._stop()
+                tasks.cancel_scope.cancel()  # the sweeper and the probe: nothing left to do
+
+    async def _start(self, tasks: anyio.abc.TaskGroup) -> None:
         for w in self.workers.values():
             w.recover()
             for order_id in w.by_order:
@@ -177,7 +204,7 @@ class SupplierHost:
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
-        self._sweeper = asyncio.create_task(self._sweep())
+        tasks.start_soon(self._sweep)
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
@@ -207,20 +234,15 @@ class SupplierHost:
                 f"worker id(s) {', '.join(taken[:5])} already served by another supplier process"
             )
 
-    async def stop(self) -> None:
+    async def _stop(self) -> None:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
-        for task in (self._sweeper, self._probing):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
-        await self.responder.wait(10)
+        await self.responder.finish(HANDLERS_S)
         for w in self.workers.values():
             await w.keeper.close()
-        await self.outbox.close()
+        await self.outbox.close(OUTBOX_S)
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _emit(self, event: Event) -> None:
@@ -359,7 +381,7 @@ class SupplierHost:
     async def _sweep(self) -> None:
         """Expire holds (publishing hold_expired) and forget old tombstones."""
         while True:
-            await asyncio.sleep(SWEEP_INTERVAL_S)
+            await anyio.sleep(SWEEP_INTERVAL_S)
             now = time.monotonic()
             for w in self.workers.values():
                 if w.ledger.holds:
@@ -401,8 +423,10 @@ class SupplierHost:
             )
             for w in self.workers.values():
                 w.store_failed(self.store.failure)
-        if self.store_failing and now >= self._next_probe and self._probing is None:
-            self._probing = asyncio.get_running_loop().create_task(self._probe_store())
+        if self.store_failing and now >= self._next_probe and not self._probing:
+            assert self._tasks is not None, "the sweeper runs in run()'s task group"
+            self._probing = True
+            self._tasks.start_soon(self._probe_store)
 
     async def _probe_store(self) -> None:
         try:
@@ -414,7 +438,7 @@ class SupplierHost:
                 log.info("store_still_failing", reason=self.store.failure)
         finally:
             self._next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
-            self._probing = None
+            self._probing = False
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host; returns the violations found."""

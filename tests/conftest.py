@@ -31,8 +31,5 @@ def subjects() -> Subjects:
 async def market(
     nats_server: EmbeddedNats, subjects: Subjects, tmp_path: Path
 ) -> AsyncIterator[Market]:
-    m = Market(nats_server.url, subjects, tmp_path)
-    try:
+    async with Market(nats_server.url, subjects, tmp_path) as m:
         yield m
-    finally:
-        await m.close()

@@ -1,15 +1,22 @@
 """A test market on a real nats-server: suppliers (in-process hosts on their own NATS
-connections and SQLite files), exchange instances and buyers. Everything built is closed
-by ``close()``."""
+connections and SQLite files), exchange instances and buyers.
+
+A Market is an async context manager. Its services run exactly as in production: each
+one's ``run()`` is a task of ONE task group the market owns, and leaving the ``async with``
+cancels that group (every service cleans up as on SIGTERM), then closes what was built.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Protocol, Self
 
+import anyio
+import anyio.abc
 import msgspec
 from nats.aio.client import Client as NATS
 
@@ -57,6 +64,12 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> N
         await asyncio.sleep(0.005)
 
 
+class Service(Protocol):
+    """What the market runs: ExchangeService and SupplierHost."""
+
+    def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> Awaitable[None]: ...
+
+
 class Market:
     def __init__(self, url: str, subjects: Subjects, tmp_path: Path) -> None:
         self.url = url
@@ -67,6 +80,44 @@ class Market:
         self.stores: list[Store] = []
         self.exchanges: list[ExchangeService] = []
         self.clients: list[BourseClient] = []
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._owner: asyncio.Task[None] | None = None
+        self._running: dict[int, tuple[anyio.CancelScope, anyio.Event]] = {}
+
+    async def __aenter__(self) -> Self:
+        # One task owns the task group for the market's whole life: pytest-asyncio may run
+        # a fixture's set-up and tear-down in different tasks, and a cancel scope must be
+        # left in the task that entered it. The owner is awaited in __aexit__.
+        ready = anyio.Event()
+        self._owner = asyncio.get_running_loop().create_task(self._own(ready))
+        await ready.wait()
+        return self
+
+    async def _own(self, ready: anyio.Event) -> None:
+        async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
+            ready.set()
+            await anyio.sleep_forever()
+
+    async def serve(self, service: Service) -> None:
+        """Run ``service.run()`` in the market's task group; returns once it is serving."""
+        assert self._tasks is not None, "use the Market as `async with Market(...)`"
+        await self._tasks.start(self._serve, service)
+
+    async def _serve(self, service: Service, *, task_status: anyio.abc.TaskStatus[None]) -> None:
+        with anyio.CancelScope() as scope:
+            done = anyio.Event()
+            self._running[id(service)] = (scope, done)
+            try:
+                await service.run(task_status=task_status)
+            finally:
+                done.set()
+
+    async def stop(self, service: Service) -> None:
+        """Stop one service as SIGTERM would (its run() is cancelled and cleans up)."""
+        scope, done = self._running[id(service)]
+        scope.cancel()
+        await done.wait()
 
     async def connect(self, name: str = "test", **kw: Any) -> NATS:
         nc = await connect(self.url, name=name, service=False, **kw)
@@ -82,7 +133,7 @@ class Market:
         host = SupplierHost(
             await self.connect("supplier"), list(workers), store, self.subjects, **options
         )
-        await host.start()
+        await self.serve(host)
         self.hosts.append(host)
         return host
 
@@ -90,7 +141,7 @@ class Market:
         svc = ExchangeService(
             await self.connect("exchange"), self.subjects, auction=AuctionConfig(**auction)
         )
-        await svc.start()
+        await self.serve(svc)
         self.exchanges.append(svc)
         return svc
 
@@ -107,18 +158,27 @@ class Market:
     def violations(self) -> list[str]:
         return [v for h in self.hosts for v in h.check_invariants()]
 
-    async def close(self) -> None:
-        for c in self.clients:
-            await c.close()
-        for svc in self.exchanges:
-            await svc.stop()
-        for h in self.hosts:
-            await h.stop()
-        for nc in self.conns:
-            # close, not drain: a test's sync subscription may hold unread messages, and
-            # drain would wait its 30 s timeout for them (graceful drain is tested on the
-            # real processes in test_processes.py).
-            if not nc.is_closed:
-                await nc.close()
-        for s in self.stores:
-            s.close()
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        """Close the clients, stop every service (all at once, each as on SIGTERM), then
+        close the connections and stores. A service that failed raises here."""
+        try:
+            for c in self.clients:
+                await c.close()
+            if self._tasks is not None:
+                self._tasks.cancel_scope.cancel()
+            if self._owner is not None:
+                await self._owner
+        finally:
+            for nc in self.conns:
+                # close, not drain: a test's sync subscription may hold unread messages, and
+                # drain would wait its 30 s timeout for them (graceful drain is tested on
+                # the real processes in test_processes.py and test_signals.py).
+                if not nc.is_closed:
+                    await nc.close()
+            for s in self.stores:
+                s.close()

@@ -8,13 +8,12 @@ connection events are logged with structlog.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import nats
 import nats.errors
 import structlog
@@ -44,7 +43,11 @@ class ConnectionStats:
 # Every connection made by this process, by client name (a daemon has one; tests many).
 STATS: dict[str, ConnectionStats] = {}
 
+# Closing a client that never connected, or is reconnecting, is bounded by this: after a
+# failed TLS handshake nats-py's close() waits for a stream that is never told it closed.
 CLOSE_AFTER_FAILURE_S = 1.0
+# A drain on the way out (finish queued messages, flush) gets at most this long.
+DRAIN_S = 1.0
 
 
 def split_urls(urls: list[str] | str | None) -> list[str]:
@@ -68,6 +71,10 @@ async def connect(
     **options: Any,
 ) -> NATS:
     """Connect to NATS. ``service=True``: reconnect forever (daemons); False: fail fast (CLI).
+
+    Cancellable in every state: a service that never reaches a server keeps retrying until
+    its scope is cancelled (SIGTERM), and then closes the half-made client within
+    ``CLOSE_AFTER_FAILURE_S``.
 
     TLS: ``tls_ca`` (the CA that signed the server's certificate), ``tls_cert``/``tls_key``
     (a client certificate, for mutual TLS); each falls back to $BOURSE_NATS_TLS_CA,
@@ -132,13 +139,18 @@ async def connect(
     try:
         await nc.connect(**opts)
     except BaseException:
-        # A refused connection (bad credentials, an untrusted certificate) leaves no socket
-        # open. Bounded: after a failed TLS handshake nats-py's close() waits for a stream
-        # that is never told it closed.
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(nc.close(), CLOSE_AFTER_FAILURE_S)
+        # A refused connection (bad credentials, an untrusted certificate) or a cancelled
+        # one (the program is stopping) leaves no socket open.
+        await close_bounded(nc)
         raise
     return nc
+
+
+async def close_bounded(nc: NATS, timeout_s: float = CLOSE_AFTER_FAILURE_S) -> None:
+    """Close ``nc`` even while the caller is being cancelled (shielded), giving up after
+    ``timeout_s``: a client that never connected, or is reconnecting, must not hold a stop."""
+    with anyio.move_on_after(timeout_s, shield=True):
+        await nc.close()
 
 
 async def flush_all(nc: NATS, timeout_s: int = 10) -> None:
@@ -154,12 +166,14 @@ async def flush_all(nc: NATS, timeout_s: int = 10) -> None:
     await nc.flush(timeout_s)
 
 
-async def shutdown(nc: NATS) -> None:
-    """Drain if connected (finish what is queued); close at once if not (drain would wait
-    for its timeout on a connection that cannot flush)."""
+async def shutdown(nc: NATS, drain_s: float = DRAIN_S) -> None:
+    """Drain if connected (finish what is queued, for at most ``drain_s``); close at once
+    if not (drain would wait for its timeout on a connection that cannot flush). Shielded
+    and bounded: safe in a ``finally`` of a program that is being cancelled."""
     if nc.is_closed:
         return
     if nc.is_connected:
-        await nc.drain()
-    else:
-        await nc.close()
+        with anyio.move_on_after(drain_s, shield=True):
+            await nc.drain()
+    if not nc.is_closed:
+        await close_bounded(nc)

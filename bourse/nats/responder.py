@@ -4,15 +4,21 @@ Every NATS handler of the supplier and the exchange goes through ``Responder``: 
 becomes an ``Error{code: bad_request}`` that names the problem, an unexpected exception an
 ``Error{code: internal}`` (logged with its traceback), and nothing ever escapes into
 nats-py's callback machinery, so a process keeps serving whatever it is sent (I6).
+
+Work that must not hold up its subscription runs in a task of the task group the service
+owns (``Responder(nc, component, tasks)``): nothing runs unowned, and the service's stop
+waits for (or, past its bound, cancels) what is under way.
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import anyio
+import anyio.abc
 import msgspec
 import structlog
 from nats.aio.client import Client as NATS
@@ -27,11 +33,21 @@ Handler = Callable[[Msg], Awaitable[None]]
 
 
 class Responder:
-    def __init__(self, nc: NATS, component: str) -> None:
+    """Replies for one service; ``tasks`` is the task group its spawned handlers run in.
+
+    A spawned handler is shielded from its service's cancellation: a stop lets the answers
+    under way go out, for at most the bound given to :meth:`finish` (their orders' deadlines
+    usually end them sooner)."""
+
+    def __init__(self, nc: NATS, component: str, tasks: anyio.abc.TaskGroup) -> None:
         self.nc = nc
         self.counts: Counter[str] = Counter()
         self.log = log.bind(component=component)
-        self.tasks: set[asyncio.Task[None]] = set()
+        self.tasks = tasks
+        self._inflight: set[anyio.CancelScope] = set()
+        self._idle = anyio.Event()
+        self._idle.set()
+        self._deadline = math.inf  # set by finish(): when the handlers still running end
 
     async def reply(self, msg: Msg, message: msgspec.Struct) -> None:
         if msg.reply:
@@ -53,16 +69,36 @@ class Responder:
         return guarded
 
     def spawn(self, msg: Msg, work: Awaitable[None]) -> None:
-        """Answer ``msg`` from a task (work that must not hold up its subscription). The task
-        is tracked (``wait`` finishes them), and whatever it raises becomes an Error reply,
-        so a requester never waits for an answer that cannot come."""
-        task = asyncio.get_running_loop().create_task(self._answering(msg, work))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        """Answer ``msg`` from a task of the owner's task group (work that must not hold up
+        its subscription); whatever it raises becomes an Error reply, so a requester never
+        waits for an answer that cannot come."""
+        scope = anyio.CancelScope(shield=True, deadline=self._deadline)
+        self._inflight.add(scope)
+        if self._idle.is_set():
+            self._idle = anyio.Event()
+        self.tasks.start_soon(self._answering_within, scope, msg, work)
 
-    async def wait(self, timeout_s: float) -> None:
-        if self.tasks:
-            await asyncio.wait(self.tasks, timeout=timeout_s)
+    async def finish(self, timeout_s: float) -> None:
+        """Let the handlers under way finish; those still running after ``timeout_s`` are
+        cancelled. Call once nothing new can arrive (the subscriptions are gone)."""
+        self._deadline = anyio.current_time() + timeout_s
+        for scope in self._inflight:
+            scope.deadline = min(scope.deadline, self._deadline)
+        with anyio.move_on_after(timeout_s + 0.1):  # their scopes end them; this is a backstop
+            await self._idle.wait()
+        if self._inflight:
+            self.log.warning("handlers_cut_short", count=len(self._inflight))
+
+    async def _answering_within(
+        self, scope: anyio.CancelScope, msg: Msg, work: Awaitable[None]
+    ) -> None:
+        try:
+            with scope:
+                await self._answering(msg, work)
+        finally:
+            self._inflight.discard(scope)
+            if not self._inflight:
+                self._idle.set()
 
     async def _answering(self, msg: Msg, work: Awaitable[None]) -> None:
         try:

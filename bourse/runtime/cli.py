@@ -1,16 +1,19 @@
-"""What every long-running program does the same way: options shared by the CLIs, the
-event loop (uvloop when installed), and a clean stop on SIGINT/SIGTERM."""
+"""What every CLI does the same way: ONE definition of each common option (--nats, --creds,
+--tls-*, --prefix, --json, logging), the Connection they make, and the exit-code contract.
+How a program runs (the event loop, signals) is bourse/runtime/supervise.py."""
 
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import msgspec
 import typer
+from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import AuthError, read_credentials
-from bourse.nats.connection import ENV_CREDS, ENV_URL, split_urls
+from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
 from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsError, client_context
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Labels
@@ -60,8 +63,46 @@ TlsKeyOpt = Annotated[
     typer.Option("--tls-key", envvar=ENV_KEY, help="Mutual TLS: the client certificate's key."),
 ]
 PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help="Subject prefix.")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
 LogJsonOpt = Annotated[bool, typer.Option("--log-json", help="Log JSON lines instead of k=v.")]
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How a command reaches NATS: the common options (--nats, --creds, --tls-*), checked
+    once (one clear error each) and passed down; no module-global connection state."""
+
+    urls: list[str]
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    @classmethod
+    def from_options(
+        cls,
+        nats: list[str] | None,
+        creds: str | None = None,
+        tls_ca: str | None = None,
+        tls_cert: str | None = None,
+        tls_key: str | None = None,
+    ) -> Connection:
+        urls = nats_urls(nats)
+        tls = check_tls(tls_ca, tls_cert, tls_key)
+        return cls(urls, creds_file(creds), tls["tls_ca"], tls["tls_cert"], tls["tls_key"])
+
+    async def connect(self, name: str, *, service: bool = True) -> NATS:
+        """bourse.nats.connection.connect with these options."""
+        return await connect(
+            self.urls,
+            name=name,
+            creds=self.creds,
+            service=service,
+            tls_ca=self.tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+        )
 
 
 def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, str]:
@@ -84,7 +125,7 @@ def cli_main(app: typer.Typer) -> None:
     try:
         code = app(standalone_mode=False)
     except _USAGE_ERRORS as exc:
-        message = exc.format_message()
+        message = exc.format_message()  # type: ignore[attr-defined]  # click/typer usage errors have it
         if not message:  # no arguments: the help was shown, which is what was asked for
             sys.exit(0)
         typer.echo(f"error: {message}", err=True)

@@ -8,9 +8,15 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
+import anyio
+
 READY_TIMEOUT_S = 30.0
+# On the way out, children get this long to stop by themselves (each bounds its own stop
+# under it), then SIGKILL: the parent itself must be gone within 2 s of its SIGTERM.
+STOP_CHILDREN_S = 1.6
 
 
 class Program:
@@ -36,6 +42,22 @@ class Program:
         except TimeoutError:
             self.proc.kill()
             return await self.proc.wait()
+
+
+async def stop_all(programs: Sequence[Program], timeout_s: float = STOP_CHILDREN_S) -> None:
+    """SIGTERM every program at once, SIGKILL whichever still runs after ``timeout_s``, and
+    reap them all. Shielded: safe in a ``finally`` of a program that is being cancelled."""
+    with anyio.CancelScope(shield=True):
+        running = [p for p in programs if p.proc.returncode is None]
+        for p in running:
+            p.proc.terminate()
+        with anyio.move_on_after(timeout_s):
+            for p in running:
+                await p.proc.wait()
+        for p in running:
+            if p.proc.returncode is None:
+                p.proc.kill()
+                await p.proc.wait()
 
 
 async def start_program(

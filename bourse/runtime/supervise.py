@@ -1,30 +1,110 @@
-"""How every long-running program runs: the event loop (uvloop when installed), a clean
-stop on SIGINT/SIGTERM, and a settled heap once started."""
+"""How every long-running program runs: one anyio task group at the top (asyncio backend,
+uvloop when installed), a signal receiver in it that cancels everything on SIGINT/SIGTERM,
+cleanup in shielded, time-bounded scopes, and a settled heap once started.
+
+A program's ``main()`` serves until it is cancelled (or returns when its job is done); what
+it holds is released in ``finally`` blocks under :func:`cleanup_scope`, so the program stops
+whatever state it is in: connected, reconnecting, or never connected at all.
+"""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import gc
+import importlib.util
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+import anyio.abc
+import structlog
 
 T = TypeVar("T")
 
+log = structlog.get_logger("bourse.runtime")
 
-def run(main: Callable[[asyncio.Event], Awaitable[T]]) -> T:
-    """Run ``main(stop_event)`` on uvloop if available; SIGINT/SIGTERM set the stop event."""
+# Exit statuses after a signal: SIGTERM is how a service manager asks for a stop (success);
+# SIGINT is Ctrl-C, 130 by the shell's convention (128 + 2), as cli_main's Abort.
+EXIT_STATUS = {signal.SIGTERM: 0, signal.SIGINT: 130}
+# How long one program's cleanup may take before it is cut short (each step bounds itself
+# more tightly; this is the outer bound the signal tests hold a program to).
+CLEANUP_S = 1.5
 
-    async def wrapper() -> T:
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError):
-                loop.add_signal_handler(sig, stop.set)
-        return await main(stop)
 
-    return run_fast(wrapper())
+class Stopped(SystemExit):
+    """Raised by :func:`run` once ``main`` was cancelled by a signal and cleaned up: the
+    process exits with the signal's conventional status (0 for SIGTERM, 130 for SIGINT)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(EXIT_STATUS.get(signal.Signals(signum), 128 + signum))
+        self.signum = signum
+
+
+@dataclass
+class _Outcome(Generic[T]):
+    signum: int | None = None
+    result: T | None = None
+
+
+def run(main: Callable[[], Awaitable[T]]) -> T:
+    """Run ``main()`` under anyio until it returns or a SIGINT/SIGTERM cancels it.
+
+    Returns what ``main`` returned; after a signal raises :class:`Stopped` (a SystemExit
+    carrying the exit status), once every ``finally`` of ``main`` has run."""
+    outcome: _Outcome[T] = _Outcome()
+    anyio.run(supervised, main, outcome, backend="asyncio", backend_options=_backend_options())
+    if outcome.signum is not None:
+        raise Stopped(outcome.signum)
+    return outcome.result  # type: ignore[return-value]  # set: main returned, no signal
+
+
+async def supervised(main: Callable[[], Awaitable[T]], outcome: _Outcome[T]) -> None:
+    """``main()`` in a task group beside a signal receiver that cancels the group; what
+    ended it goes to ``outcome``. An error of ``main`` is raised as itself (a task group
+    would wrap it in an ExceptionGroup), so a CLI's ``typer.Exit`` or a clear error
+    reaches ``cli_main`` unchanged."""
+    error: BaseException | None = None
+    async with anyio.create_task_group() as tg:
+        await tg.start(_cancel_on_signal, tg.cancel_scope, outcome)
+        try:
+            outcome.result = await main()
+        except anyio.get_cancelled_exc_class():
+            raise
+        except BaseException as exc:
+            error = exc
+        tg.cancel_scope.cancel()  # the job is done: stop listening for signals
+    if error is not None:
+        raise unwrap(error)
+
+
+def unwrap(exc: BaseException) -> BaseException:
+    """The one error inside (nested) single-error exception groups, else ``exc``."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc
+
+
+async def _cancel_on_signal(
+    scope: anyio.CancelScope,
+    outcome: _Outcome[Any],
+    *,
+    task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
+        async for signum in signals:
+            log.info("stopping", signal=signal.Signals(signum).name)
+            outcome.signum = signum
+            scope.cancel()
+            return
+
+
+def cleanup_scope(timeout_s: float = CLEANUP_S) -> anyio.CancelScope:
+    """The scope a ``finally`` block cleans up in: shielded from the cancellation that is
+    stopping the program (so its awaits run), and cut short after ``timeout_s`` (so a
+    server that does not answer cannot hold the stop up)."""
+    return anyio.move_on_after(timeout_s, shield=True)
 
 
 def settle_heap() -> None:
@@ -36,10 +116,6 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-def run_fast(coro: Coroutine[Any, Any, T]) -> T:
-    """``asyncio.run`` on uvloop when it is installed (pip install bourse[fast])."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(coro)
-    return uvloop.run(coro)
+def _backend_options() -> dict[str, Any]:
+    """uvloop when it is installed (pip install bourse[fast])."""
+    return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}

@@ -35,7 +35,7 @@ async def test_a_full_exchange_refuses_after_a_share_of_the_deadline(market: Mar
     svc = ExchangeService(
         await market.connect("ex"), market.subjects, max_inflight=1, target_auction_ms=0
     )
-    await svc.start()
+    await market.serve(svc)
     market.exchanges.append(svc)
     await _one_slot_busy(await market.client(), svc.admission)
     assert svc.responder.counts["shed"] == 1

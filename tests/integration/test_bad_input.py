@@ -236,7 +236,7 @@ async def test_exchange_region_allowlist_names_the_unknown_region(market: Market
 
     await market.host(worker("mad-1"))
     svc = ExchangeService(await market.connect("ex"), market.subjects, regions={"mad"})
-    await svc.start()
+    await market.serve(svc)
     market.exchanges.append(svc)
     buyer = await market.client()
     reply = await buyer.nc.request(market.subjects.order("xyz"), _order(region="xyz"), timeout=5)
@@ -265,7 +265,7 @@ async def test_an_overloaded_exchange_refuses_at_once_and_recovers(market: Marke
 
     await market.host(worker("mad-1", cpus=64, memory_mb=65536))
     svc = ExchangeService(await market.connect("ex"), market.subjects, max_order_backlog=2)
-    await svc.start()
+    await market.serve(svc)
     market.exchanges.append(svc)
     buyer = await market.client()
     results = await asyncio.gather(

@@ -209,7 +209,7 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     assert code == 1 and "still answers" in err
 
     assert primary["worker_id"] == "g1" and slots["spare-0"]["worker_id"] in ("k1", "k2")
-    await gone.stop()  # the primary's worker goes away
+    await market.stop(gone)  # the primary's worker goes away
     await gone.nc.close()
     code, out, err = await buyer(market, *ff, "--json")
     assert code == 0, err

@@ -3,6 +3,7 @@ that fails is counted without stopping the rest."""
 
 from __future__ import annotations
 
+import anyio
 from nats.aio.msg import Msg
 
 from supplier.outbox import Outbox
@@ -20,10 +21,11 @@ async def test_messages_go_out_in_order_and_close_sends_what_is_queued(market: M
     await sub_nc.subscribe(subject, cb=collect)
     await sub_nc.flush()
     box = Outbox(await market.connect("pub"))
-    box.start()
-    for i in range(200):
-        box.post(subject, str(i).encode())
-    await box.close()  # returns once all 200 are handed to the connection
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(box.run)
+        for i in range(200):
+            box.post(subject, str(i).encode())
+        await box.close()  # returns once all 200 are handed to the connection
     assert len(box) == 0
     await box.nc.flush()
     await wait_until(lambda: len(got) == 200)
@@ -33,9 +35,10 @@ async def test_messages_go_out_in_order_and_close_sends_what_is_queued(market: M
 async def test_a_failing_publish_is_counted_and_the_pump_goes_on(market: Market) -> None:
     nc = await market.connect("pub")
     box = Outbox(nc)
-    box.start()
-    await nc.close()  # every publish now raises
-    box.post("x.y", b"1")
-    box.post("x.y", b"2")
-    await wait_until(lambda: box.failed == 2)
-    await box.close()
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(box.run)
+        await nc.close()  # every publish now raises
+        box.post("x.y", b"1")
+        box.post("x.y", b"2")
+        await wait_until(lambda: box.failed == 2)
+        await box.close()

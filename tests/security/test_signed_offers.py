@@ -9,6 +9,7 @@ import json
 import re
 from pathlib import Path
 
+import anyio
 import msgspec
 import pytest
 from nats.aio.client import Client as NATS
@@ -172,14 +173,15 @@ async def test_a_rogue_responder_cannot_answer_for_another_worker(
         store = Store(tmp_path / "mad-1" / "supplier.db")
         signer = OfferSigner(secured.files.seed_file("supplier:mad-1").read_text())
         host = SupplierHost(sup_nc, [worker("mad-1")], store, s, signer=signer)
-        await host.start()
         try:
-            won = await trusting.run(order(region="mad", order_id="o-2", deadline_ms=3000))
-            assert isinstance(won, Placed) and won.worker_id == "mad-1", won
-            assert won.machine_id != "mad-1~FAKE" and not won.existing
-            assert won.machine_id in host.workers["mad-1"].machines  # a real machine
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(host.run)
+                won = await trusting.run(order(region="mad", order_id="o-2", deadline_ms=3000))
+                assert isinstance(won, Placed) and won.worker_id == "mad-1", won
+                assert won.machine_id != "mad-1~FAKE" and not won.existing
+                assert won.machine_id in host.workers["mad-1"].machines  # a real machine
+                tasks.cancel_scope.cancel()  # the host stops as on SIGTERM
         finally:
-            await host.stop()
             store.close()
         await wait_until(lambda: rogue.sent == 9)  # three bids, three forgeries each
         assert sup_v.none_yet() and ex_v.none_yet() and rogue_v.none_yet()

@@ -90,3 +90,25 @@ def test_settle_heap_puts_what_exists_out_of_the_collectors_reach() -> None:
         assert gc.get_freeze_count() >= len(keep)
     finally:
         gc.unfreeze()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        [*PLACE, "--tls-ca", "/nonexistent/ca.pem"],  # after the command
+        ["--tls-ca", "/nonexistent/ca.pem", *PLACE],  # before it (docs/security.md)
+        ["machines", "list", "--worker", "w1", "--tls-ca", "/nonexistent/ca.pem"],
+    ],
+)
+def test_buyer_takes_tls_options_before_or_after_the_command(args: list[str]) -> None:
+    result = runner.invoke(buyer, [*args, *NO_NATS])
+    assert result.exit_code == 1
+    assert "/nonexistent/ca.pem" in result.output  # checked before any connection
+
+
+def test_direct_says_what_it_means_on_each_command() -> None:
+    machines = runner.invoke(buyer, ["machines", "list", "--help"], terminal_width=200)
+    assert "Talk to the worker directly" in machines.output
+    assert "Run the auction here" not in machines.output
+    place = runner.invoke(buyer, ["place", "--help"], terminal_width=200)
+    assert "Run the auction here" in place.output
