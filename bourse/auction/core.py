@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import heapq
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -126,7 +126,7 @@ class Log:
 
     level: Literal["info", "warning"]
     event: str
-    fields: dict[str, object] = field(default_factory=dict)
+    fields: Mapping[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
