@@ -57,6 +57,7 @@ from bourse.wire.subjects import Subjects
 __all__ = ["AuctionConfig", "AuctionError", "Auctioneer", "ConflictingOrder"]
 
 log = structlog.get_logger("bourse.auction")
+BoundLogger = structlog.typing.FilteringBoundLogger
 
 
 class AuctionError(RuntimeError):
@@ -205,44 +206,47 @@ class Auctioneer:
             await self._release(order, auction_id)
 
     async def _drive(
-        self,
-        core: Auction,
-        box: _Mailbox,
-        reply_to: str,
-        olog: structlog.typing.FilteringBoundLogger,
+        self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
     ) -> Placed | Unfilled:
-        """Feed the core until it finishes: queued replies first (so a commit takes the best
-        offer received), then ask it what next, and do what it says."""
+        """Feed the core until it finishes, doing what it decides in order."""
         todo: deque[Decision] = deque(core.start())
         while True:
             if not todo:
-                if box.items:
-                    msg = box.items.popleft()
-                    todo.extend(
-                        core.bid_reply(
-                            msg.data, time.monotonic(), no_responders=_no_responders(msg)
-                        )
-                    )
-                else:
-                    todo.extend(core.poll(time.monotonic()))
+                todo.extend(self._feed(core, box))
                 continue
             d = todo.popleft()
             if isinstance(d, Finish):
                 return d.result
-            if isinstance(d, Log):
-                getattr(olog, d.level)(d.event, **d.fields)
-            elif isinstance(d, SendBid | BroadcastBid):
-                data = encode(d.bid)
-                for subject in d.subjects if isinstance(d, SendBid) else (d.subject,):
-                    await self.nc.publish(subject, data, reply=reply_to)
-                core.bid_published(time.monotonic())
-            elif isinstance(d, SendCommit):
-                outcome = await self._commit(d)
-                todo.extend(core.commit_outcome(outcome, time.monotonic()))
-            elif isinstance(d, PublishAbort):
-                await self.nc.publish(d.subject, encode(d.release))
-            elif isinstance(d, WakeAt) and not await box.wait(d.at - time.monotonic()):
-                todo.extend(core.timer(time.monotonic()))
+            todo.extend(await self._perform(d, core, box, reply_to, olog))
+
+    @staticmethod
+    def _feed(core: Auction, box: _Mailbox) -> list[Decision]:
+        """The next queued reply; with none queued, ask what next. Queued replies go first,
+        so a commit takes the best offer received so far."""
+        if box.items:
+            msg = box.items.popleft()
+            return core.bid_reply(msg.data, time.monotonic(), no_responders=_no_responders(msg))
+        return core.poll(time.monotonic())
+
+    async def _perform(
+        self, d: Decision, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
+    ) -> list[Decision]:
+        """Do one decision; what the core decides next, if the decision fed it an event."""
+        if isinstance(d, Log):
+            getattr(olog, d.level)(d.event, **d.fields)
+        elif isinstance(d, SendBid | BroadcastBid):
+            data = encode(d.bid)
+            for subject in d.subjects if isinstance(d, SendBid) else (d.subject,):
+                await self.nc.publish(subject, data, reply=reply_to)
+            core.bid_published(time.monotonic())
+        elif isinstance(d, SendCommit):
+            outcome = await self._commit(d)
+            return core.commit_outcome(outcome, time.monotonic())
+        elif isinstance(d, PublishAbort):
+            await self.nc.publish(d.subject, encode(d.release))
+        elif isinstance(d, WakeAt) and not await box.wait(d.at - time.monotonic()):
+            return core.timer(time.monotonic())  # a reply instead: _feed takes it
+        return []
 
     async def _commit(self, d: SendCommit) -> CommitOutcome:
         """Request the commit; what came back, as the core's event."""
