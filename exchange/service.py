@@ -18,13 +18,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bourse.auction.admission import (
-    DEFAULT_TARGET_MS,
-    adaptive_limit,
-    overloaded_detail,
-    run_admitted,
-)
-from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError, ConflictingOrder
+from bourse.auction.admission import DEFAULT_TARGET_MS, adaptive_limit
+from bourse.auction.broker import Broker, Refused
+from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.supervise import cleanup_scope
@@ -69,6 +65,8 @@ class ExchangeService:
         # How many auctions run at once: adaptive (exchange/admission.py), at most
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
+        # Admission + auction: the same broker a direct-mode buyer runs.
+        self.broker = Broker(self.auctioneer, self.admission)
         self._orders: Subscription | None = None
         self._subs: list[Subscription] = []
 
@@ -139,26 +137,22 @@ class ExchangeService:
         self.responder.spawn(msg, self._place(msg, order))
 
     async def _overloaded(self, msg: Msg, backlog: int = 0) -> None:
-        self.responder.counts["shed"] += 1
-        await self.responder.error(msg, "internal", overloaded_detail(self.admission, backlog))
+        await self._refuse(msg, self.broker.overloaded(backlog))
+
+    async def _refuse(self, msg: Msg, refusal: Refused) -> None:
+        if refusal.kind == "overloaded":
+            self.responder.counts["shed"] += 1
+        err = refusal.error()
+        await self.responder.error(msg, err.code, err.detail, reason=err.reason)
 
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
-        # Past the admission limit an order waits its turn for a share of its deadline: an
-        # auction started now would slow every one under way (the market would collapse).
-        try:
-            result = await run_admitted(self.admission, self.auctioneer, order)
-        except ConflictingOrder as exc:
-            await self.responder.error(msg, "bad_request", str(exc))
+        outcome = await self.broker.place(order)
+        if isinstance(outcome, Refused):
+            await self._refuse(msg, outcome)
             return
-        except AuctionError as exc:
-            await self.responder.error(msg, "internal", str(exc))
-            return
-        if result is None:
-            await self._overloaded(msg)
-            return
-        self.responder.counts[type(result).__name__] += 1
+        self.responder.counts[type(outcome).__name__] += 1
         with contextlib.suppress(Exception):
-            await self.responder.reply(msg, result)
+            await self.responder.reply(msg, outcome)
 
     async def _on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]

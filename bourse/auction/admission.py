@@ -5,8 +5,9 @@ they all end late (``no_offers`` after the quiet window, or the deadline): the m
 collapses instead of placing as many orders as fit. An exchange therefore runs at most
 ``limit`` auctions at once. An order that finds them all busy waits for a slot, first come
 first served, for a bounded share of its deadline (a burst of a deploy's orders is served,
-not refused); if none frees in that time it is refused (an ``Error`` saying the exchange is
-overloaded: the client may try again later or elsewhere), and the auction that does run
+not refused); if none frees in that time it is refused (``Refused("overloaded")`` from
+``bourse/auction/broker.py``, an ``Error`` with reason ``overloaded`` on the wire: the client
+may try again later or elsewhere), and the auction that does run
 gets only what is left of the deadline. When no order has found a free slot for
 ``standing_ms``, the line is not a burst but overload (as in CoDel): orders arriving then
 wait at most
@@ -32,9 +33,6 @@ import asyncio
 import time
 from collections import deque
 from dataclasses import dataclass, field
-
-from bourse.auction.driver import Auctioneer
-from bourse.wire.messages import Placed, PlaceOrder, Unfilled
 
 # An order that finds every slot busy waits this share of its deadline for one.
 WAIT_SHARE = 0.25
@@ -159,28 +157,9 @@ def adaptive_limit(max_inflight: int, target_ms: float) -> ConcurrencyLimit:
 
 
 def overloaded_detail(limit: ConcurrencyLimit, backlog: int = 0) -> str:
-    """The refusal's text (an ``Error internal``): always starts with ``OVERLOADED``."""
+    """The refusal's text for people (an ``Error internal`` with reason ``overloaded``:
+    programs read the reason, not this text)."""
     return (
         f"{OVERLOADED}: {limit.inflight} auctions in flight (limit {int(limit.limit)}), "
         f"{limit.waiting} orders waiting, {backlog} queued; try again"
     )
-
-
-async def run_admitted(
-    limit: ConcurrencyLimit, auctioneer: Auctioneer, order: PlaceOrder
-) -> Placed | Unfilled | None:
-    """Run the order's auction once ``limit`` has a slot for it (waiting in line for a
-    share of its deadline); None if it was refused. The auction gets what is left of the
-    deadline, and what it says about load adapts the limit."""
-    t0 = time.monotonic()
-    if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
-        return None
-    started = time.monotonic()
-    load_ms: float | None = None
-    try:
-        result = await auctioneer.run(order, (started - t0) * 1000.0)
-        if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
-            load_ms = (time.monotonic() - started) * 1000.0
-        return result
-    finally:
-        limit.release(load_ms)

@@ -8,15 +8,17 @@ exchange queue group.
 from __future__ import annotations
 
 import time
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from bourse.auction.admission import OVERLOADED, ConcurrencyLimit, overloaded_detail, run_admitted
-from bourse.auction.driver import AuctionConfig, Auctioneer, ConflictingOrder
+from bourse.auction.admission import ConcurrencyLimit
+from bourse.auction.broker import Broker, Refused
+from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
+    OVERLOADED_REASON,
     Error,
     ListMachines,
     Machine,
@@ -44,7 +46,7 @@ MACHINE_TIMEOUT_S = 60.0
 
 # ClientError.code of an order the exchange (or a direct buyer's own admission control)
 # refused as overloaded: nothing was bid; try again later or elsewhere. On the wire it is an
-# Error "internal" whose detail starts with "exchange overloaded" (the v1 codes are fixed).
+# Error "internal" (the v1 codes are fixed) with reason "overloaded".
 OVERLOADED_CODE = "overloaded"
 
 
@@ -72,35 +74,32 @@ class BourseClient:
         # Direct mode only: the exchange's admission control, run here (a load source
         # placing thousands of orders a second wants it; one CLI order does not).
         self.admission = admission
-        self._auctioneer = Auctioneer(nc, self.subjects, auction) if direct else None
+        # Direct mode: the same broker (admission + auction) the exchange runs.
+        self._broker = Broker(Auctioneer(nc, self.subjects, auction), admission) if direct else None
 
     async def close(self) -> None:
-        if self._auctioneer is not None:
-            await self._auctioneer.close()
+        if self._broker is not None:
+            await self._broker.close()
 
     async def place(self, order: PlaceOrder) -> Placed | Unfilled:
-        """Run one immediate-or-cancel order; raises ClientError on an Error reply."""
-        if self._auctioneer is not None:
-            try:
-                if self.admission is None:
-                    return await self._auctioneer.run(order)
-                result = await run_admitted(self.admission, self._auctioneer, order)
-            except ConflictingOrder as exc:
-                raise ClientError(str(exc), "bad_request") from None
-            if result is None:
-                raise ClientError(overloaded_detail(self.admission), OVERLOADED_CODE)
-            return result
+        """Run one immediate-or-cancel order; raises ClientError on an Error reply (or, in
+        direct mode, the same refusal: code ``overloaded``, ``bad_request`` for an order id
+        in use by another order, ``internal`` when the auction cannot run)."""
+        if self._broker is not None:
+            outcome = await self._broker.place(order)
+            if isinstance(outcome, Refused):
+                raise _refusal(outcome.error())
+            return outcome
         if not self.nc.is_connected:
             # Immediate-or-cancel: a request buffered while disconnected would be sent on
             # reconnect and answered long after its deadline. Fail now; retry if you like.
             raise ClientError("not connected to NATS: the order was not sent", "not_connected")
         timeout = order.deadline_ms / 1000.0 + REPLY_SLACK_S
-        reply = await self._request(
+        reply: Placed | Unfilled | Error = await self._request(
             self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"
         )
         if isinstance(reply, Error):
-            overloaded = reply.code == "internal" and reply.detail.startswith(OVERLOADED)
-            raise ClientError(reply.detail, OVERLOADED_CODE if overloaded else reply.code)
+            raise _refusal(reply)
         return reply
 
     async def status(
@@ -158,9 +157,9 @@ class BourseClient:
         )
         return _expect(reply, MachineList)
 
-    async def _request(
-        self, subject: str, data: bytes, typ: type[T], timeout: float, who: str
-    ) -> T:
+    async def _request(self, subject: str, data: bytes, typ: Any, timeout: float, who: str) -> Any:
+        """Request and decode as ``typ`` (a message class or a union of them: hence Any,
+        until Python can type a union as a value; callers annotate what they get)."""
         try:
             msg = await self.nc.request(subject, data, timeout=timeout)
         except nats.errors.NoRespondersError:
@@ -171,6 +170,14 @@ class BourseClient:
             return decode(msg.data, typ)
         except BadMessage as exc:
             raise ClientError(f"unreadable reply on {subject}: {exc}") from None
+
+
+def _refusal(error: Error) -> ClientError:
+    """An order's Error as a ClientError: an overload refusal (Error.reason) gets code
+    ``overloaded``, anything else keeps its wire code."""
+    if error.reason == OVERLOADED_REASON:
+        return ClientError(error.detail, OVERLOADED_CODE)
+    return ClientError(error.detail, error.code)
 
 
 def _expect(reply: object, typ: type[T]) -> T:

@@ -53,11 +53,12 @@ class Responder:
         if msg.reply:
             await self.nc.publish(msg.reply, encode(message))
 
-    async def error(self, msg: Msg, code: ErrorCode, detail: str) -> None:
+    async def error(self, msg: Msg, code: ErrorCode, detail: str, reason: str = "") -> None:
         self.counts[f"error.{code}"] += 1
         self.log.info("request_refused", subject=msg.subject, code=code, detail=detail)
         if msg.reply:
-            await self.nc.publish(msg.reply, encode(Error(code=code, detail=detail)))
+            error = Error(code=code, detail=detail, reason=reason)
+            await self.nc.publish(msg.reply, encode(error))
 
     def guard(self, handler: Handler) -> Handler:
         """Wrap a subscription handler: BadMessage -> bad_request, anything else -> internal."""

@@ -192,6 +192,64 @@ class Placed(Message, kw_only=True):
     subscores: dict[str, float] = {}
     existing: bool = False
 
+    # The three ways a Placed is made, in one home (docs/protocol.md §4.7).
+    @classmethod
+    def of_machine(
+        cls,
+        m: Machine,
+        *,
+        image_cached: bool,
+        elapsed_ms: float,
+        subscores: dict[str, float] | None = None,
+        existing: bool = False,
+    ) -> Placed:
+        """A worker's commit reply for machine ``m`` (``existing``: it re-reports a machine
+        an earlier commit of the same order id created)."""
+        return cls(
+            order_id=m.order_id,
+            machine_id=m.machine_id,
+            worker_id=m.worker_id,
+            region=m.region,
+            score=m.score,
+            image_cached=image_cached,
+            elapsed_ms=elapsed_ms,
+            subscores=subscores or {},
+            existing=existing,
+        )
+
+    @classmethod
+    def of_commit(cls, reply: Placed, offer: Offer, *, elapsed_ms: float) -> Placed:
+        """The auction's answer for a committed offer: the machine (and ``existing``) as the
+        worker reports it, the score, cache flag and subscores of the offer that won."""
+        return cls(
+            order_id=reply.order_id,
+            machine_id=reply.machine_id,
+            worker_id=reply.worker_id,
+            region=reply.region,
+            score=offer.score,
+            image_cached=offer.image_cached,
+            elapsed_ms=elapsed_ms,
+            subscores=offer.subscores,
+            existing=reply.existing,
+        )
+
+    @classmethod
+    def of_offer(cls, offer: Offer, *, elapsed_ms: float) -> Placed:
+        """The auction's answer to an existing-machine offer (``offer.machine_id`` set: the
+        order was placed before on that worker): no commit, ``existing`` true, no subscores."""
+        if offer.machine_id is None:
+            raise ValueError(f"offer from {offer.worker_id} names no machine")
+        return cls(
+            order_id=offer.order_id,
+            machine_id=offer.machine_id,
+            worker_id=offer.worker_id,
+            region=offer.region,
+            score=offer.score,
+            image_cached=offer.image_cached,
+            elapsed_ms=elapsed_ms,
+            existing=True,
+        )
+
 
 class Rejected(Message, kw_only=True):
     order_id: OrderId
@@ -210,9 +268,17 @@ class Unfilled(Message, kw_only=True):
     detail: str = ""
 
 
+# Error.reason of a refusal for overload (admission or the order backlog): nothing was bid;
+# try again later or elsewhere.
+OVERLOADED_REASON = "overloaded"
+
+
 class Error(Message, kw_only=True):
     code: ErrorCode
     detail: str
+    # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
+    # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON.
+    reason: str = ""
 
 
 class Release(Message, kw_only=True):

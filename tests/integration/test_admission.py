@@ -1,4 +1,4 @@
-"""Admission (exchange/admission.py) on a real market: past the limit an order waits a
+"""Admission (bourse/auction/admission.py) on a real market: past the limit an order waits a
 share of its deadline for a slot, then is refused at once with a clear Error; the exchange
 and a direct buyer behave the same."""
 
@@ -11,7 +11,8 @@ import pytest
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.driver import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
-from bourse.wire.messages import Placed, Unfilled
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import OVERLOADED_REASON, Error, Placed, Unfilled
 from exchange.service import ExchangeService
 from tests.market import Market, order, wait_until, worker
 
@@ -40,6 +41,26 @@ async def test_a_full_exchange_refuses_after_a_share_of_the_deadline(market: Mar
     await _one_slot_busy(await market.client(), svc.admission)
     assert svc.responder.counts["shed"] == 1
     assert svc.admission.refused == 1 and svc.admission.inflight == 0
+
+
+async def test_on_the_wire_a_refusal_is_an_internal_error_with_reason_overloaded(
+    market: Market,
+) -> None:
+    """A v1 client that does not know Error.reason still sees an internal error; a newer
+    one tells overload apart by the reason, not by the detail's words."""
+    await market.host(worker("mad-1"))
+    svc = ExchangeService(
+        await market.connect("ex"), market.subjects, max_inflight=1, target_auction_ms=0
+    )
+    await svc.start()
+    market.exchanges.append(svc)
+    assert svc.admission.try_acquire()  # the only slot is busy
+    nc = await market.connect("raw")
+    msg = await nc.request(market.subjects.order("mad"), encode(order(deadline_ms=40)), timeout=2)
+    error = decode(msg.data, Error)
+    assert (error.code, error.reason) == ("internal", OVERLOADED_REASON)
+    assert error.detail.startswith("exchange overloaded: 1 auctions in flight (limit 1)")
+    svc.admission.release(None)
 
 
 async def test_a_direct_buyer_with_admission_refuses_the_same_way(market: Market) -> None:

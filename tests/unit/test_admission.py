@@ -1,4 +1,4 @@
-"""The exchange's adaptive cap on auctions in flight (exchange/admission.py)."""
+"""The exchange's adaptive cap on auctions in flight (bourse/auction/admission.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import pytest
 
 from bourse.auction.admission import ConcurrencyLimit
+from tests.market import wait_until
 
 
 async def test_a_fixed_cap_refuses_past_it_and_never_moves() -> None:
@@ -28,8 +29,8 @@ async def test_a_full_cap_serves_waiters_in_order_as_slots_free() -> None:
             order.append(name)
 
     waiters = [asyncio.ensure_future(wait(n)) for n in ("a", "b")]
-    await asyncio.sleep(0)  # both are in line now
-    assert cap.waiting == 2 and not cap.try_acquire()  # no jumping the line
+    await wait_until(lambda: cap.waiting == 2)  # both are in line now
+    assert not cap.try_acquire()  # no jumping the line
     cap.release(None)
     await waiters[0]
     assert order == ["a"] and cap.inflight == 1
@@ -117,7 +118,9 @@ async def test_a_standing_line_shortens_the_wait_of_new_arrivals() -> None:
     cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1, standing_ms=30, congested_wait_ms=0)
     assert cap.try_acquire()
     first = asyncio.ensure_future(cap.acquire(within_s=5))  # a burst: waits its full share
-    await asyncio.sleep(0.05)  # no slot has been free at once for longer than standing_ms
+    await wait_until(lambda: cap.waiting == 1)
+    # Not a sleep for ordering: the line must stand (no slot free at once) past standing_ms.
+    await asyncio.sleep(0.05)
     assert not await cap.acquire(within_s=5)  # overload: a newcomer waits 0 and is refused
     assert not first.done()
     cap.release(None)
@@ -128,7 +131,7 @@ async def test_a_waiter_cancelled_after_being_handed_a_slot_gives_it_back() -> N
     cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
     assert cap.try_acquire()
     waiter = asyncio.ensure_future(cap.acquire(within_s=5))
-    await asyncio.sleep(0)  # in line
+    await wait_until(lambda: cap.waiting == 1)  # in line
     cap.release(None)  # hands the slot to the waiter...
     waiter.cancel()  # ...which is cancelled before it could use it
     [got] = await asyncio.gather(waiter, return_exceptions=True)

@@ -1,0 +1,94 @@
+"""The broker: admission control plus the auction, one home for placing an order.
+
+The exchange (``exchange/service.py``) and a direct-mode buyer (``BourseClient(direct=True)``)
+both place orders through a ``Broker``. ``place`` never raises for an order it could not
+place: it returns ``Placed``, ``Unfilled`` or a typed ``Refused`` (overloaded, a conflicting
+order id, or the auction could not run), and ``Refused.error()`` is the wire ``Error`` for it
+(docs/protocol.md §5.5, §7).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
+from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder
+from bourse.wire.messages import OVERLOADED_REASON, Error, ErrorCode, Placed, PlaceOrder, Unfilled
+
+RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run"]
+
+# How each refusal travels as an Error: the code (v1's fixed set) and, for overload, the
+# Error.reason that tells it apart from other internal errors without reading the detail.
+_WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
+    "overloaded": ("internal", OVERLOADED_REASON),
+    "conflicting_order": ("bad_request", ""),
+    "cannot_run": ("internal", ""),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """The order was not auctioned: nothing was bid, nothing is held.
+
+    ``overloaded``: no admission slot in time (or the exchange's order backlog is full);
+    ``conflicting_order``: its id is being placed for a different order;
+    ``cannot_run``: the auction could not start (not connected to NATS)."""
+
+    kind: RefusalKind
+    detail: str
+
+    def error(self) -> Error:
+        """The wire ``Error`` that answers the order."""
+        code, reason = _WIRE[self.kind]
+        return Error(code=code, detail=self.detail, reason=reason)
+
+
+Outcome = Placed | Unfilled | Refused
+
+
+class Broker:
+    """Places orders: waits for an admission slot (when ``admission`` is set), runs the
+    auction with what is left of the deadline, and lets the outcome adapt the limit."""
+
+    def __init__(self, auctioneer: Auctioneer, admission: ConcurrencyLimit | None = None) -> None:
+        self.auctioneer = auctioneer
+        self.admission = admission
+
+    async def place(self, order: PlaceOrder) -> Outcome:
+        """Run one immediate-or-cancel order."""
+        try:
+            if self.admission is None:
+                return await self.auctioneer.run(order)
+            return await self._admitted(self.admission, order)
+        except ConflictingOrder as exc:
+            return Refused("conflicting_order", str(exc))
+        except AuctionError as exc:
+            return Refused("cannot_run", str(exc))
+
+    def overloaded(self, backlog: int = 0) -> Refused:
+        """The refusal for an order that finds no slot, or ``backlog`` orders queued ahead."""
+        if self.admission is None:
+            return Refused("overloaded", f"overloaded: {backlog} queued; try again")
+        return Refused("overloaded", overloaded_detail(self.admission, backlog))
+
+    async def close(self) -> None:
+        await self.auctioneer.close()
+
+    async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
+        """Past the limit an order waits its turn for a share of its deadline (an auction
+        started now would slow every one under way); the auction gets what is left, and
+        what it says about load adapts the limit (bourse/auction/admission.py)."""
+        t0 = time.monotonic()
+        if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
+            return self.overloaded()
+        started = time.monotonic()
+        load_ms: float | None = None
+        try:
+            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
+            if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
+                load_ms = (time.monotonic() - started) * 1000.0
+            return result
+        finally:
+            limit.release(load_ms)

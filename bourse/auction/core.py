@@ -1,0 +1,516 @@
+"""The immediate-or-cancel auction as a pure state machine (sans-I/O, like h11).
+
+One ``Auction`` per run of an order. It never touches NATS, a timer or a clock: the driver
+(``bourse/auction/driver.py``) feeds it events with the current monotonic time and performs
+the decisions it returns, in order.
+
+Events in (methods):
+
+- ``start()``: the bid to send (``SendBid``).
+- ``bid_published(now)``: a bid (first or fallback) went out; the quiet window counts from it.
+- ``bid_reply(data, now, no_responders=...)``: one message on the auction's inbox.
+- ``poll(now)``: every queued reply has been fed; what next? (commit, or wake me at t).
+- ``timer(now)``: the wake time came and no reply did.
+- ``commit_outcome(outcome, now)``: how the commit of ``SendCommit`` ended.
+
+Decisions out: ``SendBid``, ``BroadcastBid`` (sampled fallback), ``SendCommit``,
+``PublishAbort`` (Release abort_commit), ``Log`` (a structlog event the driver emits with
+``order_id`` and ``region`` bound), ``WakeAt`` and ``Finish`` (Placed or Unfilled). The
+driver stops at ``Finish``.
+
+Not a decision: the region-wide ``Release{order_id, auction_id}`` on the way out. It must
+go out whatever happens, exceptions included, so it is the driver's ``finally``
+(docs/protocol.md §5.2 step 8).
+
+The steps, reasons and details are those of docs/protocol.md §5.2-§5.4.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from bourse.wire.codec import BadMessage, decode
+from bourse.wire.messages import (
+    Bid,
+    BidReply,
+    Commit,
+    Error,
+    Offer,
+    Placed,
+    PlaceOrder,
+    Rejected,
+    Release,
+    Unfilled,
+    UnfilledReason,
+    Waiting,
+)
+from bourse.wire.subjects import Subjects, sampled_shards
+
+# The signature check of an offer: None if it is trusted, else why not (a reason constant
+# of bourse/wire/signing.py). ``TrustStore.check`` is one.
+TrustCheck = Callable[[Offer], str | None]
+
+DEADLINE_BEFORE_COMMIT = "the deadline passed before a commit could start"
+
+
+@dataclass(frozen=True, slots=True)
+class AuctionConfig:
+    """The auction's knobs (docs/protocol.md §5.1)."""
+
+    quiet_ms: float = 100.0
+    commit_grace_ms: float = 100.0
+    # Holds outlive the deadline by the commit grace plus this margin, so a commit sent just
+    # before the deadline still finds its hold.
+    hold_margin_ms: int = 150
+    # Sampled bidding (power of d choices): workers are in bid_shards shards per region; a
+    # bid goes to bid_sample random shards, then to the whole region if they had nothing.
+    # 0 shards (the default): every bid goes to the whole region. Suppliers must be started
+    # with the same --bid-shards.
+    bid_shards: int = 0
+    bid_sample: int = 2
+    # Workers may keep a bid waiting for held capacity this fraction of the deadline (they say
+    # so with a Waiting reply, and the auction listens while any worker waits); the rest of
+    # the deadline is left for the commit.
+    wait_ratio: float = 0.8
+
+
+class AuctionStateError(RuntimeError):
+    """An event the auction cannot take in its current state (a driver bug)."""
+
+
+# -- decisions -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendBid:
+    """Publish ``bid`` to each subject (the region's, or the sampled shards'), replies to
+    the auction's inbox."""
+
+    subjects: tuple[str, ...]
+    bid: Bid
+
+
+@dataclass(frozen=True, slots=True)
+class BroadcastBid:
+    """Sampled bidding found nothing: publish the same bid to the whole region."""
+
+    subject: str
+    bid: Bid
+
+
+@dataclass(frozen=True, slots=True)
+class SendCommit:
+    """Request ``commit`` from worker ``worker_id``; feed the outcome to ``commit_outcome``."""
+
+    worker_id: str
+    subject: str
+    commit: Commit
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class PublishAbort:
+    """Tell a worker whose commit went unanswered to undo it (no reply)."""
+
+    subject: str
+    release: Release
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    """A structlog event to emit (``order_id`` and ``region`` are bound by the driver)."""
+
+    level: Literal["info", "warning"]
+    event: str
+    fields: Mapping[str, object] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WakeAt:
+    """Call ``timer`` at monotonic time ``at`` unless a reply comes first."""
+
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The auction's answer to the buyer."""
+
+    result: Placed | Unfilled
+
+
+Decision = SendBid | BroadcastBid | SendCommit | PublishAbort | Log | WakeAt | Finish
+
+
+# -- commit outcomes (events) -------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommitAnswered:
+    """The worker answered the commit with a decodable reply."""
+
+    reply: Placed | Rejected | Error
+
+
+@dataclass(frozen=True, slots=True)
+class CommitNoResponders:
+    """Nobody serves the worker's commit subject (it is gone)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitTimedOut:
+    """No answer within the commit's timeout."""
+
+
+@dataclass(frozen=True, slots=True)
+class CommitUndecodable:
+    """The reply was not a CommitReply; ``detail`` says why."""
+
+    detail: str
+
+
+CommitOutcome = CommitAnswered | CommitNoResponders | CommitTimedOut | CommitUndecodable
+
+
+# -- the state machine ----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Tally:
+    """What happened in one auction, for the Unfilled reply and the logs."""
+
+    offers: int = 0
+    below_min: int = 0
+    commits: int = 0
+    rejections: list[str] = field(default_factory=list)
+    waited: int = 0  # workers that said they were waiting for held capacity
+    fallbacks: int = 0  # sampled bids that went on to the whole region
+    unverified: Counter[str] = field(default_factory=Counter)  # dropped offers, by reason
+
+
+Phase = Literal["new", "collecting", "committing", "done"]
+
+
+class Auction:
+    """One run of the auction for ``order``, started at monotonic time ``now``.
+
+    ``spent_ms``: time the order already waited (admission); the auction's deadline is what
+    is left of the order's. ``trust``: with it, only offers it accepts are taken."""
+
+    def __init__(
+        self,
+        order: PlaceOrder,
+        config: AuctionConfig,
+        auction_id: str,
+        now: float,
+        *,
+        subjects: Subjects | None = None,
+        trust: TrustCheck | None = None,
+        spent_ms: float = 0.0,
+    ) -> None:
+        self.order = order
+        self.config = config
+        self.auction_id = auction_id
+        self.subjects = subjects or Subjects()
+        self.trust = trust
+        self.tally = Tally()
+        self.phase: Phase = "new"
+        self.t0 = now
+        self.deadline = now + max(1.0, order.deadline_ms - spent_ms) / 1000.0
+        # A retry commits a new machine only after this: the worker that placed the order
+        # before answers with its machine meanwhile, whatever its offer delay (§5.3).
+        gather_ms = min(config.quiet_ms, order.deadline_ms / 2) if order.retry else 0.0
+        self.gather_until = now + gather_ms / 1000.0
+        self.last_offer = now
+        self.sampled = bool(config.bid_shards and config.bid_sample < config.bid_shards)
+        self.bid = self._make_bid()
+        self._excluded = set(order.exclude_workers)
+        self._heap: list[tuple[float, int, Offer]] = []
+        self._waiting: dict[str, float] = {}  # worker id -> until when it may still offer
+        self._targets = 0  # subjects the bid went to
+        self._empty = 0  # of them, answered 503: nobody listens there
+        self._committing: Offer | None = None
+
+    # -- events ----------------------------------------------------------------------------
+
+    def start(self) -> list[Decision]:
+        """The bid: to the whole region, or (sampled bidding) to ``bid_sample`` of its
+        ``bid_shards`` shards, drawn from the ORDER id so a retry asks the same shards and
+        the worker that already placed it is asked again (I3)."""
+        self._expect("new")
+        self.phase = "collecting"
+        order, cfg = self.order, self.config
+        if self.sampled:
+            shards = sampled_shards(order.order_id, order.image, cfg.bid_shards, cfg.bid_sample)
+            subjects = tuple(self.subjects.bid_shard(order.region, k) for k in shards)
+        else:
+            subjects = (self.subjects.bid(order.region),)
+        self._targets, self._empty = len(subjects), 0
+        return [SendBid(subjects, self.bid)]
+
+    def bid_published(self, now: float) -> None:
+        """A bid went out: the quiet window counts from here."""
+        self.last_offer = now
+
+    def bid_reply(self, data: bytes, now: float, *, no_responders: bool = False) -> list[Decision]:
+        """One reply on the auction's inbox (``no_responders``: a 503 status)."""
+        self._expect("collecting")
+        if no_responders:
+            return self._no_responders(now)
+        try:
+            reply: Offer | Waiting = decode(data, BidReply)  # type: ignore[arg-type]  # a union is no type[T] (no TypeForm yet)
+        except BadMessage as exc:
+            return [Log("warning", "bad_offer", {"error": str(exc)})]
+        if reply.order_id != self.order.order_id or reply.region != self.order.region:
+            return [self._foreign(reply)]  # I5: never taken
+        if isinstance(reply, Offer):
+            why = self.trust(reply) if self.trust is not None else None
+            if why is not None:
+                return [self._unverified(reply, why)]
+            if reply.machine_id:  # I3 outranks exclude_workers and min_score
+                placed = Placed.of_offer(reply, elapsed_ms=self._elapsed(now))
+                return self._finish(placed)
+        if reply.worker_id in self._excluded:
+            return []
+        if isinstance(reply, Waiting):
+            self._note_waiting(reply, now)
+        else:
+            self._take(reply, now)
+        return []
+
+    def poll(self, now: float) -> list[Decision]:
+        """Every queued reply was fed: commit the best offer, or say when to wake."""
+        self._expect("collecting")
+        if self._heap and now >= self.gather_until:
+            return self._commit_best(now)
+        return [WakeAt(min(self.deadline, self._horizon()))]
+
+    def timer(self, now: float) -> list[Decision]:
+        """The wake time came with no reply: commit (a retry's gathering is over), ask the
+        whole region (sampled shards had nothing), or end with the §5.4 reason."""
+        self._expect("collecting")
+        if self._heap and now < self.deadline:
+            return self.poll(now)
+        if self.sampled and not self.tally.offers and now < self.deadline:
+            return self._broadcast()
+        return self._unfilled(self._reason(), self._detail(), now)
+
+    def commit_outcome(self, outcome: CommitOutcome, now: float) -> list[Decision]:
+        """The commit of the last ``SendCommit`` ended (§5.2 step 6 table). An empty list
+        (or logs only): go on collecting and try the next best offer."""
+        self._expect("committing")
+        offer = self._committing
+        assert offer is not None  # set with the "committing" phase
+        self._committing = None
+        self.phase = "collecting"
+        worker = offer.worker_id
+        if isinstance(outcome, CommitAnswered):
+            return self._answered(offer, outcome.reply, now)
+        if isinstance(outcome, CommitNoResponders):
+            self.tally.rejections.append(f"{worker}: gone")
+            return []
+        if isinstance(outcome, CommitUndecodable):
+            self.tally.rejections.append(f"{worker}: bad reply ({outcome.detail})")
+            return []
+        abort = Release(order_id=self.order.order_id, worker_id=worker, abort_commit=True)
+        detail = f"worker {worker} did not answer the commit in time; it was told to undo it"
+        return [
+            PublishAbort(self.subjects.release(worker), abort),
+            Log("warning", "commit_unanswered", {"worker_id": worker}),
+            *self._unfilled("deadline", detail, now),
+        ]
+
+    # -- steps -----------------------------------------------------------------------------
+
+    def _make_bid(self) -> Bid:
+        order, cfg = self.order, self.config
+        return Bid(
+            order_id=order.order_id,
+            region=order.region,
+            resources=order.resources,
+            image=order.image,
+            constraints=order.constraints,
+            exclude_workers=order.exclude_workers,
+            hold_ms=order.deadline_ms + int(cfg.commit_grace_ms) + cfg.hold_margin_ms,
+            auction_id=self.auction_id,
+            wait_ms=int(order.deadline_ms * cfg.wait_ratio),
+        )
+
+    def _no_responders(self, now: float) -> list[Decision]:
+        """A 503: that subject has no listener. Once every target said so, a sampled bid
+        goes to the whole region; a region without listeners is no_workers."""
+        self._empty += 1
+        if self._empty < self._targets:
+            return []
+        if self.sampled:
+            return self._broadcast()
+        return self._unfilled("no_workers", f"no worker listens in {self.order.region!r}", now)
+
+    def _broadcast(self) -> list[Decision]:
+        self.sampled = False
+        self.tally.fallbacks += 1
+        self._targets, self._empty = 1, 0
+        return [BroadcastBid(self.subjects.bid(self.order.region), self.bid)]
+
+    def _foreign(self, reply: Offer | Waiting) -> Log:
+        fields: dict[str, object] = {
+            "worker_id": reply.worker_id,
+            "offer_region": reply.region,
+            "offer_order": reply.order_id,
+        }
+        return Log("warning", "foreign_offer", fields)
+
+    def _unverified(self, offer: Offer, why: str) -> Log:
+        """Signed for another key (or altered): never taken, not even a machine_id claim
+        (that would skip the commit)."""
+        self.tally.unverified[why] += 1
+        fields: dict[str, object] = {
+            "worker_id": offer.worker_id,
+            "reason": why,
+            "signer": offer.signer,
+        }
+        return Log("warning", "offer_unverified", fields)
+
+    def _note_waiting(self, reply: Waiting, now: float) -> None:
+        if reply.wait_ms:
+            self.tally.waited += 1
+            self._waiting[reply.worker_id] = now + reply.wait_ms / 1000.0
+        else:
+            self._waiting.pop(reply.worker_id, None)
+
+    def _take(self, offer: Offer, now: float) -> None:
+        """Count the offer; keep it for a commit unless it is below min_score."""
+        self._waiting.pop(offer.worker_id, None)
+        self.tally.offers += 1
+        if offer.score < self.order.min_score:
+            self.tally.below_min += 1
+            return
+        heapq.heappush(self._heap, (-offer.score, self.tally.offers, offer))
+        self.last_offer = now
+
+    def _horizon(self) -> float:
+        """Until when to listen: the quiet window after the last offer, longer while a
+        worker waits for capacity; a retry with offers in hand listens to its gather end."""
+        if self._heap:
+            return self.gather_until
+        horizon = self.last_offer + self.config.quiet_ms / 1000.0
+        if self._waiting:
+            horizon = max(horizon, max(self._waiting.values()))
+        return horizon
+
+    def _commit_best(self, now: float) -> list[Decision]:
+        _, _, offer = heapq.heappop(self._heap)
+        remaining = self.deadline - now
+        if remaining <= 0:
+            return self._unfilled("deadline", DEADLINE_BEFORE_COMMIT, now)
+        self.tally.commits += 1
+        self.phase = "committing"
+        self._committing = offer
+        commit = Commit(
+            order_id=self.order.order_id,
+            worker_id=offer.worker_id,
+            resources=self.order.resources,
+            image=self.order.image,
+            metadata=self.order.metadata,
+        )
+        timeout = remaining + self.config.commit_grace_ms / 1000.0
+        return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]
+
+    def _answered(
+        self, offer: Offer, reply: Placed | Rejected | Error, now: float
+    ) -> list[Decision]:
+        worker = offer.worker_id
+        if isinstance(reply, Placed):
+            if reply.region != self.order.region or reply.order_id != self.order.order_id:
+                self.tally.rejections.append(f"{worker}: placed in the wrong region/order")
+                return []
+            placed = Placed.of_commit(reply, offer, elapsed_ms=self._elapsed(now))
+            fields: dict[str, object] = {
+                "worker_id": placed.worker_id,
+                "machine_id": placed.machine_id,
+                "score": offer.score,
+                "offers": self.tally.offers,
+                "elapsed_ms": placed.elapsed_ms,
+            }
+            return [Log("info", "order_placed", fields), *self._finish(placed)]
+        what = reply.reason if isinstance(reply, Rejected) else f"error {reply.code}"
+        self.tally.rejections.append(f"{worker}: {what}")
+        return [Log("info", "commit_rejected", {"worker_id": worker, "reason": what})]
+
+    def _reason(self) -> UnfilledReason:
+        t = self.tally
+        if t.commits:
+            return "all_commits_rejected"
+        if t.offers == 0:
+            return "no_offers"
+        if t.below_min == t.offers:
+            return "below_min_score"
+        return "deadline"
+
+    def _detail(self) -> str:
+        t, order = self.tally, self.order
+        if t.commits:
+            return "commits rejected: " + ", ".join(t.rejections)
+        if t.offers == 0 and t.waited:
+            return (
+                f"no worker in {order.region!r} could take {describe(order)} in time: "
+                f"{t.waited} waited for capacity held by other orders"
+            )
+        unverified = sum(t.unverified.values())
+        if t.offers == 0 and unverified:
+            return (
+                f"no worker in {order.region!r} can take {describe(order)}: "
+                f"{unverified} offer(s) failed the signature check"
+            )
+        if t.offers == 0:
+            return f"no worker in {order.region!r} can take {describe(order)}"
+        if t.below_min == t.offers:
+            return f"{t.offers} offer(s), all below min_score {order.min_score}"
+        return "the deadline passed"
+
+    def _unfilled(self, reason: UnfilledReason, detail: str, now: float) -> list[Decision]:
+        t = self.tally
+        unfilled = Unfilled(
+            order_id=self.order.order_id,
+            region=self.order.region,
+            reason=reason,
+            offers=t.offers,
+            commits_tried=t.commits,
+            elapsed_ms=self._elapsed(now),
+            detail=detail,
+        )
+        fields: dict[str, object] = {
+            "reason": reason,
+            "offers": t.offers,
+            "commits_tried": t.commits,
+            "elapsed_ms": unfilled.elapsed_ms,
+        }
+        return [Log("info", "order_unfilled", fields), *self._finish(unfilled)]
+
+    def _finish(self, result: Placed | Unfilled) -> list[Decision]:
+        self.phase = "done"
+        return [Finish(result)]
+
+    def _elapsed(self, now: float) -> float:
+        return round((now - self.t0) * 1000.0, 3)
+
+    def _expect(self, phase: Phase) -> None:
+        if self.phase != phase:
+            raise AuctionStateError(f"auction {self.auction_id} is {self.phase}, not {phase}")
+
+
+def describe(order: PlaceOrder) -> str:
+    """The order's request in words, for Unfilled details: ``2 cpus + 512 MiB + ...``."""
+    r = order.resources
+    parts = [f"{r.cpus} cpus", f"{r.memory_mb} MiB"]
+    if r.disk_mb:
+        parts.append(f"{r.disk_mb} MiB disk")
+    if r.gpus:
+        parts.append(f"{r.gpus} gpus")
+    if order.constraints:
+        parts.append("constraints " + ",".join(f"{k}={v}" for k, v in order.constraints.items()))
+    return " + ".join(parts)

@@ -1,0 +1,606 @@
+"""The auction's pure core (bourse/auction/core.py): events in with a fake clock, the exact
+decisions out. Every outcome of docs/protocol.md §5: the steps of §5.2, each row of the
+step 6 commit table, §5.3 (existing machines, retries), §5.3a (sampled bidding) and the
+§5.4 reasons and details. No NATS, no sleep."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from bourse.auction.core import (
+    DEADLINE_BEFORE_COMMIT,
+    Auction,
+    AuctionConfig,
+    AuctionStateError,
+    BroadcastBid,
+    CommitAnswered,
+    CommitNoResponders,
+    CommitOutcome,
+    CommitTimedOut,
+    CommitUndecodable,
+    Decision,
+    Finish,
+    Log,
+    PublishAbort,
+    SendBid,
+    SendCommit,
+    WakeAt,
+    describe,
+)
+from bourse.wire.codec import encode
+from bourse.wire.messages import (
+    Bid,
+    Commit,
+    Error,
+    Machine,
+    Offer,
+    Placed,
+    PlaceOrder,
+    Rejected,
+    Release,
+    Resources,
+    Unfilled,
+    Waiting,
+)
+from bourse.wire.subjects import Subjects, sampled_shards
+
+S = Subjects("t")
+T0 = 1000.0  # the fake monotonic clock at the auction's start, in seconds
+AID = "01AUCTION"
+ORDER = PlaceOrder(
+    order_id="o1", region="mad", resources=Resources(cpus=2, memory_mb=512), image="web"
+)
+QUIET = 0.1  # AuctionConfig().quiet_ms, in seconds
+GRACE = 0.1  # AuctionConfig().commit_grace_ms, in seconds
+
+
+def ms(t: float) -> float:
+    """Milliseconds since T0, as elapsed_ms is reported."""
+    return round((t - T0) * 1000.0, 3)
+
+
+def start(
+    order: PlaceOrder = ORDER,
+    config: AuctionConfig | None = None,
+    *,
+    trust: Any = None,
+    spent_ms: float = 0.0,
+) -> Auction:
+    """An auction whose bid went out at T0."""
+    a = Auction(
+        order, config or AuctionConfig(), AID, T0, subjects=S, trust=trust, spent_ms=spent_ms
+    )
+    [send] = a.start()
+    assert isinstance(send, SendBid)
+    a.bid_published(T0)
+    return a
+
+
+def offer(worker: str, score: float = 0.9, **kw: Any) -> Offer:
+    fields: dict[str, Any] = {"order_id": "o1", "region": "mad", **kw}
+    return Offer(worker_id=worker, score=score, **fields)
+
+
+def feed(a: Auction, *replies: msgspec.Struct | bytes, at: float = T0 + 0.001) -> list[Decision]:
+    out: list[Decision] = []
+    for r in replies:
+        out += a.bid_reply(r if isinstance(r, bytes) else encode(r), at)
+    return out
+
+
+def result(decisions: list[Decision]) -> Placed | Unfilled:
+    last = decisions[-1]
+    assert isinstance(last, Finish)
+    return last.result
+
+
+def unfilled_log(u: Unfilled) -> Log:
+    fields = {
+        "reason": u.reason,
+        "offers": u.offers,
+        "commits_tried": u.commits_tried,
+        "elapsed_ms": u.elapsed_ms,
+    }
+    return Log("info", "order_unfilled", fields)
+
+
+def commit_of(worker: str, at: float, order: PlaceOrder = ORDER) -> SendCommit:
+    """The SendCommit for ``worker`` decided at ``at`` (default deadline 500 ms)."""
+    commit = Commit(
+        order_id=order.order_id,
+        worker_id=worker,
+        resources=order.resources,
+        image=order.image,
+        metadata=order.metadata,
+    )
+    timeout = T0 + order.deadline_ms / 1000 - at + GRACE
+    return SendCommit(worker, S.commit(worker), commit, pytest.approx(timeout))  # type: ignore[arg-type]  # approx compares equal to the float
+
+
+def worker_placed(worker: str = "w1", **kw: Any) -> Placed:
+    """A worker's commit reply."""
+    fields: dict[str, Any] = {
+        "order_id": "o1",
+        "machine_id": f"{worker}~01M80QESDH2NAZQ4Z9ASNWXSKR",
+        "worker_id": worker,
+        "region": "mad",
+        "score": 0.9,
+        "image_cached": False,
+        "elapsed_ms": 1.5,
+        **kw,
+    }
+    return Placed(**fields)
+
+
+# -- §5.2 step 3: the bid -------------------------------------------------------------------
+
+
+def test_the_bid_goes_to_the_region_with_derived_hold_and_wait() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S)
+    bid = Bid(
+        order_id="o1",
+        region="mad",
+        resources=ORDER.resources,
+        image="web",
+        hold_ms=500 + 100 + 150,  # deadline + commit grace + hold margin
+        auction_id=AID,
+        wait_ms=400,  # 0.8 x deadline
+    )
+    assert a.start() == [SendBid((S.bid("mad"),), bid)]
+
+
+def test_a_sampled_bid_goes_to_the_shards_drawn_from_the_order_id() -> None:
+    cfg = AuctionConfig(bid_shards=8, bid_sample=2)
+    [send] = Auction(ORDER, cfg, AID, T0, subjects=S).start()
+    shards = sampled_shards("o1", "web", 8, 2)
+    assert isinstance(send, SendBid)
+    assert send.subjects == tuple(S.bid_shard("mad", k) for k in shards)
+
+
+def test_sampling_every_shard_is_a_broadcast() -> None:
+    [send] = Auction(ORDER, AuctionConfig(bid_shards=2, bid_sample=2), AID, T0, subjects=S).start()
+    assert isinstance(send, SendBid) and send.subjects == (S.bid("mad"),)
+
+
+# -- §5.2 step 4: collecting ------------------------------------------------------------------
+
+
+def test_503_from_the_region_is_no_workers_at_once() -> None:
+    a = start()
+    d = a.bid_reply(b"", T0 + 0.002, no_responders=True)
+    u = Unfilled(
+        order_id="o1",
+        region="mad",
+        reason="no_workers",
+        offers=0,
+        commits_tried=0,
+        elapsed_ms=2.0,
+        detail="no worker listens in 'mad'",
+    )
+    assert d == [unfilled_log(u), Finish(u)]
+
+
+def test_503_from_every_sampled_shard_broadcasts_then_a_503_there_is_no_workers() -> None:
+    a = start(config=AuctionConfig(bid_shards=8, bid_sample=2))
+    assert a.bid_reply(b"", T0 + 0.001, no_responders=True) == []  # one shard of two
+    assert a.bid_reply(b"", T0 + 0.001, no_responders=True) == [BroadcastBid(S.bid("mad"), a.bid)]
+    a.bid_published(T0 + 0.001)
+    assert a.tally.fallbacks == 1
+    u = result(a.bid_reply(b"", T0 + 0.002, no_responders=True))
+    assert isinstance(u, Unfilled) and u.reason == "no_workers"
+
+
+def test_sampled_shards_that_stay_silent_broadcast_before_unfilled() -> None:
+    a = start(config=AuctionConfig(bid_shards=8, bid_sample=2))
+    assert a.poll(T0) == [WakeAt(T0 + QUIET)]
+    assert a.timer(T0 + QUIET) == [BroadcastBid(S.bid("mad"), a.bid)]
+    a.bid_published(T0 + QUIET)
+    assert a.poll(T0 + QUIET) == [WakeAt(T0 + 2 * QUIET)]  # a new quiet window
+    u = result(a.timer(T0 + 2 * QUIET))
+    assert isinstance(u, Unfilled) and (u.reason, a.tally.fallbacks) == ("no_offers", 1)
+
+
+def test_sampled_shards_with_offers_do_not_broadcast() -> None:
+    a = start(ORDER, AuctionConfig(bid_shards=8, bid_sample=2), spent_ms=0)
+    feed(a, offer("w1", 0.1), at=T0 + 0.01)  # an offer, below nothing: taken
+    assert isinstance(a.poll(T0 + 0.01)[0], SendCommit)
+
+
+@pytest.mark.parametrize(
+    ("reply", "event", "fields"),
+    [
+        (
+            b"{not json",
+            "bad_offer",
+            {"error": "malformed JSON: JSON is malformed: object keys must be strings (byte 1)"},
+        ),
+        (
+            offer("w1", order_id="o2"),
+            "foreign_offer",
+            {"worker_id": "w1", "offer_region": "mad", "offer_order": "o2"},
+        ),
+        (
+            offer("w1", region="lis"),  # I5: never taken
+            "foreign_offer",
+            {"worker_id": "w1", "offer_region": "lis", "offer_order": "o1"},
+        ),
+        (
+            Waiting(order_id="o1", worker_id="w1", region="lis", wait_ms=100),
+            "foreign_offer",
+            {"worker_id": "w1", "offer_region": "lis", "offer_order": "o1"},
+        ),
+    ],
+)
+def test_unusable_replies_are_logged_and_ignored(
+    reply: msgspec.Struct | bytes, event: str, fields: dict[str, object]
+) -> None:
+    a = start()
+    assert feed(a, reply) == [Log("warning", event, fields)]
+    assert a.tally.offers == 0
+    assert a.poll(T0 + 0.001) == [WakeAt(T0 + QUIET)]  # no extension of the quiet window
+
+
+def test_unverified_offers_are_dropped_counted_by_reason_and_explained() -> None:
+    a = start(trust=lambda o: None if o.worker_id == "good" else "unsigned")
+    d = feed(a, offer("bad", signer="UX"), offer("bad", machine_id="bad~M1"))
+    assert d == [
+        Log(
+            "warning",
+            "offer_unverified",
+            {"worker_id": "bad", "reason": "unsigned", "signer": "UX"},
+        ),
+        Log(
+            "warning", "offer_unverified", {"worker_id": "bad", "reason": "unsigned", "signer": ""}
+        ),
+    ]  # not even a machine_id claim is taken
+    assert a.tally.unverified == {"unsigned": 2}
+    u = result(a.timer(T0 + QUIET))
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers) == ("no_offers", 0)
+    assert u.detail == (
+        "no worker in 'mad' can take 2 cpus + 512 MiB: 2 offer(s) failed the signature check"
+    )
+    trusted = start(trust=lambda o: None if o.worker_id == "good" else "unsigned")
+    assert feed(trusted, offer("good")) == [] and trusted.tally.offers == 1
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        ORDER,
+        msgspec.structs.replace(ORDER, exclude_workers=["w1"]),  # I3 outranks the exclusion
+        msgspec.structs.replace(ORDER, min_score=0.99),  # and min_score
+        msgspec.structs.replace(ORDER, retry=True),  # and the retry's gathering
+    ],
+)
+def test_an_existing_machine_offer_is_the_answer_at_once(order: PlaceOrder) -> None:
+    a = start(order)
+    existing = offer("w1", 0.4, machine_id="w1~M1", image_cached=True)
+    d = feed(a, offer("w2", 0.95), existing, at=T0 + 0.003)
+    placed = Placed(
+        order_id="o1",
+        machine_id="w1~M1",
+        worker_id="w1",
+        region="mad",
+        score=0.4,
+        image_cached=True,
+        elapsed_ms=3.0,
+        existing=True,
+    )
+    assert d == [Finish(placed)]  # no commit, nothing logged (as before)
+
+
+def test_offers_from_excluded_workers_are_ignored() -> None:
+    a = start(msgspec.structs.replace(ORDER, exclude_workers=["w1"]))
+    waiting = Waiting(order_id="o1", worker_id="w1", region="mad", wait_ms=300)
+    assert feed(a, offer("w1"), waiting) == []
+    assert (a.tally.offers, a.tally.waited) == (0, 0)
+    assert a.poll(T0 + 0.001) == [WakeAt(T0 + QUIET)]
+
+
+def test_a_waiting_worker_extends_the_window_until_it_offers_or_withdraws() -> None:
+    a = start()
+    feed(a, Waiting(order_id="o1", worker_id="w1", region="mad", wait_ms=300), at=T0 + 0.01)
+    assert a.poll(T0 + 0.01) == [WakeAt(T0 + 0.31)]
+    feed(a, Waiting(order_id="o1", worker_id="w2", region="mad", wait_ms=900), at=T0 + 0.02)
+    assert a.poll(T0 + 0.02) == [WakeAt(T0 + 0.5)]  # never past the deadline
+    feed(a, Waiting(order_id="o1", worker_id="w2", region="mad", wait_ms=0), at=T0 + 0.03)
+    assert a.poll(T0 + 0.03) == [WakeAt(T0 + 0.31)]  # w2 withdrew
+    u = result(a.timer(T0 + 0.31))
+    assert isinstance(u, Unfilled) and u.reason == "no_offers"
+    assert u.detail == (
+        "no worker in 'mad' could take 2 cpus + 512 MiB in time: "
+        "2 waited for capacity held by other orders"
+    )
+
+
+def test_an_offer_ends_its_workers_wait() -> None:
+    a = start(msgspec.structs.replace(ORDER, min_score=0.5))
+    feed(a, Waiting(order_id="o1", worker_id="w1", region="mad", wait_ms=300), at=T0 + 0.01)
+    feed(a, offer("w1", 0.2), at=T0 + 0.02)  # below min: not taken, does not extend
+    assert a.poll(T0 + 0.02) == [WakeAt(T0 + QUIET)]
+
+
+def test_offers_below_min_score_are_counted_not_taken_nor_extend_the_window() -> None:
+    a = start(msgspec.structs.replace(ORDER, min_score=0.95))
+    assert feed(a, offer("w1", 0.9), offer("w2", 0.5), at=T0 + 0.05) == []
+    assert a.poll(T0 + 0.05) == [WakeAt(T0 + QUIET)]
+    u = result(a.timer(T0 + QUIET))
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers, u.commits_tried) == ("below_min_score", 2, 0)
+    assert u.detail == "2 offer(s), all below min_score 0.95"
+
+
+def test_an_acceptable_offer_restarts_the_quiet_window() -> None:
+    a = start()
+    a.poll(T0)
+    assert a.last_offer == T0
+    feed(a, offer("w1"), at=T0 + 0.07)
+    assert a.last_offer == T0 + 0.07
+
+
+# -- §5.2 steps 5-6: commit ------------------------------------------------------------------
+
+
+def test_the_best_offer_received_so_far_is_committed() -> None:
+    a = start()
+    feed(a, offer("w1", 0.5), offer("w2", 0.9), offer("w3", 0.7), at=T0 + 0.004)
+    assert a.poll(T0 + 0.004) == [commit_of("w2", T0 + 0.004)]
+    assert a.tally.commits == 1
+
+
+def test_a_placed_reply_answers_with_the_workers_machine_and_the_offers_score() -> None:
+    a = start()
+    won = offer("w1", 0.82, image_cached=True, subscores={"cpus": 0.75, "image": 1.0})
+    feed(a, won, at=T0 + 0.004)
+    a.poll(T0 + 0.004)
+    reply = worker_placed("w1", score=0.5, image_cached=False, existing=True)
+    d = a.commit_outcome(CommitAnswered(reply), T0 + 0.006)
+    placed = Placed(
+        order_id="o1",
+        machine_id=reply.machine_id,
+        worker_id="w1",
+        region="mad",
+        score=0.82,
+        image_cached=True,
+        elapsed_ms=6.0,
+        subscores={"cpus": 0.75, "image": 1.0},
+        existing=True,  # the worker's word
+    )
+    fields = {
+        "worker_id": "w1",
+        "machine_id": reply.machine_id,
+        "score": 0.82,
+        "offers": 1,
+        "elapsed_ms": 6.0,
+    }
+    assert d == [Log("info", "order_placed", fields), Finish(placed)]
+
+
+# The step 6 table: every commit outcome that lets the auction go on, and what it records.
+GO_ON: list[tuple[CommitOutcome, str, list[Decision]]] = [
+    (
+        CommitAnswered(worker_placed("w2", region="lis")),
+        "w2: placed in the wrong region/order",
+        [],
+    ),
+    (
+        CommitAnswered(worker_placed("w2", order_id="o9")),
+        "w2: placed in the wrong region/order",
+        [],
+    ),
+    (
+        CommitAnswered(Rejected(order_id="o1", worker_id="w2", reason="no_hold")),
+        "w2: no_hold",
+        [Log("info", "commit_rejected", {"worker_id": "w2", "reason": "no_hold"})],
+    ),
+    (
+        CommitAnswered(Error(code="internal", detail="disk full")),
+        "w2: error internal",
+        [Log("info", "commit_rejected", {"worker_id": "w2", "reason": "error internal"})],
+    ),
+    (CommitNoResponders(), "w2: gone", []),
+    (CommitUndecodable("malformed JSON: x"), "w2: bad reply (malformed JSON: x)", []),
+]
+
+
+@pytest.mark.parametrize(("outcome", "recorded", "decisions"), GO_ON)
+def test_a_failed_commit_moves_on_to_the_next_best_offer(
+    outcome: CommitOutcome, recorded: str, decisions: list[Decision]
+) -> None:
+    a = start()
+    feed(a, offer("w2", 0.9), offer("w3", 0.8), at=T0 + 0.004)
+    assert a.poll(T0 + 0.004) == [commit_of("w2", T0 + 0.004)]
+    assert a.commit_outcome(outcome, T0 + 0.01) == decisions
+    assert a.tally.rejections == [recorded]
+    assert a.poll(T0 + 0.01) == [commit_of("w3", T0 + 0.01)]
+
+
+@pytest.mark.parametrize(("outcome", "recorded", "decisions"), GO_ON)
+def test_when_every_commit_fails_the_order_is_all_commits_rejected(
+    outcome: CommitOutcome, recorded: str, decisions: list[Decision]
+) -> None:
+    a = start()
+    feed(a, offer("w2"), at=T0 + 0.004)
+    a.poll(T0 + 0.004)
+    a.commit_outcome(outcome, T0 + 0.01)
+    assert a.poll(T0 + 0.01) == [WakeAt(T0 + 0.004 + QUIET)]
+    u = result(a.timer(T0 + 0.104))
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers, u.commits_tried) == ("all_commits_rejected", 1, 1)
+    assert u.detail == f"commits rejected: {recorded}"
+
+
+def test_rejections_are_listed_in_order() -> None:
+    a = start()
+    feed(a, offer("w1", 0.9), offer("w2", 0.8), at=T0 + 0.004)
+    a.poll(T0 + 0.004)
+    a.commit_outcome(CommitNoResponders(), T0 + 0.005)
+    a.poll(T0 + 0.005)
+    rejected = Rejected(order_id="o1", worker_id="w2", reason="hold_expired")
+    a.commit_outcome(CommitAnswered(rejected), T0 + 0.006)
+    u = result(a.timer(T0 + 0.2))
+    assert isinstance(u, Unfilled) and u.detail == "commits rejected: w1: gone, w2: hold_expired"
+
+
+def test_an_unanswered_commit_is_aborted_and_the_order_unfilled() -> None:
+    a = start()
+    feed(a, offer("w1"), offer("w2", 0.5), at=T0 + 0.004)
+    a.poll(T0 + 0.004)
+    d = a.commit_outcome(CommitTimedOut(), T0 + 0.6)
+    u = Unfilled(
+        order_id="o1",
+        region="mad",
+        reason="deadline",
+        offers=2,
+        commits_tried=1,
+        elapsed_ms=600.0,
+        detail="worker w1 did not answer the commit in time; it was told to undo it",
+    )
+    abort = Release(order_id="o1", worker_id="w1", abort_commit=True)
+    assert d == [
+        PublishAbort(S.release("w1"), abort),
+        Log("warning", "commit_unanswered", {"worker_id": "w1"}),
+        unfilled_log(u),
+        Finish(u),
+    ]  # the next offer (w2) is NOT tried: the first may have gone through
+
+
+def test_the_deadline_passing_before_a_commit_could_start_is_unfilled() -> None:
+    a = start()
+    feed(a, offer("w1"), at=T0 + 0.5)
+    u = result(a.poll(T0 + 0.5))
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers, u.commits_tried, u.detail) == (
+        "deadline",
+        1,
+        0,
+        DEADLINE_BEFORE_COMMIT,
+    )
+
+
+def test_time_spent_in_admission_comes_off_the_deadline() -> None:
+    a = start(spent_ms=450)
+    assert a.deadline == T0 + 0.05
+    assert a.poll(T0) == [WakeAt(T0 + 0.05)]  # not the 100 ms quiet window
+    feed(a, offer("w1"), at=T0 + 0.01)
+    assert a.poll(T0 + 0.01) == [commit_of("w1", T0 + 0.01 + 0.45)]  # 40 ms + grace
+    b = start(spent_ms=10_000)
+    assert b.deadline == T0 + 0.001  # at least 1 ms
+
+
+# -- §5.3: retries gather before committing a new machine -----------------------------------
+
+
+def test_a_retry_gathers_offers_before_committing() -> None:
+    a = start(msgspec.structs.replace(ORDER, retry=True))
+    feed(a, offer("w1", 0.6), at=T0 + 0.001)
+    assert a.poll(T0 + 0.001) == [WakeAt(T0 + QUIET)]  # min(quiet 100, deadline/2 250)
+    feed(a, offer("w2", 0.8), at=T0 + 0.03)
+    assert a.poll(T0 + 0.03) == [WakeAt(T0 + QUIET)]
+    assert a.timer(T0 + QUIET) == [commit_of("w2", T0 + QUIET)]
+
+
+def test_a_short_retry_gathers_half_its_deadline() -> None:
+    a = start(msgspec.structs.replace(ORDER, retry=True, deadline_ms=60))
+    feed(a, offer("w1"), at=T0 + 0.001)
+    assert a.poll(T0 + 0.001) == [WakeAt(T0 + 0.03)]
+
+
+def test_a_retry_whose_deadline_ends_while_gathering_is_unfilled_deadline() -> None:
+    a = start(msgspec.structs.replace(ORDER, retry=True), spent_ms=450)
+    feed(a, offer("w1"), at=T0 + 0.001)
+    assert a.poll(T0 + 0.001) == [WakeAt(T0 + 0.05)]  # the deadline comes first
+    u = result(a.timer(T0 + 0.05))
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers, u.commits_tried, u.detail) == (
+        "deadline",
+        1,
+        0,
+        "the deadline passed",
+    )
+
+
+def test_an_early_timer_only_asks_to_wake_again() -> None:
+    a = start(msgspec.structs.replace(ORDER, retry=True))
+    feed(a, offer("w1"), at=T0 + 0.001)
+    assert a.timer(T0 + 0.0999) == [WakeAt(T0 + QUIET)]
+
+
+# -- §5.4: reasons and details ----------------------------------------------------------------
+
+
+def test_no_offers_when_nobody_answers_in_the_quiet_window() -> None:
+    a = start(msgspec.structs.replace(ORDER, constraints={"disk": "ssd"}))
+    assert a.poll(T0) == [WakeAt(T0 + QUIET)]
+    d = a.timer(T0 + QUIET)
+    u = result(d)
+    assert isinstance(u, Unfilled)
+    assert (u.reason, u.offers, u.commits_tried, u.elapsed_ms) == ("no_offers", 0, 0, 100.0)
+    assert u.detail == "no worker in 'mad' can take 2 cpus + 512 MiB + constraints disk=ssd"
+    assert d == [unfilled_log(u), Finish(u)]
+
+
+def test_describe_names_every_resource_asked_for() -> None:
+    o = msgspec.structs.replace(
+        ORDER,
+        resources=Resources(cpus=4, memory_mb=1024, disk_mb=2048, gpus=1),
+        constraints={"zone": "a", "disk": "ssd"},
+    )
+    assert describe(o) == "4 cpus + 1024 MiB + 2048 MiB disk + 1 gpus + constraints zone=a,disk=ssd"
+
+
+# -- state -----------------------------------------------------------------------------------
+
+
+def test_events_out_of_turn_are_named_errors() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S)
+    with pytest.raises(AuctionStateError, match="is new, not collecting"):
+        a.poll(T0)
+    a.start()
+    with pytest.raises(AuctionStateError, match="not committing"):
+        a.commit_outcome(CommitTimedOut(), T0)
+    feed(a, offer("w1"))
+    a.poll(T0 + 0.001)
+    with pytest.raises(AuctionStateError, match="is committing, not collecting"):
+        a.bid_reply(encode(offer("w2")), T0 + 0.002)
+    a.commit_outcome(CommitAnswered(worker_placed("w1")), T0 + 0.003)
+    with pytest.raises(AuctionStateError, match="is done"):
+        a.timer(T0 + 1)
+
+
+# -- Placed, built in one home ----------------------------------------------------------------
+
+
+def test_placed_of_machine_is_the_workers_reply() -> None:
+    m = Machine(
+        machine_id="w1~01M80QESDH2NAZQ4Z9ASNWXSKR",
+        order_id="o1",
+        worker_id="w1",
+        region="mad",
+        state="reserved",
+        resources=ORDER.resources,
+        image="web",
+        score=0.7,
+    )
+    p = Placed.of_machine(m, image_cached=True, elapsed_ms=1.2, subscores={"cpus": 0.5})
+    assert p == Placed(
+        order_id="o1",
+        machine_id=m.machine_id,
+        worker_id="w1",
+        region="mad",
+        score=0.7,
+        image_cached=True,
+        elapsed_ms=1.2,
+        subscores={"cpus": 0.5},
+    )
+    again = Placed.of_machine(m, image_cached=False, elapsed_ms=0.1, existing=True)
+    assert again.existing and again.subscores == {}
+
+
+def test_placed_of_offer_needs_a_machine() -> None:
+    with pytest.raises(ValueError, match="names no machine"):
+        Placed.of_offer(offer("w1"), elapsed_ms=1.0)
