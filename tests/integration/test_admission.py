@@ -52,7 +52,7 @@ async def test_on_the_wire_a_refusal_is_an_internal_error_with_reason_overloaded
     svc = ExchangeService(
         await market.connect("ex"), market.subjects, max_inflight=1, target_auction_ms=0
     )
-    await svc.start()
+    await market.serve(svc)
     market.exchanges.append(svc)
     assert svc.admission.try_acquire()  # the only slot is busy
     nc = await market.connect("raw")
