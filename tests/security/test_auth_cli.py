@@ -105,5 +105,5 @@ async def test_programs_name_a_bad_credentials_trust_or_tls_file(tmp_path: Path)
     sup = ("supplier", "run", "--worker-id", "w", "--region", "r", "--cpus", "1")
     code, _, err = await run(*sup, "--memory-mb", "1", *nats, "--tls-cert", str(junk))
     assert code == 1 and "--tls-cert and --tls-key go together" in err
-    code, _, err = await run("buyer_cli", "--tls-ca", str(junk), "fleet", *nats)
+    code, _, err = await run("buyer_cli", "--tls-ca", str(junk), "fleet", "--region", "mad", *nats)
     assert code == 1 and f"cannot use CA file {junk}" in err
