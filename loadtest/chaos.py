@@ -6,11 +6,16 @@ Every fault is done to a real process or file: SIGKILL, SIGSTOP/SIGCONT, a nats-
 stopped and started again on the same port, a supplier's state file filled up to its cap.
 The end of a run is :meth:`ChaosRun.finish`: wait out the longest hold TTL, collect the
 workers' status, stop everything and audit the SQLite files against the client's records.
+
+Every task has an owner (anyio task groups): :meth:`ChaosRun.load` owns the sends and the
+lifecycles of the machines they placed; a fault's waits are plain awaits of its caller.
+What a fault changes is undone in ``finally`` (a stalled process resumed, a filled file
+freed), and :meth:`ChaosRun.close` releases everything under shielded, bounded scopes, so a
+run that is cancelled (Ctrl-C on a soak) leaves no process or nats-server behind.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -24,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio
+import anyio.abc
 import msgspec
 import structlog
 from hdrh.histogram import HdrHistogram
@@ -34,7 +41,8 @@ from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.supercluster import Supercluster
-from bourse.runtime.launcher import Program
+from bourse.runtime.launcher import Program, stop_all
+from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import decode
 from bourse.wire.messages import Amount, Error, Placed, WorkerStatus
 from bourse.wire.subjects import Subjects
@@ -101,12 +109,18 @@ class Managed:
     def resume(self) -> None:
         os.kill(self.pid, signal.SIGCONT)
 
-    async def stop(self) -> int | None:
-        if self.prog is None:
-            return None
+    def wake(self) -> None:
+        """SIGCONT if it runs: a stalled program cannot handle the SIGTERM that stops it."""
         if self.alive:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGCONT)  # a stalled program cannot handle SIGTERM
+                os.kill(self.pid, signal.SIGCONT)
+
+    async def stop(self) -> int | None:
+        """SIGTERM (SIGKILL if it does not exit in time); its exit code, None if never
+        started."""
+        if self.prog is None:
+            return None
+        self.wake()
         return await self.prog.stop()
 
 
@@ -168,7 +182,6 @@ class ChaosRun:
         self.records: dict[str, OrderRecord] = {}
         self.stats = ChaosStats()
         self.t0 = time.monotonic()
-        self._lifecycles: set[asyncio.Task[Any]] = set()
         self.destroyed: set[str] = set()  # order ids whose machine the client destroyed
         self.nc: NATS | None = None
         workers = fleet(profile)
@@ -189,10 +202,19 @@ class ChaosRun:
         await self.close()
 
     async def start(self) -> None:
+        """The nats-server(s), every program (each ready), the client's connection. If any
+        step fails (or is cancelled), what was started is stopped again."""
+        try:
+            await self._start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def _start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.nats_nodes > 1:
             self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes})
-            await asyncio.to_thread(self.cluster.start)
+            await anyio.to_thread.run_sync(self.cluster.start)
             urls = self.cluster.urls("c")  # every program gets every URL: it can fail over
         else:
             self.server = EmbeddedNats(workdir=self.root / "nats").start()
@@ -216,44 +238,54 @@ class ChaosRun:
         self.t0 = time.monotonic()
 
     async def close(self) -> None:
-        await self._cancel_lifecycles()
-        if self.nc is not None:
-            await shutdown(self.nc)
-            self.nc = None
-        for m in self.exchanges + self.suppliers:
-            await m.stop()
-        if self.server is not None:
-            self.server.stop()
-            self.server = None
-        if self.cluster is not None:
-            self.cluster.stop()
-            self.cluster = None
+        """Release everything, whatever state the run is in: the client's connection
+        closed, every program stopped (SIGKILL after a short grace), the nats-server(s)
+        stopped. Shielded and bounded: safe in a ``finally`` of a cancelled run."""
+        try:
+            if self.nc is not None:
+                with cleanup_scope():
+                    await shutdown(self.nc)  # bounds itself; the scope bounds the rest
+                self.nc = None
+            managed = self.exchanges + self.suppliers
+            for m in managed:
+                m.wake()
+            await stop_all([m.prog for m in managed if m.prog is not None])
+        finally:
+            if self.server is not None:
+                self.server.stop()
+                self.server = None
+            if self.cluster is not None:
+                self.cluster.stop()
+                self.cluster = None
 
     async def keep_machines(self) -> None:
-        """Stop destroying machines at the end of their lifetime (before re-placing)."""
-        await self._cancel_lifecycles()
-
-    async def _cancel_lifecycles(self) -> None:
-        for t in list(self._lifecycles):
-            t.cancel()
-        if self._lifecycles:
-            await asyncio.wait(self._lifecycles)
+        """Keep the machines placed so far (before re-placing them): :meth:`load` ends the
+        lifecycles of what it placed when it returns, so nothing destroys them any more,
+        and an order placed on its own (:meth:`place` without a group) is never destroyed.
+        Kept as the point where a test says it relies on that."""
 
     # -- load ---------------------------------------------------------------------------------
     async def load(self, orders: list[TraceOrder]) -> None:
-        """Send ``orders`` at their due times (open loop); returns when all have answered."""
+        """Send ``orders`` at their due times (open loop); returns when all have answered.
+        Each order is a task of this call's group; the machines placed are destroyed at the
+        end of their lifetime by tasks of a second group, cancelled once the last answer is
+        in (as :class:`loadtest.runner.Generator` does): what is left runs until the end."""
         start = time.monotonic()
-        tasks = []
-        for t in orders:
-            wait = start + t.due_s - time.monotonic()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            tasks.append(asyncio.create_task(self.place(t)))
-        if tasks:
-            await asyncio.gather(*tasks)
+        async with anyio.create_task_group() as lifecycles:
+            async with anyio.create_task_group() as sends:
+                for t in orders:
+                    wait = start + t.due_s - time.monotonic()
+                    if wait > 0:
+                        await anyio.sleep(wait)
+                    sends.start_soon(self.place, t, lifecycles)
+            lifecycles.cancel_scope.cancel()
 
-    async def place(self, t: TraceOrder) -> OrderRecord:
-        """One order with up to ``retries`` retries after an error, always the same id."""
+    async def place(
+        self, t: TraceOrder, lifecycles: anyio.abc.TaskGroup | None = None
+    ) -> OrderRecord:
+        """One order with up to ``retries`` retries after an error, always the same id.
+        A machine placed is destroyed after ``t.lifetime_s`` by a task in ``lifecycles``;
+        without a group it is kept for the rest of the run."""
         o = t.order
         rec = self.records.setdefault(
             o.order_id, OrderRecord(o.order_id, o.region, o.resources, o.deadline_ms)
@@ -272,7 +304,7 @@ class ChaosRun:
                 if attempt < self.retries:
                     self.stats.retried_errors[exc.code] += 1
                     # exponential, capped: a retry budget (~3.4 s) outlasts a server restart
-                    await asyncio.sleep(min(RETRY_BACKOFF_S * 2**attempt, 1.0))
+                    await anyio.sleep(min(RETRY_BACKOFF_S * 2**attempt, 1.0))
                     continue
                 break
             finally:
@@ -284,7 +316,10 @@ class ChaosRun:
                 rec.outcome = "placed"
                 rec.machine_ids.append(r.machine_id)
                 rec.worker_id = r.worker_id
-                self._spawn(self._destroy_later(o.order_id, r.machine_id, t.lifetime_s))
+                if lifecycles is not None:
+                    lifecycles.start_soon(
+                        self._destroy_later, o.order_id, r.machine_id, t.lifetime_s
+                    )
             else:
                 rec.outcome = f"unfilled:{r.reason}"
             break
@@ -297,13 +332,8 @@ class ChaosRun:
             self.stats.failed[rec.outcome.split(":", 1)[1]] += 1
         return rec
 
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._lifecycles.add(task)
-        task.add_done_callback(self._lifecycles.discard)
-
     async def _destroy_later(self, order_id: str, machine_id: str, after_s: float) -> None:
-        await asyncio.sleep(after_s)
+        await anyio.sleep(after_s)
         self.destroyed.add(order_id)  # before the request: it may land even if cancelled
         try:
             await self.direct.machine("destroy", machine_id)
@@ -320,7 +350,7 @@ class ChaosRun:
         await m.kill9()
         self._note("kill-supplier", m.name, f"down {down_s:.1f}s")
         if down_s:
-            await asyncio.sleep(down_s)
+            await anyio.sleep(down_s)
         await m.start()
 
     async def kill_exchange(self, i: int, down_s: float = 0.0, restart: bool = True) -> None:
@@ -330,7 +360,7 @@ class ChaosRun:
         if not restart:
             return
         if down_s:
-            await asyncio.sleep(down_s)
+            await anyio.sleep(down_s)
         await m.start()
 
     async def stall_supplier(self, i: int, stall_s: float) -> None:
@@ -338,9 +368,9 @@ class ChaosRun:
         m.stall()
         self._note("stall-supplier", m.name, f"SIGSTOP {stall_s:.1f}s")
         try:
-            await asyncio.sleep(stall_s)
+            await anyio.sleep(stall_s)
         finally:
-            m.resume()
+            m.resume()  # also when cancelled: a process left stopped would hang the stop
 
     async def restart_nats(self, down_s: float = 0.5) -> float:
         """Stop the nats-server, start it again on the same port; returns the outage (s)."""
@@ -349,8 +379,9 @@ class ChaosRun:
         t = time.monotonic()
         self.server.stop()
         self._note("restart-nats", f"nats :{port}", f"down {down_s:.1f}s")
-        await asyncio.sleep(down_s)
-        self.server = await asyncio.to_thread(EmbeddedNats(workdir=workdir, port=port or -1).start)
+        await anyio.sleep(down_s)
+        restarted = EmbeddedNats(workdir=workdir, port=port or -1)
+        self.server = await anyio.to_thread.run_sync(restarted.start)
         return time.monotonic() - t
 
     async def kill_nats_node(self, i: int, down_s: float = 0.5) -> None:
@@ -360,8 +391,8 @@ class ChaosRun:
         name = f"c-{i + 1}"
         self.cluster.kill(name)
         self._note("kill-nats-node", name, f"down {down_s:.1f}s")
-        await asyncio.sleep(down_s)
-        await asyncio.to_thread(self.cluster.restart, name)
+        await anyio.sleep(down_s)
+        await anyio.to_thread.run_sync(self.cluster.restart, name)
 
     async def fill_disk(self, i: int, full_s: float) -> None:
         """Fill supplier ``i``'s capped state file (run with ``max_db_mb``) from outside,
@@ -370,11 +401,12 @@ class ChaosRun:
             raise ValueError("fill_disk needs the suppliers to run with max_db_mb")
         path = self.db_path(i)
         self._note("fill-disk", self.suppliers[i].name, f"full {full_s:.1f}s")
-        await asyncio.to_thread(fill_store, path, self.max_db_mb)
+        await anyio.to_thread.run_sync(fill_store, path, self.max_db_mb)
         try:
-            await asyncio.sleep(full_s)
+            await anyio.sleep(full_s)
         finally:
-            await asyncio.to_thread(free_store, path)
+            with anyio.CancelScope(shield=True):  # bounded by SQLite's busy timeout
+                await anyio.to_thread.run_sync(free_store, path)
 
     async def bad_input(self) -> None:
         """Requests with malformed payloads on public subjects: each must get an Error."""
@@ -438,7 +470,7 @@ class ChaosRun:
     async def settle(self) -> list[WorkerStatus]:
         """After the load: wait until no hold can be alive, then every worker's status.
         Holds still there after their TTL (plus the sweep) are an I4 violation."""
-        await asyncio.sleep(self.max_hold_s + 0.2)  # the TTL itself is under test
+        await anyio.sleep(self.max_hold_s + 0.2)  # the TTL itself is under test
         st = await self.statuses()
         if len(st) < len(self.region_of):
             self.stats.violations.append(
@@ -448,10 +480,11 @@ class ChaosRun:
 
     async def finish(self) -> AuditResult:
         """Settle, stop every program (their files are then complete) and audit them."""
-        await self._cancel_lifecycles()
         statuses = await self.settle()
-        for m in self.exchanges + self.suppliers:
-            await m.stop()
+        for group in (self.exchanges, self.suppliers):  # the exchanges first, as ever
+            async with anyio.create_task_group() as stops:
+                for m in group:
+                    stops.start_soon(m.stop)
         stores = [self.db_path(i) for i in range(len(self.suppliers))]
         result = audit(list(self.records.values()), stores, self.capacity, self.region_of, statuses)
         result.violations[:0] = self.stats.violations

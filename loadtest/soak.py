@@ -3,16 +3,21 @@ intervals (kill -9 of a supplier or an exchange, a nats-server restart, a stalle
 a full state file, bad input), then the audit of every supplier's SQLite file against what
 the client saw. The report counts orders sent, placed, unfilled, failed, the faults by
 kind, the largest RSS of each program (buffering must stay bounded), and the violations,
-which must be none."""
+which must be none.
+
+The load, the fault injector and the progress/RSS watcher are tasks of nested anyio groups:
+the injector stops once the load is done (a fault under way completes first, so what it
+broke is back before the audit), the watcher once the injector is.
+"""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import random
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import psutil
 from rich.console import Console
@@ -53,12 +58,14 @@ async def run_soak(
     async with run:
         with progress:
             bar = progress.add_task("orders", total=len(orders))
-            load = asyncio.create_task(run.load(orders))
+            loaded = anyio.Event()
 
             async def faults() -> None:
-                while not load.done():
-                    await asyncio.sleep(rng.expovariate(1.0 / fault_every_s))
-                    if load.done():
+                """A fault at random intervals until the load is done."""
+                while not loaded.is_set():
+                    with anyio.move_on_after(rng.expovariate(1.0 / fault_every_s)):
+                        await loaded.wait()  # the next fault is due, or the load is done
+                    if loaded.is_set():
                         break
                     await run.random_fault()
                     progress.update(bar, description=f"orders ({len(run.stats.faults)} faults)")
@@ -68,18 +75,15 @@ async def run_soak(
                     done = sum(1 for r in run.records.values() if r.outcome)
                     progress.update(bar, completed=done)
                     _sample_rss(run.suppliers + run.exchanges, rss)
-                    await asyncio.sleep(0.5)
+                    await anyio.sleep(0.5)
 
-            watcher = asyncio.create_task(watch())
-            injector = asyncio.create_task(faults())
-            try:
-                await load
-                await injector
-            finally:
-                for task in (watcher, injector):
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            async with anyio.create_task_group() as watching:
+                watching.start_soon(watch)
+                async with anyio.create_task_group() as injecting:
+                    injecting.start_soon(faults)
+                    await run.load(orders)
+                    loaded.set()
+                watching.cancel_scope.cancel()
         result = await run.finish()
         report = run.report(result)
     report["profile"] = {
