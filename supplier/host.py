@@ -332,7 +332,7 @@ class SupplierHost:
             )
 
     async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:
-        result = await w.commit(commit)
+        result = await w.commits.commit(commit)
         if isinstance(result, Placed):
             self.owners[result.order_id] = w
         await self.responder.reply(msg, result)

@@ -192,6 +192,30 @@ class Placed(Message, kw_only=True):
     subscores: dict[str, float] = {}
     existing: bool = False
 
+    @classmethod
+    def of_machine(
+        cls,
+        m: Machine,
+        *,
+        image_cached: bool,
+        elapsed_ms: float,
+        subscores: dict[str, float] | None = None,
+        existing: bool = False,
+    ) -> Placed:
+        """The worker's reply to a commit that placed (or, ``existing``, had placed) ``m``:
+        its ids, region and score come from the machine, so they always agree with it."""
+        return cls(
+            order_id=m.order_id,
+            machine_id=m.machine_id,
+            worker_id=m.worker_id,
+            region=m.region,
+            score=m.score,
+            image_cached=image_cached,
+            elapsed_ms=elapsed_ms,
+            subscores=subscores or {},
+            existing=existing,
+        )
+
 
 class Rejected(Message, kw_only=True):
     order_id: OrderId
