@@ -504,6 +504,7 @@ async def test_an_aborted_order_can_be_placed_again(
 ) -> None:
     hold(worker)
     first = await commit_and_abort(worker, "after")
+    assert isinstance(first, Placed)
     hold(worker)
     retry = await worker.commits.commit(commit())
     assert isinstance(retry, Placed)
