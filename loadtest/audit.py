@@ -22,9 +22,9 @@ from pathlib import Path
 import msgspec
 
 from bourse.wire.messages import Amount, Machine, Resources, WorkerStatus
+from bourse.wire.resources import RESOURCES, ZERO, Vec, add, leq, sub, vec
 
 _dec = msgspec.json.Decoder(Machine)
-RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
 
 
 @dataclass(slots=True)
@@ -71,10 +71,6 @@ def read_store(path: Path) -> tuple[list[Machine], list[tuple[str, str, Machine]
     return machines, ops
 
 
-def _vec(r: Resources | Amount) -> tuple[int, ...]:
-    return tuple(getattr(r, k) for k in RESOURCES)
-
-
 def audit(
     records: list[OrderRecord],
     stores: list[Path],
@@ -109,11 +105,11 @@ def audit(
     )
     for r in records:
         for mid in r.machine_ids:  # I2
-            m = by_id.get(mid)
-            if m is None:
+            stored = by_id.get(mid)
+            if stored is None:
                 res.add(f"I2 order {r.order_id}: Placed {mid} is in no supplier's file")
-            elif m.order_id != r.order_id:
-                res.add(f"I2 order {r.order_id}: Placed {mid} is stored for {m.order_id}")
+            elif stored.order_id != r.order_id:
+                res.add(f"I2 order {r.order_id}: Placed {mid} is stored for {stored.order_id}")
         if len(set(r.machine_ids)) > 1:  # I3, as the client saw it
             res.add(f"I3 order {r.order_id} was Placed as {sorted(set(r.machine_ids))}")
         if r.outcome.startswith("unfilled") and not r.machine_ids:  # I4: nothing behind
@@ -125,7 +121,7 @@ def audit(
             if left:
                 res.add(f"I4 order {r.order_id} was Unfilled but left {left}")
     for s in statuses or ():
-        if s.holds or any(getattr(s.held, k) for k in RESOURCES):
+        if s.holds or vec(s.held) != ZERO:
             res.add(f"I4 {s.worker_id} still holds {s.holds} hold(s) after the longest TTL")
     return res
 
@@ -134,7 +130,7 @@ def _check_oplog(
     ops: list[tuple[str, str, Machine]], capacity: dict[str, Amount], res: AuditResult
 ) -> None:
     """I1 at every step of the file's history, not only at the end."""
-    committed: dict[str, list[int]] = defaultdict(lambda: [0] * len(RESOURCES))
+    committed: dict[str, Vec] = defaultdict(lambda: ZERO)
     live: dict[str, bool] = {}  # machine id -> counted as committed
     for worker_id, _op, m in ops:
         counted = m.state != "destroyed"
@@ -142,12 +138,10 @@ def _check_oplog(
         if counted == was:
             continue
         live[m.machine_id] = counted
-        sign = 1 if counted else -1
-        totals = committed[worker_id]
-        for i, v in enumerate(_vec(m.resources)):
-            totals[i] += sign * v
+        change = add if counted else sub
+        totals = committed[worker_id] = change(committed[worker_id], vec(m.resources))
         cap = capacity.get(worker_id)
-        if counted and cap is not None:
-            for k, used, limit in zip(RESOURCES, totals, _vec(cap), strict=True):
+        if counted and cap is not None and not leq(totals, vec(cap)):
+            for k, used, limit in zip(RESOURCES, totals, vec(cap), strict=True):
                 if used > limit:
                     res.add(f"I1 {worker_id}: {k} {used} > {limit} after {m.machine_id}")

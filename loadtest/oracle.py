@@ -17,9 +17,7 @@ import msgspec
 
 from bourse.wire.resources import ZERO, Vec, add, leq, sub, vec
 from loadtest.workload import Profile, TraceOrder, fleet, image_sizes
-from supplier.config import WorkerConfig
-from supplier.images import ImageCache
-from supplier.pricing import Pricer
+from supplier import ImageCache, Pricer, WorkerConfig
 
 
 @dataclass
@@ -48,6 +46,10 @@ class _W:
         self.pricer = Pricer(cfg.pricing)
         self.cache = ImageCache(cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, 0))
         self.in_use: Counter[str] = Counter()
+
+    def uses(self, image: str) -> bool:
+        """Whether a machine placed here runs ``image`` (the cache never evicts it then)."""
+        return self.in_use[image] > 0
 
 
 def run_oracle(profile: Profile, orders: list[TraceOrder]) -> OracleResult:
@@ -82,7 +84,7 @@ def run_oracle(profile: Profile, orders: list[TraceOrder]) -> OracleResult:
             hits += 1
             w.cache.touch(image)
         elif profile.start_machines:
-            w.cache.add(image, lambda i, w=w: w.in_use[i] > 0)
+            w.cache.add(image, w.uses)
         w.used = add(w.used, want)
         w.in_use[image] += 1
         heapq.heappush(leaving, (t.due_s + t.lifetime_s, n, w, want, image))

@@ -17,8 +17,7 @@ import msgspec
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.wire.messages import PlaceOrder, Resources
-from supplier.candidates import DEFAULT_QUOTE_SAMPLE
-from supplier.host import DEFAULT_MAX_OFFERS
+from supplier import DEFAULT_MAX_OFFERS, DEFAULT_QUOTE_SAMPLE
 
 
 class Shape(msgspec.Struct, frozen=True):

@@ -13,7 +13,7 @@ from bourse.nats.auth import AuthError, SupplierSpec, parse_worker_flag, write_a
 from bourse.nats.tls import DEFAULT_HOSTS, TLS_CONF, write_tls_dir
 from bourse.runtime.cli import PrefixOpt, fail
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
-from supplier.config import ConfigError, load_fleet
+from supplier import ConfigError, load_fleet
 
 auth_app = typer.Typer(help="Credentials and TLS for a Bourse market on NATS.")
 

@@ -1,1 +1,36 @@
-"""Bourse supplier daemon: one (or many virtual) workers selling their capacity."""
+"""Bourse supplier daemon: one (or many virtual) workers selling their capacity.
+
+This module is also the supplier's library API for tools: the load-test harness
+(``loadtest/``) and the operator commands (``ops/``) import the supplier only from here,
+never from its modules. What it offers:
+
+- fleet files: ``WorkerConfig`` (one worker: what it sells, how it prices), its
+  ``PricingConfig``, ``load_fleet(path)`` (TOML or JSON, raising ``ConfigError``) and
+  ``check_workers(workers)`` (ids unique, each worker valid);
+- the default price function: ``Pricer(PricingConfig)``, the very one a worker quotes
+  with, so a simulator or an oracle scores placements exactly as the suppliers do;
+- the image cache model a simulator replays: ``ImageCache`` (LRU within a budget, never
+  evicting an image in use);
+- the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
+  bid) and ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid).
+
+Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is loaded.
+"""
+
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE
+from supplier.config import ConfigError, PricingConfig, WorkerConfig, check_workers, load_fleet
+from supplier.desk import DEFAULT_MAX_OFFERS
+from supplier.images import ImageCache
+from supplier.pricing import Pricer
+
+__all__ = [
+    "DEFAULT_MAX_OFFERS",
+    "DEFAULT_QUOTE_SAMPLE",
+    "ConfigError",
+    "ImageCache",
+    "Pricer",
+    "PricingConfig",
+    "WorkerConfig",
+    "check_workers",
+    "load_fleet",
+]

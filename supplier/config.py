@@ -88,7 +88,8 @@ class FleetFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
 
 
 class ConfigError(ValueError):
-    pass
+    """A fleet file or worker flags that cannot describe a worker; the message names the
+    file, the worker and the offending field."""
 
 
 def load_fleet(path: str | Path) -> list[WorkerConfig]:
@@ -112,6 +113,8 @@ def load_fleet(path: str | Path) -> list[WorkerConfig]:
 
 
 def check_workers(workers: list[WorkerConfig]) -> None:
+    """Raise ConfigError unless the workers can be served together: unique ids, a capacity
+    of at least 1 CPU and 1 MB of memory, pricing curves that build."""
     seen: set[str] = set()
     for w in workers:
         if w.worker_id in seen:

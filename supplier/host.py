@@ -296,10 +296,16 @@ class SupplierHost:
         if not sends:
             return
         loop = asyncio.get_running_loop()
+        # One reading of the clock for all of them: the delays grow down the list, so once
+        # one reply is scheduled every later one is too, at a later time. (Reading the clock
+        # per reply let a worse offer that was already due go out before a better one still
+        # scheduled a fraction of a millisecond earlier.)
+        now = loop.time()
+        skew = now - time.monotonic()  # t0 is time.monotonic(); the loop may keep its own
         for send in sends:
-            wait = t0 + send.delay_s - time.monotonic()
-            if wait > 0:
-                loop.call_later(wait, self._due, send)
+            at = t0 + skew + send.delay_s
+            if at > now:
+                loop.call_at(at, self._due, send)
             else:
                 self._due(send)
 
@@ -354,7 +360,7 @@ class SupplierHost:
             )
 
     async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:
-        result = await w.commit(commit)
+        result = await w.commits.commit(commit)
         if isinstance(result, Placed):
             self.owners[result.order_id] = w
         await self.responder.reply(msg, result)

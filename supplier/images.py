@@ -16,6 +16,9 @@ ImageListener = Callable[[str, bool], None]
 
 
 class ImageCache:
+    """The images cached on one worker, least recently used first, within ``budget_mb``;
+    ``size_of(image)`` gives an image's size, ``listener`` hears every image come and go."""
+
     def __init__(
         self,
         budget_mb: int,

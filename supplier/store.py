@@ -31,6 +31,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import msgspec
 import structlog
@@ -69,6 +70,9 @@ _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
 _STOP = object()
 _PROBE = object()
+# A queued write (or probe): its ops (or _PROBE), its future, the loop that awaits it.
+# (Any: a tuple of Ops or the _PROBE sentinel, told apart by identity, not by type.)
+_Queued = tuple[Any, "asyncio.Future[None]", asyncio.AbstractEventLoop]
 # The probe writes (then deletes) this much, so it needs fresh pages or WAL space: a store
 # that is full again fails it instead of passing on a tiny in-place update.
 PROBE_BYTES = 64 * 1024
@@ -191,7 +195,7 @@ class Store:
             first = self._queue.get()
             if first is _STOP:
                 break
-            batch = [first]
+            batch = [cast(_Queued, first)]
             stop = False
             until = time.monotonic() + self.linger_s if busy else 0.0
             while len(batch) < MAX_GROUP:
@@ -203,13 +207,13 @@ class Store:
                 if item is _STOP:
                     stop = True
                     break
-                batch.append(item)
-            probes = [item for item in batch if item[0] is _PROBE]  # type: ignore[index]
+                batch.append(cast(_Queued, item))
+            probes = [item for item in batch if item[0] is _PROBE]
             if probes:
-                batch = [item for item in batch if item[0] is not _PROBE]  # type: ignore[index]
+                batch = [item for item in batch if item[0] is not _PROBE]
                 self._probe(conn, probes)
             if batch:
-                self._write_batch(conn, batch)  # type: ignore[arg-type]
+                self._write_batch(conn, batch)
             if stop:
                 break
             busy = len(batch) > 1 or not self._queue.empty()
@@ -223,10 +227,10 @@ class Store:
             except queue.Empty:
                 break
             if item is not _STOP:
-                _, fut, loop = item  # type: ignore[misc]
+                _, fut, loop = cast(_Queued, item)
                 loop.call_soon_threadsafe(_resolve, fut, closed)
 
-    def _write_batch(self, conn: sqlite3.Connection | None, batch: list) -> None:
+    def _write_batch(self, conn: sqlite3.Connection | None, batch: list[_Queued]) -> None:
         try:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
@@ -259,7 +263,7 @@ class Store:
                 "the state file was removed or replaced under the running supplier"
             )
 
-    def _probe(self, conn: sqlite3.Connection | None, probes: list) -> None:
+    def _probe(self, conn: sqlite3.Connection | None, probes: list[_Queued]) -> None:
         err: StoreError | None = None
         try:
             if conn is None:

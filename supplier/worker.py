@@ -1,36 +1,32 @@
-"""One worker: its capacity ledger, its machines, durable commits, releases, status.
+"""One worker: its capacity ledger, its machines, its commits, releases, status.
 
 No NATS here: the host (supplier/host.py) decodes messages and calls these methods, so
 the same code serves a real worker and a thousand virtual ones in a load test. How a bid
 is answered is the desk's business (supplier/desk.py); the worker holds the state the
 desk works on (ledger, pricer, waiting bids) and tells it, through ``on_freed`` and
-``on_grew``, when its capacity changes outside a bid.
+``on_grew``, when its capacity changes outside a bid. How a commit is answered is its
+commit desk's (supplier/commits.py, ``Worker.commits``), built here once over the same
+ledger and machines.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import structlog
 
 from bourse.wire.messages import (
-    Commit,
-    CommitReply,
     Error,
     Event,
     Machine,
     MachineList,
     MachineReply,
-    Placed,
-    Rejected,
     WorkerStatus,
-    new_machine_id,
     now_ms,
 )
-from bourse.wire.resources import Vec, amount, leq, vec
+from bourse.wire.resources import amount, leq, vec
+from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
 from supplier.drivers import Driver
@@ -40,7 +36,7 @@ from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
 from supplier.ledger import Hold, Ledger
 from supplier.machines import Machines
 from supplier.pricing import Pricer
-from supplier.store import Op, Store, StoreError
+from supplier.store import Store
 
 log = structlog.get_logger("bourse.supplier")
 
@@ -114,9 +110,22 @@ class Worker:
         )
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
-        self.committing: dict[str, asyncio.Future[CommitReply]] = {}
-        self.aborts: set[str] = set()
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
+        # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
+        self.commits = CommitDesk(
+            self.worker_id,
+            self.region,
+            self.ledger,
+            self.keeper,
+            store,
+            self.images,
+            drain_reason=self._drain_reason,
+            expire_holds=self.expire_holds,
+            store_failed=self.store_failed,
+            freed=lambda: self.on_freed(self),
+            grew=self._grew,
+            event=self._event,
+        )
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 
     def _exited(self, machine_id: str, code: int) -> None:
@@ -148,6 +157,15 @@ class Worker:
             self.log.error("worker_draining", reason=reason)
         self.draining = True
         self.drain_reason = reason
+
+    def _drain_reason(self) -> str | None:
+        """Why this worker drains, or None when it takes commits."""
+        return self.drain_reason if self.draining else None
+
+    def _grew(self) -> None:
+        """Committed machines grew: only bids waiting here can have become hopeless."""
+        if self.waiting:
+            self.on_grew(self)
 
     def store_failed(self, reason: str) -> None:
         """The store refused a write: offer nothing that could not be committed."""
@@ -204,117 +222,13 @@ class Worker:
         return self.driver.can_run(image)
 
     def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
-        if abort_commit:
-            if order_id in self.committing:
-                self.aborts.add(order_id)  # the commit finishing will undo itself
-                return
-            mid = self.by_order.get(order_id)
-            if mid is not None and self.machines[mid].state == "reserved":
-                self.aborts.add(order_id)
-                self.keeper.spawn(self._abort(self.machines[mid]))
-                return
+        """Drop the order's waiting bids and its hold (of ``auction_id`` when given), unless
+        ``abort_commit`` finds a commit to undo (the commit desk's business, §6.6)."""
+        if abort_commit and self.commits.abort(order_id):
+            return
         self.waiting.drop(order_id, auction_id)
         if self.ledger.drop(order_id, auction_id) is not None:
             self.on_freed(self)
-
-    async def commit(self, c: Commit) -> CommitReply:
-        t0 = time.perf_counter()
-        if c.worker_id != self.worker_id:
-            return Error(
-                code="bad_request",
-                detail=f"commit for worker {c.worker_id!r} sent to worker {self.worker_id!r}",
-            )
-        existing = self.by_order.get(c.order_id)
-        if existing is not None:
-            return self._placed(self.machines[existing], t0, existing=True)
-        pending = self.committing.get(c.order_id)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        if self.draining:
-            return self._rejected(c, "draining", self.drain_reason)
-        self.expire_holds()
-        h = self.ledger.holds.get(c.order_id)
-        if h is None:
-            if c.order_id in self.ledger.recently_expired:
-                return self._rejected(c, "hold_expired", "the hold's TTL passed before the commit")
-            return self._rejected(c, "no_hold", "no hold for this order on this worker")
-        want = vec(c.resources)
-        if not leq(want, h.want):
-            return self._rejected(
-                c, "insufficient", f"commit asks for {want} but the hold is for {h.want}"
-            )
-        return await self._commit_hold(c, h, want, t0)
-
-    async def _commit_hold(self, c: Commit, h: Hold, want: Vec, t0: float) -> CommitReply:
-        h.committing = True
-        fut: asyncio.Future[CommitReply] = asyncio.get_running_loop().create_future()
-        self.committing[c.order_id] = fut
-        at = now_ms()
-        machine = Machine(
-            machine_id=new_machine_id(self.worker_id),
-            order_id=c.order_id,
-            worker_id=self.worker_id,
-            region=self.region,
-            state="reserved",
-            resources=c.resources,
-            image=c.image,
-            metadata=dict(c.metadata),
-            score=h.score,
-            created_at_ms=at,
-            updated_at_ms=at,
-        )
-        result: CommitReply
-        try:
-            await self.store.write(Op("place", machine))
-        except StoreError as exc:
-            self.ledger.unpin(h)
-            self.store_failed(str(exc))
-            result = Error(code="internal", detail=f"worker {self.worker_id} cannot store: {exc}")
-        else:
-            self.ledger.convert(h, want)
-            if want != h.want:
-                self.on_freed(self)  # the rest of the hold goes back to the market
-            elif self.waiting:
-                self.on_grew(self)
-            self.keeper.added(machine)
-            result = self._placed(machine, t0, subscores=h.subscores)
-            self.log.info(
-                "machine_placed", order_id=c.order_id, machine_id=machine.machine_id, score=h.score
-            )
-            self._event("placed", c.order_id, machine.machine_id)
-        finally:
-            del self.committing[c.order_id]
-        fut.set_result(result)
-        if c.order_id in self.aborts and isinstance(result, Placed):
-            await self._abort(machine)
-        return result
-
-    async def _abort(self, m: Machine) -> None:
-        self.aborts.discard(m.order_id)
-        await self.keeper.abort(m)
-
-    def _placed(
-        self,
-        m: Machine,
-        t0: float,
-        existing: bool = False,
-        subscores: dict[str, float] | None = None,
-    ) -> Placed:
-        return Placed(
-            order_id=m.order_id,
-            machine_id=m.machine_id,
-            worker_id=self.worker_id,
-            region=self.region,
-            score=m.score,
-            image_cached=m.image in self.images,
-            elapsed_ms=round((time.perf_counter() - t0) * 1000.0, 3),
-            subscores=subscores or {},
-            existing=existing,
-        )
-
-    def _rejected(self, c: Commit, reason: str, detail: str) -> Rejected:
-        self.log.info("commit_rejected", order_id=c.order_id, reason=reason)
-        return Rejected(order_id=c.order_id, worker_id=self.worker_id, reason=reason, detail=detail)  # type: ignore[arg-type]
 
     # -- status and machines --------------------------------------------------------------------
     def status(self) -> WorkerStatus:

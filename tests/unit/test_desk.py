@@ -109,7 +109,7 @@ class Bench:
         c = Commit(
             order_id=order_id, worker_id=w.worker_id, resources=resources or res(), image="web"
         )
-        placed = await w.commit(c)
+        placed = await w.commits.commit(c)
         assert isinstance(placed, Placed)
         self.owners[order_id] = w
         return placed
@@ -241,7 +241,7 @@ def test_bids_for_different_orders_stack(store: Store) -> None:
 def test_a_commit_under_way_keeps_the_worker_silent(store: Store) -> None:
     bench = Bench(store, cfg("w1"))
     bench.answer(bid())
-    bench["w1"].ledger.holds["o1"].committing = True  # as Worker.commit pins it
+    bench["w1"].ledger.holds["o1"].committing = True  # as CommitDesk.commit pins it
     ans = bench.answer(bid(auction_id="a-retry"))
     assert (ans.replies, ans.silent) == ([], {"w1": COMMITTING})
     assert bench["w1"].ledger.holds["o1"].auction_id == "a-o1"  # untouched
@@ -316,7 +316,7 @@ async def test_a_waiting_bid_is_withdrawn_when_committed_machines_take_the_capac
     bench = Bench(store, cfg("w1"))
     bench.answer(bid("big", res(6, 1024)))
     bench.answer(bid("o2", res(4, 1024), wait_ms=5000), inbox="in-2")
-    placed = await bench["w1"].commit(
+    placed = await bench["w1"].commits.commit(
         Commit(order_id="big", worker_id="w1", resources=res(6, 1024), image="web")
     )
     assert isinstance(placed, Placed)

@@ -1,5 +1,6 @@
 """One worker (supplier/worker.py), driven directly: no NATS, a real store. Its bids are
-answered by the desk (supplier/desk.py, tested in test_desk.py), as the host does it.
+answered by the desk (supplier/desk.py, tested in test_desk.py), as the host does it; its
+commits by its commit desk (supplier/commits.py, tested in test_commits.py).
 
 The worker sells 8 CPUs / 8 GiB / 100 GB disk and has the image "web" cached; pricing is the
 spread preset (f(u) = 1 - u) with image_weight 0.3: score = 0.7 * utility + 0.3 * cached.
@@ -7,7 +8,6 @@ spread preset (f(u) = 1 - u) with image_weight 0.3: score = 0.7 * utility + 0.3 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,13 +28,12 @@ from bourse.wire.messages import (
     Rejected,
     Resources,
     WorkerStatus,
-    worker_of_machine,
 )
 from bourse.wire.resources import ZERO
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
 from supplier.desk import Desk
-from supplier.store import Op, Store
+from supplier.store import Store
 from supplier.worker import Worker
 
 WID = "mad-1"
@@ -137,172 +136,9 @@ def offer_of(offers: list[Offer]) -> Offer:
 async def place(worker: Worker, order_id: str = "order-1", resources: Resources | None = None):
     """Bid then commit; the Placed reply."""
     offer_of(bid_on(worker, bid(order_id, resources)))
-    placed = await worker.commit(commit(order_id, resources))
+    placed = await worker.commits.commit(commit(order_id, resources))
     assert isinstance(placed, Placed), placed
     return placed
-
-
-async def run_spawned(before: set[asyncio.Task[Any]]) -> None:
-    """Wait for the tasks the worker spawned since ``before`` (no sleeping)."""
-    spawned = asyncio.all_tasks() - before - {asyncio.current_task()}
-    assert spawned, "the worker spawned no task"
-    await asyncio.gather(*spawned)
-
-
-# -- commit --------------------------------------------------------------------------------------
-
-
-async def test_commit_with_live_hold(worker: Worker, store: Store, rec: Recorder) -> None:
-    offer = offer_of(bid_on(worker, bid()))
-    placed = await worker.commit(commit())
-    assert isinstance(placed, Placed)
-    assert placed.order_id == "order-1"
-    assert placed.worker_id == WID
-    assert placed.region == "mad"
-    assert worker_of_machine(placed.machine_id) == WID
-    assert placed.score == offer.score == 0.825
-    assert placed.subscores == offer.subscores
-    assert placed.image_cached is True
-    assert placed.existing is False
-    assert placed.elapsed_ms >= 0
-    m = worker.machines[placed.machine_id]
-    assert m.state == "reserved"
-    assert m.resources == res()
-    assert m.metadata == {"team": "infra"}
-    assert m.score == 0.825
-    assert worker.by_order == {"order-1": placed.machine_id}
-    assert worker.ledger.committed == (2, 2048, 0, 0)
-    assert worker.ledger.held == ZERO
-    assert worker.ledger.holds == {}
-    assert rec.kinds() == [("placed", "order-1")]
-    assert rec.events[0].machine_id == placed.machine_id
-    # durable before the reply
-    assert store.load_machines(WID) == [m]
-    assert store.oplog(WID) == [(1, "place", "order-1", placed.machine_id, "reserved")]
-
-
-async def test_commit_less_than_hold_frees_the_rest(worker: Worker) -> None:
-    bid_on(worker, bid(resources=res(4, 4096)))
-    placed = await worker.commit(commit(resources=res(1, 1024)))
-    assert isinstance(placed, Placed)
-    assert worker.ledger.committed == (1, 1024, 0, 0)
-    assert worker.ledger.held == ZERO
-
-
-async def test_commit_twice_returns_existing(worker: Worker, store: Store, rec: Recorder) -> None:
-    first = await place(worker)
-    again = await worker.commit(commit())
-    assert isinstance(again, Placed)
-    assert again.existing is True
-    assert again.machine_id == first.machine_id
-    assert again.score == first.score
-    assert worker.ledger.committed == (2, 2048, 0, 0)  # counted once
-    assert len(store.load_machines(WID)) == 1
-    assert rec.kinds() == [("placed", "order-1")]
-
-
-async def test_concurrent_commits_make_one_machine(worker: Worker, store: Store) -> None:
-    bid_on(worker, bid())
-    a, b = await asyncio.gather(worker.commit(commit()), worker.commit(commit()))
-    assert isinstance(a, Placed)
-    assert isinstance(b, Placed)
-    assert a.machine_id == b.machine_id
-    assert len(store.load_machines(WID)) == 1
-    assert worker.ledger.committed == (2, 2048, 0, 0)
-
-
-async def test_commit_without_hold(worker: Worker) -> None:
-    reply = await worker.commit(commit())
-    assert reply == Rejected(
-        order_id="order-1",
-        worker_id=WID,
-        reason="no_hold",
-        detail="no hold for this order on this worker",
-    )
-    assert worker.machines == {}
-
-
-async def test_commit_after_released_hold(worker: Worker) -> None:
-    bid_on(worker, bid())
-    worker.release("order-1", "auc-order-1")
-    reply = await worker.commit(commit())
-    assert isinstance(reply, Rejected)
-    assert reply.reason == "no_hold"
-
-
-async def test_commit_after_expiry(worker: Worker, store: Store, rec: Recorder) -> None:
-    bid_on(worker, bid())
-    worker.expire_holds(now=FAR_FUTURE)
-    assert worker.ledger.held == ZERO
-    assert rec.kinds() == [("hold_expired", "order-1")]
-    reply = await worker.commit(commit())
-    assert reply == Rejected(
-        order_id="order-1",
-        worker_id=WID,
-        reason="hold_expired",
-        detail="the hold's TTL passed before the commit",
-    )
-    assert worker.ledger.committed == ZERO
-    assert store.oplog() == []
-
-
-async def test_commit_for_more_than_the_hold(worker: Worker) -> None:
-    bid_on(worker, bid())
-    reply = await worker.commit(commit(resources=res(2, 4096)))
-    assert reply == Rejected(
-        order_id="order-1",
-        worker_id=WID,
-        reason="insufficient",
-        detail="commit asks for (2, 4096, 0, 0) but the hold is for (2, 2048, 0, 0)",
-    )
-    assert worker.ledger.committed == ZERO
-    assert worker.ledger.held == (2, 2048, 0, 0)  # the hold stays for a correct commit
-
-
-async def test_commit_while_draining(worker: Worker) -> None:
-    bid_on(worker, bid())
-    worker.set_draining("maintenance")
-    reply = await worker.commit(commit())
-    assert reply == Rejected(
-        order_id="order-1", worker_id=WID, reason="draining", detail="maintenance"
-    )
-    assert worker.machines == {}
-
-
-async def test_commit_for_another_worker(worker: Worker) -> None:
-    bid_on(worker, bid())
-    reply = await worker.commit(commit(worker_id="mad-2"))
-    assert reply == Error(
-        code="bad_request", detail="commit for worker 'mad-2' sent to worker 'mad-1'"
-    )
-    assert worker.machines == {}
-    assert worker.ledger.held == (2, 2048, 0, 0)
-
-
-async def test_failed_store_write_unpins_and_drains(store: Store, rec: Recorder) -> None:
-    # A live machine for the order already in the store, unknown to this worker (it did not
-    # recover): the unique index refuses the second one, which surfaces as a StoreError.
-    other = Worker(config(), store, rec.emit)
-    stale = Machine(
-        machine_id=f"{WID}~STALE",
-        order_id="order-1",
-        worker_id=WID,
-        region="mad",
-        state="started",
-        resources=res(),
-        image="web",
-    )
-    await store.write(Op("place", stale))
-    bid_on(other, bid())
-    reply = await other.commit(commit())
-    assert isinstance(reply, Error)
-    assert reply.code == "internal"
-    assert reply.detail.startswith(f"worker {WID} cannot store: write to ")
-    assert "UNIQUE constraint failed" in reply.detail
-    assert other.ledger.holds == {}
-    assert other.ledger.committed == ZERO
-    assert other.draining is True
-    assert other.by_order == {}
 
 
 # -- machine lifecycle ----------------------------------------------------------------------------
@@ -441,7 +277,7 @@ async def test_status(worker: Worker) -> None:
     )
 
 
-# -- restart and abort ----------------------------------------------------------------------------
+# -- restart ----------------------------------------------------------------------------
 
 
 async def test_recover_restores_machines_and_committed(store: Store, rec: Recorder) -> None:
@@ -463,11 +299,11 @@ async def test_recover_restores_machines_and_committed(store: Store, rec: Record
     assert w2.live_machines() == 2
     assert w2.draining is False
     # the restarted worker answers a retried commit with the machine it already has
-    again = await w2.commit(commit("order-a", res(2, 1024)))
+    again = await w2.commits.commit(commit("order-a", res(2, 1024)))
     assert isinstance(again, Placed)
     assert (again.machine_id, again.existing) == (a, True)
     # and its hold-less state rejects a commit for the forgotten hold
-    lost = await w2.commit(commit("order-d"))
+    lost = await w2.commits.commit(commit("order-d"))
     assert isinstance(lost, Rejected)
     assert lost.reason == "no_hold"
 
@@ -478,74 +314,3 @@ async def test_recover_overcommitted_drains(store: Store, rec: Recorder) -> None
     w2 = make_worker(store, rec, capacity=Amount(cpus=4, memory_mb=8192))
     assert w2.draining is True
     assert w2.drain_reason == "committed (6, 1024, 0, 0) exceeds capacity (4, 8192, 0, 0)"
-
-
-async def test_abort_commit_destroys_reserved_machine(
-    worker: Worker, store: Store, rec: Recorder
-) -> None:
-    placed = await place(worker)
-    mid = placed.machine_id
-    before = asyncio.all_tasks()
-    worker.release("order-1", "auc-order-1", abort_commit=True)
-    await run_spawned(before)
-    m = worker.machines[mid]
-    assert m.state == "destroyed"
-    assert m.aborted is True
-    assert worker.by_order == {}  # the order id is free again
-    assert worker.ledger.committed == ZERO
-    assert worker.aborts == set()
-    assert rec.kinds() == [("placed", "order-1"), ("destroyed", "order-1")]
-    assert rec.events[-1].detail == "aborted"
-    assert [row[1:] for row in store.oplog(WID)] == [
-        ("place", "order-1", mid, "reserved"),
-        ("abort", "order-1", mid, "destroyed"),
-    ]
-    # the order can be placed again, as a new machine (the unique index allows it)
-    retry = await place(worker)
-    assert retry.existing is False
-    assert retry.machine_id != mid
-    # and a restart keeps the order bound to the new machine, not the aborted one
-    w2 = make_worker(store, rec)
-    assert w2.by_order == {"order-1": retry.machine_id}
-    assert w2.ledger.committed == (2, 2048, 0, 0)
-
-
-async def test_abort_commit_leaves_started_machine(worker: Worker, store: Store) -> None:
-    mid = (await place(worker)).machine_id
-    await worker.transition("start", mid)
-    before = asyncio.all_tasks()
-    worker.release("order-1", "auc-order-1", abort_commit=True)
-    assert asyncio.all_tasks() - before == set()  # nothing to undo
-    assert worker.machines[mid].state == "started"
-    assert worker.by_order == {"order-1": mid}
-    assert worker.ledger.committed == (2, 2048, 0, 0)
-
-
-async def test_abort_commit_without_machine_drops_hold(worker: Worker) -> None:
-    bid_on(worker, bid())
-    worker.release("order-1", "auc-order-1", abort_commit=True)
-    assert worker.ledger.holds == {}
-    assert worker.machines == {}
-
-
-async def test_abort_during_commit_undoes_it(worker: Worker, store: Store, rec: Recorder) -> None:
-    bid_on(worker, bid())
-    seen: list[tuple[bool, bool]] = []
-
-    def give_up() -> None:
-        # Runs right after the commit task's first step, which ends awaiting the durable write.
-        seen.append(("order-1" in worker.committing, worker.ledger.holds["order-1"].committing))
-        worker.release("order-1", "auc-order-1", abort_commit=True)
-        seen.append(("order-1" in worker.aborts, "order-1" in worker.ledger.holds))
-
-    task = asyncio.ensure_future(worker.commit(commit()))
-    asyncio.get_running_loop().call_soon(give_up)  # FIFO: after the task's first step
-    placed = await task
-    assert seen == [(True, True), (True, True)]  # under way and pinned: not dropped
-    assert isinstance(placed, Placed)
-    m = worker.machines[placed.machine_id]
-    assert (m.state, m.aborted) == ("destroyed", True)
-    assert worker.by_order == {}
-    assert worker.ledger.committed == ZERO
-    assert worker.ledger.held == ZERO
-    assert [row[1] for row in store.oplog()] == ["place", "abort"]

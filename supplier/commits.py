@@ -1,0 +1,225 @@
+"""A worker's commits: a hold becomes a durable machine, once per order (docs/protocol.md
+§6.5), and a commit the auction gave up on is undone (§6.6, ``Release.abort_commit``).
+
+The commit desk answers ``Commit`` in the protocol's order: wrong worker, a machine already
+placed for the order, the same order's commit under way, draining, no (or an expired, or a
+too small) hold, else the durable write. Two things make it more than a lookup:
+
+- **coalescing**: while an order's machine is being written, a duplicate commit (an
+  auction's retry, a second exchange instance) waits for that write and gets the very same
+  reply, so one order id never makes two machines (I3);
+- **aborts**: an auction that gave up waiting for this commit says ``abort_commit``; if the
+  write is under way, the machine is destroyed as soon as it is durable; if it is already
+  written and still ``reserved``, it is destroyed now. Either way the auction's Unfilled
+  stays true (I4).
+
+No NATS here: the host decodes the Commit and sends the reply this returns. The worker
+(supplier/worker.py) owns one commit desk and gives it its collaborators once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Container
+
+import structlog
+
+from bourse.wire.messages import (
+    Commit,
+    CommitReply,
+    Error,
+    Machine,
+    Placed,
+    Rejected,
+    RejectReason,
+    new_machine_id,
+    now_ms,
+)
+from bourse.wire.resources import Vec, leq, vec
+from supplier.ledger import Hold, Ledger
+from supplier.machines import EventFn, Machines
+from supplier.store import Op, Store, StoreError
+
+log = structlog.get_logger("bourse.supplier")
+
+
+class CommitDesk:
+    """One worker's commits. Collaborators, given once by the worker:
+
+    - ``ledger``: the holds a commit converts into committed capacity (I1);
+    - ``keeper``: the worker's machines (the order -> machine map of I3, aborts);
+    - ``store``: where a machine is written before ``Placed`` is sent (I2);
+    - ``images``: the worker's image cache (``Placed.image_cached``);
+    - ``drain_reason()``: why the worker drains, or None when it takes commits;
+    - ``expire_holds()``: drop (and announce) holds past their TTL before looking one up;
+    - ``store_failed(reason)``: the store refused a write: the worker drains;
+    - ``freed()``: a commit smaller than its hold gave the rest back to the market;
+    - ``grew()``: committed machines grew by a whole hold (waiting bids may be hopeless);
+    - ``event``: announces the ``placed`` event.
+    """
+
+    def __init__(
+        self,
+        worker_id: str,
+        region: str,
+        ledger: Ledger,
+        keeper: Machines,
+        store: Store,
+        images: Container[str],
+        *,
+        drain_reason: Callable[[], str | None],
+        expire_holds: Callable[[], None],
+        store_failed: Callable[[str], None],
+        freed: Callable[[], None],
+        grew: Callable[[], None],
+        event: EventFn,
+    ) -> None:
+        self.worker_id = worker_id
+        self.region = region
+        self.ledger = ledger
+        self.keeper = keeper
+        self.store = store
+        self.images = images
+        self.drain_reason = drain_reason
+        self.expire_holds = expire_holds
+        self.store_failed = store_failed
+        self.freed = freed
+        self.grew = grew
+        self.event = event
+        # order id -> the reply of its commit being written (duplicates wait for it)
+        self.writing: dict[str, asyncio.Future[CommitReply]] = {}
+        # orders whose commit under way is undone once written (abort_commit came meanwhile)
+        self.aborts: set[str] = set()
+        self.log = log.bind(worker_id=worker_id, region=region)
+
+    # -- commit -------------------------------------------------------------------------------
+    async def commit(self, c: Commit) -> CommitReply:
+        """The reply to ``c`` (docs/protocol.md §6.5, rows 1-7 in order)."""
+        t0 = time.perf_counter()
+        if c.worker_id != self.worker_id:
+            return Error(
+                code="bad_request",
+                detail=f"commit for worker {c.worker_id!r} sent to worker {self.worker_id!r}",
+            )
+        mid = self.keeper.by_order.get(c.order_id)
+        if mid is not None:
+            return self._placed(self.keeper.by_id[mid], t0, existing=True)
+        pending = self.writing.get(c.order_id)
+        if pending is not None:
+            # shield: a duplicate that is cancelled must not cancel the write it waits for
+            return await asyncio.shield(pending)
+        reason = self.drain_reason()
+        if reason is not None:
+            return self._rejected(c, "draining", reason)
+        return await self._commit_hold(c, t0)
+
+    async def _commit_hold(self, c: Commit, t0: float) -> CommitReply:
+        """Rows 5-7: the order's live hold, if it covers the commit, is written as a machine."""
+        self.expire_holds()
+        h = self.ledger.holds.get(c.order_id)
+        if h is None:
+            if c.order_id in self.ledger.recently_expired:
+                return self._rejected(c, "hold_expired", "the hold's TTL passed before the commit")
+            return self._rejected(c, "no_hold", "no hold for this order on this worker")
+        want = vec(c.resources)
+        if not leq(want, h.want):
+            return self._rejected(
+                c, "insufficient", f"commit asks for {want} but the hold is for {h.want}"
+            )
+        return await self._write(c, h, want, t0)
+
+    async def _write(self, c: Commit, h: Hold, want: Vec, t0: float) -> CommitReply:
+        """Write the machine, with duplicates coalesced onto this write and an abort that
+        arrives meanwhile applied once it is durable."""
+        h.committing = True  # pinned: the hold can neither expire nor be released under us
+        fut: asyncio.Future[CommitReply] = asyncio.get_running_loop().create_future()
+        self.writing[c.order_id] = fut
+        machine = self._reserved(c, h)
+        try:
+            result = await self._store(machine, h, want, t0)
+            fut.set_result(result)
+        finally:
+            del self.writing[c.order_id]
+            aborted = c.order_id in self.aborts
+            self.aborts.discard(c.order_id)
+            if not fut.done():  # cancelled mid-write (shutdown): waiters must not hang
+                fut.cancel()
+        if aborted and isinstance(result, Placed):
+            await self.keeper.abort(machine)
+        return result
+
+    def _reserved(self, c: Commit, h: Hold) -> Machine:
+        """The machine a commit places: ``reserved``, with the hold's score."""
+        at = now_ms()
+        return Machine(
+            machine_id=new_machine_id(self.worker_id),
+            order_id=c.order_id,
+            worker_id=self.worker_id,
+            region=self.region,
+            state="reserved",
+            resources=c.resources,
+            image=c.image,
+            metadata=dict(c.metadata),
+            score=h.score,
+            created_at_ms=at,
+            updated_at_ms=at,
+        )
+
+    async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:
+        """Row 7: durable first, then the ledger, the machine map, the log and the event."""
+        try:
+            await self.store.write(Op("place", machine))
+        except StoreError as exc:
+            self.ledger.unpin(h)
+            self.store_failed(str(exc))
+            return Error(code="internal", detail=f"worker {self.worker_id} cannot store: {exc}")
+        self.ledger.convert(h, want)
+        if want != h.want:
+            self.freed()  # the rest of the hold goes back to the market
+        else:
+            self.grew()
+        self.keeper.added(machine)
+        self.log.info(
+            "machine_placed",
+            order_id=machine.order_id,
+            machine_id=machine.machine_id,
+            score=h.score,
+        )
+        self.event("placed", machine.order_id, machine.machine_id, "")
+        return self._placed(machine, t0, subscores=h.subscores)
+
+    def _placed(
+        self,
+        m: Machine,
+        t0: float,
+        *,
+        existing: bool = False,
+        subscores: dict[str, float] | None = None,
+    ) -> Placed:
+        return Placed.of_machine(
+            m,
+            image_cached=m.image in self.images,
+            elapsed_ms=round((time.perf_counter() - t0) * 1000.0, 3),
+            subscores=subscores,
+            existing=existing,
+        )
+
+    def _rejected(self, c: Commit, reason: RejectReason, detail: str) -> Rejected:
+        self.log.info("commit_rejected", order_id=c.order_id, reason=reason)
+        return Rejected(order_id=c.order_id, worker_id=self.worker_id, reason=reason, detail=detail)
+
+    # -- abort --------------------------------------------------------------------------------
+    def abort(self, order_id: str) -> bool:
+        """``Release.abort_commit``: the auction gave up waiting for this order's commit.
+        True when there was a commit to undo (under way: undone once written; written and
+        still ``reserved``: destroyed now, in the background); False when there is none
+        and the release is a plain one (drop the hold)."""
+        if order_id in self.writing:
+            self.aborts.add(order_id)
+            return True
+        mid = self.keeper.by_order.get(order_id)
+        if mid is None or self.keeper.by_id[mid].state != "reserved":
+            return False
+        self.keeper.spawn(self.keeper.abort(self.keeper.by_id[mid]))
+        return True
