@@ -362,7 +362,7 @@ async def test_a_busy_store_lingers_to_share_an_fsync(db: Path) -> None:
         pending = []
         for m in ms[2:]:  # a trickle: one write every ~2 ms, each alone in the queue
             pending.append(asyncio.ensure_future(s.write(Op("place", m))))
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the arrival pace is the load under test, not a sync
         await asyncio.gather(*pending)
         assert s.batches - before <= 3  # without the linger: ~10 groups of one
         assert len(s.load_machines("mad-1")) == 12
