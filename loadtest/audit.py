@@ -109,11 +109,11 @@ def audit(
     )
     for r in records:
         for mid in r.machine_ids:  # I2
-            m = by_id.get(mid)
-            if m is None:
+            stored = by_id.get(mid)
+            if stored is None:
                 res.add(f"I2 order {r.order_id}: Placed {mid} is in no supplier's file")
-            elif m.order_id != r.order_id:
-                res.add(f"I2 order {r.order_id}: Placed {mid} is stored for {m.order_id}")
+            elif stored.order_id != r.order_id:
+                res.add(f"I2 order {r.order_id}: Placed {mid} is stored for {stored.order_id}")
         if len(set(r.machine_ids)) > 1:  # I3, as the client saw it
             res.add(f"I3 order {r.order_id} was Placed as {sorted(set(r.machine_ids))}")
         if r.outcome.startswith("unfilled") and not r.machine_ids:  # I4: nothing behind

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import sys
 
+from nats.aio.msg import Msg
+
 from bourse.nats.connection import connect, flush_all, shutdown
 from bourse.runtime.supervise import run
 
@@ -13,7 +15,7 @@ from bourse.runtime.supervise import run
 async def serve(url: str, subject: str, stop: asyncio.Event) -> None:
     nc = await connect(url, name="bourse-echo")
 
-    async def echo(msg) -> None:  # type: ignore[no-untyped-def]
+    async def echo(msg: Msg) -> None:
         await nc.publish(msg.reply, b"")
 
     await nc.subscribe(subject, cb=echo)

@@ -13,14 +13,12 @@ from tests.faults.conftest import FLEET, ONE_SECOND_OF_LOAD, strike_during_load
 
 async def test_killing_a_cluster_node_under_load(tmp_path: Path) -> None:
     async with ChaosRun(FLEET, tmp_path / "run", nats_nodes=3) as run:
-        assert run.cluster is not None
+        cluster = run.cluster
+        assert cluster is not None
         orders = trace(run.p, "kc")
         # the node most programs use (URLs are shuffled): the one with the most connections
-        busiest = max(
-            range(3),
-            key=lambda i: len(run.cluster.connections(f"c-{i + 1}")),  # type: ignore[union-attr]
-        )
-        assert run.cluster.connections(f"c-{busiest + 1}")
+        busiest = max(range(3), key=lambda i: len(cluster.connections(f"c-{i + 1}")))
+        assert cluster.connections(f"c-{busiest + 1}")
 
         kill = strike_during_load(
             run, ONE_SECOND_OF_LOAD, lambda: run.kill_nats_node(busiest, down_s=1.0)

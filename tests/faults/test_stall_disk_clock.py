@@ -126,7 +126,9 @@ async def test_full_disk_drains_then_resumes(chaos: ChaosRun) -> None:
         return not any(s.draining for s in await _status_of(chaos, victim))
 
     await _until("the victim to resume", resumed)
-    log = chaos.suppliers[0].prog.log  # type: ignore[union-attr]
+    prog = chaos.suppliers[0].prog
+    assert prog is not None
+    log = prog.log
     assert "supplier_draining" in log and "database or disk is full" in log
     assert "supplier_resumed" in log
     result = await chaos.finish()
@@ -207,7 +209,9 @@ async def test_clock_skew_changes_nothing(tmp_path: Path) -> None:
         held = [s for s in await run.direct.status(region) if s.worker_id == offer.worker_id]
         assert held[0].holds == 1
         # the skew is real: supplier 2 stamps its log lines a day ahead of this process
-        stamps = re.findall(r"timestamp='([^']+)'", run.suppliers[2].prog.log)  # type: ignore[union-attr]
+        skewed = run.suppliers[2].prog
+        assert skewed is not None
+        stamps = re.findall(r"timestamp='([^']+)'", skewed.log)
         ahead = datetime.fromisoformat(stamps[-1]).timestamp() - time.time()
         assert 23 * 3600 < ahead < 25 * 3600
         result = await run.finish()  # statuses after the longest TTL: no hold left
