@@ -39,7 +39,15 @@ from bourse.runtime.cli import (
 from bourse.runtime.supervise import run
 from bourse.wire.codec import BadMessage, decode, validation_detail
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
-from bourse.wire.messages import Event, Machine, Placed, PlaceOrder, Resources
+from bourse.wire.messages import (
+    Event,
+    Machine,
+    Placed,
+    PlaceOrder,
+    Resources,
+    Unfilled,
+    WorkerStatus,
+)
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse buyer: place machine orders on the market.", no_args_is_help=True)
@@ -211,7 +219,7 @@ def place(
     except msgspec.ValidationError as exc:
         fail(f"invalid order: {_flag_names(validation_detail(exc))}")
 
-    async def go(c: BourseClient):  # type: ignore[no-untyped-def]
+    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Machine | None]:
         r = await c.place(order)
         machine = None
         if start and isinstance(r, Placed):
@@ -245,7 +253,7 @@ def fleet(
 ) -> None:
     """Every worker's capacity, commitments, holds and images (status scatter-gather)."""
 
-    async def go(c: BourseClient):  # type: ignore[no-untyped-def]
+    async def go(c: BourseClient) -> list[WorkerStatus]:
         return [s for r in region for s in await c.status(r)]
 
     statuses = _with_client(

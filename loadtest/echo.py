@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 
 import anyio
+from nats.aio.msg import Msg
 
 from bourse.nats.connection import connect, flush_all, shutdown
 from bourse.runtime.supervise import run
@@ -16,7 +17,7 @@ async def serve(url: str, subject: str) -> None:
     nc = await connect(url, name="bourse-echo")
     try:
 
-        async def echo(msg) -> None:  # type: ignore[no-untyped-def]  # nats-py's Msg, untyped cb
+        async def echo(msg: Msg) -> None:
             await nc.publish(msg.reply, b"")
 
         await nc.subscribe(subject, cb=echo)

@@ -30,7 +30,7 @@ from bourse.runtime import logs
 from bourse.runtime.cli import NatsOpt, PrefixOpt, cli_main, fail
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.runtime.supervise import run
-from bourse.wire.messages import Placed
+from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from loadtest import report as loadtest_report
 from loadtest.harness import run_loadtest
@@ -365,7 +365,7 @@ def _port_busy(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-def _outcome_table(outcomes: Sequence[tuple[str, object]]) -> Table:
+def _outcome_table(outcomes: Sequence[tuple[str, Placed | Unfilled]]) -> Table:
     t = Table(title="orders")
     for col in ("scenario", "outcome", "worker / reason", "score", "cached", "ms"):
         t.add_column(col)
@@ -380,7 +380,7 @@ def _outcome_table(outcomes: Sequence[tuple[str, object]]) -> Table:
                 f"{r.elapsed_ms:.1f}",
             )
         else:
-            t.add_row(name, "unfilled", r.reason, "", "", f"{r.elapsed_ms:.1f}")  # type: ignore[attr-defined]
+            t.add_row(name, "unfilled", r.reason, "", "", f"{r.elapsed_ms:.1f}")
     return t
 
 

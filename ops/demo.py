@@ -7,6 +7,7 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import msgspec
 from hdrh.histogram import HdrHistogram
@@ -102,7 +103,7 @@ def write_fleet_files(directory: Path) -> dict[str, Path]:
     return out
 
 
-def _o(region: str, cpus: int, mem: int, image: str, **kw: object) -> PlaceOrder:
+def _o(region: str, cpus: int, mem: int, image: str, **kw: Any) -> PlaceOrder:
     return PlaceOrder(
         region=region, resources=Resources(cpus=cpus, memory_mb=mem), image=image, **kw
     )

@@ -262,7 +262,7 @@ class Auction:
         if no_responders:
             return self._no_responders(now)
         try:
-            reply: Offer | Waiting = decode(data, BidReply)  # type: ignore[arg-type]  # a union is no type[T] (no TypeForm yet)
+            reply: Offer | Waiting = decode(data, BidReply)
         except BadMessage as exc:
             return [Log("warning", "bad_offer", {"error": str(exc)})]
         if reply.order_id != self.order.order_id or reply.region != self.order.region:

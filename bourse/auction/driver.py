@@ -257,7 +257,7 @@ class Auctioneer:
         except (TimeoutError, nats.errors.TimeoutError):
             return CommitTimedOut()
         try:
-            reply: Placed | Rejected | Error = decode(msg.data, CommitReply)  # type: ignore[arg-type]  # a union is no type[T] (no TypeForm yet)
+            reply: Placed | Rejected | Error = decode(msg.data, CommitReply)
             return CommitAnswered(reply)
         except BadMessage as exc:
             return CommitUndecodable(str(exc))

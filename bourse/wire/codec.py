@@ -3,7 +3,7 @@ a decode error names the offending field by its JSON path (``BadMessage``)."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 import msgspec
 
@@ -32,7 +32,7 @@ def encode(msg: msgspec.Struct) -> bytes:
     return _encoder.encode(msg)
 
 
-def _decoder(typ: Any) -> msgspec.json.Decoder[Any]:
+def _decoder(typ: type[T]) -> msgspec.json.Decoder[T]:
     dec = _decoders.get(typ)
     if dec is None:
         dec = _decoders[typ] = msgspec.json.Decoder(typ, strict=True)
@@ -61,7 +61,17 @@ def payload_limit(typ: Any) -> int | None:
     return None
 
 
-def decode(data: bytes, typ: type[T]) -> T:
+@overload
+def decode(data: bytes, typ: type[T]) -> T: ...
+
+
+# A union (``Placed | Unfilled | Error``) is not a ``type[T]``: like msgspec's own decode,
+# its result is typed Any, and the caller annotates what it expects.
+@overload
+def decode(data: bytes, typ: Any) -> Any: ...
+
+
+def decode(data: bytes, typ: Any) -> Any:
     """Decode ``data`` as ``typ`` (a message class or a union of them).
 
     Raises BadMessage with a message that names the problem and the field, e.g.

@@ -11,20 +11,23 @@ import msgspec
 from bourse.wire.messages import Placed
 from loadtest.chaos import ChaosRun
 from loadtest.workload import trace
-from tests.faults.conftest import ANSWER_BOUND_MS, workers_of
-
-
-async def _after(delay_s: float, coro: object) -> None:
-    await asyncio.sleep(delay_s)  # when, during the load, the fault strikes
-    await coro  # type: ignore[misc]
+from tests.faults.conftest import (
+    ANSWER_BOUND_MS,
+    ONE_SECOND_OF_LOAD,
+    strike_during_load,
+    workers_of,
+)
 
 
 async def test_supplier_kill9_under_load(chaos: ChaosRun) -> None:
     victim = workers_of(chaos, 0)
     orders = trace(chaos.p, "ks")
-    await asyncio.gather(chaos.load(orders), _after(1.0, chaos.kill_supplier(0, down_s=0.5)))
+    _, (killed_at, _) = await asyncio.gather(
+        chaos.load(orders),
+        strike_during_load(chaos, ONE_SECOND_OF_LOAD, lambda: chaos.kill_supplier(0, down_s=0.5)),
+    )
     before_kill = [
-        r for r in chaos.records.values() if r.worker_id in victim and r.answered_at_s < 1.0
+        r for r in chaos.records.values() if r.worker_id in victim and r.answered_at_s < killed_at
     ]
     assert before_kill, "the victim had no machine before the kill: the test proves nothing"
     # every order ended (placed elsewhere, or unfilled), none hung past its deadline
@@ -40,7 +43,9 @@ async def test_supplier_kill9_under_load(chaos: ChaosRun) -> None:
 
 async def test_exchange_kill9_under_load(chaos: ChaosRun) -> None:
     orders = trace(chaos.p, "kx")
-    kill = _after(1.0, chaos.kill_exchange(0, restart=False))
+    kill = strike_during_load(
+        chaos, ONE_SECOND_OF_LOAD, lambda: chaos.kill_exchange(0, restart=False)
+    )
     await asyncio.gather(chaos.load(orders), kill)
     # the other instance kept serving: with retries (same order id) every order ended well
     assert sum(chaos.stats.failed.values()) == 0, chaos.stats.failed
@@ -67,14 +72,8 @@ async def test_exchange_kill9_under_load(chaos: ChaosRun) -> None:
 
 async def test_nats_restart_under_load(chaos: ChaosRun) -> None:
     orders = trace(chaos.p, "kn")
-    outage: list[float] = []
-
-    async def restart() -> None:
-        await asyncio.sleep(1.0)
-        outage.append(await chaos.restart_nats(down_s=0.5))
-
-    await asyncio.gather(chaos.load(orders), restart())
-    back_at = 1.0 + outage[0]
+    restart = strike_during_load(chaos, ONE_SECOND_OF_LOAD, lambda: chaos.restart_nats(down_s=0.5))
+    _, (_, back_at) = await asyncio.gather(chaos.load(orders), restart)
     after = sorted(
         r.answered_at_s
         for r in chaos.records.values()

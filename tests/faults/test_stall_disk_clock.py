@@ -20,15 +20,22 @@ from bourse.wire.messages import Bid, Offer, PlaceOrder, Resources, WorkerStatus
 from loadtest.audit import OrderRecord
 from loadtest.chaos import ChaosRun, fill_store, free_store
 from loadtest.workload import TraceOrder, trace
-from tests.faults.conftest import ANSWER_BOUND_MS, FLEET, workers_of
+from tests.faults.conftest import (
+    ANSWER_BOUND_MS,
+    FLEET,
+    ONE_SECOND_OF_LOAD,
+    strike_during_load,
+    workers_of,
+)
+from tests.market import wait_until
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
-    """Poll an observable condition (not a sleep standing in for one)."""
+    """Probe an observable condition until it holds (each probe places a real order)."""
     end = time.monotonic() + timeout_s
     while not await check():
         assert time.monotonic() < end, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)  # the pace of the probes, not a synchronisation
 
 
 def _order(run: ChaosRun, n: int) -> PlaceOrder:
@@ -51,15 +58,12 @@ async def test_stalled_supplier_does_not_stall_the_auction(chaos: ChaosRun) -> N
     ignored (no hold outlives its TTL, nothing is placed twice)."""
     stalled = workers_of(chaos, 0)
     orders = trace(chaos.p, "st")
-
-    async def stall() -> None:
-        await asyncio.sleep(0.5)
-        await chaos.stall_supplier(0, 2.0)
-
-    await asyncio.gather(chaos.load(orders), stall())
-    during = [r for r in chaos.records.values() if 0.7 < r.answered_at_s < 2.4]
+    # half a second into the load; the stall's 2 s are the fault itself
+    stall = strike_during_load(chaos, ONE_SECOND_OF_LOAD // 2, lambda: chaos.stall_supplier(0, 2.0))
+    _, (at, _) = await asyncio.gather(chaos.load(orders), stall)
+    during = [r for r in chaos.records.values() if at + 0.2 < r.answered_at_s < at + 1.9]
     assert during and all(r.outcome == "placed" for r in during)
-    assert all(r.worker_id not in stalled for r in during if r.answered_at_s > 0.8)
+    assert all(r.worker_id not in stalled for r in during if r.answered_at_s > at + 0.3)
     assert all(r.slowest_ms < ANSWER_BOUND_MS for r in chaos.records.values())
     assert sum(chaos.stats.failed.values()) == 0
     result = await chaos.finish()  # includes: every hold gone after its TTL
@@ -81,10 +85,8 @@ async def test_slow_consumer_is_counted_and_logged(nats_server: EmbeddedNats) ->
             for _ in range(50):
                 await nc.publish("slow.test", b"x")
             await nc.flush()
-            end = time.monotonic() + 10
-            while STATS["slow-test"].slow_consumer_drops < 40:  # drops are counted as they happen
-                assert time.monotonic() < end, "the drops were not counted"
-                await asyncio.sleep(0.01)
+            # drops are counted as they happen, not when the handler catches up
+            await wait_until(lambda: STATS["slow-test"].slow_consumer_drops >= 40, timeout_s=10)
         gate.set()
     finally:
         await shutdown(nc)
@@ -124,7 +126,9 @@ async def test_full_disk_drains_then_resumes(chaos: ChaosRun) -> None:
         return not any(s.draining for s in await _status_of(chaos, victim))
 
     await _until("the victim to resume", resumed)
-    log = chaos.suppliers[0].prog.log  # type: ignore[union-attr]
+    prog = chaos.suppliers[0].prog
+    assert prog is not None
+    log = prog.log
     assert "supplier_draining" in log and "database or disk is full" in log
     assert "supplier_resumed" in log
     result = await chaos.finish()
@@ -205,7 +209,9 @@ async def test_clock_skew_changes_nothing(tmp_path: Path) -> None:
         held = [s for s in await run.direct.status(region) if s.worker_id == offer.worker_id]
         assert held[0].holds == 1
         # the skew is real: supplier 2 stamps its log lines a day ahead of this process
-        stamps = re.findall(r"timestamp='([^']+)'", run.suppliers[2].prog.log)  # type: ignore[union-attr]
+        skewed = run.suppliers[2].prog
+        assert skewed is not None
+        stamps = re.findall(r"timestamp='([^']+)'", skewed.log)
         ahead = datetime.fromisoformat(stamps[-1]).timestamp() - time.time()
         assert 23 * 3600 < ahead < 25 * 3600
         result = await run.finish()  # statuses after the longest TTL: no hold left

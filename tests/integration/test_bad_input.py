@@ -11,7 +11,7 @@ import pytest
 
 from bourse.wire.codec import decode
 from bourse.wire.limits import MAX_PAYLOAD_BYTES
-from bourse.wire.messages import Error, Placed
+from bourse.wire.messages import Error, Machine, Placed
 from bourse.wire.subjects import Subjects
 from tests.market import Market, order, worker
 
@@ -290,10 +290,10 @@ async def test_a_bug_in_a_spawned_request_still_answers_the_requester(market: Ma
     r = await buyer.place(order())
     assert isinstance(r, Placed)
 
-    async def broken(verb: str, machine_id: str) -> None:  # fault injection: a bug
+    async def broken(verb: str, machine_id: str) -> Machine | Error:  # fault injection: a bug
         raise RuntimeError("boom")
 
-    host.workers["mad-1"].keeper.transition = broken  # type: ignore[method-assign]
+    host.workers["mad-1"].keeper.transition = broken  # type: ignore[method-assign]  # a planted bug
     for client in (buyer, await market.client(direct=True)):  # via the exchange, and direct
         with pytest.raises(ClientError) as err:
             await asyncio.wait_for(client.machine("start", r.machine_id), 5)

@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
 
 from nats.aio.msg import Msg
@@ -42,6 +43,16 @@ def _driver(market: Market, wid: str = "p1") -> ProcessDriver:
     return d
 
 
+def _log_says(driver: ProcessDriver, machine_id: str, text: str) -> Callable[[], bool]:
+    """Whether the machine's own log file (what it printed) has a line with ``text``."""
+
+    def says() -> bool:
+        path = driver.log_path(machine_id)
+        return path.exists() and text in path.read_text(errors="replace")
+
+    return says
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -62,10 +73,8 @@ async def test_process_machine_runs_writes_its_log_and_stops_gracefully(market: 
     async def log_has(text: str) -> bool:
         return any(text in line for line in (await buyer.logs(m.machine_id)).lines)
 
-    for _ in range(400):
-        if await log_has(f"web up on {m.machine_id}"):
-            break
-        await asyncio.sleep(0.01)
+    await wait_until(_log_says(_driver(market), m.machine_id, f"web up on {m.machine_id}"))
+    assert await log_has(f"web up on {m.machine_id}")  # the same line, read over NATS
     stopped = await buyer.machine("stop", m.machine_id)
     assert stopped.state == "stopped"
     assert not _alive(pid)
@@ -75,7 +84,7 @@ async def test_process_machine_runs_writes_its_log_and_stops_gracefully(market: 
 async def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(market: Market) -> None:
     stubborn = _py(
         "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
-        " print('ignoring TERM', flush=True); time.sleep(60)"
+        " print('ignoring TERM', flush=True); time.sleep(60)"  # runs until killed
     )
     await market.host(process_worker(web={"command": stubborn, "stop_grace_s": 0.3}))
     await market.exchange()
@@ -83,10 +92,9 @@ async def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(market:
     m = await _placed_and_started(market)
     pid = _driver(market).pid(m.machine_id)
     assert pid is not None
-    for _ in range(400):  # the handler is in place once it says so
-        if "ignoring TERM" in (await buyer.logs(m.machine_id)).lines:
-            break
-        await asyncio.sleep(0.01)
+    # the handler is in place once it says so: stopping before would test nothing
+    await wait_until(_log_says(_driver(market), m.machine_id, "ignoring TERM"))
+    assert "ignoring TERM" in (await buyer.logs(m.machine_id)).lines
     t = asyncio.get_running_loop().time()
     assert (await buyer.machine("stop", m.machine_id)).state == "stopped"
     assert asyncio.get_running_loop().time() - t >= 0.3
@@ -100,7 +108,7 @@ async def test_on_failure_restarts_with_backoff_until_it_stays_up(
     flaky = _py(
         f"import pathlib,sys,time; p=pathlib.Path({str(counter)!r});"
         " n=int(p.read_text()) if p.exists() else 0; p.write_text(str(n+1));"
-        " sys.exit(1) if n < 2 else time.sleep(60)"
+        " sys.exit(1) if n < 2 else time.sleep(60)"  # the third run stays up
     )
     await market.host(process_worker(web={"command": flaky, "restart": "on-failure"}))
     await market.exchange()

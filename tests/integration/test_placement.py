@@ -6,6 +6,7 @@ import asyncio
 import re
 
 import pytest
+from nats.aio.msg import Msg
 
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed
@@ -21,7 +22,7 @@ async def test_placement_through_the_exchange_fills_every_field(market: Market) 
     events: list[Event] = []
     placed_seen = asyncio.Event()
 
-    async def on_event(msg) -> None:  # type: ignore[no-untyped-def]
+    async def on_event(msg: Msg) -> None:
         events.append(decode(msg.data, Event))
         placed_seen.set()
 

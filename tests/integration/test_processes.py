@@ -6,6 +6,7 @@ import asyncio
 import sys
 from pathlib import Path
 
+from bourse.runtime.launcher import Program
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.messages import Placed
 from tests.market import Market, order
@@ -27,7 +28,7 @@ SUPPLIER_ARGS = (
 )
 
 
-async def _supplier(market: Market, data_dir: Path, tmp_path: Path):  # type: ignore[no-untyped-def]
+async def _supplier(market: Market, data_dir: Path, tmp_path: Path) -> Program:
     return await start(
         "supplier",
         *SUPPLIER_ARGS,

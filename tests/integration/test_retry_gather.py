@@ -70,7 +70,7 @@ async def _run(
         results = await asyncio.gather(*runs)
         await client.close()
         assert all(isinstance(r, Placed) for r in results)
-        return results, commits_to_fresh  # type: ignore[return-value]
+        return [r for r in results if isinstance(r, Placed)], commits_to_fresh
     finally:
         await shutdown(nc)
 

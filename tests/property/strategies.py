@@ -91,7 +91,7 @@ class Raw:
     data: bytes
 
 
-class Pairs(list):  # type: ignore[type-arg]
+class Pairs(list[tuple[str, Any]]):
     """An object as (key, value) pairs: keeps duplicated keys."""
 
 
@@ -153,7 +153,12 @@ def _targets() -> list[Target]:
         "image": "web",
         "metadata": {},
     }
-    release = {"type": "Release", "order_id": SETUP_ORDER, "worker_id": W1, "auction_id": ""}
+    release: dict[str, Any] = {
+        "type": "Release",
+        "order_id": SETUP_ORDER,
+        "worker_id": W1,
+        "auction_id": "",
+    }
     release |= {"abort_commit": True}
     mreq = {"type": "MachineRequest", "machine_id": MID, "tail": 100}
     lreq = {"type": "ListMachines", "worker_id": W1, "include_destroyed": False}
@@ -382,8 +387,8 @@ def bad_value(draw: st.DrawFn, kind: tuple[Any, ...]) -> Bad:
             key = draw(st.sampled_from(["", "a b", "-x", "k" * 64, "ü", "\x00", "a=b"]))
             return Bad({"disk": "ssd", key: "x"}, "key")
         if sub == 1:
-            val = draw(st.sampled_from(["a b", "v" * 129, "ü", "\x00", "a\n", 5, None, ["x"]]))
-            return Bad({"disk": val}, "value")
+            label = draw(st.sampled_from(["a b", "v" * 129, "ü", "\x00", "a\n", 5, None, ["x"]]))
+            return Bad({"disk": label}, "value")
         n = draw(st.integers(65, 90))
         return Bad({f"k{i}": "v" for i in range(n)})
     if k == "metadata":
@@ -495,7 +500,7 @@ def missing_field(draw: st.DrawFn) -> Case:
     for p in path[:-1]:
         node = node[p]
     del node[path[-1]]
-    names = (f"missing required field `{path[-1]}`",)
+    names: tuple[str, ...] = (f"missing required field `{path[-1]}`",)
     if len(path) > 1:
         names += (f"`{jpath(path[:-1])}`",)
     return Case(
@@ -602,7 +607,7 @@ def deeply_nested(draw: st.DrawFn) -> Case:
     nest = opener * depth + (b"1" if opener != b"[" else b"") + closer * depth
     head = dump(t.template)
     fields = [p for p, _ in FIELDS[t.typ] if len(p) == 1]
-    if fields and draw(st.booleans()):
+    if len(fields) > 0 and draw(st.booleans()):
         # arrays only: an object nested in an object field would be skipped as unknown keys
         nest = b"[" * depth + b"]" * depth
         name = draw(st.sampled_from(fields))[0]
@@ -682,9 +687,9 @@ def misplaced(draw: st.DrawFn) -> Case:
             prefixes=("no machine",), label="machine-unknown",
         )  # fmt: skip
     if kind == 6:  # machine.list through the exchange without a worker
-        body = draw(st.sampled_from([b"{}", b'{"worker_id":""}', b'{"include_destroyed":true}']))
+        raw = draw(st.sampled_from([b"{}", b'{"worker_id":""}', b'{"include_destroyed":true}']))
         return Case(
-            s.machine("list"), body, names=("needs worker_id",), prefixes=("machine.list",),
+            s.machine("list"), raw, names=("needs worker_id",), prefixes=("machine.list",),
             label="x-list-no-worker",
         )  # fmt: skip
     if kind == 7:  # through the exchange to a worker nobody serves

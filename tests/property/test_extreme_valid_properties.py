@@ -311,7 +311,9 @@ def test_an_order_of_exactly_64_kib_is_placed_and_listed(harness: Harness) -> No
                     wait_ms=400,
                 )
             )
-            assert MAX_PAYLOAD_BYTES < len(derived) <= payload_limit(Bid), len(derived)
+            bid_limit = payload_limit(Bid)
+            assert bid_limit is not None  # a Bid has a cap of its own
+            assert MAX_PAYLOAD_BYTES < len(derived) <= bid_limit, len(derived)
             msg = await harness.nc.request(SUBJECTS.order(REGION), data, timeout=REPLY_TIMEOUT_S)
             placed = decode(msg.data, OrderReply)
             assert isinstance(placed, Placed), placed

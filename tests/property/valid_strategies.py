@@ -81,7 +81,7 @@ small_resources = st.fixed_dictionaries(
     {"cpus": st.integers(1, 4), "memory_mb": st.integers(1, 8192)},
     optional={"disk_mb": st.integers(0, 1000), "gpus": st.integers(0, 1)},
 )
-constraints = st.one_of(
+constraints: st.SearchStrategy[dict[str, str]] = st.one_of(
     st.just({}),
     st.sampled_from([{"disk": "ssd"}, {"zone": "a"}, dict(LABELS), {"disk": ""}]),
     # up to the 64-entry maximum of 63-character keys and 128-character values: no worker

@@ -55,3 +55,18 @@ def test_every_loadtest_command_in_the_docs_parses() -> None:
         args = [a for a in cmd[2:] if a not in ("&", "&&")]
         result = CliRunner().invoke(app, ["loadtest", *args, "--help"])
         assert result.exit_code == 0, (cmd, result.output)
+
+
+def test_ci_checks_the_code_then_runs_exactly_the_readmes_test_command() -> None:
+    """CI runs what a reader runs (the README's command, byte for byte), after the lint,
+    format and type checks: a check that fails stops it before the tests."""
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```sh\n(.*?)```", readme, re.S)
+    [test_cmd] = [b.strip() for b in blocks if b.strip().endswith(".venv/bin/pytest")]
+    lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if line]
+    assert "set -euo pipefail" in lines  # fail fast
+    steps = [line for line in lines if not line.startswith("#")]
+    assert steps[-1] == test_cmd, (steps[-1], test_cmd)
+    order = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy"]
+    at = [next(i for i, s in enumerate(steps) if s.split("  #")[0] == o) for o in order]
+    assert at == sorted(at) and at[-1] < len(steps) - 1, steps

@@ -136,7 +136,8 @@ async def test_orders_go_to_an_exchange_in_the_buyers_own_cluster(
         assert delivered_to(sc, "exchange-a") == before
         assert delivered_to(sc, "exchange-b") >= before_b + 10  # the orders, at least
         for r in placed:
-            await buyer_b.machine("destroy", r.machine_id)  # type: ignore[union-attr]
+            assert isinstance(r, Placed)
+            await buyer_b.machine("destroy", r.machine_id)
     finally:
         await shutdown(nc)
         assert await ex_b.stop() == 0

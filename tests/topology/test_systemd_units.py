@@ -17,9 +17,15 @@ UNITS = ROOT / "deploy" / "systemd"
 SPECIFIERS = {"%i": "mad-1", "%S": "/var/lib", "%d": "/run/credentials/x", "%H": "host-1"}
 
 
+class _UnitParser(configparser.ConfigParser):
+    """A systemd unit's keys are case-sensitive (ExecStart, not execstart)."""
+
+    def optionxform(self, optionstr: str) -> str:
+        return optionstr
+
+
 def service(unit: str) -> dict[str, str]:
-    cp = configparser.ConfigParser(interpolation=None, strict=False)
-    cp.optionxform = str  # type: ignore[method-assign]  # keys are case-sensitive
+    cp = _UnitParser(interpolation=None, strict=False)
     cp.read_string((UNITS / unit).read_text())
     return dict(cp["Service"])
 

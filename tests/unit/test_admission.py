@@ -111,7 +111,7 @@ def test_the_limit_stays_between_floor_and_ceiling() -> None:
 )
 def test_bad_settings_are_named(kw: dict[str, float], problem: str) -> None:
     with pytest.raises(ValueError, match=problem):
-        ConcurrencyLimit(**kw)  # type: ignore[arg-type]
+        ConcurrencyLimit(**kw)  # type: ignore[arg-type]  # floats for int fields on purpose: bad settings
 
 
 async def test_a_standing_line_shortens_the_wait_of_new_arrivals() -> None:

@@ -22,10 +22,10 @@ def mach(n: int, order: str, worker: str = "w-1", cpus: int = 2, **kw: object) -
         order_id=order,
         worker_id=worker,
         region=str(kw.pop("region", "mad")),
-        state=kw.pop("state", "reserved"),  # type: ignore[arg-type]
+        state=kw.pop("state", "reserved"),  # type: ignore[arg-type]  # kw: any Machine field
         resources=Resources(cpus=cpus, memory_mb=256),
         image="web",
-        **kw,  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]  # the tests pass Machine's own fields, each typed there
     )
 
 

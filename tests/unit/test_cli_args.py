@@ -4,6 +4,7 @@ before any connection)."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import structlog
@@ -71,7 +72,7 @@ def test_buyer_without_a_nats_url_says_how_to_give_one(monkeypatch: pytest.Monke
     assert "pass --nats URL or set BOURSE_NATS_URL" in result.output
 
 
-def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path: Path) -> None:
     fleet = tmp_path / "f.toml"
     fleet.write_text('[[worker]]\nworker_id = "w1"\nregion = "mad"\ncapacity = {cpus = -1}\n')
     result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -99,8 +100,8 @@ def test_every_override_reaches_the_profile_and_unknown_ones_are_refused() -> No
 
 
 def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
-    monkeypatch: pytest.MonkeyPatch, tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # Guards against a CLI flag that is accepted and silently dropped (it happened).
     import structlog
     from typer.testing import CliRunner
@@ -149,7 +150,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     assert len(params) == len(flags)
 
 
-def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) -> None:
     from loadtest.runner import exchange_args, supplier_args
     from loadtest.workload import resolve_profile
 
@@ -179,8 +180,8 @@ def test_a_shard_lives_in_one_supplier_process_under_sampled_bidding() -> None:
     p = resolve_profile("smoke", None, {"workers": 60, "bid_shards": 6})
     workers = fleet(p)
     shares = split_fleet(workers, 3, p.bid_shards)
-    assert sorted(w["worker_id"] for s in shares for w in s) == sorted(
-        w["worker_id"] for w in workers
+    assert sorted(str(w["worker_id"]) for s in shares for w in s) == sorted(
+        str(w["worker_id"]) for w in workers
     )
     homes = {shard_of(str(w["worker_id"]), 6): i for i, s in enumerate(shares) for w in s}
     for i, share in enumerate(shares):

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
+from bourse.wire.resources import RESOURCES
 from supplier.config import PricingConfig
 from supplier.pricing import (
     CONSTRAINT_MISMATCH,
     DRAINING,
     EXCLUDED,
     INSUFFICIENT,
-    RESOURCES,
     Curve,
     Pricer,
     build_curves,
@@ -380,7 +381,7 @@ def test_reason_precedence() -> None:
 @pytest.mark.parametrize("preset", ["spread", "binpack"])
 @pytest.mark.parametrize("cached", [True, False])
 def test_the_hot_path_price_without_detail_is_the_same_score(preset: str, cached: bool) -> None:
-    p = Pricer(PricingConfig(preset=preset))  # type: ignore[arg-type]
+    p = Pricer(msgspec.convert({"preset": preset}, PricingConfig))
     for used in [(0, 0, 0, 0), (3, 1000, 10, 0), (7, 8000, 0, 1)]:
         full, subs = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached)
         fast, none = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached, detail=False)

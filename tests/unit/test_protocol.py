@@ -153,7 +153,8 @@ def _ids(m: Message) -> str:
 
 def _all_subclasses(cls: type) -> set[type]:
     out: set[type] = set()
-    for sub in cls.__subclasses__():
+    subclasses: list[type] = cls.__subclasses__()
+    for sub in subclasses:
         out |= {sub} | _all_subclasses(sub)
     return out
 

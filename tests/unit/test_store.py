@@ -10,14 +10,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bourse.wire.messages import Machine, Resources
+from bourse.wire.messages import Machine, MachineState, Resources
 from supplier.store import Op, Store, StoreError
 
 
 def machine(
     order_id: str,
     n: int = 0,
-    state: str = "reserved",
+    state: MachineState = "reserved",
     worker_id: str = "mad-1",
 ) -> Machine:
     return Machine(
@@ -25,7 +25,7 @@ def machine(
         order_id=order_id,
         worker_id=worker_id,
         region="mad",
-        state=state,  # type: ignore[arg-type]
+        state=state,
         resources=Resources(cpus=2, memory_mb=2048),
         image="web",
         metadata={"n": str(n)},
@@ -35,7 +35,7 @@ def machine(
     )
 
 
-def moved(m: Machine, state: str) -> Machine:
+def moved(m: Machine, state: MachineState) -> Machine:
     return msgspec.structs.replace(m, state=state, updated_at_ms=m.updated_at_ms + 1)
 
 
@@ -362,7 +362,7 @@ async def test_a_busy_store_lingers_to_share_an_fsync(db: Path) -> None:
         pending = []
         for m in ms[2:]:  # a trickle: one write every ~2 ms, each alone in the queue
             pending.append(asyncio.ensure_future(s.write(Op("place", m))))
-            await asyncio.sleep(0.002)
+            await asyncio.sleep(0.002)  # the arrival pace is the load under test, not a sync
         await asyncio.gather(*pending)
         assert s.batches - before <= 3  # without the linger: ~10 groups of one
         assert len(s.load_machines("mad-1")) == 12
