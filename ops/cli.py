@@ -32,10 +32,6 @@ from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.runtime.supervise import run
 from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
-from loadtest import report as loadtest_report
-from loadtest.harness import run_loadtest
-from loadtest.soak import run_soak
-from loadtest.soak import table as soak_table
 from loadtest.workload import SCENARIOS, resolve_profile
 from ops.auth_cli import auth_app
 from ops.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
@@ -153,6 +149,16 @@ def loadtest(
 
     Exit code 1 if any invariant was violated."""
     logs.configure("warning")
+    try:  # the harness's own dependencies (psutil) come with the `loadtest` extra
+        from loadtest import report as loadtest_report
+        from loadtest.harness import run_loadtest
+        from loadtest.soak import run_soak
+        from loadtest.soak import table as soak_table
+    except ImportError as exc:
+        fail(
+            f"bourse loadtest needs the load-test extra ({exc.name} is missing): "
+            "pip install 'bourse[loadtest]'"
+        )
     if soak is not None:
         logs.configure("error")  # the faults make every client log warnings by design
         if nats:
