@@ -246,7 +246,7 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
             r = await client.place(order())
             assert isinstance(r, Placed)
             await client.machine("start", r.machine_id)
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(0.05)  # the pace of the actions, not a synchronisation
 
     actor = asyncio.create_task(place_until_seen())
     out, _ = await asyncio.wait_for(proc.communicate(), 30)

@@ -24,7 +24,7 @@ async def test_i1_200_concurrent_orders_fill_exactly_the_fleet_and_never_overcom
     async def watch() -> None:  # I1 at all times, not only at the end
         while True:
             peaks.extend(market.violations())
-            await asyncio.sleep(0.001)
+            await asyncio.sleep(0.001)  # the sampling pace of the check, not a sync
 
     watcher = asyncio.create_task(watch())
     results = await asyncio.gather(

@@ -36,7 +36,7 @@ async def _run(
 
     async def owner(msg: Msg) -> None:  # worker "a": already runs the order's machine
         bid = decode(msg.data, Bid)
-        await asyncio.sleep(OWNER_DELAY_S)
+        await asyncio.sleep(OWNER_DELAY_S)  # the scenario: a slow owner, not a sync
         offer = Offer(
             order_id=bid.order_id, worker_id="a", region="mad", score=0.5, machine_id="a~M1"
         )

@@ -161,7 +161,7 @@ async def burst(market: Market, concurrency: int = 8) -> AsyncIterator[list[Plac
             try:
                 r = await client.place(order(cpus=1, memory_mb=64))
             except Exception:  # the program under test is going away: errors are expected
-                await anyio.sleep(0.01)
+                await anyio.sleep(0.01)  # the retry pace, not a synchronisation
                 continue
             if isinstance(r, Placed):
                 placed.append(r)
