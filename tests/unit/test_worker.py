@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
 from bourse.wire.messages import (
@@ -485,9 +486,12 @@ async def test_abort_commit_destroys_reserved_machine(
 ) -> None:
     placed = await place(worker)
     mid = placed.machine_id
-    before = asyncio.all_tasks()
-    worker.release("order-1", "auc-order-1", abort_commit=True)
-    await run_spawned(before)
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(worker.keeper.run)  # as the host runs it: the abort's owner
+        before = asyncio.all_tasks()
+        worker.release("order-1", "auc-order-1", abort_commit=True)
+        await run_spawned(before)
+        await worker.keeper.close()
     m = worker.machines[mid]
     assert m.state == "destroyed"
     assert m.aborted is True
