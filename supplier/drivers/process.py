@@ -74,7 +74,7 @@ class ProcessDriver:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Own the machines' supervisors until cancelled; then kill and reap any machine
-        process still running (its stop was cut short), so none outlives the driver."""
+        process still running (one no stop reached), so none outlives the driver."""
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -82,8 +82,7 @@ class ProcessDriver:
                 await anyio.sleep_forever()
         finally:
             self._tasks = None
-            with anyio.move_on_after(KILL_S, shield=True):
-                await self._kill_left()
+            await self._kill_left()
 
     async def _kill_left(self) -> None:
         for sup in list(self._sups.values()):
@@ -92,9 +91,15 @@ class ProcessDriver:
             proc = sup.proc
             if proc is not None and proc.returncode is None:
                 log.warning("machine_killed_at_stop", machine_id=sup.m.machine_id)
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+                await self._kill(proc)
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process) -> None:
+        """SIGKILL and reap, even while the caller is being cancelled (bounded)."""
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with anyio.move_on_after(KILL_S, shield=True):
+            await proc.wait()
 
     def can_run(self, image: str) -> bool:
         spec = self.catalog.get(image)
@@ -227,17 +232,18 @@ class ProcessDriver:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
-            with anyio.move_on_after(sup.spec.stop_grace_s) as grace:
-                await proc.wait()
-            if grace.cancelled_caught:
-                log.warning(
-                    "machine_kill_after_grace",
-                    machine_id=m.machine_id,
-                    grace_s=sup.spec.stop_grace_s,
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
+            grace = anyio.move_on_after(sup.spec.stop_grace_s)
+            try:
+                with grace:
+                    await proc.wait()
+            finally:  # the grace passed, or this stop was cut short: kill it either way
+                if proc.returncode is None:
+                    log.warning(
+                        "machine_kill_after_grace" if grace.cancelled_caught else "machine_killed",
+                        machine_id=m.machine_id,
+                        grace_s=sup.spec.stop_grace_s,
+                    )
+                    await self._kill(proc)
         sup.scope.cancel()
 
     async def destroy(self, m: Machine) -> None:
