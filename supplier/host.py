@@ -67,9 +67,11 @@ CLAIM_CHECK_S = 0.5
 TOMBSTONE_TTL_S = 5.0
 # While the store refuses writes, probe it this often; a success lifts the drain.
 STORE_PROBE_INTERVAL_S = 1.0
-# A stop's bounds: the answers under way (a commit's fsync), the outbox's last messages, and
-# the whole stop (machines stopped too), so SIGTERM ends the process within 2 s.
+# A stop's bounds: the answers under way (a commit's fsync), the machines (their lifecycle
+# work, then their processes: SIGTERM, SIGKILL after the grace or when this runs out), the
+# outbox's last messages, and the whole stop, so SIGTERM ends the process within 2 s.
 HANDLERS_S = 0.5
+MACHINES_S = 0.7
 OUTBOX_S = 0.3
 STOP_S = 1.5
 
@@ -169,7 +171,8 @@ class SupplierHost:
         """Serve until cancelled: check no other process serves these workers, recover
         them from the store, subscribe, say ``started``, serve; then, shielded and bounded:
         unsubscribe, let the answers under way finish, stop the machines, send what the
-        outbox holds. The outbox pump, the sweeper, the store probe and the handlers run in
+        outbox holds. The outbox pump, each worker's machines (Machines.run: lifecycle work
+        and the driver's supervisors), the sweeper, the store probe and the handlers run in
         this task group. Raises WorkerIdInUse before ``started`` if a worker is taken."""
         await self._check_unclaimed()  # before any task: a taken id is one plain error
         async with anyio.create_task_group() as tasks:
@@ -187,6 +190,7 @@ class SupplierHost:
 
     async def _start(self, tasks: anyio.abc.TaskGroup) -> None:
         for w in self.workers.values():
+            await tasks.start(w.keeper.run)  # before anything may start or abort a machine
             w.recover()
             for order_id in w.by_order:
                 self.owners[order_id] = w
@@ -235,14 +239,24 @@ class SupplierHost:
             )
 
     async def _stop(self) -> None:
+        """Each step bounded, and each runs even if the one before it failed: every
+        worker's Machines.run must end (it is shielded) and the outbox must be closed."""
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
-        await self.responder.finish(HANDLERS_S)
-        for w in self.workers.values():
-            await w.keeper.close()
-        await self.outbox.close(OUTBOX_S)
+        try:
+            await self.responder.finish(HANDLERS_S)
+        finally:
+            try:
+                # every worker's machines at once; each close ends its Machines.run even
+                # when this bound cuts it short (its driver then kills what still runs)
+                with anyio.move_on_after(MACHINES_S):
+                    async with anyio.create_task_group() as machines:
+                        for w in self.workers.values():
+                            machines.start_soon(w.keeper.close)
+            finally:
+                await self.outbox.close(OUTBOX_S)
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _emit(self, event: Event) -> None:

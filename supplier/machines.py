@@ -6,6 +6,10 @@ op log before it is reported.
     destroy: any live state -> destroyed           (resources go back to the market)
 
 Each machine has its own lock, so a slow pull on one machine never delays another.
+
+Background lifecycle work (a process exit, an abort) and the driver's own tasks run in the
+task group of :meth:`Machines.run`, which the supplier host starts before it serves and
+ends with :meth:`Machines.close` when it stops.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import anyio
+import anyio.abc
 import msgspec
 import structlog
 
@@ -26,6 +32,8 @@ from supplier.store import Op, Store, StoreError
 # (kind, order id, machine id, detail)
 EventFn = Callable[[str, str, str, str], None]
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
+# How long a stop waits for the lifecycle work under way (a store write each) to finish.
+LIFECYCLE_S = 5.0
 
 
 class Machines:
@@ -49,7 +57,12 @@ class Machines:
         self.by_id: dict[str, Machine] = {}
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
         self._locks: dict[str, asyncio.Lock] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # run()'s: the lifecycle work and the driver's tasks; None before run() and after it.
+        self._tasks: anyio.abc.TaskGroup | None = None
+        self._scope: anyio.CancelScope | None = None  # run()'s shield, cancelled by close()
+        self._working = 0  # lifecycle work under way
+        self._idle: anyio.Event | None = None  # set when _working drops to 0 (close waits)
+        self._closing = False
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
     def lock(self, machine_id: str) -> asyncio.Lock:
@@ -165,16 +178,49 @@ class Machines:
         self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
         self.event("destroyed", m.order_id, m.machine_id, "aborted")
 
-    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Background lifecycle work (an exit, an abort): tracked, failures logged."""
-        task = asyncio.get_running_loop().create_task(work)
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Own this worker's background lifecycle work and its driver's tasks until
+        :meth:`close`. Shielded from the caller's cancellation: a stop lets the work under
+        way finish and stops the machines (close), then this ends."""
+        try:
+            with anyio.CancelScope(shield=True) as self._scope:
+                async with anyio.create_task_group() as tasks:
+                    await tasks.start(self.driver.run)
+                    self._tasks = tasks
+                    task_status.started()
+                    await anyio.sleep_forever()  # until close() cancels the scope
+        finally:
+            self._tasks = None
 
-    def _done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            self.log.error("lifecycle_task_failed", error=repr(task.exception()))
+    def spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        """Background lifecycle work (an exit, an abort), in run()'s task group; a failure
+        is logged. Work that arrives once the worker is stopping is dropped (logged)."""
+        if self._tasks is None or self._closing:
+            work.close()  # never started: no "coroutine was never awaited"
+            if not self._closing:
+                raise RuntimeError("Machines.spawn() needs Machines.run() to be running")
+            self.log.warning("lifecycle_work_dropped", reason="the worker is stopping")
+            return
+        self._working += 1
+        self._tasks.start_soon(self._work, work)
+
+    async def _work(self, work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except Exception as exc:  # one failed step must not end the others (nor run())
+            self.log.error("lifecycle_task_failed", error=repr(exc))
+        finally:
+            self._working -= 1
+            if not self._working and self._idle is not None:
+                self._idle.set()
+
+    async def _settle(self) -> None:
+        """Wait until no lifecycle work is under way."""
+        while self._working:
+            self._idle = anyio.Event()
+            await self._idle.wait()
 
     def exited(self, machine_id: str, code: int) -> None:
         """The driver saw the machine's process end for good (restart policy said no)."""
@@ -214,7 +260,18 @@ class Machines:
         lines, truncated = self.driver.logs(machine_id, tail, MAX_LOG_BYTES)
         return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated)
 
-    async def close(self) -> None:
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
-        await self.driver.close()
+    async def close(self, timeout_s: float = LIFECYCLE_S) -> None:
+        """Stop: let the lifecycle work under way finish (for at most ``timeout_s``), stop
+        every machine's process (the driver), let an exit reported meanwhile be recorded,
+        then end :meth:`run`. The caller bounds the whole; run() ends even when this is cut
+        short (the driver then kills what still runs)."""
+        try:
+            with anyio.move_on_after(timeout_s):
+                await self._settle()
+            await self.driver.close()
+            with anyio.move_on_after(timeout_s):
+                await self._settle()
+        finally:
+            self._closing = True
+            if self._scope is not None:
+                self._scope.cancel()

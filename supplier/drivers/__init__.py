@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import anyio.abc
+
 from bourse.wire.messages import Machine
 
 
@@ -22,6 +24,11 @@ class DriverError(RuntimeError):
 
 class Driver(Protocol):
     name: str
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None:
+        """Own the driver's tasks (a process's supervisor) until cancelled; leave nothing
+        running when it ends. Started by the worker's Machines.run before the host serves."""
+        ...
 
     def can_run(self, image: str) -> bool:
         """Whether this worker can run the image at all (offers are only made if so)."""
@@ -51,5 +58,5 @@ class Driver(Protocol):
         ...
 
     async def close(self) -> None:
-        """The supplier is stopping: stop supervising (machines keep their recorded state)."""
+        """The supplier is stopping: stop every machine (they keep their recorded state)."""
         ...

@@ -9,6 +9,10 @@ start runs it as a supervised subprocess.
 - an exit the policy does not restart is reported through ``on_exit`` (the worker records
   the machine as stopped with the exit code);
 - a command word ``{python}`` stands for the supplier's own Python interpreter.
+
+Each machine's supervisor (wait for the exit, restart after the backoff) is a task in the
+group of :meth:`ProcessDriver.run`; when that ends, a process still running is killed, so
+no machine outlives its driver.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
+import anyio
+import anyio.abc
 import structlog
 
 from bourse.wire.messages import Machine
@@ -34,6 +41,8 @@ PYTHON = "{python}"
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 10.0
 BACKOFF_RESET_AFTER_S = 30.0
+# How long the driver's end waits for the processes it kills (SIGKILL cannot be ignored).
+KILL_S = 1.0
 
 # (machine id, exit code): a machine's process ended and will not be restarted.
 ExitFn = Callable[[str, int], None]
@@ -46,7 +55,8 @@ class _Supervisor:
         self.policy = policy
         self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
-        self.task: asyncio.Task[None] | None = None
+        # The supervisor task's scope: made here, so a stop can cancel it before it runs.
+        self.scope = anyio.CancelScope()
         self.stopping = False
         self.restarts = 0
 
@@ -59,6 +69,38 @@ class ProcessDriver:
         self.log_dir = log_dir
         self.on_exit = on_exit
         self._sups: dict[str, _Supervisor] = {}
+        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the supervisors
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Own the machines' supervisors until cancelled; then kill and reap any machine
+        process still running (one no stop reached), so none outlives the driver."""
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                task_status.started()
+                await anyio.sleep_forever()
+        finally:
+            self._tasks = None
+            await self._kill_left()
+
+    async def _kill_left(self) -> None:
+        for sup in list(self._sups.values()):
+            self._sups.pop(sup.m.machine_id, None)
+            sup.stopping = True
+            proc = sup.proc
+            if proc is not None and proc.returncode is None:
+                log.warning("machine_killed_at_stop", machine_id=sup.m.machine_id)
+                await self._kill(proc)
+
+    @staticmethod
+    async def _kill(proc: asyncio.subprocess.Process) -> None:
+        """SIGKILL and reap, even while the caller is being cancelled (bounded)."""
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with anyio.move_on_after(KILL_S, shield=True):
+            await proc.wait()
 
     def can_run(self, image: str) -> bool:
         spec = self.catalog.get(image)
@@ -79,17 +121,19 @@ class ProcessDriver:
         if spec is None or not spec.command:
             raise DriverError(f"image {m.image!r} is not in this worker's catalog")
         policy = m.metadata.get("restart", spec.restart)
-        if policy not in RESTART_POLICIES:
+        if policy not in RESTART_POLICIES:  # checked here, so the cast below is true
             raise DriverError(
                 f"restart policy {policy!r}: use one of {', '.join(RESTART_POLICIES)}"
             )
         if self.is_running(m.machine_id):
             return
+        if self._tasks is None:
+            raise DriverError("the process driver is not running (ProcessDriver.run)")
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        sup = _Supervisor(m, spec, policy, self.log_path(m.machine_id))  # type: ignore[arg-type]
+        sup = _Supervisor(m, spec, cast(RestartPolicy, policy), self.log_path(m.machine_id))
         await self._spawn(sup)  # a command that cannot start fails the start itself
         self._sups[m.machine_id] = sup
-        sup.task = asyncio.get_running_loop().create_task(self._supervise(sup))
+        self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
 
     async def _spawn(self, sup: _Supervisor) -> None:
         env = {
@@ -119,6 +163,12 @@ class ProcessDriver:
                 raise DriverError(f"cannot start {sup.spec.command[0]!r}: {exc}") from None
 
     async def _supervise(self, sup: _Supervisor) -> None:
+        """Wait for the process to end; restart it as its policy says, after the backoff;
+        report an exit it does not restart. A stop cancels this (sup.scope)."""
+        with sup.scope:
+            await self._watch(sup)
+
+    async def _watch(self, sup: _Supervisor) -> None:
         backoff = BACKOFF_FIRST_S
         mlog = log.bind(machine_id=sup.m.machine_id)
         while True:
@@ -136,7 +186,7 @@ class ProcessDriver:
                 backoff = BACKOFF_FIRST_S
             sup.restarts += 1
             mlog.info("machine_restarting", code=code, restarts=sup.restarts, backoff_s=backoff)
-            await asyncio.sleep(backoff)
+            await anyio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             if sup.stopping:
                 return
@@ -173,6 +223,8 @@ class ProcessDriver:
         return sup.proc.pid if sup and sup.proc and sup.proc.returncode is None else None
 
     async def stop(self, m: Machine) -> None:
+        """SIGTERM, then SIGKILL after the grace period; the supervisor is cancelled (it
+        ends in run()'s task group)."""
         sup = self._sups.pop(m.machine_id, None)
         if sup is None:
             return
@@ -181,27 +233,26 @@ class ProcessDriver:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
+            grace = anyio.move_on_after(sup.spec.stop_grace_s)
             try:
-                await asyncio.wait_for(proc.wait(), sup.spec.stop_grace_s)
-            except TimeoutError:
-                log.warning(
-                    "machine_kill_after_grace",
-                    machine_id=m.machine_id,
-                    grace_s=sup.spec.stop_grace_s,
-                )
-                with contextlib.suppress(ProcessLookupError):
-                    proc.kill()
-                await proc.wait()
-        if sup.task is not None:
-            sup.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sup.task
+                with grace:
+                    await proc.wait()
+            finally:  # the grace passed, or this stop was cut short: kill it either way
+                if proc.returncode is None:
+                    log.warning(
+                        "machine_kill_after_grace" if grace.cancelled_caught else "machine_killed",
+                        machine_id=m.machine_id,
+                        grace_s=sup.spec.stop_grace_s,
+                    )
+                    await self._kill(proc)
+        sup.scope.cancel()
 
     async def destroy(self, m: Machine) -> None:
         await self.stop(m)
 
     async def close(self) -> None:
-        """Stop every process (they come back when the supplier restarts: their recorded
-        state still says started)."""
-        for sup in list(self._sups.values()):
-            await self.stop(sup.m)
+        """Stop every process, all at once (they come back when the supplier restarts:
+        their recorded state still says started)."""
+        async with anyio.create_task_group() as tasks:
+            for sup in list(self._sups.values()):
+                tasks.start_soon(self.stop, sup.m)

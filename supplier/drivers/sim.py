@@ -3,7 +3,8 @@ the simulated pull time (size / pull rate); everything else is instant."""
 
 from __future__ import annotations
 
-import asyncio
+import anyio
+import anyio.abc
 
 from bourse.wire.messages import Machine
 from supplier.images import DEFAULT_IMAGE_MB
@@ -17,6 +18,12 @@ class SimDriver:
         self.sizes = sizes or {}
         self.running: set[str] = set()
 
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Nothing to own (a simulated machine is a set entry): ready at once."""
+        task_status.started()
+
     def can_run(self, image: str) -> bool:
         return True
 
@@ -28,7 +35,7 @@ class SimDriver:
     async def pull(self, image: str) -> float:
         seconds = self.pull_seconds(image)
         if seconds > 0:
-            await asyncio.sleep(seconds)
+            await anyio.sleep(seconds)
         return seconds
 
     async def start(self, m: Machine) -> None:

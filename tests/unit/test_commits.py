@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
 import msgspec
 import pytest
 
@@ -444,7 +445,17 @@ ABORTS = {
 
 
 async def commit_and_abort(w: Worker, when: str) -> CommitReply:
-    """Commit order-1 with the auction's abort_commit arriving ``when``; the commit's reply."""
+    """Commit order-1 with the auction's abort_commit arriving ``when``; the commit's reply.
+    The worker's lifecycle runs as the host runs it (``Machines.run`` owns the undo)."""
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(w.keeper.run)
+        try:
+            return await _commit_and_abort(w, when)
+        finally:
+            await w.keeper.close()  # waits for the undo under way, then ends run()
+
+
+async def _commit_and_abort(w: Worker, when: str) -> CommitReply:
     give_up = lambda: w.release("order-1", "auc-1", abort_commit=True)  # noqa: E731
     if when == "before":
         give_up()
@@ -457,11 +468,9 @@ async def commit_and_abort(w: Worker, when: str) -> CommitReply:
     assert isinstance(reply, Placed)
     if when == "after start":
         await w.transition("start", reply.machine_id)
-    before = asyncio.all_tasks()
     give_up()
-    spawned = asyncio.all_tasks() - before
-    assert len(spawned) == (1 if when == "after" else 0)  # the undo runs in the background
-    await asyncio.gather(*spawned)
+    # the undo runs in the background, owned by the worker's lifecycle
+    assert w.keeper._working == (1 if when == "after" else 0)
     return reply
 
 
