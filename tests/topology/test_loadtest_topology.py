@@ -13,6 +13,7 @@ import pytest
 import structlog
 from typer.testing import CliRunner
 
+import loadtest.harness
 from bourse.nats.supercluster import Supercluster
 from bourse.wire.subjects import Subjects
 from loadtest.harness import run_loadtest
@@ -76,7 +77,8 @@ def test_supplier_nats_reaches_the_run_as_the_suppliers_urls(
         got.update(urls=urls, **kw)
         return {"violations": [], "plots": []}
 
-    monkeypatch.setattr(bourse, "run_loadtest", fake_run)
+    # `bourse loadtest` imports the harness when it runs (its extra may be missing)
+    monkeypatch.setattr(loadtest.harness, "run_loadtest", fake_run)
     result = CliRunner().invoke(
         bourse.app,
         ["loadtest", "--nats", "nats://a:1", "--supplier-nats", "nats://b:1,nats://b:2",
