@@ -341,7 +341,7 @@ class SupplierHost:
             await self.responder.reply(msg, w.status())
 
     async def _on_explain(self, msg: Msg) -> None:
-        """ "Why not" (docs/protocol.md §4.15): the desk's verdict of EVERY worker of the
+        """Why not (docs/protocol.md §4.15): the desk's verdict of EVERY worker of the
         region here (nothing held), sent in pages under the payload limit."""
         req = decode(msg.data, ExplainRequest)
         region = self._region_of(msg)

@@ -205,7 +205,7 @@ class BourseClient:
         return sorted(out, key=lambda s: s.worker_id)
 
     async def explain(self, order: PlaceOrder, within_s: float | None = None) -> DryRun:
-        """ "Why not" for ``order`` without placing it: every worker of the region answers
+        """Why not, for ``order`` without placing it: every worker of the region answers
         with the score it would offer or its reasons (docs/protocol.md §4.15); nothing is
         held. Workers the region's status lists that gave no verdict (a supplier that does
         not implement explain) are ``no_answer``. Bounded by ``within_s`` (default: the

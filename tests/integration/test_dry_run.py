@@ -1,4 +1,4 @@
-""" "Why not" on a real nats-server (docs/protocol.md §4.15): suppliers in two processes whose
+"""Why not, on a real nats-server (docs/protocol.md §4.15): suppliers in two processes whose
 workers decline for every reason, and one raw subscriber that answers status but not explain
 (an older or foreign supplier: "no answer"). Through the client library and the CLI.
 

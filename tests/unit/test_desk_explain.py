@@ -1,4 +1,4 @@
-""" "Why not" (docs/protocol.md §4.15): the desk's explanation of an order on every worker, on
+"""Why not, (docs/protocol.md §4.15): the desk's explanation of an order on every worker, on
 a fake clock, no NATS, no sleep. Every reason with the exact numbers in its text, the score
 an offer would carry (the same as the bid's), and the reply pages.
 
