@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.auction.driver import AuctionError
-from bourse.client import BourseClient, ClientError, policy, render
+from bourse.client import BourseClient, ClientError, DryRun, policy, render
 from bourse.client.policy import Deployment
 from bourse.nats.connection import flush_all, shutdown
 from bourse.runtime import logs
@@ -191,6 +191,20 @@ def place(
     ] = None,
     meta: Annotated[list[str] | None, typer.Option(help="Metadata key=value.")] = None,
     start: Annotated[bool, typer.Option(help="Start the machine once placed.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Place nothing: ask every worker of the region for its score or its reasons "
+            "(exit 0 if one would take the order, else 2).",
+        ),
+    ] = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain", help="If the order is unfilled, show every worker's reasons under it."
+        ),
+    ] = False,
     direct: DirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -218,25 +232,48 @@ def place(
         order = msgspec.convert(raw, PlaceOrder, strict=True)
     except msgspec.ValidationError as exc:
         fail(f"invalid order: {_flag_names(validation_detail(exc))}")
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if dry_run:
+        if start:
+            fail("--dry-run places nothing: --start does not apply")
+        _dry_run(conn, prefix, order, json)
 
-    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Machine | None]:
+    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Machine | None, DryRun | None]:
         r = await c.place(order)
-        machine = None
+        machine: Machine | None = None
+        why: DryRun | None = None
         if start and isinstance(r, Placed):
             machine = await c.machine("start", r.machine_id)
-        return r, machine
+        if explain and isinstance(r, Unfilled):
+            why = await c.explain(order)
+        return r, machine, why
 
-    r, machine = _with_client(
-        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key), prefix, direct, go
-    )
+    r, machine, why = _with_client(conn, prefix, direct, go)
     if json:
-        typer.echo(render.as_json({"result": r, "machine": machine}))
+        out: dict[str, object] = {"result": r, "machine": machine}
+        if explain:
+            out["explain"] = why
+        typer.echo(render.as_json(out))
     else:
         render.outcome(r)
         if machine is not None:
             render.console.print(f"  machine {machine.machine_id} is {machine.state}")
+        if why is not None:
+            render.console.print(render.dry_run(why))
+            render.console.print(render.dry_run_summary(why))
     if not isinstance(r, Placed):
         raise typer.Exit(EXIT_UNFILLED)
+
+
+def _dry_run(conn: Connection, prefix: str, order: PlaceOrder, json: bool) -> None:
+    """``place --dry-run``: every worker's verdict, nothing placed or held."""
+    d = _with_client(conn, prefix, False, lambda c: c.explain(order))
+    if json:
+        typer.echo(render.as_json(d))
+    else:
+        render.console.print(render.dry_run(d))
+        render.console.print(render.dry_run_summary(d))
+    raise typer.Exit(0 if d.winner else EXIT_UNFILLED)
 
 
 @app.command()

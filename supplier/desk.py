@@ -23,17 +23,34 @@ Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
 ``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
 up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
+
+Explaining an order ("why not", §4.15) runs the same stages on EVERY worker it is given,
+read-only (nothing held, dropped or expired): :meth:`Desk.explain` returns one
+``WorkerVerdict`` per worker with all its reasons and their numbers, or the score and
+subscores it would offer with; :func:`explanation_pages` cuts them into reply pages.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Container, Iterator, Mapping
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-from bourse.wire.messages import Bid, Machine, Offer, Waiting, now_ms
-from bourse.wire.resources import Vec, leq, vec
+from bourse.wire.codec import encode
+from bourse.wire.messages import (
+    EXPLAIN_PAGE_BYTES,
+    Bid,
+    Explanation,
+    Machine,
+    Offer,
+    Reason,
+    Resources,
+    Waiting,
+    WorkerVerdict,
+    now_ms,
+)
+from bourse.wire.resources import ZERO, Vec, add, leq, vec
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.ledger import Hold, Ledger
 from supplier.pricing import (
@@ -43,6 +60,7 @@ from supplier.pricing import (
     INSUFFICIENT,
     Pricer,
     check_fit,
+    explain_fit,
 )
 
 __all__ = [
@@ -53,16 +71,19 @@ __all__ = [
     "DEFAULT_MAX_OFFERS",
     "DRAINING",
     "EXCLUDED",
+    "IMAGE_NOT_CACHED",
     "INSUFFICIENT",
     "MAX_WAITING",
     "OUTRANKED",
     "Answer",
     "Desk",
+    "OrderLike",
     "Quote",
     "Seat",
     "Send",
     "WaitingBid",
     "WaitingBids",
+    "explanation_pages",
 ]
 
 # Named reasons a worker stays silent, beside pricing's (EXCLUDED, DRAINING, ...).
@@ -70,6 +91,8 @@ COMMITTING = "commit_under_way"  # a commit for this order is being written on t
 BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way (and it did not wait)
 CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the bid's image
 OUTRANKED = "outranked"  # it could offer, but the process offered its best max_offers only
+# Not a decline: a price note in an explanation (the image term it forgoes).
+IMAGE_NOT_CACHED = "image_not_cached"
 
 # A process offers at most this many of its workers per bid (the best-scoring); 0: all.
 DEFAULT_MAX_OFFERS = 3
@@ -137,6 +160,8 @@ class Seat(Protocol):
     @property
     def draining(self) -> bool: ...
     @property
+    def drain_reason(self) -> str: ...
+    @property
     def ledger(self) -> Ledger: ...
     @property
     def pricer(self) -> Pricer: ...
@@ -155,6 +180,21 @@ class Seat(Protocol):
 
 
 S = TypeVar("S", bound=Seat)
+
+
+class OrderLike(Protocol):
+    """What an explanation reads of an order: a Bid or an ExplainRequest."""
+
+    @property
+    def order_id(self) -> str: ...
+    @property
+    def resources(self) -> Resources: ...
+    @property
+    def image(self) -> str: ...
+    @property
+    def constraints(self) -> Mapping[str, str]: ...
+    @property
+    def exclude_workers(self) -> Sequence[str]: ...
 
 
 class Quote:
@@ -364,6 +404,72 @@ class Desk(Generic[S]):
             return _waiting(w, bid, bid.wait_ms)
         return None
 
+    # -- "why not" ------------------------------------------------------------------------------
+    def explain(self, order: OrderLike, now: float, workers: Iterable[S]) -> list[WorkerVerdict]:
+        """Each worker's verdict on the order, as :meth:`answer` would decide it at ``now``
+        but for every worker (no sample, no ``max_offers``) and read-only: the order's own
+        hold is left out (a bid would replace it), so are expired holds (a bid would drop
+        them first); nothing is held, dropped or expired."""
+        return [self.verdict(w, order, now) for w in workers]
+
+    @staticmethod
+    def verdict(w: S, order: OrderLike, now: float) -> WorkerVerdict:
+        """One worker's verdict: ``existing`` (a machine for the order is there), ``offer``
+        (score and subscores as the Offer would carry them; a not-cached image is noted with
+        what the image term costs), ``wait`` (only other orders' holds are in the way) or
+        ``decline`` with every reason, in the desk's order, numbers in each ``detail``."""
+        wid = w.worker_id
+        m = w.machine_for(order.order_id)
+        if m is not None:
+            cached = m.image in w.images
+            return WorkerVerdict(
+                worker_id=wid,
+                verdict="existing",
+                score=m.score,
+                image_cached=cached,
+                machine_id=m.machine_id,
+            )
+        ledger = w.ledger
+        own = ledger.holds.get(order.order_id)
+        if own is not None and own.committing:
+            why = Reason(code=COMMITTING, detail="a commit for this order is being written here")
+            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=[why])
+        want = vec(order.resources)
+        held = _live_held(ledger.holds.values(), order.order_id, now)
+        reasons = explain_fit(
+            worker_id=wid,
+            labels=w.labels,
+            draining=w.draining,
+            drain_reason=w.drain_reason,
+            capacity=ledger.capacity,
+            committed=ledger.committed,
+            held=held,
+            want=want,
+            constraints=order.constraints,
+            exclude_workers=order.exclude_workers,
+        )
+        if leq(want, ledger.free_of_committed):  # what is short, only holds take
+            reasons = [_blocked(r) if r.code == INSUFFICIENT else r for r in reasons]
+        if not w.can_run(order.image):
+            reasons.append(
+                Reason(code=CANNOT_RUN, detail=f"the driver cannot run image {order.image!r}")
+            )
+        if any(r.code != BLOCKED for r in reasons):
+            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
+        cached = order.image in w.images
+        used = add(ledger.committed, held) if not reasons else ledger.committed
+        score, subscores = w.pricer.price(ledger.capacity, used, want, cached)
+        if not cached:
+            reasons.append(_not_cached(w.pricer, order.image, score))
+        return WorkerVerdict(
+            worker_id=wid,
+            verdict="wait" if reasons and reasons[0].code == BLOCKED else "offer",
+            score=score,
+            subscores=subscores,
+            image_cached=cached,
+            reasons=reasons,
+        )
+
     # -- capacity changes ---------------------------------------------------------------------
     def freed(self, w: S, now: float) -> list[Send[S]]:
         """Capacity came back on ``w`` (a hold released or expired, a machine destroyed, a
@@ -423,3 +529,77 @@ def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
 
 def _by_delay(s: Send[S]) -> float:
     return s.delay_s
+
+
+def _live_held(holds: Iterable[Hold], order_id: str, now: float) -> Vec:
+    """What other orders' live holds take: a bid drops expired holds (unless pinned by a
+    commit) and replaces the order's own hold before it prices."""
+    held = ZERO
+    for h in holds:
+        if h.order_id != order_id and (h.expires_at > now or h.committing):
+            held = add(held, h.want)
+    return held
+
+
+def _blocked(r: Reason) -> Reason:
+    """An ``insufficient`` shortage that only other orders' holds cause: the worker would
+    wait for them (§6.3)."""
+    return Reason(
+        code=BLOCKED,
+        detail=f"{r.detail}: only holds are in the way (would wait)",
+        resource=r.resource,
+        want=r.want,
+        free=r.free,
+        capacity=r.capacity,
+        committed=r.committed,
+        held=r.held,
+    )
+
+
+def _not_cached(pricer: Pricer, image: str, score: float) -> Reason:
+    """The image term's price effect: a cached image would add ``image_weight``."""
+    cost = pricer.image_weight
+    return Reason(
+        code=IMAGE_NOT_CACHED,
+        detail=f"image {image!r} not cached: the image term costs {cost:g} "
+        f"(score {score:g}, {min(1.0, round(score + cost, 6)):g} if cached)",
+        cost=cost,
+    )
+
+
+def explanation_pages(
+    order_id: str,
+    region: str,
+    responder: str,
+    verdicts: Sequence[WorkerVerdict],
+    limit_bytes: int = EXPLAIN_PAGE_BYTES,
+) -> list[Explanation]:
+    """Cut one process's verdicts into Explanation pages of at most ``limit_bytes`` encoded
+    each (at least one verdict per page, and one page when there are none), numbered
+    1..n, ``last`` on page n."""
+    frame = len(
+        encode(Explanation(order_id=order_id, region=region, responder=responder, last=False))
+    )
+    frame += 32  # page and pages up to 10 digits each, the verdicts' brackets
+    chunks: list[list[WorkerVerdict]] = [[]]
+    size = frame
+    for v in verdicts:
+        n = len(encode(v)) + 1
+        if chunks[-1] and size + n > limit_bytes:
+            chunks.append([])
+            size = frame
+        chunks[-1].append(v)
+        size += n
+    total = len(chunks)
+    return [
+        Explanation(
+            order_id=order_id,
+            region=region,
+            responder=responder,
+            page=i,
+            pages=total,
+            last=i == total,
+            verdicts=chunk,
+        )
+        for i, chunk in enumerate(chunks, 1)
+    ]

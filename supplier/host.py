@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable
@@ -37,6 +38,7 @@ from bourse.wire.messages import (
     Bid,
     Commit,
     Event,
+    ExplainRequest,
     ListMachines,
     MachineRequest,
     Offer,
@@ -50,7 +52,7 @@ from bourse.wire.signing import OfferSigner
 from bourse.wire.subjects import Subjects, shard_of
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.config import WorkerConfig, check_workers
-from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send
+from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send, explanation_pages
 from supplier.images import ImageListener
 from supplier.outbox import Outbox
 from supplier.store import Store
@@ -205,6 +207,7 @@ class SupplierHost:
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
             self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
+            self._subs.append(await self.nc.subscribe(s.explain(region), cb=g(self._on_explain)))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
@@ -350,6 +353,20 @@ class SupplierHost:
             decode(msg.data, StatusRequest)
         for w in self.by_region.get(self._region_of(msg), ()):
             await self.responder.reply(msg, w.status())
+
+    async def _on_explain(self, msg: Msg) -> None:
+        """Why not (docs/protocol.md §4.15): the desk's verdict of EVERY worker of the
+        region here (nothing held), sent in pages under the payload limit."""
+        req = decode(msg.data, ExplainRequest)
+        region = self._region_of(msg)
+        if req.region != region:
+            raise subject_region_mismatch("explain", req.region, region)
+        if not msg.reply:
+            return
+        verdicts = self.desk.explain(req, time.monotonic(), self.by_region.get(region, ()))
+        responder = secrets.token_hex(8)  # groups this answer's pages at the requester
+        for page in explanation_pages(req.order_id, region, responder, verdicts):
+            await self.responder.reply(msg, page)
 
     # -- one worker's subjects -------------------------------------------------------------------
     async def _on_worker(self, msg: Msg) -> None:

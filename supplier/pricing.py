@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from bourse.wire.messages import Reason
 from bourse.wire.resources import RESOURCES, Vec
 
 if TYPE_CHECKING:  # config imports this module to validate curves
@@ -147,3 +148,58 @@ def check_fit(
         if want[i] > free[i]:
             return INSUFFICIENT
     return None
+
+
+def explain_fit(
+    *,
+    worker_id: str,
+    labels: Mapping[str, str],
+    draining: bool,
+    drain_reason: str,
+    capacity: Vec,
+    committed: Vec,
+    held: Vec,
+    want: Vec,
+    constraints: Mapping[str, str],
+    exclude_workers: Sequence[str],
+) -> list[Reason]:
+    """Every reason the fit stage has against a worker, in check_fit's order, with its
+    numbers ("why not", docs/protocol.md §4.15): check_fit stops at the first and is the hot
+    path; this one is asked for explanations only. ``held``: the live holds of other orders.
+    Empty exactly when check_fit(free = capacity - committed - held) returns None."""
+    reasons: list[Reason] = []
+    if draining:
+        why = f": {drain_reason}" if drain_reason else ""
+        reasons.append(Reason(code=DRAINING, detail=f"draining{why}"))
+    if exclude_workers and worker_id in exclude_workers:
+        reasons.append(Reason(code=EXCLUDED, detail="excluded by the order"))
+    for key, value in constraints.items():
+        has = labels.get(key)
+        if has != value:
+            found = "missing" if has is None else f"has {has!r}"
+            reasons.append(
+                Reason(
+                    code=CONSTRAINT_MISMATCH,
+                    detail=f"label {key}: wants {value!r}, {found}",
+                    label=key,
+                    expected=value,
+                    actual=has,
+                )
+            )
+    for i, name in enumerate(RESOURCES):
+        free = capacity[i] - committed[i] - held[i]
+        if want[i] > free:
+            reasons.append(
+                Reason(
+                    code=INSUFFICIENT,
+                    detail=f"{name}: wants {want[i]}, free {free} (capacity {capacity[i]}, "
+                    f"committed {committed[i]}, held {held[i]})",
+                    resource=name,
+                    want=want[i],
+                    free=free,
+                    capacity=capacity[i],
+                    committed=committed[i],
+                    held=held[i],
+                )
+            )
+    return reasons

@@ -8,8 +8,11 @@ exchange queue group.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from typing import Any, TypeVar
 
+import anyio
+import msgspec
 import nats.errors
 from nats.aio.client import Client as NATS
 
@@ -20,6 +23,9 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     OVERLOADED_REASON,
     Error,
+    ExplainReply,
+    ExplainRequest,
+    Explanation,
     ListMachines,
     Machine,
     MachineList,
@@ -29,9 +35,11 @@ from bourse.wire.messages import (
     OrderReply,
     Placed,
     PlaceOrder,
+    Reason,
     StatusRequest,
     Unfilled,
     WorkerStatus,
+    WorkerVerdict,
     worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
@@ -48,6 +56,76 @@ MACHINE_TIMEOUT_S = 60.0
 # refused as overloaded: nothing was bid; try again later or elsewhere. On the wire it is an
 # Error "internal" (the v1 codes are fixed) with reason "overloaded".
 OVERLOADED_CODE = "overloaded"
+
+
+# How long a dry run waits for the region's status (the workers it knows, to list those
+# whose supplier gives no explanation as "no answer"), within the order's deadline.
+EXPLAIN_STATUS_S = 0.5
+# Declines are grouped by their first reason, in the order of the desk's stages (§6.2).
+DECLINE_ORDER = (
+    "commit_under_way",
+    "draining",
+    "excluded",
+    "constraint_mismatch",
+    "insufficient",
+    "blocked_by_holds",
+    "image_not_runnable",
+)
+# A client-side note on an offer the auction would not take (PlaceOrder.min_score).
+BELOW_MIN_SCORE = "below_min_score"
+
+
+class DryRun(msgspec.Struct, kw_only=True):
+    """Where an order would go and why not elsewhere (``buyer place --dry-run``): every
+    worker of the region, the would-be winner first, then other offers by score, workers
+    that would wait, declines grouped by reason, and workers that gave no answer."""
+
+    order_id: str
+    region: str
+    winner: str | None  # the worker the auction would pick now, if any
+    verdicts: list[WorkerVerdict]
+    # True when every process that answered sent its last page and every worker the status
+    # scatter-gather found has a verdict (else the deadline ended the gather).
+    complete: bool
+    elapsed_ms: float
+    errors: list[str] = []  # Error replies of suppliers (e.g. a bad request)
+
+
+def rank(
+    verdicts: Iterable[WorkerVerdict], min_score: float = 0.0
+) -> tuple[str | None, list[WorkerVerdict]]:
+    """The would-be winner and the verdicts in display order (see DryRun). The auction takes
+    an existing machine at once, else the best offer scoring at least ``min_score``; an
+    offer below it gets a ``below_min_score`` note."""
+    vs = [_min_score_note(v, min_score) for v in verdicts]
+
+    def key(v: WorkerVerdict) -> tuple[int, int, float, str]:
+        if v.verdict == "decline":
+            code = v.reasons[0].code if v.reasons else ""
+            group = DECLINE_ORDER.index(code) if code in DECLINE_ORDER else len(DECLINE_ORDER)
+            return (4, group, 0.0, v.worker_id)
+        kind = {"existing": 0, "offer": 1, "wait": 3, "no_answer": 5}[v.verdict]
+        if kind == 1 and v.score < min_score:
+            kind = 2
+        return (kind, 0, -v.score, v.worker_id)
+
+    vs.sort(key=key)
+    winner = next(
+        (
+            v.worker_id
+            for v in vs
+            if v.verdict == "existing" or (v.verdict == "offer" and v.score >= min_score)
+        ),
+        None,
+    )
+    return winner, vs
+
+
+def _min_score_note(v: WorkerVerdict, min_score: float) -> WorkerVerdict:
+    if v.verdict != "offer" or v.score >= min_score:
+        return v
+    note = Reason(code=BELOW_MIN_SCORE, detail=f"score {v.score:g} < min_score {min_score:g}")
+    return msgspec.structs.replace(v, reasons=[*v.reasons, note])
 
 
 class ClientError(RuntimeError):
@@ -126,6 +204,57 @@ class BourseClient:
             await sub.unsubscribe()
         return sorted(out, key=lambda s: s.worker_id)
 
+    async def explain(self, order: PlaceOrder, within_s: float | None = None) -> DryRun:
+        """Why not, for ``order`` without placing it: every worker of the region answers
+        with the score it would offer or its reasons (docs/protocol.md §4.15); nothing is
+        held. Workers the region's status lists that gave no verdict (a supplier that does
+        not implement explain) are ``no_answer``. Bounded by ``within_s`` (default: the
+        order's deadline); ends early once every answering process sent its last page and
+        every known worker has a verdict."""
+        t0 = time.monotonic()
+        end = t0 + (order.deadline_ms / 1000.0 if within_s is None else within_s)
+        req = ExplainRequest(
+            order_id=order.order_id,
+            region=order.region,
+            resources=order.resources,
+            image=order.image,
+            constraints=order.constraints,
+            exclude_workers=order.exclude_workers,
+        )
+        gather = _ExplainGather()
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            async with anyio.create_task_group() as tasks:
+                reading = anyio.CancelScope(deadline=anyio.current_time() + (end - t0))
+
+                async def known() -> None:
+                    within = max(0.0, min(EXPLAIN_STATUS_S, end - time.monotonic()))
+                    statuses = await self.status(order.region, within_s=within)
+                    gather.known = {s.worker_id for s in statuses}
+                    if gather.complete():
+                        reading.cancel()
+
+                tasks.start_soon(known)
+                await self.nc.publish(self.subjects.explain(order.region), encode(req), reply=inbox)
+                with reading:
+                    while not gather.complete():
+                        msg = await sub.next_msg(timeout=None)
+                        gather.add(msg.data, bool(msg.headers and msg.headers.get("Status")))
+                tasks.cancel_scope.cancel()  # the deadline passed before the status came
+        finally:
+            await sub.unsubscribe()
+        winner, verdicts = rank(gather.verdicts(), order.min_score)
+        return DryRun(
+            order_id=order.order_id,
+            region=order.region,
+            winner=winner,
+            verdicts=verdicts,
+            complete=gather.complete(),
+            elapsed_ms=round((time.monotonic() - t0) * 1000.0, 1),
+            errors=gather.errors,
+        )
+
     def _machine_subject(self, verb: str, machine_id: str) -> tuple[str, str]:
         """Through the exchange, or (direct) straight to the worker named in the id."""
         if self.direct:
@@ -170,6 +299,50 @@ class BourseClient:
             return decode(msg.data, typ)
         except BadMessage as exc:
             raise ClientError(f"unreadable reply on {subject}: {exc}") from None
+
+
+class _ExplainGather:
+    """The pages of a dry run as they arrive, and whether the gather is complete."""
+
+    def __init__(self) -> None:
+        self.by_worker: dict[str, WorkerVerdict] = {}
+        self.pages: dict[str, tuple[set[int], int]] = {}  # responder -> (pages seen, of n)
+        self.known: set[str] | None = None  # from status; None until it has ended
+        self.nobody = False  # no supplier subscribes to explain (no responders)
+        self.errors: list[str] = []
+
+    def add(self, data: bytes, no_responders: bool) -> None:
+        if no_responders:
+            self.nobody = True
+            return
+        union: Any = ExplainReply  # a union as a value (mypy types it UnionType, not a type)
+        try:
+            reply: Explanation | Error = decode(data, union)
+        except BadMessage as exc:
+            self.errors.append(f"unreadable explanation: {exc}")
+            return
+        if isinstance(reply, Error):
+            self.errors.append(reply.detail)
+            return
+        seen, _ = self.pages.setdefault(reply.responder, (set(), reply.pages))
+        seen.add(reply.page)
+        self.pages[reply.responder] = (seen, reply.pages)
+        for v in reply.verdicts:
+            self.by_worker[v.worker_id] = v
+
+    def complete(self) -> bool:
+        if self.known is None:
+            return False
+        if any(len(seen) < n for seen, n in self.pages.values()):
+            return False
+        return self.nobody or self.known <= self.by_worker.keys()
+
+    def verdicts(self) -> list[WorkerVerdict]:
+        silent = sorted((self.known or set()) - self.by_worker.keys())
+        return [
+            *self.by_worker.values(),
+            *(WorkerVerdict(worker_id=w, verdict="no_answer") for w in silent),
+        ]
 
 
 def _refusal(error: Error) -> ClientError:

@@ -9,8 +9,9 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
+from bourse.client import DryRun
 from bourse.client.policy import Deployment
-from bourse.wire.messages import Event, Machine, Placed, Unfilled, WorkerStatus
+from bourse.wire.messages import Event, Machine, Placed, Unfilled, WorkerStatus, WorkerVerdict
 
 console = Console()
 
@@ -107,3 +108,52 @@ def event_line(e: Event) -> str:
     if e.detail:
         parts.append(e.detail)
     return "  ".join(parts)
+
+
+_VERDICTS = {
+    "existing": "existing machine",
+    "offer": "would offer",
+    "wait": "would wait",
+    "decline": "declines",
+    "no_answer": "[dim]no answer[/]",
+}
+
+
+def dry_run(d: DryRun) -> Table:
+    """Every worker of the region: the would-be winner first, then offers by score, waits,
+    declines grouped by reason, no answers (the order of DryRun.verdicts)."""
+    t = Table(title=f"dry run: order {d.order_id} in {d.region}")
+    for col in ("worker", "verdict", "score"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("why")
+    for v in d.verdicts:
+        label = "[green]would win[/]" if v.worker_id == d.winner else _VERDICTS[v.verdict]
+        scored = v.verdict in ("existing", "offer", "wait")
+        t.add_row(v.worker_id, label, f"{v.score:.3f}" if scored else "-", _why(v))
+    return t
+
+
+def _why(v: WorkerVerdict) -> str:
+    lines = [r.detail for r in v.reasons]
+    if v.verdict == "existing":
+        lines.insert(0, f"machine {v.machine_id} was placed here for this order id")
+    elif v.verdict in ("offer", "wait"):
+        lines.insert(0, subscores(v.subscores))
+    elif v.verdict == "no_answer":
+        lines.append("its supplier does not answer explain (older or another implementation)")
+    return "\n".join(lines)
+
+
+def dry_run_summary(d: DryRun) -> str:
+    """One line under the table: where it would go, and the counts."""
+    counts: dict[str, int] = {}
+    for v in d.verdicts:
+        counts[v.verdict] = counts.get(v.verdict, 0) + 1
+    parts = [
+        f"{n} {_VERDICTS[k].removeprefix('[dim]').removesuffix('[/]')}" for k, n in counts.items()
+    ]
+    where = (
+        f"would place on [bold]{d.winner}[/]" if d.winner else "[yellow]no worker would take it[/]"
+    )
+    partial = "" if d.complete else " (deadline reached: the list may be partial)"
+    return f"{where}; {', '.join(parts) or 'no workers'}; {d.elapsed_ms:.1f} ms{partial}"

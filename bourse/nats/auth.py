@@ -4,16 +4,18 @@ and the nats-server ``authorization`` block that enforces them (``bourse auth in
 Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox prefix
 ``_INBOX.<its public nkey>``, so no user can read another user's replies):
 
-- ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``; subscribe ``R.event.>``.
+- ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.explain.*``; subscribe
+  ``R.event.>``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``;
   subscribe ``R.order.*`` and ``R.machine.*`` only in the queue group ``exchange``; answers
   the requests it receives (allow_responses).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
-  ``R.status.<region>`` and its workers' ``R.worker.<id>.>``; publish only its workers'
-  ``R.event.<region>.<id>.*`` and ``R.worker.<id>.machine.list`` (the start-up check that no
-  other process serves the same worker id); answers what it receives (allow_responses, many
-  replies per request: a bid gets several offers, a status request one reply per worker).
+  ``R.status.<region>``, ``R.explain.<region>`` and its workers' ``R.worker.<id>.>``; publish
+  only its workers' ``R.event.<region>.<id>.*`` and ``R.worker.<id>.machine.list`` (the
+  start-up check that no other process serves the same worker id); answers what it receives
+  (allow_responses, many replies per request: a bid gets several offers, a status request one
+  reply per worker, an explain request pages of verdicts).
 
 Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` turns a
 ``--creds`` file (an nkey seed file, or a JWT ``.creds`` file) into nats-py connect options.
@@ -124,7 +126,7 @@ class User:
 
 def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     return Permissions(
-        publish=(s.order("*"), s.machine("*"), s.status("*")),
+        publish=(s.order("*"), s.machine("*"), s.status("*"), s.explain("*")),
         subscribe=(s.events(), f"{inbox}.>"),
     )
 
@@ -153,7 +155,7 @@ def supplier_permissions(
     regions = sorted({region for _, region in workers})
     sub = [f"{inbox}.>"]
     for r in regions:
-        sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r)]
+        sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r), s.explain(r)]
     sub += [s.worker_all(wid) for wid, _ in workers]
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]

@@ -11,6 +11,7 @@ from bourse.wire.limits import DERIVED_OVERHEAD_BYTES, MAX_PAYLOAD_BYTES
 from bourse.wire.messages import (
     Bid,
     Commit,
+    ExplainRequest,
     ListMachines,
     MachineRequest,
     PlaceOrder,
@@ -56,7 +57,7 @@ def payload_limit(typ: Any) -> int | None:
     (a MachineList grows with the machines; NATS's own max_payload bounds it)."""
     if typ in (Bid, Commit):
         return MAX_PAYLOAD_BYTES + DERIVED_OVERHEAD_BYTES
-    if typ in (PlaceOrder, Release, StatusRequest, MachineRequest, ListMachines):
+    if typ in (PlaceOrder, Release, StatusRequest, MachineRequest, ListMachines, ExplainRequest):
         return MAX_PAYLOAD_BYTES
     return None
 

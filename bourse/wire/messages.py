@@ -371,8 +371,82 @@ class Event(Message, kw_only=True):
     detail: str = ""
 
 
+# -- "why not": explain an order on every worker (added in v1, docs/protocol.md §4.15) ---------
+# A worker's answer to an ExplainRequest: it would offer (with its score), it already has a
+# machine for the order, it would wait (only holds are in the way), or it declines. The
+# client adds "no_answer" for a worker it knows (from status) that sent no verdict: a
+# supplier that does not implement explain.
+VerdictKind = Literal["offer", "existing", "wait", "decline", "no_answer"]
+# A supplier answers an ExplainRequest in pages of at most this many bytes each (well under
+# the server's 1 MiB max_payload), so a process of 10,000 workers answers in a few dozen.
+EXPLAIN_PAGE_BYTES = 60 * 1024
+
+
+class ExplainRequest(Message, kw_only=True):
+    """Added in v1: "where would this order go, and why not elsewhere?" Scatter-gather on
+    ``<prefix>.v1.explain.<region>``; every supplier answers for EVERY worker of the region
+    (no sample), holding nothing. The order's fields as in a Bid, without ``hold_ms``."""
+
+    order_id: OrderId = msgspec.field(default_factory=new_order_id)
+    region: Region
+    resources: Resources
+    image: Image
+    constraints: Labels = {}
+    exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+
+
+class Reason(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One reason in a worker's verdict (nested, no ``type``). ``code`` is one of the named
+    reasons of docs/protocol.md §6.2 (``draining``, ``excluded``, ``constraint_mismatch``,
+    ``insufficient``, ``blocked_by_holds``, ``image_not_runnable``, ``commit_under_way``) or
+    the price note ``image_not_cached``; ``detail`` says it in one line with the numbers.
+    The other fields carry those numbers for scripts; a field that does not apply is
+    left out."""
+
+    code: str
+    detail: str
+    resource: str = ""  # insufficient / blocked_by_holds: the resource that is short
+    want: int = 0  # ... how much the order wants of it
+    free: int = 0  # ... capacity - committed - held
+    capacity: int = 0
+    committed: int = 0
+    held: int = 0  # live holds of OTHER orders
+    label: str = ""  # constraint_mismatch: the label key
+    expected: str = ""  # ... the value the order requires
+    actual: str | None = None  # ... the worker's value; None (left out) when it has none
+    cost: float = 0.0  # image_not_cached: the score the image term costs (image_weight)
+
+
+class WorkerVerdict(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """One worker's answer to an ExplainRequest (nested, no ``type``)."""
+
+    worker_id: WorkerId
+    verdict: VerdictKind
+    score: Score = 0.0  # offer / wait: the score it would offer with (as in an Offer)
+    subscores: dict[str, float] = {}
+    image_cached: bool = False
+    machine_id: str = ""  # existing: the machine this order already has there
+    reasons: list[Reason] = []  # decline / wait: why; offer: price notes (image_not_cached)
+
+
+class Explanation(Message, kw_only=True):
+    """Added in v1: one page of a supplier process's answer to an ExplainRequest. A process
+    sends its verdicts in pages of at most EXPLAIN_PAGE_BYTES each; ``responder`` (random
+    per answer) groups the pages of one process, ``page`` counts from 1 to ``pages`` and
+    ``last`` is true on page ``pages``."""
+
+    order_id: OrderId
+    region: Region
+    responder: Annotated[str, msgspec.Meta(max_length=64)]
+    page: Annotated[int, msgspec.Meta(ge=1)] = 1
+    pages: Annotated[int, msgspec.Meta(ge=1)] = 1
+    last: bool = True
+    verdicts: list[WorkerVerdict] = []
+
+
 # Replies a requester may get, per request kind.
 BidReply = Offer | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | MachineLogs | Error
+ExplainReply = Explanation | Error

@@ -74,6 +74,10 @@ class Subjects:
     def status(self, region: str) -> str:
         return f"{self.root}.status.{region}"
 
+    def explain(self, region: str) -> str:
+        """Added in v1: "why not" for an order, answered by every worker of the region."""
+        return f"{self.root}.explain.{region}"
+
     # -- one worker ---------------------------------------------------------------------------
     def worker_all(self, worker_id: str) -> str:
         """Everything addressed to one worker: commit, release, machine.<verb>, and unknowns."""
