@@ -109,13 +109,14 @@ class EmbeddedNats:
         if self.bind_loopback:
             args += ["-a", "127.0.0.1", "-p", str(self.requested_port)]
         args += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
-        if self.jetstream and self.jetstream_max_store_mb is None:
+        max_mb = self.jetstream_max_store_mb
+        if self.jetstream and max_mb is None:
             args += ["-js", "-sd", str(self.store_dir)]
-        elif self.jetstream:
+        elif self.jetstream and max_mb is not None:
             conf = self.workdir / "jetstream.conf"
             conf.write_text(
                 f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))},"
-                f" max_file_store: {self.jetstream_max_store_mb * 1024 * 1024} }}\n"
+                f" max_file_store: {max_mb * 1024 * 1024} }}\n"
             )
             args += ["-c", str(conf)]
         args += self.extra_args

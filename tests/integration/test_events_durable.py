@@ -20,7 +20,7 @@ from bourse.client import BourseClient, ClientError
 from bourse.client.events import EventFeed, Since, StreamedEvent
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.jetstream import stream_name
-from bourse.runtime.launcher import start_program
+from bourse.runtime.launcher import Program, start_program
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed
 from bourse.wire.subjects import Subjects
@@ -107,11 +107,11 @@ async def test_supplier_killed_mid_burst_publishes_every_committed_event_once(
     market: Market, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "k9"
-    args = ("run", "--worker-id", "k9-1", "--region", "kil", "--cpus", "4000")
-    args += ("--memory-mb", str(4000 * 256), "--image", "web", "--data-dir", str(data_dir))
-    args += ("--nats", market.url, "--prefix", market.subjects.prefix)
+    args = ["run", "--worker-id", "k9-1", "--region", "kil", "--cpus", "4000"]
+    args += ["--memory-mb", str(4000 * 256), "--image", "web", "--data-dir", str(data_dir)]
+    args += ["--nats", market.url, "--prefix", market.subjects.prefix]
 
-    async def supplier(log: str):  # type: ignore[no-untyped-def]  # launcher's own handle
+    async def supplier(log: str) -> Program:
         return await start_program(
             "supplier", *args, log_path=tmp_path / log, ready="supplier ready"
         )
