@@ -12,16 +12,15 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
 
-import anyio
 import msgspec
 import typer
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 
 from bourse.auction.driver import AuctionError
 from bourse.client import BourseClient, ClientError, DryRun, policy, render
+from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
 from bourse.client.policy import Deployment
-from bourse.nats.connection import flush_all, shutdown
+from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
@@ -37,10 +36,9 @@ from bourse.runtime.cli import (
     parse_labels,
 )
 from bourse.runtime.supervise import run
-from bourse.wire.codec import BadMessage, decode, validation_detail
+from bourse.wire.codec import BadMessage, validation_detail
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
 from bourse.wire.messages import (
-    Event,
     Machine,
     Placed,
     PlaceOrder,
@@ -521,6 +519,13 @@ def watch(
     worker: Annotated[str, typer.Option(help="Worker id, or * for all.")] = "*",
     kind: Annotated[str, typer.Option(help="Event kind, or * for all.")] = "*",
     count: Annotated[int, typer.Option(min=0, help="Stop after this many (0: never).")] = 0,
+    since: Annotated[
+        str | None,
+        typer.Option(
+            help="Replay stored events first (JetStream): a stream sequence (1234), a "
+            "duration back from now (90s, 15m, 2h, 7d) or 'all'; then follow.",
+        ),
+    ] = None,
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
@@ -529,10 +534,15 @@ def watch(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Print market events as they happen, until Ctrl-C."""
+    """Print market events as they happen, until Ctrl-C; with --since, replay stored ones
+    first. --json: one event per line, with its stream sequence ("seq")."""
     logs.configure("warning")
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)
+    try:
+        start = parse_since(since) if since is not None else None
+    except EventsError as exc:
+        fail(str(exc))
 
     async def main() -> None:
         try:
@@ -540,32 +550,40 @@ def watch(
         except Exception as exc:
             fail(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc}")
         try:
-            await _watch(nc, subjects.events(region, worker, kind), count, json)
+            await _watch(nc, subjects, (region, worker, kind), start, count, json)
+        except EventsError as exc:
+            fail(str(exc))
         finally:
             await shutdown(nc)
 
     run(main)
 
 
-async def _watch(nc: NATS, subject: str, count: int, json: bool) -> None:
+async def _watch(
+    nc: NATS,
+    subjects: Subjects,
+    filters: tuple[str, str, str],
+    since: Since | None,
+    count: int,
+    json: bool,
+) -> None:
     """Print events until ``count`` were printed (0: until cancelled: Ctrl-C, SIGTERM)."""
-    done = anyio.Event()
+
+    def unreadable(subject: str, exc: BadMessage) -> None:
+        typer.echo(f"(unreadable event on {subject}: {exc})", err=True)
+
+    region, worker, kind = filters
     seen = 0
-
-    async def on_event(msg: Msg) -> None:
-        nonlocal seen
-        try:
-            e = decode(msg.data, Event)
-        except BadMessage as exc:
-            typer.echo(f"(unreadable event on {msg.subject}: {exc})", err=True)
-            return
-        typer.echo(render.as_json(e) if json else render.event_line(e))
-        seen += 1
-        if count and seen >= count:
-            done.set()
-
-    await nc.subscribe(subject, cb=on_event)
-    await flush_all(nc)
-    if not json:
-        typer.echo(f"watching {subject} (Ctrl-C to stop)", err=True)
-    await done.wait()
+    async with EventFeed(nc, subjects, region, worker, kind, since, unreadable) as feed:
+        if not json:
+            how = "" if since is None else f", replaying from {since.describe()}"
+            typer.echo(f"watching {feed.subject}{how} (Ctrl-C to stop)", err=True)
+        async for item in feed:
+            if json:
+                typer.echo(event_json(item.event, item.seq))
+            else:
+                at = f"#{item.seq}  " if item.seq else ""
+                typer.echo(at + render.event_line(item.event))
+            seen += 1
+            if count and seen >= count:
+                return

@@ -38,7 +38,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.resources import Vec, leq, vec
 from supplier.ledger import Hold, Ledger
-from supplier.machines import EventFn, Machines
+from supplier.machines import AnnounceFn, EventFn, Machines
 from supplier.store import Op, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
@@ -56,7 +56,8 @@ class CommitDesk:
     - ``store_failed(reason)``: the store refused a write: the worker drains;
     - ``freed()``: a commit smaller than its hold gave the rest back to the market;
     - ``grew()``: committed machines grew by a whole hold (waiting bids may be hopeless);
-    - ``event``: announces the ``placed`` event.
+    - ``event``: builds the ``placed`` event, written with the machine (the store's
+      outbox); ``announce``: told about it once durable.
     """
 
     def __init__(
@@ -74,6 +75,7 @@ class CommitDesk:
         freed: Callable[[], None],
         grew: Callable[[], None],
         event: EventFn,
+        announce: AnnounceFn,
     ) -> None:
         self.worker_id = worker_id
         self.region = region
@@ -87,6 +89,7 @@ class CommitDesk:
         self.freed = freed
         self.grew = grew
         self.event = event
+        self.announce = announce
         # order id -> the reply of its commit being written (duplicates wait for it)
         self.writing: dict[str, asyncio.Future[CommitReply]] = {}
         # orders whose commit under way is undone once written (abort_commit came meanwhile)
@@ -168,8 +171,9 @@ class CommitDesk:
 
     async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:
         """Row 7: durable first, then the ledger, the machine map, the log and the event."""
+        placed = self.event("placed", machine.order_id, machine.machine_id, "")
         try:
-            await self.store.write(Op("place", machine))
+            await self.store.write(Op("place", machine, events=(placed,)))
         except StoreError as exc:
             self.ledger.unpin(h)
             self.store_failed(str(exc))
@@ -186,7 +190,7 @@ class CommitDesk:
             machine_id=machine.machine_id,
             score=h.score,
         )
-        self.event("placed", machine.order_id, machine.machine_id, "")
+        self.announce(placed)
         return self._placed(machine, t0, subscores=h.subscores)
 
     def _placed(

@@ -29,6 +29,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bourse.nats.connection import flush_all
+from bourse.nats.jetstream import EventStream
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
@@ -54,7 +55,7 @@ from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send, explanation_pages
 from supplier.images import ImageListener
-from supplier.outbox import Outbox
+from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -94,6 +95,7 @@ class SupplierHost:
         max_bid_backlog: int = DEFAULT_MAX_BID_BACKLOG,
         signer: OfferSigner | None = None,
         quote_sample: int = DEFAULT_QUOTE_SAMPLE,
+        event_stream: EventStream | None = None,
     ) -> None:
         check_workers(workers)
         # Signs every Offer this host sends (the auction may require it: --trust).
@@ -129,7 +131,9 @@ class SupplierHost:
         # release then touches those, not every worker of the region in this process.
         self.asked: OrderedDict[tuple[str, str], tuple[float, list[Worker]]] = OrderedDict()
         self._subs: list[Subscription] = []
-        self.outbox = Outbox(nc)  # events and delayed bid replies, in order, no task each
+        self.outbox = Outbox(nc)  # delayed bid replies and hold_expired, no task each
+        # Events of committed changes, exactly once from the store's outbox table.
+        self.events = EventOutbox(nc, store, self.subjects, event_stream)
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the sweeper, probe, handlers
         self.store_failing = False  # the store refused a write: every worker here drains
         self._next_probe = 0.0
@@ -181,6 +185,8 @@ class SupplierHost:
             self._tasks = tasks
             self.responder = Responder(self.nc, "supplier", tasks)
             await tasks.start(self.outbox.run)
+            await self.events.start()  # before any write of this run: rows stay in order
+            await tasks.start(self.events.run)
             try:
                 await self._start(tasks)
                 task_status.started()
@@ -259,10 +265,17 @@ class SupplierHost:
                         for w in self.workers.values():
                             machines.start_soon(w.keeper.close)
             finally:
+                # the durable events' outbox last: what it cannot send in time stays in the
+                # SQLite outbox and goes out after the restart (exactly once all the same)
                 await self.outbox.close(OUTBOX_S)
+                await self.events.close(OUTBOX_S)
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _emit(self, event: Event) -> None:
+        """At-most-once events go out now; the others were written to the store's outbox
+        with their change and go out from there (``self.events``)."""
+        if event.kind not in AT_MOST_ONCE_KINDS:
+            return
         subject = self.subjects.event(event.region, event.worker_id, event.kind)
         self.outbox.post(subject, encode(event))
 

@@ -23,14 +23,17 @@ import anyio.abc
 import msgspec
 import structlog
 
-from bourse.wire.messages import Error, Machine, MachineLogs, now_ms
+from bourse.wire.messages import Error, Event, Machine, MachineLogs, now_ms
 from supplier.drivers import Driver, DriverError
 from supplier.images import ImageCache
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
 from supplier.store import Op, Store, StoreError
 
-# (kind, order id, machine id, detail)
-EventFn = Callable[[str, str, str, str], None]
+# Builds an event (kind, order id, machine id, detail); it is written with the change it
+# reports (the store's outbox: exactly-once publishing), then announced.
+EventFn = Callable[[str, str, str, str], Event]
+# Told about an event once its change is durable.
+AnnounceFn = Callable[[Event], None]
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
 # How long a stop waits for the lifecycle work under way (a store write each) to finish.
 LIFECYCLE_S = 5.0
@@ -44,6 +47,7 @@ class Machines:
         driver: Driver,
         images: ImageCache,
         event: EventFn,
+        announce: AnnounceFn,
         on_destroyed: Callable[[Machine], None],
         on_store_error: Callable[[str], None],
     ) -> None:
@@ -52,6 +56,7 @@ class Machines:
         self.driver = driver
         self.images = images
         self.event = event
+        self.announce = announce
         self.on_destroyed = on_destroyed
         self.on_store_error = on_store_error
         self.by_id: dict[str, Machine] = {}
@@ -99,11 +104,20 @@ class Machines:
         self.by_order[m.order_id] = m.machine_id
 
     async def _record(
-        self, m: Machine, state: str, op: str, detail: str = "", **changes: Any
+        self,
+        m: Machine,
+        state: str,
+        op: str,
+        detail: str = "",
+        events: tuple[Event, ...] = (),
+        **changes: Any,
     ) -> Machine:
+        """Write the change and its events in one transaction, then announce the events."""
         new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
-        await self.store.write(Op(op, new, detail))
+        await self.store.write(Op(op, new, detail, events))
         self.by_id[m.machine_id] = new
+        for e in events:
+            self.announce(e)
         return new
 
     # -- verbs ------------------------------------------------------------------------------------
@@ -137,32 +151,36 @@ class Machines:
             await self.driver.stop(m)
         else:
             await self.driver.destroy(m)
-        m = await self._record(m, to, verb)
+        done = self.event(EVENT_OF[verb], m.order_id, m.machine_id, "")
+        m = await self._record(m, to, verb, events=(done,))
         if to == "destroyed":
             self.on_destroyed(m)
-        self.event(EVENT_OF[verb], m.order_id, m.machine_id, "")
         return m
 
     async def _start(self, m: Machine, resumed: bool = False) -> Machine:
-        """Pull if needed, run, record started; a failure records stopped and re-raises."""
+        """Pull if needed, run, record started; a failure records stopped and re-raises.
+        A pull's event is written with the record that follows it (started or stopped)."""
+        pulled: tuple[Event, ...] = ()
         try:
             if m.image not in self.images:
                 seconds = await self.driver.pull(m.image)
                 evicted = self.images.add(m.image, self.in_use)
-                self.event("pulled", m.order_id, m.machine_id, f"{m.image} in {seconds:.3f}s")
+                detail = f"{m.image} in {seconds:.3f}s"
+                pulled = (self.event("pulled", m.order_id, m.machine_id, detail),)
                 if evicted:
                     self.log.info("images_evicted", images=evicted, for_image=m.image)
             else:
                 self.images.touch(m.image)
             await self.driver.start(m)
         except DriverError as exc:
-            await self._record(m, "stopped", "start_failed", str(exc))
-            self.event("stopped", m.order_id, m.machine_id, f"start failed: {exc}")
+            stopped = self.event("stopped", m.order_id, m.machine_id, f"start failed: {exc}")
+            await self._record(m, "stopped", "start_failed", str(exc), (*pulled, stopped))
             raise
-        if m.state != "started":
-            m = await self._record(m, "started", "start")
-        self.event("started", m.order_id, m.machine_id, "resumed" if resumed else "")
-        return m
+        started = self.event("started", m.order_id, m.machine_id, "resumed" if resumed else "")
+        # A machine already started before a restart is recorded as resumed: its event is a
+        # committed change like any other (the op log says when the supplier resumed it).
+        op = "start" if m.state != "started" else "resume"
+        return await self._record(m, "started", op, events=(*pulled, started))
 
     async def abort(self, m: Machine) -> None:
         """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
@@ -171,12 +189,16 @@ class Machines:
             if m.state != "reserved":
                 return
             gone = await self._record(
-                m, "destroyed", "abort", "the auction gave up waiting for the commit", aborted=True
+                m,
+                "destroyed",
+                "abort",
+                "the auction gave up waiting for the commit",
+                (self.event("destroyed", m.order_id, m.machine_id, "aborted"),),
+                aborted=True,
             )
             self.by_order.pop(m.order_id, None)
             self.on_destroyed(gone)
         self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
-        self.event("destroyed", m.order_id, m.machine_id, "aborted")
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -232,13 +254,13 @@ class Machines:
             if m is None or m.state != "started":
                 return
             detail = f"exited with code {code}"
+            stopped = self.event("stopped", m.order_id, machine_id, detail)
             try:
-                await self._record(m, "stopped", "exited", detail)
+                await self._record(m, "stopped", "exited", detail, (stopped,))
             except StoreError as exc:
                 self.on_store_error(str(exc))
                 return
         self.log.info("machine_exited", machine_id=machine_id, code=code)
-        self.event("stopped", m.order_id, machine_id, detail)
 
     async def resume(self) -> None:
         """After a restart: machines that should run are started again; half-done stops

@@ -1,5 +1,6 @@
-"""What a supplier host sends from plain (non-async) code: events, and bid replies that are
-due after their offer delay.
+"""What a supplier host sends: bid replies that are due after their offer delay and
+at-most-once events (:class:`Outbox`), and the events of committed state changes, exactly
+once, from the store's outbox table (:class:`EventOutbox`).
 
 One long-lived task publishes whatever is queued, in order, so a message costs a deque
 append (and a timer handle for a delayed one) instead of a task of its own: at a thousand
@@ -20,6 +21,11 @@ import anyio
 import anyio.abc
 import structlog
 from nats.aio.client import Client as NATS
+from nats.js.api import PubAck
+
+from bourse.nats.jetstream import HEADER_MSG_ID, EventStream, ensure_stream, jetstream_available
+from bourse.wire.subjects import Subjects
+from supplier.store import OutboxRow, Store
 
 log = structlog.get_logger("bourse.supplier")
 
@@ -77,3 +83,153 @@ class Outbox:
         self._scope.cancel()
         if self._queue:
             log.warning("outbox_left_unsent", count=len(self._queue))
+
+
+# Events that are not committed state: published at-most-once (the plain Outbox above), on
+# the same subjects; every other kind comes from the store's outbox table (EventOutbox).
+AT_MOST_ONCE_KINDS = frozenset({"hold_expired"})
+# Rows published per round: their acks are awaited together (pipelined, one round trip).
+EVENT_BATCH = 512
+ACK_TIMEOUT_S = 5.0
+RETRY_S = 0.5
+
+
+class EventOutbox:
+    """Publishes the store's outbox rows, in order, exactly once.
+
+    Each row is an event written in the same SQLite transaction as the state change it
+    reports (supplier/store.py). With JetStream, a row is published with ``Nats-Msg-Id:
+    <worker_id>:<row id>`` and deleted only after the stream's ack; a row whose ack was
+    lost (a timeout, a reconnect, kill -9) is published again and the stream drops it as a
+    duplicate. Without JetStream (detected once at start, said once in the log) rows go out
+    as plain publishes, at-most-once as before, and are deleted at once.
+
+    The pump runs shielded in the host's task group, like :class:`Outbox`, so the events of
+    a stop still go out; what :meth:`close` cannot send in its bound stays in the table for
+    the next start.
+    """
+
+    def __init__(
+        self, nc: NATS, store: Store, subjects: Subjects, stream: EventStream | None = None
+    ) -> None:
+        self.nc = nc
+        self.store = store
+        self.subjects = subjects
+        self.stream = stream or EventStream.of(subjects)
+        self.durable = False  # JetStream found and the stream takes our subjects
+        self._queue: deque[OutboxRow] = deque()
+        self._ready = asyncio.Event()
+        self._closing = False
+        self._scope: anyio.CancelScope | None = None
+        self._done = anyio.Event()
+        self.published = 0  # rows acknowledged (or sent plainly without JetStream)
+        self.duplicates = 0  # acks saying the stream already had the message id
+        self.retries = 0  # rounds that failed and were tried again
+
+    @property
+    def backlog(self) -> int:
+        """Rows committed and not yet acknowledged."""
+        return len(self._queue)
+
+    async def start(self) -> None:
+        """Detect JetStream, create the stream, load what the last run left unpublished.
+        Called before any write of this run (the host's start), so rows stay in order."""
+        if await jetstream_available(self.nc):
+            self.durable = await ensure_stream(self.nc.jetstream(), self.stream)
+        if not self.durable:
+            log.warning(
+                "events_at_most_once",
+                reason="the NATS server has no JetStream (or the event stream does not take "
+                "our subjects): events are plain publishes, a consumer that is away misses them",
+                stream=self.stream.name,
+            )
+        left = self.store.pending_events()
+        if left:
+            log.info("outbox_resumed", events=len(left), first=left[0].msg_id)
+        self._queue.extend(left)
+        self.store.on_events = self.committed
+        if self._queue:
+            self._ready.set()
+
+    def committed(self, rows: list[OutboxRow]) -> None:
+        """The store made these rows durable (called on the event loop, in commit order)."""
+        self._queue.extend(rows)
+        self._ready.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The pump: publish the rows in order until :meth:`close`."""
+        try:
+            with anyio.CancelScope(shield=True) as self._scope:
+                task_status.started()
+                while not (self._closing and not self._queue):
+                    await self._ready.wait()
+                    self._ready.clear()
+                    while self._queue:
+                        batch = [self._queue[i] for i in range(min(EVENT_BATCH, len(self._queue)))]
+                        sent = await self._publish(batch)
+                        for _ in range(sent):
+                            self._queue.popleft()
+                        self.store.forget_events([r.id for r in batch[:sent]])
+                        self.published += sent
+                        if sent < len(batch):
+                            if self._closing:
+                                return  # the rest waits in the table for the next start
+                            self.retries += 1
+                            await anyio.sleep(RETRY_S)
+        finally:
+            self._done.set()
+
+    def _subject(self, row: OutboxRow) -> str:
+        return self.subjects.event(row.region, row.worker_id, row.kind)
+
+    async def _publish(self, batch: list[OutboxRow]) -> int:
+        """Publish ``batch``; how many of its first rows are done (acknowledged)."""
+        if not self.durable:
+            for n, row in enumerate(batch):
+                try:
+                    await self.nc.publish(self._subject(row), row.data)
+                except Exception as exc:
+                    log.warning("event_publish_failed", error=repr(exc))
+                    return n
+            return len(batch)
+        js = self.nc.jetstream()
+        futures: list[asyncio.Future[PubAck]] = []
+        try:
+            for row in batch:
+                futures.append(
+                    await js.publish_async(
+                        self._subject(row), row.data, headers={HEADER_MSG_ID: row.msg_id}
+                    )
+                )
+            with anyio.fail_after(ACK_TIMEOUT_S):
+                await asyncio.wait(futures)
+        except Exception as exc:
+            log.warning("event_publish_failed", error=repr(exc), rows=len(batch))
+        done = 0
+        for fut in futures:
+            if not fut.done() or fut.cancelled() or fut.exception() is not None:
+                break
+            done += 1
+            self.duplicates += fut.result().duplicate or 0
+        for fut in futures[done:]:
+            if fut.done() and not fut.cancelled() and fut.exception() is not None:
+                log.warning("event_not_acked", error=repr(fut.exception()))
+                break
+        for fut in futures:
+            fut.cancel()  # no-op when done; else frees its slot in the client's window
+        return done
+
+    async def close(self, timeout_s: float = 1.0) -> None:
+        """Publish what is queued (for at most ``timeout_s``), then end the pump; what is
+        left stays in the store's outbox for the next start."""
+        self._closing = True
+        self._ready.set()
+        if self._scope is None:
+            return
+        with anyio.move_on_after(timeout_s, shield=True):
+            await self._done.wait()
+        self._scope.cancel()
+        if self._queue:
+            log.warning("outbox_left_for_next_start", count=len(self._queue))

@@ -29,6 +29,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -36,7 +37,7 @@ from typing import Any, cast
 import msgspec
 import structlog
 
-from bourse.wire.messages import Machine, now_ms
+from bourse.wire.messages import Event, Machine, now_ms
 
 log = structlog.get_logger("bourse.store")
 
@@ -64,12 +65,23 @@ CREATE TABLE IF NOT EXISTS machines (
 CREATE UNIQUE INDEX IF NOT EXISTS machines_live_order
     ON machines (worker_id, order_id) WHERE state != 'destroyed';
 CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
+-- The event outbox: each event of a committed change, written in the change's transaction,
+-- deleted once JetStream acknowledged it (supplier/outbox.py EventOutbox). AUTOINCREMENT:
+-- an id is never reused, so "<worker_id>:<id>" is a stable message id for deduplication.
+CREATE TABLE IF NOT EXISTS outbox (
+    id         INTEGER PRIMARY KEY AUTOINCREMENT,
+    worker_id  TEXT    NOT NULL,
+    region     TEXT    NOT NULL,
+    kind       TEXT    NOT NULL,
+    event      BLOB    NOT NULL
+);
 """
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
 _STOP = object()
 _PROBE = object()
+_FORGET = object()  # queued as (_FORGET, ids): outbox rows acknowledged, to delete
 # A queued write (or probe): its ops (or _PROBE), its future, the loop that awaits it.
 # (Any: a tuple of Ops or the _PROBE sentinel, told apart by identity, not by type.)
 _Queued = tuple[Any, "asyncio.Future[None]", asyncio.AbstractEventLoop]
@@ -92,6 +104,29 @@ class Op:
     op: str
     machine: Machine
     detail: str = ""
+    # Events of this change: written to the outbox in the same transaction (exactly-once
+    # publishing: a change is never durable without its events, nor an event without it).
+    events: tuple[Event, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    """One event waiting in the outbox: published with ``Nats-Msg-Id: msg_id``."""
+
+    id: int
+    worker_id: str
+    region: str
+    kind: str
+    data: bytes
+
+    @property
+    def msg_id(self) -> str:
+        return f"{self.worker_id}:{self.id}"
+
+
+# Told (on the writer's event loop, before the writes' waiters) the outbox rows a group
+# commit made durable, in id order.
+CommittedFn = Callable[[list[OutboxRow]], None]
 
 
 class Store:
@@ -124,6 +159,8 @@ class Store:
         self.batches = 0
         self.writes = 0  # write() calls stored (each may carry several ops)
         self._closed = False
+        # The event outbox's listener (the host's EventOutbox.committed); None: rows only wait.
+        self.on_events: CommittedFn | None = None
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -160,6 +197,17 @@ class Store:
         finally:
             conn.close()
 
+    def pending_events(self) -> list[OutboxRow]:
+        """The outbox rows not yet acknowledged (start-up: publish them again), oldest first."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT id, worker_id, region, kind, event FROM outbox ORDER BY id"
+            ).fetchall()
+        finally:
+            conn.close()
+        return [OutboxRow(*r) for r in rows]
+
     # -- writes ----------------------------------------------------------------------------------
     async def write(self, *ops: Op) -> None:
         """Append ``ops`` in one transaction; returns once it is durable. Raises StoreError."""
@@ -169,6 +217,13 @@ class Store:
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((ops, fut, loop))
         await fut
+
+    def forget_events(self, ids: list[int]) -> None:
+        """Delete acknowledged outbox rows, in the writer's next transaction; no wait: a
+        delete lost to a crash only republishes an event the stream then drops as a
+        duplicate (its ``Nats-Msg-Id`` is the same)."""
+        if ids and not self._closed:
+            self._queue.put((_FORGET, ids))
 
     async def probe(self) -> bool:
         """Can the store take writes again? One transaction that needs fresh space, rolled
@@ -208,12 +263,17 @@ class Store:
                     stop = True
                     break
                 batch.append(cast(_Queued, item))
+            forget = [i for item in batch if item[0] is _FORGET for i in item[1]]
+            if forget:
+                batch = [item for item in batch if item[0] is not _FORGET]
             probes = [item for item in batch if item[0] is _PROBE]
             if probes:
                 batch = [item for item in batch if item[0] is not _PROBE]
                 self._probe(conn, probes)
             if batch:
-                self._write_batch(conn, batch)
+                self._write_batch(conn, batch, forget)
+            elif forget:
+                self._forget(conn, forget)
             if stop:
                 break
             busy = len(batch) > 1 or not self._queue.empty()
@@ -226,19 +286,24 @@ class Store:
                 item = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if item is not _STOP:
+            if item is not _STOP and cast(tuple[object, ...], item)[0] is not _FORGET:
                 _, fut, loop = cast(_Queued, item)
                 loop.call_soon_threadsafe(_resolve, fut, closed)
 
-    def _write_batch(self, conn: sqlite3.Connection | None, batch: list[_Queued]) -> None:
+    def _write_batch(
+        self, conn: sqlite3.Connection | None, batch: list[_Queued], forget: Sequence[int] = ()
+    ) -> None:
         try:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
             self._check_identity()
-            self._apply(conn, [op for ops, _, _ in batch for op in ops])
+            rows = self._apply(conn, [op for ops, _, _ in batch for op in ops], forget)
             self.batches += 1
             self.writes += len(batch)
             self.failure = ""
+            if rows and self.on_events is not None:
+                # before the waiters: an event is queued before the reply that announces it
+                batch[0][2].call_soon_threadsafe(self.on_events, rows)
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None)
         except sqlite3.Error as exc:
@@ -246,6 +311,7 @@ class Store:
             if len(batch) > 1 and conn is not None:
                 for item in batch:
                     self._write_batch(conn, [item])
+                self._forget(conn, forget)
                 return
             err = StoreError(f"write to {self.path} failed: {exc}")
             if _is_storage_fault(exc):
@@ -286,10 +352,32 @@ class Store:
             loop.call_soon_threadsafe(_resolve, fut, err)
 
     @staticmethod
-    def _apply(conn: sqlite3.Connection, ops: list[Op]) -> None:
+    def _forget(conn: sqlite3.Connection | None, ids: Sequence[int]) -> None:
+        if not ids or conn is None:
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
+                conn.execute("COMMIT")
+            except BaseException:
+                _rollback(conn)
+                raise
+        except sqlite3.Error as exc:  # the rows stay: republished, then dropped as duplicates
+            log.warning("outbox_forget_failed", rows=len(ids), error=str(exc))
+
+    @staticmethod
+    def _apply(
+        conn: sqlite3.Connection, ops: list[Op], forget: Sequence[int] = ()
+    ) -> list[OutboxRow]:
+        """One transaction: the ops (op log, machines, their events into the outbox) and
+        the deletes of acknowledged outbox rows; returns the outbox rows it wrote."""
         at = now_ms()
+        rows: list[OutboxRow] = []
         conn.execute("BEGIN IMMEDIATE")
         try:
+            if forget:
+                conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in forget])
             for op in ops:
                 m = op.machine
                 blob = _enc.encode(m)
@@ -305,10 +393,20 @@ class Store:
                     " machine = excluded.machine",
                     (m.machine_id, m.worker_id, m.order_id, m.state, m.updated_at_ms, blob),
                 )
+                for e in op.events:
+                    data = _enc.encode(e)
+                    cur = conn.execute(
+                        "INSERT INTO outbox (worker_id, region, kind, event) VALUES (?, ?, ?, ?)",
+                        (e.worker_id, e.region, e.kind, data),
+                    )
+                    rows.append(
+                        OutboxRow(cast(int, cur.lastrowid), e.worker_id, e.region, e.kind, data)
+                    )
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
+        return rows
 
     def close(self) -> None:
         self._closed = True

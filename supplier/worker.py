@@ -62,7 +62,8 @@ def _unchanged(w: Worker) -> None:
 class Worker:
     """One worker of a supplier process. Collaborators are given here, once:
 
-    - ``emit``: publishes an Event;
+    - ``emit``: told about every Event: a committed change's once it is durable (the host
+      publishes those from the store's outbox), others (``hold_expired``) as they happen;
     - ``driver``: runs machines (default: the one ``cfg.driver`` names, see make_driver);
     - ``on_freed(worker)``: capacity came back (a hold released or expired, a machine
       destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
@@ -105,6 +106,7 @@ class Worker:
             self.driver,
             self.images,
             self._event,
+            self.emit,
             self._destroyed,
             self.store_failed,
         )
@@ -125,6 +127,7 @@ class Worker:
             freed=lambda: self.on_freed(self),
             grew=self._grew,
             event=self._event,
+            announce=self.emit,
         )
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 
@@ -182,17 +185,19 @@ class Worker:
         self.on_freed(self)  # queued bids may be answered now
         return True
 
-    def _event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> None:
-        self.emit(
-            Event(
-                kind=kind,
-                region=self.region,
-                worker_id=self.worker_id,
-                at_ms=now_ms(),
-                order_id=order_id,
-                machine_id=machine_id,
-                detail=detail,
-            )
+    def _event(
+        self, kind: str, order_id: str = "", machine_id: str = "", detail: str = ""
+    ) -> Event:
+        """An event of this worker (not yet announced: a committed change's event is written
+        with the change first, supplier/store.py)."""
+        return Event(
+            kind=kind,
+            region=self.region,
+            worker_id=self.worker_id,
+            at_ms=now_ms(),
+            order_id=order_id,
+            machine_id=machine_id,
+            detail=detail,
         )
 
     # -- holds and releases -----------------------------------------------------------------
@@ -206,7 +211,7 @@ class Worker:
     def holds_expired(self, holds: list[Hold]) -> None:
         """Announce expired holds (``hold_expired`` events)."""
         for h in holds:
-            self._event("hold_expired", order_id=h.order_id)
+            self.emit(self._event("hold_expired", order_id=h.order_id))
 
     def prune_waiting(self, now: float) -> None:
         """Forget waiting bids past their ``wait_ms``."""

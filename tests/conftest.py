@@ -17,7 +17,11 @@ from tests.market import Market
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
-    srv = EmbeddedNats(workdir=tmp_path_factory.mktemp("nats")).start()
+    # JetStream on, its own store dir; every test's prefix gets its own event stream (each
+    # reserves its max_bytes), hence a store limit far above what the session writes.
+    srv = EmbeddedNats(
+        workdir=tmp_path_factory.mktemp("nats"), jetstream_max_store_mb=1024 * 1024
+    ).start()
     yield srv
     srv.stop()
 

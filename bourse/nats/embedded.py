@@ -4,6 +4,12 @@ Used by the commands that run the main job when no ``--nats`` URL is given, and 
 fixtures. It binds to 127.0.0.1 on a free port (``-p -1``), learns the port from the ports
 file the server writes, waits until the server accepts connections, captures its log to a
 file, and stops it with SIGTERM (then SIGKILL) on close.
+
+JetStream is on by default (``-js``, its store in ``<workdir>/jetstream``): the market's
+durable event stream lives there (docs/protocol.md §8.1). ``jetstream=False`` runs a
+core-only server (events are then at-most-once, as on any server without JetStream); a
+server started from a ``config`` file has JetStream only if the file says so (a cluster
+needs ``server_name`` and its own ``jetstream`` block: bourse/nats/serverconf.py).
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class EmbeddedNats:
     """A nats-server child process on a free loopback port.
 
     ``with EmbeddedNats() as srv: srv.url`` — or ``start()`` / ``stop()``. ``extra_args`` go
-    to the server as they are (e.g. ``["-js"]``); ``config`` is a config file path; with
+    to the server as they are; ``config`` is a config file path (with ``jetstream`` on, a
+    config should not have its own ``jetstream`` block); with
     ``bind_loopback=False`` the config's own listen address is used. ``port=-1`` (the
     default) picks a free port.
     """
@@ -64,6 +71,8 @@ class EmbeddedNats:
         ready_timeout_s: float = 10.0,
         bind_loopback: bool = True,
         port: int = -1,
+        jetstream: bool | None = None,
+        jetstream_max_store_mb: int | None = None,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bourse-nats-"))
@@ -72,6 +81,12 @@ class EmbeddedNats:
         self.ready_timeout_s = ready_timeout_s
         self.bind_loopback = bind_loopback
         self.requested_port = port
+        self.jetstream = (config is None) if jetstream is None else jetstream
+        self.store_dir = self.workdir / "jetstream"
+        # The server's JetStream file store limit (default: 75% of the free disk). A stream's
+        # max_bytes is reserved from it, so a server holding many streams (a test session:
+        # one per subject prefix) wants it larger than the disk it will really use.
+        self.jetstream_max_store_mb = jetstream_max_store_mb
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.log_path = self.workdir / "nats-server.log"
@@ -94,6 +109,16 @@ class EmbeddedNats:
         if self.bind_loopback:
             args += ["-a", "127.0.0.1", "-p", str(self.requested_port)]
         args += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
+        max_mb = self.jetstream_max_store_mb
+        if self.jetstream and max_mb is None:
+            args += ["-js", "-sd", str(self.store_dir)]
+        elif self.jetstream and max_mb is not None:
+            conf = self.workdir / "jetstream.conf"
+            conf.write_text(
+                f"jetstream {{ store_dir: {json.dumps(str(self.store_dir))},"
+                f" max_file_store: {max_mb * 1024 * 1024} }}\n"
+            )
+            args += ["-c", str(conf)]
         args += self.extra_args
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE

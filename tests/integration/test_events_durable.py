@@ -1,0 +1,260 @@
+"""Durable events (docs/protocol.md §8.1): the supplier's outbox publishes every event of a
+committed change into the JetStream event stream exactly once; a watcher that was away
+replays them; a server without JetStream still gets today's at-most-once events."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import anyio
+import pytest
+import structlog
+from nats.aio.msg import Msg
+
+from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
+from bourse.client.events import EventFeed, Since, StreamedEvent
+from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.jetstream import stream_name
+from bourse.runtime.launcher import Program, start_program
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event, Placed
+from bourse.wire.subjects import Subjects
+from tests.market import Market, order, wait_until, worker
+
+
+async def _collect(feed: EventFeed, n: int, timeout_s: float = 30.0) -> list[StreamedEvent]:
+    got: list[StreamedEvent] = []
+    with anyio.fail_after(timeout_s):
+        async for item in feed:
+            got.append(item)
+            if len(got) == n:
+                break
+    return got
+
+
+async def _place_many(client: BourseClient, region: str, n: int, width: int = 12) -> list[Placed]:
+    placed: list[Placed] = []
+
+    async def one(i: int) -> None:
+        # On a busy machine an order may be refused (overloaded) or miss its deadline: the
+        # same order id again (I3: never a second machine) until it is placed.
+        for _ in range(20):
+            try:
+                r = await client.place(
+                    order(region=region, order_id=f"o-{i:05d}", deadline_ms=2000)
+                )
+            except ClientError as exc:
+                if exc.code != OVERLOADED_CODE:
+                    raise
+                await anyio.sleep(0.05)
+                continue
+            if isinstance(r, Placed):
+                placed.append(r)
+                return
+        raise AssertionError(f"order o-{i:05d} not placed after 20 tries: {r}")
+
+    sem = asyncio.Semaphore(width)
+
+    async def bounded(i: int) -> None:
+        async with sem:
+            await one(i)
+
+    await asyncio.gather(*(bounded(i) for i in range(n)))
+    return placed
+
+
+async def test_watcher_away_during_1000_placements_gets_all_after(market: Market) -> None:
+    fleet = [worker(f"mad-{i}", cpus=400, memory_mb=400 * 256) for i in range(3)]
+    await market.host(*fleet)
+    await market.exchange()
+    client = await market.client()
+    nc = await market.connect("watcher")
+
+    # The watcher sees the first placements, notes the last sequence, and goes away.
+    first = await _place_many(client, "mad", 5)
+    async with EventFeed(nc, market.subjects, kind="placed", since=Since()) as feed:
+        seen = await _collect(feed, 5)
+    assert {e.event.order_id for e in seen} == {p.order_id for p in first}
+    last = seen[-1].seq
+
+    burst = [
+        p
+        for p in await _place_many(client, "mad", 1005)
+        if p.order_id not in {f.order_id for f in first}
+    ]
+    # (order ids o-00000..o-00004 were placed already: I3 answers them with their machine)
+    assert len(burst) == 1000
+
+    async with EventFeed(nc, market.subjects, kind="placed", since=Since(seq=last + 1)) as feed:
+        back = await _collect(feed, 1000)
+    seqs = [e.seq for e in back]
+    assert seqs == sorted(seqs) and len(set(seqs)) == 1000  # in order, none twice
+    assert sorted(e.event.order_id for e in back) == sorted(p.order_id for p in burst)
+    assert {e.event.machine_id for e in back} == {p.machine_id for p in burst}
+    assert all(h.events.backlog == 0 for h in market.hosts)
+
+
+def _oplog_places(db: Path) -> list[str]:
+    conn = sqlite3.connect(db)
+    try:
+        rows = conn.execute("SELECT machine_id FROM oplog WHERE op = 'place' ORDER BY seq")
+        return [r[0] for r in rows]
+    finally:
+        conn.close()
+
+
+def _outbox_rows(db: Path) -> int:
+    conn = sqlite3.connect(db)
+    try:
+        return int(conn.execute("SELECT count(*) FROM outbox").fetchone()[0])
+    finally:
+        conn.close()
+
+
+async def test_supplier_killed_mid_burst_publishes_every_committed_event_once(
+    market: Market, tmp_path: Path
+) -> None:
+    data_dir = tmp_path / "k9"
+    args = ["run", "--worker-id", "k9-1", "--region", "kil", "--cpus", "4000"]
+    args += ["--memory-mb", str(4000 * 256), "--image", "web", "--data-dir", str(data_dir)]
+    args += ["--nats", market.url, "--prefix", market.subjects.prefix]
+
+    async def supplier(log: str) -> Program:
+        return await start_program(
+            "supplier", *args, log_path=tmp_path / log, ready="supplier ready"
+        )
+
+    proc = await supplier("s1.log")
+    client = await market.client(direct=True)
+    placed = 0
+    sem = anyio.Semaphore(40)
+
+    async def one(i: int) -> None:
+        nonlocal placed
+        try:
+            r = await client.place(order(region="kil", order_id=f"k-{i:05d}", deadline_ms=2000))
+        except ClientError:
+            return  # in flight when the supplier died
+        finally:
+            sem.release()
+        if isinstance(r, Placed):
+            placed += 1
+            if placed == 150:
+                proc.kill9()  # mid-burst: commits and outbox publishes under way
+
+    async with anyio.create_task_group() as tg:
+        for i in range(600):
+            await sem.acquire()
+            tg.start_soon(one, i)
+    await proc.proc.wait()
+
+    db = data_dir / "supplier.db"
+    committed = _oplog_places(db)
+    assert len(committed) >= 150
+    proc = await supplier("s2.log")  # republishes what was not acknowledged
+    try:
+        await wait_until(lambda: _outbox_rows(db) == 0, 20)
+        nc = await market.connect("check")
+        async with EventFeed(nc, market.subjects, kind="placed", since=Since()) as feed:
+            events = await _collect(feed, len(committed))
+        info = await nc.jetstream().stream_info(
+            stream_name(market.subjects.prefix),
+            subjects_filter=market.subjects.events(kind="placed"),
+        )
+    finally:
+        await proc.stop()
+    assert sorted(e.event.machine_id for e in events) == sorted(committed)  # every one ...
+    assert info.state.messages >= len(committed)
+    assert sum((info.state.subjects or {}).values()) == len(committed)  # ... and once
+
+
+@pytest.fixture
+async def core_only(tmp_path: Path, subjects: Subjects) -> AsyncIterator[Market]:
+    srv = EmbeddedNats(workdir=tmp_path / "core-nats", jetstream=False).start()
+    try:
+        async with Market(srv.url, subjects, tmp_path) as m:
+            yield m
+    finally:
+        srv.stop()
+
+
+async def test_without_jetstream_events_flow_at_most_once_and_it_is_said_once(
+    core_only: Market,
+) -> None:
+    market = core_only
+    with structlog.testing.capture_logs() as logs:
+        await market.host(*(worker(f"mad-{i}", cpus=32, memory_mb=32 * 256) for i in (1, 2)))
+        await market.exchange()
+        spy = await market.connect("spy")
+        got: list[Event] = []
+
+        async def on_event(msg: Msg) -> None:
+            got.append(decode(msg.data, Event))
+
+        await spy.subscribe(market.subjects.events(kind="placed"), cb=on_event)
+        await spy.flush()
+        client = await market.client()
+        placed = await _place_many(client, "mad", 20)
+        await wait_until(lambda: len(got) == 20)
+    assert sorted(e.machine_id for e in got) == sorted(p.machine_id for p in placed)
+    warnings = [e for e in logs if e["event"] == "events_at_most_once"]
+    assert len(warnings) == 1 and warnings[0]["log_level"] == "warning"
+    assert market.hosts[0].events.durable is False
+    with pytest.raises(Exception, match="needs JetStream"):
+        async with EventFeed(spy, market.subjects, since=Since()):
+            pass
+
+
+async def _buyer(market: Market, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "buyer_cli",
+        *args,
+        "--prefix",
+        market.subjects.prefix,
+        "--nats",
+        market.url,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 30)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_buyer_watch_since_replays_with_stream_sequences(market: Market) -> None:
+    await market.host(worker("mad-1"))
+    await market.exchange()
+    placed = await _place_many(await market.client(), "mad", 3)
+    code, out, err = await _buyer(
+        market, "watch", "--since", "all", "--kind", "placed", "--json", "--count", "3"
+    )
+    assert code == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert [e["seq"] for e in lines] == sorted(e["seq"] for e in lines)
+    assert all(e["seq"] >= 1 and e["type"] == "Event" for e in lines)
+    assert sorted(e["order_id"] for e in lines) == sorted(p.order_id for p in placed)
+    # from the second one on: two events
+    code, out, err = await _buyer(
+        market,
+        "watch",
+        "--since",
+        str(lines[1]["seq"]),
+        "--kind",
+        "placed",
+        "--json",
+        "--count",
+        "2",
+    )
+    assert code == 0, err
+    assert [json.loads(line)["seq"] for line in out.splitlines()] == [
+        lines[1]["seq"],
+        lines[2]["seq"],
+    ]
+    code, _, err = await _buyer(market, "watch", "--since", "yesterday")
+    assert code == 1 and "error: --since 'yesterday': expected a stream sequence" in err
