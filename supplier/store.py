@@ -29,6 +29,7 @@ import queue
 import sqlite3
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -95,6 +96,9 @@ class Op:
 
 
 class Store:
+    # Told each group commit's duration in seconds (from the writer thread): metrics.
+    on_commit: Callable[[float], None] | None = None
+
     def __init__(
         self,
         path: str | Path,
@@ -235,7 +239,10 @@ class Store:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
             self._check_identity()
+            t0 = time.perf_counter()
             self._apply(conn, [op for ops, _, _ in batch for op in ops])
+            if self.on_commit is not None:  # metrics: the transaction and its fsync
+                self.on_commit(time.perf_counter() - t0)
             self.batches += 1
             self.writes += len(batch)
             self.failure = ""
