@@ -29,15 +29,14 @@ import anyio
 import anyio.abc
 import structlog
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Histogram,
     ProcessCollector,
     disable_created_metrics,
-    generate_latest,
 )
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
 from bourse.nats.connection import ConnectionStats
@@ -145,9 +144,11 @@ class Metrics:
         """Expose a Responder's counts (requests handled, Error replies by code)."""
         self.registry.register(_RepliesCollector(service, counts))
 
-    def render(self) -> bytes:
-        """The registry in Prometheus's text format."""
-        return generate_latest(self.registry)
+    def render(self, accept: str = "") -> tuple[bytes, str]:
+        """The registry, and its content type, in the format the scraper's ``Accept``
+        header asks for (Prometheus's text format by default, OpenMetrics on request)."""
+        encode, content_type = choose_encoder(accept)
+        return encode(self.registry), content_type
 
 
 class _RegionOrders:
@@ -430,9 +431,9 @@ class MetricsServer:
     address: str = ""  # HOST:PORT once bound (port 0 -> the one the system gave)
 
     async def run(
-        self, *, task_status: anyio.abc.TaskStatus[str] = anyio.TASK_STATUS_IGNORED
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled; ``started`` with the bound HOST:PORT."""
+        """Serve until cancelled; ``started`` once listening (``address`` is then set)."""
         try:
             listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         except OSError as exc:
@@ -444,7 +445,7 @@ class MetricsServer:
             sockname = listener.listeners[0].extra(anyio.abc.SocketAttribute.local_address)
             self.address = format_addr(self.host, int(sockname[1]))
             log.info("metrics_serving", url=self.url, program=self.metrics.program)
-            task_status.started(self.address)
+            task_status.started()
             await listener.serve(self._handle)
 
     @property
@@ -469,11 +470,11 @@ class MetricsServer:
         if path not in (b"/metrics", b"/"):
             return _response(b"404 Not Found", b"text/plain", b"metrics are at /metrics\n")
         try:
-            body = self.metrics.render()
+            body, content_type = self.metrics.render(_header(head, b"accept"))
         except Exception as exc:  # a collector's bug: say so, keep serving
             log.exception("metrics_render_failed")
             return _response(b"500 Internal Server Error", b"text/plain", repr(exc).encode())
-        return _response(b"200 OK", CONTENT_TYPE_LATEST.encode(), body, head=method == b"HEAD")
+        return _response(b"200 OK", content_type.encode(), body, head=method == b"HEAD")
 
 
 async def _read_head(stream: anyio.abc.SocketStream) -> bytes:
@@ -485,6 +486,15 @@ async def _read_head(stream: anyio.abc.SocketStream) -> bytes:
         except (anyio.EndOfStream, anyio.BrokenResourceError):
             break
     return data
+
+
+def _header(head: bytes, name: bytes) -> str:
+    """The value of header ``name`` (lower case) in a request head, or ""."""
+    for line in head.split(b"\r\n")[1:]:
+        key, sep, val = line.partition(b":")
+        if sep and key.strip().lower() == name:
+            return val.strip().decode("latin-1")
+    return ""
 
 
 def _response(status: bytes, ctype: bytes, body: bytes, *, head: bool = False) -> bytes:
