@@ -139,7 +139,8 @@ class SupplierHost:
             store.on_commit = metrics.store_commit.observe
 
     def _worker_samples(self) -> list[WorkerSample]:
-        """Every worker's ledger as the metrics scrape reads it (on the event loop)."""
+        """Every worker's ledger as the metrics scrape reads it (from the endpoint's thread:
+        plain reads of immutable tuples)."""
         return [
             WorkerSample(
                 w.worker_id,
