@@ -10,13 +10,14 @@ import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
-from bourse.nats.connection import shutdown
+from bourse.nats.connection import shutdown, stats_of
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
+    MetricsAddrOpt,
     NatsOpt,
     PrefixOpt,
     TlsCaOpt,
@@ -25,6 +26,7 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
 )
+from bourse.runtime.metrics import ExchangeMetrics, MetricsAddrError, parse_addr, start_endpoint
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.signing import TrustError, TrustStore
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
@@ -81,6 +83,7 @@ def serve(
             "offers signed by their worker's key."
         ),
     ] = None,
+    metrics_addr: MetricsAddrOpt = "",
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -97,7 +100,8 @@ def serve(
         fail(str(exc))
     try:
         trust_store = TrustStore.load(trust) if trust is not None else None
-    except TrustError as exc:
+        metrics_at = parse_addr(metrics_addr)
+    except (TrustError, MetricsAddrError) as exc:
         fail(str(exc))
     config = AuctionConfig(
         quiet_ms=quiet_ms,
@@ -109,6 +113,9 @@ def serve(
     async def main() -> None:
         nc = await conn.connect(name or "bourse-exchange")
         try:
+            metrics = ExchangeMetrics() if metrics_at is not None else None
+            if metrics is not None:
+                metrics.watch_connection(stats_of(nc))
             svc = ExchangeService(
                 nc,
                 subjects,
@@ -118,12 +125,20 @@ def serve(
                 max_order_backlog=max_order_backlog,
                 trust=trust_store,
                 target_auction_ms=target_auction_ms,
+                metrics=metrics,
             )
             async with anyio.create_task_group() as tasks:
+                serving = ""
+                if metrics is not None and metrics_at is not None:
+                    try:
+                        endpoint = await start_endpoint(tasks, metrics, metrics_at)
+                    except MetricsAddrError as exc:
+                        fail(str(exc))
+                    serving = f"; metrics on {endpoint.url}"
                 await tasks.start(svc.run)
                 settle_heap()
                 where = nc.connected_url.netloc if nc.connected_url else conn.urls
-                typer.echo(f"exchange ready on {where}")
+                typer.echo(f"exchange ready on {where}{serving}")
         finally:
             await shutdown(nc)
 

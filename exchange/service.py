@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 
 import anyio
 import anyio.abc
@@ -23,12 +24,14 @@ from bourse.auction.broker import Broker, Refused
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.runtime.metrics import AdmissionView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import (
     MACHINE_VERBS,
     ListMachines,
     MachineRequest,
+    Placed,
     PlaceOrder,
     worker_of_machine,
 )
@@ -56,6 +59,7 @@ class ExchangeService:
         max_order_backlog: int = 256,
         trust: TrustStore | None = None,
         target_auction_ms: float = DEFAULT_TARGET_MS,
+        metrics: ExchangeMetrics | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -69,6 +73,13 @@ class ExchangeService:
         self.broker = Broker(self.auctioneer, self.admission)
         self._orders: Subscription | None = None
         self._subs: list[Subscription] = []
+        self.metrics = metrics
+        if metrics is not None:
+            self.auctioneer.on_finished = metrics.offers
+            metrics.watch_admission(self._admission_view)
+            metrics.watch_replies("exchange", self._reply_counts)
+            for region in sorted(self.regions or ()):  # their series exist from the start
+                metrics.region(region)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -132,6 +143,8 @@ class ExchangeService:
         if backlog > self.max_order_backlog:
             # Refusing at once is the cheap, honest answer: an auction started now would
             # run on an order that has already waited behind the queue.
+            if self.metrics is not None:
+                self.metrics.refused(region, "overloaded")
             await self._overloaded(msg, backlog)
             return
         self.responder.spawn(msg, self._place(msg, order))
@@ -147,12 +160,28 @@ class ExchangeService:
 
     async def _place(self, msg: Msg, order: PlaceOrder) -> None:
         outcome = await self.broker.place(order)
+        m = self.metrics
         if isinstance(outcome, Refused):
+            if m is not None:
+                m.refused(order.region, outcome.kind)
             await self._refuse(msg, outcome)
             return
+        if m is not None:
+            if isinstance(outcome, Placed):
+                m.placed(order.region, outcome.elapsed_ms / 1000.0)
+            else:
+                m.unfilled(order.region, outcome.reason, outcome.elapsed_ms / 1000.0)
         self.responder.counts[type(outcome).__name__] += 1
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, outcome)
+
+    def _reply_counts(self) -> Counter[str]:
+        responder = getattr(self, "responder", None)  # made by run()
+        return responder.counts if responder is not None else Counter()
+
+    def _admission_view(self) -> AdmissionView:
+        a = self.admission
+        return AdmissionView(a.limit, a.inflight, a.waiting, a.refused)
 
     async def _on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]

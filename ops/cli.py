@@ -29,6 +29,13 @@ from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.runtime import logs
 from bourse.runtime.cli import NatsOpt, PrefixOpt, cli_main, fail
 from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.runtime.metrics import (
+    DEFAULT_PORT,
+    MetricsAddrError,
+    format_addr,
+    free_port,
+    parse_addr,
+)
 from bourse.runtime.supervise import run
 from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
@@ -215,14 +222,42 @@ def loadtest(
         raise typer.Exit(1)
 
 
+def _metrics_addrs(at: tuple[str, int] | None, count: int) -> list[str]:
+    """One --metrics-addr per program: ``at``'s port for the first, the next free ones for
+    the others (port 0: each its own free one); "off" for all without ``at``."""
+    if at is None:
+        return ["off"] * count
+    host, port = at
+    if port == 0:
+        return [format_addr(host, 0)] * count
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(free_port(host, ports[-1] + 1 if ports else port, ports))
+    return [format_addr(host, p) for p in ports]
+
+
+def _metrics_url(program: Program) -> str:
+    """The metrics URL a program's ready line names ("...; metrics on URL"), or ""."""
+    _, sep, url = program.ready_line.partition("metrics on ")
+    return url.strip() if sep else ""
+
+
 async def _start_market(
-    urls: list[str], subjects: Subjects, root: Path, say: Callable[[str], None]
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    say: Callable[[str], None],
+    metrics_at: tuple[str, int] | None = None,
 ) -> list[Program]:
-    """Supplier processes (one per demo region) and one exchange process."""
+    """One exchange process and supplier processes (one per demo region); each serves its
+    metrics on its own port of ``metrics_at`` (the exchange on its port) when given."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
+    fleets = write_fleet_files(root / "config")
+    addrs = iter(_metrics_addrs(metrics_at, 1 + len(fleets)))
+    exchange_addr = next(addrs)
     try:
-        for region, path in write_fleet_files(root / "config").items():
+        for region, path in fleets.items():
             programs.append(
                 await start_program(
                     "supplier",
@@ -232,16 +267,21 @@ async def _start_market(
                     "--data-dir",
                     str(root / "data" / region),
                     *common,
+                    "--metrics-addr",
+                    next(addrs),
                     log_path=root / "logs" / f"supplier-{region}.log",
                     ready="supplier ready",
                 )
             )
+            programs[-1].name = f"supplier-{region}"
             say(f"supplier for {region}: {len(DEMO_FLEET[region])} workers")
         programs.append(
             await start_program(
                 "exchange",
                 "serve",
                 *common,
+                "--metrics-addr",
+                exchange_addr,
                 log_path=root / "logs" / "exchange.log",
                 ready="exchange ready",
             )
@@ -312,16 +352,30 @@ def up(
     port: Annotated[
         int, typer.Option(help="Port of the embedded nats-server (-1: any free port).")
     ] = 4222,
+    metrics_addr: Annotated[
+        str,
+        typer.Option(
+            help="Prometheus metrics: the exchange serves them on HOST:PORT, each supplier on "
+            "the next free port (port 0: any free ones); '' or off: none.",
+        ),
+    ] = f"127.0.0.1:{DEFAULT_PORT}",
 ) -> None:
     """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
     logs.configure("warning")
     try:
-        run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port))
-    except (NatsServerError, RuntimeError) as exc:
+        metrics_at = parse_addr(metrics_addr)
+        run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port, metrics_at))
+    except (NatsServerError, RuntimeError, MetricsAddrError) as exc:
         fail(str(exc))
 
 
-async def _up(urls: list[str], subjects: Subjects, root: Path, port: int) -> None:
+async def _up(
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    port: int,
+    metrics_at: tuple[str, int] | None = None,
+) -> None:
     """The market until cancelled (SIGINT/SIGTERM); its programs stop on the way out."""
     say = render.console.print
     server = None
@@ -333,7 +387,10 @@ async def _up(urls: list[str], subjects: Subjects, root: Path, port: int) -> Non
         say(f"embedded nats-server on {server.url} (log: {server.log_path})")
     programs: list[Program] = []
     try:
-        programs = await _start_market(urls, subjects, root, say)
+        programs = await _start_market(urls, subjects, root, say, metrics_at)
+        for p in programs:
+            if _metrics_url(p):
+                say(f"metrics of {p.name}: {_metrics_url(p)}")
         px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"

@@ -11,13 +11,14 @@ import typer
 from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import AuthError, signing_seed
-from bourse.nats.connection import shutdown
+from bourse.nats.connection import shutdown, stats_of
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
+    MetricsAddrOpt,
     NatsOpt,
     PrefixOpt,
     TlsCaOpt,
@@ -26,6 +27,12 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
     parse_labels,
+)
+from bourse.runtime.metrics import (
+    MetricsAddrError,
+    SupplierMetrics,
+    parse_addr,
+    start_endpoint,
 )
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.codec import validation_detail
@@ -109,6 +116,7 @@ def run_cmd(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
+    metrics_addr: MetricsAddrOpt = "",
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
 ) -> None:
@@ -144,6 +152,7 @@ def run_cmd(
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
         check_workers(workers)
         subjects = Subjects(prefix)
+        metrics_at = parse_addr(metrics_addr)
         store = Store(data_dir / DB_NAME, max_db_mb=max_db_mb, linger_ms=commit_linger_ms)
     except (ConfigError, StoreError, ValueError) as exc:
         fail(str(exc))
@@ -156,7 +165,7 @@ def run_cmd(
             name = f"bourse-supplier:{workers[0].worker_id}"
             nc = await conn.connect(name)
             try:
-                await _serve(nc, workers, store, subjects, state_dir, options)
+                await _serve(nc, workers, store, subjects, state_dir, options, metrics_at)
             finally:
                 await shutdown(nc)
         finally:
@@ -179,20 +188,28 @@ async def _serve(
     subjects: Subjects,
     data_dir: Path,
     options: dict[str, Any],
+    metrics_at: tuple[str, int] | None = None,
 ) -> None:
-    """The host in a task group until cancelled (SIGINT/SIGTERM)."""
-    host = SupplierHost(nc, workers, store, subjects, **options)
-    taken: WorkerIdInUse | None = None
+    """The host (and its metrics endpoint) in a task group until cancelled (SIGINT/SIGTERM)."""
+    metrics = SupplierMetrics() if metrics_at is not None else None
+    if metrics is not None:
+        metrics.watch_connection(stats_of(nc))
+    host = SupplierHost(nc, workers, store, subjects, **options, metrics=metrics)
+    refused: Exception | None = None
     async with anyio.create_task_group() as tasks:
+        serving = ""
         try:
+            if metrics is not None and metrics_at is not None:
+                serving = f"; metrics on {(await start_endpoint(tasks, metrics, metrics_at)).url}"
             await tasks.start(host.run)
-        except WorkerIdInUse as exc:
-            taken = exc
+        except (WorkerIdInUse, MetricsAddrError) as exc:
+            refused = exc
+            tasks.cancel_scope.cancel()
         else:
             settle_heap()
-            typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}")
-    if taken is not None:
-        fail(str(taken))
+            typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}{serving}")
+    if refused is not None:
+        fail(str(refused))
 
 
 def _offer_signer(creds: str | None) -> OfferSigner | None:

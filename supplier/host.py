@@ -16,7 +16,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable
 
 import anyio
@@ -31,6 +31,7 @@ from nats.aio.subscription import Subscription
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream
 from bourse.nats.responder import Responder, subject_region_mismatch
+from bourse.runtime.metrics import SupplierMetrics, WorkerSample
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.limits import MAX_HOLD_MS
@@ -96,6 +97,7 @@ class SupplierHost:
         signer: OfferSigner | None = None,
         quote_sample: int = DEFAULT_QUOTE_SAMPLE,
         event_stream: EventStream | None = None,
+        metrics: SupplierMetrics | None = None,
     ) -> None:
         check_workers(workers)
         # Signs every Offer this host sends (the auction may require it: --trust).
@@ -138,6 +140,32 @@ class SupplierHost:
         self.store_failing = False  # the store refused a write: every worker here drains
         self._next_probe = 0.0
         self._probing = False
+        if metrics is not None:  # state is read at scrape time; only a commit is timed
+            metrics.watch_workers(self._worker_samples, lambda: self.bids_shed)
+            metrics.watch_outbox("publish", self.outbox.__len__)
+            metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
+            metrics.watch_replies("supplier", self._reply_counts)
+            store.on_commit = metrics.store_commit.observe
+
+    def _worker_samples(self) -> list[WorkerSample]:
+        """Every worker's ledger as the metrics scrape reads it (from the endpoint's thread:
+        plain reads of immutable tuples)."""
+        return [
+            WorkerSample(
+                w.worker_id,
+                w.region,
+                w.ledger.capacity,
+                w.ledger.committed,
+                w.ledger.held,
+                len(w.ledger.holds),
+                w.draining,
+            )
+            for w in self.workers.values()
+        ]
+
+    def _reply_counts(self) -> Counter[str]:
+        responder = getattr(self, "responder", None)  # made by run()
+        return responder.counts if responder is not None else Counter()
 
     # -- bid groups -----------------------------------------------------------------------------
     def _bid_groups(self) -> dict[str, BidGroup[Worker]]:

@@ -130,6 +130,9 @@ CommittedFn = Callable[[list[OutboxRow]], None]
 
 
 class Store:
+    # Told each group commit's duration in seconds (from the writer thread): metrics.
+    on_commit: Callable[[float], None] | None = None
+
     def __init__(
         self,
         path: str | Path,
@@ -297,7 +300,10 @@ class Store:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
             self._check_identity()
+            t0 = time.perf_counter()
             rows = self._apply(conn, [op for ops, _, _ in batch for op in ops], forget)
+            if self.on_commit is not None:  # metrics: the transaction and its fsync
+                self.on_commit(time.perf_counter() - t0)
             self.batches += 1
             self.writes += len(batch)
             self.failure = ""

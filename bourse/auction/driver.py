@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter, deque
+from collections.abc import Callable
 
 import msgspec
 import nats.errors
@@ -134,6 +135,8 @@ class Auctioneer:
         self._boxes: dict[str, _Mailbox] = {}
         self._sub: Subscription | None = None
         self._prefix = ""
+        # Told (region, offers received) as each auction ends: the exchange's metrics.
+        self.on_finished: Callable[[str, int], None] | None = None
 
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
@@ -203,6 +206,8 @@ class Auctioneer:
         finally:
             del self._boxes[auction_id]
             self.unverified.update(core.tally.unverified)
+            if self.on_finished is not None:
+                self.on_finished(order.region, core.tally.offers)
             await self._release(order, auction_id)
 
     async def _drive(

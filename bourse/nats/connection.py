@@ -43,6 +43,12 @@ class ConnectionStats:
 # Every connection made by this process, by client name (a daemon has one; tests many).
 STATS: dict[str, ConnectionStats] = {}
 
+
+def stats_of(nc: NATS) -> ConnectionStats:
+    """The counters of ``nc``'s connection (made by :func:`connect`), for metrics."""
+    return STATS.setdefault(str(nc.options.get("name") or ""), ConnectionStats())
+
+
 # Closing a client that never connected, or is reconnecting, is bounded by this: after a
 # failed TLS handshake nats-py's close() waits for a stream that is never told it closed.
 CLOSE_AFTER_FAILURE_S = 1.0

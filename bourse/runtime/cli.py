@@ -66,6 +66,15 @@ PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
 LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
 LogJsonOpt = Annotated[bool, typer.Option("--log-json", help="Log JSON lines instead of k=v.")]
+MetricsAddrOpt = Annotated[
+    str,
+    typer.Option(
+        "--metrics-addr",
+        envvar="BOURSE_METRICS_ADDR",
+        help="Serve Prometheus metrics on HOST:PORT at /metrics (port 0: any free one; "
+        "'' or off: none). See docs/operations.md.",
+    ),
+]
 
 
 @dataclass(frozen=True)
