@@ -34,6 +34,7 @@ from typing import Any
 
 import nkeys
 
+from bourse.nats.jetstream import stream_name
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 
 ROLE_BUYER = "buyer"
@@ -124,9 +125,28 @@ class User:
         return self.name.replace(":", "-") + SEED_SUFFIX
 
 
+def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
+    """The JetStream API requests on the market's event stream (docs/protocol.md §8.1): a
+    supplier detects JetStream and creates or checks the stream (``manage``); a buyer
+    replays it (``watch --since``) through an ordered consumer, whose flow control it
+    answers. On a server without JetStream these requests simply find no responder."""
+    stream = stream_name(s.prefix)
+    api = ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}"]
+    if manage:
+        return (*api, f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}")
+    consumers = [f"$JS.API.CONSUMER.{verb}.{stream}.>" for verb in ("CREATE", "DELETE", "INFO")]
+    return (*api, f"$JS.API.CONSUMER.CREATE.{stream}", *consumers, f"$JS.FC.{stream}.>")
+
+
 def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     return Permissions(
-        publish=(s.order("*"), s.machine("*"), s.status("*"), s.explain("*")),
+        publish=(
+            s.order("*"),
+            s.machine("*"),
+            s.status("*"),
+            s.explain("*"),
+            *_event_stream_api(s, manage=False),
+        ),
         subscribe=(s.events(), f"{inbox}.>"),
     )
 
@@ -159,6 +179,7 @@ def supplier_permissions(
     sub += [s.worker_all(wid) for wid, _ in workers]
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
+    pub += _event_stream_api(s, manage=True)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub), responses=SUPPLIER_RESPONSES)
 
 

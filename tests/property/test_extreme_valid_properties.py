@@ -319,7 +319,10 @@ def test_an_order_of_exactly_64_kib_is_placed_and_listed(harness: Harness) -> No
             assert isinstance(placed, Placed), placed
             listing = await harness.nc.request(
                 SUBJECTS.machine("list"),
-                encode(ListMachines(worker_id=placed.worker_id, include_destroyed=True)),
+                # live machines only: the destroyed ones of the whole property session (big
+                # metadata each) would push the list past NATS's max_payload (paging is not
+                # in v1 yet); this machine alone makes the reply larger than 64 KiB
+                encode(ListMachines(worker_id=placed.worker_id)),
                 timeout=REPLY_TIMEOUT_S,
             )
             machines = decode(listing.data, MachineReply)
