@@ -246,6 +246,8 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
             r = await client.place(order())
             assert isinstance(r, Placed)
             await client.machine("start", r.machine_id)
+            # give the capacity back, so a slow-starting watcher never finds it used up
+            await client.machine("destroy", r.machine_id)
             await asyncio.sleep(0.05)  # the pace of the actions, not a synchronisation
 
     actor = asyncio.create_task(place_until_seen())
@@ -254,5 +256,6 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
     seen = [json.loads(line) for line in out.decode().splitlines()]
     assert proc.returncode == 0 and len(seen) == 2
     assert all(e["type"] == "Event" and e["worker_id"] == "mad-1" for e in seen)
-    assert {e["kind"] for e in seen} <= {"placed", "pulled", "started"}  # what the actions emit
+    emitted = {"placed", "pulled", "started", "stopped", "destroyed"}  # what the actions emit
+    assert {e["kind"] for e in seen} <= emitted
     await wait_until(lambda: actor.done())
