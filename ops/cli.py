@@ -36,6 +36,7 @@ from bourse.runtime.metrics import (
     free_port,
     parse_addr,
 )
+from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run
 from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
@@ -302,7 +303,7 @@ async def _demo(
         if urls:
             say(f"placing orders on the market at {', '.join(urls)}")
         else:
-            server = EmbeddedNats(workdir=root / "nats").start()
+            server = EmbeddedNats(workdir=root / "nats", tie_to_parent=True).start()
             urls = [server.url]
             say(f"embedded nats-server on {server.url}")
             programs = await _start_market(urls, subjects, root, say)
@@ -364,8 +365,9 @@ def up(
     logs.configure("warning")
     try:
         metrics_at = parse_addr(metrics_addr)
-        run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port, metrics_at))
-    except (NatsServerError, RuntimeError, MetricsAddrError) as exc:
+        with lock_state_dir(data_dir):  # one `up` per state directory
+            run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port, metrics_at))
+    except (NatsServerError, RuntimeError, MetricsAddrError, StateDirBusy) as exc:
         fail(str(exc))
 
 
@@ -382,7 +384,7 @@ async def _up(
     if not urls:
         if port > 0 and _port_busy(port):
             fail(f"port {port} is in use: pass --port -1 for a free one, or --nats URL")
-        server = EmbeddedNats(workdir=root / "nats", port=port).start()
+        server = EmbeddedNats(workdir=root / "nats", port=port, tie_to_parent=True).start()
         urls = [server.url]
         say(f"embedded nats-server on {server.url} (log: {server.log_path})")
     programs: list[Program] = []

@@ -34,6 +34,7 @@ from bourse.runtime.metrics import (
     parse_addr,
     start_endpoint,
 )
+from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.codec import validation_detail
 from bourse.wire.signing import OfferSigner, TrustError
@@ -153,8 +154,9 @@ def run_cmd(
         check_workers(workers)
         subjects = Subjects(prefix)
         metrics_at = parse_addr(metrics_addr)
+        owner = lock_state_dir(data_dir)  # one supplier per state directory, or none
         store = Store(data_dir / DB_NAME, max_db_mb=max_db_mb, linger_ms=commit_linger_ms)
-    except (ConfigError, StoreError, ValueError) as exc:
+    except (ConfigError, StoreError, StateDirBusy, ValueError) as exc:
         fail(str(exc))
 
     assert data_dir is not None  # both branches above set it (fail() does not return)
@@ -170,6 +172,7 @@ def run_cmd(
                 await shutdown(nc)
         finally:
             store.close()  # flushed and closed whatever stopped the supplier
+            owner.release()
 
     options = {
         "max_offers": max_offers,
