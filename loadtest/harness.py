@@ -58,7 +58,7 @@ async def run_loadtest(
             "supplier URLs need the generator's URLs too: the embedded server would not reach them"
         )
     if not urls:
-        server = EmbeddedNats(workdir=out / "nats").start()
+        server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True).start()
         urls = [server.url]
     subjects = Subjects(f"lt{uuid.uuid4().hex[:8]}")  # a run never sees another's traffic
     programs: list[Program] = []

@@ -59,7 +59,11 @@ class EmbeddedNats:
     to the server as they are; ``config`` is a config file path (with ``jetstream`` on, a
     config should not have its own ``jetstream`` block); with
     ``bind_loopback=False`` the config's own listen address is used. ``port=-1`` (the
-    default) picks a free port.
+    default) picks a free port. ``tie_to_parent=True`` starts the server through
+    ``bourse.runtime.reaper``, so it dies with the process that started it, kill -9
+    included (``bourse up``, ``demo``, load runs). Linux ties it to the *thread* that
+    starts it: start such a server from a thread that lives as long as the server should
+    (the event loop's), never from a worker thread.
     """
 
     def __init__(
@@ -73,6 +77,7 @@ class EmbeddedNats:
         port: int = -1,
         jetstream: bool | None = None,
         jetstream_max_store_mb: int | None = None,
+        tie_to_parent: bool = False,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bourse-nats-"))
@@ -87,6 +92,7 @@ class EmbeddedNats:
         # max_bytes is reserved from it, so a server holding many streams (a test session:
         # one per subject prefix) wants it larger than the disk it will really use.
         self.jetstream_max_store_mb = jetstream_max_store_mb
+        self.tie_to_parent = tie_to_parent
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.log_path = self.workdir / "nats-server.log"
@@ -120,6 +126,8 @@ class EmbeddedNats:
             )
             args += ["-c", str(conf)]
         args += self.extra_args
+        if self.tie_to_parent:  # the exec wrapper asks Linux for SIGTERM when we die
+            args = [sys.executable, "-m", "bourse.runtime.reaper", "--", *args]
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
         )

@@ -147,7 +147,7 @@ def children_of(pid: int) -> list[psutil.Process]:
 
 def assert_gone(children: list[psutil.Process]) -> None:
     _, alive = psutil.wait_procs(children, timeout=2)
-    assert not alive, f"left running: {[p.info for p in alive]}"
+    assert not alive, f"left running: {[(p.pid, p.cmdline()) for p in alive]}"
 
 
 @asynccontextmanager
