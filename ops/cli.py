@@ -22,6 +22,7 @@ from typing import Annotated
 import anyio
 import typer
 from rich.table import Table
+from ulid import ULID
 
 from bourse.client import BourseClient, render
 from bourse.nats.connection import connect, split_urls
@@ -42,7 +43,7 @@ from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from loadtest.workload import SCENARIOS, resolve_profile
 from ops.auth_cli import auth_app
-from ops.demo import DEMO_FLEET, run_burst, run_script, write_fleet_files
+from ops.demo import DEMO_APP, DEMO_FLEET, clean_up, run_burst, run_script, write_fleet_files
 from ops.nats_config import nats_config
 
 app = typer.Typer(help="Bourse: a market-style machine scheduler on NATS.", no_args_is_help=True)
@@ -67,13 +68,24 @@ def demo(
     ] = None,
     burst: Annotated[int, typer.Option(min=0, help="Concurrent orders in the burst.")] = 200,
     json: Annotated[bool, typer.Option("--json", help="Print the outcomes as JSON.")] = False,
+    keep_machines: Annotated[
+        bool,
+        typer.Option(
+            "--keep",
+            help=f"On a market given with --nats: leave the demo's machines (app {DEMO_APP})"
+            " in place; by default they are destroyed at the end.",
+        ),
+    ] = False,
 ) -> None:
-    """Run a demo market and place real orders on it."""
+    """Run a demo market and place real orders on it (or on yours, with --nats: its
+    machines carry the app name bourse-demo and are destroyed at the end unless --keep)."""
     logs.configure("warning")
     keep = data_dir is not None
     root = data_dir or Path(tempfile.mkdtemp(prefix="bourse-demo-"))
+    urls = split_urls(nats)
+    tidy = bool(urls) and not keep_machines  # the user's market: leave it as it was
     try:
-        run(lambda: _demo(split_urls(nats), Subjects(prefix), root, burst, json, keep))
+        run(lambda: _demo(urls, Subjects(prefix), root, burst, json, keep, tidy))
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -294,7 +306,13 @@ async def _start_market(
 
 
 async def _demo(
-    urls: list[str], subjects: Subjects, root: Path, burst: int, json: bool, keep: bool
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    burst: int,
+    json: bool,
+    keep: bool,
+    tidy: bool,
 ) -> None:
     say = (lambda *_: None) if json else render.console.print
     server = None
@@ -310,10 +328,19 @@ async def _demo(
             say("exchange ready; placing orders\n")
         nc = await connect(urls, name="bourse-demo", service=False)
         client = BourseClient(nc, subjects)
+        run_id = str(ULID())
+        placed: list[str] = []
+        cleanup = None
         try:
-            outcomes = await run_script(client)
-            report = await run_burst(client, burst) if burst else None
-            statuses = [s for region in DEMO_FLEET for s in await client.status(region)]
+            try:
+                outcomes = await run_script(client, run_id)
+                placed += [r.machine_id for _, r in outcomes if isinstance(r, Placed)]
+                report = await run_burst(client, run_id, placed, burst) if burst else None
+                statuses = [s for region in DEMO_FLEET for s in await client.status(region)]
+            finally:
+                if tidy:  # also when interrupted: what was placed is destroyed
+                    with anyio.CancelScope(shield=True):
+                        cleanup = await clean_up(client, placed)
         finally:
             await nc.drain()
         if json:
@@ -323,6 +350,8 @@ async def _demo(
                         "orders": [{"scenario": n, "result": r} for n, r in outcomes],
                         "burst": report.__dict__ if report else None,
                         "fleet": statuses,
+                        "app": DEMO_APP,
+                        "cleanup": cleanup.__dict__ if cleanup else None,
                     }
                 )
             )
@@ -335,6 +364,17 @@ async def _demo(
                     f"p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
                 )
             render.console.print(render.fleet(statuses))
+            n = len(set(placed))
+            if cleanup is None:
+                how = "" if urls else " (the demo market stops with it)"
+                say(f"\nthe demo placed {n} machines, app {DEMO_APP}{how}")
+            else:
+                say(
+                    f"\nthe demo placed {n} machines (app {DEMO_APP}) and destroyed "
+                    f"{cleanup.destroyed} of them; --keep leaves them in place"
+                )
+                for machine_id, why in cleanup.failed.items():
+                    say(f"[red]not destroyed: {machine_id}: {why}[/]")
             if keep:
                 say(f"\nlogs and state kept in {root}")
     finally:

@@ -103,25 +103,41 @@ def write_fleet_files(directory: Path) -> dict[str, Path]:
     return out
 
 
-def _o(region: str, cpus: int, mem: int, image: str, **kw: Any) -> PlaceOrder:
+# Every machine the demo places carries this app name (metadata "app"), so a person can
+# tell them apart on a market they share, and the demo can clean up after itself.
+DEMO_APP = "bourse-demo"
+
+
+def _o(region: str, cpus: int, mem: int, image: str, run_id: str, **kw: Any) -> PlaceOrder:
     return PlaceOrder(
-        region=region, resources=Resources(cpus=cpus, memory_mb=mem), image=image, **kw
+        region=region,
+        resources=Resources(cpus=cpus, memory_mb=mem),
+        image=image,
+        metadata={"app": DEMO_APP, "demo_run": run_id},
+        **kw,
     )
 
 
-SCRIPT: list[tuple[str, PlaceOrder]] = [
-    ("web: the worker with the image cached wins", _o("mad", 2, 2048, "web")),
-    ("api: only mad-1 has it cached", _o("mad", 2, 2048, "api")),
-    ("ml job: needs the gpu=a100 label", _o("mad", 8, 32768, "ml", constraints={"gpu": "a100"})),
-    ("db on ssd only, in fra", _o("fra", 4, 8192, "db", constraints={"disk": "ssd"})),
-    ("binpack region: 1st", _o("sjc", 2, 1024, "web")),
-    ("binpack region: 2nd packs the same worker", _o("sjc", 2, 1024, "web")),
-    ("idempotent: order demo-retry", _o("fra", 1, 512, "web", order_id="demo-retry")),
-    ("idempotent: demo-retry again", _o("fra", 1, 512, "web", order_id="demo-retry")),
-    ("too big for any worker", _o("mad", 64, 1024, "web", deadline_ms=300)),
-    ("a region nobody serves", _o("syd", 1, 512, "web")),
-    ("picky buyer: min_score 0.99", _o("fra", 1, 512, "web", min_score=0.99, deadline_ms=300)),
-]
+def script(run_id: str) -> list[tuple[str, PlaceOrder]]:
+    """The scripted orders of one demo run (``run_id`` keeps its retry id its own)."""
+    retry = f"demo-retry-{run_id}"
+
+    def o(region: str, cpus: int, mem: int, image: str, **kw: Any) -> PlaceOrder:
+        return _o(region, cpus, mem, image, run_id, **kw)
+
+    return [
+        ("web: the worker with the image cached wins", o("mad", 2, 2048, "web")),
+        ("api: only mad-1 has it cached", o("mad", 2, 2048, "api")),
+        ("ml job: needs the gpu=a100 label", o("mad", 8, 32768, "ml", constraints={"gpu": "a100"})),
+        ("db on ssd only, in fra", o("fra", 4, 8192, "db", constraints={"disk": "ssd"})),
+        ("binpack region: 1st", o("sjc", 2, 1024, "web")),
+        ("binpack region: 2nd packs the same worker", o("sjc", 2, 1024, "web")),
+        ("idempotent: order demo-retry", o("fra", 1, 512, "web", order_id=retry)),
+        ("idempotent: demo-retry again", o("fra", 1, 512, "web", order_id=retry)),
+        ("too big for any worker", o("mad", 64, 1024, "web", deadline_ms=300)),
+        ("a region nobody serves", o("syd", 1, 512, "web")),
+        ("picky buyer: min_score 0.99", o("fra", 1, 512, "web", min_score=0.99, deadline_ms=300)),
+    ]
 
 
 @dataclass
@@ -134,18 +150,22 @@ class BurstReport:
     p99_ms: float
 
 
-async def run_script(client: BourseClient) -> list[tuple[str, Placed | Unfilled]]:
-    return [(name, await client.place(order)) for name, order in SCRIPT]
+async def run_script(client: BourseClient, run_id: str) -> list[tuple[str, Placed | Unfilled]]:
+    return [(name, await client.place(order)) for name, order in script(run_id)]
 
 
-async def run_burst(client: BourseClient, n: int = 200) -> BurstReport:
-    """n small orders at once, spread over the three regions. Latency is of placed orders."""
+async def run_burst(
+    client: BourseClient, run_id: str, placed: list[str], n: int = 200
+) -> BurstReport:
+    """n small orders at once, spread over the three regions; the ids of the machines placed
+    go into ``placed``. Latency is of placed orders."""
     regions = list(DEMO_FLEET)
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
 
     async def one(i: int) -> Placed | Unfilled:
         t = time.perf_counter()
-        r = await client.place(_o(regions[i % len(regions)], 1, 256, "web", deadline_ms=2000))
+        region = regions[i % len(regions)]
+        r = await client.place(_o(region, 1, 256, "web", run_id, deadline_ms=2000))
         if isinstance(r, Placed):  # unfilled ones wait out the quiet window by design
             hist.record_value(max(1, int((time.perf_counter() - t) * 1e6)))
         return r
@@ -153,6 +173,7 @@ async def run_burst(client: BourseClient, n: int = 200) -> BurstReport:
     t0 = time.perf_counter()
     results = await asyncio.gather(*(one(i) for i in range(n)))
     seconds = time.perf_counter() - t0
+    placed.extend(r.machine_id for r in results if isinstance(r, Placed))
     unfilled: dict[str, int] = {}
     for r in results:
         if isinstance(r, Unfilled):
@@ -165,3 +186,27 @@ async def run_burst(client: BourseClient, n: int = 200) -> BurstReport:
         p50_ms=hist.get_value_at_percentile(50) / 1000,
         p99_ms=hist.get_value_at_percentile(99) / 1000,
     )
+
+
+@dataclass
+class Cleanup:
+    placed: int
+    destroyed: int
+    failed: dict[str, str]  # machine id -> why it could not be destroyed
+
+
+async def clean_up(client: BourseClient, machine_ids: list[str]) -> Cleanup:
+    """Destroy the machines the demo placed (each once: a retry shares its machine)."""
+    ids = list(dict.fromkeys(machine_ids))
+    failed: dict[str, str] = {}
+    limit = asyncio.Semaphore(32)
+
+    async def destroy(machine_id: str) -> None:
+        async with limit:
+            try:
+                await client.machine("destroy", machine_id)
+            except Exception as exc:  # one line per machine left behind, the rest go on
+                failed[machine_id] = str(exc) or type(exc).__name__
+
+    await asyncio.gather(*(destroy(m) for m in ids))
+    return Cleanup(placed=len(ids), destroyed=len(ids) - len(failed), failed=failed)

@@ -6,6 +6,14 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import anyio
+
+from bourse.client import BourseClient
+from bourse.wire.messages import Machine, Placed
+from ops.demo import DEMO_FLEET
+from tests.market import Market, order, worker
 
 
 def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> None:
@@ -48,3 +56,50 @@ def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> Non
     # Processes stopped cleanly and their logs and state were kept in --data-dir.
     assert "supplier_stopped" in (tmp_path / "logs" / "supplier-mad.log").read_text()
     assert (tmp_path / "data" / "mad" / "supplier.db").exists()
+
+
+def _demo_on(url: str, *extra: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "demo", "--json", "--burst", "12", "--nats", url, *extra],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert out.returncode == 0, out.stderr
+    report: dict[str, Any] = json.loads(out.stdout)
+    return report
+
+
+async def _live(client: BourseClient, worker_ids: list[str]) -> list[Machine]:
+    machines = []
+    for worker_id in worker_ids:
+        machines += (await client.machines(worker_id)).machines
+    return [m for m in machines if m.state != "destroyed"]
+
+
+async def test_demo_on_a_users_market_leaves_it_as_it_was(market: Market) -> None:
+    """On a market given with --nats, the demo destroys what it placed (its app's machines),
+    unless --keep; the user's own machines are untouched either way."""
+    workers = [w["worker_id"] for ws in DEMO_FLEET.values() for w in ws]
+    for region, ws in DEMO_FLEET.items():
+        await market.host(*(worker(str(w["worker_id"]), region, 64, 262144) for w in ws))
+    await market.exchange()
+    client = await market.client()
+    mine = await client.place(order(region="fra"))  # the user's own machine
+    assert isinstance(mine, Placed)
+
+    report = await anyio.to_thread.run_sync(
+        _demo_on, market.url, "--prefix", market.subjects.prefix
+    )
+    cleanup = report["cleanup"]
+    assert cleanup["placed"] >= 12 and cleanup["destroyed"] == cleanup["placed"]
+    assert [m.machine_id for m in await _live(client, workers)] == [mine.machine_id]
+
+    kept = await anyio.to_thread.run_sync(
+        _demo_on, market.url, "--prefix", market.subjects.prefix, "--keep"
+    )
+    assert kept["cleanup"] is None
+    live = await _live(client, workers)
+    demo = [m for m in live if m.metadata.get("app") == "bourse-demo"]
+    assert len(demo) >= 12 and len(live) == len(demo) + 1
