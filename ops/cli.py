@@ -28,7 +28,7 @@ from bourse.client import BourseClient, render
 from bourse.nats.connection import connect, split_urls
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.runtime import logs
-from bourse.runtime.cli import NatsOpt, PrefixOpt, cli_main, fail
+from bourse.runtime.cli import PrefixOpt, cli_main, fail
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.runtime.metrics import (
     DEFAULT_PORT,
@@ -57,10 +57,23 @@ def _callback() -> None:
 
 app.command("nats-config")(nats_config)
 
+# `demo` and `up` start their own market unless told otherwise: their --nats reads no
+# environment variable, so an exported BOURSE_NATS_URL (as the walk-through has a person do)
+# never silently points them at another market.
+OwnMarketNatsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nats",
+        help="Use this NATS server (repeat, or comma-separate, for a cluster) instead of "
+        "starting one; BOURSE_NATS_URL is not read here.",
+        show_default=False,
+    ),
+]
+
 
 @app.command()
 def demo(
-    nats: NatsOpt = None,
+    nats: OwnMarketNatsOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     data_dir: Annotated[
         Path | None,
@@ -82,7 +95,7 @@ def demo(
     logs.configure("warning")
     keep = data_dir is not None
     root = data_dir or Path(tempfile.mkdtemp(prefix="bourse-demo-"))
-    urls = split_urls(nats)
+    urls = split_urls(nats, from_env=False)
     tidy = bool(urls) and not keep_machines  # the user's market: leave it as it was
     try:
         run(lambda: _demo(urls, Subjects(prefix), root, burst, json, keep, tidy))
@@ -135,7 +148,7 @@ def loadtest(
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
-    nats: NatsOpt = None,
+    nats: OwnMarketNatsOpt = None,
     supplier_nats: Annotated[
         list[str] | None,
         typer.Option(
@@ -198,7 +211,7 @@ def loadtest(
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
-    if supplier_nats and not split_urls(nats):
+    if supplier_nats and not split_urls(nats, from_env=False):
         fail("--supplier-nats needs --nats: the generator and exchanges' cluster")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
@@ -217,7 +230,7 @@ def loadtest(
         lambda: run_loadtest(
             profile,
             target,
-            split_urls(nats),
+            split_urls(nats, from_env=False),
             ceiling=ceiling,
             oracle=oracle,
             console=console,
@@ -385,7 +398,7 @@ async def _demo(
 
 @app.command()
 def up(
-    nats: NatsOpt = None,
+    nats: OwnMarketNatsOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     data_dir: Annotated[
         Path, typer.Option(help="State and logs; a second `up` resumes from it.")
@@ -406,7 +419,13 @@ def up(
     try:
         metrics_at = parse_addr(metrics_addr)
         with lock_state_dir(data_dir):  # one `up` per state directory
-            run(lambda: _up(split_urls(nats), Subjects(prefix), data_dir, port, metrics_at))
+            run(
+                lambda: _up(
+                    split_urls(nats, from_env=False), Subjects(prefix), data_dir, port, metrics_at
+                )
+            )
+    except typer.Exit:
+        raise  # a RuntimeError too, already reported on its one line
     except (NatsServerError, RuntimeError, MetricsAddrError, StateDirBusy) as exc:
         fail(str(exc))
 
@@ -427,6 +446,8 @@ async def _up(
         server = EmbeddedNats(workdir=root / "nats", port=port, tie_to_parent=True).start()
         urls = [server.url]
         say(f"embedded nats-server on {server.url} (log: {server.log_path})")
+    else:
+        say(f"using the NATS server at {', '.join(urls)} (--nats)")
     programs: list[Program] = []
     try:
         programs = await _start_market(urls, subjects, root, say, metrics_at)

@@ -56,10 +56,11 @@ CLOSE_AFTER_FAILURE_S = 1.0
 DRAIN_S = 1.0
 
 
-def split_urls(urls: list[str] | str | None) -> list[str]:
-    """``["a,b", "c"]`` → ``["a", "b", "c"]``; falls back to $BOURSE_NATS_URL."""
+def split_urls(urls: list[str] | str | None, from_env: bool = True) -> list[str]:
+    """``["a,b", "c"]`` → ``["a", "b", "c"]``; falls back to $BOURSE_NATS_URL unless
+    ``from_env`` is false (commands that start their own server when given none)."""
     if not urls:
-        urls = os.environ.get(ENV_URL, "")
+        urls = os.environ.get(ENV_URL, "") if from_env else ""
     if isinstance(urls, str):
         urls = [urls]
     return [u.strip() for part in urls for u in part.split(",") if u.strip()]

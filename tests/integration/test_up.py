@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
-from bourse.runtime.launcher import Program, start_program
+from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
 from tests.market import order, wait_until
 
@@ -53,3 +56,39 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         await nc.close()
     finally:
         assert await up.stop() == 0
+
+
+def test_up_with_its_port_busy_says_so_in_one_line(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        out = subprocess.run(
+            [sys.executable, "-m", "ops.cli", "up", "--port", str(port), "--data-dir", "up"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert (out.returncode, out.stderr) == (
+        1,
+        f"error: port {port} is in use: pass --port -1 for a free one, or --nats URL\n",
+    )
+
+
+async def test_up_never_picks_up_bourse_nats_url(tmp_path: Path) -> None:
+    """The walk-through exports BOURSE_NATS_URL; a later `up` still starts its own server
+    instead of joining whatever that variable names (here: nothing listens there)."""
+    dead = "nats://127.0.0.1:1"
+    up = await start_program(
+        "ops.cli",
+        *("up", "--port", "-1", "--data-dir", str(tmp_path / "up")),
+        log_path=tmp_path / "up.log",
+        ready="BOURSE_NATS_URL=",
+        env={"BOURSE_NATS_URL": dead},
+    )
+    try:
+        assert up.ready_line.split("=", 1)[1] != dead
+    finally:
+        await stop_all([up])
