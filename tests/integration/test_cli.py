@@ -251,8 +251,13 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
             await asyncio.sleep(0.05)  # the pace of the actions, not a synchronisation
 
     actor = asyncio.create_task(place_until_seen())
-    out, _ = await asyncio.wait_for(proc.communicate(), 30)
-    actor.cancel()
+    try:
+        out, _ = await asyncio.wait_for(proc.communicate(), 30)
+    finally:
+        actor.cancel()
+        if proc.returncode is None:  # a failed wait leaves no watcher behind
+            proc.kill()
+            await proc.wait()
     seen = [json.loads(line) for line in out.decode().splitlines()]
     assert proc.returncode == 0 and len(seen) == 2
     assert all(e["type"] == "Event" and e["worker_id"] == "mad-1" for e in seen)
