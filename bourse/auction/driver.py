@@ -19,12 +19,23 @@ from collections.abc import Callable
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from ulid import ULID
 
+from bourse.auction.claims import (
+    Adopt,
+    Claim,
+    ClaimStore,
+    Conflict,
+    TakeOver,
+    Wait,
+    decide,
+    fingerprint,
+)
 from bourse.auction.core import (
     Auction,
     AuctionConfig,
@@ -124,8 +135,15 @@ class Auctioneer:
         subjects: Subjects | None = None,
         config: AuctionConfig | None = None,
         trust: TrustStore | None = None,
+        claims: bool = True,
     ) -> None:
         self.nc = nc
+        # Order claims in JetStream KV (bourse/auction/claims.py): on when the server has
+        # JetStream, found out at the first order; False: never (per-process dedup only).
+        self.use_claims = claims
+        self._claim_store: ClaimStore | None = None
+        self._claims_checked = False
+        self._claims_lock = asyncio.Lock()
         self.trust = trust
         # Offers dropped by the signature check, by reason (bourse/wire/signing.py).
         self.unverified: Counter[str] = Counter()
@@ -156,7 +174,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run(order, spent_ms)
+            result = await self._run_claimed(order, spent_ms)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -184,10 +202,104 @@ class Auctioneer:
             await self._sub.unsubscribe()
             self._sub = None
 
-    async def _run(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+    async def claims(self) -> ClaimStore | None:
+        """The claims bucket, opened at the first call (None: no JetStream, or off)."""
+        if not self._claims_checked:
+            async with self._claims_lock:
+                if not self._claims_checked and self.use_claims and self.nc.is_connected:
+                    self._claim_store = await ClaimStore.open(self.nc, self.subjects)
+                    if self._claim_store is None:
+                        log.warning(
+                            "order_claims_off",
+                            detail="no JetStream: duplicates of one order id in different "
+                            "processes are not deduplicated (docs/protocol.md §8)",
+                        )
+                    self._claims_checked = True
+                elif not self.use_claims:
+                    self._claims_checked = True
+        return self._claim_store
+
+    async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+        """The auction under the order id's claim (docs/protocol.md §5.3b): adopt a placed
+        machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
-        auction_id = str(ULID())
+        store = await self.claims()
+        if store is None:
+            return await self._run(order, spent_ms)
+        t0 = time.monotonic()
+        deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
+        fp = fingerprint(order)
+        grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
+        olog = log.bind(order_id=order.order_id, region=order.region)
+        try:
+            while True:
+                claim, revision = await store.get(order.order_id)
+                now = time.monotonic()
+                spent = spent_ms + (now - t0) * 1000.0
+                d = decide(claim, order, fp, _wall_ms())
+                if isinstance(d, Adopt):
+                    olog.info("order_adopted", machine_id=d.placed.machine_id)
+                    return msgspec.structs.replace(
+                        d.placed, existing=True, elapsed_ms=round(spent, 3)
+                    )
+                if isinstance(d, Conflict):
+                    raise ConflictingOrder(d.detail)
+                if isinstance(d, Wait):
+                    if now >= deadline:
+                        return _unfilled_waiting(order, spent)
+                    until = min(deadline, now + (d.until_ms - _wall_ms()) / 1000.0)
+                    await store.changed(order.order_id, revision, until - now)
+                    continue
+                auction_id = str(ULID())
+                left_ms = (deadline - now) * 1000.0
+                mine = Claim(
+                    state="auctioning",
+                    auction_id=auction_id,
+                    fingerprint=fp,
+                    until_ms=_wall_ms() + int(left_ms) + grace_ms,
+                )
+                held = await store.put(order.order_id, mine, revision)
+                if held is None:
+                    continue  # another process claimed it first: look again
+                # A fresh claim means no machine exists for this id (within the window): no
+                # retry gathering. A taken-over one may have a machine: gather as a retry.
+                run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
+                if isinstance(d, TakeOver):
+                    olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
+                result = await self._run(run, spent, auction_id)
+                await self._settle(store, order, mine, held, result, olog)
+                return result
+        except _KV_ERRORS as exc:
+            olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
+            return await self._run(order, spent_ms + (time.monotonic() - t0) * 1000.0)
+
+    @staticmethod
+    async def _settle(
+        store: ClaimStore,
+        order: PlaceOrder,
+        mine: Claim,
+        revision: int,
+        result: Placed | Unfilled,
+        olog: BoundLogger,
+    ) -> None:
+        """Record the outcome in the claim: placed (a retry adopts it), or removed."""
+        try:
+            if isinstance(result, Placed):
+                placed = msgspec.structs.replace(mine, state="placed", placed=result)
+                if await store.put(order.order_id, placed, revision) is None:
+                    olog.warning("order_claim_lost", machine_id=result.machine_id)
+            else:
+                await store.remove(order.order_id, revision)
+        except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it
+            olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
+
+    async def _run(
+        self, order: PlaceOrder, spent_ms: float, auction_id: str | None = None
+    ) -> Placed | Unfilled:
+        if not self.nc.is_connected:
+            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+        auction_id = auction_id or str(ULID())
         check = self.trust.check if self.trust is not None else None
         core = Auction(
             order,
@@ -273,3 +385,25 @@ class Auctioneer:
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
             log.warning("release_failed", order_id=order.order_id, error=repr(exc))
+
+
+# A KV request that failed (timeout, no JetStream responder, an API error): the order is
+# placed without its claim (logged), as on a server without JetStream.
+_KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _unfilled_waiting(order: PlaceOrder, spent_ms: float) -> Unfilled:
+    return Unfilled(
+        order_id=order.order_id,
+        region=order.region,
+        reason="deadline",
+        offers=0,
+        commits_tried=0,
+        elapsed_ms=round(spent_ms, 3),
+        detail=f"order id {order.order_id!r} is being placed by another auction, which did "
+        "not finish by this order's deadline; ask again for its outcome",
+    )

@@ -145,6 +145,7 @@ class BourseClient:
         direct: bool = False,
         auction: AuctionConfig | None = None,
         admission: ConcurrencyLimit | None = None,
+        claims: bool = True,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -153,7 +154,9 @@ class BourseClient:
         # placing thousands of orders a second wants it; one CLI order does not).
         self.admission = admission
         # Direct mode: the same broker (admission + auction) the exchange runs.
-        self._broker = Broker(Auctioneer(nc, self.subjects, auction), admission) if direct else None
+        # ``claims``: order claims in JetStream KV where the server has it (§5.3b).
+        auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims) if direct else None
+        self._broker = Broker(auctioneer, admission) if auctioneer is not None else None
 
     async def close(self) -> None:
         if self._broker is not None:

@@ -3,7 +3,11 @@ later than a fresh offer from another worker (a busy process); a retry still get
 machine back, while a first attempt commits the first offer (the race the flag closes).
 
 The two "workers" are hand-written responders on the real nats-server, so the order of
-their answers is exact rather than left to scheduling."""
+their answers is exact rather than left to scheduling.
+
+This is the path without order claims (a server without JetStream, or a machine placed
+before its claim existed): with claims, a retry of a placed order adopts the claim's
+machine at once (tests/integration/test_claims.py)."""
 
 from __future__ import annotations
 
@@ -62,7 +66,7 @@ async def _run(
         await nc.subscribe(subjects.bid("mad"), cb=owner)
         await nc.subscribe(subjects.commit("b"), cb=commit_b)
         await nc.flush()
-        client = BourseClient(nc, subjects, direct=True)
+        client = BourseClient(nc, subjects, direct=True, claims=False)
         order = PlaceOrder(
             order_id="o-retry", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
         )
