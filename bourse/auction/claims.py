@@ -188,10 +188,11 @@ class ClaimStore:
         """The claim and its revision (None, last revision when absent or deleted)."""
         try:
             entry = await self.kv.get(key_of(order_id))
-        except nats.js.errors.KeyDeletedError as exc:
-            return None, exc.entry.revision if exc.entry and exc.entry.revision else 0
-        except nats.js.errors.KeyNotFoundError:
-            return None, 0
+        except nats.js.errors.KeyNotFoundError as exc:
+            # a deleted key (nats-py raises not-found with the delete marker's entry): the
+            # next write must name the marker's revision
+            marker = exc.entry.revision if exc.entry is not None else None
+            return None, marker or 0
         if entry.value is None or entry.revision is None:
             return None, entry.revision or 0
         return _decoder.decode(entry.value), entry.revision

@@ -238,6 +238,8 @@ class Auctioneer:
                 now = time.monotonic()
                 spent = spent_ms + (now - t0) * 1000.0
                 d = decide(claim, order, fp, _wall_ms())
+                if now >= deadline and not isinstance(d, Adopt | Conflict):
+                    return _unfilled_waiting(order, spent)  # lost every race to the claim
                 if isinstance(d, Adopt):
                     olog.info("order_adopted", machine_id=d.placed.machine_id)
                     return msgspec.structs.replace(
@@ -246,8 +248,6 @@ class Auctioneer:
                 if isinstance(d, Conflict):
                     raise ConflictingOrder(d.detail)
                 if isinstance(d, Wait):
-                    if now >= deadline:
-                        return _unfilled_waiting(order, spent)
                     until = min(deadline, now + (d.until_ms - _wall_ms()) / 1000.0)
                     await store.changed(order.order_id, revision, until - now)
                     continue

@@ -1,0 +1,101 @@
+"""The pure part of order claims: what an auction does about the claim it finds."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from bourse.auction.claims import (
+    TAKEOVER_SLACK_MS,
+    Adopt,
+    Claim,
+    ClaimDecision,
+    ClaimState,
+    Conflict,
+    Create,
+    TakeOver,
+    Wait,
+    bucket_name,
+    decide,
+    fingerprint,
+    key_of,
+)
+from bourse.wire.messages import Placed, PlaceOrder, Resources
+
+ORDER = PlaceOrder(
+    order_id="o-1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
+)
+FP = fingerprint(ORDER)
+PLACED = Placed(
+    order_id="o-1",
+    machine_id="a~M1",
+    worker_id="a",
+    region="mad",
+    score=0.5,
+    image_cached=True,
+    elapsed_ms=3.0,
+)
+NOW = 1_000_000
+
+
+def claim(state: ClaimState = "auctioning", fp: str = FP, until: int = NOW + 500) -> Claim:
+    placed = PLACED if state == "placed" else None
+    return Claim(state=state, auction_id="A", fingerprint=fp, until_ms=until, placed=placed)
+
+
+@pytest.mark.parametrize(
+    ("found", "now", "expected"),
+    [
+        pytest.param(None, NOW, Create(), id="no claim: create it and run"),
+        pytest.param(claim("placed"), NOW, Adopt(PLACED), id="placed: its machine at once"),
+        pytest.param(
+            claim("placed", until=NOW - 10**6), NOW, Adopt(PLACED), id="placed never expires here"
+        ),
+        pytest.param(
+            claim(), NOW, Wait(NOW + 500 + TAKEOVER_SLACK_MS), id="live auction: wait for it"
+        ),
+        pytest.param(
+            claim(until=NOW - TAKEOVER_SLACK_MS + 1),
+            NOW,
+            Wait(NOW + 1),
+            id="just past its end: the owner may be writing, wait the slack",
+        ),
+        pytest.param(
+            claim(until=NOW - TAKEOVER_SLACK_MS), NOW, TakeOver(), id="past end+slack: take over"
+        ),
+    ],
+)
+def test_decide(found: Claim | None, now: int, expected: ClaimDecision) -> None:
+    assert decide(found, ORDER, FP, now) == expected
+
+
+@pytest.mark.parametrize("state", ["auctioning", "placed"])
+def test_a_different_order_under_the_same_id_is_a_conflict(state: ClaimState) -> None:
+    other = msgspec.structs.replace(ORDER, image="api")
+    d = decide(claim(state), other, fingerprint(other), NOW)
+    assert isinstance(d, Conflict)
+    assert "order id 'o-1'" in d.detail and "different order" in d.detail
+
+
+@pytest.mark.parametrize(
+    ("change", "same"),
+    [
+        ({"retry": True}, True),
+        ({"deadline_ms": 3000}, True),
+        ({"min_score": 0.5}, True),
+        ({"exclude_workers": ["a"]}, True),  # I3 outranks exclude_workers
+        ({"image": "api"}, False),
+        ({"region": "fra"}, False),
+        ({"resources": Resources(cpus=2, memory_mb=64)}, False),
+        ({"constraints": {"disk": "ssd"}}, False),
+        ({"metadata": {"app": "x"}}, False),
+    ],
+)
+def test_the_fingerprint_is_what_is_placed(change: dict[str, object], same: bool) -> None:
+    assert (fingerprint(msgspec.structs.replace(ORDER, **change)) == FP) is same
+
+
+def test_names() -> None:
+    assert bucket_name("bourse") == "BOURSE_ORDERS"
+    assert bucket_name("t.x") == "T_X_ORDERS"
+    assert key_of("ns:order-1.a") == "ns=order-1.a"  # ':' is not a KV key character
