@@ -94,6 +94,10 @@ class CommitDesk:
         self.writing: dict[str, asyncio.Future[CommitReply]] = {}
         # orders whose commit under way is undone once written (abort_commit came meanwhile)
         self.aborts: set[str] = set()
+        # orders whose machine was handed to someone beyond the auction that committed it (a
+        # duplicate commit, an existing-machine offer): an abort never takes it back, since
+        # a buyer may hold its Placed (docs/protocol.md §6.6)
+        self.given: set[str] = set()
         self.log = log.bind(worker_id=worker_id, region=region)
 
     # -- commit -------------------------------------------------------------------------------
@@ -107,9 +111,11 @@ class CommitDesk:
             )
         mid = self.keeper.by_order.get(c.order_id)
         if mid is not None:
+            self.give(c.order_id)
             return self._placed(self.keeper.by_id[mid], t0, existing=True)
         pending = self.writing.get(c.order_id)
         if pending is not None:
+            self.give(c.order_id)  # this duplicate gets the same Placed
             # shield: a duplicate that is cancelled must not cancel the write it waits for
             return await asyncio.shield(pending)
         reason = self.drain_reason()
@@ -144,7 +150,7 @@ class CommitDesk:
             fut.set_result(result)
         finally:
             del self.writing[c.order_id]
-            aborted = c.order_id in self.aborts
+            aborted = c.order_id in self.aborts and c.order_id not in self.given
             self.aborts.discard(c.order_id)
             if not fut.done():  # cancelled mid-write (shutdown): waiters must not hang
                 fut.cancel()
@@ -214,6 +220,11 @@ class CommitDesk:
         return Rejected(order_id=c.order_id, worker_id=self.worker_id, reason=reason, detail=detail)
 
     # -- abort --------------------------------------------------------------------------------
+    def give(self, order_id: str) -> None:
+        """The order's machine was (or is being) handed to another auction than the one that
+        committed it: from now on no abort undoes it."""
+        self.given.add(order_id)
+
     def abort(self, order_id: str) -> bool:
         """``Release.abort_commit``: the auction gave up waiting for this order's commit.
         True when there was a commit to undo (under way: undone once written; written and
@@ -225,5 +236,8 @@ class CommitDesk:
         mid = self.keeper.by_order.get(order_id)
         if mid is None or self.keeper.by_id[mid].state != "reserved":
             return False
+        if order_id in self.given:
+            self.log.warning("abort_refused", order_id=order_id, machine_id=mid)
+            return True  # the commit stands: nothing to undo, nothing to release either
         self.keeper.spawn(self.keeper.abort(self.keeper.by_id[mid]))
         return True

@@ -337,6 +337,9 @@ class SupplierHost:
         if asked is None:
             asked = self.asked[key] = (now, [])
         asked[1].extend(r.worker for r in ans.replies)
+        for r in ans.replies:
+            if isinstance(r.reply, Offer) and r.reply.machine_id:  # handed to this auction
+                r.worker.commits.give(r.reply.order_id)
         self._send(ans.replies, now)
 
     def _freed(self, w: Worker) -> None:

@@ -13,7 +13,9 @@ itself. So a duplicate on any exchange, a direct-mode buyer or a retry finds the
 - is refused (``ConflictingOrder``) when the claim is for a different order under the same
   id (the id is an idempotency key).
 
-A claim of an unfilled order is deleted; a placed one lives for the bucket's age limit, the
+A claim of an unfilled order is deleted, unless a commit was tried (a worker may then hold
+a machine whose abort was lost: the claim stays, and the next attempt takes it over as a
+retry and adopts that machine); a placed one lives for the bucket's age limit, the
 documented idempotency window (docs/protocol.md §5.3b). Without JetStream there are no
 claims and duplicates are deduplicated as before (per process, and by the workers).
 

@@ -289,8 +289,11 @@ class Auctioneer:
                 placed = msgspec.structs.replace(mine, state="placed", placed=result)
                 if await store.put(order.order_id, placed, revision) is None:
                     olog.warning("order_claim_lost", machine_id=result.machine_id)
-            else:
+            elif result.commits_tried == 0:
                 await store.remove(order.order_id, revision)
+            # else: a commit went out and was not placed; if it timed out, the worker may
+            # hold a machine whose abort is lost. The claim stays (its end is now): the next
+            # attempt takes it over and gathers as a retry, so it adopts such a machine.
         except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it
             olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
 

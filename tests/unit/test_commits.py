@@ -525,3 +525,65 @@ async def test_an_aborted_order_can_be_placed_again(
     again.recover()
     assert again.by_order == {"order-1": retry.machine_id}
     assert again.ledger.committed == (2, 2048, 0, 0)
+
+
+# -- a Placed is never taken back (§6.6): each interleaving, forced step by step -----------------
+
+
+async def _with_lifecycle(w: Worker, body: Callable[[], Awaitable[CommitReply]]) -> CommitReply:
+    async with anyio.create_task_group() as tasks:
+        await tasks.start(w.keeper.run)
+        try:
+            return await body()
+        finally:
+            await w.keeper.close()  # waits for any undo under way
+
+
+async def test_an_abort_during_a_write_a_duplicate_joined_undoes_nothing(
+    worker: Worker, store: Store
+) -> None:
+    """Commit A is being written; a duplicate commit B joins it (it will be told Placed);
+    then A's auction gives up: the machine B's buyer holds stays."""
+    hold(worker)
+
+    async def body() -> CommitReply:
+        first = asyncio.ensure_future(worker.commits.commit(commit()))
+        await asyncio.sleep(0)  # A's first step: the write is under way (FIFO loop order)
+        second = asyncio.ensure_future(worker.commits.commit(commit()))
+        await asyncio.sleep(0)  # B joined the write
+        worker.release("order-1", "auc-1", abort_commit=True)
+        a, b = await asyncio.gather(first, second)
+        assert b is a
+        return a
+
+    reply = await _with_lifecycle(worker, body)
+    assert isinstance(reply, Placed)
+    assert [m.state for m in worker.machines.values()] == ["reserved"]
+    assert worker.by_order == {"order-1": reply.machine_id}
+    assert [row[1] for row in store.oplog(WID)] == ["place"]
+
+
+@pytest.mark.parametrize("handed", ["duplicate commit", "existing-machine offer"])
+async def test_an_abort_after_the_machine_was_handed_on_undoes_nothing(
+    handed: str, worker: Worker, store: Store
+) -> None:
+    """Another auction got the written machine (a duplicate commit answered
+    Placed{existing}, or the host sent it as the order's existing-machine offer): its buyer
+    holds a Placed, so the first auction's abort leaves the machine."""
+    hold(worker)
+
+    async def body() -> CommitReply:
+        first = await worker.commits.commit(commit())
+        if handed == "duplicate commit":
+            again = await worker.commits.commit(commit())
+            assert isinstance(again, Placed) and again.existing
+        else:
+            worker.commits.give("order-1")  # what SupplierHost does as it sends that offer
+        worker.release("order-1", "auc-1", abort_commit=True)
+        return first
+
+    reply = await _with_lifecycle(worker, body)
+    assert isinstance(reply, Placed)
+    assert [m.state for m in worker.machines.values()] == ["reserved"]
+    assert [row[1] for row in store.oplog(WID)] == ["place"]
+    assert worker.ledger.held == ZERO  # the abort released nothing it should not have
