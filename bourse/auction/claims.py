@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import re
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -40,7 +39,7 @@ from nats.aio.client import Client as NATS
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
-from bourse.nats.jetstream import jetstream_available
+from bourse.nats.jetstream import claims_bucket_name, jetstream_available
 from bourse.wire.codec import encode
 from bourse.wire.messages import Placed, PlaceOrder
 from bourse.wire.subjects import Subjects
@@ -77,11 +76,6 @@ def fingerprint(order: PlaceOrder) -> str:
     still gets that machine (I3 outranks exclude_workers, as without claims)."""
     what = (order.region, order.resources, order.image, order.constraints, order.metadata)
     return hashlib.blake2b(msgspec.json.encode(what), digest_size=12).hexdigest()
-
-
-def bucket_name(prefix: str) -> str:
-    """The claims bucket of a subject prefix: ``bourse`` -> ``BOURSE_ORDERS``."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper() + "_ORDERS"
 
 
 def key_of(order_id: str) -> str:
@@ -165,7 +159,7 @@ class ClaimStore:
         server has no JetStream or refuses the bucket (then there are no claims)."""
         if not await jetstream_available(nc):
             return None
-        name = bucket_name(subjects.prefix)
+        name = claims_bucket_name(subjects.prefix)
         js = nc.jetstream(timeout=KV_TIMEOUT_S)
         try:
             try:

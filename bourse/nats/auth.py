@@ -34,7 +34,7 @@ from typing import Any
 
 import nkeys
 
-from bourse.nats.jetstream import stream_name
+from bourse.nats.jetstream import claims_bucket_name, stream_name
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 
 ROLE_BUYER = "buyer"
@@ -138,6 +138,28 @@ def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
     return (*api, f"$JS.API.CONSUMER.CREATE.{stream}", *consumers, f"$JS.FC.{stream}.>")
 
 
+def _claims_api(s: Subjects) -> tuple[str, ...]:
+    """The order-claims bucket (docs/protocol.md §5.3b), for whoever runs auctions (the
+    exchange, a direct-mode buyer): detect JetStream, create or look up the bucket, read a
+    claim (direct or stream get), write one (``$KV.<bucket>.<key>``), and watch one (an
+    ordered consumer and its flow control)."""
+    bucket = claims_bucket_name(s.prefix)
+    stream = f"KV_{bucket}"
+    return (
+        "$JS.API.INFO",
+        f"$JS.API.STREAM.INFO.{stream}",
+        f"$JS.API.STREAM.CREATE.{stream}",
+        f"$JS.API.DIRECT.GET.{stream}.>",
+        f"$JS.API.STREAM.MSG.GET.{stream}",
+        f"$KV.{bucket}.>",
+        f"$JS.API.CONSUMER.CREATE.{stream}",
+        f"$JS.API.CONSUMER.CREATE.{stream}.>",
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.FC.{stream}.>",
+    )
+
+
 def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     return Permissions(
         publish=(
@@ -146,6 +168,7 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.status("*"),
             s.explain("*"),
             *_event_stream_api(s, manage=False),
+            *_claims_api(s)[1:],  # direct mode ($JS.API.INFO is in the events' list)
         ),
         subscribe=(s.events(), f"{inbox}.>"),
     )
@@ -159,6 +182,7 @@ def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
             s.commit("*"),
             s.release("*"),
             s.worker_machine("*", "*"),
+            *_claims_api(s),
         ),
         subscribe=(
             f"{s.order_all} {EXCHANGE_QUEUE}",

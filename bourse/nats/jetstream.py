@@ -44,6 +44,12 @@ def stream_name(prefix: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper() + "_EVENTS"
 
 
+def claims_bucket_name(prefix: str) -> str:
+    """The order-claims KV bucket of a subject prefix (bourse/auction/claims.py):
+    ``bourse`` -> ``BOURSE_ORDERS``, whose stream is ``KV_BOURSE_ORDERS``."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper() + "_ORDERS"
+
+
 @dataclass(frozen=True, slots=True)
 class EventStream:
     """The event stream's name, subjects and limits."""

@@ -15,11 +15,11 @@ from bourse.auction.claims import (
     Create,
     TakeOver,
     Wait,
-    bucket_name,
     decide,
     fingerprint,
     key_of,
 )
+from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.messages import Placed, PlaceOrder, Resources
 
 ORDER = PlaceOrder(
@@ -96,6 +96,6 @@ def test_the_fingerprint_is_what_is_placed(change: dict[str, object], same: bool
 
 
 def test_names() -> None:
-    assert bucket_name("bourse") == "BOURSE_ORDERS"
-    assert bucket_name("t.x") == "T_X_ORDERS"
+    assert claims_bucket_name("bourse") == "BOURSE_ORDERS"
+    assert claims_bucket_name("t.x") == "T_X_ORDERS"
     assert key_of("ns:order-1.a") == "ns=order-1.a"  # ':' is not a KV key character

@@ -1,0 +1,62 @@
+"""Order claims under the generated permissions (`bourse auth init`), on a server with
+JetStream: the exchange and a direct-mode buyer each open the claims bucket and create,
+read, watch, update and remove a claim without a permission violation; a supplier, which
+runs no auction, cannot write one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from bourse.auction.claims import Claim, ClaimStore
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.subjects import Subjects
+from tests.security.conftest import PREFIX, AuthFiles, Secured
+
+
+@pytest.fixture
+async def secured_js(auth_files: AuthFiles, tmp_path: Path):  # type: ignore[no-untyped-def]  # an async generator fixture
+    srv = EmbeddedNats(
+        workdir=tmp_path / "nats-js", config=auth_files.server_conf, jetstream=True
+    ).start()
+    s = Secured(srv, auth_files, Subjects(PREFIX))
+    try:
+        yield s
+    finally:
+        for nc in s.conns:
+            if not nc.is_closed:
+                await nc.close()
+        srv.stop()
+
+
+def claim(auction: str) -> Claim:
+    return Claim(state="auctioning", auction_id=auction, fingerprint="f", until_ms=1)
+
+
+@pytest.mark.parametrize("user", ["exchange", "buyer"])
+async def test_who_runs_auctions_can_use_the_claims(secured_js: Secured, user: str) -> None:
+    nc, violations = await secured_js.connect(user)
+    store = await ClaimStore.open(nc, secured_js.subjects)
+    assert store is not None, "the claims bucket could not be opened"
+    key = f"perm-{user}"
+    first = await store.put(key, claim("A"), 0)
+    assert first is not None
+    assert await store.put(key, claim("B"), 0) is None  # create-if-absent holds
+    assert (await store.get(key)) == (claim("A"), first)
+    moved = asyncio.ensure_future(store.changed(key, first, 5.0))
+    second = await store.put(key, claim("C"), first)
+    assert second is not None and await moved
+    await store.remove(key, second)
+    assert (await store.get(key))[0] is None
+    await nc.flush()
+    assert violations.none_yet(), await violations.next()
+
+
+async def test_a_supplier_cannot_write_a_claim(secured_js: Secured) -> None:
+    owner, _ = await secured_js.connect("exchange")
+    assert await ClaimStore.open(owner, secured_js.subjects) is not None  # the bucket exists
+    nc, violations = await secured_js.connect("supplier:mad-1")
+    await nc.publish(f"$KV.{PREFIX.upper()}_ORDERS.forged", b"{}")
+    assert "permissions violation" in await violations.next()
