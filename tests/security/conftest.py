@@ -76,6 +76,11 @@ class Secured:
     def creds(self, user: str) -> str:
         return str(self.files.seed_file(user))
 
+    async def close(self) -> None:
+        for nc in self.conns:
+            if not nc.is_closed:
+                await nc.close()
+
     async def connect(self, user: str, **kw: Any) -> tuple[NATS, Violations]:
         v = Violations()
         nc = await connect(
@@ -107,6 +112,4 @@ async def secured(secured_server: EmbeddedNats, auth_files: AuthFiles) -> AsyncI
     try:
         yield s
     finally:
-        for nc in s.conns:
-            if not nc.is_closed:
-                await nc.close()
+        await s.close()

@@ -25,9 +25,7 @@ async def secured_js(auth_files: AuthFiles, tmp_path: Path):  # type: ignore[no-
     try:
         yield s
     finally:
-        for nc in s.conns:
-            if not nc.is_closed:
-                await nc.close()
+        await s.close()
         srv.stop()
 
 
