@@ -6,6 +6,7 @@ runs no auction, cannot write one."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from tests.security.conftest import PREFIX, AuthFiles, Secured
 
 
 @pytest.fixture
-async def secured_js(auth_files: AuthFiles, tmp_path: Path):  # type: ignore[no-untyped-def]  # an async generator fixture
+async def secured_js(auth_files: AuthFiles, tmp_path: Path) -> AsyncIterator[Secured]:
     srv = EmbeddedNats(
         workdir=tmp_path / "nats-js", config=auth_files.server_conf, jetstream=True
     ).start()
