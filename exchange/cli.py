@@ -75,6 +75,14 @@ def serve(
         int, typer.Option(min=0, help="Sampled bidding: shards per region (0: broadcast).")
     ] = 0,
     bid_sample: Annotated[int, typer.Option(min=1, help="Shards a bid goes to first.")] = 2,
+    claims: Annotated[
+        bool,
+        typer.Option(
+            help="Order claims in JetStream KV: one machine per order id across every "
+            "exchange and direct buyer (docs/protocol.md §5.3b); on where the server has "
+            "JetStream. --no-claims: per-process deduplication only.",
+        ),
+    ] = True,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
     trust: Annotated[
         Path | None,
@@ -126,6 +134,7 @@ def serve(
                 trust=trust_store,
                 target_auction_ms=target_auction_ms,
                 metrics=metrics,
+                claims=claims,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""

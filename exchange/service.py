@@ -60,10 +60,11 @@ class ExchangeService:
         trust: TrustStore | None = None,
         target_auction_ms: float = DEFAULT_TARGET_MS,
         metrics: ExchangeMetrics | None = None,
+        claims: bool = True,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
-        self.auctioneer = Auctioneer(nc, self.subjects, auction, trust)
+        self.auctioneer = Auctioneer(nc, self.subjects, auction, trust, claims=claims)
         self.regions = regions or None
         self.max_order_backlog = max_order_backlog
         # How many auctions run at once: adaptive (exchange/admission.py), at most

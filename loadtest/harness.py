@@ -83,7 +83,9 @@ async def run_loadtest(
         market = BourseClient(nc, subjects)
         auction = AuctionConfig(bid_shards=profile.bid_shards, bid_sample=profile.bid_sample)
         limit = adaptive_limit(profile.exchange_max_inflight, profile.exchange_target_ms)
-        direct = BourseClient(nc, subjects, direct=True, auction=auction, admission=limit)
+        direct = BourseClient(
+            nc, subjects, direct=True, auction=auction, admission=limit, claims=profile.claims
+        )
         try:
             settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
             await _send(profile, orders, market, direct, m, sampler, console)

@@ -111,6 +111,7 @@ def exchange_args(profile: Profile, common: list[str]) -> list[str]:
         "--bid-sample", str(profile.bid_sample),
         "--max-inflight", str(profile.exchange_max_inflight),
         "--target-auction-ms", str(profile.exchange_target_ms),
+        "--claims" if profile.claims else "--no-claims",
     ]  # fmt: skip
 
 

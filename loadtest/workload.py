@@ -66,6 +66,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     quote_sample: int = DEFAULT_QUOTE_SAMPLE  # a big host prices a sample (candidates.py)
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
     exchange_target_ms: float = DEFAULT_TARGET_MS  # adaptive admission target (0: fixed)
+    claims: bool = True  # order claims in JetStream KV (exchanges and the direct generator)
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]

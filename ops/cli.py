@@ -145,6 +145,14 @@ def loadtest(
     max_inflight: Annotated[
         int | None, typer.Option(min=1, help="Auctions one exchange runs at once.")
     ] = None,
+    claims: Annotated[
+        bool | None,
+        typer.Option(
+            "--claims/--no-claims",
+            help="Order claims in JetStream KV in the exchanges and a direct generator.",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
@@ -205,7 +213,7 @@ def loadtest(
         "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
         "exchange_max_inflight": max_inflight, "max_offers": max_offers,
         "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
-        "direct": direct,
+        "direct": direct, "claims": claims,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)

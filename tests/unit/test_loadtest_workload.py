@@ -136,8 +136,13 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
         "--quote-sample": ("quote_sample", 5),
         "--target-auction-ms": ("exchange_target_ms", 12.5),
         "--direct": ("direct", True),
+        "--no-claims": ("claims", False),
     }
-    args = [a for flag, (_, v) in flags.items() for a in ((flag,) if v is True else (flag, str(v)))]
+    args = [
+        a
+        for flag, (_, v) in flags.items()
+        for a in ((flag,) if isinstance(v, bool) else (flag, str(v)))
+    ]
     result = CliRunner().invoke(bourse.app, ["loadtest", *args, "--json", "--out", str(tmp_path)])
     structlog.reset_defaults()
     assert result.exit_code == 0, result.output
