@@ -79,7 +79,7 @@ def serve(
         bool,
         typer.Option(
             help="Order claims in JetStream KV: one machine per order id across every "
-            "exchange and direct buyer (docs/protocol.md §5.3b); on where the server has "
+            "exchange and direct buyer (docs/protocol.md §5.3c); on where the server has "
             "JetStream. --no-claims: per-process deduplication only.",
         ),
     ] = True,

@@ -16,7 +16,7 @@ itself. So a duplicate on any exchange, a direct-mode buyer or a retry finds the
 A claim of an unfilled order is deleted, unless a commit was tried (a worker may then hold
 a machine whose abort was lost: the claim stays, and the next attempt takes it over as a
 retry and adopts that machine); a placed one lives for the bucket's age limit, the
-documented idempotency window (docs/protocol.md §5.3b). Without JetStream there are no
+documented idempotency window (docs/protocol.md §5.3c). Without JetStream there are no
 claims and duplicates are deduplicated as before (per process, and by the workers).
 
 ``decide`` is the pure part (a claim and the time in, what to do out); ``ClaimStore`` is the
@@ -48,7 +48,7 @@ log = structlog.get_logger("bourse.claims")
 
 # The idempotency window: how long a placed order's claim (and so Placed{existing} at once
 # for a retry) lives. Past it, a retry is deduplicated by the workers alone, as without
-# claims. Documented in docs/protocol.md §5.3b.
+# claims. Documented in docs/protocol.md §5.3c.
 DEFAULT_WINDOW_S = 24 * 3600.0
 # Past a running claim's end, how long a duplicate still waits before taking it over: the
 # owner may be writing its outcome right now.
@@ -171,7 +171,7 @@ class ClaimStore:
                     ttl=window_s,
                     storage=StorageType.FILE,
                     replicas=_replicas(nc),
-                    description="Bourse order claims (docs/protocol.md §5.3b)",
+                    description="Bourse order claims (docs/protocol.md §5.3c)",
                 )
                 kv = await js.create_key_value(config)
                 log.info("claims_bucket_created", bucket=name, replicas=config.replicas)

@@ -220,7 +220,7 @@ class Auctioneer:
         return self._claim_store
 
     async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
-        """The auction under the order id's claim (docs/protocol.md §5.3b): adopt a placed
+        """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
         machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
@@ -232,9 +232,16 @@ class Auctioneer:
         fp = fingerprint(order)
         grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
         olog = log.bind(order_id=order.order_id, region=order.region)
+        # Optimistic: most order ids are new, so try to create the claim before reading
+        # it (one KV round trip saved); a failed create reads the claim and decides.
+        claim: Claim | None = None
+        revision = 0
+        looked = False
         try:
             while True:
-                claim, revision = await store.get(order.order_id)
+                if looked:
+                    claim, revision = await store.get(order.order_id)
+                looked = True
                 now = time.monotonic()
                 spent = spent_ms + (now - t0) * 1000.0
                 d = decide(claim, order, fp, _wall_ms())

@@ -154,7 +154,7 @@ class BourseClient:
         # placing thousands of orders a second wants it; one CLI order does not).
         self.admission = admission
         # Direct mode: the same broker (admission + auction) the exchange runs.
-        # ``claims``: order claims in JetStream KV where the server has it (§5.3b).
+        # ``claims``: order claims in JetStream KV where the server has it (§5.3c).
         auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims) if direct else None
         self._broker = Broker(auctioneer, admission) if auctioneer is not None else None
 

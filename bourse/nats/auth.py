@@ -139,10 +139,10 @@ def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
 
 
 def _claims_api(s: Subjects) -> tuple[str, ...]:
-    """The order-claims bucket (docs/protocol.md §5.3b), for whoever runs auctions (the
-    exchange, a direct-mode buyer): detect JetStream, create or look up the bucket, read a
-    claim (direct or stream get), write one (``$KV.<bucket>.<key>``), and watch one (an
-    ordered consumer and its flow control)."""
+    """The order-claims bucket (docs/protocol.md §5.3c), for the exchange, which runs the
+    auctions (a buyer may not bid, so it runs none under auth): detect JetStream, create or
+    look up the bucket, read a claim (direct or stream get), write one
+    (``$KV.<bucket>.<key>``), and watch one (an ordered consumer and its flow control)."""
     bucket = claims_bucket_name(s.prefix)
     stream = f"KV_{bucket}"
     return (
@@ -168,7 +168,6 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.status("*"),
             s.explain("*"),
             *_event_stream_api(s, manage=False),
-            *_claims_api(s)[1:],  # direct mode ($JS.API.INFO is in the events' list)
         ),
         subscribe=(s.events(), f"{inbox}.>"),
     )

@@ -1,4 +1,4 @@
-"""Order claims (docs/protocol.md §5.3b) on a real nats-server with JetStream: one order id,
+"""Order claims (docs/protocol.md §5.3c) on a real nats-server with JetStream: one order id,
 at most one machine, whichever exchanges, direct buyers and retries send it, at once or
 later; a retry of a placed order is answered from its claim; a fresh order with an id does
 not wait out the retry gathering window; a dead auction's claim is taken over."""
