@@ -37,7 +37,7 @@ from bourse.runtime.cli import (
 )
 from bourse.runtime.supervise import run
 from bourse.wire.codec import BadMessage, validation_detail
-from bourse.wire.limits import DEFAULT_DEADLINE_MS
+from bourse.wire.limits import DEFAULT_DEADLINE_MS, MACHINE_ID_PATTERN
 from bourse.wire.messages import (
     Machine,
     Placed,
@@ -327,10 +327,25 @@ def machines_list(
         render.console.print(render.machines(listed.machines))
 
 
+def _machine_id(value: str) -> str:
+    """A machine id as the CLI takes it, or a usage error that says what one looks like."""
+    if re.match(MACHINE_ID_PATTERN, value) is None:
+        raise typer.BadParameter(
+            f"{value!r} is not a machine id: one looks like <worker_id>~<ulid>, e.g. "
+            "mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer place` or `machines list`)"
+        )
+    return value
+
+
+MachineIdArg = Annotated[
+    str, typer.Argument(help="<worker_id>~<ulid>", metavar="MACHINE_ID", callback=_machine_id)
+]
+
+
 def _verb(verb: str, help_text: str) -> None:
     def command(
         ctx: typer.Context,
-        machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
+        machine_id: MachineIdArg,
         direct: MachineDirectOpt = False,
         json: JsonOpt = False,
         nats: NatsOpt = None,
@@ -358,7 +373,7 @@ def _verb(verb: str, help_text: str) -> None:
 @machines_app.command("logs")
 def machines_logs(
     ctx: typer.Context,
-    machine_id: Annotated[str, typer.Argument(help="<worker_id>~<ulid>")],
+    machine_id: MachineIdArg,
     tail: Annotated[int, typer.Option(min=1, max=1000, help="How many lines.")] = 100,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,

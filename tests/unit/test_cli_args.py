@@ -3,6 +3,8 @@ before any connection)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -113,3 +115,32 @@ def test_direct_says_what_it_means_on_each_command() -> None:
     assert "Run the auction here" not in machines.output
     place = runner.invoke(buyer, ["place", "--help"], terminal_width=200)
     assert "Run the auction here" in place.output
+
+
+MALFORMED = ["bogus", "mad-1~", "MAD-1~01J", "mad-1~01J!"]
+
+
+@pytest.mark.parametrize("verb", ["show", "start", "stop", "destroy", "logs"])
+@pytest.mark.parametrize("bad", MALFORMED)
+def test_a_malformed_machine_id_says_what_one_looks_like(verb: str, bad: str) -> None:
+    """Refused before any connection (NO_NATS: nothing listens there)."""
+    result = runner.invoke(buyer, ["machines", verb, bad, *NO_NATS])
+    said = " ".join(result.output.replace("│", " ").split())  # unwrap the usage box
+    assert result.exit_code != 0 and "cannot connect" not in said
+    assert f"{bad!r} is not a machine id: one looks like <worker_id>~<ulid>" in said
+
+
+def test_the_program_says_it_in_one_line() -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "buyer_cli", "machines", "show", "bogus", *NO_NATS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert (out.returncode, out.stdout) == (1, "")
+    assert out.stderr == (
+        "error: Invalid value for 'MACHINE_ID': 'bogus' is not a machine id: one looks like"
+        " <worker_id>~<ulid>, e.g. mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer"
+        " place` or `machines list`)\n"
+    )
