@@ -286,7 +286,8 @@ def fleet(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Every worker's capacity, commitments, holds and images (status scatter-gather)."""
+    """Every worker's capacity, commitments, holds and images (status scatter-gather).
+    Exit 2 when a region asked for has no worker that answers (one line per such region)."""
 
     async def go(c: BourseClient) -> list[WorkerStatus]:
         return [s for r in region for s in await c.status(r)]
@@ -298,6 +299,12 @@ def fleet(
         typer.echo(render.as_json(statuses))
     else:
         render.console.print(render.fleet(statuses))
+    answered = {s.region for s in statuses}
+    silent = [r for r in dict.fromkeys(region) if r not in answered]
+    for r in silent:
+        typer.echo(f"no worker answers in region {r!r}", err=True)
+    if silent:
+        raise typer.Exit(2)
 
 
 @machines_app.command("list")

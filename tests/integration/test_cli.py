@@ -264,3 +264,12 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
     emitted = {"placed", "pulled", "started", "stopped", "destroyed"}  # what the actions emit
     assert {e["kind"] for e in seen} <= emitted
     await wait_until(lambda: actor.done())
+
+
+async def test_fleet_says_which_region_has_no_worker_and_exits_2(market: Market) -> None:
+    await market.host(worker("mad-1"))
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "nowhere")
+    assert code == 2 and "mad-1" in out
+    assert err == "no worker answers in region 'nowhere'\n"
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--json")
+    assert (code, err) == (0, "") and "mad-1" in out
