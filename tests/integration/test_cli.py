@@ -177,9 +177,10 @@ async def test_deploy_spreads_over_distinct_workers_with_spares_and_is_idempoten
 
 
 async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -> None:
-    # g1 has the image cached, so it wins the primary; the spare lands on k1 or k2.
-    gone = await market.host(worker("g1", region="ams", images=["x"]))
-    await market.host(worker("k1", region="ams"), worker("k2", region="ams"))
+    # One worker per supplier process, so the primary's worker can go away alone. Which
+    # worker wins is the auction's business (offers race across processes): the test
+    # follows the deployment, not a guess.
+    hosts = {w: await market.host(worker(w, region="ams")) for w in ("g1", "k1", "k2")}
     await market.exchange()
     code, out, err = await buyer(
         market,
@@ -208,7 +209,8 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     code, _, err = await buyer(market, *ff)
     assert code == 1 and "still answers" in err
 
-    assert primary["worker_id"] == "g1" and slots["spare-0"]["worker_id"] in ("k1", "k2")
+    assert primary["worker_id"] != slots["spare-0"]["worker_id"]
+    gone = hosts[primary["worker_id"]]
     await market.stop(gone)  # the primary's worker goes away
     await gone.nc.close()
     code, out, err = await buyer(market, *ff, "--json")
