@@ -4,6 +4,8 @@
 - ``<root>.order.<region>``: PlaceOrder -> runs the auction -> Placed | Unfilled | Error
 - ``<root>.machine.<verb>``: routes to ``<root>.worker.<id>.machine.<verb>`` by the worker
   id embedded in the machine id (or ListMachines.worker_id) and relays the worker's reply.
+- ``<root>.reclaim.<worker_id>``: ReclaimCheck -> the order claims' verdict on each of the
+  worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from bourse.wire.messages import (
     MachineRequest,
     Placed,
     PlaceOrder,
+    ReclaimCheck,
+    ReclaimVerdict,
+    ReclaimVerdicts,
     worker_of_machine,
 )
 from bourse.wire.signing import TrustStore
@@ -107,6 +112,9 @@ class ExchangeService:
         self._subs.append(self._orders)
         self._subs.append(
             await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
+        )
+        self._subs.append(
+            await self.nc.subscribe(s.reclaim_all, queue=EXCHANGE_QUEUE, cb=g(self._on_reclaim))
         )
         await flush_all(self.nc)
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
@@ -217,3 +225,41 @@ class ExchangeService:
             return
         if msg.reply:
             await self.nc.publish(msg.reply, reply.data)
+
+    async def _on_reclaim(self, msg: Msg) -> None:
+        """A worker asks about its reserved machines (docs/protocol.md §5.3d). Only its own:
+        the subject names the worker (a supplier key may publish only its workers'), and
+        every machine must be that worker's."""
+        worker_id = self.subjects.tail(msg.subject, 1)[0]
+        check = decode(msg.data, ReclaimCheck)
+        if check.worker_id != worker_id:
+            raise BadMessage(f"reclaim for worker {check.worker_id!r} sent as {worker_id!r}")
+        for m in check.machines:
+            if m.worker_id != worker_id or worker_of_machine(m.machine_id) != worker_id:
+                raise BadMessage(f"machine {m.machine_id} is not worker {worker_id!r}'s")
+        self.responder.spawn(msg, self._reclaim(msg, check))
+
+    async def _reclaim(self, msg: Msg, check: ReclaimCheck) -> None:
+        store = await self.auctioneer.claims()
+        verdicts = []
+        for m in check.machines:
+            if store is None:
+                verdicts.append(
+                    ReclaimVerdict(machine_id=m.machine_id, verdict="keep", detail="no claims")
+                )
+                continue
+            v = await store.judge(m)
+            if v.verdict != "wait":
+                log.info(
+                    "reclaim_verdict",
+                    worker_id=m.worker_id,
+                    machine_id=m.machine_id,
+                    order_id=m.order_id,
+                    verdict=v.verdict,
+                    detail=v.detail,
+                )
+            verdicts.append(
+                ReclaimVerdict(machine_id=m.machine_id, verdict=v.verdict, detail=v.detail)
+            )
+        self.responder.counts["reclaim_checks"] += 1
+        await self.responder.reply(msg, ReclaimVerdicts(verdicts=verdicts))

@@ -101,6 +101,7 @@ def supplier_args(
         "run", "--fleet", str(fleet_file), "--data-dir", str(data_dir), *common,
         "--bid-shards", str(profile.bid_shards), "--max-offers", str(profile.max_offers),
         "--quote-sample", str(profile.quote_sample),
+        "--reclaim-after-s", str(profile.reclaim_after_s),
     ]  # fmt: skip
 
 

@@ -17,7 +17,7 @@ import msgspec
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.wire.messages import PlaceOrder, Resources
-from supplier import DEFAULT_MAX_OFFERS, DEFAULT_QUOTE_SAMPLE
+from supplier import DEFAULT_MAX_OFFERS, DEFAULT_QUOTE_SAMPLE, DEFAULT_RECLAIM_AFTER_S
 
 
 class Shape(msgspec.Struct, frozen=True):
@@ -67,6 +67,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
     exchange_target_ms: float = DEFAULT_TARGET_MS  # adaptive admission target (0: fixed)
     claims: bool = True  # order claims in JetStream KV (exchanges and the direct generator)
+    reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S  # suppliers ask about reserved machines
 
     def region_names(self) -> list[str]:
         return [f"r{i}" for i in range(self.regions)]

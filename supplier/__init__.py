@@ -12,7 +12,8 @@ never from its modules. What it offers:
 - the image cache model a simulator replays: ``ImageCache`` (LRU within a budget, never
   evicting an image in use);
 - the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
-  bid) and ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid).
+  bid), ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid) and
+  ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d).
 
 Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is loaded.
 """
@@ -22,10 +23,12 @@ from supplier.config import ConfigError, PricingConfig, WorkerConfig, check_work
 from supplier.desk import DEFAULT_MAX_OFFERS
 from supplier.images import ImageCache
 from supplier.pricing import Pricer
+from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 
 __all__ = [
     "DEFAULT_MAX_OFFERS",
     "DEFAULT_QUOTE_SAMPLE",
+    "DEFAULT_RECLAIM_AFTER_S",
     "ConfigError",
     "ImageCache",
     "Pricer",

@@ -52,6 +52,7 @@ from supplier.host import (
     SupplierHost,
     WorkerIdInUse,
 )
+from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
@@ -111,6 +112,15 @@ def run_cmd(
             "image, random) once a bid group here exceeds twice it; 0: price all.",
         ),
     ] = DEFAULT_QUOTE_SAMPLE,
+    reclaim_after_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="Ask the exchange about a machine still reserved this long after its commit, "
+            "and destroy it if its order's claim says no buyer holds it (an orphan); 0: never.",
+        ),
+    ] = DEFAULT_RECLAIM_AFTER_S,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -180,6 +190,7 @@ def run_cmd(
         "max_bid_backlog": max_bid_backlog,
         "signer": signer,
         "quote_sample": quote_sample,
+        "reclaim_after_s": reclaim_after_s,
     }
     run(main)
 

@@ -57,7 +57,9 @@ class CommitDesk:
     - ``freed()``: a commit smaller than its hold gave the rest back to the market;
     - ``grew()``: committed machines grew by a whole hold (waiting bids may be hopeless);
     - ``event``: builds the ``placed`` event, written with the machine (the store's
-      outbox); ``announce``: told about it once durable.
+      outbox); ``announce``: told about it once durable;
+    - ``reclaiming``: orders whose machine here is being asked about (supplier/reclaim.py):
+      never handed out meanwhile.
     """
 
     def __init__(
@@ -76,6 +78,7 @@ class CommitDesk:
         grew: Callable[[], None],
         event: EventFn,
         announce: AnnounceFn,
+        reclaiming: Container[str] = frozenset(),
     ) -> None:
         self.worker_id = worker_id
         self.region = region
@@ -90,6 +93,7 @@ class CommitDesk:
         self.grew = grew
         self.event = event
         self.announce = announce
+        self.reclaiming = reclaiming
         # order id -> the reply of its commit being written (duplicates wait for it)
         self.writing: dict[str, asyncio.Future[CommitReply]] = {}
         # orders whose commit under way is undone once written (abort_commit came meanwhile)
@@ -110,6 +114,9 @@ class CommitDesk:
                 detail=f"commit for worker {c.worker_id!r} sent to worker {self.worker_id!r}",
             )
         mid = self.keeper.by_order.get(c.order_id)
+        if mid is not None and c.order_id in self.reclaiming:
+            # its verdict may be "orphan" (docs/protocol.md §5.3d): not handed out meanwhile
+            return self._rejected(c, "no_hold", "the order's machine here is being reclaimed")
         if mid is not None:
             self.give(c.order_id)
             return self._placed(self.keeper.by_id[mid], t0, existing=True)

@@ -42,12 +42,18 @@ from bourse.wire.messages import (
     Event,
     ExplainRequest,
     ListMachines,
+    Machine,
     MachineRequest,
     Offer,
     Placed,
+    ReclaimCheck,
+    ReclaimReply,
+    ReclaimVerdict,
+    ReclaimVerdicts,
     Release,
     StatusRequest,
     Waiting,
+    now_ms,
     worker_of_machine,
 )
 from bourse.wire.signing import OfferSigner
@@ -57,6 +63,8 @@ from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send, explanation_pages
 from supplier.images import ImageListener
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
+from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
+from supplier.reclaim import check_every
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -66,6 +74,7 @@ SWEEP_INTERVAL_S = 0.05
 # Bids queued beyond this many on one subscription are shed (answered by nobody here).
 DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
+RECLAIM_TIMEOUT_S = 2.0  # a ReclaimCheck: one KV read per machine at the exchange
 # A region release can overtake its own bid (they travel on two subscriptions). The host
 # remembers released (order, auction) pairs this long and ignores such late bids.
 TOMBSTONE_TTL_S = 5.0
@@ -98,8 +107,13 @@ class SupplierHost:
         quote_sample: int = DEFAULT_QUOTE_SAMPLE,
         event_stream: EventStream | None = None,
         metrics: SupplierMetrics | None = None,
+        reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
+        reclaim_every_s: float | None = None,
     ) -> None:
         check_workers(workers)
+        # Orphans (supplier/reclaim.py): reserved machines asked about after this long
+        # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
+        self.reclaim_every_s = reclaim_every_s or check_every(reclaim_after_s)
         # Signs every Offer this host sends (the auction may require it: --trust).
         self.signer = signer
         # How bids are answered: the pure core this shell asks (supplier/desk.py).
@@ -122,6 +136,7 @@ class SupplierHost:
                 on_freed=self._freed,
                 on_grew=self._grew,
                 on_image=self._image_listener(cfg.worker_id),
+                reclaim_after_s=reclaim_after_s,
             )
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
@@ -246,6 +261,8 @@ class SupplierHost:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
         tasks.start_soon(self._sweep)
+        if any(w.reclaims.after_ms > 0 for w in self.workers.values()):
+            tasks.start_soon(self._reclaim_orphans)
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
@@ -337,10 +354,15 @@ class SupplierHost:
         if asked is None:
             asked = self.asked[key] = (now, [])
         asked[1].extend(r.worker for r in ans.replies)
-        for r in ans.replies:
-            if isinstance(r.reply, Offer) and r.reply.machine_id:  # handed to this auction
-                r.worker.commits.give(r.reply.order_id)
-        self._send(ans.replies, now)
+        replies = ans.replies
+        for r in replies:
+            if isinstance(r.reply, Offer) and r.reply.machine_id:
+                if r.reply.order_id in r.worker.reclaims.orders:
+                    # its verdict may be "orphan" (§5.3d): not handed out meanwhile
+                    replies = [x for x in replies if x is not r]
+                    continue
+                r.worker.commits.give(r.reply.order_id)  # handed to this auction
+        self._send(replies, now)
 
     def _freed(self, w: Worker) -> None:
         """Capacity came back on ``w`` outside a bid: the desk answers its waiting bids."""
@@ -489,6 +511,49 @@ class SupplierHost:
                 if at > cutoff:
                     break
                 del self.asked[key]
+
+    async def _reclaim_orphans(self) -> None:
+        """Every ``reclaim_every_s``: each worker asks about its machines still reserved a
+        while after their commit (supplier/reclaim.py) and destroys the orphans. No exchange
+        answering (a direct-mode-only market) or no claims: the machines stay."""
+        while True:
+            await anyio.sleep(self.reclaim_every_s)
+            for w in self.workers.values():
+                batch = w.reclaims.due(w.machines.values(), now_ms())
+                if batch and not await self._reclaim(w, batch):
+                    break  # nobody answers: try again next round
+
+    async def _reclaim(self, w: Worker, batch: list[Machine]) -> bool:
+        """Ask about ``batch`` and act on the verdicts; False if no exchange answered."""
+        check = ReclaimCheck(
+            worker_id=w.worker_id,
+            machines=[
+                Placed.of_machine(m, image_cached=m.image in w.images, elapsed_ms=0.0)
+                for m in batch
+            ],
+        )
+        verdicts: list[ReclaimVerdict] = []
+        try:
+            reply = await self.nc.request(
+                self.subjects.reclaim(w.worker_id), encode(check), timeout=RECLAIM_TIMEOUT_S
+            )
+            answer: ReclaimReply = decode(reply.data, ReclaimReply)
+            if isinstance(answer, ReclaimVerdicts):
+                verdicts = answer.verdicts
+            else:
+                w.log.warning("reclaim_check_refused", detail=answer.detail)
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            return False
+        except BadMessage as exc:
+            w.log.warning("reclaim_check_refused", detail=str(exc))
+        finally:
+            orphans = w.reclaims.settle(batch, verdicts)
+        for v in orphans:
+            try:
+                await w.keeper.reclaim(w.machines[v.machine_id], v.detail)
+            finally:
+                w.reclaims.done(v.machine_id)
+        return True
 
     def _watch_store(self, now: float) -> None:
         """Drain every worker of this process while its store refuses writes (they share

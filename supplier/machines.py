@@ -184,6 +184,17 @@ class Machines:
 
     async def abort(self, m: Machine) -> None:
         """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
+        await self._undo(m, "abort", "the auction gave up waiting for the commit", "aborted")
+
+    async def reclaim(self, m: Machine, why: str) -> None:
+        """An orphan (docs/protocol.md §5.3d): no buyer holds it, its order's claim says
+        ``why``. Destroyed like an abort (never started, so nothing runs)."""
+        await self._undo(m, "reclaim", why, f"reclaimed: {why}")
+        self.log.warning("machine_reclaimed", machine_id=m.machine_id, order_id=m.order_id)
+
+    async def _undo(self, m: Machine, op: str, detail: str, event_detail: str) -> None:
+        """Destroy a machine still ``reserved`` (an undone commit): the order no longer has
+        it, its resources go back to the market."""
         async with self.lock(m.machine_id):
             m = self.by_id[m.machine_id]
             if m.state != "reserved":
@@ -191,9 +202,9 @@ class Machines:
             gone = await self._record(
                 m,
                 "destroyed",
-                "abort",
-                "the auction gave up waiting for the commit",
-                (self.event("destroyed", m.order_id, m.machine_id, "aborted"),),
+                op,
+                detail,
+                (self.event("destroyed", m.order_id, m.machine_id, event_detail),),
                 aborted=True,
             )
             self.by_order.pop(m.order_id, None)

@@ -36,6 +36,8 @@ from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
 from supplier.ledger import Hold, Ledger
 from supplier.machines import Machines
 from supplier.pricing import Pricer
+from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
+from supplier.reclaim import Reclaims
 from supplier.store import Store
 
 log = structlog.get_logger("bourse.supplier")
@@ -81,6 +83,7 @@ class Worker:
         on_freed: CapacityFn = _unchanged,
         on_grew: CapacityFn = _unchanged,
         on_image: ImageListener | None = None,
+        reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
     ) -> None:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
@@ -113,6 +116,8 @@ class Worker:
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
+        # Orphans: reserved machines asked about a while after their commit (§5.3d).
+        self.reclaims = Reclaims(int(reclaim_after_s * 1000))
         # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
         self.commits = CommitDesk(
             self.worker_id,
@@ -128,6 +133,7 @@ class Worker:
             grew=self._grew,
             event=self._event,
             announce=self.emit,
+            reclaiming=self.reclaims.orders,
         )
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 

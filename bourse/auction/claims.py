@@ -13,14 +13,23 @@ itself. So a duplicate on any exchange, a direct-mode buyer or a retry finds the
 - is refused (``ConflictingOrder``) when the claim is for a different order under the same
   id (the id is an idempotency key).
 
-A claim of an unfilled order is deleted, unless a commit was tried (a worker may then hold
-a machine whose abort was lost: the claim stays, and the next attempt takes it over as a
-retry and adopts that machine); a placed one lives for the bucket's age limit, the
-documented idempotency window (docs/protocol.md §5.3c). Without JetStream there are no
-claims and duplicates are deduplicated as before (per process, and by the workers).
+A claim of an unfilled order is deleted, unless a commit was tried: then a worker may hold
+a machine whose abort was lost, and the claim says ``unfilled`` (the buyer was told so):
+the next attempt takes it over at once as a retry and adopts that machine; if none comes,
+the worker reclaims it. A placed claim lives for the bucket's age limit, the documented
+idempotency window (docs/protocol.md §5.3c). Without JetStream there are no claims and
+duplicates are deduplicated as before (per process, and by the workers).
 
-``decide`` is the pure part (a claim and the time in, what to do out); ``ClaimStore`` is the
-thin KV shell the auction driver calls.
+**Reclaiming** (docs/protocol.md §5.3d): a worker asks, for each machine of its own still
+``reserved`` a while after its commit, whether the order's claim names it. ``judge`` is the
+answer: keep it (the claim names it, or there is no claim to go by), destroy it as an orphan
+(the claim names another machine, or the buyer was told ``unfilled``: the claim then
+becomes ``reclaimed`` first, so the id is free and a re-check is idempotent), wait (an
+auction for the order is live), or adopt it (the claim's auction died without an outcome:
+the claim becomes ``placed`` with this machine, so a retry gets it).
+
+``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out);
+``ClaimStore`` is the thin KV shell the auction driver and the exchange's reclaim desk call.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
 from bourse.nats.jetstream import claims_bucket_name, jetstream_available
 from bourse.wire.codec import encode
-from bourse.wire.messages import Placed, PlaceOrder
+from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.claims")
@@ -56,7 +65,10 @@ TAKEOVER_SLACK_MS = 250
 # KV requests are start-up or per-order work with a bound: never longer than this.
 KV_TIMEOUT_S = 2.0
 
-ClaimState = Literal["auctioning", "placed"]
+# auctioning: an auction holds the id (until ``until_ms``); placed: ``placed`` is the
+# order's machine; unfilled: the buyer was told Unfilled after a commit went out (a worker
+# may hold an orphan); reclaimed: a worker destroyed the orphan ``reclaimed``: the id is free.
+ClaimState = Literal["auctioning", "placed", "unfilled", "reclaimed"]
 
 
 class Claim(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,6 +79,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     fingerprint: str  # of the order (without `retry`): a different order is a conflict
     until_ms: int  # wall clock: the auction's end, deadline and commit grace included
     placed: Placed | None = None
+    reclaimed: str = ""  # state reclaimed: the orphan machine a worker destroyed
 
 
 def fingerprint(order: PlaceOrder) -> str:
@@ -124,8 +137,8 @@ ClaimDecision = Create | Adopt | Wait | TakeOver | Conflict
 
 def decide(claim: Claim | None, order: PlaceOrder, fp: str, now_ms: int) -> ClaimDecision:
     """What an auction for ``order`` (fingerprint ``fp``) does about the claim it found."""
-    if claim is None:
-        return Create()
+    if claim is None or claim.state == "reclaimed":
+        return Create()  # no machine for the id (a reclaimed one is gone): a fresh start
     if claim.fingerprint != fp:
         what = "was placed" if claim.state == "placed" else "is being placed"
         return Conflict(
@@ -134,9 +147,48 @@ def decide(claim: Claim | None, order: PlaceOrder, fp: str, now_ms: int) -> Clai
         )
     if claim.state == "placed" and claim.placed is not None:
         return Adopt(claim.placed)
-    if now_ms < claim.until_ms + TAKEOVER_SLACK_MS:
+    if claim.state == "auctioning" and now_ms < claim.until_ms + TAKEOVER_SLACK_MS:
         return Wait(claim.until_ms + TAKEOVER_SLACK_MS)
-    return TakeOver()
+    return TakeOver()  # its auction died, or ended unfilled after a commit: gather as a retry
+
+
+# -- reclaiming a worker's reserved machine (pure) ------------------------------------------
+
+# A verdict on a worker's reserved machine (the ReclaimVerdict values, docs/protocol.md §5.3d).
+KEEP: ReclaimVerdictKind = "keep"  # the claim names it, or there is none to go by: it stays
+ORPHAN: ReclaimVerdictKind = "orphan"  # the order's answer is another machine, or none
+WAIT: ReclaimVerdictKind = "wait"  # an auction for the order is live: ask again later
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What a worker does with a machine it asked about; ``write``: the claim to store
+    first (revision-checked), when the verdict takes effect only once it is written."""
+
+    verdict: ReclaimVerdictKind
+    detail: str
+    write: Claim | None = None
+
+
+def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
+    """The verdict on ``machine`` (a worker's reserved machine, as its Placed) given its
+    order's claim."""
+    mid = machine.machine_id
+    if claim is None:
+        return Verdict(KEEP, "no claim for the order (no claims, or past the window)")
+    if claim.state == "placed" and claim.placed is not None:
+        if claim.placed.machine_id == mid:
+            return Verdict(KEEP, "the order's machine")
+        return Verdict(ORPHAN, f"the order's machine is {claim.placed.machine_id}")
+    if claim.state == "reclaimed":
+        return Verdict(ORPHAN, "the order was unfilled; its orphan is being reclaimed")
+    if claim.state == "unfilled":
+        gone = msgspec.structs.replace(claim, state="reclaimed", until_ms=now_ms, reclaimed=mid)
+        return Verdict(ORPHAN, "the buyer was told the order is unfilled", gone)
+    if now_ms < claim.until_ms + TAKEOVER_SLACK_MS:
+        return Verdict(WAIT, "an auction for the order is under way")
+    adopted = msgspec.structs.replace(claim, state="placed", until_ms=now_ms, placed=machine)
+    return Verdict(KEEP, "the order's auction died without an outcome: adopted", adopted)
 
 
 # -- the KV shell --------------------------------------------------------------------------
@@ -206,6 +258,18 @@ class ClaimStore:
         # a wrong last revision (400): taken over meanwhile, and the taker owns it now
         with contextlib.suppress(nats.js.errors.BadRequestError):
             await self.kv.delete(key_of(order_id), last=last)
+
+    async def judge(self, machine: Placed, tries: int = 4) -> Verdict:
+        """The verdict on a worker's reserved ``machine`` (``judge``), its claim written
+        first when the verdict needs it; a lost race to the claim reads it again."""
+        for _ in range(tries):
+            claim, revision = await self.get(machine.order_id)
+            verdict = judge(claim, machine, now_ms())
+            if verdict.write is None:
+                return verdict
+            if await self.put(machine.order_id, verdict.write, revision) is not None:
+                return verdict
+        return Verdict(WAIT, "the order's claim keeps changing")
 
     async def changed(self, order_id: str, revision: int, within_s: float) -> bool:
         """Wait up to ``within_s`` for the claim to move past ``revision`` (updated or

@@ -298,9 +298,13 @@ class Auctioneer:
                     olog.warning("order_claim_lost", machine_id=result.machine_id)
             elif result.commits_tried == 0:
                 await store.remove(order.order_id, revision)
-            # else: a commit went out and was not placed; if it timed out, the worker may
-            # hold a machine whose abort is lost. The claim stays (its end is now): the next
-            # attempt takes it over and gathers as a retry, so it adopts such a machine.
+            else:
+                # A commit went out and was not placed; if it timed out, the worker may hold
+                # a machine whose abort is lost. The claim says so: the next attempt takes
+                # it over at once and gathers as a retry (it adopts such a machine), and
+                # without one the worker reclaims it (docs/protocol.md §5.3d).
+                unfilled = msgspec.structs.replace(mine, state="unfilled", until_ms=_wall_ms())
+                await store.put(order.order_id, unfilled, revision)
         except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it
             olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
 

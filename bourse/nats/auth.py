@@ -7,13 +7,15 @@ Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox 
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.explain.*``; subscribe
   ``R.event.>``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``;
-  subscribe ``R.order.*`` and ``R.machine.*`` only in the queue group ``exchange``; answers
+  subscribe ``R.order.*``, ``R.machine.*`` and ``R.reclaim.*`` only in the queue group
+  ``exchange``; answers
   the requests it receives (allow_responses).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>`` and its workers' ``R.worker.<id>.>``; publish
-  only its workers' ``R.event.<region>.<id>.*`` and ``R.worker.<id>.machine.list`` (the
-  start-up check that no other process serves the same worker id); answers what it receives
+  only its workers' ``R.event.<region>.<id>.*``, ``R.worker.<id>.machine.list`` (the
+  start-up check that no other process serves the same worker id) and ``R.reclaim.<id>``
+  (asking about its own reserved machines, §5.3d); answers what it receives
   (allow_responses, many replies per request: a bid gets several offers, a status request one
   reply per worker, an explain request pages of verdicts).
 
@@ -186,6 +188,7 @@ def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
         subscribe=(
             f"{s.order_all} {EXCHANGE_QUEUE}",
             f"{s.machine_all} {EXCHANGE_QUEUE}",
+            f"{s.reclaim_all} {EXCHANGE_QUEUE}",
             f"{inbox}.>",
         ),
         responses=1,
@@ -202,6 +205,7 @@ def supplier_permissions(
     sub += [s.worker_all(wid) for wid, _ in workers]
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
+    pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
     pub += _event_stream_api(s, manage=True)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub), responses=SUPPLIER_RESPONSES)
 

@@ -444,9 +444,40 @@ class Explanation(Message, kw_only=True):
     verdicts: list[WorkerVerdict] = []
 
 
+# A worker asks about at most this many of its reserved machines in one ReclaimCheck.
+RECLAIM_BATCH = 100
+ReclaimVerdictKind = Literal["keep", "orphan", "wait"]
+
+
+class ReclaimCheck(Message, kw_only=True):
+    """Added in v1 (docs/protocol.md §5.3d): a worker asks whether its machines still
+    ``reserved`` a while after their commit are their orders' machines. Request on
+    ``<prefix>.v1.reclaim.<worker_id>`` (exchange queue group); each machine as the
+    ``Placed`` that reports it (every one of the worker's own)."""
+
+    worker_id: WorkerId
+    machines: Annotated[list[Placed], msgspec.Meta(max_length=RECLAIM_BATCH)]
+
+
+class ReclaimVerdict(msgspec.Struct, kw_only=True, gc=False):
+    """One machine's verdict (nested, no ``type``): ``keep`` it, destroy it as an
+    ``orphan``, or ``wait`` and ask again later."""
+
+    machine_id: MachineId
+    verdict: ReclaimVerdictKind
+    detail: str = ""
+
+
+class ReclaimVerdicts(Message, kw_only=True):
+    """Added in v1: the reply to a ReclaimCheck, one verdict per machine asked about."""
+
+    verdicts: list[ReclaimVerdict]
+
+
 # Replies a requester may get, per request kind.
 BidReply = Offer | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | MachineLogs | Error
 ExplainReply = Explanation | Error
+ReclaimReply = ReclaimVerdicts | Error

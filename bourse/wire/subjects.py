@@ -74,6 +74,14 @@ class Subjects:
     def status(self, region: str) -> str:
         return f"{self.root}.status.{region}"
 
+    def reclaim(self, worker_id: str) -> str:
+        """Added in v1: a worker asks the exchange about its reserved machines (§5.3d)."""
+        return f"{self.root}.reclaim.{worker_id}"
+
+    @property
+    def reclaim_all(self) -> str:
+        return f"{self.root}.reclaim.*"
+
     def explain(self, region: str) -> str:
         """Added in v1: "why not" for an order, answered by every worker of the region."""
         return f"{self.root}.explain.{region}"

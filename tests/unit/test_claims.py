@@ -14,9 +14,11 @@ from bourse.auction.claims import (
     Conflict,
     Create,
     TakeOver,
+    Verdict,
     Wait,
     decide,
     fingerprint,
+    judge,
     key_of,
 )
 from bourse.nats.jetstream import claims_bucket_name
@@ -63,13 +65,22 @@ def claim(state: ClaimState = "auctioning", fp: str = FP, until: int = NOW + 500
         pytest.param(
             claim(until=NOW - TAKEOVER_SLACK_MS), NOW, TakeOver(), id="past end+slack: take over"
         ),
+        pytest.param(
+            claim("unfilled", until=NOW + 10**6),
+            NOW,
+            TakeOver(),
+            id="unfilled after a commit: take over at once, gather as a retry (adopt an orphan)",
+        ),
+        pytest.param(
+            claim("reclaimed"), NOW, Create(), id="reclaimed: the orphan is gone, start afresh"
+        ),
     ],
 )
 def test_decide(found: Claim | None, now: int, expected: ClaimDecision) -> None:
     assert decide(found, ORDER, FP, now) == expected
 
 
-@pytest.mark.parametrize("state", ["auctioning", "placed"])
+@pytest.mark.parametrize("state", ["auctioning", "placed", "unfilled"])
 def test_a_different_order_under_the_same_id_is_a_conflict(state: ClaimState) -> None:
     other = msgspec.structs.replace(ORDER, image="api")
     d = decide(claim(state), other, fingerprint(other), NOW)
@@ -99,3 +110,72 @@ def test_names() -> None:
     assert claims_bucket_name("bourse") == "BOURSE_ORDERS"
     assert claims_bucket_name("t.x") == "T_X_ORDERS"
     assert key_of("ns:order-1.a") == "ns=order-1.a"  # ':' is not a KV key character
+
+
+# -- reclaiming: the verdict on a worker's reserved machine (docs/protocol.md §5.3d) --------
+
+MINE = PLACED  # the worker's reserved machine a~M1, as its Placed
+OTHER = msgspec.structs.replace(PLACED, machine_id="b~M2", worker_id="b")
+
+
+def with_placed(p: Placed) -> Claim:
+    return msgspec.structs.replace(claim("placed"), placed=p)
+
+
+@pytest.mark.parametrize(
+    ("found", "expected"),
+    [
+        pytest.param(
+            None,
+            Verdict("keep", "no claim for the order (no claims, or past the window)"),
+            id="no claim: nothing to go by, keep",
+        ),
+        pytest.param(with_placed(MINE), Verdict("keep", "the order's machine"), id="named: keep"),
+        pytest.param(
+            with_placed(OTHER),
+            Verdict("orphan", "the order's machine is b~M2"),
+            id="another machine is the order's: orphan",
+        ),
+        pytest.param(
+            claim("unfilled", until=NOW - 5),
+            Verdict(
+                "orphan",
+                "the buyer was told the order is unfilled",
+                msgspec.structs.replace(
+                    claim("unfilled"), state="reclaimed", until_ms=NOW, reclaimed="a~M1"
+                ),
+            ),
+            id="unfilled: orphan, once the claim says reclaimed (the id is free)",
+        ),
+        pytest.param(
+            msgspec.structs.replace(claim("reclaimed"), reclaimed="a~M1"),
+            Verdict("orphan", "the order was unfilled; its orphan is being reclaimed"),
+            id="reclaimed already (a re-check after a crash): orphan again",
+        ),
+        pytest.param(
+            claim(until=NOW - TAKEOVER_SLACK_MS + 1),
+            Verdict("wait", "an auction for the order is under way"),
+            id="live auction: wait",
+        ),
+        pytest.param(
+            claim(until=NOW - TAKEOVER_SLACK_MS),
+            Verdict(
+                "keep",
+                "the order's auction died without an outcome: adopted",
+                msgspec.structs.replace(
+                    claim(until=NOW - TAKEOVER_SLACK_MS), state="placed", until_ms=NOW, placed=MINE
+                ),
+            ),
+            id="dead auction: adopt it (the claim names it, a retry gets it)",
+        ),
+    ],
+)
+def test_judge(found: Claim | None, expected: Verdict) -> None:
+    assert judge(found, MINE, NOW) == expected
+
+
+def test_an_adopted_or_reclaimed_claim_answers_the_next_attempt() -> None:
+    adopted = judge(claim(until=NOW - 10**6), MINE, NOW).write
+    assert adopted is not None and decide(adopted, ORDER, FP, NOW) == Adopt(MINE)
+    gone = judge(claim("unfilled"), MINE, NOW).write
+    assert gone is not None and decide(gone, ORDER, FP, NOW) == Create()

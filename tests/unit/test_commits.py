@@ -587,3 +587,17 @@ async def test_an_abort_after_the_machine_was_handed_on_undoes_nothing(
     assert [m.state for m in worker.machines.values()] == ["reserved"]
     assert [row[1] for row in store.oplog(WID)] == ["place"]
     assert worker.ledger.held == ZERO  # the abort released nothing it should not have
+
+
+async def test_a_machine_being_reclaimed_is_not_handed_to_a_commit(worker: Worker) -> None:
+    """While a worker asks whether its reserved machine is an orphan (docs/protocol.md
+    §5.3d), a duplicate commit for its order is refused instead of answered with it: the
+    verdict may be "orphan", and a Placed for a machine about to be destroyed is a lie."""
+    await held_then_placed(worker)
+    [m] = worker.machines.values()
+    assert worker.reclaims.due([m], m.created_at_ms + worker.reclaims.after_ms) == [m]
+    assert blank(await worker.commits.commit(commit())) == rejected(
+        "no_hold", "the order's machine here is being reclaimed"
+    )
+    worker.reclaims.done(m.machine_id)  # settled "keep": handed out again
+    assert blank(await worker.commits.commit(commit())) == placed(existing=True)

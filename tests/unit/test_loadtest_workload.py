@@ -162,11 +162,14 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) 
     from loadtest.workload import resolve_profile
 
     p = resolve_profile(
-        "smoke", None, {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77}
+        "smoke",
+        None,
+        {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77, "reclaim_after_s": 1.5},
     )
     sup = supplier_args(p, tmp_path / "f.json", tmp_path / "d", ["--nats", "x"])
     ex = exchange_args(p, ["--nats", "x"])
     assert sup[sup.index("--bid-shards") + 1] == "8"
+    assert sup[sup.index("--reclaim-after-s") + 1] == "1.5"
     assert ex[ex.index("--bid-shards") + 1] == "8" and ex[ex.index("--bid-sample") + 1] == "3"
     assert ex[ex.index("--max-inflight") + 1] == "77"
     # and the programs accept them

@@ -30,6 +30,9 @@ from bourse.wire.messages import (
     Placed,
     PlaceOrder,
     Reason,
+    ReclaimCheck,
+    ReclaimVerdict,
+    ReclaimVerdicts,
     Rejected,
     Release,
     Resources,
@@ -162,6 +165,29 @@ SAMPLES: list[Message] = [
         order_id="order-1",
         machine_id="mad-1~01J0000000000000000000000A",
         detail="x",
+    ),
+    ReclaimCheck(
+        worker_id="mad-1",
+        machines=[
+            Placed(
+                order_id="order-1",
+                machine_id="mad-1~01J0000000000000000000000A",
+                worker_id="mad-1",
+                region="mad",
+                score=0.5,
+                image_cached=False,
+                elapsed_ms=0.0,
+            )
+        ],
+    ),
+    ReclaimVerdicts(
+        verdicts=[
+            ReclaimVerdict(
+                machine_id="mad-1~01J0000000000000000000000A",
+                verdict="orphan",
+                detail="the buyer was told the order is unfilled",
+            )
+        ]
     ),
     Waiting(order_id="order-1", worker_id="mad-1", region="mad", wait_ms=250),
 ]
