@@ -213,7 +213,8 @@ class ChaosRun:
     async def _start(self) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
         if self.nats_nodes > 1:
-            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes})
+            # JetStream on, as in production: claims (R3), durable events
+            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes}, jetstream=True)
             await anyio.to_thread.run_sync(self.cluster.start)
             urls = self.cluster.urls("c")  # every program gets every URL: it can fail over
         else:

@@ -34,6 +34,7 @@ the claim becomes ``placed`` with this machine, so a retry gets it).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import time
@@ -45,10 +46,11 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
-from bourse.nats.jetstream import claims_bucket_name, jetstream_available
+from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, jetstream_available
 from bourse.wire.codec import encode
 from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
 from bourse.wire.subjects import Subjects
@@ -205,31 +207,39 @@ class ClaimStore:
 
     @classmethod
     async def open(
-        cls, nc: NATS, subjects: Subjects, window_s: float = DEFAULT_WINDOW_S
+        cls,
+        nc: NATS,
+        subjects: Subjects,
+        window_s: float = DEFAULT_WINDOW_S,
+        detect_timeout_s: float = DETECT_TIMEOUT_S,
     ) -> ClaimStore | None:
         """The bucket (created if missing; R3 on a cluster of 3 or more), or None when the
-        server has no JetStream or refuses the bucket (then there are no claims)."""
-        if not await jetstream_available(nc):
+        server has no JetStream (then there are no claims). A JetStream that fails to
+        give the bucket (a cluster electing its leader, no quorum) raises: that is an
+        outage of the claims, not their absence."""
+        if not await jetstream_available(nc, detect_timeout_s):
             return None
         name = claims_bucket_name(subjects.prefix)
         js = nc.jetstream(timeout=KV_TIMEOUT_S)
         try:
+            kv = await js.key_value(name)
+        except nats.js.errors.BucketNotFoundError:
+            config = KeyValueConfig(
+                bucket=name,
+                history=1,
+                ttl=window_s,
+                storage=StorageType.FILE,
+                replicas=_replicas(nc),
+                description="Bourse order claims (docs/protocol.md §5.3c)",
+            )
             try:
-                kv = await js.key_value(name)
-            except nats.js.errors.BucketNotFoundError:
-                config = KeyValueConfig(
-                    bucket=name,
-                    history=1,
-                    ttl=window_s,
-                    storage=StorageType.FILE,
-                    replicas=_replicas(nc),
-                    description="Bourse order claims (docs/protocol.md §5.3c)",
-                )
                 kv = await js.create_key_value(config)
+            except nats.js.errors.BadRequestError:
+                kv = await js.key_value(name)  # another process created it first
+            else:
                 log.info("claims_bucket_created", bucket=name, replicas=config.replicas)
-        except (nats.js.errors.Error, nats.errors.Error) as exc:
-            log.warning("claims_unavailable", bucket=name, error=str(exc) or type(exc).__name__)
-            return None
+                if config.replicas > 1:
+                    await _leader_elected(js, f"KV_{name}")
         return cls(kv, name)
 
     async def get(self, order_id: str) -> tuple[Claim | None, int]:
@@ -293,6 +303,17 @@ class ClaimStore:
             return False
         finally:
             await watcher.stop()
+
+
+async def _leader_elected(js: JetStreamContext, stream: str, within_s: float = 5.0) -> None:
+    """Until a new replicated bucket's stream has its leader (its first writes would
+    otherwise fail while the cluster elects one); bounded, then the callers' retries."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        info = await js.stream_info(stream)
+        if info.cluster is not None and info.cluster.leader:
+            return
+        await asyncio.sleep(0.05)  # polling the server's own view, bounded above
 
 
 def _replicas(nc: NATS) -> int:

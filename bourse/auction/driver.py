@@ -13,6 +13,7 @@ ONE publish to ``<root>.release.<region>`` drops every other hold of the auction
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
@@ -29,8 +30,10 @@ from ulid import ULID
 from bourse.auction.claims import (
     Adopt,
     Claim,
+    ClaimDecision,
     ClaimStore,
     Conflict,
+    Create,
     TakeOver,
     Wait,
     decide,
@@ -53,6 +56,7 @@ from bourse.auction.core import (
     SendCommit,
     WakeAt,
 )
+from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     CommitReply,
@@ -142,7 +146,8 @@ class Auctioneer:
         # JetStream, found out at the first order; False: never (per-process dedup only).
         self.use_claims = claims
         self._claim_store: ClaimStore | None = None
-        self._claims_checked = False
+        self._claims_checked = False  # tried once (and said so if there are none)
+        self._claims_next_try = 0.0  # monotonic: when to try to open the bucket again
         self._claims_lock = asyncio.Lock()
         self.trust = trust
         # Offers dropped by the signature check, by reason (bourse/wire/signing.py).
@@ -203,30 +208,49 @@ class Auctioneer:
             self._sub = None
 
     async def claims(self) -> ClaimStore | None:
-        """The claims bucket, opened at the first call (None: no JetStream, or off)."""
-        if not self._claims_checked:
+        """The claims bucket, opened at the first call (None: no JetStream, or off). A
+        bucket that could not be opened is tried again every ``CLAIMS_RETRY_S`` (a
+        JetStream cluster still electing its leader must not turn claims off for good)."""
+        if self._claim_store is None and time.monotonic() >= self._claims_next_try:
             async with self._claims_lock:
-                if not self._claims_checked and self.use_claims and self.nc.is_connected:
-                    self._claim_store = await ClaimStore.open(self.nc, self.subjects)
-                    if self._claim_store is None:
-                        log.warning(
-                            "order_claims_off",
-                            detail="no JetStream: duplicates of one order id in different "
-                            "processes are not deduplicated (docs/protocol.md §8)",
-                        )
-                    self._claims_checked = True
-                elif not self.use_claims:
-                    self._claims_checked = True
+                if self._claim_store is None and time.monotonic() >= self._claims_next_try:
+                    await self._open_claims()
         return self._claim_store
+
+    async def _open_claims(self) -> None:
+        if not self.use_claims:
+            self._claims_next_try = math.inf
+            return
+        if not self.nc.is_connected:
+            return
+        # the first look may take the full detection time; a retry (on an order's path)
+        # is kept short: a core-only server answers at once anyway
+        wait_s = CLAIMS_RETRY_DETECT_S if self._claims_checked else DETECT_TIMEOUT_S
+        try:
+            self._claim_store = await ClaimStore.open(
+                self.nc, self.subjects, detect_timeout_s=wait_s
+            )
+        except _KV_ERRORS:
+            self._claims_checked = True  # JetStream is there: the bucket failed, try again
+            raise
+        if self._claim_store is not None:
+            if self._claims_checked:  # they were off: say they are back
+                log.info("order_claims_on", bucket=self._claim_store.name)
+        else:
+            self._claims_next_try = time.monotonic() + CLAIMS_RETRY_S
+            if not self._claims_checked:
+                log.warning(
+                    "order_claims_off",
+                    detail="no JetStream: duplicates of one order id in different "
+                    "processes are not deduplicated (docs/protocol.md §8)",
+                )
+        self._claims_checked = True
 
     async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
         """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
         machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
-        store = await self.claims()
-        if store is None:
-            return await self._run(order, spent_ms)
         t0 = time.monotonic()
         deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
         fp = fingerprint(order)
@@ -237,14 +261,24 @@ class Auctioneer:
         claim: Claim | None = None
         revision = 0
         looked = False
-        try:
-            while True:
+        auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
+        backoff = KV_BACKOFF_S
+        store: ClaimStore | None = None
+        while True:
+            try:
+                if store is None:
+                    store = await self.claims()
+                    if store is None:  # no JetStream (or --no-claims): as without claims
+                        return await self._run(order, spent_ms + (time.monotonic() - t0) * 1e3)
                 if looked:
                     claim, revision = await store.get(order.order_id)
                 looked = True
                 now = time.monotonic()
                 spent = spent_ms + (now - t0) * 1000.0
-                d = decide(claim, order, fp, _wall_ms())
+                if claim is not None and claim.auction_id == auction_id:
+                    d: ClaimDecision = Create()  # our own write, whose reply was lost
+                else:
+                    d = decide(claim, order, fp, _wall_ms())
                 if now >= deadline and not isinstance(d, Adopt | Conflict):
                     return _unfilled_waiting(order, spent)  # lost every race to the claim
                 if isinstance(d, Adopt):
@@ -258,7 +292,6 @@ class Auctioneer:
                     until = min(deadline, now + (d.until_ms - _wall_ms()) / 1000.0)
                     await store.changed(order.order_id, revision, until - now)
                     continue
-                auction_id = str(ULID())
                 left_ms = (deadline - now) * 1000.0
                 mine = Claim(
                     state="auctioning",
@@ -266,20 +299,35 @@ class Auctioneer:
                     fingerprint=fp,
                     until_ms=_wall_ms() + int(left_ms) + grace_ms,
                 )
-                held = await store.put(order.order_id, mine, revision)
+                if claim is not None and claim.auction_id == auction_id:
+                    held: int | None = revision
+                else:
+                    held = await store.put(order.order_id, mine, revision)
                 if held is None:
                     continue  # another process claimed it first: look again
-                # A fresh claim means no machine exists for this id (within the window): no
-                # retry gathering. A taken-over one may have a machine: gather as a retry.
-                run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
-                if isinstance(d, TakeOver):
-                    olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
-                result = await self._run(run, spent, auction_id)
-                await self._settle(store, order, mine, held, result, olog)
-                return result
-        except _KV_ERRORS as exc:
-            olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-            return await self._run(order, spent_ms + (time.monotonic() - t0) * 1000.0)
+            except _KV_ERRORS as exc:
+                # No claim, no auction: one placed without its claim could be this id's
+                # second machine (I3 before availability). Try again while the order has
+                # time (a JetStream leader election is short), then refuse it.
+                olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
+                left = deadline - time.monotonic()
+                if left <= backoff:
+                    raise AuctionError(
+                        f"order claims unavailable ({str(exc) or type(exc).__name__}): nothing "
+                        "was placed; try again (docs/protocol.md §5.3c)"
+                    ) from exc
+                await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
+                backoff = min(2 * backoff, KV_BACKOFF_MAX_S)
+                looked = True
+                continue
+            # A fresh claim means no machine exists for this id (within the window): no
+            # retry gathering. A taken-over one may have a machine: gather as a retry.
+            run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
+            if isinstance(d, TakeOver):
+                olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
+            result = await self._run(run, spent, auction_id)
+            await self._settle(store, order, mine, held, result, olog)
+            return result
 
     @staticmethod
     async def _settle(
@@ -403,6 +451,14 @@ class Auctioneer:
 
 # A KV request that failed (timeout, no JetStream responder, an API error): the order is
 # placed without its claim (logged), as on a server without JetStream.
+# Claims that could not be opened (no JetStream yet: a cluster electing its leader, a server
+# restarted without it) are looked for again this often, with a short detection timeout.
+CLAIMS_RETRY_S = 30.0
+CLAIMS_RETRY_DETECT_S = 0.25
+# A claim request that fails is tried again after this, doubling up to the max, while the
+# order's deadline allows; then the order is refused (nothing placed without its claim).
+KV_BACKOFF_S = 0.05
+KV_BACKOFF_MAX_S = 0.4
 _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
 
 

@@ -5,6 +5,7 @@ code behind ``bourse nats-config``), and ready only once every route and gateway
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import socket
 import time
@@ -46,9 +47,14 @@ def loopback_topology(layout: dict[str, int]) -> Topology:
 
 
 class Supercluster:
-    def __init__(self, root: Path, layout: dict[str, int]) -> None:
+    def __init__(self, root: Path, layout: dict[str, int], *, jetstream: bool = False) -> None:
+        """``jetstream``: every server runs JetStream (its store under ``root``); the
+        supercluster is ready only once each cluster has elected its meta leader."""
         self.root = root
-        self.topology = loopback_topology(layout)
+        topo = loopback_topology(layout)
+        if jetstream:
+            topo = dataclasses.replace(topo, jetstream_dir=str(root / "jetstream"))
+        self.topology = topo
         self.servers: dict[str, EmbeddedNats] = {}
 
     def urls(self, cluster: str) -> list[str]:
@@ -132,7 +138,12 @@ class Supercluster:
         out = {k for k, v in gw.get("outbound_gateways", {}).items() if v.get("connection")}
         others = {c.name for c in self.topology.clusters if c.name != cluster.name}
         want_routes = {s.name for s in cluster.servers if s.name != server.name}
-        return [
+        missing = [
             *(f"{server.name}: route to {r}" for r in sorted(want_routes - routes)),
             *(f"{server.name}: gateway to {g}" for g in sorted(others - out)),
         ]
+        if self.topology.jetstream_dir is not None and len(cluster.servers) > 1:
+            meta = self.monitor(server.name, "jsz").get("meta_cluster") or {}
+            if not meta.get("leader"):
+                missing.append(f"{server.name}: JetStream meta leader")
+        return missing
