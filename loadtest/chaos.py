@@ -148,6 +148,10 @@ class ChaosStats:
     faults: list[FaultRecord] = field(default_factory=list)
     bad_input_sent: int = 0
     violations: list[str] = field(default_factory=list)  # found during the run (I6)
+    # duplicates: the extra sends of an order id at once (another path, as a retry), and
+    # how many of them were answered Placed (always with the order's one machine: I3)
+    duplicate_sends: int = 0
+    duplicate_placed: int = 0
 
 
 class ChaosRun:
@@ -165,8 +169,13 @@ class ChaosRun:
         exchange_env: dict[str, str] | None = None,
         seed: int = 1,
         nats_nodes: int = 1,
+        duplicates: int = 1,
     ) -> None:
+        """``duplicates``: every order is sent this many times at once, the first through
+        the exchanges, the others alternately through a direct-mode buyer and the
+        exchanges as retries (a duplicate storm: one machine per id, I3)."""
         self.p = profile
+        self.duplicates = duplicates
         self.root = root
         self.retries = retries
         self.max_db_mb = max_db_mb
@@ -279,7 +288,28 @@ class ChaosRun:
                     if wait > 0:
                         await anyio.sleep(wait)
                     sends.start_soon(self.place, t, lifecycles)
+                    for copy in range(1, self.duplicates):
+                        sends.start_soon(self.duplicate, t, copy)
             lifecycles.cancel_scope.cancel()
+
+    async def duplicate(self, t: TraceOrder, copy: int) -> None:
+        """An extra send of ``t``'s order id, at once with the first, through another path:
+        whatever it is told goes into the order's record (the audit's I3 as the client saw
+        it: every Placed of one id names one machine)."""
+        client = self.direct if copy % 2 else self.market
+        self.stats.duplicate_sends += 1
+        for attempt in range(self.retries + 1):
+            try:
+                r = await client.place(msgspec.structs.replace(t.order, retry=True))
+            except ClientError:
+                await anyio.sleep(min(RETRY_BACKOFF_S * 2**attempt, 1.0))
+                continue
+            if isinstance(r, Placed):
+                self.stats.duplicate_placed += 1
+                rec = self.records.get(t.order.order_id)
+                if rec is not None:
+                    rec.machine_ids.append(r.machine_id)
+            return
 
     async def place(
         self, t: TraceOrder, lifecycles: anyio.abc.TaskGroup | None = None
@@ -471,7 +501,10 @@ class ChaosRun:
     async def settle(self) -> list[WorkerStatus]:
         """After the load: wait until no hold can be alive, then every worker's status.
         Holds still there after their TTL (plus the sweep) are an I4 violation."""
-        await anyio.sleep(self.max_hold_s + 0.2)  # the TTL itself is under test
+        wait_s = self.max_hold_s
+        if self.duplicates > 1:  # an orphan of a duplicate is reclaimed within its bound
+            wait_s = max(wait_s, 1.5 * self.p.reclaim_after_s + 1.0)
+        await anyio.sleep(wait_s + 0.2)  # the TTL (and the reclaim bound) is under test
         st = await self.statuses()
         if len(st) < len(self.region_of):
             self.stats.violations.append(
@@ -497,6 +530,8 @@ class ChaosRun:
             "orders": {
                 "sent": st.sent,
                 "attempts": st.attempts,
+                "duplicate_sends": st.duplicate_sends,
+                "duplicate_placed": st.duplicate_placed,
                 "placed": st.placed,
                 "unfilled": dict(st.unfilled),
                 "failed": dict(st.failed),

@@ -1,9 +1,10 @@
 """``bourse loadtest --soak SECONDS``: load for a bounded time while faults strike at random
 intervals (kill -9 of a supplier or an exchange, a nats-server restart, a stalled supplier,
-a full state file, bad input), then the audit of every supplier's SQLite file against what
-the client saw. The report counts orders sent, placed, unfilled, failed, the faults by
-kind, the largest RSS of each program (buffering must stay bounded), and the violations,
-which must be none.
+a full state file, bad input), every order id sent several times at once through the
+exchanges and a direct buyer (``--duplicates``, a duplicate storm), then the audit of every
+supplier's SQLite file against what the client saw. The report counts orders sent, placed,
+unfilled, failed, the faults by kind, the largest RSS of each program (buffering must stay
+bounded), and the violations, which must be none.
 
 The load, the fault injector and the progress/RSS watcher are tasks of nested anyio groups:
 the injector stops once the load is done (a fault under way completes first, so what it
@@ -39,13 +40,21 @@ async def run_soak(
     fault_every_s: float,
     console: Console | None = None,
     nats_nodes: int = 1,
+    duplicates: int = 1,
 ) -> dict[str, Any]:
     """One soak run; writes ``out/soak-report.json`` and returns the report."""
     profile = _with_duration(profile, seconds)
     orders = trace(profile, "soak")
     rng = random.Random(f"{profile.seed}:faults")
     rss: dict[str, float] = {}
-    run = ChaosRun(profile, out, max_db_mb=SOAK_DB_MB, seed=profile.seed, nats_nodes=nats_nodes)
+    run = ChaosRun(
+        profile,
+        out,
+        max_db_mb=SOAK_DB_MB,
+        seed=profile.seed,
+        nats_nodes=nats_nodes,
+        duplicates=duplicates,
+    )
     progress = Progress(
         TextColumn("{task.description}"),
         BarColumn(),
@@ -95,6 +104,7 @@ async def run_soak(
         "seconds": seconds,
         "fault_every_s": fault_every_s,
         "nats_nodes": nats_nodes,
+        "duplicates": duplicates,
         "seed": profile.seed,
     }
     report["max_rss_mb"] = {k: round(v, 1) for k, v in sorted(rss.items())}

@@ -130,6 +130,7 @@ SCENARIOS: dict[str, Profile] = {
         supplier_processes=3,
         exchanges=2,
         images=10,
+        reclaim_after_s=2.0,  # orphans of the duplicate storm are gone before the audit
     ),
     # 20/s x 17.28 s x 1.67 cpus / 640 cpus = 90% offered load
     "quality-90": Profile(

@@ -181,6 +181,16 @@ def loadtest(
             min=1, max=5, help="Soak mode: a NATS cluster of this many nodes (nodes get killed)."
         ),
     ] = 1,
+    duplicates: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=20,
+            metavar="N",
+            help="Soak mode: send every order id N times at once, through the exchanges and "
+            "a direct buyer (a duplicate storm; the audit checks one machine per id).",
+        ),
+    ] = 3,
 ) -> None:
     """Load-test a simulated fleet; report against the NATS ceiling and the oracle.
 
@@ -225,7 +235,9 @@ def loadtest(
     target = out or Path(".bourse") / "loadtest" / f"{profile.name}-{stamp}"
     console = None if json else render.console
     if soak is not None:
-        rep = run(lambda: run_soak(profile, target, soak, fault_every_s, console, nats_nodes))
+        rep = run(
+            lambda: run_soak(profile, target, soak, fault_every_s, console, nats_nodes, duplicates)
+        )
         if json:
             typer.echo(render.as_json(rep))
         else:

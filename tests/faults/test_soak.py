@@ -22,6 +22,9 @@ def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
     }
     orders, faults = report["orders"], report["faults"]
     assert orders["sent"] == 180  # 30/s for 6 s, the same seeded trace every time
+    # a duplicate storm: each id twice more at once (a direct buyer, the exchanges); the
+    # audit below holds every Placed of an id to one machine (I3)
+    assert report["profile"]["duplicates"] == 3 and orders["duplicate_sends"] == 360
     assert (
         orders["placed"] + sum(orders["unfilled"].values()) + sum(orders["failed"].values())
         == orders["sent"]

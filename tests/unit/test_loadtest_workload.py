@@ -152,7 +152,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     import inspect
 
     own = {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "supplier_nats", "json"}
-    own |= {"soak", "fault_every_s", "nats_nodes"}  # soak mode: tests/faults/test_soak.py
+    own |= {"soak", "fault_every_s", "nats_nodes", "duplicates"}  # soak mode (test_soak.py)
     params = set(inspect.signature(bourse.loadtest).parameters) - own
     assert len(params) == len(flags)
 
