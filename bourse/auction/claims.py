@@ -93,10 +93,15 @@ def fingerprint(order: PlaceOrder) -> str:
     return hashlib.blake2b(msgspec.json.encode(what), digest_size=12).hexdigest()
 
 
+_KEY = str.maketrans({":": "=", ".": "/"})
+
+
 def key_of(order_id: str) -> str:
-    """An order id as a KV key: ``:`` (allowed in ids, not in keys) becomes ``=`` (allowed
-    in keys, not in ids), so the mapping is one to one."""
-    return order_id.replace(":", "=")
+    """An order id as a KV key, one to one: ``:`` (allowed in ids, not in keys) becomes
+    ``=`` and ``.`` becomes ``/`` (both allowed in keys, not in ids). Dots must go: a key
+    may not end with one (``o-1.`` is a valid order id), and each is a subject token
+    boundary (``a..b`` would have an empty token)."""
+    return order_id.translate(_KEY)
 
 
 # -- the decision (pure) --------------------------------------------------------------------

@@ -22,7 +22,7 @@ from bourse.auction.claims import (
     key_of,
 )
 from bourse.nats.jetstream import claims_bucket_name
-from bourse.wire.messages import Placed, PlaceOrder, Resources
+from bourse.wire.messages import OrderId, Placed, PlaceOrder, Resources
 
 ORDER = PlaceOrder(
     order_id="o-1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
@@ -109,7 +109,18 @@ def test_the_fingerprint_is_what_is_placed(change: dict[str, object], same: bool
 def test_names() -> None:
     assert claims_bucket_name("bourse") == "BOURSE_ORDERS"
     assert claims_bucket_name("t.x") == "T_X_ORDERS"
-    assert key_of("ns:order-1.a") == "ns=order-1.a"  # ':' is not a KV key character
+    assert key_of("ns:order-1.a") == "ns=order-1/a"  # ':' is not a KV key character
+
+
+@pytest.mark.parametrize("order_id", ["o-1.", "a..b", "x:y", "A.b:c-d_e", "u" * 128])
+def test_every_valid_order_id_is_a_valid_kv_key(order_id: str) -> None:
+    from nats.js.kv import _is_key_valid  # the client's own check, as put() applies it
+
+    assert msgspec.json.decode(
+        msgspec.json.encode({"order_id": order_id}), type=dict[str, OrderId]
+    ) == {"order_id": order_id}  # a valid order id...
+    key = key_of(order_id)
+    assert _is_key_valid(key) and ".." not in key  # ...is a valid key, one subject token
 
 
 # -- reclaiming: the verdict on a worker's reserved machine (docs/protocol.md §5.3d) --------
