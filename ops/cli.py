@@ -112,19 +112,34 @@ def loadtest(
     profile_file: Annotated[
         Path | None, typer.Option("--profile", help="A profile file (JSON or TOML).")
     ] = None,
-    workers: Annotated[int | None, typer.Option(min=1)] = None,
-    regions: Annotated[int | None, typer.Option(min=1)] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Virtual workers (default: the scenario's).")
+    ] = None,
+    regions: Annotated[
+        int | None, typer.Option(min=1, help="Regions (default: the scenario's).")
+    ] = None,
     rate: Annotated[float | None, typer.Option(min=0.1, help="Orders/s (open loop).")] = None,
-    duration_s: Annotated[float | None, typer.Option(min=0.1)] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.1, help="Seconds of load (default: the scenario's).")
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="open or closed.")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Closed loop.")] = None,
-    lifetime_s: Annotated[float | None, typer.Option(min=0.01)] = None,
+    lifetime_s: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="Seconds a machine lives (default: the scenario's)."),
+    ] = None,
     processes: Annotated[int | None, typer.Option(min=1, help="Supplier processes.")] = None,
-    exchanges: Annotated[int | None, typer.Option(min=1)] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
+    exchanges: Annotated[
+        int | None, typer.Option(min=1, help="Exchange processes (default: the scenario's).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Workload seed (default: the scenario's).")
+    ] = None,
     spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
     bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
-    bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
+    bid_sample: Annotated[
+        int | None, typer.Option(min=1, help="Shards a bid goes to (default: the scenario's).")
+    ] = None,
     max_offers: Annotated[
         int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
     ] = None,
