@@ -339,7 +339,7 @@ def fleet(
     )
     if json:
         typer.echo(render.as_json(statuses))
-    else:
+    elif statuses:  # nobody answered: the line on stderr says so, no empty table
         render.show(render.fleet(statuses))
     if not region and not statuses:
         typer.echo("no worker answers in any region", err=True)
@@ -466,7 +466,7 @@ def machines_destroy(
         str | None,
         typer.Argument(
             help="<worker_id>~<ulid>; or none, with --app",
-            metavar="[MACHINE_ID]",
+            metavar="MACHINE_ID",
             callback=lambda v: None if v is None else _machine_id(v),
         ),
     ] = None,

@@ -39,8 +39,12 @@ def _help_metavars() -> None:
     ``<bool>``, even for --help); an option without its own metavar shows its name
     (``--region REGION``) rather than a Python type (``<str>``, ``<list[str]>``). Choices
     keep their list. One place for every program (buyer, bourse, supplier, exchange)."""
-    from typer.core import TyperOption
+    from typer.core import TyperArgument, TyperOption
 
+    def argument_type(self: TyperArgument, ctx: Any) -> str | None:
+        return None  # an argument's metavar (MACHINE_ID) already says what it takes
+
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]
     original = TyperOption.display_type_rich
     if getattr(original, "_bourse", False):
         return
