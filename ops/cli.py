@@ -482,7 +482,7 @@ async def _up(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             f"  export BOURSE_NATS_URL={urls[0]}\n"
             f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
-            f"  buyer fleet --region mad --region fra --region sjc{px}\n"
+            f"  buyer fleet{px}\n"
             f"  buyer watch{px}\n"
             f"  bourse demo --nats {urls[0]}{px}\n"
             "Ctrl-C stops everything; machines that were running start again on the next up."
