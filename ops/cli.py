@@ -392,14 +392,14 @@ async def _demo(
                 )
             )
         else:
-            render.console.print(_outcome_table(outcomes))
+            render.show(_outcome_table(outcomes))
             if report:
                 say(
                     f"\nburst: {report.orders} concurrent orders in {report.seconds:.2f}s: "
                     f"{report.placed} placed, unfilled {report.unfilled or 0}; placed latency "
                     f"p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
                 )
-            render.console.print(render.fleet(statuses))
+            render.show(render.fleet(statuses))
             n = len(set(placed))
             if cleanup is None:
                 how = "" if urls else " (the demo market stops with it)"
