@@ -20,21 +20,38 @@ from bourse.wire.messages import Event, Machine, Placed, Unfilled, WorkerStatus,
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
-# Columns that hold ids: never cut, never wrapped.
-ID_COLUMNS = frozenset({"worker", "machine", "order"})
+# Columns of free text: on a terminal they wrap (at least WRAP_MIN wide); every other
+# column (ids, numbers, states) is shown whole or the table is printed plain.
+WRAP_COLUMNS = frozenset({"why", "note", "images", "labels"})
+WRAP_MIN = 12
 
 
 def show(table: Table) -> None:
-    """Print a table: rich on a terminal, plain aligned columns otherwise."""
+    """Print a table: boxed on a terminal wide enough for every id and number whole (only
+    text columns such as "why" wrap), plain aligned columns otherwise (a pipe, or a
+    terminal too narrow: the lines run past its edge rather than cut an id)."""
+    lines = plain(table)
     if console.is_terminal:
-        for col in table.columns:
-            if str(col.header) in ID_COLUMNS:
-                col.no_wrap = True
-                col.min_width = max((len(_plain(c)) for c in col.cells), default=0)
-        console.print(table)
-        return
-    for line in plain(table):
+        widths = _widths(table)
+        need = 1  # the box: 3 columns per column (a rule, a space each side), and 1
+        for col, w in zip(table.columns, widths, strict=True):
+            if str(col.header) in WRAP_COLUMNS:
+                need += min(w, WRAP_MIN) + 3
+            else:
+                col.no_wrap, col.min_width = True, w
+                need += w + 3
+        if need <= console.width:
+            console.print(table)
+            return
+    for line in lines:
         console.out(line, highlight=False)
+
+
+def _widths(table: Table) -> list[int]:
+    return [
+        max([len(str(col.header)), *(len(x) for c in col.cells for x in _plain(c).split("\n"))])
+        for col in table.columns
+    ]
 
 
 def plain(table: Table) -> list[str]:
