@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Annotated, TypeVar
@@ -17,7 +18,7 @@ import typer
 from nats.aio.client import Client as NATS
 
 from bourse.auction.driver import AuctionError
-from bourse.client import BourseClient, ClientError, DryRun, policy, render
+from bourse.client import BourseClient, ClientError, DryRun, policy, render, why_unfilled
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
 from bourse.client.policy import Deployment
 from bourse.nats.connection import shutdown
@@ -92,6 +93,27 @@ def _connection(
     )
 
 
+RegionOpt = Annotated[str, typer.Option(metavar="REGION", help="Region to place in (strict).")]
+CpusOpt = Annotated[int, typer.Option(metavar="N", help="CPUs (whole).")]
+MemoryOpt = Annotated[int, typer.Option(metavar="MIB", help="Memory in MiB.")]
+ImageOpt = Annotated[str, typer.Option(metavar="IMAGE", help="Image to run.")]
+DiskOpt = Annotated[int, typer.Option(metavar="MIB", help="Disk in MiB (0: none).")]
+GpusOpt = Annotated[int, typer.Option(metavar="N", help="GPUs (0: none).")]
+LabelOpt = Annotated[
+    list[str] | None,
+    typer.Option(metavar="KEY=VALUE", help="A label the worker must have (repeatable)."),
+]
+MinScoreOpt = Annotated[
+    float,
+    typer.Option(metavar="SCORE", help="Least score (0-1) an offer needs to be taken."),
+]
+DeadlineOpt = Annotated[
+    int, typer.Option(metavar="MS", help="How long the auction may take, in milliseconds.")
+]
+AppOpt = Annotated[
+    str, typer.Option("--app", metavar="NAME", help="The app's name (its machines carry it).")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
 DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
 ]
@@ -168,27 +190,31 @@ def _with_client(
 @app.command()
 def place(
     ctx: typer.Context,
-    region: Annotated[str, typer.Option(help="Region to place in (strict).")],
-    cpus: Annotated[int, typer.Option(help="CPUs.")],
-    memory_mb: Annotated[int, typer.Option(help="Memory in MiB.")],
-    image: Annotated[str, typer.Option(help="Image to run.")],
-    disk_mb: Annotated[int, typer.Option()] = 0,
-    gpus: Annotated[int, typer.Option()] = 0,
-    label: Annotated[
-        list[str] | None, typer.Option(help="Constraint key=value the worker must have.")
+    region: RegionOpt,
+    cpus: CpusOpt,
+    memory_mb: MemoryOpt,
+    image: ImageOpt,
+    disk_mb: DiskOpt = 0,
+    gpus: GpusOpt = 0,
+    label: LabelOpt = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(metavar="WORKER", help="A worker to avoid (repeatable).")
     ] = None,
-    exclude: Annotated[list[str] | None, typer.Option(help="Worker ids to avoid.")] = None,
-    min_score: Annotated[float, typer.Option()] = 0.0,
-    deadline_ms: Annotated[int, typer.Option()] = DEFAULT_DEADLINE_MS,
+    min_score: MinScoreOpt = 0.0,
+    deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
     order_id: Annotated[
         str | None,
         typer.Option(
+            metavar="ID",
             help="Idempotency key (a ULID when omitted). A given id is sent as a retry: the "
-            "worker that already placed it answers first."
+            "worker that already placed it answers first.",
         ),
     ] = None,
-    meta: Annotated[list[str] | None, typer.Option(help="Metadata key=value.")] = None,
-    start: Annotated[bool, typer.Option(help="Start the machine once placed.")] = False,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="Metadata the machine carries (repeatable)."),
+    ] = None,
+    start: Annotated[bool, typer.Option("--start", help="Start the machine once placed.")] = False,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -200,7 +226,9 @@ def place(
     explain: Annotated[
         bool,
         typer.Option(
-            "--explain", help="If the order is unfilled, show every worker's reasons under it."
+            "--explain",
+            help="If the order is unfilled, show every worker's reasons under it."
+            " (Without it an unfilled order's detail already says why, in one line.)",
         ),
     ] = False,
     direct: DirectOpt = False,
@@ -242,9 +270,13 @@ def place(
         why: DryRun | None = None
         if start and isinstance(r, Placed):
             machine = await c.machine("start", r.machine_id)
-        if explain and isinstance(r, Unfilled):
+        if isinstance(r, Unfilled) and (explain or r.reason == "no_offers"):
+            # Only now that it is unfilled: ask the region why (§5.4); one gather serves
+            # the detail and --explain.
             why = await c.explain(order)
-        return r, machine, why
+            if r.reason == "no_offers":
+                r = _with_reasons(r, why_unfilled(order, why))
+        return r, machine, why if explain else None
 
     r, machine, why = _with_client(conn, prefix, direct, go)
     if json:
@@ -257,10 +289,14 @@ def place(
         if machine is not None:
             render.console.print(f"  machine {machine.machine_id} is {machine.state}")
         if why is not None:
-            render.console.print(render.dry_run(why))
+            render.show(render.dry_run(why))
             render.console.print(render.dry_run_summary(why))
     if not isinstance(r, Placed):
         raise typer.Exit(EXIT_UNFILLED)
+
+
+def _with_reasons(r: Unfilled, detail: str | None) -> Unfilled:
+    return r if detail is None else msgspec.structs.replace(r, detail=detail)
 
 
 def _dry_run(conn: Connection, prefix: str, order: PlaceOrder, json: bool) -> None:
@@ -269,7 +305,7 @@ def _dry_run(conn: Connection, prefix: str, order: PlaceOrder, json: bool) -> No
     if json:
         typer.echo(render.as_json(d))
     else:
-        render.console.print(render.dry_run(d))
+        render.show(render.dry_run(d))
         render.console.print(render.dry_run_summary(d))
     raise typer.Exit(0 if d.winner else EXIT_UNFILLED)
 
@@ -277,7 +313,10 @@ def _dry_run(conn: Connection, prefix: str, order: PlaceOrder, json: bool) -> No
 @app.command()
 def fleet(
     ctx: typer.Context,
-    region: Annotated[list[str], typer.Option(help="Region(s) to ask (repeatable).")],
+    region: Annotated[
+        list[str] | None,
+        typer.Option(metavar="REGION", help="A region to ask (repeatable; default: every region)."),
+    ] = None,
     json: JsonOpt = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
@@ -286,21 +325,27 @@ def fleet(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Every worker's capacity, commitments, holds and images (status scatter-gather).
-    Exit 2 when a region asked for has no worker that answers (one line per such region)."""
+    """Every worker's capacity, commitments, holds and images (status scatter-gather), in
+    every region or those given. Exit 2 when a region asked for (or, with none given, any
+    region) has no worker that answers."""
 
     async def go(c: BourseClient) -> list[WorkerStatus]:
-        return [s for r in region for s in await c.status(r)]
+        if not region:
+            return await c.status(None)
+        return [s for r in dict.fromkeys(region) for s in await c.status(r)]
 
     statuses = _with_client(
         _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key), prefix, False, go
     )
     if json:
         typer.echo(render.as_json(statuses))
-    else:
-        render.console.print(render.fleet(statuses))
+    elif statuses:  # nobody answered: the line on stderr says so, no empty table
+        render.show(render.fleet(statuses))
+    if not region and not statuses:
+        typer.echo("no worker answers in any region", err=True)
+        raise typer.Exit(2)
     answered = {s.region for s in statuses}
-    silent = [r for r in dict.fromkeys(region) if r not in answered]
+    silent = [r for r in dict.fromkeys(region or ()) if r not in answered]
     for r in silent:
         typer.echo(f"no worker answers in region {r!r}", err=True)
     if silent:
@@ -310,7 +355,7 @@ def fleet(
 @machines_app.command("list")
 def machines_list(
     ctx: typer.Context,
-    worker: Annotated[str, typer.Option(help="Worker whose machines to list.")],
+    worker: Annotated[str, typer.Option(metavar="WORKER", help="Worker whose machines to list.")],
     all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,
@@ -331,7 +376,7 @@ def machines_list(
     if json:
         typer.echo(render.as_json(listed))
     else:
-        render.console.print(render.machines(listed.machines))
+        render.show(render.machines(listed.machines))
 
 
 def _machine_id(value: str) -> str:
@@ -371,7 +416,7 @@ def _verb(verb: str, help_text: str) -> None:
         if json:
             typer.echo(render.as_json(m))
         else:
-            render.console.print(render.machines([m]))
+            render.show(render.machines([m]))
 
     command.__doc__ = help_text
     machines_app.command("show" if verb == "get" else verb)(command)
@@ -381,7 +426,9 @@ def _verb(verb: str, help_text: str) -> None:
 def machines_logs(
     ctx: typer.Context,
     machine_id: MachineIdArg,
-    tail: Annotated[int, typer.Option(min=1, max=1000, help="How many lines.")] = 100,
+    tail: Annotated[
+        int, typer.Option(min=1, max=1000, metavar="N", help="How many lines, the last ones.")
+    ] = 100,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -410,7 +457,88 @@ def machines_logs(
 _verb("get", "One machine.")
 _verb("start", "Start a machine.")
 _verb("stop", "Stop a machine.")
-_verb("destroy", "Destroy a machine and free its resources.")
+
+
+@machines_app.command("destroy")
+def machines_destroy(
+    ctx: typer.Context,
+    machine_id: Annotated[
+        str | None,
+        typer.Argument(
+            help="<worker_id>~<ulid>; or none, with --app",
+            metavar="MACHINE_ID",
+            callback=lambda v: None if v is None else _machine_id(v),
+        ),
+    ] = None,
+    app_name: Annotated[
+        str | None,
+        typer.Option(
+            "--app", metavar="NAME", help="Destroy every live machine of this app instead."
+        ),
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="REGION", help="With --app: only in this region (repeatable; default: all)."
+        ),
+    ] = None,
+    yes: YesOpt = False,
+    direct: MachineDirectOpt = False,
+    json: JsonOpt = False,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+) -> None:
+    """Destroy a machine and free its resources; with --app, every live machine of the app
+    (asks first unless --yes)."""
+    if (machine_id is None) == (app_name is None):
+        fail("give a MACHINE_ID or --app NAME (one of them)")
+    if region and app_name is None:
+        fail("--region goes with --app")
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if machine_id is not None:
+        mid = machine_id
+        m = _with_client(conn, prefix, direct, lambda c: c.machine("destroy", mid))
+        if json:
+            typer.echo(render.as_json(m))
+        else:
+            render.show(render.machines([m]))
+        return
+    assert app_name is not None
+    name = app_name
+    found = _with_client(
+        conn, prefix, direct, lambda c: policy.app_machines(c, name, region or None)
+    )
+    if not found:
+        where = f" in {', '.join(region)}" if region else ""
+        if json:
+            typer.echo(render.as_json([]))
+        else:
+            typer.echo(f"app {name!r} has no live machines{where}: nothing to destroy")
+        return
+    if not yes:
+        _confirm(f"destroy {len(found)} machine(s) of app {name!r}", found)
+
+    async def destroy_all(c: BourseClient) -> list[Machine]:
+        return [await c.machine("destroy", m.machine_id) for m in found]
+
+    gone = _with_client(conn, prefix, direct, destroy_all)
+    if json:
+        typer.echo(render.as_json(gone))
+    else:
+        render.show(render.machines(gone))
+
+
+def _confirm(what: str, machines: list[Machine]) -> None:
+    """Ask on the terminal; without one (a script, a pipe) refuse: --yes says it."""
+    if not sys.stdin.isatty():
+        fail(f"{what}: not confirmed (no terminal to ask on); pass --yes")
+    render.show(render.machines(machines))
+    if not typer.confirm(f"{what}?", default=False):
+        fail(f"{what}: not confirmed")
 
 
 def main() -> None:
@@ -420,18 +548,23 @@ def main() -> None:
 @app.command()
 def deploy(
     ctx: typer.Context,
-    app_name: Annotated[str, typer.Option("--app", help="App name (machines carry it).")],
-    region: Annotated[list[str], typer.Option(help="Regions, tried in this order.")],
-    cpus: Annotated[int, typer.Option()],
-    memory_mb: Annotated[int, typer.Option()],
-    image: Annotated[str, typer.Option()],
-    count: Annotated[int, typer.Option(min=0, help="Machines to run.")] = 1,
-    spares: Annotated[int, typer.Option(min=0, help="Extra machines placed, not started.")] = 0,
-    disk_mb: Annotated[int, typer.Option()] = 0,
-    gpus: Annotated[int, typer.Option()] = 0,
-    label: Annotated[list[str] | None, typer.Option(help="Constraint key=value.")] = None,
-    min_score: Annotated[float, typer.Option()] = 0.0,
-    deadline_ms: Annotated[int, typer.Option()] = DEFAULT_DEADLINE_MS,
+    app_name: AppOpt,
+    region: Annotated[
+        list[str],
+        typer.Option(metavar="REGION", help="A region to place in (repeatable: tried in order)."),
+    ],
+    cpus: Annotated[int, typer.Option(metavar="N", help="CPUs of each machine (whole).")],
+    memory_mb: Annotated[int, typer.Option(metavar="MIB", help="Memory of each machine, MiB.")],
+    image: Annotated[str, typer.Option(metavar="IMAGE", help="Image the machines run.")],
+    count: Annotated[int, typer.Option(min=0, metavar="N", help="Machines to run.")] = 1,
+    spares: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Extra machines placed, not started.")
+    ] = 0,
+    disk_mb: DiskOpt = 0,
+    gpus: GpusOpt = 0,
+    label: LabelOpt = None,
+    min_score: MinScoreOpt = 0.0,
+    deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
     direct: DirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -489,7 +622,7 @@ def deploy(
             )
         )
     else:
-        render.console.print(render.deployment(d))
+        render.show(render.deployment(d))
     if not d.complete:
         raise typer.Exit(EXIT_UNFILLED)
 
@@ -497,10 +630,29 @@ def deploy(
 @app.command()
 def failover(
     ctx: typer.Context,
-    app_name: Annotated[str, typer.Option("--app", help="The app.")],
-    machine: Annotated[str, typer.Option(help="The machine whose worker is gone.")],
-    region: Annotated[list[str], typer.Option(help="Regions to look for spares in, in order.")],
-    force: Annotated[bool, typer.Option(help="Start a spare even if the worker answers.")] = False,
+    app_name: AppOpt,
+    machine: Annotated[
+        str,
+        typer.Option(
+            metavar="MACHINE_ID",
+            help="The machine to replace (its worker is gone, or --force).",
+            callback=_machine_id,
+        ),
+    ],
+    region: Annotated[
+        list[str],
+        typer.Option(
+            metavar="REGION", help="A region of the app (repeatable: spares tried in order)."
+        ),
+    ],
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force", help="The machine's worker still answers: stop the machine and replace it."
+        ),
+    ] = False,
+    label: LabelOpt = None,
+    deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
     direct: DirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -510,40 +662,63 @@ def failover(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Start a spare of the app in place of a machine whose worker is gone."""
+    """Start a spare of the app in place of a machine whose worker is gone (--force: stop
+    the machine first), then place a new spare as deploy would (--label as given to deploy).
+    Exit 2 when no spare is left, 1 on an error; --json prints one object whatever happens
+    ("error" says what went wrong)."""
+    constraints = parse_labels(label)
 
-    async def go(c: BourseClient) -> Machine | str:
+    async def go(c: BourseClient) -> policy.Failover | ClientError:
         try:
             return await policy.failover(
-                c, app=app_name, regions=region, machine_id=machine, force=force
+                c,
+                app=app_name,
+                regions=region,
+                machine_id=machine,
+                force=force,
+                constraints=constraints,
+                deadline_ms=deadline_ms,
             )
         except ClientError as exc:
-            if exc.code == "unfilled":
-                return str(exc)
-            raise
+            return exc
 
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
-
-    m = _with_client(conn, prefix, direct, go)
-    if isinstance(m, str):
-        typer.echo(f"no failover: {m}", err=True)
-        raise typer.Exit(EXIT_UNFILLED)
+    f = _with_client(conn, prefix, direct, go)
+    if isinstance(f, ClientError):
+        if json:
+            typer.echo(render.as_json(render.failover_json(app_name, machine, None, str(f))))
+        no_spare = f.code == "unfilled"
+        typer.echo(f"error: {'no failover: ' if no_spare else ''}{f}", err=True)
+        raise typer.Exit(EXIT_UNFILLED if no_spare else 1)
     if json:
-        typer.echo(render.as_json(m))
+        typer.echo(render.as_json(render.failover_json(app_name, machine, f, None)))
     else:
-        render.console.print(f"started spare {m.machine_id} on {m.worker_id} ({m.region})")
+        for line in render.failover_lines(f):
+            render.console.print(line)
 
 
 @app.command()
 def watch(
     ctx: typer.Context,
-    region: Annotated[str, typer.Option(help="Region, or * for all.")] = "*",
-    worker: Annotated[str, typer.Option(help="Worker id, or * for all.")] = "*",
-    kind: Annotated[str, typer.Option(help="Event kind, or * for all.")] = "*",
-    count: Annotated[int, typer.Option(min=0, help="Stop after this many (0: never).")] = 0,
+    region: Annotated[str, typer.Option(metavar="REGION", help="Region, or * for all.")] = "*",
+    worker: Annotated[
+        str,
+        typer.Option(metavar="WORKER", help="Worker id, or * for all (exchange: unfilled orders)."),
+    ] = "*",
+    kind: Annotated[
+        str,
+        typer.Option(
+            metavar="KIND",
+            help="Event kind (placed, unfilled, started, stopped, destroyed, ...), or * for all.",
+        ),
+    ] = "*",
+    count: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Stop after this many (0: never).")
+    ] = 0,
     since: Annotated[
         str | None,
         typer.Option(
+            metavar="SEQ|DURATION|all",
             help="Replay stored events first (JetStream): a stream sequence (1234), a "
             "duration back from now (90s, 15m, 2h, 7d) or 'all'; then follow.",
         ),
@@ -556,8 +731,9 @@ def watch(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Print market events as they happen, until Ctrl-C; with --since, replay stored ones
-    first. --json: one event per line, with its stream sequence ("seq")."""
+    """Print market events as they happen (order outcomes: placed, unfilled; machine events),
+    until Ctrl-C; with --since, replay stored ones first. --json: one event per line, with
+    its stream sequence ("seq")."""
     logs.configure("warning")
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)

@@ -28,9 +28,12 @@ from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import AdmissionView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
-from bourse.wire.codec import BadMessage, decode
+from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
+    EXCHANGE_EVENT_WORKER,
     MACHINE_VERBS,
+    UNFILLED_EVENT,
+    Event,
     ListMachines,
     MachineRequest,
     Placed,
@@ -38,6 +41,8 @@ from bourse.wire.messages import (
     ReclaimCheck,
     ReclaimVerdict,
     ReclaimVerdicts,
+    Unfilled,
+    now_ms,
     worker_of_machine,
 )
 from bourse.wire.signing import TrustStore
@@ -183,6 +188,24 @@ class ExchangeService:
         self.responder.counts[type(outcome).__name__] += 1
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, outcome)
+        if isinstance(outcome, Unfilled):
+            await self._unfilled_event(outcome)
+
+    async def _unfilled_event(self, u: Unfilled) -> None:
+        """Order outcomes on the event subjects (§6.9): a placed order is the worker's
+        ``placed`` event; an unfilled one has no worker, so the exchange says it, once,
+        at most once (a plain publish, stored by the event stream where there is one)."""
+        event = Event(
+            kind=UNFILLED_EVENT,
+            region=u.region,
+            worker_id=EXCHANGE_EVENT_WORKER,
+            at_ms=now_ms(),
+            order_id=u.order_id,
+            detail=f"{u.reason}: {u.detail}" if u.detail else u.reason,
+        )
+        subject = self.subjects.event(u.region, EXCHANGE_EVENT_WORKER, UNFILLED_EVENT)
+        with contextlib.suppress(Exception):  # an event is never worth failing an order for
+            await self.nc.publish(subject, encode(event))
 
     def _reply_counts(self) -> Counter[str]:
         responder = getattr(self, "responder", None)  # made by run()

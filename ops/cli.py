@@ -112,19 +112,34 @@ def loadtest(
     profile_file: Annotated[
         Path | None, typer.Option("--profile", help="A profile file (JSON or TOML).")
     ] = None,
-    workers: Annotated[int | None, typer.Option(min=1)] = None,
-    regions: Annotated[int | None, typer.Option(min=1)] = None,
+    workers: Annotated[
+        int | None, typer.Option(min=1, help="Virtual workers (default: the scenario's).")
+    ] = None,
+    regions: Annotated[
+        int | None, typer.Option(min=1, help="Regions (default: the scenario's).")
+    ] = None,
     rate: Annotated[float | None, typer.Option(min=0.1, help="Orders/s (open loop).")] = None,
-    duration_s: Annotated[float | None, typer.Option(min=0.1)] = None,
+    duration_s: Annotated[
+        float | None, typer.Option(min=0.1, help="Seconds of load (default: the scenario's).")
+    ] = None,
     mode: Annotated[str | None, typer.Option(help="open or closed.")] = None,
     concurrency: Annotated[int | None, typer.Option(min=1, help="Closed loop.")] = None,
-    lifetime_s: Annotated[float | None, typer.Option(min=0.01)] = None,
+    lifetime_s: Annotated[
+        float | None,
+        typer.Option(min=0.01, help="Seconds a machine lives (default: the scenario's)."),
+    ] = None,
     processes: Annotated[int | None, typer.Option(min=1, help="Supplier processes.")] = None,
-    exchanges: Annotated[int | None, typer.Option(min=1)] = None,
-    seed: Annotated[int | None, typer.Option()] = None,
+    exchanges: Annotated[
+        int | None, typer.Option(min=1, help="Exchange processes (default: the scenario's).")
+    ] = None,
+    seed: Annotated[
+        int | None, typer.Option(help="Workload seed (default: the scenario's).")
+    ] = None,
     spread_ms: Annotated[float | None, typer.Option(min=0, help="Suppliers' offer delay.")] = None,
     bid_shards: Annotated[int | None, typer.Option(min=0, help="Sampled bidding shards.")] = None,
-    bid_sample: Annotated[int | None, typer.Option(min=1)] = None,
+    bid_sample: Annotated[
+        int | None, typer.Option(min=1, help="Shards a bid goes to (default: the scenario's).")
+    ] = None,
     max_offers: Annotated[
         int | None, typer.Option(min=0, help="Offers per bid from a supplier process.")
     ] = None,
@@ -389,14 +404,14 @@ async def _demo(
                 )
             )
         else:
-            render.console.print(_outcome_table(outcomes))
+            render.show(_outcome_table(outcomes))
             if report:
                 say(
                     f"\nburst: {report.orders} concurrent orders in {report.seconds:.2f}s: "
                     f"{report.placed} placed, unfilled {report.unfilled or 0}; placed latency "
                     f"p50 {report.p50_ms:.1f} ms, p99 {report.p99_ms:.1f} ms"
                 )
-            render.console.print(render.fleet(statuses))
+            render.show(render.fleet(statuses))
             n = len(set(placed))
             if cleanup is None:
                 how = "" if urls else " (the demo market stops with it)"
@@ -479,7 +494,7 @@ async def _up(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             f"  export BOURSE_NATS_URL={urls[0]}\n"
             f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
-            f"  buyer fleet --region mad --region fra --region sjc{px}\n"
+            f"  buyer fleet{px}\n"
             f"  buyer watch{px}\n"
             f"  bourse demo --nats {urls[0]}{px}\n"
             "Ctrl-C stops everything; machines that were running start again on the next up."

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 from hdrh.histogram import HdrHistogram
 
-from bourse.client import BourseClient
+from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.messages import Placed, PlaceOrder, Resources, Unfilled
 
 # region -> workers (fleet-file dicts, written to one fleet file per region)
@@ -162,10 +162,17 @@ async def run_burst(
     regions = list(DEMO_FLEET)
     hist = HdrHistogram(1, 60_000_000, 3)  # microseconds
 
-    async def one(i: int) -> Placed | Unfilled:
+    async def one(i: int) -> Placed | Unfilled | str:
         t = time.perf_counter()
         region = regions[i % len(regions)]
-        r = await client.place(_o(region, 1, 256, "web", run_id, deadline_ms=2000))
+        try:
+            r = await client.place(_o(region, 1, 256, "web", run_id, deadline_ms=2000))
+        except ClientError as exc:
+            # A user's exchange may refuse part of a burst as overloaded (its admission
+            # control): nothing was placed, and the report counts it.
+            if exc.code != OVERLOADED_CODE:
+                raise
+            return OVERLOADED_CODE
         if isinstance(r, Placed):  # unfilled ones wait out the quiet window by design
             hist.record_value(max(1, int((time.perf_counter() - t) * 1e6)))
         return r
@@ -178,6 +185,8 @@ async def run_burst(
     for r in results:
         if isinstance(r, Unfilled):
             unfilled[r.reason] = unfilled.get(r.reason, 0) + 1
+        elif isinstance(r, str):  # refused: the report's "unfilled" counts it by its code
+            unfilled[r] = unfilled.get(r, 0) + 1
     return BurstReport(
         orders=n,
         placed=sum(isinstance(r, Placed) for r in results),

@@ -69,15 +69,19 @@ def _callback() -> None:
 def run_cmd(
     worker_id: Annotated[str | None, typer.Option(help="This worker's id.")] = None,
     region: Annotated[str | None, typer.Option(help="The region it sells in.")] = None,
-    cpus: Annotated[int, typer.Option(min=0)] = 0,
-    memory_mb: Annotated[int, typer.Option(min=0)] = 0,
-    disk_mb: Annotated[int, typer.Option(min=0)] = 0,
-    gpus: Annotated[int, typer.Option(min=0)] = 0,
+    cpus: Annotated[int, typer.Option(min=0, help="CPUs the worker offers (--worker).")] = 0,
+    memory_mb: Annotated[int, typer.Option(min=0, help="Memory it offers, MiB.")] = 0,
+    disk_mb: Annotated[int, typer.Option(min=0, help="Disk it offers, MiB.")] = 0,
+    gpus: Annotated[int, typer.Option(min=0, help="GPUs it offers.")] = 0,
     label: Annotated[list[str] | None, typer.Option(help="key=value (repeatable).")] = None,
     image: Annotated[list[str] | None, typer.Option(help="A cached image (repeatable).")] = None,
     preset: Annotated[str, typer.Option(help="Utility preset: spread or binpack.")] = "spread",
-    image_weight: Annotated[float, typer.Option(min=0, max=1)] = 0.3,
-    spread_ms: Annotated[float, typer.Option(min=0, max=1000)] = 4.0,
+    image_weight: Annotated[
+        float, typer.Option(min=0, max=1, help="Score weight of a cached image (0-1).")
+    ] = 0.3,
+    spread_ms: Annotated[
+        float, typer.Option(min=0, max=1000, help="Offer delay spread, ms (better scores first).")
+    ] = 4.0,
     fleet: Annotated[
         Path | None, typer.Option(help="TOML file of virtual workers to host in this process.")
     ] = None,

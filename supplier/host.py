@@ -17,7 +17,7 @@ import contextlib
 import secrets
 import time
 from collections import Counter, OrderedDict
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterable
 
 import anyio
 import anyio.abc
@@ -257,6 +257,7 @@ class SupplierHost:
             )
             self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
             self._subs.append(await self.nc.subscribe(s.explain(region), cb=g(self._on_explain)))
+        self._subs.append(await self.nc.subscribe(s.status_every, cb=g(self._on_status)))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
@@ -417,7 +418,11 @@ class SupplierHost:
     async def _on_status(self, msg: Msg) -> None:
         if msg.data.strip():
             decode(msg.data, StatusRequest)
-        for w in self.by_region.get(self._region_of(msg), ()):
+        if msg.subject == self.subjects.status_every:  # every region (added in v1)
+            workers: Iterable[Worker] = self.workers.values()
+        else:
+            workers = self.by_region.get(self._region_of(msg), ())
+        for w in workers:
             await self.responder.reply(msg, w.status())
 
     async def _on_explain(self, msg: Msg) -> None:

@@ -467,7 +467,11 @@ class Auction:
                 f"{unverified} offer(s) failed the signature check"
             )
         if t.offers == 0:
-            return f"no worker in {order.region!r} can take {describe(order)}"
+            # What the auction knows is that nobody offered; why not is the workers' to say
+            # (an explain of the order, which a client asks for on no_offers, §4.15).
+            return (
+                f"no worker in {order.region!r} offered {describe(order)} of image {order.image!r}"
+            )
         if t.below_min == t.offers:
             return f"{t.offers} offer(s), all below min_score {order.min_score}"
         return "the deadline passed"

@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.broker import Broker, Refused
+from bourse.auction.core import describe
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
@@ -121,6 +122,75 @@ def rank(
     return winner, vs
 
 
+# How an unfilled order's region answered, per reason code: a phrase over the workers that
+# gave it (``{names}``), in the desk's order (§6.2). ``image_not_runnable`` on every worker
+# is said as "no worker serves image ...".
+_WHY_NOT = {
+    "commit_under_way": "a commit for this order is under way on {names}",
+    "draining": "draining: {names}",
+    "excluded": "excluded by the order: {names}",
+    "constraint_mismatch": "labels do not match on {names} ({detail})",
+    "insufficient": "not enough free capacity on {names} ({detail})",
+    "blocked_by_holds": "capacity held by other orders on {names}",
+    "image_not_runnable": "image {image!r} is not served by {names}",
+}
+# At most this many worker ids are named per reason; the rest are counted.
+WHY_NOT_NAMES = 3
+
+
+def why_unfilled(order: PlaceOrder, dry: DryRun) -> str | None:
+    """An unfilled order's detail from what the region's workers answered an explain of it
+    (``None`` when nobody answered): which workers declined for which reason (capacity,
+    labels, an image no worker serves, draining, excluded, holds), named, in the desk's
+    order; workers that would offer now (capacity freed since) and silent ones are said too.
+    ``no worker in 'sjc' took 1 cpus + 128 MiB of image 'x': no worker serves image 'x'``."""
+    if not dry.verdicts:
+        return None
+    by_code: dict[str, list[WorkerVerdict]] = {}
+    offers: list[str] = []
+    silent: list[str] = []
+    for v in dry.verdicts:
+        if v.verdict in ("offer", "existing"):
+            offers.append(v.worker_id)
+        elif v.verdict == "no_answer":
+            silent.append(v.worker_id)
+        elif v.verdict == "wait":
+            by_code.setdefault("blocked_by_holds", []).append(v)
+        for r in v.reasons if v.verdict == "decline" else ():
+            by_code.setdefault(r.code, []).append(v)
+    parts: list[str] = []
+    for code in sorted(by_code, key=lambda c: (_decline_rank(c), c)):
+        vs = by_code[code]
+        if code == "image_not_runnable" and len(vs) == len(dry.verdicts):
+            parts.append(f"no worker serves image {order.image!r}")
+            continue
+        first = next((r.detail for r in vs[0].reasons if r.code == code), "")
+        if len(vs) > 1 and first:
+            first = f"{vs[0].worker_id}: {first}"  # one worker's numbers, named
+        phrase = _WHY_NOT.get(code, code + " on {names}")
+        parts.append(phrase.format(names=_names(vs), detail=first, image=order.image))
+    if offers:
+        parts.append(f"{_names_of(offers)} would offer now (capacity freed since)")
+    if silent:
+        parts.append(f"no explanation from {_names_of(silent)}")
+    what = f"{describe(order)} of image {order.image!r}"
+    return f"no worker in {order.region!r} took {what}: " + "; ".join(parts)
+
+
+def _decline_rank(code: str) -> int:
+    return DECLINE_ORDER.index(code) if code in DECLINE_ORDER else len(DECLINE_ORDER)
+
+
+def _names(vs: list[WorkerVerdict]) -> str:
+    return _names_of([v.worker_id for v in vs])
+
+
+def _names_of(ids: list[str]) -> str:
+    shown = ", ".join(ids[:WHY_NOT_NAMES])
+    more = len(ids) - WHY_NOT_NAMES
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
 def _min_score_note(v: WorkerVerdict, min_score: float) -> WorkerVerdict:
     if v.verdict != "offer" or v.score >= min_score:
         return v
@@ -183,16 +253,31 @@ class BourseClient:
             raise _refusal(reply)
         return reply
 
+    async def reasons(self, order: PlaceOrder, unfilled: Unfilled) -> Unfilled:
+        """An Unfilled ``no_offers`` with its detail made true: the region's workers are
+        asked why not (an explain gather, §4.15, within the order's deadline) only now that
+        the order has ended unfilled, so placing costs no extra message. Any other outcome,
+        or a region where nobody explains, is returned as it is."""
+        if unfilled.reason != "no_offers":
+            return unfilled
+        detail = why_unfilled(order, await self.explain(order))
+        if detail is None:
+            return unfilled
+        return msgspec.structs.replace(unfilled, detail=detail)
+
     async def status(
-        self, region: str, within_s: float = 0.5, quiet_s: float = 0.1
+        self, region: str | None, within_s: float = 0.5, quiet_s: float = 0.1
     ) -> list[WorkerStatus]:
-        """Scatter-gather: every worker of the region answers; stop after ``quiet_s`` silence."""
+        """Scatter-gather: every worker of the region (None: of every region) answers; stop
+        after ``quiet_s`` silence."""
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         out: list[WorkerStatus] = []
         try:
             await self.nc.publish(
-                self.subjects.status(region), encode(StatusRequest()), reply=inbox
+                self.subjects.status(region) if region is not None else self.subjects.status_every,
+                encode(StatusRequest()),
+                reply=inbox,
             )
             end = time.monotonic() + within_s
             while (left := end - time.monotonic()) > 0:
@@ -205,7 +290,7 @@ class BourseClient:
                 out.append(decode(msg.data, WorkerStatus))
         finally:
             await sub.unsubscribe()
-        return sorted(out, key=lambda s: s.worker_id)
+        return sorted(out, key=lambda s: (s.region, s.worker_id))
 
     async def explain(self, order: PlaceOrder, within_s: float | None = None) -> DryRun:
         """Why not, for ``order`` without placing it: every worker of the region answers

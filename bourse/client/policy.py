@@ -5,11 +5,15 @@ apps, spares, anti-affinity, region fallback and failover are decided here.
   app, each on a distinct worker, regions tried in the order given. Machines carry
   ``metadata = {app, role, slot}``; a re-run first finds the app's live machines and only
   fills the slots that are missing, so deploy is idempotent.
-- failover: a primary whose worker is gone is replaced by starting one of the app's spares.
+- failover: a primary whose worker is gone (or, forced, a primary that is stopped) is
+  replaced by starting one of the app's spares, and a new spare is placed as deploy would.
+  A started spare fills a primary slot from then on (metadata is written once, at placing),
+  so a re-run of deploy keeps ``count`` machines running.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from bourse.client import BourseClient, ClientError
@@ -45,18 +49,97 @@ class Deployment:
         return all(s.machine is not None for s in self.slots)
 
 
-async def app_machines(client: BourseClient, app: str, regions: list[str]) -> list[Machine]:
-    """The app's live machines on every worker that answers in ``regions``."""
+async def app_machines(
+    client: BourseClient, app: str, regions: list[str] | None, include_destroyed: bool = False
+) -> list[Machine]:
+    """The app's machines (live ones, or every one) on every worker that answers in
+    ``regions`` (None: in every region)."""
+    if regions is None:
+        statuses = await client.status(None)
+    else:
+        statuses = [s for region in regions for s in await client.status(region)]
     found: list[Machine] = []
-    for region in regions:
-        for status in await client.status(region):
-            listed = await client.machines(status.worker_id)
-            found.extend(
-                m
-                for m in listed.machines
-                if m.metadata.get("app") == app and m.state != "destroyed"
-            )
+    for status in statuses:
+        listed = await client.machines(status.worker_id, include_destroyed)
+        found.extend(
+            m
+            for m in listed.machines
+            if m.metadata.get("app") == app and (include_destroyed or m.state != "destroyed")
+        )
     return found
+
+
+def _slot_key(m: Machine) -> tuple[int, str]:
+    slot = m.metadata.get("slot", "")
+    return (int(slot) if slot.isdigit() else 1 << 30, m.machine_id)
+
+
+def _assign(slots: list[Slot], machines: list[Machine]) -> None:
+    """Give the app's live machines to the slots: a primary slot takes a primary that is not
+    stopped, else a started spare (one a failover started in a primary's place); a spare
+    slot takes a spare that is not started. By slot index, so a re-run keeps what it has."""
+    primaries = sorted(
+        (m for m in machines if m.metadata.get("role") == PRIMARY and m.state != "stopped"),
+        key=_slot_key,
+    )
+    promoted = sorted(
+        (m for m in machines if m.metadata.get("role") == SPARE and m.state == "started"),
+        key=_slot_key,
+    )
+    idle = sorted(
+        (m for m in machines if m.metadata.get("role") == SPARE and m.state != "started"),
+        key=_slot_key,
+    )
+    pools = {PRIMARY: [*primaries, *promoted], SPARE: idle}
+    for slot in slots:
+        pool = pools[slot.role]
+        if pool:
+            slot.machine, slot.existed = pool.pop(0), True
+
+
+async def _fill(
+    client: BourseClient,
+    slot: Slot,
+    *,
+    app: str,
+    regions: list[str],
+    resources: Resources,
+    image: str,
+    constraints: dict[str, str],
+    used_workers: set[str],
+    deadline_ms: int,
+    min_score: float,
+    fresh: bool,
+) -> None:
+    """Place ``slot`` in the first region that takes it, on a worker the app does not use
+    yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
+    deploy (a retry of it is idempotent); with a random suffix once the app has had
+    machines, so a refilled slot never reuses the id of a machine it replaces (an order id
+    is kept for 24 h, §5.3c: the old id would hand back the old machine)."""
+    suffix = "" if fresh else "." + secrets.token_hex(4)
+    for region in regions:
+        order = PlaceOrder(
+            # One id per (slot, region): a slot tried in two regions never shares an id.
+            order_id=f"{app}.{slot.name}.{region}{suffix}",
+            region=region,
+            resources=resources,
+            image=image,
+            constraints=constraints,
+            exclude_workers=sorted(used_workers),  # anti-affinity
+            min_score=min_score,
+            deadline_ms=deadline_ms,
+            metadata={"app": app, "role": slot.role, "slot": str(slot.index)},
+        )
+        result = await client.place(order)
+        if isinstance(result, Unfilled):
+            slot.unfilled.append(await client.reasons(order, result))
+            continue
+        slot.placed = result
+        used_workers.add(result.worker_id)
+        slot.machine = await client.machine(
+            "start" if slot.role == PRIMARY else "get", result.machine_id
+        )
+        return
 
 
 async def deploy(
@@ -74,68 +157,113 @@ async def deploy(
 ) -> Deployment:
     if not regions:
         raise ClientError("deploy needs at least one region", "bad_request")
-    existing = {
-        (m.metadata.get("role"), m.metadata.get("slot")): m
-        for m in await app_machines(client, app, regions)
-    }
-    used_workers = {m.worker_id for m in existing.values()}
+    every = await app_machines(client, app, regions, include_destroyed=True)
+    live = [m for m in every if m.state != "destroyed"]
+    used_workers = {m.worker_id for m in live}
     slots = [Slot(PRIMARY, i) for i in range(count)] + [Slot(SPARE, i) for i in range(spares)]
+    _assign(slots, live)
     for slot in slots:
-        have = existing.get((slot.role, str(slot.index)))
-        if have is not None:
-            slot.machine, slot.existed = have, True
-            continue
-        for region in regions:
-            order = PlaceOrder(
-                # One id per (slot, region): a retry of this deploy is idempotent, and a
-                # slot tried in two regions never shares an id across them.
-                order_id=f"{app}.{slot.name}.{region}",
-                region=region,
+        if slot.machine is None:
+            await _fill(
+                client,
+                slot,
+                app=app,
+                regions=regions,
                 resources=resources,
                 image=image,
                 constraints=constraints or {},
-                exclude_workers=sorted(used_workers),  # anti-affinity
-                min_score=min_score,
+                used_workers=used_workers,
                 deadline_ms=deadline_ms,
-                metadata={"app": app, "role": slot.role, "slot": str(slot.index)},
+                min_score=min_score,
+                fresh=not every,
             )
-            result = await client.place(order)
-            if isinstance(result, Unfilled):
-                slot.unfilled.append(result)
-                continue
-            slot.placed = result
-            used_workers.add(result.worker_id)
-            slot.machine = await client.machine(
-                "start" if slot.role == PRIMARY else "get", result.machine_id
-            )
-            break
     return Deployment(app, slots)
 
 
-async def failover(
-    client: BourseClient, *, app: str, regions: list[str], machine_id: str, force: bool = False
-) -> Machine:
-    """Start one of the app's spares in place of ``machine_id``, whose worker is gone.
+@dataclass
+class Failover:
+    """What a failover did: the spare it started in place of ``replaced``, the replaced
+    machine as it is after a ``--force`` stop (None when its worker is gone), and the new
+    spare placed in its place (``refill``: placed, or its Unfilled)."""
 
-    Raises ClientError if the worker still answers (unless ``force``) or no spare is left.
+    app: str
+    replaced: str
+    started: Machine
+    stopped: Machine | None
+    refill: Slot
+
+
+async def failover(
+    client: BourseClient,
+    *,
+    app: str,
+    regions: list[str],
+    machine_id: str,
+    force: bool = False,
+    constraints: dict[str, str] | None = None,
+    deadline_ms: int = 500,
+) -> Failover:
+    """Start one of the app's spares in place of ``machine_id`` (whose worker is gone, or,
+    with ``force``, which is stopped), then place a new spare as deploy would.
+
+    Raises ClientError: ``bad_request`` for an app with no machine in ``regions``, a machine
+    its answering worker does not have for the app, or a worker that still answers (without
+    ``force``); ``unfilled`` when no spare is left.
     """
+    if not regions:
+        raise ClientError("failover needs at least one region", "bad_request")
+    where = ", ".join(regions)
     lost_worker = worker_of_machine(machine_id)
     alive = {s.worker_id for region in regions for s in await client.status(region)}
-    if lost_worker in alive and not force:
-        raise ClientError(
-            f"worker {lost_worker} still answers; nothing to fail over (use --force to "
-            "start a spare anyway)",
-            "bad_request",
-        )
+    machines = await app_machines(client, app, regions)
+    if not machines:
+        raise ClientError(f"app {app!r} has no machines in {where}", "bad_request")
+    replaced = next((m for m in machines if m.machine_id == machine_id), None)
+    if lost_worker in alive:
+        if replaced is None:
+            raise ClientError(
+                f"machine {machine_id} is not a live machine of app {app!r} (its worker "
+                f"{lost_worker} answers without it)",
+                "bad_request",
+            )
+        if not force:
+            raise ClientError(
+                f"worker {lost_worker} still answers; nothing to fail over (use --force to "
+                "stop the machine and start a spare anyway)",
+                "bad_request",
+            )
     spares = [
         m
-        for m in await app_machines(client, app, regions)
+        for m in machines
         if m.metadata.get("role") == SPARE
         and m.state in ("reserved", "stopped")
         and m.worker_id != lost_worker
     ]
     if not spares:
-        raise ClientError(f"app {app!r} has no spare left in {', '.join(regions)}", "unfilled")
+        raise ClientError(f"app {app!r} has no spare left in {where}", "unfilled")
     order = {r: i for i, r in enumerate(regions)}
-    spares.sort(key=lambda m: (order.get(m.region, len(order)), m.metadata.get("slot", "")))
-    return await client.machine("start", spares[0].machine_id)
+    spares.sort(key=lambda m: (order.get(m.region, len(order)), _slot_key(m)))
+    spare = spares[0]
+    started = await client.machine("start", spare.machine_id)
+    stopped = None
+    if replaced is not None and lost_worker in alive:
+        stopped = await client.machine("stop", replaced.machine_id)
+    # The new spare: the started one's slot, its resources and image (a machine does not
+    # carry its order's labels: ``constraints`` are deploy's --label), on a worker the app
+    # does not use.
+    refill = Slot(SPARE, int(spare.metadata.get("slot", "0") or 0))
+    used = {m.worker_id for m in machines} | {lost_worker}
+    await _fill(
+        client,
+        refill,
+        app=app,
+        regions=regions,
+        resources=spare.resources,
+        image=spare.image,
+        constraints=constraints or {},
+        used_workers=used,
+        deadline_ms=deadline_ms,
+        min_score=0.0,
+        fresh=False,
+    )
+    return Failover(app, machine_id, started, stopped, refill)

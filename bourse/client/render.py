@@ -1,4 +1,8 @@
-"""How results look: rich tables for people, JSON for scripts."""
+"""How results look: rich tables for people, JSON for scripts.
+
+Ids are never cut: on a terminal the id columns keep their full width (the other columns
+wrap); when stdout is not a terminal (a pipe, a file, a test) a table is printed as plain
+aligned columns, as wide as its cells, so any id can be copied from it."""
 
 from __future__ import annotations
 
@@ -8,12 +12,74 @@ from collections.abc import Iterable
 import msgspec
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from bourse.client import DryRun
-from bourse.client.policy import Deployment
+from bourse.client.policy import Deployment, Failover
 from bourse.wire.messages import Event, Machine, Placed, Unfilled, WorkerStatus, WorkerVerdict
 
-console = Console()
+# soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
+console = Console(soft_wrap=True)
+# Columns of free text: on a terminal they wrap (at least WRAP_MIN wide); every other
+# column (ids, numbers, states) is shown whole or the table is printed plain.
+WRAP_COLUMNS = frozenset({"why", "note", "images", "labels"})
+WRAP_MIN = 12
+
+
+def show(table: Table) -> None:
+    """Print a table: boxed on a terminal wide enough for every id and number whole (only
+    text columns such as "why" wrap), plain aligned columns otherwise (a pipe, or a
+    terminal too narrow: the lines run past its edge rather than cut an id)."""
+    lines = plain(table)
+    if console.is_terminal:
+        widths = _widths(table)
+        need = 1  # the box: 3 columns per column (a rule, a space each side), and 1
+        for col, w in zip(table.columns, widths, strict=True):
+            if str(col.header) in WRAP_COLUMNS:
+                need += min(w, WRAP_MIN) + 3
+            else:
+                col.no_wrap, col.min_width = True, w
+                need += w + 3
+        if need <= console.width:
+            console.print(table)
+            return
+    for line in lines:
+        console.out(line, highlight=False)
+
+
+def _widths(table: Table) -> list[int]:
+    return [
+        max([len(str(col.header)), *(len(x) for c in col.cells for x in _plain(c).split("\n"))])
+        for col in table.columns
+    ]
+
+
+def plain(table: Table) -> list[str]:
+    """A table as text lines: a header, then one line per row (a cell of several lines
+    continues on the next lines, in its column), columns two spaces apart, nothing cut."""
+    headers = [str(c.header) for c in table.columns]
+    cols = [[_plain(c).split("\n") for c in col.cells] for col in table.columns]
+    rows = len(cols[0]) if cols else 0
+    widths = [
+        max([len(h), *(len(line) for cell in col for line in cell)])
+        for h, col in zip(headers, cols, strict=True)
+    ]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) for c, w in zip(cells, widths, strict=True)).rstrip()
+
+    out = [line(headers)]
+    for r in range(rows):
+        cells = [col[r] for col in cols]
+        for k in range(max(len(c) for c in cells)):
+            out.append(line([c[k] if k < len(c) else "" for c in cells]))
+    return out
+
+
+def _plain(cell: object) -> str:
+    if isinstance(cell, Text):
+        return cell.plain
+    return Text.from_markup(str(cell)).plain
 
 
 def as_json(obj: object) -> str:
@@ -93,9 +159,39 @@ def deployment(d: Deployment) -> Table:
             )
             t.add_row(s.name, m.machine_id, m.region, m.worker_id, m.state, note)
         else:
-            why = "; ".join(f"{u.region}: {u.reason}" for u in s.unfilled)
+            why = "; ".join(u.detail or f"{u.region}: {u.reason}" for u in s.unfilled)
             t.add_row(s.name, "-", "-", "-", "[yellow]unfilled[/]", why)
     return t
+
+
+def failover_json(
+    app: str, machine_id: str, f: Failover | None, error: str | None
+) -> dict[str, object]:
+    """``failover --json``: one object whatever happened (``error`` set when no spare)."""
+    refill = f.refill if f is not None else None
+    return {
+        "app": app,
+        "replaced": machine_id,
+        "started": f.started if f is not None else None,
+        "stopped": f.stopped if f is not None else None,
+        "spare": refill.machine if refill is not None else None,
+        "spare_unfilled": [u.detail for u in refill.unfilled] if refill is not None else [],
+        "error": error,
+    }
+
+
+def failover_lines(f: Failover) -> list[str]:
+    m = f.started
+    lines = [f"started spare {m.machine_id} on {m.worker_id} ({m.region}) in place of {f.replaced}"]
+    if f.stopped is not None:
+        lines.append(f"stopped {f.stopped.machine_id} (its worker still answers: --force)")
+    spare = f.refill.machine
+    if spare is not None:
+        lines.append(f"new spare {spare.machine_id} on {spare.worker_id} ({spare.region})")
+    else:
+        why = "; ".join(u.detail for u in f.refill.unfilled) or "no region to place it in"
+        lines.append(f"[yellow]no new spare[/]: {why}")
+    return lines
 
 
 def event_line(e: Event) -> str:

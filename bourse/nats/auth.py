@@ -4,20 +4,20 @@ and the nats-server ``authorization`` block that enforces them (``bourse auth in
 Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox prefix
 ``_INBOX.<its public nkey>``, so no user can read another user's replies):
 
-- ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.explain.*``; subscribe
-  ``R.event.>``.
-- ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``;
-  subscribe ``R.order.*``, ``R.machine.*`` and ``R.reclaim.*`` only in the queue group
-  ``exchange``; answers
-  the requests it receives (allow_responses).
+- ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
+  region), ``R.explain.*``; subscribe ``R.event.>``.
+- ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
+  ``R.event.*.exchange.unfilled`` (order outcomes); subscribe ``R.order.*``, ``R.machine.*``
+  and ``R.reclaim.*`` only in the queue group ``exchange``; answers the requests it
+  receives (allow_responses).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
-  ``R.status.<region>``, ``R.explain.<region>`` and its workers' ``R.worker.<id>.>``; publish
-  only its workers' ``R.event.<region>.<id>.*``, ``R.worker.<id>.machine.list`` (the
-  start-up check that no other process serves the same worker id) and ``R.reclaim.<id>``
-  (asking about its own reserved machines, §5.3d); answers what it receives
-  (allow_responses, many replies per request: a bid gets several offers, a status request one
-  reply per worker, an explain request pages of verdicts).
+  ``R.status.<region>``, ``R.explain.<region>``, ``R.status`` (every region) and its
+  workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
+  ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
+  worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
+  answers what it receives (allow_responses, many replies per request: a bid gets several
+  offers, a status request one reply per worker, an explain request pages of verdicts).
 
 Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` turns a
 ``--creds`` file (an nkey seed file, or a JWT ``.creds`` file) into nats-py connect options.
@@ -37,6 +37,7 @@ from typing import Any
 import nkeys
 
 from bourse.nats.jetstream import claims_bucket_name, stream_name
+from bourse.wire.messages import EXCHANGE_EVENT_WORKER, UNFILLED_EVENT
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 
 ROLE_BUYER = "buyer"
@@ -168,6 +169,7 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.order("*"),
             s.machine("*"),
             s.status("*"),
+            s.status_every,
             s.explain("*"),
             *_event_stream_api(s, manage=False),
         ),
@@ -183,6 +185,7 @@ def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
             s.commit("*"),
             s.release("*"),
             s.worker_machine("*", "*"),
+            s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
             *_claims_api(s),
         ),
         subscribe=(
@@ -199,7 +202,7 @@ def supplier_permissions(
     s: Subjects, workers: Sequence[tuple[str, str]], inbox: str
 ) -> Permissions:
     regions = sorted({region for _, region in workers})
-    sub = [f"{inbox}.>"]
+    sub = [f"{inbox}.>", s.status_every]
     for r in regions:
         sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r), s.explain(r)]
     sub += [s.worker_all(wid) for wid, _ in workers]

@@ -33,12 +33,44 @@ except ImportError:  # pragma: no cover - older typer
     _USAGE_ERRORS = (click.ClickException,)
     _ABORTS = (click.exceptions.Abort,)
 
+
+def _help_metavars() -> None:
+    """Help that says what an option takes: a flag shows no value (typer would print
+    ``<bool>``, even for --help); an option without its own metavar shows its name
+    (``--region REGION``) rather than a Python type (``<str>``, ``<list[str]>``). Choices
+    keep their list. One place for every program (buyer, bourse, supplier, exchange)."""
+    from typer.core import TyperArgument, TyperOption
+
+    def argument_type(self: TyperArgument, ctx: Any) -> str | None:
+        return None  # an argument's metavar (MACHINE_ID) already says what it takes
+
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]
+    original = TyperOption.display_type_rich
+    if getattr(original, "_bourse", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        if self.metavar is not None:
+            return self.metavar or None
+        if self.is_flag:
+            return None
+        if getattr(self.type_descriptor, "is_choice", False):
+            return original(self, ctx)
+        return (self.name or "value").upper()
+
+    display_type_rich._bourse = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_help_metavars()
+
 NatsOpt = Annotated[
     list[str] | None,
     typer.Option(
         "--nats",
         envvar=ENV_URL,
         help="NATS server URL (repeat, or comma-separate, for a cluster).",
+        metavar="URL",
         show_default=False,
     ),
 ]
@@ -47,30 +79,54 @@ CredsOpt = Annotated[
     typer.Option(
         "--creds",
         envvar=ENV_CREDS,
+        metavar="FILE",
         help="NATS credentials: an nkey seed file (from `bourse auth init`) or a JWT .creds file.",
     ),
 ]
 TlsCaOpt = Annotated[
     str | None,
-    typer.Option("--tls-ca", envvar=ENV_CA, help="TLS to NATS: the CA file to trust."),
+    typer.Option(
+        "--tls-ca", envvar=ENV_CA, metavar="FILE", help="TLS to NATS: the CA file to trust."
+    ),
 ]
 TlsCertOpt = Annotated[
     str | None,
-    typer.Option("--tls-cert", envvar=ENV_CERT, help="Mutual TLS: this client's certificate."),
+    typer.Option(
+        "--tls-cert", envvar=ENV_CERT, metavar="FILE", help="Mutual TLS: this client's certificate."
+    ),
 ]
 TlsKeyOpt = Annotated[
     str | None,
-    typer.Option("--tls-key", envvar=ENV_KEY, help="Mutual TLS: the client certificate's key."),
+    typer.Option(
+        "--tls-key",
+        envvar=ENV_KEY,
+        metavar="FILE",
+        help="Mutual TLS: the client certificate's key.",
+    ),
 ]
-PrefixOpt = Annotated[str, typer.Option("--prefix", envvar="BOURSE_PREFIX", help="Subject prefix.")]
+PrefixOpt = Annotated[
+    str,
+    typer.Option(
+        "--prefix", envvar="BOURSE_PREFIX", metavar="PREFIX", help="Subject prefix (tokens)."
+    ),
+]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
-LogLevelOpt = Annotated[str, typer.Option("--log-level", envvar="BOURSE_LOG_LEVEL")]
+LogLevelOpt = Annotated[
+    str,
+    typer.Option(
+        "--log-level",
+        envvar="BOURSE_LOG_LEVEL",
+        metavar="LEVEL",
+        help="Least severe log level shown: debug, info, warning, error.",
+    ),
+]
 LogJsonOpt = Annotated[bool, typer.Option("--log-json", help="Log JSON lines instead of k=v.")]
 MetricsAddrOpt = Annotated[
     str,
     typer.Option(
         "--metrics-addr",
         envvar="BOURSE_METRICS_ADDR",
+        metavar="HOST:PORT",
         help="Serve Prometheus metrics on HOST:PORT at /metrics (port 0: any free one; "
         "'' or off: none). See docs/operations.md.",
     ),

@@ -60,6 +60,10 @@ ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
 MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
 MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
 EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
+# Added in v1: an order outcome the exchange publishes (no worker has a change to report);
+# its Event's worker_id is EXCHANGE_EVENT_WORKER, reserved for it (docs/protocol.md §6.9).
+UNFILLED_EVENT = "unfilled"
+EXCHANGE_EVENT_WORKER = "exchange"
 
 
 def now_ms() -> int:

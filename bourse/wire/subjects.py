@@ -82,6 +82,12 @@ class Subjects:
     def reclaim_all(self) -> str:
         return f"{self.root}.reclaim.*"
 
+    @property
+    def status_every(self) -> str:
+        """Added in v1: status of every worker of every region (``buyer fleet`` with no
+        region), answered by every supplier for all its workers."""
+        return f"{self.root}.status"
+
     def explain(self, region: str) -> str:
         """Added in v1: "why not" for an order, answered by every worker of the region."""
         return f"{self.root}.explain.{region}"

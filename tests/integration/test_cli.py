@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
 from bourse.wire.messages import Placed
 from tests.market import Market, order, wait_until, worker
@@ -213,12 +214,98 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     gone = hosts[primary["worker_id"]]
     await market.stop(gone)  # the primary's worker goes away
     await gone.nc.close()
+    third = ({"g1", "k1", "k2"} - {primary["worker_id"], slots["spare-0"]["worker_id"]}).pop()
     code, out, err = await buyer(market, *ff, "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert (doc["app"], doc["replaced"], doc["error"]) == ("api", primary["machine_id"], None)
+    assert doc["started"]["machine_id"] == slots["spare-0"]["machine_id"]
+    assert doc["started"]["state"] == "started"
+    assert doc["stopped"] is None  # its worker is gone: nothing to stop
+    # the spare is refilled as deploy would: on the one worker the app does not use
+    assert (doc["spare"]["worker_id"], doc["spare"]["state"]) == (third, "reserved")
+    assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "0"}
+
+    # the refilled spare is started by the next failover; then none is left: exit 2, and
+    # --json still prints one object
+    code, out, err = await buyer(market, *ff, "--json")
+    assert json.loads(out)["started"]["machine_id"] == doc["spare"]["machine_id"]
+    code, out, err = await buyer(market, *ff, "--json")
+    assert code == 2
+    assert json.loads(out) == {
+        "app": "api",
+        "replaced": primary["machine_id"],
+        "started": None,
+        "stopped": None,
+        "spare": None,
+        "spare_unfilled": [],
+        "error": "app 'api' has no spare left in ams",
+    }
+    assert err == "error: no failover: app 'api' has no spare left in ams\n"
+
+
+async def test_failover_force_stops_the_machine_and_refills_the_spare(market: Market) -> None:
+    await market.host(*(worker(w, region="ams") for w in ("a1", "a2", "a3", "a4")))
+    await market.exchange()
+    deploy = (
+        "deploy", "--app", "web", "--region", "ams", "--count", "2", "--spares", "1",
+        "--cpus", "1", "--memory-mb", "64", "--image", "x", "--json",
+    )  # fmt: skip
+    code, out, err = await buyer(market, *deploy)
     assert code == 0, err
-    assert json.loads(out)["machine_id"] == slots["spare-0"]["machine_id"]
-    assert json.loads(out)["state"] == "started"
-    code, _, err = await buyer(market, *ff)
-    assert code == 2 and "no spare left" in err
+    slots = {s["slot"]: s["machine"] for s in json.loads(out)["slots"]}
+    primary, spare = slots["primary-0"], slots["spare-0"]
+    ff = ("failover", "--app", "web", "--machine", primary["machine_id"], "--region", "ams")
+    code, out, err = await buyer(market, *ff, "--force", "--json")
+    assert (code, err) == (0, "")
+    doc = json.loads(out)
+    assert doc["started"]["machine_id"] == spare["machine_id"]
+    assert (doc["stopped"]["machine_id"], doc["stopped"]["state"]) == (
+        primary["machine_id"],
+        "stopped",
+    )
+    used = {m["worker_id"] for m in slots.values()}
+    assert doc["spare"]["state"] == "reserved" and doc["spare"]["worker_id"] not in used
+
+    # two running, as asked: the replaced primary is stopped, the spare runs in its place,
+    # and a re-run of deploy places nothing (it counts the started spare as a primary)
+    code, out, err = await buyer(market, *deploy)
+    again = json.loads(out)
+    assert all(s["existed"] for s in again["slots"]), again
+    states: list[str] = []
+    for w in ("a1", "a2", "a3", "a4"):
+        _, listed, _ = await buyer(market, "machines", "list", "--worker", w, "--json")
+        states += [m["state"] for m in json.loads(listed)["machines"]]
+    states.sort()
+    assert states == ["reserved", "started", "started", "stopped"]
+
+
+async def test_failover_of_an_unknown_app_or_machine_is_a_clear_error(market: Market) -> None:
+    await market.host(worker("a1", region="ams"))
+    await market.exchange()
+    r = await (await market.client()).place(
+        order(region="ams", metadata={"app": "web", "role": "primary", "slot": "0"})
+    )
+    assert isinstance(r, Placed)
+    for args, line in [
+        (
+            ("--app", "nope", "--machine", r.machine_id),
+            "error: app 'nope' has no machines in ams\n",
+        ),
+        (
+            ("--app", "web", "--machine", "a1~01JD5X7Q2M4N6P8R0T2V4X6Z8B"),
+            "error: machine a1~01JD5X7Q2M4N6P8R0T2V4X6Z8B is not a live machine of app 'web' "
+            "(its worker a1 answers without it)\n",
+        ),
+    ]:
+        code, out, err = await buyer(market, "failover", *args, "--region", "ams")
+        assert (code, out, err) == (1, "", line)
+        code, out, err = await buyer(market, "failover", *args, "--region", "ams", "--json")
+        assert code == 1 and json.loads(out)["error"] == line.removeprefix("error: ").strip()
+    code, out, err = await buyer(
+        market, "failover", "--app", "web", "--machine", "bogus", "--region", "ams"
+    )
+    assert code == 1 and err.startswith("error: Invalid value for '--machine': 'bogus' is not")
 
 
 async def test_watch_prints_events_as_json_lines(market: Market) -> None:
@@ -275,3 +362,158 @@ async def test_fleet_says_which_region_has_no_worker_and_exits_2(market: Market)
     assert err == "no worker answers in region 'nowhere'\n"
     code, out, err = await buyer(market, "fleet", "--region", "mad", "--json")
     assert (code, err) == (0, "") and "mad-1" in out
+
+
+async def test_an_unfilled_order_says_why_each_worker_declined(market: Market) -> None:
+    await market.host(
+        worker("mad-1", labels={"disk": "ssd"}, draining=True),
+        worker("mad-2", labels={"disk": "hdd"}),
+        worker("mad-3", labels={"disk": "ssd"}, cpus=1),
+        worker("mad-4", labels={"disk": "ssd"}),
+    )
+    await market.exchange()
+    args = (*PLACE[:5], "--memory-mb", "256", "--image", "web", "--label", "disk=ssd")
+    line = (
+        "unfilled (no_offers) in mad: no worker in 'mad' took 2 cpus + 256 MiB + constraints "
+        "disk=ssd of image 'web': draining: mad-1; excluded by the order: mad-4; labels do not "
+        "match on mad-2 (label disk: wants 'ssd', has 'hdd'); not enough free capacity on mad-3 "
+        "(cpus: wants 2, free 1 (capacity 1, committed 0, held 0))"
+    )
+    for how in ((), ("--direct",)):  # through the exchange, and the auction run here
+        code, out, err = await buyer(market, *args, "--exclude", "mad-4", *how)
+        assert (code, err) == (2, "")
+        assert out.splitlines()[0] == line
+        code, out, err = await buyer(market, *args, "--exclude", "mad-4", "--json", *how)
+        assert json.loads(out)["result"]["detail"] == line.split(": ", 1)[1]
+
+
+async def test_fleet_asks_every_region_when_none_is_given(market: Market) -> None:
+    code, out, err = await buyer(market, "fleet")  # nobody at all
+    assert (code, out, err) == (2, "", "no worker answers in any region\n")
+    long_id = "w" * 40
+    await market.host(worker("mad-1"), worker(long_id, region="fra"))
+    code, out, err = await buyer(market, "fleet", env={"COLUMNS": "40"})
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "region", "worker", "cpus", "mem", "MiB", "held", "machines", "images", "labels", "state",
+    ]  # fmt: skip
+    assert [line.split()[:2] for line in lines[1:]] == [["fra", long_id], ["mad", "mad-1"]]
+    code, out, _ = await buyer(market, "fleet", "--json")
+    assert [s["worker_id"] for s in json.loads(out)] == [long_id, "mad-1"]
+
+
+async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Market) -> None:
+    wid = "a-worker-with-a-rather-long-name-for-a-narrow-pipe"
+    await market.host(worker(wid))
+    await market.exchange()
+    code, out, err = await buyer(market, *PLACE, "--json")
+    mid = json.loads(out)["result"]["machine_id"]
+    code, out, err = await buyer(market, "machines", "list", "--worker", wid, env={"COLUMNS": "40"})
+    assert (code, err) == (0, "")
+    header, row = out.splitlines()
+    assert header.split() == [
+        "machine",
+        "order",
+        "state",
+        "cpus",
+        "memory",
+        "MiB",
+        "image",
+        "score",
+    ]
+    _, shown, _ = await buyer(market, "machines", "show", mid, "--json")
+    assert row.split()[:3] == [mid, json.loads(shown)["order_id"], "reserved"]
+
+
+async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
+    await market.host(worker("mad-1"), worker("fra-1", region="fra"))
+    await market.exchange()
+    client = await market.client()
+    ids = []
+    for region in ("mad", "mad", "fra"):
+        r = await client.place(order(region=region, metadata={"app": "shop"}))
+        assert isinstance(r, Placed)
+        ids.append(r.machine_id)
+    other = await client.place(order(metadata={"app": "blog"}))
+    assert isinstance(other, Placed)
+
+    for args, line in [
+        ((ids[0], "--app", "shop"), "error: give a MACHINE_ID or --app NAME (one of them)\n"),
+        ((), "error: give a MACHINE_ID or --app NAME (one of them)\n"),
+        ((ids[0], "--region", "mad"), "error: --region goes with --app\n"),
+        (
+            ("--app", "shop"),
+            "error: destroy 3 machine(s) of app 'shop': not confirmed (no terminal to ask on); "
+            "pass --yes\n",
+        ),
+    ]:
+        code, out, err = await buyer(market, "machines", "destroy", *args)
+        assert (code, out, err) == (1, "", line)
+
+    # with a terminal it asks; "n" keeps them, "y" destroys them (in one region here)
+    for answer, code_wanted in (("n", 1), ("y", 0)):
+        code, out, err = await buyer_on_a_terminal(
+            market, answer, "machines", "destroy", "--app", "shop", "--region", "mad"
+        )
+        assert code == code_wanted, (out, err)
+        assert "destroy 2 machine(s) of app 'shop'? [y/N]" in out
+    assert err == ""
+    code, out, err = await buyer(market, "machines", "destroy", "--app", "shop", "--yes", "--json")
+    assert (code, err) == (0, "")
+    assert [(m["machine_id"], m["state"]) for m in json.loads(out)] == [(ids[2], "destroyed")]
+    code, out, _ = await buyer(market, "machines", "show", other.machine_id, "--json")
+    assert json.loads(out)["state"] == "reserved"  # another app's machine is left alone
+    code, out, err = await buyer(market, "machines", "destroy", "--app", "shop")
+    assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")
+
+
+async def buyer_on_a_terminal(market: Market, answer: str, *args: str) -> tuple[int, str, str]:
+    """The buyer with a terminal on stdin that types ``answer``."""
+    master, slave = os.openpty()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "buyer_cli",
+            *args,
+            "--prefix",
+            market.subjects.prefix,
+            stdin=slave,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env={**os.environ, "BOURSE_NATS_URL": market.url},
+        )
+        os.write(master, f"{answer}\n".encode())  # read when it asks (the tty buffers it)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        os.close(slave)
+        os.close(master)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_tls_options_work_after_the_command(market: Market, tmp_path: Path) -> None:
+    missing = str(tmp_path / "nope.pem")
+    code, out, err = await buyer(market, *PLACE, "--tls-ca", missing)
+    assert code == 1 and out == "" and len(err.splitlines()) == 1
+    assert err.startswith("error: ") and missing in err and "No such option" not in err
+
+
+async def test_help_says_what_every_option_takes() -> None:
+    """No <bool> on a flag, no Python type for a value, and a help line for every option."""
+    for args in (("place",), ("fleet",), ("deploy",), ("failover",), ("machines", "destroy")):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "buyer_cli",
+            *args,
+            "--help",
+            stdout=asyncio.subprocess.PIPE,
+            env={**os.environ, "COLUMNS": "200"},
+        )
+        out, _ = await proc.communicate()
+        text = out.decode()
+        assert proc.returncode == 0 and "--help" in text
+        assert "<bool>" not in text and "<str>" not in text and "<int>" not in text, text
+        assert "<list[str]>" not in text and "<float>" not in text, text

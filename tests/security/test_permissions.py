@@ -173,3 +173,32 @@ async def test_exchange_serves_orders_only_in_its_queue_group(secured: Secured) 
     assert f'subscription to "{s.order_all}"' in await v.next()
     await ex.subscribe(s.events())  # and it has no business reading events
     assert "subscription to" in await v.next()
+
+
+async def test_exchange_publishes_unfilled_outcomes_and_nothing_else_on_events(
+    secured: Secured,
+) -> None:
+    s = secured.subjects
+    watcher, _ = await secured.connect("buyer")
+    events = await watcher.subscribe(s.events())
+    await flush_all(watcher)
+    ex, v = await secured.connect("exchange")
+    await ex.publish(s.event("mad", "exchange", "unfilled"), b"{}")
+    msg = await events.next_msg(timeout=5)
+    assert msg.subject == s.event("mad", "exchange", "unfilled")
+    await ex.publish(s.event("mad", "mad-1", "placed"), b"{}")  # no worker's event
+    assert f'publish to "{s.event("mad", "mad-1", "placed")}"' in await v.next()
+    await ex.publish(s.event("mad", "exchange", "placed"), b"{}")  # no other kind
+    assert f'publish to "{s.event("mad", "exchange", "placed")}"' in await v.next()
+
+
+async def test_every_region_status_buyer_asks_supplier_answers(secured: Secured) -> None:
+    s = secured.subjects
+    sup, sv = await secured.connect("supplier:mad-1")
+    await sup.subscribe(s.status_every)
+    await flush_all(sup)
+    assert sv.none_yet()
+    buyer, bv = await secured.connect("buyer")
+    await buyer.publish(s.status_every, b"")
+    await flush_all(buyer)
+    assert bv.none_yet()

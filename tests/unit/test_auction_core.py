@@ -540,7 +540,9 @@ def test_no_offers_when_nobody_answers_in_the_quiet_window() -> None:
     u = result(d)
     assert isinstance(u, Unfilled)
     assert (u.reason, u.offers, u.commits_tried, u.elapsed_ms) == ("no_offers", 0, 0, 100.0)
-    assert u.detail == "no worker in 'mad' can take 2 cpus + 512 MiB + constraints disk=ssd"
+    assert u.detail == (
+        "no worker in 'mad' offered 2 cpus + 512 MiB + constraints disk=ssd of image 'web'"
+    )
     assert d == [unfilled_log(u), Finish(u)]
 
 
