@@ -57,9 +57,24 @@ UnfilledReason = Literal[
 ]
 RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
 ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
-MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
+# "failed" added in v1 (additive): a process killed at its memory limit or by a signal.
+MachineState = Literal[
+    "reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed"
+]
 MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
-EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
+# "failed" and "restarted" added in v1 (additive, docs/protocol.md §6.9).
+EVENT_KINDS = (
+    "placed",
+    "started",
+    "stopped",
+    "failed",
+    "restarted",
+    "destroyed",
+    "hold_expired",
+    "pulled",
+)
+# Added in v1: how a worker confines its machines (docs/protocol.md §4.12); "" = not said.
+Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
 
 
 def now_ms() -> int:
@@ -314,6 +329,8 @@ class WorkerStatus(Message, kw_only=True):
     # Added in v1: why the worker is draining ("configured", "store: database or disk is
     # full", ...); "" when it is not.
     drain_reason: str = ""
+    # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
+    confinement: Confinement = ""
 
 
 class MachineRequest(Message, kw_only=True):
@@ -328,6 +345,15 @@ class ListMachines(Message, kw_only=True):
 
     worker_id: OptionalWorkerId = ""
     include_destroyed: bool = False
+
+
+class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """Added in v1 (nested in Machine, no ``type``): how the machine's process last ended."""
+
+    reason: Literal["exit", "signal", "oom"]
+    code: int | None = None  # reason "exit": the exit code
+    signal: int | None = None  # reason "signal" / "oom": the signal that killed it (9: oom)
+    at_ms: Millis = 0
 
 
 class Machine(Message, kw_only=True):
@@ -345,6 +371,10 @@ class Machine(Message, kw_only=True):
     # Added in v1: destroyed because the auction gave up on its commit (Release.abort_commit);
     # such a machine does not hold its order id, so the order can be retried.
     aborted: bool = False
+    # Added in v1: how its process last ended (None: it never ended), and how many times
+    # the driver restarted it under its restart policy.
+    last_exit: LastExit | None = None
+    restarts: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class MachineList(Message, kw_only=True):

@@ -15,7 +15,8 @@ from typing import Protocol
 
 import anyio.abc
 
-from bourse.wire.messages import Machine
+from bourse.wire.messages import Machine, Resources
+from supplier.drivers.confine import Mechanism
 
 
 class DriverError(RuntimeError):
@@ -25,6 +26,12 @@ class DriverError(RuntimeError):
 class Driver(Protocol):
     name: str
 
+    @property
+    def confinement(self) -> Mechanism:
+        """How machines are held to their resources: cgroup2, cgroup1, rlimit or none
+        (supplier/drivers/confine.py)."""
+        ...
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None:
         """Own the driver's tasks (a process's supervisor) until cancelled; leave nothing
         running when it ends. Started by the worker's Machines.run before the host serves."""
@@ -32,6 +39,11 @@ class Driver(Protocol):
 
     def can_run(self, image: str) -> bool:
         """Whether this worker can run the image at all (offers are only made if so)."""
+        ...
+
+    def refuses(self, r: Resources) -> str:
+        """Why it cannot run a machine of these resources confined (an order it should
+        decline), or ""."""
         ...
 
     async def pull(self, image: str) -> float:

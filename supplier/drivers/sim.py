@@ -6,12 +6,14 @@ from __future__ import annotations
 import anyio
 import anyio.abc
 
-from bourse.wire.messages import Machine
+from bourse.wire.messages import Machine, Resources
+from supplier.drivers.confine import Mechanism
 from supplier.images import DEFAULT_IMAGE_MB
 
 
 class SimDriver:
     name = "sim"
+    confinement: Mechanism = "none"  # nothing runs: nothing to confine
 
     def __init__(self, pull_mb_per_s: float = 1000.0, sizes: dict[str, int] | None = None) -> None:
         self.pull_mb_per_s = pull_mb_per_s
@@ -26,6 +28,9 @@ class SimDriver:
 
     def can_run(self, image: str) -> bool:
         return True
+
+    def refuses(self, r: Resources) -> str:
+        return ""
 
     def pull_seconds(self, image: str) -> float:
         if self.pull_mb_per_s <= 0:
