@@ -43,7 +43,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state"):
+    for col in ("images", "labels", "state", "confined"):
         t.add_column(col)
     for s in statuses:
         t.add_row(
@@ -56,6 +56,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             ",".join(s.images),
             ",".join(f"{k}={v}" for k, v in s.labels.items()),
             "draining" if s.draining else "ok",
+            s.confinement or "-",  # "" from a worker older than the field
         )
     return t
 
