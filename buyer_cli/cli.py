@@ -19,6 +19,7 @@ from nats.aio.client import Client as NATS
 from bourse.auction.driver import AuctionError
 from bourse.client import BourseClient, ClientError, DryRun, policy, render
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
+from bourse.client.follow import follow_logs
 from bourse.client.policy import Deployment
 from bourse.nats.connection import shutdown
 from bourse.runtime import logs
@@ -92,6 +93,25 @@ def _connection(
     )
 
 
+RESTART_POLICIES = ("no", "on-failure", "always")  # the process driver's (order metadata)
+
+
+def _restart(value: str | None) -> str | None:
+    if value is not None and value not in RESTART_POLICIES:
+        raise typer.BadParameter(f"{value!r} is not a restart policy: use no, on-failure or always")
+    return value
+
+
+RestartOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Restart the machine's process when it ends: no, on-failure (non-zero exit, "
+        "signal, oom), always (process driver; sent as metadata restart=...). Default: "
+        "the image's policy.",
+        metavar="POLICY",
+        callback=_restart,
+    ),
+]
 DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
 ]
@@ -188,6 +208,7 @@ def place(
         ),
     ] = None,
     meta: Annotated[list[str] | None, typer.Option(help="Metadata key=value.")] = None,
+    restart: RestartOpt = None,
     start: Annotated[bool, typer.Option(help="Start the machine once placed.")] = False,
     dry_run: Annotated[
         bool,
@@ -221,7 +242,8 @@ def place(
         "exclude_workers": exclude or [],
         "min_score": min_score,
         "deadline_ms": deadline_ms,
-        "metadata": dict(pair.partition("=")[::2] for pair in meta or []),
+        "metadata": dict(pair.partition("=")[::2] for pair in meta or [])
+        | ({"restart": restart} if restart is not None else {}),
     }
     if order_id:
         raw["order_id"] = order_id
@@ -372,6 +394,8 @@ def _verb(verb: str, help_text: str) -> None:
             typer.echo(render.as_json(m))
         else:
             render.console.print(render.machines([m]))
+            if verb == "get":
+                render.console.print(render.last_exit(m))
 
     command.__doc__ = help_text
     machines_app.command("show" if verb == "get" else verb)(command)
@@ -382,6 +406,10 @@ def machines_logs(
     ctx: typer.Context,
     machine_id: MachineIdArg,
     tail: Annotated[int, typer.Option(min=1, max=1000, help="How many lines.")] = 100,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Then print new lines as they come (Ctrl-C stops)."),
+    ] = False,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -391,13 +419,12 @@ def machines_logs(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """The last lines a machine printed (process driver)."""
-    out = _with_client(
-        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
-        prefix,
-        direct,
-        lambda c: c.logs(machine_id, tail),
-    )
+    """The last lines a machine printed (process driver); --follow: and what it prints next."""
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if follow:
+        _with_client(conn, prefix, direct, lambda c: _follow(c, machine_id, tail, json))
+        return
+    out = _with_client(conn, prefix, direct, lambda c: c.logs(machine_id, tail))
     if json:
         typer.echo(render.as_json(out))
         return
@@ -405,6 +432,18 @@ def machines_logs(
         typer.echo("... (older lines left out)")
     for line in out.lines:
         typer.echo(line)
+
+
+async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> None:
+    """Print the tail, then new lines as they come (one MachineLogs per line with --json)."""
+    async for got in follow_logs(c, machine_id, tail):
+        if json:
+            typer.echo(render.as_json(got))
+            continue
+        if got.truncated:
+            typer.echo("... (lines left out)")
+        for line in got.lines:
+            typer.echo(line)
 
 
 _verb("get", "One machine.")
@@ -432,6 +471,7 @@ def deploy(
     label: Annotated[list[str] | None, typer.Option(help="Constraint key=value.")] = None,
     min_score: Annotated[float, typer.Option()] = 0.0,
     deadline_ms: Annotated[int, typer.Option()] = DEFAULT_DEADLINE_MS,
+    restart: RestartOpt = None,
     direct: DirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -464,6 +504,7 @@ def deploy(
             constraints=constraints,
             deadline_ms=deadline_ms,
             min_score=min_score,
+            restart=restart or "",
         )
 
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)

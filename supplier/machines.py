@@ -308,12 +308,12 @@ class Machines:
                 except (DriverError, StoreError) as exc:
                     self.log.error("machine_resume_failed", machine_id=m.machine_id, error=str(exc))
 
-    async def logs(self, machine_id: str, tail: int) -> MachineLogs | Error:
+    async def logs(self, machine_id: str, tail: int, since: int = -1) -> MachineLogs | Error:
         m = self.get(machine_id)
         if isinstance(m, Error):
             return m
-        lines, truncated = self.driver.logs(machine_id, tail, MAX_LOG_BYTES)
-        return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated)
+        lines, truncated, end = self.driver.logs(machine_id, tail, MAX_LOG_BYTES, since)
+        return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated, end=end)
 
     async def close(self, timeout_s: float = LIFECYCLE_S) -> None:
         """Stop: let the lifecycle work under way finish (for at most ``timeout_s``), stop

@@ -291,5 +291,5 @@ class Worker:
         """start / stop / destroy, written to the op log before it is reported."""
         return await self.keeper.transition(verb, machine_id)
 
-    async def logs(self, machine_id: str, tail: int) -> MachineReply:
-        return await self.keeper.logs(machine_id, tail)
+    async def logs(self, machine_id: str, tail: int, since: int = -1) -> MachineReply:
+        return await self.keeper.logs(machine_id, tail, since)

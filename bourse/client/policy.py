@@ -71,7 +71,11 @@ async def deploy(
     constraints: dict[str, str] | None = None,
     deadline_ms: int = 500,
     min_score: float = 0.0,
+    restart: str = "",
 ) -> Deployment:
+    """Place ``count`` machines and ``spares`` on distinct workers (idempotent). ``restart``
+    (``no``, ``on-failure``, ``always``), when given, goes in each order's ``restart``
+    metadata: the process driver's restart policy for the machine."""
     if not regions:
         raise ClientError("deploy needs at least one region", "bad_request")
     existing = {
@@ -97,7 +101,8 @@ async def deploy(
                 exclude_workers=sorted(used_workers),  # anti-affinity
                 min_score=min_score,
                 deadline_ms=deadline_ms,
-                metadata={"app": app, "role": slot.role, "slot": str(slot.index)},
+                metadata={"app": app, "role": slot.role, "slot": str(slot.index)}
+                | ({"restart": restart} if restart else {}),
             )
             result = await client.place(order)
             if isinstance(result, Unfilled):

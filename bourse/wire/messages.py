@@ -338,6 +338,9 @@ class MachineRequest(Message, kw_only=True):
 
     machine_id: MachineId
     tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # added in v1: logs only
+    # Added in v1, logs only: a byte offset from a previous MachineLogs.end; the reply then
+    # holds the complete lines after it (``buyer machines logs --follow``); -1: the tail.
+    since: Annotated[int, msgspec.Meta(ge=-1)] = -1
 
 
 class ListMachines(Message, kw_only=True):
@@ -389,6 +392,9 @@ class MachineLogs(Message, kw_only=True):
     machine_id: MachineId
     lines: list[str]
     truncated: bool = False  # older lines (or over-long ones) were left out
+    # Added in v1: the log's byte offset just past the last complete line read (pass it as
+    # MachineRequest.since to get what follows); None from a worker older than the field.
+    end: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Event(Message, kw_only=True):

@@ -64,9 +64,12 @@ class Driver(Protocol):
 
     def is_running(self, machine_id: str) -> bool: ...
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
-        """The last ``tail`` lines of output (within ``max_bytes``), and whether some were
-        left out."""
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
+        """The last ``tail`` lines of output (within ``max_bytes``), or with ``since`` >= 0
+        the complete lines after that byte offset (within ``max_bytes``); whether some were
+        left out; and the offset just past the last complete line read."""
         ...
 
     async def close(self) -> None:

@@ -32,7 +32,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
 import anyio
 import anyio.abc
@@ -81,6 +81,19 @@ class _Supervisor:
         self.scope = anyio.CancelScope()
         self.stopping = False
         self.restarts = m.restarts  # carried across supplier restarts (the Machine record)
+
+
+def _lines_after(f: BinaryIO, since: int, max_bytes: int) -> tuple[list[str], bool, int]:
+    """The complete lines from byte ``since`` on (within ``max_bytes``: the rest comes with
+    the next call), and the offset just past them. A line longer than ``max_bytes`` comes
+    cut, as ``truncated``."""
+    f.seek(since)
+    data = f.read(max_bytes)
+    cut = data.rfind(b"\n") + 1
+    truncated = False
+    if cut == 0 and len(data) == max_bytes:  # one over-long line: hand it over cut
+        cut, truncated = len(data), True
+    return data[:cut].decode(errors="replace").splitlines(), truncated, since + cut
 
 
 class ProcessDriver:
@@ -279,21 +292,27 @@ class ProcessDriver:
                 self.on_exit(sup.m.machine_id, Exit(code=127))
                 return
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
         path = self.log_path(machine_id)
         if not path.exists():
-            return [], False
+            return [], False, 0
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
+            if since >= 0:
+                return _lines_after(f, min(since, size), max_bytes)
+            start = max(0, size - max_bytes)
+            f.seek(start)
             data = f.read()
+        end = start + data.rfind(b"\n") + 1 if b"\n" in data else start
         lines = data.decode(errors="replace").splitlines()
         truncated = size > max_bytes
         if truncated and lines:
             lines = lines[1:]  # the first line was cut by the byte window
         if len(lines) > tail:
             lines, truncated = lines[-tail:], True
-        return lines, truncated
+        return lines, truncated, end
 
     def restarts(self, machine_id: str) -> int:
         sup = self._sups.get(machine_id)

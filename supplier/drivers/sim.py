@@ -55,8 +55,10 @@ class SimDriver:
     def is_running(self, machine_id: str) -> bool:
         return machine_id in self.running
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
-        return [], False  # simulated machines print nothing
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
+        return [], False, 0  # simulated machines print nothing
 
     async def close(self) -> None:
         self.running.clear()
