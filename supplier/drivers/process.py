@@ -211,13 +211,20 @@ class ProcessDriver:
         except (ConfineError, OSError) as exc:
             log.error("cgroup_remove_failed", machine_id=machine_id, error=str(exc))
 
+    async def _uncage_async(self, machine_id: str) -> None:
+        """_uncage in a worker thread: killing what is left and waiting for the cgroup to
+        empty may take a moment (a fork bomb's children), which the event loop must not."""
+        await anyio.to_thread.run_sync(self._uncage, machine_id)
+
     def usage_ns(self, machine_id: str) -> int | None:
         """CPU time used by the machine's cgroup (ns), from the cgroup's own counter."""
         return self.confiner.usage_ns(machine_id)
 
     async def _spawn(self, sup: _Supervisor) -> None:
         try:
-            cgroups, limits = self.confiner.prepare(sup.m.machine_id, sup.m.resources)
+            cgroups, limits = await anyio.to_thread.run_sync(
+                self.confiner.prepare, sup.m.machine_id, sup.m.resources
+            )
         except (ConfineError, OSError) as exc:
             raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
         confine = [a for p in cgroups for a in ("--cgroup", p)]
@@ -269,7 +276,7 @@ class ProcessDriver:
             if not (sup.policy == "always" or (sup.policy == "on-failure" and not clean)):
                 mlog.info("machine_exited", exit=how.describe(), policy=sup.policy)
                 self._sups.pop(sup.m.machine_id, None)
-                self._uncage(sup.m.machine_id)
+                await self._uncage_async(sup.m.machine_id)
                 self.on_exit(sup.m.machine_id, how)
                 return
             if time.monotonic() - began > BACKOFF_RESET_AFTER_S:
@@ -288,7 +295,7 @@ class ProcessDriver:
             except DriverError as exc:
                 mlog.error("machine_restart_failed", error=str(exc))
                 self._sups.pop(sup.m.machine_id, None)
-                self._uncage(sup.m.machine_id)
+                await self._uncage_async(sup.m.machine_id)
                 self.on_exit(sup.m.machine_id, Exit(code=127))
                 return
 
@@ -346,11 +353,11 @@ class ProcessDriver:
                     )
                     await self._kill(proc)
         sup.scope.cancel()
-        self._uncage(m.machine_id)
+        await self._uncage_async(m.machine_id)
 
     async def destroy(self, m: Machine) -> None:
         await self.stop(m)
-        self._uncage(m.machine_id)  # also when it was not running (no cgroup is left)
+        await self._uncage_async(m.machine_id)  # also when it was not running
 
     async def close(self) -> None:
         """Stop every process, all at once (they come back when the supplier restarts:

@@ -15,7 +15,7 @@ from nats.aio.msg import Msg
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
-from supplier.config import WorkerConfig
+from supplier.config import ConfigError, WorkerConfig, check_workers
 from supplier.drivers.confine import CGROUP_MECHANISMS, Confiner
 from supplier.drivers.process import ProcessDriver
 from tests.market import Market, order, wait_until, worker
@@ -272,3 +272,13 @@ async def test_rlimit_path_fails_an_allocation_past_memory(market: Market) -> No
     assert got.last_exit is not None and (got.last_exit.reason, got.last_exit.code) == ("exit", 1)
     text = _driver(market, "r1").log_path(m.machine_id).read_text()
     assert "MemoryError" in text and "survived" not in text
+
+
+def test_a_forced_mechanism_the_host_lacks_is_one_clear_config_error() -> None:
+    _, offer = Confiner.probe("auto", "probe")
+    if not offer.cgroup2:
+        pytest.skip("this host offers cgroup2: nothing to refuse")
+    with pytest.raises(ConfigError) as err:
+        check_workers([_worker("x1", confine="cgroup2")])
+    assert str(err.value) == f"worker x1: confine = cgroup2 is not usable here: {offer.cgroup2}"
+    print(err.value)
