@@ -20,6 +20,7 @@ from nats.aio.client import Client as NATS
 from bourse.auction.driver import AuctionError
 from bourse.client import BourseClient, ClientError, DryRun, policy, render, why_unfilled
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
+from bourse.client.follow import follow_logs
 from bourse.client.policy import Deployment
 from bourse.nats.connection import shutdown
 from bourse.runtime import logs
@@ -114,6 +115,26 @@ AppOpt = Annotated[
     str, typer.Option("--app", metavar="NAME", help="The app's name (its machines carry it).")
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+RESTART_POLICIES = ("no", "on-failure", "always")  # the process driver's (order metadata)
+
+
+def _restart(value: str | None) -> str | None:
+    if value is not None and value not in RESTART_POLICIES:
+        raise typer.BadParameter(f"{value!r} is not a restart policy: use no, on-failure or always")
+    return value
+
+
+RestartOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Restart the machine's process when it ends: no, on-failure (non-zero exit, "
+        "signal, oom), always (process driver; sent as metadata restart=...). Default: "
+        "the image's policy.",
+        metavar="POLICY",
+        callback=_restart,
+    ),
+]
 DirectOpt = Annotated[
     bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
 ]
@@ -214,6 +235,7 @@ def place(
         list[str] | None,
         typer.Option(metavar="KEY=VALUE", help="Metadata the machine carries (repeatable)."),
     ] = None,
+    restart: RestartOpt = None,
     start: Annotated[bool, typer.Option("--start", help="Start the machine once placed.")] = False,
     dry_run: Annotated[
         bool,
@@ -249,7 +271,8 @@ def place(
         "exclude_workers": exclude or [],
         "min_score": min_score,
         "deadline_ms": deadline_ms,
-        "metadata": dict(pair.partition("=")[::2] for pair in meta or []),
+        "metadata": dict(pair.partition("=")[::2] for pair in meta or [])
+        | ({"restart": restart} if restart is not None else {}),
     }
     if order_id:
         raw["order_id"] = order_id
@@ -417,6 +440,8 @@ def _verb(verb: str, help_text: str) -> None:
             typer.echo(render.as_json(m))
         else:
             render.show(render.machines([m]))
+            if verb == "get":
+                render.console.print(render.last_exit(m))
 
     command.__doc__ = help_text
     machines_app.command("show" if verb == "get" else verb)(command)
@@ -429,6 +454,10 @@ def machines_logs(
     tail: Annotated[
         int, typer.Option(min=1, max=1000, metavar="N", help="How many lines, the last ones.")
     ] = 100,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Then print new lines as they come (Ctrl-C stops)."),
+    ] = False,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -438,13 +467,12 @@ def machines_logs(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """The last lines a machine printed (process driver)."""
-    out = _with_client(
-        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
-        prefix,
-        direct,
-        lambda c: c.logs(machine_id, tail),
-    )
+    """The last lines a machine printed (process driver); --follow: and what it prints next."""
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if follow:
+        _with_client(conn, prefix, direct, lambda c: _follow(c, machine_id, tail, json))
+        return
+    out = _with_client(conn, prefix, direct, lambda c: c.logs(machine_id, tail))
     if json:
         typer.echo(render.as_json(out))
         return
@@ -452,6 +480,18 @@ def machines_logs(
         typer.echo("... (older lines left out)")
     for line in out.lines:
         typer.echo(line)
+
+
+async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> None:
+    """Print the tail, then new lines as they come (one MachineLogs per line with --json)."""
+    async for got in follow_logs(c, machine_id, tail):
+        if json:
+            typer.echo(render.as_json(got))
+            continue
+        if got.truncated:
+            typer.echo("... (lines left out)")
+        for line in got.lines:
+            typer.echo(line)
 
 
 _verb("get", "One machine.")
@@ -565,6 +605,7 @@ def deploy(
     label: LabelOpt = None,
     min_score: MinScoreOpt = 0.0,
     deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
+    restart: RestartOpt = None,
     direct: DirectOpt = False,
     json: JsonOpt = False,
     nats: NatsOpt = None,
@@ -597,6 +638,7 @@ def deploy(
             constraints=constraints,
             deadline_ms=deadline_ms,
             min_score=min_score,
+            restart=restart or "",
         )
 
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)

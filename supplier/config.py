@@ -25,6 +25,7 @@ import msgspec
 
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Amount, Image, Labels, Region, WorkerId
+from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
 from supplier.pricing import build_curves
 
 Preset = Literal["spread", "binpack"]
@@ -75,6 +76,14 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
     image_cache_mb: Annotated[int, msgspec.Meta(ge=0)] | None = None
     pull_mb_per_s: Annotated[float, msgspec.Meta(ge=0)] = 1000.0  # sim pull speed
+    # Process driver: how machines are confined (supplier/drivers/confine.py): "auto" takes
+    # the first usable of cgroup2, cgroup1, rlimit; naming one forces it (an error at start
+    # if the host cannot). pids_max: each machine's process limit. cgroup_parent: the cgroup
+    # (from the hierarchy's root) under which the worker makes bourse/<worker_id>/; default
+    # the supplier's own cgroup.
+    confine: ConfineChoice = "auto"
+    pids_max: Annotated[int, msgspec.Meta(ge=8, le=4_194_304)] = DEFAULT_PIDS_MAX
+    cgroup_parent: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
     @property
     def image_budget_mb(self) -> int:
@@ -126,3 +135,8 @@ def check_workers(workers: list[WorkerConfig]) -> None:
             build_curves(w.pricing)
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+        if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it
+            try:
+                Confiner.probe(w.confine, w.worker_id, w.pids_max, w.cgroup_parent)
+            except ConfineError as exc:
+                raise ConfigError(f"worker {w.worker_id}: {exc}") from None

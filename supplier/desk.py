@@ -17,7 +17,8 @@ Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
                                         (DRAINING, EXCLUDED, CONSTRAINT_MISMATCH,
                                         INSUFFICIENT), BLOCKED when only holds are in
                                         the way, CANNOT_RUN when the driver cannot run
-                                        the image
+                                        the image, TOO_SMALL when it cannot confine
+                                        the memory asked for
     otherwise                        -> a Quote (a score; nothing held yet)
 
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
@@ -75,6 +76,7 @@ __all__ = [
     "INSUFFICIENT",
     "MAX_WAITING",
     "OUTRANKED",
+    "TOO_SMALL",
     "Answer",
     "Desk",
     "OrderLike",
@@ -90,6 +92,7 @@ __all__ = [
 COMMITTING = "commit_under_way"  # a commit for this order is being written on the worker
 BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way (and it did not wait)
 CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the bid's image
+TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
 OUTRANKED = "outranked"  # it could offer, but the process offered its best max_offers only
 # Not a decline: a price note in an explanation (the image term it forgoes).
 IMAGE_NOT_CACHED = "image_not_cached"
@@ -176,6 +179,10 @@ class Seat(Protocol):
 
     def can_run(self, image: str) -> bool:
         """Whether the worker's driver can run the image at all."""
+        ...
+
+    def unconfinable(self, r: Resources) -> str:
+        """Why the worker's driver cannot confine a machine of ``r``, or "" (it can)."""
         ...
 
 
@@ -357,6 +364,8 @@ class Desk(Generic[S]):
             return reason
         if not w.can_run(bid.image):
             return CANNOT_RUN
+        if w.unconfinable(bid.resources):
+            return TOO_SMALL
         cached = bid.image in w.images
         score, _ = w.pricer.price(ledger.capacity, ledger.used, want, cached, False)
         return Quote(score, cached, want)
@@ -454,6 +463,8 @@ class Desk(Generic[S]):
             reasons.append(
                 Reason(code=CANNOT_RUN, detail=f"the driver cannot run image {order.image!r}")
             )
+        if small := w.unconfinable(order.resources):
+            reasons.append(Reason(code=TOO_SMALL, detail=small))
         if any(r.code != BLOCKED for r in reasons):
             return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
         cached = order.image in w.images

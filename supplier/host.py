@@ -481,7 +481,8 @@ class SupplierHost:
         if verb == "get":
             await self.responder.reply(msg, w.get_machine(mreq.machine_id))
         elif verb == "logs":
-            await self.responder.reply(msg, await w.logs(mreq.machine_id, mreq.tail))
+            logs = await w.logs(mreq.machine_id, mreq.tail, mreq.since)
+            await self.responder.reply(msg, logs)
         else:
             self.responder.spawn(msg, self._answer(msg, w.transition(verb, mreq.machine_id)))
 

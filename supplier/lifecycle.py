@@ -1,23 +1,31 @@
 """Machine lifecycle: which verb moves a machine from which state to which.
 
     reserved -> starting -> started -> stopping -> stopped -> destroyed
+                            started -> failed (killed: at its memory limit, or by a signal)
 
 ``start``, ``stop`` and ``destroy`` are idempotent (start on a started machine returns it
-unchanged); anything else not in the table is an InvalidTransition with a clear message.
+unchanged; stop on a failed one too: it runs no more); anything else not in the table is an
+InvalidTransition with a clear message. ``failed`` is not reached by a verb: the worker
+records it when the driver reports a process killed and not restarted (supplier/machines.py).
 """
 
 from __future__ import annotations
 
-LIVE_STATES = ("reserved", "starting", "started", "stopping", "stopped")
+LIVE_STATES = ("reserved", "starting", "started", "stopping", "stopped", "failed")
 
 # verb -> {from_state: to_state}
 TRANSITIONS: dict[str, dict[str, str]] = {
-    "start": {"reserved": "started", "stopped": "started", "starting": "started"},
+    "start": {
+        "reserved": "started",
+        "stopped": "started",
+        "starting": "started",
+        "failed": "started",
+    },
     "stop": {"started": "stopped", "starting": "stopped", "stopping": "stopped"},
     "destroy": {s: "destroyed" for s in LIVE_STATES},
 }
-# verb -> the state in which it has nothing to do
-SETTLED = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
+# verb -> the states in which it has nothing to do
+SETTLED = {"start": ("started",), "stop": ("stopped", "failed"), "destroy": ("destroyed",)}
 # verb -> the event published when it changes a machine
 EVENT_OF = {"start": "started", "stop": "stopped", "destroy": "destroyed"}
 # verb -> the state recorded while the driver works (so a crash mid-way is visible)
@@ -32,7 +40,7 @@ class InvalidTransition(ValueError):
 
 def next_state(verb: str, machine_id: str, state: str) -> str:
     """The state after ``verb``; ``state`` itself when there is nothing to do."""
-    if SETTLED.get(verb) == state:
+    if state in SETTLED.get(verb, ()):
         return state
     to = TRANSITIONS.get(verb, {}).get(state)
     if to is None:

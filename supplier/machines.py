@@ -23,8 +23,9 @@ import anyio.abc
 import msgspec
 import structlog
 
-from bourse.wire.messages import Error, Event, Machine, MachineLogs, now_ms
+from bourse.wire.messages import Error, Event, LastExit, Machine, MachineLogs, now_ms
 from supplier.drivers import Driver, DriverError
+from supplier.drivers.confine import Exit
 from supplier.images import ImageCache
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
 from supplier.store import Op, Store, StoreError
@@ -37,6 +38,11 @@ AnnounceFn = Callable[[Event], None]
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
 # How long a stop waits for the lifecycle work under way (a store write each) to finish.
 LIFECYCLE_S = 5.0
+
+
+def last_exit(how: Exit) -> LastExit:
+    """The wire form of how a process ended."""
+    return LastExit(reason=how.reason, code=how.code, signal=how.signal, at_ms=now_ms())
 
 
 class Machines:
@@ -255,23 +261,50 @@ class Machines:
             self._idle = anyio.Event()
             await self._idle.wait()
 
-    def exited(self, machine_id: str, code: int) -> None:
+    def exited(self, machine_id: str, how: Exit) -> None:
         """The driver saw the machine's process end for good (restart policy said no)."""
-        self.spawn(self._exited(machine_id, code))
+        self.spawn(self._exited(machine_id, how))
 
-    async def _exited(self, machine_id: str, code: int) -> None:
+    def restarted(self, machine_id: str, how: Exit, restarts: int) -> None:
+        """The driver restarts the machine after its process ended (its restart policy)."""
+        self.spawn(self._restarted(machine_id, how, restarts))
+
+    async def _exited(self, machine_id: str, how: Exit) -> None:
+        """Record the end: ``failed`` when it was killed (``oom`` at its memory limit, or a
+        signal), else ``stopped`` (it exited with a code); with its last exit."""
         async with self.lock(machine_id):
             m = self.by_id.get(machine_id)
             if m is None or m.state != "started":
                 return
-            detail = f"exited with code {code}"
-            stopped = self.event("stopped", m.order_id, machine_id, detail)
+            detail = how.describe()
+            state, op = ("failed", "failed") if how.failed else ("stopped", "exited")
+            ev = self.event(state, m.order_id, machine_id, detail)
             try:
-                await self._record(m, "stopped", "exited", detail, (stopped,))
+                await self._record(m, state, op, detail, (ev,), last_exit=last_exit(how))
             except StoreError as exc:
                 self.on_store_error(str(exc))
                 return
-        self.log.info("machine_exited", machine_id=machine_id, code=code)
+        self.log.info("machine_" + op, machine_id=machine_id, exit=detail)
+
+    async def _restarted(self, machine_id: str, how: Exit, restarts: int) -> None:
+        async with self.lock(machine_id):
+            m = self.by_id.get(machine_id)
+            if m is None or m.state != "started":
+                return
+            detail = f"{how.describe()}; restart {restarts}"
+            ev = self.event("restarted", m.order_id, machine_id, detail)
+            try:
+                await self._record(
+                    m,
+                    "started",
+                    "restarted",
+                    detail,
+                    (ev,),
+                    last_exit=last_exit(how),
+                    restarts=restarts,
+                )
+            except StoreError as exc:
+                self.on_store_error(str(exc))
 
     async def resume(self) -> None:
         """After a restart: machines that should run are started again; half-done stops
@@ -286,12 +319,12 @@ class Machines:
                 except (DriverError, StoreError) as exc:
                     self.log.error("machine_resume_failed", machine_id=m.machine_id, error=str(exc))
 
-    async def logs(self, machine_id: str, tail: int) -> MachineLogs | Error:
+    async def logs(self, machine_id: str, tail: int, since: int = -1) -> MachineLogs | Error:
         m = self.get(machine_id)
         if isinstance(m, Error):
             return m
-        lines, truncated = self.driver.logs(machine_id, tail, MAX_LOG_BYTES)
-        return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated)
+        lines, truncated, end = self.driver.logs(machine_id, tail, MAX_LOG_BYTES, since)
+        return MachineLogs(machine_id=machine_id, lines=lines, truncated=truncated, end=end)
 
     async def close(self, timeout_s: float = LIFECYCLE_S) -> None:
         """Stop: let the lifecycle work under way finish (for at most ``timeout_s``), stop

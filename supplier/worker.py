@@ -22,6 +22,7 @@ from bourse.wire.messages import (
     Machine,
     MachineList,
     MachineReply,
+    Resources,
     WorkerStatus,
     now_ms,
 )
@@ -30,7 +31,8 @@ from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
 from supplier.drivers import Driver
-from supplier.drivers.process import ExitFn, ProcessDriver
+from supplier.drivers.confine import Confiner, Exit, Mechanism
+from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
 from supplier.drivers.sim import SimDriver
 from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
 from supplier.ledger import Hold, Ledger
@@ -49,10 +51,20 @@ CapacityFn = Callable[["Worker"], None]
 STORE_DRAIN = "store: "
 
 
-def make_driver(cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn) -> Driver:
-    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/."""
+def make_driver(
+    cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn, on_restart: RestartFn
+) -> Driver:
+    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/;
+    process machines are confined as the host allows (supplier/drivers/confine.py)."""
     if cfg.driver == "process":
-        return ProcessDriver(cfg.catalog, data_dir / "machines" / cfg.worker_id, on_exit)
+        confiner, _ = Confiner.probe(cfg.confine, cfg.worker_id, cfg.pids_max, cfg.cgroup_parent)
+        return ProcessDriver(
+            cfg.catalog,
+            data_dir / "machines" / cfg.worker_id,
+            on_exit,
+            confiner=confiner,
+            on_restart=on_restart,
+        )
     sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
     return SimDriver(cfg.pull_mb_per_s, sizes)
 
@@ -94,7 +106,9 @@ class Worker:
             cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB), on_image
         )
         # The driver's exit callback is this worker's (it records the exit in its op log).
-        self.driver: Driver = driver or make_driver(cfg, store.path.parent, self._exited)
+        self.driver: Driver = driver or make_driver(
+            cfg, store.path.parent, self._exited, self._restarted
+        )
         self.pricer = Pricer(cfg.pricing)  # built once from the config
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
@@ -137,9 +151,13 @@ class Worker:
         )
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 
-    def _exited(self, machine_id: str, code: int) -> None:
+    def _exited(self, machine_id: str, how: Exit) -> None:
         """The driver saw a machine's process end for good."""
-        self.keeper.exited(machine_id, code)
+        self.keeper.exited(machine_id, how)
+
+    def _restarted(self, machine_id: str, how: Exit, restarts: int) -> None:
+        """The driver restarts a machine whose process ended (its restart policy)."""
+        self.keeper.restarted(machine_id, how, restarts)
 
     # -- start-up ---------------------------------------------------------------------------
     def recover(self) -> None:
@@ -232,6 +250,10 @@ class Worker:
         """Whether this worker's driver can run the image at all."""
         return self.driver.can_run(image)
 
+    def unconfinable(self, r: Resources) -> str:
+        """Why this worker's driver cannot confine a machine of ``r`` (it declines), or ""."""
+        return self.driver.refuses(r)
+
     def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
         """Drop the order's waiting bids and its hold (of ``auction_id`` when given), unless
         ``abort_commit`` finds a commit to undo (the commit desk's business, §6.6)."""
@@ -256,7 +278,13 @@ class Worker:
             draining=self.draining,
             holds=len(self.ledger.holds),
             drain_reason=self.drain_reason,
+            confinement=self.confinement,
         )
+
+    @property
+    def confinement(self) -> Mechanism:
+        """How this worker holds its machines to what was sold (its status says it)."""
+        return self.driver.confinement
 
     def list_machines(self, include_destroyed: bool) -> MachineList:
         ms = [m for m in self.machines.values() if include_destroyed or m.state != "destroyed"]
@@ -269,5 +297,5 @@ class Worker:
         """start / stop / destroy, written to the op log before it is reported."""
         return await self.keeper.transition(verb, machine_id)
 
-    async def logs(self, machine_id: str, tail: int) -> MachineReply:
-        return await self.keeper.logs(machine_id, tail)
+    async def logs(self, machine_id: str, tail: int, since: int = -1) -> MachineReply:
+        return await self.keeper.logs(machine_id, tail, since)

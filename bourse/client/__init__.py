@@ -356,9 +356,11 @@ class BourseClient:
         reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, Machine)
 
-    async def logs(self, machine_id: str, tail: int = 100) -> MachineLogs:
+    async def logs(self, machine_id: str, tail: int = 100, since: int = -1) -> MachineLogs:
+        """The last ``tail`` lines, or with ``since`` (a previous reply's ``end``) the lines
+        printed after it."""
         subject, who = self._machine_subject("logs", machine_id)
-        body = encode(MachineRequest(machine_id=machine_id, tail=tail))
+        body = encode(MachineRequest(machine_id=machine_id, tail=tail, since=since))
         reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, MachineLogs)
 

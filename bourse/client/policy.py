@@ -110,6 +110,7 @@ async def _fill(
     deadline_ms: int,
     min_score: float,
     fresh: bool,
+    restart: str = "",
 ) -> None:
     """Place ``slot`` in the first region that takes it, on a worker the app does not use
     yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
@@ -128,7 +129,8 @@ async def _fill(
             exclude_workers=sorted(used_workers),  # anti-affinity
             min_score=min_score,
             deadline_ms=deadline_ms,
-            metadata={"app": app, "role": slot.role, "slot": str(slot.index)},
+            metadata={"app": app, "role": slot.role, "slot": str(slot.index)}
+            | ({"restart": restart} if restart else {}),
         )
         result = await client.place(order)
         if isinstance(result, Unfilled):
@@ -154,7 +156,11 @@ async def deploy(
     constraints: dict[str, str] | None = None,
     deadline_ms: int = 500,
     min_score: float = 0.0,
+    restart: str = "",
 ) -> Deployment:
+    """Place ``count`` machines and ``spares`` on distinct workers (idempotent). ``restart``
+    (``no``, ``on-failure``, ``always``), when given, goes in each order's ``restart``
+    metadata: the process driver's restart policy for the machine."""
     if not regions:
         raise ClientError("deploy needs at least one region", "bad_request")
     every = await app_machines(client, app, regions, include_destroyed=True)
@@ -176,6 +182,7 @@ async def deploy(
                 deadline_ms=deadline_ms,
                 min_score=min_score,
                 fresh=not every,
+                restart=restart,
             )
     return Deployment(app, slots)
 

@@ -109,7 +109,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state"):
+    for col in ("images", "labels", "state", "confined"):
         t.add_column(col)
     for s in statuses:
         t.add_row(
@@ -122,6 +122,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             ",".join(s.images),
             ",".join(f"{k}={v}" for k, v in s.labels.items()),
             "draining" if s.draining else "ok",
+            s.confinement or "-",  # "" from a worker older than the field
         )
     return t
 
@@ -253,3 +254,21 @@ def dry_run_summary(d: DryRun) -> str:
     )
     partial = "" if d.complete else " (deadline reached: the list may be partial)"
     return f"{where}; {', '.join(parts) or 'no workers'}; {d.elapsed_ms:.1f} ms{partial}"
+
+
+def last_exit(m: Machine) -> str:
+    """How the machine's process last ended and how often it was restarted, in one line
+    (``buyer machines show``)."""
+    restarts = f"restarts: {m.restarts}"
+    e = m.last_exit
+    if e is None:
+        return f"last exit: none  {restarts}"
+    how = (
+        f"oom (killed at its memory limit, signal {e.signal})"
+        if e.reason == "oom"
+        else f"signal {e.signal}"
+        if e.reason == "signal"
+        else f"code {e.code}"
+    )
+    at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
+    return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"

@@ -57,9 +57,24 @@ UnfilledReason = Literal[
 ]
 RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
 ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
-MachineState = Literal["reserved", "starting", "started", "stopping", "stopped", "destroyed"]
+# "failed" added in v1 (additive): a process killed at its memory limit or by a signal.
+MachineState = Literal[
+    "reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed"
+]
 MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
-EVENT_KINDS = ("placed", "started", "stopped", "destroyed", "hold_expired", "pulled")
+# "failed" and "restarted" added in v1 (additive, docs/protocol.md §6.9).
+EVENT_KINDS = (
+    "placed",
+    "started",
+    "stopped",
+    "failed",
+    "restarted",
+    "destroyed",
+    "hold_expired",
+    "pulled",
+)
+# Added in v1: how a worker confines its machines (docs/protocol.md §4.12); "" = not said.
+Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
 # Added in v1: an order outcome the exchange publishes (no worker has a change to report);
 # its Event's worker_id is EXCHANGE_EVENT_WORKER, reserved for it (docs/protocol.md §6.9).
 UNFILLED_EVENT = "unfilled"
@@ -318,6 +333,8 @@ class WorkerStatus(Message, kw_only=True):
     # Added in v1: why the worker is draining ("configured", "store: database or disk is
     # full", ...); "" when it is not.
     drain_reason: str = ""
+    # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
+    confinement: Confinement = ""
 
 
 class MachineRequest(Message, kw_only=True):
@@ -325,6 +342,9 @@ class MachineRequest(Message, kw_only=True):
 
     machine_id: MachineId
     tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # added in v1: logs only
+    # Added in v1, logs only: a byte offset from a previous MachineLogs.end; the reply then
+    # holds the complete lines after it (``buyer machines logs --follow``); -1: the tail.
+    since: Annotated[int, msgspec.Meta(ge=-1)] = -1
 
 
 class ListMachines(Message, kw_only=True):
@@ -332,6 +352,15 @@ class ListMachines(Message, kw_only=True):
 
     worker_id: OptionalWorkerId = ""
     include_destroyed: bool = False
+
+
+class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
+    """Added in v1 (nested in Machine, no ``type``): how the machine's process last ended."""
+
+    reason: Literal["exit", "signal", "oom"]
+    code: int | None = None  # reason "exit": the exit code
+    signal: int | None = None  # reason "signal" / "oom": the signal that killed it (9: oom)
+    at_ms: Millis = 0
 
 
 class Machine(Message, kw_only=True):
@@ -349,6 +378,10 @@ class Machine(Message, kw_only=True):
     # Added in v1: destroyed because the auction gave up on its commit (Release.abort_commit);
     # such a machine does not hold its order id, so the order can be retried.
     aborted: bool = False
+    # Added in v1: how its process last ended (None: it never ended), and how many times
+    # the driver restarted it under its restart policy.
+    last_exit: LastExit | None = None
+    restarts: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class MachineList(Message, kw_only=True):
@@ -363,6 +396,9 @@ class MachineLogs(Message, kw_only=True):
     machine_id: MachineId
     lines: list[str]
     truncated: bool = False  # older lines (or over-long ones) were left out
+    # Added in v1: the log's byte offset just past the last complete line read (pass it as
+    # MachineRequest.since to get what follows); None from a worker older than the field.
+    end: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Event(Message, kw_only=True):

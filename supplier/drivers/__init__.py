@@ -15,7 +15,8 @@ from typing import Protocol
 
 import anyio.abc
 
-from bourse.wire.messages import Machine
+from bourse.wire.messages import Machine, Resources
+from supplier.drivers.confine import Mechanism
 
 
 class DriverError(RuntimeError):
@@ -25,6 +26,12 @@ class DriverError(RuntimeError):
 class Driver(Protocol):
     name: str
 
+    @property
+    def confinement(self) -> Mechanism:
+        """How machines are held to their resources: cgroup2, cgroup1, rlimit or none
+        (supplier/drivers/confine.py)."""
+        ...
+
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None:
         """Own the driver's tasks (a process's supervisor) until cancelled; leave nothing
         running when it ends. Started by the worker's Machines.run before the host serves."""
@@ -32,6 +39,11 @@ class Driver(Protocol):
 
     def can_run(self, image: str) -> bool:
         """Whether this worker can run the image at all (offers are only made if so)."""
+        ...
+
+    def refuses(self, r: Resources) -> str:
+        """Why it cannot run a machine of these resources confined (an order it should
+        decline), or ""."""
         ...
 
     async def pull(self, image: str) -> float:
@@ -52,9 +64,12 @@ class Driver(Protocol):
 
     def is_running(self, machine_id: str) -> bool: ...
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
-        """The last ``tail`` lines of output (within ``max_bytes``), and whether some were
-        left out."""
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
+        """The last ``tail`` lines of output (within ``max_bytes``), or with ``since`` >= 0
+        the complete lines after that byte offset (within ``max_bytes``); whether some were
+        left out; and the offset just past the last complete line read."""
         ...
 
     async def close(self) -> None:

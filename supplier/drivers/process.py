@@ -7,8 +7,16 @@ start runs it as a supervised subprocess.
 - stop: SIGTERM, then SIGKILL after the grace period;
 - stdout and stderr append to ``<log_dir>/<machine_id>.log``;
 - an exit the policy does not restart is reported through ``on_exit`` (the worker records
-  the machine as stopped with the exit code);
-- a command word ``{python}`` stands for the supplier's own Python interpreter.
+  the machine as stopped with the exit code, or failed when it was killed: ``oom`` at its
+  memory limit, or a signal); a restart is reported through ``on_restart``;
+- a command word ``{python}`` stands for the supplier's own Python interpreter;
+- confinement (supplier/drivers/confine.py): each machine runs in its own cgroup(s) with the
+  limits it was sold, or under rlimits, as the worker's probe found possible. The exec
+  wrapper (bourse/runtime/reaper.py) joins the cgroups / sets the rlimits before it execs
+  the command. A machine's cgroup lives while it runs: made at each spawn, removed (after
+  killing whatever is left in it) when it stops, exits for good or is destroyed; the
+  driver's start sweeps leftovers of a supplier that died, and its end removes the worker's
+  empty subtree.
 
 Each machine's supervisor (wait for the exit, restart after the backoff) is a task in the
 group of :meth:`ProcessDriver.run`; when that ends, a process still running is killed, so
@@ -24,15 +32,23 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import cast
+from typing import BinaryIO, cast
 
 import anyio
 import anyio.abc
 import structlog
 
-from bourse.wire.messages import Machine
+from bourse.wire.messages import Machine, Resources
 from supplier.config import RESTART_POLICIES, ImageSpec, RestartPolicy
 from supplier.drivers import DriverError
+from supplier.drivers.confine import (
+    ConfineError,
+    Confiner,
+    Exit,
+    Mechanism,
+    too_small,
+    weaker_than_cgroups,
+)
 
 log = structlog.get_logger("bourse.driver.process")
 
@@ -44,8 +60,14 @@ BACKOFF_RESET_AFTER_S = 30.0
 # How long the driver's end waits for the processes it kills (SIGKILL cannot be ignored).
 KILL_S = 1.0
 
-# (machine id, exit code): a machine's process ended and will not be restarted.
-ExitFn = Callable[[str, int], None]
+# (machine id, how it ended): a machine's process ended and will not be restarted.
+ExitFn = Callable[[str, Exit], None]
+# (machine id, how it ended, restarts so far): it ended and is being restarted.
+RestartFn = Callable[[str, Exit, int], None]
+
+
+def _no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
+    """Nobody records restarts (a driver used alone)."""
 
 
 class _Supervisor:
@@ -58,16 +80,39 @@ class _Supervisor:
         # The supervisor task's scope: made here, so a stop can cancel it before it runs.
         self.scope = anyio.CancelScope()
         self.stopping = False
-        self.restarts = 0
+        self.restarts = m.restarts  # carried across supplier restarts (the Machine record)
+
+
+def _lines_after(f: BinaryIO, since: int, max_bytes: int) -> tuple[list[str], bool, int]:
+    """The complete lines from byte ``since`` on (within ``max_bytes``: the rest comes with
+    the next call), and the offset just past them. A line longer than ``max_bytes`` comes
+    cut, as ``truncated``."""
+    f.seek(since)
+    data = f.read(max_bytes)
+    cut = data.rfind(b"\n") + 1
+    truncated = False
+    if cut == 0 and len(data) == max_bytes:  # one over-long line: hand it over cut
+        cut, truncated = len(data), True
+    return data[:cut].decode(errors="replace").splitlines(), truncated, since + cut
 
 
 class ProcessDriver:
     name = "process"
 
-    def __init__(self, catalog: dict[str, ImageSpec], log_dir: Path, on_exit: ExitFn) -> None:
+    def __init__(
+        self,
+        catalog: dict[str, ImageSpec],
+        log_dir: Path,
+        on_exit: ExitFn,
+        *,
+        confiner: Confiner | None = None,
+        on_restart: RestartFn = _no_restart_listener,
+    ) -> None:
         self.catalog = catalog
         self.log_dir = log_dir
         self.on_exit = on_exit
+        self.on_restart = on_restart
+        self.confiner = confiner or Confiner("none", "")
         self._sups: dict[str, _Supervisor] = {}
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the supervisors
 
@@ -76,6 +121,21 @@ class ProcessDriver:
     ) -> None:
         """Own the machines' supervisors until cancelled; then kill and reap any machine
         process still running (one no stop reached), so none outlives the driver."""
+        c = self.confiner
+        if weaker_than_cgroups(c.mechanism):
+            log.warning(
+                "confinement_weaker_than_cgroups",
+                worker_id=c.worker_id,
+                confinement=c.mechanism,
+                cpu="not enforced",
+                memory="RLIMIT_DATA" if c.mechanism == "rlimit" else "not enforced",
+                pids="RLIMIT_NPROC (per user; root exempt)" if c.mechanism == "rlimit" else "none",
+            )
+        else:
+            log.info("confinement", worker_id=c.worker_id, confinement=c.mechanism)
+        swept = c.sweep()  # leftovers of a supplier that died: none may run
+        if swept:
+            log.warning("cgroups_swept", worker_id=c.worker_id, machines=swept)
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -84,6 +144,7 @@ class ProcessDriver:
         finally:
             self._tasks = None
             await self._kill_left()
+            c.sweep(remove_base=True)  # every machine stopped: remove the (empty) subtree
 
     async def _kill_left(self) -> None:
         for sup in list(self._sups.values()):
@@ -93,6 +154,7 @@ class ProcessDriver:
             if proc is not None and proc.returncode is None:
                 log.warning("machine_killed_at_stop", machine_id=sup.m.machine_id)
                 await self._kill(proc)
+            self._uncage(sup.m.machine_id)
 
     @staticmethod
     async def _kill(proc: asyncio.subprocess.Process) -> None:
@@ -101,6 +163,13 @@ class ProcessDriver:
             proc.kill()
         with anyio.move_on_after(KILL_S, shield=True):
             await proc.wait()
+
+    @property
+    def confinement(self) -> Mechanism:
+        return self.confiner.mechanism
+
+    def refuses(self, r: Resources) -> str:
+        return too_small(r.memory_mb, self.confiner.mechanism)
 
     def can_run(self, image: str) -> bool:
         spec = self.catalog.get(image)
@@ -135,7 +204,31 @@ class ProcessDriver:
         self._sups[m.machine_id] = sup
         self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
 
+    def _uncage(self, machine_id: str) -> None:
+        """The machine runs no more: kill what is left in its cgroup, and remove it."""
+        try:
+            self.confiner.remove(machine_id)
+        except (ConfineError, OSError) as exc:
+            log.error("cgroup_remove_failed", machine_id=machine_id, error=str(exc))
+
+    async def _uncage_async(self, machine_id: str) -> None:
+        """_uncage in a worker thread: killing what is left and waiting for the cgroup to
+        empty may take a moment (a fork bomb's children), which the event loop must not."""
+        await anyio.to_thread.run_sync(self._uncage, machine_id)
+
+    def usage_ns(self, machine_id: str) -> int | None:
+        """CPU time used by the machine's cgroup (ns), from the cgroup's own counter."""
+        return self.confiner.usage_ns(machine_id)
+
     async def _spawn(self, sup: _Supervisor) -> None:
+        try:
+            cgroups, limits = await anyio.to_thread.run_sync(
+                self.confiner.prepare, sup.m.machine_id, sup.m.resources
+            )
+        except (ConfineError, OSError) as exc:
+            raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
+        confine = [a for p in cgroups for a in ("--cgroup", p)]
+        confine += [a for r in limits for a in ("--rlimit", r)]
         env = {
             **os.environ,
             **sup.spec.env,
@@ -151,6 +244,7 @@ class ProcessDriver:
                     sys.executable,
                     "-m",
                     "bourse.runtime.reaper",
+                    *confine,
                     "--",
                     *command,
                     stdin=asyncio.subprocess.DEVNULL,
@@ -177,15 +271,21 @@ class ProcessDriver:
             code = await sup.proc.wait()
             if sup.stopping:
                 return
-            if not (sup.policy == "always" or (sup.policy == "on-failure" and code != 0)):
-                mlog.info("machine_exited", code=code, policy=sup.policy)
+            how = self.confiner.exit_of(sup.m.machine_id, code)
+            clean = how.code == 0
+            if not (sup.policy == "always" or (sup.policy == "on-failure" and not clean)):
+                mlog.info("machine_exited", exit=how.describe(), policy=sup.policy)
                 self._sups.pop(sup.m.machine_id, None)
-                self.on_exit(sup.m.machine_id, code)
+                await self._uncage_async(sup.m.machine_id)
+                self.on_exit(sup.m.machine_id, how)
                 return
             if time.monotonic() - began > BACKOFF_RESET_AFTER_S:
                 backoff = BACKOFF_FIRST_S
             sup.restarts += 1
-            mlog.info("machine_restarting", code=code, restarts=sup.restarts, backoff_s=backoff)
+            mlog.info(
+                "machine_restarting", exit=how.describe(), restarts=sup.restarts, backoff_s=backoff
+            )
+            self.on_restart(sup.m.machine_id, how, sup.restarts)
             await anyio.sleep(backoff)
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             if sup.stopping:
@@ -195,24 +295,31 @@ class ProcessDriver:
             except DriverError as exc:
                 mlog.error("machine_restart_failed", error=str(exc))
                 self._sups.pop(sup.m.machine_id, None)
-                self.on_exit(sup.m.machine_id, 127)
+                await self._uncage_async(sup.m.machine_id)
+                self.on_exit(sup.m.machine_id, Exit(code=127))
                 return
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
         path = self.log_path(machine_id)
         if not path.exists():
-            return [], False
+            return [], False, 0
         with path.open("rb") as f:
             size = f.seek(0, os.SEEK_END)
-            f.seek(max(0, size - max_bytes))
+            if since >= 0:
+                return _lines_after(f, min(since, size), max_bytes)
+            start = max(0, size - max_bytes)
+            f.seek(start)
             data = f.read()
+        end = start + data.rfind(b"\n") + 1 if b"\n" in data else start
         lines = data.decode(errors="replace").splitlines()
         truncated = size > max_bytes
         if truncated and lines:
             lines = lines[1:]  # the first line was cut by the byte window
         if len(lines) > tail:
             lines, truncated = lines[-tail:], True
-        return lines, truncated
+        return lines, truncated, end
 
     def restarts(self, machine_id: str) -> int:
         sup = self._sups.get(machine_id)
@@ -246,9 +353,11 @@ class ProcessDriver:
                     )
                     await self._kill(proc)
         sup.scope.cancel()
+        await self._uncage_async(m.machine_id)
 
     async def destroy(self, m: Machine) -> None:
         await self.stop(m)
+        await self._uncage_async(m.machine_id)  # also when it was not running
 
     async def close(self) -> None:
         """Stop every process, all at once (they come back when the supplier restarts:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import anyio
 import anyio.abc
 
-from bourse.wire.messages import Machine
+from bourse.wire.messages import Machine, Resources
+from supplier.drivers.confine import Mechanism
 from supplier.images import DEFAULT_IMAGE_MB
 
 
 class SimDriver:
     name = "sim"
+    confinement: Mechanism = "none"  # nothing runs: nothing to confine
 
     def __init__(self, pull_mb_per_s: float = 1000.0, sizes: dict[str, int] | None = None) -> None:
         self.pull_mb_per_s = pull_mb_per_s
@@ -26,6 +28,9 @@ class SimDriver:
 
     def can_run(self, image: str) -> bool:
         return True
+
+    def refuses(self, r: Resources) -> str:
+        return ""
 
     def pull_seconds(self, image: str) -> float:
         if self.pull_mb_per_s <= 0:
@@ -50,8 +55,10 @@ class SimDriver:
     def is_running(self, machine_id: str) -> bool:
         return machine_id in self.running
 
-    def logs(self, machine_id: str, tail: int, max_bytes: int) -> tuple[list[str], bool]:
-        return [], False  # simulated machines print nothing
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
+        return [], False, 0  # simulated machines print nothing
 
     async def close(self) -> None:
         self.running.clear()

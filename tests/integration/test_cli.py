@@ -115,6 +115,7 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
         "machine_id": mid,
         "lines": [],
         "truncated": False,
+        "end": 0,  # the byte offset to follow from (a sim machine has no log)
     }
     code, out, _ = await buyer(market, "fleet", "--region", "mad", "--json")
     [status] = json.loads(out)

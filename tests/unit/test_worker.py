@@ -274,6 +274,7 @@ async def test_status(worker: Worker) -> None:
         machines=1,
         draining=False,
         holds=1,
+        confinement="none",  # the sim driver runs nothing to confine
     )
 
 

@@ -1,0 +1,165 @@
+"""Restarts and exits a user can find (issue 13 item 4): ``buyer place/deploy --restart``,
+the last exit and restart count on ``buyer machines show`` and in events, and
+``buyer machines logs --follow`` (real subprocesses against a real market)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+from nats.aio.msg import Msg
+
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event
+from supplier.config import WorkerConfig
+from supplier.drivers.process import ProcessDriver
+from tests.integration.test_cli import buyer
+from tests.market import Market, wait_until, worker
+
+HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+CRASH = ["{python}", "-c", "import sys; print('crashing', flush=True); sys.exit(1)"]
+
+
+def _worker(wid: str = "mad-1") -> WorkerConfig:
+    catalog = {"web": {"command": HEARTBEAT}, "crash": {"command": CRASH}}
+    return worker(wid, driver="process", catalog=catalog)
+
+
+def _place(image: str, *extra: str) -> tuple[str, ...]:
+    return (
+        "place",
+        "--region",
+        "mad",
+        "--cpus",
+        "1",
+        "--memory-mb",
+        "64",
+        "--image",
+        image,
+        *extra,
+    )
+
+
+async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
+    market: Market,
+) -> None:
+    await market.host(_worker())
+    await market.exchange()
+    events: list[Event] = []
+
+    async def on_event(msg: Msg) -> None:
+        events.append(decode(msg.data, Event))
+
+    spy = await market.connect("spy")
+    await spy.subscribe(market.subjects.events(kind="restarted"), cb=on_event)
+    await spy.flush()
+
+    code, out, err = await buyer(market, *_place("crash", "--restart", "on-failure", "--start"))
+    assert code == 0, err
+    mid = out.split("placed ")[1].split()[0]
+    await wait_until(lambda: len(events) >= 2)  # backoff 0.1 s, then 0.2 s
+    assert [e.detail for e in events[:2]] == [
+        "exited with code 1; restart 1",
+        "exited with code 1; restart 2",
+    ]
+    code, out, err = await buyer(market, "machines", "show", mid, "--json")
+    assert code == 0, err
+    shown = json.loads(out)
+    assert shown["metadata"]["restart"] == "on-failure"
+    assert shown["restarts"] >= 2 and shown["last_exit"]["reason"] == "exit"
+    assert shown["last_exit"]["code"] == 1 and shown["state"] == "started"
+    code, out, err = await buyer(market, "machines", "show", mid)
+    assert code == 0, err
+    assert "last exit: code 1" in out and "restarts: " in out
+
+
+async def test_restart_flag_is_checked_and_deploy_sends_it(market: Market) -> None:
+    await market.host(_worker("mad-1"), _worker("mad-2"))
+    await market.exchange()
+    code, out, err = await buyer(market, *_place("web", "--restart", "sometimes"))
+    assert code == 1 and out == ""
+    assert err.strip().splitlines() == [
+        "error: Invalid value for '--restart': 'sometimes' is not a restart policy: use no,"
+        " on-failure or always"
+    ]
+    code, out, err = await buyer(
+        market,
+        "deploy",
+        "--app",
+        "api",
+        "--region",
+        "mad",
+        "--cpus",
+        "1",
+        "--memory-mb",
+        "64",
+        "--image",
+        "web",
+        "--count",
+        "2",
+        "--restart",
+        "always",
+        "--json",
+    )
+    assert code == 0, err
+    slots = json.loads(out)["slots"]
+    assert [s["machine"]["metadata"]["restart"] for s in slots] == ["always", "always"]
+
+
+async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Market) -> None:
+    host = await market.host(_worker())
+    await market.exchange()
+    code, out, err = await buyer(market, *_place("web", "--start"))
+    assert code == 0, err
+    mid = out.split("placed ")[1].split()[0]
+    d = host.workers["mad-1"].driver
+    assert isinstance(d, ProcessDriver)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "buyer_cli",
+        "machines",
+        "logs",
+        mid,
+        "--follow",
+        "--json",
+        "--prefix",
+        market.subjects.prefix,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "BOURSE_NATS_URL": market.url},
+    )
+    assert proc.stdout is not None
+    batches = []
+    try:
+        while sum(len(b["lines"]) for b in batches) < 6:  # the tail, then new beats
+            line = await asyncio.wait_for(proc.stdout.readline(), 10)
+            batches.append(json.loads(line))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = await asyncio.wait_for(proc.wait(), 10)
+    assert code == 130  # Ctrl-C
+    assert len(batches) >= 2 and any("web up" in x for x in batches[0]["lines"])
+    ends = [b["end"] for b in batches]
+    assert ends == sorted(set(ends))  # each batch starts where the last ended: none twice
+    # together they are exactly the log's lines up to the last end
+    text = Path(d.log_path(mid)).read_bytes()[: ends[-1]].decode().splitlines()
+    assert [x for b in batches for x in b["lines"]] == text
+
+
+def test_logs_since_returns_complete_lines_after_an_offset(tmp_path: Path) -> None:
+    d = ProcessDriver({}, tmp_path, lambda mid, how: None)
+    d.log_path("m").write_bytes(b"one\ntwo\nthr")  # a line still being written
+    assert d.logs("m", 100, 1024) == (["one", "two", "thr"], False, 8)
+    assert d.logs("m", 100, 1024, since=0) == (["one", "two"], False, 8)
+    assert d.logs("m", 100, 1024, since=8) == ([], False, 8)  # nothing complete yet
+    with d.log_path("m").open("ab") as f:
+        f.write(b"ee\n" + b"x" * 40 + b"\n")
+    assert d.logs("m", 100, 1024, since=8) == (["three", "x" * 40], False, 55)
+    assert d.logs("m", 100, 16, since=14) == (["x" * 16], True, 30)  # over-long: cut
+    assert d.logs("m", 100, 1024, since=999) == ([], False, 55)  # past the end: the end
+    assert d.logs("nope", 100, 1024, since=0) == ([], False, 0)
