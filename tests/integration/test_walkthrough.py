@@ -76,13 +76,13 @@ async def _walk_through(url: str) -> None:
     code, out, err = await buyer(url, "machines", "logs", machine)
     assert (code, err) == (0, ""), err
 
-    # buyer place --region mad --cpus 64 --memory-mb 1 --image web ; exit 2
+    # buyer place --region mad --cpus 64 --memory-mb 64 --image web ; exit 2
     code, out, err = await buyer(
-        url, "place", "--region", "mad", "--cpus", "64", "--memory-mb", "1", "--image", "web"
+        url, "place", "--region", "mad", "--cpus", "64", "--memory-mb", "64", "--image", "web"
     )
     assert (code, err) == (2, "")
     assert out.splitlines()[0] == (
-        "unfilled (no_offers) in mad: no worker in 'mad' took 64 cpus + 1 MiB of image 'web': "
+        "unfilled (no_offers) in mad: no worker in 'mad' took 64 cpus + 64 MiB of image 'web': "
         "not enough free capacity on mad-1, mad-2, mad-3 and 1 more "
         "(mad-1: cpus: wants 64, free 14 (capacity 16, committed 2, held 0))"
     )
@@ -119,7 +119,7 @@ async def _walk_through(url: str) -> None:
 
     # --explain
     code, out, err = await buyer(
-        url, "place", "--region", "mad", "--cpus", "64", "--memory-mb", "1", "--image", "web",
+        url, "place", "--region", "mad", "--cpus", "64", "--memory-mb", "64", "--image", "web",
         "--explain",
     )  # fmt: skip
     assert (code, err) == (2, "")
@@ -180,6 +180,7 @@ async def _walk_through(url: str) -> None:
     assert (code, err) == (0, "")
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
         "region", "worker", "cpus", "mem MiB", "held", "machines", "images", "labels", "state",
+        "confined",
     ]  # fmt: skip
     assert [(r[0], r[1]) for r in rows(out)] == [
         ("fra", "fra-1"), ("fra", "fra-2"), ("fra", "fra-3"),
