@@ -215,5 +215,4 @@ class ExchangeService:
                 msg, "internal", f"worker {worker_id!r} did not answer {verb} in time"
             )
             return
-        if msg.reply:
-            await self.nc.publish(msg.reply, reply.data)
+        await self.responder.forward(msg, reply.data)

@@ -522,6 +522,11 @@ class Auction:
             if reply.region != self.order.region or reply.order_id != self.order.order_id:
                 self.tally.rejections.append(f"{worker}: placed in the wrong region/order")
                 return []
+            if reply.worker_id != worker or worker_of_machine(reply.machine_id) != worker:
+                # only worker's own user may answer its commit: a reply naming another
+                # worker's machine is not believed (a forged reply in the auction's inbox)
+                self.tally.rejections.append(f"{worker}: placed a machine not its own")
+                return []
             placed = Placed.of_commit(reply, offer, elapsed_ms=self._elapsed(now))
             fields: dict[str, object] = {
                 "worker_id": placed.worker_id,

@@ -8,14 +8,20 @@ Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox 
   ``R.event.>``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``;
   subscribe ``R.order.*`` and ``R.machine.*`` only in the queue group ``exchange``; answers
-  the requests it receives (allow_responses).
+  buyers: it may publish into the buyers' inboxes (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>`` and its workers' ``R.worker.<id>.>``; publish
   only its workers' ``R.event.<region>.<id>.*`` and ``R.worker.<id>.machine.list`` (the
-  start-up check that no other process serves the same worker id); answers what it receives
-  (allow_responses, many replies per request: a bid gets several offers, a status request one
-  reply per worker, an explain request pages of verdicts).
+  start-up check that no other process serves the same worker id); answers the exchange and
+  buyers: it may publish into their inboxes (and its own).
+
+Answers go by explicit inbox allows, not nats-server's ``allow_responses``: a responder with
+``allow_responses`` may publish to whatever reply subject a requester handed it, even a
+subject its publish ``deny`` list names (tested with nats-server 2.15: the response grant is
+checked after the deny and overrides it), so a buyer could make a supplier publish on
+``R.worker.<id>.commit`` (a confused deputy). With ``_INBOX.<key>.>`` allows a reply can
+only land in an inbox (tests/security/test_attacks.py).
 
 Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` turns a
 ``--creds`` file (an nkey seed file, or a JWT ``.creds`` file) into nats-py connect options.
@@ -41,13 +47,6 @@ ROLE_BUYER = "buyer"
 ROLE_EXCHANGE = "exchange"
 ROLE_SUPPLIER = "supplier"
 INBOX_ROOT = "_INBOX"
-# How long a responder may answer a request it received: a bid kept waiting for held
-# capacity is answered up to the order's deadline (30 s at most), then the late offer.
-RESPONSE_EXPIRES = "1m"
-# Replies a supplier may send to one reply subject. The server's default is ONE, but a bid
-# gets up to max_offers offers plus Waiting notes, and a status request one reply per worker.
-# -1: no limit (the grant still expires, and applies only to inboxes the supplier was sent).
-SUPPLIER_RESPONSES = -1
 AUTH_CONF = "auth.conf"
 SERVER_CONF = "server.conf"
 TRUST_FILE = "trust.json"
@@ -93,12 +92,20 @@ def inbox_prefix_for(public_key: str) -> str:
     return f"{INBOX_ROOT}.{public_key}"
 
 
+def is_inbox(subject: str) -> bool:
+    """Whether a reply subject is an inbox (``_INBOX.<...>``, the per-user prefixes
+    included): the only subjects a Bourse program answers to (bourse/nats/responder.py)."""
+    return (
+        subject.startswith(INBOX_ROOT + ".")
+        and len(subject) > len(INBOX_ROOT) + 1
+        and not any(c in subject for c in " \t*>")
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    # Replies allowed per received reply subject: 0 none, -1 unlimited.
-    responses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +180,8 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     )
 
 
-def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
+def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -> Permissions:
+    """``answers``: the inbox prefixes it may answer into (the buyers')."""
     return Permissions(
         publish=(
             f"{s.root}.bid.>",
@@ -182,19 +190,25 @@ def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
             s.release("*"),
             s.worker_machine("*", "*"),
             *_claims_api(s),
+            *_inboxes(inbox, answers),
         ),
         subscribe=(
             f"{s.order_all} {EXCHANGE_QUEUE}",
             f"{s.machine_all} {EXCHANGE_QUEUE}",
             f"{inbox}.>",
         ),
-        responses=1,
     )
 
 
+def _inboxes(own: str, answers: Sequence[str]) -> tuple[str, ...]:
+    """Publish allows for answering: its own inbox and each given one, ``<prefix>.>``."""
+    return tuple(f"{p}.>" for p in dict.fromkeys([own, *answers]))
+
+
 def supplier_permissions(
-    s: Subjects, workers: Sequence[tuple[str, str]], inbox: str
+    s: Subjects, workers: Sequence[tuple[str, str]], inbox: str, answers: Sequence[str] = ()
 ) -> Permissions:
+    """``answers``: the inbox prefixes it may answer into (the exchange's, the buyers')."""
     regions = sorted({region for _, region in workers})
     sub = [f"{inbox}.>"]
     for r in regions:
@@ -203,17 +217,22 @@ def supplier_permissions(
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += _event_stream_api(s, manage=True)
-    return Permissions(publish=tuple(pub), subscribe=tuple(sub), responses=SUPPLIER_RESPONSES)
+    pub += _inboxes(inbox, answers)
+    return Permissions(publish=tuple(pub), subscribe=tuple(sub))
 
 
-def permissions_for(user: User, s: Subjects) -> Permissions:
+def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Permissions:
+    """``users``: everyone in the config; whom ``user`` answers is found among them (the
+    exchange answers buyers; a supplier answers the exchange and buyers)."""
     inbox = inbox_prefix_for(user.public_key)
+    buyers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_BUYER]
+    exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
     if user.role == ROLE_BUYER:
         return buyer_permissions(s, inbox)
     if user.role == ROLE_EXCHANGE:
-        return exchange_permissions(s, inbox)
+        return exchange_permissions(s, inbox, buyers)
     if user.role == ROLE_SUPPLIER:
-        return supplier_permissions(s, user.workers, inbox)
+        return supplier_permissions(s, user.workers, inbox, [*exchanges, *buyers])
     raise AuthError(f"unknown role {user.role!r}")
 
 
@@ -230,7 +249,7 @@ def render_authorization(users: Sequence[User], s: Subjects) -> str:
         "  users = [",
     ]
     for u in users:
-        p = permissions_for(u, s)
+        p = permissions_for(u, s, users)
         workers = f" ({', '.join(w for w, _ in u.workers)})" if u.workers else ""
         out += [
             f"    # {u.name}{workers}",
@@ -239,12 +258,9 @@ def render_authorization(users: Sequence[User], s: Subjects) -> str:
             "      permissions: {",
             f"        publish: {{ allow: {_list(p.publish)} }}",
             f"        subscribe: {{ allow: {_list(p.subscribe)} }}",
+            "      }",
+            "    }",
         ]
-        if p.responses:
-            out.append(
-                f'        allow_responses: {{ max: {p.responses}, expires: "{RESPONSE_EXPIRES}" }}'
-            )
-        out += ["      }", "    }"]
     out += ["  ]", "}", ""]
     return "\n".join(out)
 

@@ -5,6 +5,16 @@ becomes an ``Error{code: bad_request}`` that names the problem, an unexpected ex
 ``Error{code: internal}`` (logged with its traceback), and nothing ever escapes into
 nats-py's callback machinery, so a process keeps serving whatever it is sent (I6).
 
+Replies go only to inboxes: a message whose reply subject is not an inbox (``_INBOX.``,
+the per-user prefixes included: ``bourse.nats.auth.is_inbox``) is dropped before its
+handler runs, counted (``reply_not_inbox``, the ``bourse_requests_dropped`` metric) and
+logged. Otherwise a requester could make this program publish, with its rights, on a
+subject the requester may not use (a worker's commit or destroy subject: a confused
+deputy). The generated server permissions say the same (bourse/nats/auth.py).
+
+A fan-out request (status, explain: every worker of the region answers) may be handled
+through a :class:`RateLimit`; past it, requests are dropped and counted (``fanout_shed``).
+
 Work that must not hold up its subscription runs in a task of the task group the service
 owns (``Responder(nc, component, tasks)``): nothing runs unowned, and the service's stop
 waits for (or, past its bound, cancels) what is under way.
@@ -24,12 +34,45 @@ import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from bourse.nats.auth import is_inbox
 from bourse.wire.codec import BadMessage, encode
 from bourse.wire.messages import Error, ErrorCode
 
 log = structlog.get_logger("bourse.replies")
 
 Handler = Callable[[Msg], Awaitable[None]]
+
+# Dropped requests are logged one by one up to this many, then every LOG_EVERY-th.
+LOG_FIRST = 10
+LOG_EVERY = 1000
+# A process answers at most this many fan-out requests a second (burst: twice as many).
+FANOUT_PER_S = 20.0
+
+
+class RateLimit:
+    """A token bucket on the monotonic clock: ``rate`` a second, bursts of ``burst``."""
+
+    def __init__(
+        self,
+        rate: float = FANOUT_PER_S,
+        burst: float | None = None,
+        clock: Callable[[], float] = anyio.current_time,
+    ) -> None:
+        self.rate = rate
+        self.burst = burst if burst is not None else 2 * rate
+        self.clock = clock
+        self._tokens = self.burst
+        self._at: float | None = None
+
+    def take(self) -> bool:
+        now = self.clock()
+        if self._at is not None:
+            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        return False
 
 
 class Responder:
@@ -50,21 +93,44 @@ class Responder:
         self._deadline = math.inf  # set by finish(): when the handlers still running end
 
     async def reply(self, msg: Msg, message: msgspec.Struct) -> None:
-        if msg.reply:
-            await self.nc.publish(msg.reply, encode(message))
+        await self.forward(msg, encode(message))
+
+    async def forward(self, msg: Msg, data: bytes) -> None:
+        """Publish ``data`` to ``msg``'s reply subject, if it has one and it is an inbox."""
+        if msg.reply and self.answerable(msg):
+            await self.nc.publish(msg.reply, data)
 
     async def error(self, msg: Msg, code: ErrorCode, detail: str, reason: str = "") -> None:
         self.counts[f"error.{code}"] += 1
         self.log.info("request_refused", subject=msg.subject, code=code, detail=detail)
-        if msg.reply:
-            error = Error(code=code, detail=detail, reason=reason)
-            await self.nc.publish(msg.reply, encode(error))
+        await self.forward(msg, encode(Error(code=code, detail=detail, reason=reason)))
 
-    def guard(self, handler: Handler) -> Handler:
-        """Wrap a subscription handler: BadMessage -> bad_request, anything else -> internal."""
+    def answerable(self, msg: Msg) -> bool:
+        """True unless ``msg`` has a reply subject that is not an inbox (then dropped:
+        counted and logged here)."""
+        if not msg.reply or is_inbox(msg.reply):
+            return True
+        n = self.counts["reply_not_inbox"] = self.counts["reply_not_inbox"] + 1
+        if n <= LOG_FIRST or n % LOG_EVERY == 0:
+            self.log.warning(
+                "reply_not_inbox_dropped", subject=msg.subject, reply=msg.reply[:200], total=n
+            )
+        return False
+
+    def guard(self, handler: Handler, limit: RateLimit | None = None) -> Handler:
+        """Wrap a subscription handler: a reply subject that is not an inbox -> dropped
+        unhandled; past ``limit`` (fan-out requests) -> dropped; BadMessage ->
+        bad_request, anything else -> internal."""
 
         async def guarded(msg: Msg) -> None:
             self.counts["requests"] += 1
+            if not self.answerable(msg):
+                return
+            if limit is not None and not limit.take():
+                n = self.counts["fanout_shed"] = self.counts["fanout_shed"] + 1
+                if n <= LOG_FIRST or n % LOG_EVERY == 0:
+                    self.log.warning("fanout_request_shed", subject=msg.subject, total=n)
+                return
             await self._answering(msg, handler(msg))
 
         return guarded

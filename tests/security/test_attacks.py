@@ -5,15 +5,44 @@ with the test here that covers it."""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
+import anyio
+import anyio.abc
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from bourse.auction.core import FOREIGN_MACHINE, MACHINE_UNSHOWN, NOT_THIS_ORDER
+from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, Event, Offer, Resources
+from bourse.wire.messages import (
+    Bid,
+    Error,
+    Event,
+    ExplainRequest,
+    MachineRequest,
+    Offer,
+    Placed,
+    Resources,
+    StatusRequest,
+    WorkerStatus,
+)
+from bourse.wire.signing import OfferSigner, TrustStore
 from bourse.wire.subjects import Subjects
+from exchange.service import ExchangeService
+from supplier.host import SupplierHost
+from supplier.store import Store
+from tests.market import order, worker
+from tests.security.conftest import Secured, Violations
 
 # The supplier's hold cap in the unauthenticated attack (its --max-hold-ms); the default is
 # 5000 ms (supplier/config.py DEFAULT_MAX_HOLD_MS).
@@ -72,3 +101,206 @@ async def test_an_unauthenticated_bid_cannot_hold_capacity_for_a_minute(
         await nc.close()
     finally:
         await supplier.stop()
+
+
+# -- a secured market: mad-1 and mad-2, each on its own key, and an exchange with --trust ------
+
+
+@dataclass
+class Mad:
+    secured: Secured
+    hosts: dict[str, SupplierHost]
+    exchange: ExchangeService
+    buyer: BourseClient
+    violations: dict[str, Violations]
+
+
+@contextlib.asynccontextmanager
+async def mad_market(secured: Secured, tmp_path: Path) -> AsyncIterator[Mad]:
+    s = secured.subjects
+    hosts: dict[str, SupplierHost] = {}
+    violations: dict[str, Violations] = {}
+    stores: list[Store] = []
+    try:
+        async with anyio.create_task_group() as tasks:
+            for wid in ("mad-1", "mad-2"):
+                user = f"supplier:{wid}"
+                nc, v = await secured.connect(user)
+                store = Store(tmp_path / wid / "supplier.db")
+                stores.append(store)
+                signer = OfferSigner(secured.files.seed_file(user).read_text())
+                hosts[wid] = SupplierHost(nc, [worker(wid)], store, s, signer=signer)
+                violations[user] = v
+                await tasks.start(hosts[wid].run)
+            ex_nc, violations["exchange"] = await secured.connect("exchange")
+            exchange = ExchangeService(
+                ex_nc, s, trust=TrustStore.load(secured.files.trust), claims=False
+            )
+            await tasks.start(exchange.run)
+            buyer_nc, violations["buyer"] = await secured.connect("buyer")
+            buyer = BourseClient(buyer_nc, s)
+            yield Mad(secured, hosts, exchange, buyer, violations)
+            tasks.cancel_scope.cancel()  # every service stops as on SIGTERM
+    finally:
+        for st in stores:
+            st.close()
+
+
+async def place(m: Mad, order_id: str, **kw: object) -> Placed:
+    r = await m.buyer.place(order(region="mad", order_id=order_id, deadline_ms=3000, **kw))  # type: ignore[arg-type]
+    assert isinstance(r, Placed), r
+    return r
+
+
+async def nothing_arrived(nc: NATS, sub: Subscription) -> bool:
+    """Whether ``sub`` got nothing. Sound once the publisher's later message was received
+    elsewhere: the server queues a connection's messages in order, so a PING/PONG on this
+    connection comes after anything published to it before."""
+    await nc.flush()
+    return sub.pending_msgs == 0
+
+
+# -- the stolen supplier key: someone else's machine ---------------------------------------------
+
+
+async def test_a_supplier_key_cannot_hand_out_another_workers_machine(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """With mad-1's seed, an attacker answers bids for mad-1 with correctly signed
+    existing-machine offers: a machine on mad-2 (the victim's), a machine id under mad-1
+    that does not exist, and a real mad-1 machine of another order. None is handed out;
+    the attacker's order gets a machine of its own, and the victim keeps its machine."""
+    async with mad_market(secured, tmp_path) as m:
+        victim = await place(m, "victim", exclude_workers=["mad-1"])
+        assert victim.worker_id == "mad-2"
+        bystander = await place(m, "bystander", exclude_workers=["mad-2"])
+        assert bystander.worker_id == "mad-1"
+
+        seed = secured.files.seed_file("supplier:mad-1").read_text()
+        attacker, violations = await secured.connect("supplier:mad-1")
+        signer = OfferSigner(seed)
+        claims = [victim.machine_id, "mad-1~01M80QESDH2NAZQ4Z9ASNWXSKR", bystander.machine_id]
+        sent: list[str] = []
+
+        async def forge(msg: Msg) -> None:
+            bid = decode(msg.data, Bid)
+            if not bid.order_id.startswith("attack"):
+                return
+            claim = claims[len(sent) % len(claims)]
+            offer = Offer(
+                order_id=bid.order_id,
+                auction_id=bid.auction_id,
+                worker_id="mad-1",
+                region="mad",
+                score=1.0,
+                machine_id=claim,
+            )
+            await attacker.publish(msg.reply, encode(signer.sign(offer)))
+            sent.append(claim)
+
+        await attacker.subscribe(secured.subjects.bid("mad"), cb=forge)
+        await attacker.flush()
+        for i in range(len(claims)):
+            got = await place(m, f"attack-{i}")
+            assert got.machine_id not in claims and not got.existing, got
+        assert sent == claims
+        assert dict(m.exchange.auctioneer.unverified) == {
+            FOREIGN_MACHINE: 1,
+            MACHINE_UNSHOWN: 1,
+            NOT_THIS_ORDER: 1,
+        }
+        # the victim's machine is still the victim's, and only its order gets it back
+        again = await place(m, "victim", exclude_workers=["mad-1"], retry=True)
+        assert (again.machine_id, again.existing) == (victim.machine_id, True)
+        assert violations.none_yet()
+        assert [v for h in m.hosts.values() for v in h.check_invariants()] == []
+
+
+# -- the shared buyer key: replies pointed at a worker's subjects ----------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kind", "victim_subject"),
+    [
+        ("status", "worker.mad-2.commit"),
+        ("explain", "worker.mad-2.release"),
+        ("machine.get", "worker.mad-1.machine.destroy"),
+        ("order", "worker.mad-2.machine.destroy"),  # (its commit subject sees the real one)
+    ],
+)
+async def test_a_buyer_cannot_make_a_program_publish_on_a_workers_subject(
+    secured: Secured, tmp_path: Path, kind: str, victim_subject: str
+) -> None:
+    """With the buyer's key, a request whose reply subject is a worker's commit, release or
+    destroy subject: the program that gets it drops it unanswered (counted), nothing is
+    published there, and the same request with an inbox is answered as usual."""
+    s = secured.subjects
+    victim = f"{s.root}.{victim_subject}"
+    async with mad_market(secured, tmp_path) as m:
+        placed = await place(m, "victim", exclude_workers=["mad-2"])
+        wid = victim_subject.split(".")[1]
+        ear_nc, ear_v = await secured.connect(f"supplier:{wid}")  # the victim worker's ear
+        ear = await ear_nc.subscribe(victim)
+        await ear_nc.flush()
+        attacker, violations = await secured.connect("buyer")
+        subject, body = {
+            "status": (s.status("mad"), encode(StatusRequest())),
+            "explain": (s.explain("mad"), encode(ExplainRequest(**_order_fields()))),
+            "machine.get": (s.machine("get"), encode(MachineRequest(machine_id=placed.machine_id))),
+            "order": (s.order("mad"), encode(order(region="mad", order_id="o-deputy"))),
+        }[kind]
+        await attacker.publish(subject, body, reply=victim)
+        # the same request, answered into an inbox: handled after the attack's (in order)
+        answer = await attacker.request(subject, body, timeout=5)
+        assert answer.data and not isinstance(_maybe_error(answer.data), Error)
+        assert await nothing_arrived(ear_nc, ear)
+        dropped = {name: h.responder.counts["reply_not_inbox"] for name, h in m.hosts.items()} | {
+            "exchange": m.exchange.responder.counts["reply_not_inbox"]
+        }
+        expect = "exchange" if kind in ("machine.get", "order") else None
+        if expect:
+            assert dropped == {"mad-1": 0, "mad-2": 0, "exchange": 1}
+        else:  # every supplier of the region got it, and each dropped it
+            assert dropped == {"mad-1": 1, "mad-2": 1, "exchange": 0}
+        assert violations.none_yet() and ear_v.none_yet()
+        await place(m, "after")  # the market keeps serving
+
+
+def _order_fields() -> dict[str, object]:
+    o = order(region="mad", order_id="o-why")
+    return {"order_id": o.order_id, "region": "mad", "resources": o.resources, "image": o.image}
+
+
+def _maybe_error(data: bytes) -> object:
+    try:
+        return decode(data, Error)
+    except Exception:
+        return None
+
+
+async def test_a_rogue_responder_cannot_publish_on_a_reply_subject_it_was_handed(
+    secured: Secured,
+) -> None:
+    """The server half: a supplier key (stolen, in a process that skips the check) gets a
+    buyer's status request whose reply subject is another worker's commit subject; the
+    server refuses the publish (no allow_responses), and only an inbox reply goes through."""
+    s = secured.subjects
+    victim = s.commit("mad-2")
+    ear_nc, _ = await secured.connect("supplier:mad-2")
+    ear = await ear_nc.subscribe(victim)
+    await ear_nc.flush()
+    rogue, rogue_v = await secured.connect("supplier:mad-1")
+
+    async def deputy(msg: Msg) -> None:
+        status = WorkerStatus.__name__  # any payload: the server decides, not the content
+        await rogue.publish(msg.reply, status.encode())
+
+    await rogue.subscribe(s.status("mad"), cb=deputy)
+    await rogue.flush()
+    buyer, _ = await secured.connect("buyer")
+    await buyer.publish(s.status("mad"), b"", reply=victim)
+    refused = await rogue_v.next()
+    assert "publish" in refused.lower() and victim in refused
+    answer = await buyer.request(s.status("mad"), b"", timeout=5)  # an inbox: allowed
+    assert answer.data == b"WorkerStatus"
+    assert await nothing_arrived(ear_nc, ear)

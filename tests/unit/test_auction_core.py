@@ -413,6 +413,24 @@ def test_how_an_order_is_auctioned_may_change_between_attempts() -> None:
     assert fin.result.existing and fin.result.machine_id == "w1~M1"
 
 
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"worker_id": "w2"},  # names another worker
+        {"machine_id": "w2~01M80QESDH2NAZQ4Z9ASNWXSKR"},  # hands out another worker's machine
+    ],
+)
+def test_a_commit_reply_naming_another_workers_machine_is_not_believed(
+    forged: dict[str, Any],
+) -> None:
+    a = start()
+    feed(a, offer("w1"))
+    [commit] = a.poll(T0 + 0.001)
+    assert isinstance(commit, SendCommit)
+    d = a.commit_outcome(CommitAnswered(worker_placed("w1", **forged)), T0 + 0.002)
+    assert d == [] and a.tally.rejections == ["w1: placed a machine not its own"]
+
+
 def test_machine_shown_without_a_verification_is_a_driver_bug() -> None:
     with pytest.raises(AuctionStateError, match="no machine is being verified"):
         start().machine_shown(None, T0 + 0.001)
