@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bourse.auction.core import FOREIGN_MACHINE, MACHINE_UNSHOWN, NOT_THIS_ORDER
-from bourse.client import BourseClient
+from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect
 from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program
@@ -214,6 +214,25 @@ async def test_a_supplier_key_cannot_hand_out_another_workers_machine(
         assert (again.machine_id, again.existing) == (victim.machine_id, True)
         assert violations.none_yet()
         assert [v for h in m.hosts.values() for v in h.check_invariants()] == []
+
+
+async def test_an_order_id_reused_for_another_order_does_not_return_the_first_machine(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """With the buyer's key and a victim's order id (no claims here: the server has no
+    JetStream), an order for another image is refused naming the mismatch instead of being
+    answered with the victim's machine; the market keeps serving."""
+    async with mad_market(secured, tmp_path) as m:
+        victim = await place(m, "victim-order")
+        attacker, violations = await secured.connect("buyer")
+        thief = BourseClient(attacker, secured.subjects)
+        with pytest.raises(ClientError) as err:
+            await thief.place(order(region="mad", order_id="victim-order", image="db"))
+        assert err.value.code == "bad_request"
+        assert f"placed as machine {victim.machine_id} for a different order" in str(err.value)
+        assert "image 'web', not 'db'" in str(err.value)
+        assert violations.none_yet()
+        await place(m, "after")
 
 
 # -- the shared buyer key: replies pointed at a worker's subjects ----------------------------------
