@@ -20,6 +20,7 @@ from bourse.auction.driver import AuctionError
 from bourse.client import BourseClient, ClientError, DryRun, policy, render
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
 from bourse.client.policy import Deployment
+from bourse.nats.auth import AuthError, tenant_of
 from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
@@ -135,6 +136,17 @@ def _flag_names(text: str) -> str:
     return _PATH.sub(sub, text)
 
 
+def _tenant(conn: Connection) -> str:
+    """The tenant a ``--creds`` file is for ("" for the operator's shared buyer key)."""
+    if not conn.creds:
+        return ""
+    try:
+        return tenant_of(conn.creds)
+    except AuthError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
 def _with_client(
     conn: Connection,
     prefix: str,
@@ -152,7 +164,7 @@ def _with_client(
             nc = await conn.connect("bourse-buyer", service=False)
         except Exception as exc:
             fail(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc or type(exc).__name__}")
-        client = BourseClient(nc, subjects, direct=direct)
+        client = BourseClient(nc, subjects, direct=direct, tenant=_tenant(conn))
         try:
             return await fn(client)
         except (ClientError, AuctionError) as exc:

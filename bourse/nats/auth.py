@@ -46,6 +46,13 @@ from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 ROLE_BUYER = "buyer"
 ROLE_EXCHANGE = "exchange"
 ROLE_SUPPLIER = "supplier"
+# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): it orders and acts
+# on machines only under ``R.tenant.NAME.``, so the exchange knows who asks and lets it
+# reach only its own machines (bourse/wire/tenancy.py). The shared ``buyer`` user acts on
+# every machine and reads every event: an operator key.
+ROLE_TENANT = "tenant"
+# The line of a tenant's seed file that names the tenant (seed readers skip ``#`` lines).
+TENANT_LINE = "# bourse tenant: "
 INBOX_ROOT = "_INBOX"
 AUTH_CONF = "auth.conf"
 SERVER_CONF = "server.conf"
@@ -118,7 +125,7 @@ class SupplierSpec:
 
 @dataclass(frozen=True, slots=True)
 class User:
-    name: str  # "buyer", "exchange", "supplier:<name>"
+    name: str  # "buyer", "buyer:<tenant>", "exchange", "supplier:<name>"
     role: str
     seed: str = field(repr=False)
     workers: tuple[tuple[str, str], ...] = ()
@@ -130,6 +137,10 @@ class User:
     @property
     def file_name(self) -> str:
         return self.name.replace(":", "-") + SEED_SUFFIX
+
+    @property
+    def tenant(self) -> str:
+        return self.name.partition(":")[2] if self.role == ROLE_TENANT else ""
 
 
 def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
@@ -180,6 +191,20 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     )
 
 
+def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
+    """A tenant: its own order and machine subjects (the exchange takes its identity from
+    them), fleet status and explain; no events (they carry every tenant's machines)."""
+    return Permissions(
+        publish=(
+            s.tenant_order(tenant, "*"),
+            s.tenant_machine(tenant, "*"),
+            s.status("*"),
+            s.explain("*"),
+        ),
+        subscribe=(f"{inbox}.>",),
+    )
+
+
 def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -> Permissions:
     """``answers``: the inbox prefixes it may answer into (the buyers')."""
     return Permissions(
@@ -195,6 +220,8 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
         subscribe=(
             f"{s.order_all} {EXCHANGE_QUEUE}",
             f"{s.machine_all} {EXCHANGE_QUEUE}",
+            f"{s.tenant_order_all} {EXCHANGE_QUEUE}",
+            f"{s.tenant_machine_all} {EXCHANGE_QUEUE}",
             f"{inbox}.>",
         ),
     )
@@ -225,10 +252,12 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     """``users``: everyone in the config; whom ``user`` answers is found among them (the
     exchange answers buyers; a supplier answers the exchange and buyers)."""
     inbox = inbox_prefix_for(user.public_key)
-    buyers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_BUYER]
+    buyers = [inbox_prefix_for(u.public_key) for u in users if u.role in (ROLE_BUYER, ROLE_TENANT)]
     exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
     if user.role == ROLE_BUYER:
         return buyer_permissions(s, inbox)
+    if user.role == ROLE_TENANT:
+        return tenant_permissions(s, user.tenant, inbox)
     if user.role == ROLE_EXCHANGE:
         return exchange_permissions(s, inbox, buyers)
     if user.role == ROLE_SUPPLIER:
@@ -297,6 +326,29 @@ def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
             owner[wid] = sup.name
 
 
+def check_tenants(names: Sequence[str]) -> None:
+    """Every ``--buyer NAME`` a valid id, once."""
+    seen: set[str] = set()
+    for name in names:
+        if not is_valid_id(name):
+            raise AuthError(f"invalid buyer name {name!r}: use [a-z0-9][a-z0-9-]*")
+        if name in seen:
+            raise AuthError(f"buyer {name!r} is given twice")
+        seen.add(name)
+
+
+def tenant_of(path: str | Path) -> str:
+    """The tenant a ``--creds`` file is for (its ``# bourse tenant: NAME`` line, written by
+    ``auth init --buyer NAME``), or "" (an operator, exchange or supplier key)."""
+    for line in _read(path).splitlines():
+        if line.startswith(TENANT_LINE):
+            name = line[len(TENANT_LINE) :].strip()
+            if not is_valid_id(name):
+                raise AuthError(f"credentials file {path}: invalid tenant name {name!r}")
+            return name
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class AuthFiles:
     out: Path
@@ -328,11 +380,14 @@ def write_auth_dir(
     *,
     force: bool = False,
     extra_includes: Sequence[str] = (),
+    buyers: Sequence[str] = (),
 ) -> AuthFiles:
     """Generate every user's seed, ``auth.conf``, ``trust.json`` and a ``server.conf`` that
     includes them. Refuses to overwrite an existing ``auth.conf`` unless ``force``: new keys
-    lock out every program still holding the old ones."""
+    lock out every program still holding the old ones. ``buyers``: tenant names, one user
+    (``buyer:<name>``, seed file ``buyer-<name>.nk``) each."""
     check_suppliers(suppliers)
+    check_tenants(buyers)
     out.mkdir(parents=True, exist_ok=True)
     auth_conf = out / AUTH_CONF
     if auth_conf.exists() and not force:
@@ -341,11 +396,13 @@ def write_auth_dir(
             "the old keys will be locked out)"
         )
     users = [User("buyer", ROLE_BUYER, new_seed()), User("exchange", ROLE_EXCHANGE, new_seed())]
+    users += [User(f"buyer:{name}", ROLE_TENANT, new_seed()) for name in buyers]
     users += [
         User(f"supplier:{s.name}", ROLE_SUPPLIER, new_seed(), tuple(s.workers)) for s in suppliers
     ]
     for u in users:
-        _write_secret(out / u.file_name, u.seed + "\n")
+        named = f"{TENANT_LINE}{u.tenant}\n" if u.tenant else ""
+        _write_secret(out / u.file_name, named + u.seed + "\n")
     auth_conf.write_text(render_authorization(users, subjects))
     trust = out / TRUST_FILE
     trust_map = {wid: u.public_key for u in users for wid, _ in u.workers}

@@ -20,6 +20,7 @@ from nats.aio.subscription import Subscription
 
 from bourse.auction.core import FOREIGN_MACHINE, MACHINE_UNSHOWN, NOT_THIS_ORDER
 from bourse.client import BourseClient, ClientError
+from bourse.nats.auth import tenant_of
 from bourse.nats.connection import connect
 from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program
@@ -323,3 +324,55 @@ async def test_a_rogue_responder_cannot_publish_on_a_reply_subject_it_was_handed
     answer = await buyer.request(s.status("mad"), b"", timeout=5)  # an inbox: allowed
     assert answer.data == b"WorkerStatus"
     assert await nothing_arrived(ear_nc, ear)
+
+
+# -- tenants: every buyer is no longer every other buyer -------------------------------------------
+
+
+async def test_a_tenant_cannot_reach_another_tenants_machines(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """alice and bob each hold their own key (auth init --buyer). bob cannot get, stop,
+    destroy or read the logs of alice's machine, does not see it in a listing, gets a
+    machine of his own when he reuses her order id, and cannot speak as alice or as the
+    operator (the server refuses), nor read events. alice keeps her machine and can act on
+    it; the operator's shared key still sees everything."""
+    s = secured.subjects
+    async with mad_market(secured, tmp_path) as m:
+        clients = {}
+        for name in ("alice", "bob"):
+            nc, _ = await secured.connect(f"buyer:{name}")
+            clients[name] = BourseClient(nc, s, tenant=tenant_of(secured.creds(f"buyer:{name}")))
+        alice, bob = clients["alice"], clients["bob"]
+        assert (alice.tenant, bob.tenant) == ("alice", "bob")
+        theirs = await alice.place(order(region="mad", order_id="a1", deadline_ms=3000))
+        assert isinstance(theirs, Placed) and theirs.order_id == "a1"
+        mid = theirs.machine_id
+
+        for verb in ("get", "stop", "destroy"):
+            with pytest.raises(ClientError, match=f"machine {mid} is not one of 'bob'"):
+                await bob.machine(verb, mid)
+        with pytest.raises(ClientError, match="is not one of 'bob'"):
+            await bob.logs(mid)
+        assert (await bob.machines(theirs.worker_id)).machines == []
+        mine = await bob.place(order(region="mad", order_id="a1", deadline_ms=3000))
+        assert isinstance(mine, Placed) and mine.machine_id != mid and not mine.existing
+        assert m.exchange.responder.counts["not_owner"] == 4
+
+        # alice's machine is untouched, hers to act on, and listed for her alone
+        shown = await alice.machine("get", mid)
+        assert (shown.order_id, shown.state != "destroyed") == ("a1", True)
+        assert [x.machine_id for x in (await alice.machines(theirs.worker_id)).machines] == [mid]
+        assert (await alice.machine("destroy", mid)).state == "destroyed"
+        # the operator's key sees every tenant's machines, scoped ids and all
+        everything = await m.buyer.machines(theirs.worker_id, include_destroyed=True)
+        assert {x.order_id for x in everything.machines} >= {"alice:a1"}
+
+        # bob's key cannot speak as alice, as the operator, or listen to events
+        raw, v = await secured.connect("buyer:bob")
+        for subject in (s.tenant_order("alice", "mad"), s.order("mad"), s.machine("get")):
+            await raw.publish(subject, b"{}")
+            assert subject in await v.next()
+        await raw.subscribe(s.events())
+        assert "subscription" in (await v.next()).lower()
+        await place(m, "after")  # the market keeps serving

@@ -10,6 +10,7 @@ from bourse.nats.auth import (
     ROLE_BUYER,
     ROLE_EXCHANGE,
     ROLE_SUPPLIER,
+    ROLE_TENANT,
     User,
     inbox_prefix_for,
     is_inbox,
@@ -58,8 +59,9 @@ USERS = [
     User("exchange", ROLE_EXCHANGE, new_seed()),
     User("supplier:a", ROLE_SUPPLIER, new_seed(), (("a-1", "mad"),)),
     User("supplier:b", ROLE_SUPPLIER, new_seed(), (("b-1", "mad"),)),
+    User("buyer:alice", ROLE_TENANT, new_seed()),
 ]
-BUYER, EXCHANGE, SUP_A, SUP_B = USERS
+BUYER, EXCHANGE, SUP_A, SUP_B, ALICE = USERS
 
 
 def inbox(u: User) -> str:
@@ -69,10 +71,11 @@ def inbox(u: User) -> str:
 @pytest.mark.parametrize(
     ("user", "may", "may_not"),
     [
-        (BUYER, [], [BUYER, EXCHANGE, SUP_A, SUP_B]),  # a buyer answers nothing
-        (EXCHANGE, [EXCHANGE, BUYER], [SUP_A, SUP_B]),
-        (SUP_A, [SUP_A, EXCHANGE, BUYER], [SUP_B]),
-        (SUP_B, [SUP_B, EXCHANGE, BUYER], [SUP_A]),
+        (BUYER, [], [BUYER, EXCHANGE, SUP_A, SUP_B, ALICE]),  # a buyer answers nothing
+        (ALICE, [], [BUYER, EXCHANGE, SUP_A, SUP_B, ALICE]),  # nor does a tenant
+        (EXCHANGE, [EXCHANGE, BUYER, ALICE], [SUP_A, SUP_B]),
+        (SUP_A, [SUP_A, EXCHANGE, BUYER, ALICE], [SUP_B]),
+        (SUP_B, [SUP_B, EXCHANGE, BUYER, ALICE], [SUP_A]),
     ],
 )
 def test_each_user_may_answer_into_exactly_the_inboxes_of_those_it_serves(
@@ -91,3 +94,16 @@ def test_the_server_config_grants_no_allow_responses() -> None:
     conf = render_authorization(USERS, S)
     assert "allow_responses" not in conf
     assert inbox(BUYER) in conf
+
+
+def test_a_tenant_publishes_only_under_its_own_name_and_reads_no_events() -> None:
+    p = permissions_for(ALICE, S, USERS)
+    assert p.publish == (
+        "t.v1.tenant.alice.order.*",
+        "t.v1.tenant.alice.machine.*",
+        "t.v1.status.*",
+        "t.v1.explain.*",
+    )
+    assert p.subscribe == (inbox(ALICE),)
+    ex = permissions_for(EXCHANGE, S, USERS).subscribe
+    assert "t.v1.tenant.*.order.* exchange" in ex and "t.v1.tenant.*.machine.* exchange" in ex
