@@ -43,6 +43,7 @@ from bourse.wire.messages import (
     worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
+from bourse.wire.tenancy import scoped_order
 
 T = TypeVar("T")
 
@@ -220,6 +221,11 @@ class BourseClient:
         every known worker has a verdict."""
         t0 = time.monotonic()
         end = t0 + (order.deadline_ms / 1000.0 if within_s is None else within_s)
+        if self.tenant:  # the workers know a tenant's machines by its scoped order id
+            try:
+                order = scoped_order(self.tenant, order)
+            except BadMessage as exc:
+                raise ClientError(str(exc), "bad_request") from None
         req = ExplainRequest(
             order_id=order.order_id,
             region=order.region,

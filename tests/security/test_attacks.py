@@ -359,6 +359,12 @@ async def test_a_tenant_cannot_reach_another_tenants_machines(
         assert isinstance(mine, Placed) and mine.machine_id != mid and not mine.existing
         assert m.exchange.responder.counts["not_owner"] == 4
 
+        # a dry run finds each tenant's own machine for "a1", not the other's
+        why = await alice.explain(order(region="mad", order_id="a1", deadline_ms=2000))
+        assert mid in {v.machine_id for v in why.verdicts if v.verdict == "existing"}
+        why = await bob.explain(order(region="mad", order_id="a1", deadline_ms=2000))
+        assert {v.machine_id for v in why.verdicts if v.verdict == "existing"} == {mine.machine_id}
+
         # alice's machine is untouched, hers to act on, and listed for her alone
         shown = await alice.machine("get", mid)
         assert (shown.order_id, shown.state != "destroyed") == ("a1", True)
