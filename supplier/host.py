@@ -30,7 +30,7 @@ from nats.aio.subscription import Subscription
 
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream
-from bourse.nats.responder import RateLimit, Responder, subject_region_mismatch
+from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import SupplierMetrics, WorkerSample
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
@@ -232,7 +232,6 @@ class SupplierHost:
                 self.owners[order_id] = w
         g = self.responder.guard
         s = self.subjects
-        fanout = RateLimit()
         for subject in self.groups:  # the region's subject, and its shards' (sampled bids)
             sub = await self.nc.subscribe(subject, cb=g(self._on_bid))
             self._bid_subs[subject] = sub
@@ -241,10 +240,9 @@ class SupplierHost:
             self._subs.append(
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
-            # fan-out requests (every worker here answers): a bounded rate per process
-            on_status, on_explain = g(self._on_status, fanout), g(self._on_explain, fanout)
-            self._subs.append(await self.nc.subscribe(s.status(region), cb=on_status))
-            self._subs.append(await self.nc.subscribe(s.explain(region), cb=on_explain))
+            fanout = self.responder.subscribe_fanout  # every worker here answers: bounded
+            self._subs.append(await fanout(s.status(region), self._on_status))
+            self._subs.append(await fanout(s.explain(region), self._on_explain))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)

@@ -12,8 +12,10 @@ logged. Otherwise a requester could make this program publish, with its rights, 
 subject the requester may not use (a worker's commit or destroy subject: a confused
 deputy). The generated server permissions say the same (bourse/nats/auth.py).
 
-A fan-out request (status, explain: every worker of the region answers) may be handled
-through a :class:`RateLimit`; past it, requests are dropped and counted (``fanout_shed``).
+A fan-out request (status, explain: every worker of the region answers) is subscribed
+with :meth:`Responder.subscribe` and a backlog bound: one queued behind more than
+``FANOUT_BACKLOG`` others is dropped unanswered and counted (``fanout_shed``), so a flood
+costs a supplier at most what it can answer, never an unbounded queue.
 
 Work that must not hold up its subscription runs in a task of the task group the service
 owns (``Responder(nc, component, tasks)``): nothing runs unowned, and the service's stop
@@ -33,6 +35,7 @@ import msgspec
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from bourse.nats.auth import is_inbox
 from bourse.wire.codec import BadMessage, encode
@@ -45,34 +48,9 @@ Handler = Callable[[Msg], Awaitable[None]]
 # Dropped requests are logged one by one up to this many, then every LOG_EVERY-th.
 LOG_FIRST = 10
 LOG_EVERY = 1000
-# A process answers at most this many fan-out requests a second (burst: twice as many).
-FANOUT_PER_S = 20.0
-
-
-class RateLimit:
-    """A token bucket on the monotonic clock: ``rate`` a second, bursts of ``burst``."""
-
-    def __init__(
-        self,
-        rate: float = FANOUT_PER_S,
-        burst: float | None = None,
-        clock: Callable[[], float] = anyio.current_time,
-    ) -> None:
-        self.rate = rate
-        self.burst = burst if burst is not None else 2 * rate
-        self.clock = clock
-        self._tokens = self.burst
-        self._at: float | None = None
-
-    def take(self) -> bool:
-        now = self.clock()
-        if self._at is not None:
-            self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
-        self._at = now
-        if self._tokens >= 1:
-            self._tokens -= 1
-            return True
-        return False
+# A fan-out request (status, explain: every worker here answers) queued behind more than
+# this many on its subscription is dropped unanswered (a flood; its asker has moved on).
+FANOUT_BACKLOG = 128
 
 
 class Responder:
@@ -117,16 +95,16 @@ class Responder:
             )
         return False
 
-    def guard(self, handler: Handler, limit: RateLimit | None = None) -> Handler:
+    def guard(self, handler: Handler, backlog: Callable[[], int] | None = None) -> Handler:
         """Wrap a subscription handler: a reply subject that is not an inbox -> dropped
-        unhandled; past ``limit`` (fan-out requests) -> dropped; BadMessage ->
-        bad_request, anything else -> internal."""
+        unhandled; with ``backlog`` (how many wait behind this message) past
+        ``FANOUT_BACKLOG`` -> dropped; BadMessage -> bad_request, anything else -> internal."""
 
         async def guarded(msg: Msg) -> None:
             self.counts["requests"] += 1
             if not self.answerable(msg):
                 return
-            if limit is not None and not limit.take():
+            if backlog is not None and backlog() > FANOUT_BACKLOG:
                 n = self.counts["fanout_shed"] = self.counts["fanout_shed"] + 1
                 if n <= LOG_FIRST or n % LOG_EVERY == 0:
                     self.log.warning("fanout_request_shed", subject=msg.subject, total=n)
@@ -134,6 +112,17 @@ class Responder:
             await self._answering(msg, handler(msg))
 
         return guarded
+
+    async def subscribe_fanout(self, subject: str, handler: Handler) -> Subscription:
+        """Subscribe ``handler`` to a fan-out subject (status, explain), guarded, with the
+        backlog bound (``FANOUT_BACKLOG``)."""
+        sub: Subscription | None = None
+
+        def backlog() -> int:
+            return sub.pending_msgs if sub is not None else 0
+
+        sub = await self.nc.subscribe(subject, cb=self.guard(handler, backlog))
+        return sub
 
     def spawn(self, msg: Msg, work: Awaitable[None]) -> None:
         """Answer ``msg`` from a task of the owner's task group (work that must not hold up

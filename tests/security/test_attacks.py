@@ -42,7 +42,7 @@ from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
 from supplier.host import SupplierHost
 from supplier.store import Store
-from tests.market import order, worker
+from tests.market import order, wait_until, worker
 from tests.security.conftest import Secured, Violations
 
 # The supplier's hold cap in the unauthenticated attack (its --max-hold-ms); the default is
@@ -382,3 +382,31 @@ async def test_a_tenant_cannot_reach_another_tenants_machines(
         await raw.subscribe(s.events())
         assert "subscription" in (await v.next()).lower()
         await place(m, "after")  # the market keeps serving
+
+
+async def test_a_status_flood_is_shed_and_the_market_keeps_serving(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """With the buyer's key, 5000 status requests at once (each would be answered by every
+    worker): a supplier answers what it can and drops what queues behind FANOUT_BACKLOG
+    (counted), and a status request and an order afterwards are answered as usual."""
+    s = secured.subjects
+    async with mad_market(secured, tmp_path) as m:
+        flood, violations = await secured.connect("buyer")
+        inbox = flood.new_inbox()
+        replies = await flood.subscribe(inbox)
+        body = encode(StatusRequest())
+        for _ in range(5000):
+            await flood.publish(s.status("mad"), body, reply=inbox)
+        await flood.flush()
+        # every flooded request was taken off the queue (answered or shed)
+        await wait_until(
+            lambda: all(h.responder.counts["requests"] >= 5000 for h in m.hosts.values()), 30
+        )
+        shed = {w: h.responder.counts["fanout_shed"] for w, h in m.hosts.items()}
+        assert all(n > 0 for n in shed.values()), shed
+        assert replies.delivered <= 2 * 5000 - sum(shed.values())  # shed: never answered
+        answered = await m.buyer.status("mad", within_s=5)  # the flood is over: answered
+        assert [st.worker_id for st in answered] == ["mad-1", "mad-2"]
+        assert violations.none_yet()
+        await place(m, "after")

@@ -1,5 +1,5 @@
 """Replies only to inboxes (bourse.nats.auth.is_inbox, the responder's check) and the
-fan-out rate limit, as tables. The responder on a real nats-server: tests/security/
+generated grants, as tables. The responder on a real nats-server: tests/security/
 test_attacks.py."""
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from bourse.nats.auth import (
     permissions_for,
     render_authorization,
 )
-from bourse.nats.responder import RateLimit
 from bourse.wire.subjects import Subjects
 
 
@@ -41,16 +40,6 @@ from bourse.wire.subjects import Subjects
 )
 def test_only_inboxes_are_answered(subject: str, inbox: bool) -> None:
     assert is_inbox(subject) is inbox
-
-
-def test_the_rate_limit_allows_a_burst_then_its_rate() -> None:
-    t = [0.0]
-    limit = RateLimit(rate=10, burst=3, clock=lambda: t[0])
-    assert [limit.take() for _ in range(4)] == [True, True, True, False]
-    t[0] += 0.1  # one token back
-    assert [limit.take(), limit.take()] == [True, False]
-    t[0] += 100  # never more than the burst
-    assert [limit.take() for _ in range(4)] == [True, True, True, False]
 
 
 S = Subjects("t")
