@@ -410,3 +410,45 @@ async def test_a_status_flood_is_shed_and_the_market_keeps_serving(
         assert [st.worker_id for st in answered] == ["mad-1", "mad-2"]
         assert violations.none_yet()
         await place(m, "after")
+
+
+# -- why not allow_responses ---------------------------------------------------------------------
+
+
+async def test_allow_responses_would_let_a_responder_publish_on_a_subject_it_denies(
+    tmp_path: Path,
+) -> None:
+    """The reason auth.conf grants inbox allows instead (docs/security.md): with nats-server's
+    allow_responses, a responder may publish on any reply subject it is handed, even one its
+    publish deny list names (the response grant is checked after the deny). If a future
+    nats-server makes the deny win, this fails: the pairing could then be reconsidered."""
+    conf = tmp_path / "s.conf"
+    conf.write_text(
+        "authorization { users = [\n"
+        '  { user: r, password: r, permissions: { subscribe: { allow: ["svc"] },\n'
+        '    publish: { allow: ["ok.>"], deny: ["victim.>"] },\n'
+        '    allow_responses: { max: -1, expires: "1m" } } }\n'
+        '  { user: q, password: q, permissions: { publish: { allow: ["svc"] },\n'
+        '    subscribe: { allow: ["_INBOX.>"] } } }\n'
+        '  { user: v, password: v, permissions: { subscribe: { allow: ["victim.>"] } } }\n'
+        "] }\n"
+    )
+    with EmbeddedNats(workdir=tmp_path / "nats", config=conf, jetstream=False) as srv:
+        conns = []
+        for user in ("r", "q", "v"):
+            url = srv.url.replace("nats://", f"nats://{user}:{user}@")
+            conns.append(await connect(url, name=user, service=False))
+        r, q, v = conns
+        ear = await v.subscribe("victim.>")
+        await v.flush()
+
+        async def respond(msg: Msg) -> None:
+            await r.publish(msg.reply, b"reply")
+
+        await r.subscribe("svc", cb=respond)
+        await r.flush()
+        await q.publish("svc", b"", reply="victim.commit")
+        got = await ear.next_msg(timeout=5)  # delivered despite the deny
+        assert (got.subject, got.data) == ("victim.commit", b"reply")
+        for nc in conns:
+            await nc.close()
