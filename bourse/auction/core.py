@@ -12,9 +12,12 @@ Events in (methods):
 - ``poll(now)``: every queued reply has been fed; what next? (commit, or wake me at t).
 - ``timer(now)``: the wake time came and no reply did.
 - ``commit_outcome(outcome, now)``: how the commit of ``SendCommit`` ended.
+- ``machine_shown(machine, now)``: what the worker showed for ``VerifyMachine``.
 
 Decisions out: ``SendBid``, ``BroadcastBid`` (sampled fallback), ``SendCommit``,
-``PublishAbort`` (Release abort_commit), ``Log`` (a structlog event the driver emits with
+``VerifyMachine`` (show me the machine of an existing-machine offer), ``Refuse`` (the order
+id names a different order: the driver raises ConflictingOrder), ``PublishAbort`` (Release
+abort_commit), ``Log`` (a structlog event the driver emits with
 ``order_id`` and ``region`` bound), ``WakeAt`` and ``Finish`` (Placed or Unfilled). The
 driver stops at ``Finish``.
 
