@@ -572,6 +572,11 @@ def watch(
     first. --json: one event per line, with its stream sequence ("seq")."""
     logs.configure("warning")
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if tenant := _tenant(conn):
+        fail(
+            f"tenant {tenant!r} may not read events (they carry every tenant's machines): "
+            "watch with the operator's buyer key (docs/security.md)"
+        )
     subjects = Subjects(prefix)
     try:
         start = parse_since(since) if since is not None else None

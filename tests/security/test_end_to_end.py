@@ -121,6 +121,8 @@ async def test_a_tenant_key_from_auth_init_places_and_keeps_its_machines_its_own
         assert code == 1 and f"machine {mid} is not one of 'bob'" in err, (out, err)
         code, out, err = await buyer("buyer:bob", *listing)
         assert code == 0 and mid not in out, err
+        code, out, err = await buyer("buyer:bob", "watch", "--count", "1")
+        assert code == 1 and "tenant 'bob' may not read events" in err, (out, err)
     finally:
         codes = [await p.stop() for p in reversed(programs)]
     assert codes == [0, 0, 0]
