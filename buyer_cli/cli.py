@@ -22,6 +22,7 @@ from bourse.client import BourseClient, ClientError, DryRun, policy, render, why
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
 from bourse.client.follow import follow_logs
 from bourse.client.policy import Deployment
+from bourse.nats.auth import AuthError, tenant_of
 from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
@@ -178,6 +179,17 @@ def _flag_names(text: str) -> str:
     return _PATH.sub(sub, text)
 
 
+def _tenant(conn: Connection) -> str:
+    """The tenant a ``--creds`` file is for ("" for the operator's shared buyer key)."""
+    if not conn.creds:
+        return ""
+    try:
+        return tenant_of(conn.creds)
+    except AuthError as exc:
+        fail(str(exc))
+    raise AssertionError("unreachable")
+
+
 def _with_client(
     conn: Connection,
     prefix: str,
@@ -195,7 +207,7 @@ def _with_client(
             nc = await conn.connect("bourse-buyer", service=False)
         except Exception as exc:
             fail(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc or type(exc).__name__}")
-        client = BourseClient(nc, subjects, direct=direct)
+        client = BourseClient(nc, subjects, direct=direct, tenant=_tenant(conn))
         try:
             return await fn(client)
         except (ClientError, AuctionError) as exc:
@@ -778,6 +790,11 @@ def watch(
     its stream sequence ("seq")."""
     logs.configure("warning")
     conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if tenant := _tenant(conn):
+        fail(
+            f"tenant {tenant!r} may not read events (they carry every tenant's machines): "
+            "watch with the operator's buyer key (docs/security.md)"
+        )
     subjects = Subjects(prefix)
     try:
         start = parse_since(since) if since is not None else None

@@ -6,6 +6,10 @@
   id embedded in the machine id (or ListMachines.worker_id) and relays the worker's reply.
 - ``<root>.reclaim.<worker_id>``: ReclaimCheck -> the order claims' verdict on each of the
   worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d).
+- ``<root>.tenant.<name>.order.<region>`` and ``<root>.tenant.<name>.machine.<verb>``: the
+  same for tenant ``name`` (only its user may publish there): its order ids are scoped
+  ``<name>:<id>``, its verbs reach only its machines, its listings show only them
+  (bourse/wire/tenancy.py).
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from bourse.wire.messages import (
     EXCHANGE_EVENT_WORKER,
     MACHINE_VERBS,
     UNFILLED_EVENT,
+    Error,
     Event,
     ListMachines,
+    Machine,
+    MachineList,
     MachineRequest,
     Placed,
     PlaceOrder,
@@ -47,6 +54,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
+from bourse.wire.tenancy import own_machines, owns, scoped_order, unscoped
 
 log = structlog.get_logger("bourse.exchange")
 
@@ -121,6 +129,11 @@ class ExchangeService:
         self._subs.append(
             await self.nc.subscribe(s.reclaim_all, queue=EXCHANGE_QUEUE, cb=g(self._on_reclaim))
         )
+        for subject, cb in (
+            (s.tenant_order_all, self._on_tenant_order),
+            (s.tenant_machine_all, self._on_tenant_machine),
+        ):
+            self._subs.append(await self.nc.subscribe(subject, queue=EXCHANGE_QUEUE, cb=g(cb)))
         await flush_all(self.nc)
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
 
@@ -141,7 +154,15 @@ class ExchangeService:
 
     async def _on_order(self, msg: Msg) -> None:
         region = self.subjects.tail(msg.subject, 1)[0]
-        order = decode(msg.data, PlaceOrder)
+        await self._order(msg, region, decode(msg.data, PlaceOrder))
+
+    async def _on_tenant_order(self, msg: Msg) -> None:
+        tenant, _, region = self.subjects.tail(msg.subject, 1)
+        await self._order(msg, region, decode(msg.data, PlaceOrder), tenant)
+
+    async def _order(
+        self, msg: Msg, region: str, order: PlaceOrder, tenant: str | None = None
+    ) -> None:
         if not msg.reply:
             # Nobody would learn the outcome: placing would only leak a machine.
             self.responder.counts["order_without_reply"] += 1
@@ -161,7 +182,9 @@ class ExchangeService:
                 self.metrics.refused(region, "overloaded")
             await self._overloaded(msg, backlog)
             return
-        self.responder.spawn(msg, self._place(msg, order))
+        if tenant is not None:
+            order = scoped_order(tenant, order)
+        self.responder.spawn(msg, self._place(msg, order, tenant))
 
     async def _overloaded(self, msg: Msg, backlog: int = 0) -> None:
         await self._refuse(msg, self.broker.overloaded(backlog))
@@ -172,7 +195,7 @@ class ExchangeService:
         err = refusal.error()
         await self.responder.error(msg, err.code, err.detail, reason=err.reason)
 
-    async def _place(self, msg: Msg, order: PlaceOrder) -> None:
+    async def _place(self, msg: Msg, order: PlaceOrder, tenant: str | None = None) -> None:
         outcome = await self.broker.place(order)
         m = self.metrics
         if isinstance(outcome, Refused):
@@ -186,6 +209,8 @@ class ExchangeService:
             else:
                 m.unfilled(order.region, outcome.reason, outcome.elapsed_ms / 1000.0)
         self.responder.counts[type(outcome).__name__] += 1
+        if tenant is not None:
+            outcome = unscoped(tenant, outcome)
         with contextlib.suppress(Exception):
             await self.responder.reply(msg, outcome)
         if isinstance(outcome, Unfilled):
@@ -233,21 +258,86 @@ class ExchangeService:
         self.responder.spawn(msg, self._relay(msg, worker_id, verb))
 
     async def _relay(self, msg: Msg, worker_id: str, verb: str) -> None:
+        data = await self._ask(msg, worker_id, verb, msg.data)
+        if data is not None:
+            await self.responder.forward(msg, data)
+
+    async def _ask(self, msg: Msg, worker_id: str, verb: str, data: bytes) -> bytes | None:
+        """The worker's reply to ``verb``, or None once ``msg`` was answered with why not."""
         subject = self.subjects.worker_machine(worker_id, verb)
         try:
-            reply = await self.nc.request(subject, msg.data, timeout=MACHINE_TIMEOUT_S)
+            reply = await self.nc.request(subject, data, timeout=MACHINE_TIMEOUT_S)
         except nats.errors.NoRespondersError:
             await self.responder.error(
                 msg, "bad_request", f"worker {worker_id!r} is not reachable: no supplier serves it"
             )
-            return
+            return None
         except nats.errors.TimeoutError:
             await self.responder.error(
                 msg, "internal", f"worker {worker_id!r} did not answer {verb} in time"
             )
+            return None
+        return reply.data
+
+    async def _on_tenant_machine(self, msg: Msg) -> None:
+        """A tenant's machine request: only its own machines, whatever it names."""
+        tenant, _, verb = self.subjects.tail(msg.subject, 1)
+        if verb not in MACHINE_VERBS:
+            await self.responder.error(
+                msg,
+                "unknown_subject",
+                f"unknown machine verb {verb!r}: use one of {', '.join(MACHINE_VERBS)}",
+            )
             return
-        if msg.reply:
-            await self.nc.publish(msg.reply, reply.data)
+        if verb == "list":
+            worker_id = decode(msg.data, ListMachines).worker_id
+            if not worker_id:
+                raise BadMessage("machine.list through the exchange needs worker_id")
+            self.responder.spawn(msg, self._tenant_list(msg, tenant, worker_id))
+            return
+        machine_id = decode(msg.data, MachineRequest).machine_id
+        self.responder.spawn(msg, self._tenant_verb(msg, tenant, machine_id, verb))
+
+    async def _tenant_list(self, msg: Msg, tenant: str, worker_id: str) -> None:
+        data = await self._ask(msg, worker_id, "list", msg.data)
+        if data is None:
+            return
+        reply: MachineList | Error = decode(data, MachineList | Error)
+        if isinstance(reply, MachineList):
+            reply = own_machines(tenant, reply)
+        await self.responder.reply(msg, reply)
+
+    async def _tenant_verb(self, msg: Msg, tenant: str, machine_id: str, verb: str) -> None:
+        """Ask the worker for the machine first; act only if it is the tenant's."""
+        worker_id = worker_of_machine(machine_id)
+        shown = await self._ask(
+            msg, worker_id, "get", encode(MachineRequest(machine_id=machine_id))
+        )
+        if shown is None:
+            return
+        machine: Machine | Error = decode(shown, Machine | Error)
+        if isinstance(machine, Error):
+            await self.responder.forward(msg, shown)
+            return
+        if not owns(tenant, machine.order_id):
+            self.responder.counts["not_owner"] += 1
+            log.warning(
+                "machine_request_not_owner", tenant=tenant, machine_id=machine_id, verb=verb
+            )
+            await self.responder.error(
+                msg, "bad_request", f"machine {machine_id} is not one of {tenant!r}'s machines"
+            )
+            return
+        if verb == "get":
+            await self.responder.reply(msg, unscoped(tenant, machine))
+            return
+        data = await self._ask(msg, worker_id, verb, msg.data)
+        if data is None:
+            return
+        try:
+            await self.responder.reply(msg, unscoped(tenant, decode(data, Machine)))
+        except BadMessage:  # logs, or an Error: as the worker sent it
+            await self.responder.forward(msg, data)
 
     async def _on_reclaim(self, msg: Msg) -> None:
         """A worker asks about its reserved machines (docs/protocol.md §5.3d). Only its own:

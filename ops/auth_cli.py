@@ -48,6 +48,13 @@ def init(
         list[str] | None,
         typer.Option(help="ID=REGION: a one-worker supplier user (repeatable)."),
     ] = None,
+    buyer: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="NAME: a buyer of its own, a tenant: its key reaches only its own orders "
+            "and machines (repeatable; the shared buyer key stays, as an operator's)."
+        ),
+    ] = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     force: Annotated[bool, typer.Option(help="Replace existing keys.")] = False,
     tls: Annotated[bool, typer.Option(help="Also make a CA and certificates for TLS.")] = False,
@@ -66,7 +73,12 @@ def init(
     try:
         subjects = Subjects(prefix)
         files = write_auth_dir(
-            out, subjects, specs, force=force, extra_includes=[TLS_CONF] if tls else []
+            out,
+            subjects,
+            specs,
+            force=force,
+            extra_includes=[TLS_CONF] if tls else [],
+            buyers=buyer or [],
         )
     except (AuthError, ValueError) as exc:
         fail(str(exc))

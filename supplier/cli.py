@@ -37,10 +37,12 @@ from bourse.runtime.metrics import (
 from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.codec import validation_detail
+from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.signing import OfferSigner, TrustError
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import (
+    DEFAULT_MAX_HOLD_MS,
     ConfigError,
     WorkerConfig,
     check_workers,
@@ -125,6 +127,15 @@ def run_cmd(
             "and destroy it if its order's claim says no buyer holds it (an orphan); 0: never.",
         ),
     ] = DEFAULT_RECLAIM_AFTER_S,
+    max_hold_ms: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=MAX_HOLD_MS,
+            help="Hold offered capacity at most this long, whatever a bid asks (a fleet "
+            f"worker's own max_hold_ms wins) [default: {DEFAULT_MAX_HOLD_MS}]",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -165,6 +176,8 @@ def run_cmd(
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
+        if max_hold_ms is not None:  # a worker's own max_hold_ms (fleet file) wins
+            workers = [_hold_cap(w, max_hold_ms) for w in workers]
         check_workers(workers)
         subjects = Subjects(prefix)
         metrics_at = parse_addr(metrics_addr)
@@ -277,3 +290,8 @@ def _single_worker(
 
 def main() -> None:
     cli_main(app)
+
+
+def _hold_cap(w: WorkerConfig, max_hold_ms: int) -> WorkerConfig:
+    """``--max-hold-ms`` for a worker that does not set its own ``max_hold_ms``."""
+    return w if w.max_hold_ms is not None else msgspec.structs.replace(w, max_hold_ms=max_hold_ms)

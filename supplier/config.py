@@ -24,9 +24,16 @@ from typing import Annotated, Literal
 import msgspec
 
 from bourse.wire.codec import validation_detail
+from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import Amount, Image, Labels, Region, WorkerId
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
 from supplier.pricing import build_curves
+
+# The longest a worker holds capacity for a bid it offers on, whatever the bid's hold_ms
+# asks (docs/security.md: a bid, even an unauthenticated one, may not lock capacity for a
+# minute). The auction asks deadline + 250 ms (750 ms by default), and commits within
+# milliseconds of the offer, so this is rarely reached.
+DEFAULT_MAX_HOLD_MS = 5000
 
 Preset = Literal["spread", "binpack"]
 # A curve is a list of [utilization, desirability] points, utilization ascending in [0, 1].
@@ -84,6 +91,12 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     confine: ConfineChoice = "auto"
     pids_max: Annotated[int, msgspec.Meta(ge=8, le=4_194_304)] = DEFAULT_PIDS_MAX
     cgroup_parent: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    # Cap on a bid's hold_ms here; unset: supplier run --max-hold-ms, else DEFAULT_MAX_HOLD_MS.
+    max_hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)] | None = None
+
+    @property
+    def hold_cap_ms(self) -> int:
+        return self.max_hold_ms if self.max_hold_ms is not None else DEFAULT_MAX_HOLD_MS
 
     @property
     def image_budget_mb(self) -> int:

@@ -21,6 +21,9 @@ Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
                                         the memory asked for
     otherwise                        -> a Quote (a score; nothing held yet)
 
+A hold lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config,
+default 5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
+
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
 ``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
 up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
@@ -172,6 +175,10 @@ class Seat(Protocol):
     def images(self) -> Container[str]: ...
     @property
     def waiting(self) -> WaitingBids: ...
+    @property
+    def max_hold_ms(self) -> int:
+        """The longest this worker holds capacity for one bid, whatever it asks."""
+        ...
 
     def machine_for(self, order_id: str) -> Machine | None:
         """The machine this worker placed for the order (not aborted), if any."""
@@ -383,10 +390,11 @@ class Desk(Generic[S]):
         workers actually offered, are the subscores worked out."""
         ledger = w.ledger
         _, subscores = w.pricer.price(ledger.capacity, ledger.used, q.want, q.cached)
+        hold_ms = min(bid.hold_ms, w.max_hold_ms)  # the supplier bounds holds, not the bid
         hold = Hold(
             bid.order_id,
             q.want,
-            now + bid.hold_ms / 1000.0,
+            now + hold_ms / 1000.0,
             q.score,
             subscores,
             q.cached,
@@ -401,7 +409,7 @@ class Desk(Generic[S]):
             score=q.score,
             subscores=subscores,
             image_cached=q.cached,
-            hold_expires_at_ms=self.wall_ms() + bid.hold_ms,
+            hold_expires_at_ms=self.wall_ms() + hold_ms,
             auction_id=bid.auction_id,
         )
         return offer, w.pricer.delay_s(q.score)

@@ -255,9 +255,10 @@ class SupplierHost:
             self._subs.append(
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
-            self._subs.append(await self.nc.subscribe(s.status(region), cb=g(self._on_status)))
-            self._subs.append(await self.nc.subscribe(s.explain(region), cb=g(self._on_explain)))
-        self._subs.append(await self.nc.subscribe(s.status_every, cb=g(self._on_status)))
+            fanout = self.responder.subscribe_fanout  # every worker here answers: bounded
+            self._subs.append(await fanout(s.status(region), self._on_status))
+            self._subs.append(await fanout(s.explain(region), self._on_explain))
+        self._subs.append(await self.responder.subscribe_fanout(s.status_every, self._on_status))
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)

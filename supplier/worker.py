@@ -101,6 +101,7 @@ class Worker:
         self.worker_id = cfg.worker_id
         self.region = cfg.region
         self.labels = dict(cfg.labels)
+        self.max_hold_ms = cfg.hold_cap_ms  # a bid's hold_ms is capped here (supplier/desk.py)
         sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
         self.images = ImageCache(
             cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB), on_image

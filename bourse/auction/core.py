@@ -12,9 +12,12 @@ Events in (methods):
 - ``poll(now)``: every queued reply has been fed; what next? (commit, or wake me at t).
 - ``timer(now)``: the wake time came and no reply did.
 - ``commit_outcome(outcome, now)``: how the commit of ``SendCommit`` ended.
+- ``machine_shown(machine, now)``: what the worker showed for ``VerifyMachine``.
 
 Decisions out: ``SendBid``, ``BroadcastBid`` (sampled fallback), ``SendCommit``,
-``PublishAbort`` (Release abort_commit), ``Log`` (a structlog event the driver emits with
+``VerifyMachine`` (show me the machine of an existing-machine offer), ``Refuse`` (the order
+id names a different order: the driver raises ConflictingOrder), ``PublishAbort`` (Release
+abort_commit), ``Log`` (a structlog event the driver emits with
 ``order_id`` and ``region`` bound), ``WakeAt`` and ``Finish`` (Placed or Unfilled). The
 driver stops at ``Finish``.
 
@@ -39,14 +42,17 @@ from bourse.wire.messages import (
     BidReply,
     Commit,
     Error,
+    Machine,
     Offer,
     Placed,
     PlaceOrder,
     Rejected,
     Release,
+    Resources,
     Unfilled,
     UnfilledReason,
     Waiting,
+    worker_of_machine,
 )
 from bourse.wire.subjects import Subjects, sampled_shards
 
@@ -55,6 +61,13 @@ from bourse.wire.subjects import Subjects, sampled_shards
 TrustCheck = Callable[[Offer], str | None]
 
 DEADLINE_BEFORE_COMMIT = "the deadline passed before a commit could start"
+
+# Why an existing-machine offer was dropped (counted with the signature reasons in
+# ``Tally.unverified``): its machine id names another worker, or the machine its worker
+# reports is not this order's (or the worker could not show it).
+FOREIGN_MACHINE = "foreign_machine"
+NOT_THIS_ORDER = "machine_not_this_order"
+MACHINE_UNSHOWN = "machine_not_shown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +89,9 @@ class AuctionConfig:
     # so with a Waiting reply, and the auction listens while any worker waits); the rest of
     # the deadline is left for the commit.
     wait_ratio: float = 0.8
+    # How long a worker has to show the machine of its existing-machine offer (machine.get)
+    # before the offer is dropped; bounded by the order's deadline.
+    verify_timeout_ms: float = 1000.0
 
 
 class AuctionStateError(RuntimeError):
@@ -121,6 +137,26 @@ class PublishAbort:
 
 
 @dataclass(frozen=True, slots=True)
+class VerifyMachine:
+    """Ask worker ``worker_id`` for machine ``machine_id`` (``machine.get`` on the worker's
+    own subject, which only its user may serve) before an existing-machine offer is taken;
+    feed the answer to ``machine_shown``."""
+
+    worker_id: str
+    subject: str
+    machine_id: str
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refuse:
+    """The order id already names a different order (its machine was placed for other
+    parameters): refuse the order, naming the mismatch (the id is an idempotency key)."""
+
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
 class Log:
     """A structlog event to emit (``order_id`` and ``region`` are bound by the driver)."""
 
@@ -143,7 +179,17 @@ class Finish:
     result: Placed | Unfilled
 
 
-Decision = SendBid | BroadcastBid | SendCommit | PublishAbort | Log | WakeAt | Finish
+Decision = (
+    SendBid
+    | BroadcastBid
+    | SendCommit
+    | VerifyMachine
+    | Refuse
+    | PublishAbort
+    | Log
+    | WakeAt
+    | Finish
+)
 
 
 # -- commit outcomes (events) -------------------------------------------------------------
@@ -174,6 +220,10 @@ class CommitUndecodable:
 
 
 CommitOutcome = CommitAnswered | CommitNoResponders | CommitTimedOut | CommitUndecodable
+
+# What a worker showed for an existing-machine offer: its Machine record, or None (an
+# Error, no answer in time, nobody serving the worker, an undecodable reply).
+MachineShown = Machine | None
 
 
 # -- the state machine ----------------------------------------------------------------------
@@ -234,6 +284,7 @@ class Auction:
         self._targets = 0  # subjects the bid went to
         self._empty = 0  # of them, answered 503: nobody listens there
         self._committing: Offer | None = None
+        self._verifying: Offer | None = None
 
     # -- events ----------------------------------------------------------------------------
 
@@ -272,8 +323,7 @@ class Auction:
             if why is not None:
                 return [self._unverified(reply, why)]
             if reply.machine_id:  # I3 outranks exclude_workers and min_score
-                placed = Placed.of_offer(reply, elapsed_ms=self._elapsed(now))
-                return self._finish(placed)
+                return self._existing(reply, now)
         if reply.worker_id in self._excluded:
             return []
         if isinstance(reply, Waiting):
@@ -298,6 +348,37 @@ class Auction:
         if self.sampled and not self.tally.offers and now < self.deadline:
             return self._broadcast()
         return self._unfilled(self._reason(), self._detail(), now)
+
+    def machine_shown(self, machine: MachineShown, now: float) -> list[Decision]:
+        """The answer to the last ``VerifyMachine``: the existing machine is taken only if
+        its worker shows it placed for this order id with this order's parameters; one
+        placed for other parameters refuses the order; anything else drops the offer (counted
+        like an unverified one) and the auction goes on."""
+        self._expect("collecting")
+        offer = self._verifying
+        if offer is None:
+            raise AuctionStateError(f"auction {self.auction_id}: no machine is being verified")
+        self._verifying = None
+        order = self.order
+        if (
+            machine is None
+            or machine.machine_id != offer.machine_id
+            or machine.worker_id != offer.worker_id
+        ):
+            return [self._unverified(offer, MACHINE_UNSHOWN)]
+        if machine.order_id != order.order_id:
+            return [self._unverified(offer, NOT_THIS_ORDER)]
+        mismatch = order_mismatch(order, machine)
+        if mismatch:
+            return [
+                Log("warning", "order_id_reused", {"machine_id": machine.machine_id}),
+                Refuse(
+                    f"order id {order.order_id!r} was placed as machine {machine.machine_id} "
+                    f"for a different order ({mismatch}): an order id names one order (use a "
+                    "new id for a new order)"
+                ),
+            ]
+        return self._finish(Placed.of_offer(offer, elapsed_ms=self._elapsed(now)))
 
     def commit_outcome(self, outcome: CommitOutcome, now: float) -> list[Decision]:
         """The commit of the last ``SendCommit`` ended (§5.2 step 6 table). An empty list
@@ -365,15 +446,31 @@ class Auction:
         return Log("warning", "foreign_offer", fields)
 
     def _unverified(self, offer: Offer, why: str) -> Log:
-        """Signed for another key (or altered): never taken, not even a machine_id claim
-        (that would skip the commit)."""
+        """Signed for another key (or altered), or claiming a machine that is not its
+        worker's or not this order's: never taken (a machine_id claim skips the commit)."""
         self.tally.unverified[why] += 1
         fields: dict[str, object] = {
             "worker_id": offer.worker_id,
             "reason": why,
             "signer": offer.signer,
         }
+        if offer.machine_id:
+            fields["machine_id"] = offer.machine_id
         return Log("warning", "offer_unverified", fields)
+
+    def _existing(self, offer: Offer, now: float) -> list[Decision]:
+        """An offer claiming the order already runs on the offer's worker. Its machine id
+        must name that worker (a supplier may not hand out another worker's machine); then
+        the worker is asked to show the machine, and only a machine of this order is taken."""
+        machine_id = offer.machine_id or ""
+        if worker_of_machine(machine_id) != offer.worker_id:
+            return [self._unverified(offer, FOREIGN_MACHINE)]
+        if self._verifying is not None:
+            return []  # one at a time; the worker that placed it offers again on a retry
+        self._verifying = offer
+        timeout = max(0.0, min(self.deadline - now, self.config.verify_timeout_ms / 1000.0))
+        subject = self.subjects.worker_machine(offer.worker_id, "get")
+        return [VerifyMachine(offer.worker_id, subject, machine_id, timeout)]
 
     def _note_waiting(self, reply: Waiting, now: float) -> None:
         if reply.wait_ms:
@@ -428,6 +525,11 @@ class Auction:
             if reply.region != self.order.region or reply.order_id != self.order.order_id:
                 self.tally.rejections.append(f"{worker}: placed in the wrong region/order")
                 return []
+            if reply.worker_id != worker or worker_of_machine(reply.machine_id) != worker:
+                # only worker's own user may answer its commit: a reply naming another
+                # worker's machine is not believed (a forged reply in the auction's inbox)
+                self.tally.rejections.append(f"{worker}: placed a machine not its own")
+                return []
             placed = Placed.of_commit(reply, offer, elapsed_ms=self._elapsed(now))
             fields: dict[str, object] = {
                 "worker_id": placed.worker_id,
@@ -462,9 +564,17 @@ class Auction:
             )
         unverified = sum(t.unverified.values())
         if t.offers == 0 and unverified:
+            owned = sum(t.unverified[r] for r in OWNERSHIP_REASONS)
+            what = (
+                "the signature check"
+                if not owned
+                else f"the ownership check ({owned} claimed a machine not theirs)"
+                if owned == unverified
+                else f"the signature or ownership check ({owned} claimed a machine not theirs)"
+            )
             return (
                 f"no worker in {order.region!r} can take {describe(order)}: "
-                f"{unverified} offer(s) failed the signature check"
+                f"{unverified} offer(s) failed {what}"
             )
         if t.offers == 0:
             # What the auction knows is that nobody offered; why not is the workers' to say
@@ -507,14 +617,36 @@ class Auction:
             raise AuctionStateError(f"auction {self.auction_id} is {self.phase}, not {phase}")
 
 
-def describe(order: PlaceOrder) -> str:
-    """The order's request in words, for Unfilled details: ``2 cpus + 512 MiB + ...``."""
-    r = order.resources
+OWNERSHIP_REASONS = (FOREIGN_MACHINE, NOT_THIS_ORDER, MACHINE_UNSHOWN)
+
+
+def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
+    """How a machine placed under ``order``'s id differs from ``order`` (what it runs and
+    where: region, resources, image, metadata; how it was auctioned may differ), or ""."""
+    diffs = []
+    if machine.region != order.region:
+        diffs.append(f"region {machine.region!r}, not {order.region!r}")
+    if machine.resources != order.resources:
+        diffs.append(f"{_res(machine.resources)}, not {_res(order.resources)}")
+    if machine.image != order.image:
+        diffs.append(f"image {machine.image!r}, not {order.image!r}")
+    if dict(machine.metadata) != dict(order.metadata):
+        diffs.append("other metadata")
+    return "; ".join(diffs)
+
+
+def _res(r: Resources) -> str:
     parts = [f"{r.cpus} cpus", f"{r.memory_mb} MiB"]
     if r.disk_mb:
         parts.append(f"{r.disk_mb} MiB disk")
     if r.gpus:
         parts.append(f"{r.gpus} gpus")
+    return " + ".join(parts)
+
+
+def describe(order: PlaceOrder) -> str:
+    """The order's request in words, for Unfilled details: ``2 cpus + 512 MiB + ...``."""
+    parts = [_res(order.resources)]
     if order.constraints:
         parts.append("constraints " + ",".join(f"{k}={v}" for k, v in order.constraints.items()))
     return " + ".join(parts)

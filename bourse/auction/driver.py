@@ -13,6 +13,7 @@ ONE publish to ``<root>.release.<region>`` drops every other hold of the auction
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import Counter, deque
@@ -51,9 +52,12 @@ from bourse.auction.core import (
     Decision,
     Finish,
     Log,
+    MachineShown,
     PublishAbort,
+    Refuse,
     SendBid,
     SendCommit,
+    VerifyMachine,
     WakeAt,
 )
 from bourse.nats.jetstream import DETECT_TIMEOUT_S
@@ -61,6 +65,8 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     CommitReply,
     Error,
+    Machine,
+    MachineRequest,
     Placed,
     PlaceOrder,
     Rejected,
@@ -325,7 +331,12 @@ class Auctioneer:
             run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
             if isinstance(d, TakeOver):
                 olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
-            result = await self._run(run, spent, auction_id)
+            try:
+                result = await self._run(run, spent, auction_id)
+            except ConflictingOrder:  # the id names another order's machine (past the
+                with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
+                    await store.remove(order.order_id, held)
+                raise
             await self._settle(store, order, mine, held, result, olog)
             return result
 
@@ -423,6 +434,10 @@ class Auctioneer:
             return core.commit_outcome(outcome, time.monotonic())
         elif isinstance(d, PublishAbort):
             await self.nc.publish(d.subject, encode(d.release))
+        elif isinstance(d, VerifyMachine):
+            return core.machine_shown(await self._show(d), time.monotonic())
+        elif isinstance(d, Refuse):
+            raise ConflictingOrder(d.detail)
         elif isinstance(d, WakeAt) and not await box.wait(d.at - time.monotonic()):
             return core.timer(time.monotonic())  # a reply instead: _feed takes it
         return []
@@ -440,6 +455,15 @@ class Auctioneer:
             return CommitAnswered(reply)
         except BadMessage as exc:
             return CommitUndecodable(str(exc))
+
+    async def _show(self, d: VerifyMachine) -> MachineShown:
+        """The worker's record of the machine of an existing-machine offer, or None."""
+        try:
+            req = encode(MachineRequest(machine_id=d.machine_id))
+            msg = await self.nc.request(d.subject, req, timeout=d.timeout_s)
+            return decode(msg.data, Machine)
+        except (nats.errors.Error, TimeoutError, BadMessage):
+            return None
 
     async def _release(self, order: PlaceOrder, auction_id: str) -> None:
         try:

@@ -44,6 +44,7 @@ from bourse.wire.messages import (
     worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
+from bourse.wire.tenancy import scoped_order
 
 T = TypeVar("T")
 
@@ -216,8 +217,12 @@ class BourseClient:
         auction: AuctionConfig | None = None,
         admission: ConcurrencyLimit | None = None,
         claims: bool = True,
+        tenant: str = "",
     ) -> None:
         self.nc = nc
+        # A tenant's key (``auth init --buyer NAME``) orders and acts on machines under
+        # R.tenant.NAME. (its only subjects): the exchange scopes them to it.
+        self.tenant = tenant
         self.subjects = subjects or Subjects()
         self.direct = direct
         # Direct mode only: the exchange's admission control, run here (a load source
@@ -247,7 +252,7 @@ class BourseClient:
             raise ClientError("not connected to NATS: the order was not sent", "not_connected")
         timeout = order.deadline_ms / 1000.0 + REPLY_SLACK_S
         reply: Placed | Unfilled | Error = await self._request(
-            self.subjects.order(order.region), encode(order), OrderReply, timeout, "exchange"
+            self._order_subject(order.region), encode(order), OrderReply, timeout, "exchange"
         )
         if isinstance(reply, Error):
             raise _refusal(reply)
@@ -301,6 +306,11 @@ class BourseClient:
         every known worker has a verdict."""
         t0 = time.monotonic()
         end = t0 + (order.deadline_ms / 1000.0 if within_s is None else within_s)
+        if self.tenant:  # the workers know a tenant's machines by its scoped order id
+            try:
+                order = scoped_order(self.tenant, order)
+            except BadMessage as exc:
+                raise ClientError(str(exc), "bad_request") from None
         req = ExplainRequest(
             order_id=order.order_id,
             region=order.region,
@@ -343,11 +353,21 @@ class BourseClient:
             errors=gather.errors,
         )
 
+    def _order_subject(self, region: str) -> str:
+        if self.tenant:
+            return self.subjects.tenant_order(self.tenant, region)
+        return self.subjects.order(region)
+
+    def _exchange_machine(self, verb: str) -> str:
+        if self.tenant:
+            return self.subjects.tenant_machine(self.tenant, verb)
+        return self.subjects.machine(verb)
+
     def _machine_subject(self, verb: str, machine_id: str) -> tuple[str, str]:
         """Through the exchange, or (direct) straight to the worker named in the id."""
         if self.direct:
             return self.subjects.worker_machine(worker_of_machine(machine_id), verb), "worker"
-        return self.subjects.machine(verb), "exchange"
+        return self._exchange_machine(verb), "exchange"
 
     async def machine(self, verb: str, machine_id: str) -> Machine:
         """get / start / stop / destroy one machine; returns it as it is afterwards."""
@@ -369,7 +389,7 @@ class BourseClient:
         subject = (
             self.subjects.worker_machine(worker_id, "list")
             if self.direct
-            else self.subjects.machine("list")
+            else self._exchange_machine("list")
         )
         reply = await self._request(
             subject, encode(body), MachineReply, MACHINE_TIMEOUT_S, "worker"

@@ -7,17 +7,23 @@ Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox 
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``; subscribe ``R.event.>``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
-  ``R.event.*.exchange.unfilled`` (order outcomes); subscribe ``R.order.*``, ``R.machine.*``
-  and ``R.reclaim.*`` only in the queue group ``exchange``; answers the requests it
-  receives (allow_responses).
+  ``R.event.*.exchange.unfilled`` (order outcomes); subscribe ``R.order.*``, ``R.machine.*``,
+  ``R.reclaim.*`` and the tenants' subjects only in the queue group ``exchange``; answers
+  buyers and suppliers: it may publish into their inboxes (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>``, ``R.status`` (every region) and its
   workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
   worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
-  answers what it receives (allow_responses, many replies per request: a bid gets several
-  offers, a status request one reply per worker, an explain request pages of verdicts).
+  answers the exchange and buyers: it may publish into their inboxes (and its own).
+
+Answers go by explicit inbox allows, not nats-server's ``allow_responses``: a responder with
+``allow_responses`` may publish to whatever reply subject a requester handed it, even a
+subject its publish ``deny`` list names (tested with nats-server 2.15: the response grant is
+checked after the deny and overrides it), so a buyer could make a supplier publish on
+``R.worker.<id>.commit`` (a confused deputy). With ``_INBOX.<key>.>`` allows a reply can
+only land in an inbox (tests/security/test_attacks.py).
 
 Credentials are nkey seed files (``SU...``), written 0600. ``read_credentials`` turns a
 ``--creds`` file (an nkey seed file, or a JWT ``.creds`` file) into nats-py connect options.
@@ -43,14 +49,14 @@ from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 ROLE_BUYER = "buyer"
 ROLE_EXCHANGE = "exchange"
 ROLE_SUPPLIER = "supplier"
+# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): it orders and acts
+# on machines only under ``R.tenant.NAME.``, so the exchange knows who asks and lets it
+# reach only its own machines (bourse/wire/tenancy.py). The shared ``buyer`` user acts on
+# every machine and reads every event: an operator key.
+ROLE_TENANT = "tenant"
+# The line of a tenant's seed file that names the tenant (seed readers skip ``#`` lines).
+TENANT_LINE = "# bourse tenant: "
 INBOX_ROOT = "_INBOX"
-# How long a responder may answer a request it received: a bid kept waiting for held
-# capacity is answered up to the order's deadline (30 s at most), then the late offer.
-RESPONSE_EXPIRES = "1m"
-# Replies a supplier may send to one reply subject. The server's default is ONE, but a bid
-# gets up to max_offers offers plus Waiting notes, and a status request one reply per worker.
-# -1: no limit (the grant still expires, and applies only to inboxes the supplier was sent).
-SUPPLIER_RESPONSES = -1
 AUTH_CONF = "auth.conf"
 SERVER_CONF = "server.conf"
 TRUST_FILE = "trust.json"
@@ -96,12 +102,20 @@ def inbox_prefix_for(public_key: str) -> str:
     return f"{INBOX_ROOT}.{public_key}"
 
 
+def is_inbox(subject: str) -> bool:
+    """Whether a reply subject is an inbox (``_INBOX.<...>``, the per-user prefixes
+    included): the only subjects a Bourse program answers to (bourse/nats/responder.py)."""
+    return (
+        subject.startswith(INBOX_ROOT + ".")
+        and len(subject) > len(INBOX_ROOT) + 1
+        and not any(c in subject for c in " \t*>")
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
-    # Replies allowed per received reply subject: 0 none, -1 unlimited.
-    responses: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +128,7 @@ class SupplierSpec:
 
 @dataclass(frozen=True, slots=True)
 class User:
-    name: str  # "buyer", "exchange", "supplier:<name>"
+    name: str  # "buyer", "buyer:<tenant>", "exchange", "supplier:<name>"
     role: str
     seed: str = field(repr=False)
     workers: tuple[tuple[str, str], ...] = ()
@@ -126,6 +140,10 @@ class User:
     @property
     def file_name(self) -> str:
         return self.name.replace(":", "-") + SEED_SUFFIX
+
+    @property
+    def tenant(self) -> str:
+        return self.name.partition(":")[2] if self.role == ROLE_TENANT else ""
 
 
 def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
@@ -177,7 +195,24 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
     )
 
 
-def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
+def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
+    """A tenant: its own order and machine subjects (the exchange takes its identity from
+    them), fleet status and explain; no events (they carry every tenant's machines)."""
+    return Permissions(
+        publish=(
+            s.tenant_order(tenant, "*"),
+            s.tenant_machine(tenant, "*"),
+            s.status("*"),
+            s.status_every,
+            s.explain("*"),
+        ),
+        subscribe=(f"{inbox}.>",),
+    )
+
+
+def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -> Permissions:
+    """``answers``: the inbox prefixes it may answer into (the buyers', and the suppliers'
+    for their reclaim checks)."""
     return Permissions(
         publish=(
             f"{s.root}.bid.>",
@@ -187,20 +222,28 @@ def exchange_permissions(s: Subjects, inbox: str) -> Permissions:
             s.worker_machine("*", "*"),
             s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
             *_claims_api(s),
+            *_inboxes(inbox, answers),
         ),
         subscribe=(
             f"{s.order_all} {EXCHANGE_QUEUE}",
             f"{s.machine_all} {EXCHANGE_QUEUE}",
             f"{s.reclaim_all} {EXCHANGE_QUEUE}",
+            f"{s.tenant_order_all} {EXCHANGE_QUEUE}",
+            f"{s.tenant_machine_all} {EXCHANGE_QUEUE}",
             f"{inbox}.>",
         ),
-        responses=1,
     )
 
 
+def _inboxes(own: str, answers: Sequence[str]) -> tuple[str, ...]:
+    """Publish allows for answering: its own inbox and each given one, ``<prefix>.>``."""
+    return tuple(f"{p}.>" for p in dict.fromkeys([own, *answers]))
+
+
 def supplier_permissions(
-    s: Subjects, workers: Sequence[tuple[str, str]], inbox: str
+    s: Subjects, workers: Sequence[tuple[str, str]], inbox: str, answers: Sequence[str] = ()
 ) -> Permissions:
+    """``answers``: the inbox prefixes it may answer into (the exchange's, the buyers')."""
     regions = sorted({region for _, region in workers})
     sub = [f"{inbox}.>", s.status_every]
     for r in regions:
@@ -210,17 +253,25 @@ def supplier_permissions(
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
     pub += _event_stream_api(s, manage=True)
-    return Permissions(publish=tuple(pub), subscribe=tuple(sub), responses=SUPPLIER_RESPONSES)
+    pub += _inboxes(inbox, answers)
+    return Permissions(publish=tuple(pub), subscribe=tuple(sub))
 
 
-def permissions_for(user: User, s: Subjects) -> Permissions:
+def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Permissions:
+    """``users``: everyone in the config; whom ``user`` answers is found among them (the
+    exchange answers buyers and suppliers; a supplier answers the exchange and buyers)."""
     inbox = inbox_prefix_for(user.public_key)
+    buyers = [inbox_prefix_for(u.public_key) for u in users if u.role in (ROLE_BUYER, ROLE_TENANT)]
+    exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
+    suppliers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_SUPPLIER]
     if user.role == ROLE_BUYER:
         return buyer_permissions(s, inbox)
+    if user.role == ROLE_TENANT:
+        return tenant_permissions(s, user.tenant, inbox)
     if user.role == ROLE_EXCHANGE:
-        return exchange_permissions(s, inbox)
+        return exchange_permissions(s, inbox, [*buyers, *suppliers])  # reclaim: §5.3d
     if user.role == ROLE_SUPPLIER:
-        return supplier_permissions(s, user.workers, inbox)
+        return supplier_permissions(s, user.workers, inbox, [*exchanges, *buyers])
     raise AuthError(f"unknown role {user.role!r}")
 
 
@@ -237,7 +288,7 @@ def render_authorization(users: Sequence[User], s: Subjects) -> str:
         "  users = [",
     ]
     for u in users:
-        p = permissions_for(u, s)
+        p = permissions_for(u, s, users)
         workers = f" ({', '.join(w for w, _ in u.workers)})" if u.workers else ""
         out += [
             f"    # {u.name}{workers}",
@@ -246,12 +297,9 @@ def render_authorization(users: Sequence[User], s: Subjects) -> str:
             "      permissions: {",
             f"        publish: {{ allow: {_list(p.publish)} }}",
             f"        subscribe: {{ allow: {_list(p.subscribe)} }}",
+            "      }",
+            "    }",
         ]
-        if p.responses:
-            out.append(
-                f'        allow_responses: {{ max: {p.responses}, expires: "{RESPONSE_EXPIRES}" }}'
-            )
-        out += ["      }", "    }"]
     out += ["  ]", "}", ""]
     return "\n".join(out)
 
@@ -288,6 +336,29 @@ def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
             owner[wid] = sup.name
 
 
+def check_tenants(names: Sequence[str]) -> None:
+    """Every ``--buyer NAME`` a valid id, once."""
+    seen: set[str] = set()
+    for name in names:
+        if not is_valid_id(name):
+            raise AuthError(f"invalid buyer name {name!r}: use [a-z0-9][a-z0-9-]*")
+        if name in seen:
+            raise AuthError(f"buyer {name!r} is given twice")
+        seen.add(name)
+
+
+def tenant_of(path: str | Path) -> str:
+    """The tenant a ``--creds`` file is for (its ``# bourse tenant: NAME`` line, written by
+    ``auth init --buyer NAME``), or "" (an operator, exchange or supplier key)."""
+    for line in _read(path).splitlines():
+        if line.startswith(TENANT_LINE):
+            name = line[len(TENANT_LINE) :].strip()
+            if not is_valid_id(name):
+                raise AuthError(f"credentials file {path}: invalid tenant name {name!r}")
+            return name
+    return ""
+
+
 @dataclass(frozen=True, slots=True)
 class AuthFiles:
     out: Path
@@ -319,11 +390,14 @@ def write_auth_dir(
     *,
     force: bool = False,
     extra_includes: Sequence[str] = (),
+    buyers: Sequence[str] = (),
 ) -> AuthFiles:
     """Generate every user's seed, ``auth.conf``, ``trust.json`` and a ``server.conf`` that
     includes them. Refuses to overwrite an existing ``auth.conf`` unless ``force``: new keys
-    lock out every program still holding the old ones."""
+    lock out every program still holding the old ones. ``buyers``: tenant names, one user
+    (``buyer:<name>``, seed file ``buyer-<name>.nk``) each."""
     check_suppliers(suppliers)
+    check_tenants(buyers)
     out.mkdir(parents=True, exist_ok=True)
     auth_conf = out / AUTH_CONF
     if auth_conf.exists() and not force:
@@ -332,11 +406,13 @@ def write_auth_dir(
             "the old keys will be locked out)"
         )
     users = [User("buyer", ROLE_BUYER, new_seed()), User("exchange", ROLE_EXCHANGE, new_seed())]
+    users += [User(f"buyer:{name}", ROLE_TENANT, new_seed()) for name in buyers]
     users += [
         User(f"supplier:{s.name}", ROLE_SUPPLIER, new_seed(), tuple(s.workers)) for s in suppliers
     ]
     for u in users:
-        _write_secret(out / u.file_name, u.seed + "\n")
+        named = f"{TENANT_LINE}{u.tenant}\n" if u.tenant else ""
+        _write_secret(out / u.file_name, named + u.seed + "\n")
     auth_conf.write_text(render_authorization(users, subjects))
     trust = out / TRUST_FILE
     trust_map = {wid: u.public_key for u in users for wid, _ in u.workers}

@@ -313,6 +313,10 @@ class _ConnectionCollector(Collector):
             yield family
 
 
+# Why the responder (bourse/nats/responder.py) drops a request: its count keys.
+DROP_REASONS = ("reply_not_inbox", "fanout_shed")
+
+
 class _RepliesCollector(Collector):
     def __init__(self, service: str, counts: Callable[[], Mapping[str, int]]) -> None:
         self.service = service
@@ -333,8 +337,17 @@ class _RepliesCollector(Collector):
         )
         for code in ("bad_request", "unknown_subject", "internal"):
             errors.add_metric([self.service, code], counts.get(f"error.{code}", 0))
+        dropped = CounterMetricFamily(
+            "bourse_requests_dropped",
+            "Requests dropped unanswered, by reason (reply_not_inbox: a reply subject that is "
+            "not an inbox; fanout_shed: a status/explain request past the process's rate).",
+            labels=["service", "reason"],
+        )
+        for reason in DROP_REASONS:
+            dropped.add_metric([self.service, reason], counts.get(reason, 0))
         yield requests
         yield errors
+        yield dropped
 
 
 class _AdmissionCollector(Collector):

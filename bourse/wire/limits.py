@@ -28,6 +28,7 @@ MAX_HOLD_MS = 60_000
 # trailing newline, which would let "mad\n" through.
 ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}\Z"
 ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z"
+ORDER_ID_MAX = 128  # the pattern's length bound
 MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}\Z"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"

@@ -114,6 +114,23 @@ class Subjects:
     def machine_all(self) -> str:
         return f"{self.root}.machine.*"
 
+    # -- one tenant's orders and machines (added in v1, issue 17) ------------------------------
+    # Only the tenant's own user may publish under R.tenant.<name>., so the exchange takes
+    # the tenant's identity from the subject: the server attests it (docs/security.md).
+    def tenant_order(self, tenant: str, region: str) -> str:
+        return f"{self.root}.tenant.{tenant}.order.{region}"
+
+    def tenant_machine(self, tenant: str, verb: str) -> str:
+        return f"{self.root}.tenant.{tenant}.machine.{verb}"
+
+    @property
+    def tenant_order_all(self) -> str:
+        return f"{self.root}.tenant.*.order.*"
+
+    @property
+    def tenant_machine_all(self) -> str:
+        return f"{self.root}.tenant.*.machine.*"
+
     # -- events -------------------------------------------------------------------------------
     def event(self, region: str, worker_id: str, kind: str) -> str:
         return f"{self.root}.event.{region}.{worker_id}.{kind}"

@@ -20,7 +20,7 @@ from bourse.client import BourseClient
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Resources
+from bourse.wire.messages import Bid, Commit, Machine, Offer, Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
 
 OWNER_DELAY_S = 0.03  # the owner's answer comes 30 ms after the other worker's
@@ -46,6 +46,18 @@ async def _run(
         )
         await nc.publish(msg.reply, encode(offer))
 
+    async def show_a(msg: Msg) -> None:  # worker "a" shows its machine (docs/security.md)
+        m = Machine(
+            machine_id="a~M1",
+            order_id="o-retry",
+            worker_id="a",
+            region="mad",
+            state="started",
+            resources=Resources(cpus=1, memory_mb=64),
+            image="web",
+        )
+        await nc.publish(msg.reply, encode(m))
+
     async def commit_b(msg: Msg) -> None:
         nonlocal commits_to_fresh
         commits_to_fresh += 1
@@ -65,6 +77,7 @@ async def _run(
         await nc.subscribe(subjects.bid("mad"), cb=fresh)
         await nc.subscribe(subjects.bid("mad"), cb=owner)
         await nc.subscribe(subjects.commit("b"), cb=commit_b)
+        await nc.subscribe(subjects.worker_machine("a", "get"), cb=show_a)
         await nc.flush()
         client = BourseClient(nc, subjects, direct=True, claims=False)
         order = PlaceOrder(

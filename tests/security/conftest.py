@@ -1,8 +1,9 @@
 """A secured market: keys from exchange/auth.py (what `bourse auth init` writes), a real
 nats-server started with the generated config, and connections as each role.
 
-Users: buyer, exchange, supplier:mad-1 and supplier:mad-2 (one worker each), and
-supplier:fleet-fra (a fleet user covering fra-1 and fra-2).
+Users: buyer (the shared, operator's key), buyer:alice and buyer:bob (tenants), exchange,
+supplier:mad-1 and supplier:mad-2 (one worker each), and supplier:fleet-fra (a fleet user
+covering fra-1 and fra-2).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ SUPPLIERS = [
     SupplierSpec("mad-2", (("mad-2", "mad"),)),
     SupplierSpec("fleet-fra", (("fra-1", "fra"), ("fra-2", "fra"))),
 ]
+TENANTS = ("alice", "bob")
 FLEET_FRA = """
 [[worker]]
 worker_id = "fra-1"
@@ -91,7 +93,7 @@ class Secured:
 
 
 def make_auth_dir(out: Path, **kw: Any) -> AuthFiles:
-    return write_auth_dir(out, Subjects(PREFIX), SUPPLIERS, **kw)
+    return write_auth_dir(out, Subjects(PREFIX), SUPPLIERS, buyers=TENANTS, **kw)
 
 
 @pytest.fixture

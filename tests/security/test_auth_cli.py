@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from bourse.nats.auth import public_key_of
+from bourse.nats.auth import public_key_of, read_seed_file, tenant_of
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from tests.security.conftest import FLEET_FRA
@@ -32,11 +32,14 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     fleet.write_text(FLEET_FRA)
     out = tmp_path / "auth"
     init = ("ops.cli", "auth", "init", "--out", str(out), "--fleet", str(fleet))
-    code, stdout, err = await run(*init, "--worker", "mad-1=mad", "--tls", "--tls-clients")
+    code, stdout, err = await run(
+        *init, "--worker", "mad-1=mad", "--buyer", "alice", "--tls", "--tls-clients"
+    )
     assert code == 0, err
     assert "supplier:fleet-fra" in stdout and "run: nats-server -c" in stdout
     seeds = {p.name: p for p in out.glob("*.nk")}
     assert sorted(seeds) == [
+        "buyer-alice.nk",
         "buyer.nk",
         "exchange.nk",
         "supplier-fleet-fra.nk",
@@ -45,7 +48,9 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     conf = (out / "auth.conf").read_text()
     for path in seeds.values():
         assert path.stat().st_mode & 0o777 == 0o600
-        assert f'nkey: "{public_key_of(path.read_text())}"' in conf
+        assert f'nkey: "{public_key_of(read_seed_file(path))}"' in conf
+    assert tenant_of(seeds["buyer-alice.nk"]) == "alice" and tenant_of(seeds["buyer.nk"]) == ""
+    assert '"bourse.v1.tenant.alice.order.*"' in conf
     fleet_key = public_key_of(seeds["supplier-fleet-fra.nk"].read_text())
     trust = json.loads((out / "trust.json").read_text())["workers"]
     assert trust == {
@@ -88,6 +93,10 @@ async def test_auth_init_bad_input(tmp_path: Path) -> None:
     assert code == 1 and "two suppliers are named 'mad-1'" in err
     code, _, err = await run(*base)
     assert code == 1 and "no supplier given" in err
+    code, _, err = await run(*base, "--worker", "mad-1=mad", "--buyer", "Alice")
+    assert code == 1 and "invalid buyer name 'Alice'" in err
+    code, _, err = await run(*base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
+    assert code == 1 and "buyer 'a' is given twice" in err
 
 
 async def test_programs_name_a_bad_credentials_trust_or_tls_file(tmp_path: Path) -> None:

@@ -3,9 +3,13 @@ exchange taking only signed offers), a buyer on the buyer's, real orders placed.
 
 from __future__ import annotations
 
+import asyncio
+import json
+import sys
 from pathlib import Path
 
 from bourse.client import BourseClient
+from bourse.nats.auth import tenant_of
 from bourse.runtime.launcher import Program, start_program
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed
@@ -77,3 +81,48 @@ async def test_orders_placed_with_every_program_on_its_own_credentials(
     for p in programs:
         assert "permissions violation" not in p.log.lower(), p.log
         assert "offer_unverified" not in p.log, p.log
+
+
+async def test_a_tenant_key_from_auth_init_places_and_keeps_its_machines_its_own(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """`auth init --buyer alice --buyer bob` keys (the secured fixture's) with the real
+    buyer CLI: alice places an order and sees her machine; bob's destroy of it is refused
+    in one line (exit 1) and his listing of the worker is empty."""
+    assert tenant_of(secured.creds("buyer:alice")) == "alice"
+    programs = await start_market(secured, tmp_path)
+    try:
+
+        async def buyer(user: str, *args: str) -> tuple[int, str, str]:
+            common = ("--creds", secured.creds(user), "--nats", secured.url, "--prefix", PREFIX)
+            proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "buyer_cli",
+                *args,
+                *common,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+            assert proc.returncode is not None
+            return proc.returncode, out.decode(), err.decode()
+
+        place = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "256")
+        code, out, err = await buyer("buyer:alice", *place, "--image", "web", "--json")
+        assert code == 0, err
+        placed = json.loads(out)["result"]
+        assert placed["worker_id"] == "mad-1" and ":" not in placed["order_id"], placed
+        mid = placed["machine_id"]
+        listing = ("machines", "list", "--worker", "mad-1", "--json")
+        code, out, err = await buyer("buyer:alice", *listing)
+        assert code == 0 and mid in out, err
+        code, out, err = await buyer("buyer:bob", "machines", "destroy", mid)
+        assert code == 1 and f"machine {mid} is not one of 'bob'" in err, (out, err)
+        code, out, err = await buyer("buyer:bob", *listing)
+        assert code == 0 and mid not in out, err
+        code, out, err = await buyer("buyer:bob", "watch", "--count", "1")
+        assert code == 1 and "tenant 'bob' may not read events" in err, (out, err)
+    finally:
+        codes = [await p.stop() for p in reversed(programs)]
+    assert codes == [0, 0, 0]

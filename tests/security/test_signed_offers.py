@@ -15,6 +15,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from bourse.auction.core import MACHINE_UNSHOWN
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.nats.auth import new_seed
 from bourse.nats.connection import flush_all
@@ -159,9 +160,11 @@ async def test_a_rogue_responder_cannot_answer_for_another_worker(
     trusting = Auctioneer(ex_nc, s, cfg, trust=trust)
     naive = Auctioneer(ex_nc, s, cfg)
     try:
-        # 1. only the rogue answers. Without trust, its forged machine claim is believed:
-        fooled = await naive.run(order(region="mad", order_id="o-naive", deadline_ms=3000))
-        assert isinstance(fooled, Placed) and fooled.machine_id == "mad-1~FAKE"
+        # 1. only the rogue answers. Without trust, its forged machine claim is not believed
+        # either: mad-1 (absent; only its user may serve worker.mad-1.>) does not show it
+        naive_r = await naive.run(order(region="mad", order_id="o-naive", deadline_ms=3000))
+        assert not isinstance(naive_r, Placed), naive_r
+        assert naive.unverified == {MACHINE_UNSHOWN: 2}  # the unsigned and mad-2-signed claims
         # with trust, every forged offer is dropped, by reason, and nothing is placed
         r = await trusting.run(order(region="mad", order_id="o-1", deadline_ms=3000))
         assert isinstance(r, Unfilled) and r.reason == "no_offers", r

@@ -12,6 +12,9 @@ import pytest
 
 from bourse.auction.core import (
     DEADLINE_BEFORE_COMMIT,
+    FOREIGN_MACHINE,
+    MACHINE_UNSHOWN,
+    NOT_THIS_ORDER,
     Auction,
     AuctionConfig,
     AuctionStateError,
@@ -25,8 +28,10 @@ from bourse.auction.core import (
     Finish,
     Log,
     PublishAbort,
+    Refuse,
     SendBid,
     SendCommit,
+    VerifyMachine,
     WakeAt,
     describe,
 )
@@ -253,7 +258,9 @@ def test_unverified_offers_are_dropped_counted_by_reason_and_explained() -> None
             {"worker_id": "bad", "reason": "unsigned", "signer": "UX"},
         ),
         Log(
-            "warning", "offer_unverified", {"worker_id": "bad", "reason": "unsigned", "signer": ""}
+            "warning",
+            "offer_unverified",
+            {"worker_id": "bad", "reason": "unsigned", "signer": "", "machine_id": "bad~M1"},
         ),
     ]  # not even a machine_id claim is taken
     assert a.tally.unverified == {"unsigned": 2}
@@ -276,10 +283,14 @@ def test_unverified_offers_are_dropped_counted_by_reason_and_explained() -> None
         msgspec.structs.replace(ORDER, retry=True),  # and the retry's gathering
     ],
 )
-def test_an_existing_machine_offer_is_the_answer_at_once(order: PlaceOrder) -> None:
+def test_an_existing_machine_offer_is_the_answer_once_its_worker_shows_it(
+    order: PlaceOrder,
+) -> None:
     a = start(order)
     existing = offer("w1", 0.4, machine_id="w1~M1", image_cached=True)
     d = feed(a, offer("w2", 0.95), existing, at=T0 + 0.003)
+    # the worker is asked to show the machine (only its own user serves worker.w1.>)
+    assert d == [verify(order, T0 + 0.003)]
     placed = Placed(
         order_id="o1",
         machine_id="w1~M1",
@@ -287,10 +298,142 @@ def test_an_existing_machine_offer_is_the_answer_at_once(order: PlaceOrder) -> N
         region="mad",
         score=0.4,
         image_cached=True,
-        elapsed_ms=3.0,
+        elapsed_ms=4.0,
         existing=True,
     )
-    assert d == [Finish(placed)]  # no commit, nothing logged (as before)
+    assert a.machine_shown(machine(order), T0 + 0.004) == [Finish(placed)]  # no commit
+
+
+def verify(order: PlaceOrder, at: float) -> VerifyMachine:
+    """The ask to show w1~M1: within the order's deadline, at most verify_timeout_ms."""
+    timeout = min(1.0, T0 + order.deadline_ms / 1000 - at)
+    return VerifyMachine("w1", S.worker_machine("w1", "get"), "w1~M1", pytest.approx(timeout))  # type: ignore[arg-type]  # approx compares equal to the float
+
+
+def machine(order: PlaceOrder = ORDER, **kw: Any) -> Machine:
+    """The record worker w1 shows for machine w1~M1, placed for ``order``."""
+    fields: dict[str, Any] = {
+        "machine_id": "w1~M1",
+        "order_id": order.order_id,
+        "worker_id": "w1",
+        "region": order.region,
+        "state": "started",
+        "resources": order.resources,
+        "image": order.image,
+        "metadata": order.metadata,
+        **kw,
+    }
+    return Machine(**fields)
+
+
+# (claimed machine id, the record the worker shows) -> the reason the offer is dropped
+@pytest.mark.parametrize(
+    ("machine_id", "shown", "reason"),
+    [
+        # another worker's machine: dropped at once, nothing asked
+        ("w2~M1", None, FOREIGN_MACHINE),
+        ("w2~01M80QESDH2NAZQ4Z9ASNWXSKR", None, FOREIGN_MACHINE),
+        ("w10~M1", None, FOREIGN_MACHINE),  # a prefix of the id is not the worker
+        # its own worker's id, but the worker shows nothing (Error, timeout, gone)
+        ("w1~M1", "none", MACHINE_UNSHOWN),
+        # ... or another machine than the one claimed
+        ("w1~M1", {"machine_id": "w1~M2"}, MACHINE_UNSHOWN),
+        # ... or a machine of another order
+        ("w1~M1", {"order_id": "victim"}, NOT_THIS_ORDER),
+    ],
+)
+def test_an_existing_machine_offer_not_its_workers_or_not_this_orders_is_dropped(
+    machine_id: str, shown: Any, reason: str
+) -> None:
+    a = start()
+    claim = offer("w1", 0.99, machine_id=machine_id)
+    d = feed(a, claim)
+    if shown is not None:
+        assert d == [verify(ORDER, T0 + 0.001)]
+        record = None if shown == "none" else machine(**shown)
+        d = a.machine_shown(record, T0 + 0.002)
+    fields = {"worker_id": "w1", "reason": reason, "signer": "", "machine_id": machine_id}
+    assert d == [Log("warning", "offer_unverified", fields)]
+    assert a.tally.unverified == {reason: 1} and a.tally.offers == 0
+    # the auction goes on: an honest offer is committed
+    assert feed(a, offer("w3", 0.5)) == [] and a.tally.offers == 1
+    [commit] = a.poll(T0 + 0.003)
+    assert isinstance(commit, SendCommit) and commit.worker_id == "w3"
+    # alone, the dropped claim leaves the order unfilled, and the detail says why
+    lone = start()
+    feed(lone, claim)
+    if shown is not None:
+        lone.machine_shown(None if shown == "none" else machine(**shown), T0 + 0.002)
+    unfilled = result(lone.timer(T0 + QUIET))
+    assert isinstance(unfilled, Unfilled) and unfilled.reason == "no_offers"
+    assert unfilled.detail == (
+        "no worker in 'mad' can take 2 cpus + 512 MiB: 1 offer(s) failed the ownership check "
+        "(1 claimed a machine not theirs)"
+    )
+
+
+# what the reused order id asks for -> the mismatch the refusal names
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"image": "db"}, "image 'web', not 'db'"),
+        ({"resources": Resources(cpus=4, memory_mb=512)}, "2 cpus + 512 MiB, not 4 cpus + 512 MiB"),
+        ({"metadata": {"team": "x"}}, "other metadata"),
+        (
+            {"image": "db", "resources": Resources(cpus=2, memory_mb=512, gpus=1)},
+            "2 cpus + 512 MiB, not 2 cpus + 512 MiB + 1 gpus; image 'web', not 'db'",
+        ),
+    ],
+)
+def test_an_order_id_reused_for_a_different_order_is_refused_naming_the_mismatch(
+    change: dict[str, Any], named: str
+) -> None:
+    reused = msgspec.structs.replace(ORDER, **change)
+    a = start(reused)
+    feed(a, offer("w1", 0.4, machine_id="w1~M1"))
+    d = a.machine_shown(machine(ORDER), T0 + 0.002)  # the machine the first order placed
+    assert d == [
+        Log("warning", "order_id_reused", {"machine_id": "w1~M1"}),
+        Refuse(
+            f"order id 'o1' was placed as machine w1~M1 for a different order ({named}): an "
+            "order id names one order (use a new id for a new order)"
+        ),
+    ]
+
+
+def test_how_an_order_is_auctioned_may_change_between_attempts() -> None:
+    first = msgspec.structs.replace(ORDER, constraints={"zone": "a"})
+    again = msgspec.structs.replace(
+        first, deadline_ms=900, min_score=0.5, exclude_workers=["w1"], retry=True
+    )
+    a = start(again)
+    feed(a, offer("w1", 0.4, machine_id="w1~M1"))
+    [fin] = a.machine_shown(machine(first), T0 + 0.002)
+    assert isinstance(fin, Finish) and isinstance(fin.result, Placed)
+    assert fin.result.existing and fin.result.machine_id == "w1~M1"
+
+
+@pytest.mark.parametrize(
+    "forged",
+    [
+        {"worker_id": "w2"},  # names another worker
+        {"machine_id": "w2~01M80QESDH2NAZQ4Z9ASNWXSKR"},  # hands out another worker's machine
+    ],
+)
+def test_a_commit_reply_naming_another_workers_machine_is_not_believed(
+    forged: dict[str, Any],
+) -> None:
+    a = start()
+    feed(a, offer("w1"))
+    [commit] = a.poll(T0 + 0.001)
+    assert isinstance(commit, SendCommit)
+    d = a.commit_outcome(CommitAnswered(worker_placed("w1", **forged)), T0 + 0.002)
+    assert d == [] and a.tally.rejections == ["w1: placed a machine not its own"]
+
+
+def test_machine_shown_without_a_verification_is_a_driver_bug() -> None:
+    with pytest.raises(AuctionStateError, match="no machine is being verified"):
+        start().machine_shown(None, T0 + 0.001)
 
 
 def test_offers_from_excluded_workers_are_ignored() -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from bourse.wire.messages import Bid, Commit, Offer, Placed, Resources, Waiting
 from supplier.candidates import BidGroup
-from supplier.config import WorkerConfig
+from supplier.config import DEFAULT_MAX_HOLD_MS, WorkerConfig
 from supplier.desk import (
     BLOCKED,
     CANNOT_RUN,
@@ -161,6 +161,46 @@ def test_a_fitting_worker_holds_and_offers_after_its_score_delay(store: Store) -
     )
     assert (ans.silent, ans.late, ans.expired) == ({}, [], [])
     assert bench.desk.still_due(send)
+
+
+# (the bid's hold_ms, the worker's max_hold_ms config) -> how long the hold lasts
+@pytest.mark.parametrize(
+    ("hold_ms", "max_hold_ms", "held_ms"),
+    [
+        (60_000, None, DEFAULT_MAX_HOLD_MS),  # the attack: a minute, capped at the default
+        (5_001, None, 5_000),
+        (5_000, None, 5_000),
+        (750, None, 750),  # the auction's default ask is under the cap
+        (60_000, 1_000, 1_000),  # the worker's own cap
+        (999, 1_000, 999),
+        (60_000, 60_000, 60_000),  # a worker may allow the protocol's maximum
+    ],
+)
+def test_a_hold_lasts_at_most_the_workers_max_hold_ms(
+    store: Store, hold_ms: int, max_hold_ms: int | None, held_ms: int
+) -> None:
+    extra = {} if max_hold_ms is None else {"max_hold_ms": max_hold_ms}
+    bench = Bench(store, cfg("w1", **extra))
+    [send] = bench.answer(bid(hold_ms=hold_ms)).replies
+    assert isinstance(send.reply, Offer)
+    assert send.reply.hold_expires_at_ms == WALL_MS + held_ms  # the Offer tells the cap
+    assert bench["w1"].ledger.holds["o1"].expires_at == pytest.approx(bench.t0 + held_ms / 1000)
+    # past the cap the capacity is free again for the next bid, whatever the bid asked
+    bench.now = bench.t0 + held_ms / 1000 + 0.001
+    ans = bench.answer(bid("o2", res(cpus=8, memory_mb=8192)))
+    assert [w for w, _ in offers(ans)] == ["w1"]
+    assert [h.order_id for _, hs in ans.expired for h in hs] == ["o1"]
+
+
+def test_a_waiting_bid_answered_later_is_capped_too(store: Store) -> None:
+    bench = Bench(store, cfg("w1", cpus=2, memory_mb=2048, max_hold_ms=300))
+    bench.answer(bid("o1"))  # holds all of w1 (300 ms)
+    ans = bench.answer(bid("o2", hold_ms=60_000, wait_ms=10_000))
+    assert [type(r.reply).__name__ for r in ans.replies] == ["Waiting"]
+    bench.now = bench.t0 + 0.301
+    bench["w1"].expire_holds(bench.now)  # o1's hold lapses: o2 is answered
+    [late] = bench.sent
+    assert isinstance(late.reply, Offer) and late.reply.hold_expires_at_ms == WALL_MS + 300
 
 
 def test_an_uncached_image_earns_no_image_bonus(store: Store) -> None:
