@@ -11,12 +11,13 @@ import nats
 import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from bourse.nats.auth import inbox_prefix_for, new_seed, public_key_of
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
-from bourse.wire.codec import encode
-from bourse.wire.messages import Commit, Event, Resources
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Commit, Event, ReclaimCheck, ReclaimVerdicts, Resources
 from tests.security.conftest import Secured
 
 
@@ -202,3 +203,23 @@ async def test_every_region_status_buyer_asks_supplier_answers(secured: Secured)
     await buyer.publish(s.status_every, b"")
     await flush_all(buyer)
     assert bv.none_yet()
+
+
+async def test_a_supplier_asks_about_its_own_reserved_machines_only(secured: Secured) -> None:
+    """Reclaim checks (protocol §5.3d): a supplier may ask the exchange about its own
+    workers' machines, never as another worker; the exchange answers into its inbox."""
+    s = secured.subjects
+    ex, ex_v = await secured.connect("exchange")
+
+    async def answer(msg: Msg) -> None:
+        await ex.publish(msg.reply, encode(ReclaimVerdicts(verdicts=[])))
+
+    await ex.subscribe(s.reclaim_all, queue="exchange", cb=answer)
+    await flush_all(ex)
+    sup, v = await secured.connect("supplier:mad-1")
+    check = ReclaimCheck(worker_id="mad-1", machines=[])
+    reply = await sup.request(s.reclaim("mad-1"), encode(check), timeout=5)
+    assert decode(reply.data, ReclaimVerdicts) == ReclaimVerdicts(verdicts=[])
+    assert v.none_yet() and ex_v.none_yet()  # the answer into the supplier's inbox is allowed
+    await sup.publish(s.reclaim("mad-2"), encode(check))
+    assert f'publish to "{s.reclaim("mad-2")}"' in await v.next()
