@@ -25,7 +25,7 @@ import msgspec
 
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
-from bourse.wire.messages import Amount, Image, Labels, Region, WorkerId
+from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
 from supplier.pricing import build_curves
 
@@ -141,6 +141,11 @@ def check_workers(workers: list[WorkerConfig]) -> None:
     for w in workers:
         if w.worker_id in seen:
             raise ConfigError(f"worker id {w.worker_id!r} appears twice")
+        if w.worker_id == EXCHANGE_EVENT_WORKER:
+            raise ConfigError(
+                f"worker id {w.worker_id!r} is reserved: the exchange publishes order outcomes "
+                "under it (docs/protocol.md §6.9)"
+            )
         seen.add(w.worker_id)
         if w.capacity.cpus < 1 or w.capacity.memory_mb < 1:
             raise ConfigError(f"worker {w.worker_id}: capacity needs cpus >= 1 and memory_mb >= 1")

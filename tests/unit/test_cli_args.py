@@ -82,6 +82,13 @@ def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path: Path) -> None:
     assert f"fleet file {fleet}" in result.output and "$.worker[0].capacity.cpus" in result.output
 
 
+def test_supplier_refuses_the_worker_id_the_exchange_publishes_outcomes_under() -> None:
+    args = ["run", "--worker-id", "exchange", "--region", "mad", "--cpus", "1"]
+    result = runner.invoke(supplier, [*args, "--memory-mb", "64", *NO_NATS])
+    assert result.exit_code == 1
+    assert "worker id 'exchange' is reserved" in result.output
+
+
 def test_settle_heap_puts_what_exists_out_of_the_collectors_reach() -> None:
     import gc
 
