@@ -40,8 +40,7 @@ def many(n: int, seed: int = 7) -> list[Machine]:
     """Machines with metadata of random sizes (some large), so page cuts fall anywhere."""
     rnd = random.Random(seed)
     return [
-        machine(i, app=f"app-{i % 5}", note="x" * rnd.choice((0, 10, 300, 3000)))
-        for i in range(n)
+        machine(i, app=f"app-{i % 5}", note="x" * rnd.choice((0, 10, 300, 3000))) for i in range(n)
     ]
 
 
