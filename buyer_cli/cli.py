@@ -11,14 +11,14 @@ import re
 import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated, TypeVar
+from typing import Annotated, TypeVar, get_args
 
 import msgspec
 import typer
 from nats.aio.client import Client as NATS
 
 from bourse.auction.driver import AuctionError
-from bourse.client import BourseClient, ClientError, DryRun, policy, render, why_unfilled
+from bourse.client import BourseClient, ClientError, DryRun, Listing, policy, render, why_unfilled
 from bourse.client.events import EventFeed, EventsError, Since, event_json, parse_since
 from bourse.client.follow import follow_logs
 from bourse.client.policy import Deployment
@@ -42,7 +42,9 @@ from bourse.runtime.supervise import run
 from bourse.wire.codec import BadMessage, validation_detail
 from bourse.wire.limits import DEFAULT_DEADLINE_MS, MACHINE_ID_PATTERN
 from bourse.wire.messages import (
+    ListMachines,
     Machine,
+    MachineState,
     Placed,
     PlaceOrder,
     Resources,
@@ -387,10 +389,55 @@ def fleet(
         raise typer.Exit(2)
 
 
+MACHINE_STATES: tuple[str, ...] = get_args(MachineState)
+
+
+def _states(values: list[str] | None) -> list[str]:
+    """``--state`` values, each a machine state, or one line naming the valid ones."""
+    for v in values or []:
+        if v not in MACHINE_STATES:
+            fail(f"unknown state {v!r}: use one of {', '.join(MACHINE_STATES)}")
+    return list(dict.fromkeys(values or []))
+
+
 @machines_app.command("list")
 def machines_list(
     ctx: typer.Context,
-    worker: Annotated[str, typer.Option(metavar="WORKER", help="Worker whose machines to list.")],
+    worker: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WORKER",
+            help="Only this worker's machines (through the exchange; --direct: to the worker).",
+        ),
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="REGION", help="A region to list (repeatable; default: every region)."
+        ),
+    ] = None,
+    app_name: Annotated[
+        str | None,
+        typer.Option(
+            "--app", metavar="NAME", help="Only the machines of this app (metadata app=NAME)."
+        ),
+    ] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="STATE",
+            help=f"Only machines in this state (repeatable): {', '.join(MACHINE_STATES)}.",
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="Only machines whose metadata has KEY=VALUE (repeatable; all must match). "
+            "Machines carry their order's metadata (--meta, --app), not its --label "
+            "constraints.",
+        ),
+    ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
     direct: MachineDirectOpt = False,
     json: JsonOpt = False,
@@ -401,17 +448,56 @@ def machines_list(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
 ) -> None:
-    """Machines on one worker."""
-    listed = _with_client(
-        _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key),
-        prefix,
-        direct,
-        lambda c: c.machines(worker, all_),
+    """Machines of every worker in every region (or those given), sorted by region, worker
+    and age, with filters; --worker: one worker's. Every worker answers in pages, so any
+    number of machines lists completely. Exit 2 when a region asked for (or, with none
+    given, any region) has no worker that answers, or a worker's answer is missing."""
+    req = ListMachines(
+        include_destroyed=all_,
+        states=_states(state),  # type: ignore[arg-type]  # checked against MachineState
+        app=app_name or "",
+        labels=parse_labels(label, "--label"),
     )
+    conn = _connection(ctx, nats, creds, tls_ca, tls_cert, tls_key)
+    if worker is not None:
+        if region:
+            fail("--region and --worker do not go together: a worker is in one region")
+        wid = worker
+        listed = _with_client(conn, prefix, direct, lambda c: c.machines(wid, request=req))
+        if json:
+            typer.echo(render.as_json(listed))
+        else:
+            render.show(render.machines(listed.machines))  # as before: with order ids
+        return
+    if direct:
+        fail("--direct goes with --worker (a listing of every worker asks the suppliers anyway)")
+    got = _with_client(conn, prefix, False, lambda c: c.list_machines(region or None, req))
     if json:
-        typer.echo(render.as_json(listed))
-    else:
-        render.show(render.machines(listed.machines))
+        typer.echo(render.as_json(got))
+    elif got.machines:
+        render.show(render.machine_listing(got.machines))
+    elif got.regions:
+        typer.echo("no machine matches")
+    _listing_problems(got, region or [])
+
+
+def _listing_problems(got: Listing, regions: list[str]) -> None:
+    """One line on stderr per problem (a silent region, missing workers, a supplier's
+    error); exit 2 if there was one."""
+    problems = [f"supplier: {e}" for e in got.errors]
+    if not regions and not got.regions:
+        problems.append("no worker answers in any region")
+    problems += [
+        f"no worker answers in region {r!r}" for r in dict.fromkeys(regions) if r not in got.regions
+    ]
+    if got.missing:
+        shown = ", ".join(got.missing[:10])
+        more = f" and {len(got.missing) - 10} more" if len(got.missing) > 10 else ""
+        problems.append(f"incomplete: no (whole) answer from worker(s) {shown}{more}")
+    for p in problems:
+        typer.echo(p, err=True)
+    if problems:
+        raise typer.Exit(2)
 
 
 def _machine_id(value: str) -> str:

@@ -54,6 +54,7 @@ from bourse.wire.messages import (
     WorkerVerdict,
     now_ms,
 )
+from bourse.wire.paging import cut
 from bourse.wire.resources import ZERO, Vec, add, leq, vec
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.ledger import Hold, Ledger
@@ -595,20 +596,11 @@ def explanation_pages(
 ) -> list[Explanation]:
     """Cut one process's verdicts into Explanation pages of at most ``limit_bytes`` encoded
     each (at least one verdict per page, and one page when there are none), numbered
-    1..n, ``last`` on page n."""
+    1..n, ``last`` on page n (bourse/wire/paging.py ``cut``)."""
     frame = len(
         encode(Explanation(order_id=order_id, region=region, responder=responder, last=False))
     )
-    frame += 32  # page and pages up to 10 digits each, the verdicts' brackets
-    chunks: list[list[WorkerVerdict]] = [[]]
-    size = frame
-    for v in verdicts:
-        n = len(encode(v)) + 1
-        if chunks[-1] and size + n > limit_bytes:
-            chunks.append([])
-            size = frame
-        chunks[-1].append(v)
-        size += n
+    chunks = cut(verdicts, frame, limit_bytes)
     total = len(chunks)
     return [
         Explanation(

@@ -258,7 +258,11 @@ class SupplierHost:
             fanout = self.responder.subscribe_fanout  # every worker here answers: bounded
             self._subs.append(await fanout(s.status(region), self._on_status))
             self._subs.append(await fanout(s.explain(region), self._on_explain))
+            self._subs.append(await fanout(s.machines(region), self._on_machines))
         self._subs.append(await self.responder.subscribe_fanout(s.status_every, self._on_status))
+        self._subs.append(
+            await self.responder.subscribe_fanout(s.machines_every, self._on_machines)
+        )
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
@@ -440,6 +444,23 @@ class SupplierHost:
         for page in explanation_pages(req.order_id, region, responder, verdicts):
             await self.responder.reply(msg, page)
 
+    async def _on_machines(self, msg: Msg) -> None:
+        """Every machine the request asks for (docs/protocol.md §4.17), of every worker of
+        the region here (or of every region, or the one worker it names): each worker's in
+        its own MachinePage 1..n, under the page budget, one empty page when none match."""
+        req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
+        if not msg.reply:
+            return
+        if msg.subject == self.subjects.machines_every:
+            workers: Iterable[Worker] = self.workers.values()
+        else:
+            workers = self.by_region.get(self._region_of(msg), ())
+        for w in workers:
+            if req.worker_id and w.worker_id != req.worker_id:
+                continue
+            for page in w.machine_pages(req):
+                await self.responder.reply(msg, page)
+
     # -- one worker's subjects -------------------------------------------------------------------
     async def _on_worker(self, msg: Msg) -> None:
         wid, *rest = self.subjects.tail(msg.subject, 1)
@@ -474,7 +495,7 @@ class SupplierHost:
     async def _machine(self, w: Worker, msg: Msg, verb: str) -> None:
         if verb == "list":
             req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
-            await self.responder.reply(msg, w.list_machines(req.include_destroyed))
+            await self.responder.reply(msg, w.list_machines(req=req))
             return
         mreq = decode(msg.data, MachineRequest)
         if worker_of_machine(mreq.machine_id) != w.worker_id:

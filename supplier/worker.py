@@ -16,11 +16,14 @@ from pathlib import Path
 
 import structlog
 
+from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
     Event,
+    ListMachines,
     Machine,
     MachineList,
+    MachinePage,
     MachineReply,
     Resources,
     WorkerStatus,
@@ -287,9 +290,21 @@ class Worker:
         """How this worker holds its machines to what was sold (its status says it)."""
         return self.driver.confinement
 
-    def list_machines(self, include_destroyed: bool) -> MachineList:
-        ms = [m for m in self.machines.values() if include_destroyed or m.state != "destroyed"]
-        return MachineList(worker_id=self.worker_id, machines=ms)
+    def list_machines(
+        self, include_destroyed: bool = False, req: ListMachines | None = None
+    ) -> MachineList:
+        """The reply to ``machine.list``: the machines ``req`` asks for (its filters), the
+        whole list or, with ``req.cursor`` set, one page of it (bourse/wire/listing.py)."""
+        req = req or ListMachines(include_destroyed=include_destroyed)
+        ms = [m for m in self.machines.values() if matches(req, m)]
+        if req.cursor is None:
+            return MachineList(worker_id=self.worker_id, machines=ms)
+        return cursor_page(self.worker_id, ms, req.cursor)
+
+    def machine_pages(self, req: ListMachines) -> list[MachinePage]:
+        """The answer to ``machines.<region>`` (§4.17): the machines ``req`` asks for, in
+        listing order, as pages under the byte budget (one empty page when none match)."""
+        return machine_pages(self.worker_id, self.region, listed(req, self.machines.values()))
 
     def get_machine(self, machine_id: str) -> Machine | Error:
         return self.keeper.get(machine_id)

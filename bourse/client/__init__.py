@@ -21,6 +21,7 @@ from bourse.auction.broker import Broker, Refused
 from bourse.auction.core import describe
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.listing import listed
 from bourse.wire.messages import (
     OVERLOADED_REASON,
     Error,
@@ -31,8 +32,10 @@ from bourse.wire.messages import (
     Machine,
     MachineList,
     MachineLogs,
+    MachinePage,
     MachineReply,
     MachineRequest,
+    MachinesReply,
     OrderReply,
     Placed,
     PlaceOrder,
@@ -43,6 +46,7 @@ from bourse.wire.messages import (
     WorkerVerdict,
     worker_of_machine,
 )
+from bourse.wire.paging import PageSet
 from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import scoped_order
 
@@ -73,8 +77,23 @@ DECLINE_ORDER = (
     "blocked_by_holds",
     "image_not_runnable",
 )
+# How long a machine listing waits for every worker's pages (it ends as soon as it has them).
+LIST_WITHIN_S = 5.0
 # A client-side note on an offer the auction would not take (PlaceOrder.min_score).
 BELOW_MIN_SCORE = "below_min_score"
+
+
+class Listing(msgspec.Struct, kw_only=True):
+    """Every machine a listing asked for (``buyer machines list``, §4.17), sorted by
+    region, worker and creation; ``complete`` when every worker the regions' status named
+    sent all its pages, else ``missing`` names those that did not (all of them or the rest
+    of their pages); ``regions``: those where some worker answered."""
+
+    machines: list[Machine]
+    complete: bool
+    missing: list[str] = []
+    regions: list[str] = []
+    errors: list[str] = []  # Error replies of suppliers (e.g. a bad request)
 
 
 class DryRun(msgspec.Struct, kw_only=True):
@@ -320,28 +339,9 @@ class BourseClient:
             exclude_workers=order.exclude_workers,
         )
         gather = _ExplainGather()
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
-        try:
-            async with anyio.create_task_group() as tasks:
-                reading = anyio.CancelScope(deadline=anyio.current_time() + (end - t0))
-
-                async def known() -> None:
-                    within = max(0.0, min(EXPLAIN_STATUS_S, end - time.monotonic()))
-                    statuses = await self.status(order.region, within_s=within)
-                    gather.known = {s.worker_id for s in statuses}
-                    if gather.complete():
-                        reading.cancel()
-
-                tasks.start_soon(known)
-                await self.nc.publish(self.subjects.explain(order.region), encode(req), reply=inbox)
-                with reading:
-                    while not gather.complete():
-                        msg = await sub.next_msg(timeout=None)
-                        gather.add(msg.data, bool(msg.headers and msg.headers.get("Status")))
-                tasks.cancel_scope.cancel()  # the deadline passed before the status came
-        finally:
-            await sub.unsubscribe()
+        await self._scatter(
+            self.subjects.explain(order.region), encode(req), order.region, gather, end
+        )
         winner, verdicts = rank(gather.verdicts(), order.min_score)
         return DryRun(
             order_id=order.order_id,
@@ -352,6 +352,91 @@ class BourseClient:
             elapsed_ms=round((time.monotonic() - t0) * 1000.0, 1),
             errors=gather.errors,
         )
+
+    async def _scatter(
+        self, subject: str, body: bytes, region: str | None, gather: _Gather, end: float
+    ) -> None:
+        """Publish ``body`` to a fan-out ``subject`` and feed every reply to ``gather``
+        until it is complete or ``end`` (monotonic s) passes. Meanwhile the status of
+        ``region`` (None: of every region) tells the gather which workers exist, so it
+        knows when it has heard from all of them."""
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        try:
+            async with anyio.create_task_group() as tasks:
+                left = max(0.0, end - time.monotonic())
+                reading = anyio.CancelScope(deadline=anyio.current_time() + left)
+
+                async def known() -> None:
+                    within = max(0.0, min(EXPLAIN_STATUS_S, end - time.monotonic()))
+                    statuses = await self.status(region, within_s=within)
+                    gather.known = {s.worker_id for s in statuses}
+                    gather.regions.update(s.region for s in statuses)
+                    if gather.complete():
+                        reading.cancel()
+
+                tasks.start_soon(known)
+                await self.nc.publish(subject, body, reply=inbox)
+                with reading:
+                    while not gather.complete():
+                        msg = await sub.next_msg(timeout=None)
+                        gather.add(msg.data, bool(msg.headers and msg.headers.get("Status")))
+                tasks.cancel_scope.cancel()  # the deadline passed before the status came
+        finally:
+            await sub.unsubscribe()
+
+    async def list_machines(
+        self,
+        regions: list[str] | None = None,
+        request: ListMachines | None = None,
+        within_s: float = LIST_WITHIN_S,
+    ) -> Listing:
+        """Every machine ``request`` asks for (its filters), on every worker of ``regions``
+        (None: of every region that answers), sorted by region, worker and creation
+        (docs/protocol.md §4.17). Each worker answers in pages; the listing is ``complete``
+        when every worker the regions' status names sent every page, else ``missing`` names
+        the others. A tenant (who may not ask the suppliers directly: they would show every
+        tenant's machines) lists each worker through the exchange, its own machines only."""
+        req = request or ListMachines()
+        end = time.monotonic() + within_s
+        asked: list[str | None] = list(dict.fromkeys(regions)) if regions else [None]
+        gathers: list[_MachinesGather] = []
+        async with anyio.create_task_group() as tasks:
+            for region in asked:
+                gather = _MachinesGather()
+                gathers.append(gather)
+                if self.tenant:
+                    tasks.start_soon(self._tenant_gather, region, req, gather)
+                else:
+                    subject = (
+                        self.subjects.machines(region)
+                        if region is not None
+                        else self.subjects.machines_every
+                    )
+                    tasks.start_soon(self._scatter, subject, encode(req), region, gather, end)
+        machines = listed(req, (m for g in gathers for m in g.machines()))
+        missing = sorted({w for g in gathers for w in g.missing()})
+        return Listing(
+            machines=machines,
+            complete=all(g.complete() for g in gathers),
+            missing=missing,
+            regions=sorted({r for g in gathers for r in g.regions}),
+            errors=[e for g in gathers for e in g.errors],
+        )
+
+    async def _tenant_gather(
+        self, region: str | None, req: ListMachines, gather: _MachinesGather
+    ) -> None:
+        statuses = await self.status(region)
+        gather.known = {s.worker_id for s in statuses}
+        for st in statuses:
+            gather.regions.add(st.region)
+            try:
+                listing = await self.machines(st.worker_id, request=req)
+            except ClientError as exc:
+                gather.errors.append(f"{st.worker_id}: {exc}")
+                continue
+            gather.whole(st.worker_id, st.region, listing.machines)
 
     def _order_subject(self, region: str) -> str:
         if self.tenant:
@@ -384,17 +469,34 @@ class BourseClient:
         reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, MachineLogs)
 
-    async def machines(self, worker_id: str, include_destroyed: bool = False) -> MachineList:
-        body = ListMachines(worker_id=worker_id, include_destroyed=include_destroyed)
+    async def machines(
+        self,
+        worker_id: str,
+        include_destroyed: bool = False,
+        request: ListMachines | None = None,
+    ) -> MachineList:
+        """Every machine of one worker (``request``: its filters), page by page (a cursor
+        per page, §4.17), so a worker of any size lists completely. A worker that predates
+        paging answers the whole list at once."""
+        base = request or ListMachines(include_destroyed=include_destroyed)
         subject = (
             self.subjects.worker_machine(worker_id, "list")
             if self.direct
             else self._exchange_machine("list")
         )
-        reply = await self._request(
-            subject, encode(body), MachineReply, MACHINE_TIMEOUT_S, "worker"
-        )
-        return _expect(reply, MachineList)
+        cursor: str | None = ""
+        out: list[Machine] = []
+        while cursor is not None:
+            body = msgspec.structs.replace(base, worker_id=worker_id, cursor=cursor)
+            reply = await self._request(
+                subject, encode(body), MachineReply, MACHINE_TIMEOUT_S, "worker"
+            )
+            page = _expect(reply, MachineList)
+            out.extend(page.machines)
+            if page.next_cursor is not None and page.next_cursor <= cursor:
+                raise ClientError(f"worker {worker_id} sent a cursor that does not advance")
+            cursor = page.next_cursor
+        return MachineList(worker_id=worker_id, machines=listed(base, out))
 
     async def _request(self, subject: str, data: bytes, typ: Any, timeout: float, who: str) -> Any:
         """Request and decode as ``typ`` (a message class or a union of them: hence Any,
@@ -411,48 +513,93 @@ class BourseClient:
             raise ClientError(f"unreadable reply on {subject}: {exc}") from None
 
 
-class _ExplainGather:
-    """The pages of a dry run as they arrive, and whether the gather is complete."""
+class _Gather:
+    """A scatter-gather's paged answers as they arrive (bourse/wire/paging.py ``PageSet``),
+    and whether it is complete: the status said which workers exist (``known``), each
+    responder sent every page, and every known worker answered."""
+
+    reply_type: Any = None  # the union a reply decodes as (set by each kind)
 
     def __init__(self) -> None:
-        self.by_worker: dict[str, WorkerVerdict] = {}
-        self.pages: dict[str, tuple[set[int], int]] = {}  # responder -> (pages seen, of n)
+        self.pages: PageSet[Any] = PageSet()
         self.known: set[str] | None = None  # from status; None until it has ended
-        self.nobody = False  # no supplier subscribes to explain (no responders)
+        self.regions: set[str] = set()  # regions some worker answered in
+        self.nobody = False  # no supplier subscribes to the subject (no responders)
         self.errors: list[str] = []
 
     def add(self, data: bytes, no_responders: bool) -> None:
         if no_responders:
             self.nobody = True
             return
-        union: Any = ExplainReply  # a union as a value (mypy types it UnionType, not a type)
         try:
-            reply: Explanation | Error = decode(data, union)
+            reply = decode(data, self.reply_type)
         except BadMessage as exc:
-            self.errors.append(f"unreadable explanation: {exc}")
+            self.errors.append(f"unreadable reply: {exc}")
             return
         if isinstance(reply, Error):
             self.errors.append(reply.detail)
             return
-        seen, _ = self.pages.setdefault(reply.responder, (set(), reply.pages))
-        seen.add(reply.page)
-        self.pages[reply.responder] = (seen, reply.pages)
-        for v in reply.verdicts:
-            self.by_worker[v.worker_id] = v
+        self.page(reply)
+
+    def page(self, reply: Any) -> None:
+        raise NotImplementedError
+
+    def answered(self) -> set[str]:
+        """The workers that gave their whole answer."""
+        raise NotImplementedError
 
     def complete(self) -> bool:
-        if self.known is None:
+        if self.known is None or not self.pages.all_complete():
             return False
-        if any(len(seen) < n for seen, n in self.pages.values()):
-            return False
-        return self.nobody or self.known <= self.by_worker.keys()
+        return self.nobody or self.known <= self.answered()
+
+
+class _ExplainGather(_Gather):
+    """The pages of a dry run: one responder per supplier process, verdicts per worker."""
+
+    reply_type = ExplainReply
+
+    def page(self, reply: Explanation) -> None:
+        self.pages.add(reply.responder, reply.page, reply.pages, reply.verdicts)
+
+    def _by_worker(self) -> dict[str, WorkerVerdict]:
+        return {v.worker_id: v for r in self.pages.responders() for v in self.pages.items(r)}
+
+    def answered(self) -> set[str]:
+        return set(self._by_worker())
 
     def verdicts(self) -> list[WorkerVerdict]:
-        silent = sorted((self.known or set()) - self.by_worker.keys())
+        by_worker = self._by_worker()
+        silent = sorted((self.known or set()) - by_worker.keys())
         return [
-            *self.by_worker.values(),
+            *by_worker.values(),
             *(WorkerVerdict(worker_id=w, verdict="no_answer") for w in silent),
         ]
+
+
+class _MachinesGather(_Gather):
+    """The pages of a machine listing: one responder per worker."""
+
+    reply_type = MachinesReply
+
+    def page(self, reply: MachinePage) -> None:
+        self.regions.add(reply.region)
+        self.pages.add(reply.worker_id, reply.page, reply.pages, reply.machines)
+
+    def whole(self, worker_id: str, region: str, machines: list[Machine]) -> None:
+        """A worker's whole list, got another way (a tenant's, through the exchange)."""
+        self.regions.add(region)
+        self.pages.add(worker_id, 1, 1, machines)
+
+    def answered(self) -> set[str]:
+        return set(self.pages.complete())
+
+    def machines(self) -> list[Machine]:
+        return [m for w in self.pages.responders() for m in self.pages.items(w)]
+
+    def missing(self) -> list[str]:
+        """Known workers (and answering ones) that did not send every page."""
+        return sorted(({*(self.known or ())} | {*self.pages.responders()}) - self.answered())
 
 
 def _refusal(error: Error) -> ClientError:

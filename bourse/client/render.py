@@ -16,7 +16,15 @@ from rich.text import Text
 
 from bourse.client import DryRun
 from bourse.client.policy import Deployment, Failover
-from bourse.wire.messages import Event, Machine, Placed, Unfilled, WorkerStatus, WorkerVerdict
+from bourse.wire.messages import (
+    Event,
+    Machine,
+    Placed,
+    Unfilled,
+    WorkerStatus,
+    WorkerVerdict,
+    now_ms,
+)
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
@@ -140,6 +148,41 @@ def machines(ms: Iterable[Machine]) -> Table:
             str(m.resources.memory_mb),
             m.image,
             f"{m.score:.3f}",
+        )
+    return t
+
+
+def age(created_at_ms: int, now: int) -> str:
+    """How long ago, in the largest whole unit: ``42s``, ``7m``, ``3h``, ``12d`` (``-``
+    when unknown)."""
+    if created_at_ms <= 0:
+        return "-"
+    s = max(0, now - created_at_ms) // 1000
+    for unit, n in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= n:
+            return f"{s // n}{unit}"
+    return f"{s}s"
+
+
+def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
+    """``buyer machines list``: one row per machine in the order given (region, worker,
+    creation), ids whole."""
+    now = now_ms() if now is None else now
+    t = Table(title="machines")
+    for col in ("machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("app")
+    for m in ms:
+        t.add_row(
+            m.machine_id,
+            m.worker_id,
+            m.region,
+            m.state,
+            str(m.resources.cpus),
+            str(m.resources.memory_mb),
+            m.image,
+            age(m.created_at_ms, now),
+            m.metadata.get("app", "-"),
         )
     return t
 

@@ -5,14 +5,17 @@ Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox 
 ``_INBOX.<its public nkey>``, so no user can read another user's replies):
 
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
-  region), ``R.explain.*``; subscribe ``R.event.>``.
+  region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
+  machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
+  machine: it lists through the exchange (bourse/wire/tenancy.py).
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
   ``R.event.*.exchange.unfilled`` (order outcomes); subscribe ``R.order.*``, ``R.machine.*``,
   ``R.reclaim.*`` and the tenants' subjects only in the queue group ``exchange``; answers
   buyers and suppliers: it may publish into their inboxes (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
-  ``R.status.<region>``, ``R.explain.<region>``, ``R.status`` (every region) and its
+  ``R.status.<region>``, ``R.explain.<region>``, ``R.machines.<region>``, ``R.status`` and
+  ``R.machines`` (every region) and its
   workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
   worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
@@ -189,6 +192,8 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.status("*"),
             s.status_every,
             s.explain("*"),
+            s.machines("*"),  # every machine of a region (§4.17): the operator's view
+            s.machines_every,
             *_event_stream_api(s, manage=False),
         ),
         subscribe=(s.events(), f"{inbox}.>"),
@@ -197,7 +202,9 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
 
 def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
     """A tenant: its own order and machine subjects (the exchange takes its identity from
-    them), fleet status and explain; no events (they carry every tenant's machines)."""
+    them), fleet status and explain; no events and no ``R.machines[.*]`` listings (they
+    carry every tenant's machines: a tenant lists worker by worker through the exchange,
+    which keeps only its own)."""
     return Permissions(
         publish=(
             s.tenant_order(tenant, "*"),
@@ -245,9 +252,10 @@ def supplier_permissions(
 ) -> Permissions:
     """``answers``: the inbox prefixes it may answer into (the exchange's, the buyers')."""
     regions = sorted({region for _, region in workers})
-    sub = [f"{inbox}.>", s.status_every]
+    sub = [f"{inbox}.>", s.status_every, s.machines_every]
     for r in regions:
         sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r), s.explain(r)]
+        sub.append(s.machines(r))
     sub += [s.worker_all(wid) for wid, _ in workers]
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]

@@ -348,10 +348,29 @@ class MachineRequest(Message, kw_only=True):
 
 
 class ListMachines(Message, kw_only=True):
-    """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask."""
+    """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask.
+
+    Added in v1 (docs/protocol.md §4.17): the same body asks every worker of a region (or of
+    every region) on ``<prefix>.v1.machines[.<region>]``, where ``worker_id`` "" means every
+    worker the subject reaches; the filters below are applied by the worker; ``cursor``
+    pages a worker's own ``machine.list``."""
 
     worker_id: OptionalWorkerId = ""
     include_destroyed: bool = False
+    # Added in v1: only machines in one of these states ([]: every state; "destroyed" here
+    # lists destroyed machines even without include_destroyed).
+    states: Annotated[list[MachineState], msgspec.Meta(max_length=8)] = []
+    # Added in v1: only machines whose metadata has app=<app> ("": any). Shorthand for
+    # labels={"app": ...}: a deploy's machines carry their app's name there.
+    app: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    # Added in v1: only machines whose METADATA has every key=value given. An order's
+    # constraints (worker labels) are not stored on its machine; its metadata is.
+    labels: Metadata = {}
+    # Added in v1, machine.list only: None = the whole list in one reply (as before; it may
+    # exceed max_payload); a string = one page, of the machines whose id sorts after it
+    # ("" for the first page), under a byte budget; MachineList.next_cursor says what to
+    # send for the next one.
+    cursor: Annotated[str, msgspec.Meta(max_length=128)] | None = None
 
 
 class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
@@ -387,6 +406,23 @@ class Machine(Message, kw_only=True):
 class MachineList(Message, kw_only=True):
     worker_id: WorkerId
     machines: list[Machine]
+    # Added in v1: a paged list (ListMachines.cursor set) that has more: the cursor of the
+    # next page. None: this was the last page (or the list was not paged).
+    next_cursor: str | None = None
+
+
+class MachinePage(Message, kw_only=True):
+    """Added in v1 (docs/protocol.md §4.17): one page of one worker's machines, in answer to
+    a ListMachines on ``<prefix>.v1.machines[.<region>]``. Every worker reached answers with
+    pages 1..``pages`` (``last`` on the last), at least one even when nothing matches, each
+    at most 60 KiB unless a single machine is larger (then it is alone on its page)."""
+
+    worker_id: WorkerId
+    region: Region
+    page: Annotated[int, msgspec.Meta(ge=1)] = 1
+    pages: Annotated[int, msgspec.Meta(ge=1)] = 1
+    last: bool = True
+    machines: list[Machine] = []
 
 
 class MachineLogs(Message, kw_only=True):
@@ -520,4 +556,5 @@ OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | MachineLogs | Error
 ExplainReply = Explanation | Error
+MachinesReply = MachinePage | Error  # added in v1: machines.<region>
 ReclaimReply = ReclaimVerdicts | Error

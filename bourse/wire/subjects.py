@@ -92,6 +92,15 @@ class Subjects:
         """Added in v1: "why not" for an order, answered by every worker of the region."""
         return f"{self.root}.explain.{region}"
 
+    def machines(self, region: str) -> str:
+        """Added in v1: every machine of every worker of the region, in pages (§4.17)."""
+        return f"{self.root}.machines.{region}"
+
+    @property
+    def machines_every(self) -> str:
+        """Added in v1: every machine of every worker of every region, in pages (§4.17)."""
+        return f"{self.root}.machines"
+
     # -- one worker ---------------------------------------------------------------------------
     def worker_all(self, worker_id: str) -> str:
         """Everything addressed to one worker: commit, release, machine.<verb>, and unknowns."""

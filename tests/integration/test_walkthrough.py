@@ -188,6 +188,18 @@ async def _walk_through(url: str) -> None:
         ("sjc", "sjc-1"), ("sjc", "sjc-2"),
     ]  # fmt: skip
 
+    # machines list --app shop: its machines in every region, sorted, whole ids
+    code, out, err = await buyer(url, "machines", "list", "--app", "shop")
+    assert (code, err) == (0, ""), err
+    assert re.split(r"\s{2,}", out.splitlines()[0]) == [
+        "machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age", "app",
+    ]  # fmt: skip
+    listed = rows(out)
+    assert len(listed) == 5 and all(re.fullmatch(ID, r[0]) for r in listed)
+    assert [(r[2], r[1]) for r in listed] == sorted((r[2], r[1]) for r in listed)
+    assert {r[2] for r in listed} == {"fra", "sjc"} and {r[-1] for r in listed} == {"shop"}
+    assert sorted(r[3] for r in listed) == ["reserved", "started", "started", "started", "stopped"]
+
     # watch --since 15m: order outcomes (placed and unfilled) as well as machine events
     code, out, err = await buyer(
         url, "watch", "--since", "15m", "--kind", "unfilled", "--count", "3"
