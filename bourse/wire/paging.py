@@ -40,7 +40,7 @@ def cut(
     items: Sequence[T],
     frame_bytes: int,
     limit_bytes: int = PAGE_BYTES,
-    size: Callable[[T], int] = encoded_size,  # type: ignore[assignment]
+    size: Callable[[T], int] = encoded_size,  # type: ignore[assignment]  # encoded_size takes any Struct, T is one
     max_chunks: int | None = None,
 ) -> list[list[T]]:
     """``items`` in order, in chunks whose page (a frame of ``frame_bytes`` plus the items'
