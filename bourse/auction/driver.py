@@ -257,6 +257,12 @@ class Auctioneer:
         machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+        # Opening the bucket (once per process, creating it the first time) is not the
+        # order's time: as before claims, the deadline starts after it. An open that fails
+        # is tried again below, within the deadline.
+        store: ClaimStore | None = None
+        with contextlib.suppress(*_KV_ERRORS):
+            store = await self.claims()
         t0 = time.monotonic()
         deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
         fp = fingerprint(order)
@@ -269,7 +275,6 @@ class Auctioneer:
         looked = False
         auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
         backoff = KV_BACKOFF_S
-        store: ClaimStore | None = None
         while True:
             try:
                 if store is None:

@@ -24,6 +24,7 @@ from bourse.wire.messages import (
     Machine,
     MachineList,
     MachineLogs,
+    MachinePage,
     MachineRequest,
     Message,
     Offer,
@@ -156,6 +157,7 @@ SAMPLES: list[Message] = [
     ListMachines(worker_id="mad-1", include_destroyed=True),
     MACHINE,
     MachineList(worker_id="mad-1", machines=[MACHINE]),
+    MachinePage(worker_id="mad-1", region="mad", page=1, pages=2, last=False, machines=[MACHINE]),
     MachineLogs(machine_id=MACHINE.machine_id, lines=["booting", "ready"], truncated=True),
     Event(
         kind="placed",
