@@ -122,7 +122,9 @@ async def test_a_supplier_without_explain_is_no_answer_and_breaks_nothing(
     assert (d.winner, d.complete) == ("w-best", False)  # it waited for w-foreign: deadline
     assert 400 <= d.elapsed_ms < 1500
     r = await c.place(order(**ORDER))  # the order itself is placed as ever
-    assert isinstance(r, Placed) and r.worker_id == "w-best"
+    # on a worker that offers; which one is the auction's race between processes (first
+    # acceptable offer, spread by score: the best wins on a quiet machine, not always)
+    assert isinstance(r, Placed) and r.worker_id in {"w-best", "w-ok", "w-b"}
 
 
 async def test_min_score_and_no_workers(market: Market) -> None:

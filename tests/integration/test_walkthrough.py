@@ -63,7 +63,7 @@ async def _walk_through(url: str) -> None:
         url, "place", "--region", "mad", "--cpus", "2", "--memory-mb", "1024", "--image", "web",
         "--start",
     )  # fmt: skip
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), out + err
     lines = out.splitlines()
     placed = re.fullmatch(rf"placed ({ID}) on (mad-\d) \(mad\)", lines[0])
     assert placed is not None, out
@@ -74,7 +74,7 @@ async def _walk_through(url: str) -> None:
 
     # buyer machines logs <id>
     code, out, err = await buyer(url, "machines", "logs", machine)
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), out + err
 
     # buyer place --region mad --cpus 64 --memory-mb 64 --image web ; exit 2
     code, out, err = await buyer(
@@ -134,7 +134,7 @@ async def _walk_through(url: str) -> None:
         "--spares", "1", "--cpus", "2", "--memory-mb", "1024", "--image", "web",
     )  # fmt: skip
     code, out, err = await buyer(url, *deploy)
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), out + err
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
         "slot", "machine", "region", "worker", "state", "note",
     ]  # fmt: skip
@@ -155,7 +155,7 @@ async def _walk_through(url: str) -> None:
         "machine and start a spare anyway)\n"
     )
     code, out, err = await buyer(url, *failover, "--region", "fra", "--force")
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), out + err
     lines = out.splitlines()
     assert lines[0] == (
         f"started spare {spare[1]} on {spare[3]} ({spare[2]}) in place of {primary}"
@@ -190,7 +190,7 @@ async def _walk_through(url: str) -> None:
 
     # machines list --app shop: its machines in every region, sorted, whole ids
     code, out, err = await buyer(url, "machines", "list", "--app", "shop")
-    assert (code, err) == (0, ""), err
+    assert (code, err) == (0, ""), out + err
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
         "machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age", "app",
     ]  # fmt: skip
