@@ -54,6 +54,7 @@ from bourse.wire.messages import (
     Waiting,
     worker_of_machine,
 )
+from bourse.wire.resources import format_cpus, millis_of
 from bourse.wire.subjects import Subjects, sampled_shards
 
 # The signature check of an offer: None if it is trusted, else why not (a reason constant
@@ -636,7 +637,7 @@ def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
 
 
 def _res(r: Resources) -> str:
-    parts = [f"{r.cpus} cpus", f"{r.memory_mb} MiB"]
+    parts = [f"{format_cpus(millis_of(r))} cpus", f"{r.memory_mb} MiB"]
     if r.disk_mb:
         parts.append(f"{r.disk_mb} MiB disk")
     if r.gpus:

@@ -77,7 +77,8 @@ COMMIT_BUCKETS_S = (
 )  # fmt: skip
 # Resources as exposed: the wire's names, memory and disk converted to bytes (base units).
 MIB = 1024 * 1024
-RESOURCE_LABELS = (("cpus", 1), ("memory_bytes", MIB), ("disk_bytes", MIB), ("gpus", 1))
+# The vector counts CPU in millicores (bourse/wire/resources.py): exposed in CPUs.
+RESOURCE_LABELS = (("cpus", 0.001), ("memory_bytes", MIB), ("disk_bytes", MIB), ("gpus", 1))
 # An HTTP request to the endpoint: its head must fit in this and arrive within this.
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 5.0
@@ -249,7 +250,7 @@ class AdmissionView(NamedTuple):
 
 class WorkerSample(NamedTuple):
     """One worker's state as the scrape reads it. Amounts are the resource vector
-    (cpus, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
+    (cpu millicores, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
 
     worker_id: str
     region: str

@@ -33,7 +33,7 @@ NO_NATS = ["--nats", "nats://127.0.0.1:1"]
     [
         (
             ["place", "--region", "mad", "--cpus", "0", "--memory-mb", "64", "--image", "web"],
-            "Expected `int` >= 1 (--cpus)",
+            "'0' is not more than 0 CPUs",
         ),
         (
             ["place", "--region", "Mad!", "--cpus", "1", "--memory-mb", "64", "--image", "web"],
@@ -57,7 +57,7 @@ NO_NATS = ["--nats", "nats://127.0.0.1:1"]
                 "--image",
                 "x",
             ],
-            "(--cpus)",
+            "'0' is not more than 0 CPUs",
         ),
     ],
 )

@@ -154,7 +154,7 @@ def test_a_fitting_worker_holds_and_offers_after_its_score_delay(store: Store) -
     assert send.delay_s == pytest.approx((1 - 0.825) * 4.0 / 1000.0, abs=1e-12)
     h = bench["w1"].ledger.holds["o1"]
     assert (h.want, h.expires_at, h.auction_id, h.score) == (
-        (2, 2048, 0, 0),
+        (2000, 2048, 0, 0),  # CPU in millicores
         bench.t0 + 0.25,
         "a-o1",
         0.825,
@@ -263,7 +263,7 @@ def test_a_rebid_replaces_the_earlier_hold(store: Store) -> None:
     [second] = bench.answer(bid(resources=res(3, 1024), auction_id="a-2")).replies
     w = bench["w1"]
     assert list(w.ledger.holds) == ["o1"]
-    assert (w.ledger.holds["o1"].auction_id, w.ledger.held) == ("a-2", (3, 1024, 0, 0))
+    assert (w.ledger.holds["o1"].auction_id, w.ledger.held) == ("a-2", (3000, 1024, 0, 0))
     # priced against an empty worker, as the first: utility (0.625 + 0.875) / 2 = 0.75
     assert first.reply.score == second.reply.score == 0.825  # type: ignore[union-attr]  # Offers
     assert not bench.desk.still_due(first)  # due later: the first auction's offer is dropped
@@ -274,7 +274,7 @@ def test_bids_for_different_orders_stack(store: Store) -> None:
     bench = Bench(store, cfg("w1", images=["web"]))
     bench.answer(bid("o1"))
     [(_, second)] = offers(bench.answer(bid("o2")))
-    assert bench["w1"].ledger.held == (4, 4096, 0, 0)
+    assert bench["w1"].ledger.held == (4000, 4096, 0, 0)
     assert second.score == 0.65  # u = 4/8 -> utility 0.5 -> 0.35 + 0.3
 
 
@@ -345,7 +345,7 @@ def test_a_full_waiting_queue_keeps_the_bid_silent(store: Store) -> None:
 
 def test_blocked_by_committed_machines_does_not_wait(store: Store) -> None:
     bench = Bench(store, cfg("w1"))
-    bench["w1"].ledger.load_committed((7, 0, 0, 0))
+    bench["w1"].ledger.load_committed((7000, 0, 0, 0))  # 7 CPUs, in millicores
     ans = bench.answer(bid(wait_ms=1000))
     assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})
 
