@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from bourse.wire.messages import Bid, Commit, Offer, Placed, Resources, Waiting
+from bourse.wire.messages import Amount, Bid, Commit, Offer, Placed, Resources, Waiting
 from supplier.candidates import BidGroup
 from supplier.config import DEFAULT_MAX_HOLD_MS, WorkerConfig
 from supplier.desk import (
@@ -478,3 +478,36 @@ def test_a_released_hold_makes_its_delayed_offer_stale(store: Store) -> None:
     [send] = bench.answer(bid()).replies
     bench["w1"].release("o1", "a-o1")
     assert not bench.desk.still_due(send)
+
+
+# -- fractional CPUs -----------------------------------------------------------------------------
+
+
+def half(memory_mb: int = 256) -> Resources:
+    return Resources(cpus=1, cpu_millis=500, memory_mb=memory_mb)
+
+
+def test_half_cpu_bids_share_one_cpu_and_a_third_stays_silent(store: Store) -> None:
+    bench = Bench(store, cfg("w1", cpus=1, memory_mb=1024))
+    [a] = offers(bench.answer(bid("o1", half())))
+    # u_cpus = 0.5 -> 0.5, u_mem = 256/1024 -> 0.75: utility 0.625, score 0.7 * 0.625
+    assert a[1].subscores == {"cpus": 0.5, "memory_mb": 0.75, "utility": 0.625, "image": 0.0}
+    assert a[1].score == 0.4375
+    assert offers(bench.answer(bid("o2", half())))
+    assert bench["w1"].ledger.held == (1000, 512, 0, 0)
+    ans = bench.answer(bid("o3", half()))
+    assert (ans.replies, ans.silent) == ([], {"w1": BLOCKED})  # only holds: it would wait
+    assert bench["w1"].ledger.held == (1000, 512, 0, 0)  # I1
+
+
+async def test_half_cpu_commits_count_millicores_and_status_says_them(store: Store) -> None:
+    bench = Bench(store, cfg("w1", cpus=1, memory_mb=1024))
+    await bench.place("o1", half())
+    status = bench["w1"].status()
+    assert status.committed == Amount(cpus=1, cpu_millis=500, memory_mb=256)
+    assert status.capacity == Amount(cpus=1, memory_mb=1024)
+    await bench.place("o2", half())
+    assert bench["w1"].ledger.committed == (1000, 512, 0, 0)
+    assert bench["w1"].status().committed == Amount(cpus=1, memory_mb=512)  # whole: as in v1
+    ans = bench.answer(bid("o3", half()))
+    assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})
