@@ -116,3 +116,17 @@ async def test_a_half_cpu_burner_is_held_to_half_a_core(market: Market) -> None:
 
 async def _wait_usage(d: ProcessDriver, machine_id: str) -> None:
     await wait_until(lambda: (d.usage_ns(machine_id) or 0) > 20_000_000)
+
+
+async def test_deploy_runs_half_cpu_machines(market: Market) -> None:
+    await market.host(*(worker(f"mad-{i}", cpus=1, images=["web"]) for i in (1, 2)))
+    await market.exchange()
+    code, _, err = await buyer(
+        market,
+        *("deploy", "--app", "half", "--region", "mad", "--cpus", "0.5", "--memory-mb", "64"),
+        *("--image", "web", "--count", "2", "--json"),
+    )
+    assert code == 0, err
+    client = await market.client()
+    statuses = await client.status("mad")
+    assert sorted(s.committed.cpu_millis for s in statuses) == [500, 500]

@@ -220,3 +220,13 @@ def test_a_fleet_file_with_a_bad_cpu_amount_is_refused(
     assert result.exit_code == 1
     assert f"fleet file {fleet}: {error}" in result.output
     assert "$.worker[0].capacity" in result.output
+
+
+def test_supplier_run_sells_fractional_cpus() -> None:
+    from bourse.wire.messages import Amount
+    from supplier.cli import _cpus, _single_worker
+
+    w = _single_worker("w1", "mad", _cpus("1.5"), 64, 0, 0, None, None, "spread", 0.3, 4.0, False)
+    assert w.capacity == Amount(cpus=2, cpu_millis=1500, memory_mb=64)
+    w = _single_worker("w1", "mad", _cpus("8"), 64, 0, 0, None, None, "spread", 0.3, 4.0, False)
+    assert w.capacity == Amount(cpus=8, memory_mb=64)  # whole: as in v1
