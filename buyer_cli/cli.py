@@ -51,6 +51,7 @@ from bourse.wire.messages import (
     Unfilled,
     WorkerStatus,
 )
+from bourse.wire.resources import cpu_fields, parse_cpus
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 app = typer.Typer(help="Bourse buyer: place machine orders on the market.", no_args_is_help=True)
@@ -98,7 +99,23 @@ def _connection(
 
 
 RegionOpt = Annotated[str, typer.Option(metavar="REGION", help="Region to place in (strict).")]
-CpusOpt = Annotated[int, typer.Option(metavar="N", help="CPUs (whole).")]
+
+
+def _cpus(text: str) -> int:
+    """``--cpus`` as people write it (2, 0.5, 250m), in millicores; one clear error else."""
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+# The value is in millicores once parsed (2 -> 2000, 0.5 -> 500, 250m -> 250).
+CpusOpt = Annotated[
+    int,
+    typer.Option(
+        metavar="CPUS", parser=_cpus, help="CPUs: whole (2), fractional (0.5) or millicores (250m)."
+    ),
+]
 MemoryOpt = Annotated[int, typer.Option(metavar="MIB", help="Memory in MiB.")]
 ImageOpt = Annotated[str, typer.Option(metavar="IMAGE", help="Image to run.")]
 DiskOpt = Annotated[int, typer.Option(metavar="MIB", help="Disk in MiB (0: none).")]
@@ -149,10 +166,12 @@ EXIT_UNFILLED = 2
 # JSON paths of a PlaceOrder (or Resources) -> the flag a person typed.
 _FLAGS = {
     "resources.cpus": "--cpus",
+    "resources.cpu_millis": "--cpus",
     "resources.memory_mb": "--memory-mb",
     "resources.disk_mb": "--disk-mb",
     "resources.gpus": "--gpus",
     "cpus": "--cpus",
+    "cpu_millis": "--cpus",
     "memory_mb": "--memory-mb",
     "disk_mb": "--disk-mb",
     "gpus": "--gpus",
@@ -279,7 +298,7 @@ def place(
     """Place one immediate-or-cancel order."""
     raw: dict[str, object] = {
         "region": region,
-        "resources": {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+        "resources": {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
         "image": image,
         "constraints": parse_labels(label),
         "exclude_workers": exclude or [],
@@ -691,7 +710,12 @@ def deploy(
         list[str],
         typer.Option(metavar="REGION", help="A region to place in (repeatable: tried in order)."),
     ],
-    cpus: Annotated[int, typer.Option(metavar="N", help="CPUs of each machine (whole).")],
+    cpus: Annotated[
+        int,
+        typer.Option(
+            metavar="CPUS", parser=_cpus, help="CPUs of each machine: 2, 0.5 or 250m (millicores)."
+        ),
+    ],
     memory_mb: Annotated[int, typer.Option(metavar="MIB", help="Memory of each machine, MiB.")],
     image: Annotated[str, typer.Option(metavar="IMAGE", help="Image the machines run.")],
     count: Annotated[int, typer.Option(min=0, metavar="N", help="Machines to run.")] = 1,
@@ -716,7 +740,7 @@ def deploy(
     """Deploy an app: machines on distinct workers, plus spares (idempotent)."""
     try:
         resources = msgspec.convert(
-            {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+            {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
             Resources,
             strict=True,
         )

@@ -22,7 +22,7 @@ from pathlib import Path
 import msgspec
 
 from bourse.wire.messages import Amount, Machine, Resources, WorkerStatus
-from bourse.wire.resources import RESOURCES, ZERO, Vec, add, leq, sub, vec
+from bourse.wire.resources import RESOURCES, ZERO, Vec, add, format_value, leq, sub, vec
 
 _dec = msgspec.json.Decoder(Machine)
 
@@ -142,6 +142,7 @@ def _check_oplog(
         totals = committed[worker_id] = change(committed[worker_id], vec(m.resources))
         cap = capacity.get(worker_id)
         if counted and cap is not None and not leq(totals, vec(cap)):
-            for k, used, limit in zip(RESOURCES, totals, vec(cap), strict=True):
+            for i, (k, used, limit) in enumerate(zip(RESOURCES, totals, vec(cap), strict=True)):
                 if used > limit:
-                    res.add(f"I1 {worker_id}: {k} {used} > {limit} after {m.machine_id}")
+                    over = f"{format_value(i, used)} > {format_value(i, limit)}"
+                    res.add(f"I1 {worker_id}: {k} {over} after {m.machine_id}")

@@ -11,6 +11,7 @@ import msgspec
 from hdrh.histogram import HdrHistogram
 from rich.table import Table
 
+from bourse.wire.resources import millis_of
 from loadtest.oracle import OracleResult
 from loadtest.runner import Ceiling, Measured
 from loadtest.workload import Profile
@@ -33,7 +34,7 @@ def build(
     rate = m.placed / m.seconds if m.seconds else 0.0
     fill = m.placed / m.sent if m.sent else 0.0
     hit = m.image_hits / m.placed if m.placed else 0.0
-    util = [s.committed.cpus / s.capacity.cpus for s in m.statuses if s.capacity.cpus]
+    util = [millis_of(s.committed) / millis_of(s.capacity) for s in m.statuses if s.capacity.cpus]
     per_proc = max(1, profile.workers // max(1, profile.supplier_processes))
     suppliers = [p for p in m.processes if p.name == "supplier"]
     return {
@@ -209,7 +210,7 @@ def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
     plt.close(fig)
 
     fig, ax = plt.subplots(figsize=(6, 3))
-    util = [s.committed.cpus / s.capacity.cpus for s in m.statuses if s.capacity.cpus]
+    util = [millis_of(s.committed) / millis_of(s.capacity) for s in m.statuses if s.capacity.cpus]
     ax.hist(util, bins=20, range=(0, 1))
     ax.set_xlabel("cpu utilization per worker at the end")
     ax.set_ylabel("workers")

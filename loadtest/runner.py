@@ -26,6 +26,7 @@ from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Machine, Placed, Unfilled, WorkerStatus
+from bourse.wire.resources import RESOURCES, add, format_value, vec
 from bourse.wire.subjects import Subjects, shard_of
 from loadtest.workload import Profile, TraceOrder, fleet
 
@@ -291,11 +292,12 @@ async def check_invariants(
     m.statuses = [s for r in profile.region_names() for s in await client.status(r, within_s=5)]
     if len(m.statuses) != profile.workers:
         m.violations.append(f"only {len(m.statuses)} of {profile.workers} workers answered")
-    for s in m.statuses:  # I1
-        for res in ("cpus", "memory_mb", "disk_mb", "gpus"):
-            used = getattr(s.committed, res) + getattr(s.held, res)
-            if used > getattr(s.capacity, res):
-                m.violations.append(f"I1 {s.worker_id}: {res} {used} > {getattr(s.capacity, res)}")
+    for s in m.statuses:  # I1, in millicores for CPU (cpu_millis when a worker sends it)
+        used, cap = add(vec(s.committed), vec(s.held)), vec(s.capacity)
+        for i, res in enumerate(RESOURCES):
+            if used[i] > cap[i]:
+                over = f"{format_value(i, used[i])} > {format_value(i, cap[i])}"
+                m.violations.append(f"I1 {s.worker_id}: {res} {over}")
     asked = {t.order.order_id: t.order.region for t in orders}
     per_order: Counter[str] = Counter()
     sem = asyncio.Semaphore(32)

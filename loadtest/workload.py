@@ -16,12 +16,15 @@ from typing import Any, Literal
 import msgspec
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
-from bourse.wire.messages import PlaceOrder, Resources
+from bourse.wire.messages import PlaceOrder
+from bourse.wire.resources import parse_cpus, resources, wire_cpus
 from supplier import DEFAULT_MAX_OFFERS, DEFAULT_QUOTE_SAMPLE, DEFAULT_RECLAIM_AFTER_S
 
 
 class Shape(msgspec.Struct, frozen=True):
-    cpus: int
+    """One kind of order: ``cpus`` may be fractional (0.5; at most 3 decimals)."""
+
+    cpus: float
     memory_mb: int
     weight: float = 1.0
 
@@ -34,7 +37,7 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # the fleet
     regions: int = 2
     workers: int = 40  # in total, spread evenly over the regions
-    worker_cpus: int = 16
+    worker_cpus: float = 16  # may be fractional (at most 3 decimals)
     worker_memory_mb: int = 65536
     images: int = 40  # catalog size
     image_zipf_s: float = 1.1  # popularity of image k is proportional to 1 / k^s
@@ -170,9 +173,25 @@ def resolve_profile(
     if unknown:
         raise ValueError(f"not profile fields: {sorted(unknown)}")
     try:
-        return msgspec.convert({**msgspec.to_builtins(base), **given}, Profile, strict=False)
+        profile = msgspec.convert({**msgspec.to_builtins(base), **given}, Profile, strict=False)
     except msgspec.ValidationError as exc:
         raise ValueError(str(exc)) from None
+    check_cpus(profile)
+    return profile
+
+
+def check_cpus(p: Profile) -> None:
+    """Raise ValueError unless every CPU amount of ``p`` is one a wire message can carry
+    (more than 0, whole millicores)."""
+    try:
+        parse_cpus(p.worker_cpus)
+    except ValueError as exc:
+        raise ValueError(f"worker_cpus: {exc}") from None
+    for i, s in enumerate(p.shapes):
+        try:
+            parse_cpus(s.cpus)
+        except ValueError as exc:
+            raise ValueError(f"shapes[{i}].cpus: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,7 +225,7 @@ def fleet(p: Profile) -> list[dict[str, object]]:
             {
                 "worker_id": f"{regions[i % p.regions]}-w{i:04d}",
                 "region": regions[i % p.regions],
-                "capacity": {"cpus": p.worker_cpus, "memory_mb": p.worker_memory_mb},
+                "capacity": wire_cpus({"cpus": p.worker_cpus, "memory_mb": p.worker_memory_mb}),
                 "images": cached,
                 "catalog": catalog,
                 "image_cache_mb": p.image_cache_mb,
@@ -225,6 +244,7 @@ def trace(p: Profile, run_id: str = "lt") -> list[TraceOrder]:
     regions = p.region_names()
     rweights = p.region_weights or [1.0] * len(regions)
     shapes, sweights = p.shapes, [s.weight for s in p.shapes]
+    asks = {s: resources((parse_cpus(s.cpus), s.memory_mb, 0, 0)) for s in shapes}
     count = max(1, int(p.rate * p.duration_s))
     t = 0.0
     out = []
@@ -234,7 +254,7 @@ def trace(p: Profile, run_id: str = "lt") -> list[TraceOrder]:
         order = PlaceOrder(
             order_id=f"{run_id}-{i:07d}",
             region=rng.choices(regions, rweights)[0],
-            resources=Resources(cpus=shape.cpus, memory_mb=shape.memory_mb),
+            resources=asks[shape],
             image=rng.choices(names, weights)[0],
             deadline_ms=p.deadline_ms,
         )

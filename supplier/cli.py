@@ -38,6 +38,7 @@ from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
+from bourse.wire.resources import cpu_fields, parse_cpus
 from bourse.wire.signing import OfferSigner, TrustError
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
@@ -67,11 +68,26 @@ def _callback() -> None:
     """Bourse supplier daemon."""
 
 
+def _cpus(text: str) -> int:
+    """``--cpus`` as people write it (16, 0.5, 1500m), in millicores; one clear error else."""
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
 @app.command("run")
 def run_cmd(
     worker_id: Annotated[str | None, typer.Option(help="This worker's id.")] = None,
     region: Annotated[str | None, typer.Option(help="The region it sells in.")] = None,
-    cpus: Annotated[int, typer.Option(min=0, help="CPUs the worker offers (--worker).")] = 0,
+    cpus: Annotated[
+        int | None,
+        typer.Option(
+            metavar="CPUS",
+            parser=_cpus,
+            help="CPUs the worker offers (--worker-id): 16, 0.5 or 1500m (millicores).",
+        ),
+    ] = None,
     memory_mb: Annotated[int, typer.Option(min=0, help="Memory it offers, MiB.")] = 0,
     disk_mb: Annotated[int, typer.Option(min=0, help="Disk it offers, MiB.")] = 0,
     gpus: Annotated[int, typer.Option(min=0, help="GPUs it offers.")] = 0,
@@ -257,7 +273,7 @@ def _offer_signer(creds: str | None) -> OfferSigner | None:
 def _single_worker(
     worker_id: str | None,
     region: str | None,
-    cpus: int,
+    cpus: int | None,
     memory_mb: int,
     disk_mb: int,
     gpus: int,
@@ -270,12 +286,13 @@ def _single_worker(
 ) -> WorkerConfig:
     if not worker_id or not region:
         fail("--worker-id and --region are required (or use --fleet FILE)")
-    if cpus < 1 or memory_mb < 1:
-        fail("--cpus and --memory-mb must be at least 1")
+    if cpus is None or memory_mb < 1:
+        fail("--cpus and --memory-mb are required: --cpus more than 0, --memory-mb at least 1")
+        raise AssertionError("unreachable")
     raw = {
         "worker_id": worker_id,
         "region": region,
-        "capacity": {"cpus": cpus, "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+        "capacity": {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
         "labels": parse_labels(label),
         "images": image or [],
         "pricing": {"preset": preset, "image_weight": image_weight, "spread_ms": spread_ms},

@@ -36,7 +36,7 @@ from bourse.wire.messages import (
     new_machine_id,
     now_ms,
 )
-from bourse.wire.resources import Vec, leq, vec
+from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.ledger import Hold, Ledger
 from supplier.machines import AnnounceFn, EventFn, Machines
 from supplier.store import Op, Store, StoreError
@@ -141,7 +141,9 @@ class CommitDesk:
         want = vec(c.resources)
         if not leq(want, h.want):
             return self._rejected(
-                c, "insufficient", f"commit asks for {want} but the hold is for {h.want}"
+                c,
+                "insufficient",
+                f"commit asks for {format_vec(want)} but the hold is for {format_vec(h.want)}",
             )
         return await self._write(c, h, want, t0)
 

@@ -13,6 +13,9 @@ process and one NATS connection comes from a TOML (or JSON) file (``--fleet FILE
     labels = { disk = "ssd" }
     images = ["web", "db"]
     pricing = { preset = "binpack" }
+
+A capacity's ``cpus`` may be fractional, as people write it: ``cpus = 0.5`` or
+``cpus = "1500m"`` (millicores); it becomes the wire's ``cpus`` + ``cpu_millis``.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import msgspec
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
+from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
 from supplier.pricing import build_curves
 
@@ -120,23 +124,41 @@ def load_fleet(path: str | Path) -> list[WorkerConfig]:
     path = Path(path)
     try:
         text = path.read_text()
-        if path.suffix == ".json":
-            fleet = msgspec.json.decode(text, type=FleetFile, strict=True)
-        else:
-            fleet = msgspec.convert(tomllib.loads(text), FleetFile, strict=True)
+        raw = msgspec.json.decode(text) if path.suffix == ".json" else tomllib.loads(text)
     except OSError as exc:
         raise ConfigError(f"cannot read fleet file {path}: {exc.strerror}") from None
     except (tomllib.TOMLDecodeError, msgspec.DecodeError) as exc:
         raise ConfigError(f"fleet file {path} is malformed: {exc}") from None
+    try:
+        fleet = msgspec.convert(fractional_cpus(raw), FleetFile, strict=True)
+    except ConfigError as exc:
+        raise ConfigError(f"fleet file {path}: {exc}") from None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"fleet file {path}: {validation_detail(exc)}") from None
     check_workers(fleet.worker)
     return fleet.worker
 
 
+def fractional_cpus(raw: object) -> object:
+    """A fleet file's data with each worker's ``capacity.cpus`` as the wire has it (``0.5``
+    or ``"250m"`` -> ``cpus`` rounded up + ``cpu_millis``); anything else is left for the
+    strict conversion to judge."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("worker"), list):
+        return raw
+    workers = []
+    for i, w in enumerate(raw["worker"]):
+        if isinstance(w, dict) and isinstance(w.get("capacity"), dict):
+            try:
+                w = {**w, "capacity": wire_cpus(w["capacity"])}
+            except ValueError as exc:
+                raise ConfigError(f"{exc} - at `$.worker[{i}].capacity.cpus`") from None
+        workers.append(w)
+    return {**raw, "worker": workers}
+
+
 def check_workers(workers: list[WorkerConfig]) -> None:
     """Raise ConfigError unless the workers can be served together: unique ids, a capacity
-    of at least 1 CPU and 1 MB of memory, pricing curves that build."""
+    of more than 0 CPUs (a millicore at least) and 1 MB of memory, pricing curves that build."""
     seen: set[str] = set()
     for w in workers:
         if w.worker_id in seen:
@@ -147,8 +169,8 @@ def check_workers(workers: list[WorkerConfig]) -> None:
                 "under it (docs/protocol.md §6.9)"
             )
         seen.add(w.worker_id)
-        if w.capacity.cpus < 1 or w.capacity.memory_mb < 1:
-            raise ConfigError(f"worker {w.worker_id}: capacity needs cpus >= 1 and memory_mb >= 1")
+        if vec(w.capacity)[0] < 1 or w.capacity.memory_mb < 1:
+            raise ConfigError(f"worker {w.worker_id}: capacity needs cpus > 0 and memory_mb >= 1")
         try:
             build_curves(w.pricing)
         except ValueError as exc:

@@ -41,6 +41,8 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
+import msgspec
+
 from bourse.wire.codec import encode
 from bourse.wire.messages import (
     EXPLAIN_PAGE_BYTES,
@@ -564,15 +566,8 @@ def _live_held(holds: Iterable[Hold], order_id: str, now: float) -> Vec:
 def _blocked(r: Reason) -> Reason:
     """An ``insufficient`` shortage that only other orders' holds cause: the worker would
     wait for them (§6.3)."""
-    return Reason(
-        code=BLOCKED,
-        detail=f"{r.detail}: only holds are in the way (would wait)",
-        resource=r.resource,
-        want=r.want,
-        free=r.free,
-        capacity=r.capacity,
-        committed=r.committed,
-        held=r.held,
+    return msgspec.structs.replace(
+        r, code=BLOCKED, detail=f"{r.detail}: only holds are in the way (would wait)"
     )
 
 

@@ -17,8 +17,9 @@ from collections.abc import Mapping, Sequence
 from itertools import pairwise
 from typing import TYPE_CHECKING
 
+from bourse.wire.limits import MILLIS_PER_CPU
 from bourse.wire.messages import Reason
-from bourse.wire.resources import RESOURCES, Vec
+from bourse.wire.resources import CPU, RESOURCES, Vec, format_value
 
 if TYPE_CHECKING:  # config imports this module to validate curves
     from supplier.config import PricingConfig
@@ -189,17 +190,32 @@ def explain_fit(
     for i, name in enumerate(RESOURCES):
         free = capacity[i] - committed[i] - held[i]
         if want[i] > free:
-            reasons.append(
-                Reason(
-                    code=INSUFFICIENT,
-                    detail=f"{name}: wants {want[i]}, free {free} (capacity {capacity[i]}, "
-                    f"committed {committed[i]}, held {held[i]})",
-                    resource=name,
-                    want=want[i],
-                    free=free,
-                    capacity=capacity[i],
-                    committed=committed[i],
-                    held=held[i],
-                )
-            )
+            reasons.append(_short(i, name, want[i], free, capacity[i], committed[i], held[i]))
     return reasons
+
+
+def _short(
+    i: int, name: str, want: int, free: int, capacity: int, committed: int, held: int
+) -> Reason:
+    """An ``insufficient`` reason with its numbers. The detail writes CPUs as people do
+    (``cpus: wants 0.5, free 0.25 ...``). The fields carry CPUs as ``resource: "cpus"`` in
+    whole CPUs when every number is whole (the v1 reason, unchanged), else as
+    ``resource: "cpu_millis"`` in millicores (docs/protocol.md §4.15)."""
+    nums: tuple[int, ...] = (want, free, capacity, committed, held)
+    f = [format_value(i, n) for n in nums]
+    detail = f"{name}: wants {f[0]}, free {f[1]} (capacity {f[2]}, committed {f[3]}, held {f[4]})"
+    if i == CPU:
+        if any(n % MILLIS_PER_CPU for n in nums):
+            name = "cpu_millis"
+        else:
+            nums = tuple(n // MILLIS_PER_CPU for n in nums)
+    return Reason(
+        code=INSUFFICIENT,
+        detail=detail,
+        resource=name,
+        want=nums[0],
+        free=nums[1],
+        capacity=nums[2],
+        committed=nums[3],
+        held=nums[4],
+    )

@@ -29,7 +29,7 @@ from bourse.wire.messages import (
     WorkerStatus,
     now_ms,
 )
-from bourse.wire.resources import amount, leq, vec
+from bourse.wire.resources import amount, format_vec, leq, vec
 from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
@@ -171,7 +171,8 @@ class Worker:
                 self.ledger.load_committed(vec(m.resources))
         if not leq(self.ledger.committed, self.ledger.capacity):
             self.set_draining(
-                f"committed {self.ledger.committed} exceeds capacity {self.ledger.capacity}"
+                f"committed {format_vec(self.ledger.committed)} exceeds capacity "
+                f"{format_vec(self.ledger.capacity)}"
             )
         self.log.info("worker_recovered", machines=self.live_machines())
 

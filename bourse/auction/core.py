@@ -54,6 +54,7 @@ from bourse.wire.messages import (
     Waiting,
     worker_of_machine,
 )
+from bourse.wire.resources import format_cpus, millis_of, vec
 from bourse.wire.subjects import Subjects, sampled_shards
 
 # The signature check of an offer: None if it is trusted, else why not (a reason constant
@@ -626,7 +627,7 @@ def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
     diffs = []
     if machine.region != order.region:
         diffs.append(f"region {machine.region!r}, not {order.region!r}")
-    if machine.resources != order.resources:
+    if vec(machine.resources) != vec(order.resources):  # 2 CPUs, with or without cpu_millis
         diffs.append(f"{_res(machine.resources)}, not {_res(order.resources)}")
     if machine.image != order.image:
         diffs.append(f"image {machine.image!r}, not {order.image!r}")
@@ -636,7 +637,7 @@ def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
 
 
 def _res(r: Resources) -> str:
-    parts = [f"{r.cpus} cpus", f"{r.memory_mb} MiB"]
+    parts = [f"{format_cpus(millis_of(r))} cpus", f"{r.memory_mb} MiB"]
     if r.disk_mb:
         parts.append(f"{r.disk_mb} MiB disk")
     if r.gpus:

@@ -17,14 +17,17 @@ from rich.text import Text
 from bourse.client import DryRun
 from bourse.client.policy import Deployment, Failover
 from bourse.wire.messages import (
+    Amount,
     Event,
     Machine,
     Placed,
+    Resources,
     Unfilled,
     WorkerStatus,
     WorkerVerdict,
     now_ms,
 )
+from bourse.wire.resources import format_cpus, millis_of
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
@@ -123,9 +126,9 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
         t.add_row(
             s.region,
             s.worker_id,
-            f"{s.committed.cpus}/{s.capacity.cpus}",
+            f"{_cpus(s.committed)}/{_cpus(s.capacity)}",
             f"{s.committed.memory_mb}/{s.capacity.memory_mb}",
-            str(s.held.cpus),
+            _cpus(s.held),
             str(s.machines),
             ",".join(s.images),
             ",".join(f"{k}={v}" for k, v in s.labels.items()),
@@ -144,7 +147,7 @@ def machines(ms: Iterable[Machine]) -> Table:
             m.machine_id,
             m.order_id,
             m.state,
-            str(m.resources.cpus),
+            _cpus(m.resources),
             str(m.resources.memory_mb),
             m.image,
             f"{m.score:.3f}",
@@ -178,7 +181,7 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
             m.worker_id,
             m.region,
             m.state,
-            str(m.resources.cpus),
+            format_cpus(millis_of(m.resources)),
             str(m.resources.memory_mb),
             m.image,
             age(m.created_at_ms, now),
@@ -315,3 +318,8 @@ def last_exit(m: Machine) -> str:
     )
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
     return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"
+
+
+def _cpus(r: Resources | Amount) -> str:
+    """CPUs as people write them: ``2``, ``0.5`` (``cpu_millis`` when the amount has it)."""
+    return format_cpus(millis_of(r))

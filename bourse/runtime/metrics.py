@@ -77,7 +77,14 @@ COMMIT_BUCKETS_S = (
 )  # fmt: skip
 # Resources as exposed: the wire's names, memory and disk converted to bytes (base units).
 MIB = 1024 * 1024
-RESOURCE_LABELS = (("cpus", 1), ("memory_bytes", MIB), ("disk_bytes", MIB), ("gpus", 1))
+# Per resource: its name, and how a vector's value becomes it (x mul / div): the vector
+# counts CPU in millicores (bourse/wire/resources.py), exposed in CPUs (0.5, exactly).
+RESOURCE_LABELS = (
+    ("cpus", 1, 1000),
+    ("memory_bytes", MIB, 1),
+    ("disk_bytes", MIB, 1),
+    ("gpus", 1, 1),
+)
 # An HTTP request to the endpoint: its head must fit in this and arrive within this.
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 5.0
@@ -249,7 +256,7 @@ class AdmissionView(NamedTuple):
 
 class WorkerSample(NamedTuple):
     """One worker's state as the scrape reads it. Amounts are the resource vector
-    (cpus, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
+    (cpu millicores, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
 
     worker_id: str
     region: str
@@ -391,13 +398,13 @@ class _WorkerCollector(Collector):
             "bourse_worker_draining", "1 if the worker offers nothing.", labels=["worker", "region"]
         )
         for w in self.workers():
-            for i, (resource, scale) in enumerate(RESOURCE_LABELS):
+            for i, (resource, mul, div) in enumerate(RESOURCE_LABELS):
                 if not w.capacity[i]:  # a resource the worker has none of: no series
                     continue
                 key = [w.worker_id, w.region, resource]
-                capacity.add_metric(key, w.capacity[i] * scale)
-                committed.add_metric(key, w.committed[i] * scale)
-                held.add_metric(key, w.held[i] * scale)
+                capacity.add_metric(key, w.capacity[i] * mul / div)
+                committed.add_metric(key, w.committed[i] * mul / div)
+                held.add_metric(key, w.held[i] * mul / div)
             holds.add_metric([w.worker_id, w.region], w.holds)
             draining.add_metric([w.worker_id, w.region], 1 if w.draining else 0)
         shed = CounterMetricFamily(

@@ -17,6 +17,9 @@ DERIVED_OVERHEAD_BYTES = 1024
 # Resource ceilings per request: big enough for any machine that exists, small enough that
 # arithmetic and SQLite integers never overflow and a typo (memory_mb=10**12) is an error.
 MAX_CPUS = 4096
+# Fractional CPUs travel as millicores (``cpu_millis``, docs/protocol.md §4.1): 1000 = 1 CPU.
+MILLIS_PER_CPU = 1000
+MAX_CPU_MILLIS = MAX_CPUS * MILLIS_PER_CPU
 MAX_MEMORY_MB = 64 * 1024 * 1024  # 64 TiB
 MAX_DISK_MB = 1024 * 1024 * 1024  # 1 PiB, in MiB
 MAX_GPUS = 256

@@ -23,12 +23,14 @@ from bourse.wire.limits import (
     LABEL_VALUE_PATTERN,
     MACHINE_ID_PATTERN,
     MACHINE_ID_SEPARATOR,
+    MAX_CPU_MILLIS,
     MAX_CPUS,
     MAX_DEADLINE_MS,
     MAX_DISK_MB,
     MAX_GPUS,
     MAX_HOLD_MS,
     MAX_MEMORY_MB,
+    MILLIS_PER_CPU,
     ORDER_ID_PATTERN,
 )
 
@@ -99,22 +101,48 @@ def worker_of_machine(machine_id: str) -> str:
     return machine_id.split(MACHINE_ID_SEPARATOR, 1)[0]
 
 
+def check_cpu_millis(cpus: int, cpu_millis: int) -> None:
+    """``cpu_millis`` (added in v1, §4.1), when present (non-zero), is the CPU amount in
+    millicores and ``cpus`` must be it rounded up to whole CPUs: a receiver that reads only
+    ``cpus`` then never counts less than was asked. A message where the two disagree is
+    refused (bad_request naming ``cpu_millis``) rather than read two ways by two peers."""
+    if cpu_millis and cpus != -(-cpu_millis // MILLIS_PER_CPU):
+        raise ValueError(
+            f"cpu_millis {cpu_millis} needs cpus {-(-cpu_millis // MILLIS_PER_CPU)} (the "
+            f"millicores rounded up to whole CPUs), not {cpus}"
+        )
+
+
 class Resources(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """An amount of every resource a worker sells. Memory and disk in MiB."""
+    """An amount of every resource a worker sells. Memory and disk in MiB. CPU: ``cpus``
+    whole, or, added in v1, ``cpu_millis`` (1000 = one CPU; 0 = absent) beside ``cpus``
+    rounded up, e.g. half a CPU is ``cpus: 1, cpu_millis: 500`` (docs/protocol.md §4.1).
+    Read it with bourse/wire/resources.py's ``vec``, never ``cpus`` alone."""
 
     cpus: Annotated[int, msgspec.Meta(ge=1, le=MAX_CPUS)]
     memory_mb: Annotated[int, msgspec.Meta(ge=1, le=MAX_MEMORY_MB)]
     disk_mb: Annotated[int, msgspec.Meta(ge=0, le=MAX_DISK_MB)] = 0
     gpus: Annotated[int, msgspec.Meta(ge=0, le=MAX_GPUS)] = 0
+    cpu_millis: Annotated[int, msgspec.Meta(ge=0, le=MAX_CPU_MILLIS)] = 0
+
+    def __post_init__(self) -> None:
+        if self.cpu_millis:
+            check_cpu_millis(self.cpus, self.cpu_millis)
 
 
 class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """Like Resources but may be zero everywhere: committed or held totals, capacities."""
+    """Like Resources but may be zero everywhere: committed or held totals, capacities.
+    ``cpu_millis`` as in Resources (added in v1; present when the amount is not whole)."""
 
     cpus: Annotated[int, msgspec.Meta(ge=0)] = 0
     memory_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
     disk_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
     gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cpu_millis: Annotated[int, msgspec.Meta(ge=0)] = 0
+
+    def __post_init__(self) -> None:
+        if self.cpu_millis:
+            check_cpu_millis(self.cpus, self.cpu_millis)
 
 
 class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True, gc=False):

@@ -44,6 +44,7 @@ from typing import Literal
 import structlog
 
 from bourse.wire.messages import Resources
+from bourse.wire.resources import millis_of
 
 log = structlog.get_logger("bourse.driver.confine")
 
@@ -77,8 +78,8 @@ class Limits:
 
 
 def limits_for(r: Resources, pids_max: int) -> Limits:
-    """What a machine of these resources may use (CPUs are whole on the wire: x1000)."""
-    return Limits(millicores=r.cpus * 1000, memory_bytes=r.memory_mb * MIB, pids=pids_max)
+    """What a machine of these resources may use (``cpu_millis`` when the order has it)."""
+    return Limits(millicores=millis_of(r), memory_bytes=r.memory_mb * MIB, pids=pids_max)
 
 
 def cpu_quota(millicores: int, period_us: int = CPU_PERIOD_US) -> tuple[int, int]:

@@ -81,7 +81,7 @@ async def test_bad_arguments_are_one_line_and_exit_1(market: Market) -> None:
     for args, text in [
         (
             ("place", "--region", "mad", "--cpus", "0", "--memory-mb", "1", "--image", "x"),
-            "(--cpus)",
+            "--cpus': '0' is not more than 0 CPUs",
         ),
         ((*PLACE, "--label", "nokey"), "must look like key=value"),
         (

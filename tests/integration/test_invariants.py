@@ -38,7 +38,7 @@ async def test_i1_200_concurrent_orders_fill_exactly_the_fleet_and_never_overcom
     assert market.violations() == []
     per_worker = Counter(r.worker_id for r in results if isinstance(r, Placed))
     assert per_worker == {"w0": 6, "w1": 6, "w2": 6}
-    assert all(w.ledger.committed[0] == 6 for w in host.workers.values())
+    assert all(w.ledger.committed[0] == 6000 for w in host.workers.values())  # millicores
     assert len({r.machine_id for r in results if isinstance(r, Placed)}) == 18
 
 

@@ -10,7 +10,7 @@ import msgspec
 
 from bourse.nats.embedded import EmbeddedNats
 from loadtest.harness import run_loadtest
-from loadtest.workload import SCENARIOS, trace
+from loadtest.workload import SCENARIOS, Shape, trace
 
 
 async def test_smoke_run_reports_every_figure_and_no_violations(
@@ -59,3 +59,25 @@ async def test_a_direct_run_places_without_any_exchange(
     assert rep["violations"] == []
     assert rep["placed"] == rep["orders"] == len(trace(profile))
     assert {p["name"] for p in rep["processes"]} == {"supplier", "loadgen"}  # no exchange
+
+
+async def test_a_run_of_fractional_cpus_keeps_every_invariant(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    # Small workers (1.5 CPUs) and orders of 0.25, 0.5 and 1 CPU: the fleet fills up, so the
+    # suppliers' I1 in millicores, the audit and the oracle all see fractions.
+    profile = msgspec.structs.replace(
+        SCENARIOS["smoke"],
+        duration_s=1.0,
+        lifetime_s=2.0,
+        worker_cpus=1.5,
+        shapes=[Shape(0.25, 256, 2), Shape(0.5, 512, 2), Shape(1, 1024, 1)],
+    )
+    rep = await run_loadtest(profile, tmp_path, [nats_server.url], ceiling_s=0.3)
+    assert rep["violations"] == []
+    assert rep["placed"] > 0 and rep["oracle"]["fill_rate"] > 0
+    assert rep["machines_checked"] >= rep["placed"]
+    print(
+        f"fractional run: {rep['orders']} orders, placed {rep['placed']}, "
+        f"unfilled {rep['unfilled']}, oracle fill {rep['oracle']['fill_rate']}"
+    )

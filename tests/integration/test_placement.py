@@ -51,7 +51,7 @@ async def test_placement_through_the_exchange_fills_every_field(market: Market) 
         "web",
         {"app": "api"},
     )
-    assert host.workers["mad-1"].ledger.committed == (2, 2048, 0, 0)
+    assert host.workers["mad-1"].ledger.committed == (2000, 2048, 0, 0)  # CPU in millicores
     await asyncio.wait_for(placed_seen.wait(), 5)
     assert events[0].kind == "placed" and events[0].machine_id == r.machine_id
     await sub.unsubscribe()
@@ -117,7 +117,7 @@ async def test_losing_offers_have_their_holds_released_at_once(market: Market) -
     workers = host.workers.values()
     # The region-wide Release follows the Placed reply; no TTL wait is needed.
     await wait_until(lambda: all(not w.ledger.holds for w in workers), timeout_s=0.5)
-    assert sum(w.ledger.committed[0] for w in workers) == 1
+    assert sum(w.ledger.committed[0] for w in workers) == 1000  # one CPU, in millicores
 
 
 async def _offers_for_one_bid(market: Market) -> list[str]:

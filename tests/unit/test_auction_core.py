@@ -380,6 +380,10 @@ def test_an_existing_machine_offer_not_its_workers_or_not_this_orders_is_dropped
         ({"resources": Resources(cpus=4, memory_mb=512)}, "2 cpus + 512 MiB, not 4 cpus + 512 MiB"),
         ({"metadata": {"team": "x"}}, "other metadata"),
         (
+            {"resources": Resources(cpus=1, cpu_millis=500, memory_mb=512)},
+            "2 cpus + 512 MiB, not 0.5 cpus + 512 MiB",
+        ),
+        (
             {"image": "db", "resources": Resources(cpus=2, memory_mb=512, gpus=1)},
             "2 cpus + 512 MiB, not 2 cpus + 512 MiB + 1 gpus; image 'web', not 'db'",
         ),
@@ -749,3 +753,12 @@ def test_placed_of_machine_is_the_workers_reply() -> None:
 def test_placed_of_offer_needs_a_machine() -> None:
     with pytest.raises(ValueError, match="names no machine"):
         Placed.of_offer(offer("w1"), elapsed_ms=1.0)
+
+
+def test_the_same_cpus_with_or_without_cpu_millis_is_the_same_order() -> None:
+    from bourse.auction.core import order_mismatch
+
+    said = msgspec.structs.replace(
+        ORDER, resources=Resources(cpus=2, cpu_millis=2000, memory_mb=512)
+    )
+    assert order_mismatch(said, machine(ORDER)) == ""

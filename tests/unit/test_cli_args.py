@@ -33,7 +33,7 @@ NO_NATS = ["--nats", "nats://127.0.0.1:1"]
     [
         (
             ["place", "--region", "mad", "--cpus", "0", "--memory-mb", "64", "--image", "web"],
-            "Expected `int` >= 1 (--cpus)",
+            "'0' is not more than 0 CPUs",
         ),
         (
             ["place", "--region", "Mad!", "--cpus", "1", "--memory-mb", "64", "--image", "web"],
@@ -57,7 +57,7 @@ NO_NATS = ["--nats", "nats://127.0.0.1:1"]
                 "--image",
                 "x",
             ],
-            "(--cpus)",
+            "'0' is not more than 0 CPUs",
         ),
     ],
 )
@@ -151,3 +151,89 @@ def test_the_program_says_it_in_one_line() -> None:
         " <worker_id>~<ulid>, e.g. mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer"
         " place` or `machines list`)\n"
     )
+
+
+# -- --cpus: fractions and millicores; bad amounts in one line naming the flag -----------------
+CPUS_ERRORS = [
+    ("0", "'0' is not more than 0 CPUs: use a number of CPUs (2, 0.5) or of millicores (250m)"),
+    ("-1", "'-1' is not more than 0 CPUs: use a number of CPUs (2, 0.5) or of millicores (250m)"),
+    ("0m", "'0m' is not more than 0 CPUs: use a number of CPUs (2, 0.5) or of millicores (250m)"),
+    (
+        "1.0005",
+        "'1.0005' is finer than a millicore (0.001 CPU): use at most 3 decimals, or millicores "
+        "(250m)",
+    ),
+    ("abc", "'abc' is not a CPU amount: use a number of CPUs (2, 0.5) or of millicores (250m)"),
+]
+
+
+@pytest.mark.parametrize(("value", "why"), CPUS_ERRORS)
+@pytest.mark.parametrize("program", ["buyer place", "buyer deploy", "supplier run"])
+def test_a_bad_cpus_is_one_line_naming_the_flag(program: str, value: str, why: str) -> None:
+    args = {
+        "buyer place": ["place", "--region", "mad", "--memory-mb", "64", "--image", "web"],
+        "buyer deploy": [
+            *("deploy", "--app", "a", "--region", "mad", "--memory-mb", "64", "--image", "x"),
+        ],
+        "supplier run": ["run", "--worker-id", "w1", "--region", "mad", "--memory-mb", "64"],
+    }[program]
+    module = "buyer_cli" if program.startswith("buyer") else "supplier"
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args, "--cpus", value, *NO_NATS],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1
+    assert done.stderr == f"error: Invalid value for '--cpus': {why}\n"
+
+
+def test_fractional_cpus_are_accepted() -> None:
+    # No server: the order is built (and checked) before connecting, so a valid 0.5 or
+    # 250m gets as far as the connection (the integration tests place them for real).
+    for value in ("0.5", "250m", "2"):
+        result = runner.invoke(buyer, ["place", *PLACE[1:4], value, *PLACE[5:], *NO_NATS])
+        assert "cannot connect to NATS" in result.output, result.output
+
+
+def test_a_fleet_file_may_sell_fractional_cpus(tmp_path: Path) -> None:
+    from bourse.wire.resources import vec
+    from supplier.config import load_fleet
+
+    fleet = tmp_path / "f.toml"
+    fleet.write_text(
+        '[[worker]]\nworker_id = "w1"\nregion = "mad"\ncapacity = {cpus = 0.5, memory_mb = 64}\n'
+        '[[worker]]\nworker_id = "w2"\nregion = "mad"\n'
+        'capacity = {cpus = "1500m", memory_mb = 64}\n'
+        '[[worker]]\nworker_id = "w3"\nregion = "mad"\ncapacity = {cpus = 4, memory_mb = 64}\n'
+    )
+    assert [vec(w.capacity)[0] for w in load_fleet(fleet)] == [500, 1500, 4000]
+
+
+@pytest.mark.parametrize(
+    ("capacity", "error"),
+    [
+        ("{cpus = 1.0005, memory_mb = 64}", "'1.0005' is finer than a millicore"),
+        ('{cpus = "0m", memory_mb = 64}', "'0m' is not more than 0 CPUs"),
+        ("{cpus = 1, cpu_millis = 3000, memory_mb = 64}", "cpu_millis 3000 needs cpus 3"),
+    ],
+)
+def test_a_fleet_file_with_a_bad_cpu_amount_is_refused(
+    tmp_path: Path, capacity: str, error: str
+) -> None:
+    fleet = tmp_path / "f.toml"
+    fleet.write_text(f'[[worker]]\nworker_id = "w1"\nregion = "mad"\ncapacity = {capacity}\n')
+    result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])
+    assert result.exit_code == 1
+    assert f"fleet file {fleet}: {error}" in result.output
+    assert "$.worker[0].capacity" in result.output
+
+
+def test_supplier_run_sells_fractional_cpus() -> None:
+    from bourse.wire.messages import Amount
+    from supplier.cli import _cpus, _single_worker
+
+    w = _single_worker("w1", "mad", _cpus("1.5"), 64, 0, 0, None, None, "spread", 0.3, 4.0, False)
+    assert w.capacity == Amount(cpus=2, cpu_millis=1500, memory_mb=64)
+    w = _single_worker("w1", "mad", _cpus("8"), 64, 0, 0, None, None, "spread", 0.3, 4.0, False)
+    assert w.capacity == Amount(cpus=8, memory_mb=64)  # whole: as in v1

@@ -187,3 +187,20 @@ def test_failed_state_transitions(verb: str, state: str, to: str) -> None:
 def test_failed_is_not_reached_by_a_verb_from_reserved() -> None:
     with pytest.raises(InvalidTransition, match="cannot stop machine m: it is reserved"):
         next_state("stop", "m", "reserved")
+
+
+@pytest.mark.parametrize(
+    ("resources", "millicores", "quota"),
+    [
+        (Resources(cpus=1, cpu_millis=500, memory_mb=64), 500, (50000, 100000)),
+        (Resources(cpus=1, cpu_millis=250, memory_mb=64), 250, (25000, 100000)),
+        (Resources(cpus=2, cpu_millis=1500, memory_mb=64), 1500, (150000, 100000)),
+        (Resources(cpus=2, memory_mb=64), 2000, (200000, 100000)),  # a v1 order: whole
+    ],
+)
+def test_limits_of_fractional_cpus_take_the_millicores(
+    resources: Resources, millicores: int, quota: tuple[int, int]
+) -> None:
+    lim = limits_for(resources, pids_max=100)
+    assert lim.millicores == millicores
+    assert cpu_quota(lim.millicores) == quota

@@ -283,3 +283,33 @@ def test_ten_thousand_verdicts_fit_in_pages_under_the_limit() -> None:
 def test_no_verdicts_is_one_last_page() -> None:
     [p] = explanation_pages("o1", "mad", "r1", [])
     assert (p.page, p.pages, p.last, p.verdicts) == (1, 1, True, [])
+
+
+# -- fractional CPUs: the numbers as people write them, the fields in millicores -----------------
+
+
+def test_a_half_cpu_short_says_it_in_cpus_and_carries_millicores(store: Store) -> None:
+    bench = Bench(store, cfg("w1", cpus=1, images=["web"]))
+    half = Resources(cpus=1, cpu_millis=500, memory_mb=256)
+    quarter = Resources(cpus=1, cpu_millis=250, memory_mb=256)
+    assert bench.answer(bid("o1", half)).replies
+    assert bench.answer(bid("o2", quarter)).replies
+    [v] = explain(bench, req("o3", half))
+    assert v.verdict == "wait"  # only holds are in the way
+    assert v.reasons[0] == Reason(
+        code=BLOCKED,
+        detail="cpus: wants 0.5, free 0.25 (capacity 1, committed 0, held 0.75): only holds "
+        "are in the way (would wait)",
+        resource="cpu_millis",  # a number is not whole: the fields are millicores
+        want=500,
+        free=250,
+        capacity=1000,
+        held=750,
+    )
+
+
+def test_a_whole_cpu_short_keeps_the_v1_reason(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]))
+    [v] = explain(bench, req("o1", res(9, 1024)))
+    assert v.reasons[0].resource == "cpus"
+    assert (v.reasons[0].want, v.reasons[0].free, v.reasons[0].capacity) == (9, 8, 8)

@@ -414,3 +414,24 @@ def test_random_operations_never_overcommit(seed: int) -> None:
     assert counts["refused"] > 0
     assert counts["expire"] > 0
     assert counts["convert"] > 0
+
+
+# -- fractional CPUs (millicores) ----------------------------------------------------------------
+
+
+def test_two_half_cpu_holds_fit_a_one_cpu_worker_and_a_third_does_not() -> None:
+    ledger = Ledger((1000, 4096, 0, 0))  # 1 CPU, in millicores
+    half: Vec = (500, 256, 0, 0)
+    assert ledger.hold(hold("a", half)) is True
+    assert ledger.hold(hold("b", half)) is True
+    assert ledger.free == (0, 3584, 0, 0)
+    assert ledger.hold(hold("c", half)) is False  # I1: no third half
+    assert ledger.hold(hold("d", (1, 1, 0, 0))) is False  # not even a millicore
+    ledger.check()
+    ledger.convert(ledger.holds["a"], half)  # a commits; b's hold lapses
+    assert [h.order_id for h in ledger.expire(now=100.0)] == ["b"]
+    assert ledger.committed == (500, 256, 0, 0) and ledger.held == ZERO
+    assert ledger.hold(hold("c", (250, 1, 0, 0), expires_at=200.0)) is True
+    assert ledger.hold(hold("e", (250, 1, 0, 0), expires_at=200.0)) is True
+    assert ledger.hold(hold("f", (1, 1, 0, 0), expires_at=200.0)) is False
+    ledger.check()

@@ -199,3 +199,51 @@ def test_a_shard_lives_in_one_supplier_process_under_sampled_bidding() -> None:
     # broadcast (or fewer shards than processes): dealt round-robin
     assert [len(s) for s in split_fleet(workers, 3, 0)] == [20, 20, 20]
     assert [len(s) for s in split_fleet(workers, 4, 2)] == [15, 15, 15, 15]
+
+
+def test_fractional_shapes_and_workers_reach_the_trace_fleet_and_oracle() -> None:
+    from bourse.wire.resources import vec
+
+    p = Profile(
+        workers=1,
+        regions=1,
+        worker_cpus=1,
+        cached_per_worker=0,
+        images=1,
+        shapes=[Shape(0.5, 64)],
+        rate=10,
+        duration_s=0.3,
+    )
+    t = trace(p)
+    assert {x.order.resources for x in t} == {Resources(cpus=1, cpu_millis=500, memory_mb=64)}
+    assert fleet(msgspec.structs.replace(p, worker_cpus=1.5))[0]["capacity"] == {
+        "cpus": 2,
+        "cpu_millis": 1500,
+        "memory_mb": 65536,
+    }
+    # two halves fit the one 1-CPU worker, a third does not (I1 in the oracle too)
+    orders = [TraceOrder(float(i), x.order, 100.0) for i, x in enumerate(t)]
+    assert len(orders) == 3 and vec(orders[0].order.resources)[0] == 500
+    assert run_oracle(p, orders).placed == 2
+    # 10/s x 20 s x 0.5 cpus / 1 cpu
+    assert p.offered_load() == pytest.approx(100.0)
+
+
+@pytest.mark.parametrize(
+    ("override", "error"),
+    [
+        ({"worker_cpus": 0}, "worker_cpus: '0.0' is not more than 0 CPUs"),
+        (
+            {"shapes": [{"cpus": 1.0005, "memory_mb": 64}]},
+            "shapes[0].cpus: '1.0005' is finer than a millicore",
+        ),
+    ],
+)
+def test_a_profile_with_an_impossible_cpu_amount_is_refused(
+    override: dict[str, object], error: str
+) -> None:
+    from loadtest.workload import resolve_profile
+
+    with pytest.raises(ValueError) as info:
+        resolve_profile("smoke", overrides=override)
+    assert str(info.value).startswith(error)

@@ -49,3 +49,35 @@ def test_a_terminal_gets_a_box_only_if_every_id_fits_whole(
     narrow = _shown(40, monkeypatch)
     assert "│" not in narrow
     assert narrow.splitlines()[1].startswith(f"{LONG_ID}  started  a rather long reason")
+
+
+def test_fleet_and_machines_show_fractional_cpus_as_people_write_them() -> None:
+    from bourse.wire.messages import Amount, Machine, Resources, WorkerStatus
+
+    s = WorkerStatus(
+        worker_id="w1",
+        region="mad",
+        labels={},
+        capacity=Amount(cpus=2, memory_mb=1024, cpu_millis=1500),
+        committed=Amount(cpus=1, memory_mb=256, cpu_millis=500),
+        held=Amount(cpus=1, memory_mb=256, cpu_millis=250),
+        images=[],
+        machines=1,
+        draining=False,
+    )
+    [_head, row] = plain(render.fleet([s]))
+    assert row.split()[2:5] == ["0.5/1.5", "256/1024", "0.25"]
+    m = Machine(
+        machine_id="w1~01",
+        order_id="o1",
+        worker_id="w1",
+        region="mad",
+        state="started",
+        resources=Resources(cpus=1, memory_mb=256, cpu_millis=250),
+        image="web",
+        score=0.5,
+        created_at_ms=1,
+        updated_at_ms=1,
+    )
+    [_head, row] = plain(render.machines([m]))
+    assert row.split()[3] == "0.25"

@@ -294,7 +294,7 @@ async def test_recover_restores_machines_and_committed(store: Store, rec: Record
     assert w2.machines == w1.machines
     assert w2.machines[b].state == "started"
     assert w2.by_order == {"order-a": a, "order-b": b, "order-c": c}
-    assert w2.ledger.committed == (5, 3072, 0, 0)  # a + b; c is destroyed
+    assert w2.ledger.committed == (5000, 3072, 0, 0)  # a + b; c is destroyed (CPU in millis)
     assert w2.ledger.holds == {}
     assert w2.ledger.held == ZERO
     assert w2.live_machines() == 2
@@ -314,4 +314,7 @@ async def test_recover_overcommitted_drains(store: Store, rec: Recorder) -> None
     await place(w1, "order-a", res(6, 1024))
     w2 = make_worker(store, rec, capacity=Amount(cpus=4, memory_mb=8192))
     assert w2.draining is True
-    assert w2.drain_reason == "committed (6, 1024, 0, 0) exceeds capacity (4, 8192, 0, 0)"
+    assert w2.drain_reason == (
+        "committed cpus=6 memory_mb=1024 disk_mb=0 gpus=0 exceeds capacity "
+        "cpus=4 memory_mb=8192 disk_mb=0 gpus=0"
+    )
