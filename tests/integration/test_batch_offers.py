@@ -5,9 +5,11 @@ auction places either way."""
 
 from __future__ import annotations
 
+from nats.aio.msg import Msg
+
 from bourse.nats.auth import new_seed
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, BidReply, Offer, Offers, Placed, Resources
+from bourse.wire.messages import Bid, BidReply, Commit, Offer, Offers, Placed, Resources
 from bourse.wire.signing import OfferSigner, TrustStore
 from tests.market import Market, order, wait_until, worker
 
@@ -70,3 +72,45 @@ async def test_auctions_place_with_and_without_batches(market: Market) -> None:
     await wait_until(lambda: all(not w.ledger.holds for w in workers))  # losers released
     assert sum(len(w.by_order) for w in workers) == 3
     assert market.violations() == []
+
+
+async def test_a_supplier_that_ignores_the_flag_is_placed_on_all_the_same(market: Market) -> None:
+    """A v1 supplier that predates Offers answers a batch bid with one Offer per message."""
+    nc = await market.connect("older-supplier")
+    s = market.subjects
+    bids: list[Bid] = []
+
+    async def on_bid(msg: Msg) -> None:
+        bid = decode(msg.data, Bid)
+        bids.append(bid)
+        for worker_id, score in (("old-2", 0.9), ("old-1", 0.5)):  # best first, as delays do
+            o = Offer(
+                order_id=bid.order_id,
+                worker_id=worker_id,
+                region="mad",
+                score=score,
+                auction_id=bid.auction_id,
+            )
+            await nc.publish(msg.reply, encode(o))
+
+    async def on_commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        placed = Placed(
+            order_id=c.order_id,
+            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
+            worker_id=c.worker_id,
+            region="mad",
+            score=0.9,
+            image_cached=False,
+            elapsed_ms=1.0,
+        )
+        await nc.publish(msg.reply, encode(placed))
+
+    await nc.subscribe(s.bid("mad"), cb=on_bid)
+    for w in ("old-1", "old-2"):
+        await nc.subscribe(s.commit(w), cb=on_commit)
+    await nc.flush()
+    client = await market.client(direct=True)
+    r = await client.place(order(order_id="o-old"))
+    assert [b.batch_offers for b in bids] == [True]  # asked for a batch, got single offers
+    assert isinstance(r, Placed) and (r.worker_id, r.score) == ("old-2", 0.9)
