@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import anyio.to_thread
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -17,7 +18,7 @@ from bourse.auction.admission import adaptive_limit
 from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect, shutdown
-from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.embedded import EmbeddedNats, read_varz
 from bourse.runtime.launcher import Program, stop_all
 from bourse.runtime.supervise import settle_heap
 from bourse.wire.subjects import Subjects
@@ -44,10 +45,13 @@ async def run_loadtest(
     oracle: bool = True,
     console: Console | None = None,
     supplier_urls: list[str] | None = None,
+    monitor_url: str | None = None,
 ) -> dict[str, Any]:
     """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report.
     ``supplier_urls``: the suppliers connect there (e.g. another cluster of a supercluster),
-    the generator and the exchanges to ``urls``."""
+    the generator and the exchanges to ``urls``. ``monitor_url``: the monitoring endpoint
+    of the server at ``urls`` (the embedded server's own otherwise): its message counters
+    give the messages per placement."""
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
     for stale in ("data", "config"):  # every run starts from an empty fleet
         shutil.rmtree(out / stale, ignore_errors=True)
@@ -58,8 +62,9 @@ async def run_loadtest(
             "supplier URLs need the generator's URLs too: the embedded server would not reach them"
         )
     if not urls:
-        server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True).start()
+        server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True, monitor=True).start()
         urls = [server.url]
+        monitor_url = server.monitor_url
     subjects = Subjects(f"lt{uuid.uuid4().hex[:8]}")  # a run never sees another's traffic
     programs: list[Program] = []
     m = Measured()
@@ -88,7 +93,7 @@ async def run_loadtest(
         )
         try:
             settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
-            await _send(profile, orders, market, direct, m, sampler, console)
+            await _send(profile, orders, market, direct, m, sampler, console, monitor_url)
             await check_invariants(direct, profile, orders, m)
         finally:
             await shutdown(nc)
@@ -114,6 +119,7 @@ async def _send(
     m: Measured,
     sampler: Sampler,
     console: Console | None,
+    monitor_url: str | None,
 ) -> None:
     progress = Progress(
         TextColumn("orders"),
@@ -133,8 +139,20 @@ async def _send(
                 sampler.sample()
                 await anyio.sleep(0.5)
 
+        before = await _varz(monitor_url)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(sample)
             await gen.run(orders)
             tasks.cancel_scope.cancel()
         sampler.sample()  # CPU over the load window only (not the checks after it)
+        after = await _varz(monitor_url)
+        if before is not None and after is not None:  # messages over the same window
+            m.nats_in_msgs = after["in_msgs"] - before["in_msgs"]
+            m.nats_out_msgs = after["out_msgs"] - before["out_msgs"]
+
+
+async def _varz(monitor_url: str | None) -> dict[str, Any] | None:
+    """The server's /varz, read off the event loop; None without a monitoring endpoint."""
+    if monitor_url is None:
+        return None
+    return await anyio.to_thread.run_sync(read_varz, monitor_url)

@@ -3,6 +3,7 @@ and PNG plots (latency CDF, placements per second, worker utilization)."""
 
 from __future__ import annotations
 
+import math
 import statistics
 from pathlib import Path
 from typing import Any
@@ -17,12 +18,39 @@ from loadtest.runner import Ceiling, Measured
 from loadtest.workload import Profile
 
 PERCENTILES = (50.0, 90.0, 99.0, 99.9)
+# Tick sequences per decade for the latency axis, coarsest first (see ms_ticks).
+TICK_STEPS = (
+    (1.0, 2.0, 5.0),
+    (1.0, 2.0, 3.0, 5.0, 7.0),
+    (1.0, 1.2, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0),
+)
+MIN_TICKS = 4
+MAX_TICKS = 10  # past this many 1-2-5 ticks, one per decade (labels would crowd)
 
 
 def _pcts(h: HdrHistogram) -> dict[str, float]:
     if h.get_total_count() == 0:
         return {f"p{p:g}": 0.0 for p in PERCENTILES}
     return {f"p{p:g}": round(h.get_value_at_percentile(p) / 1000.0, 3) for p in PERCENTILES}
+
+
+def per_placement(m: Measured) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """CPU milliseconds per placement, summed over every process watched and by process
+    kind, and NATS messages per placement (published into the server, delivered by it)."""
+    if not m.placed:
+        return None, None
+    cpu: dict[str, float] = {"all": 0.0}
+    for p in m.processes:
+        cpu["all"] += p.cpu_s
+        cpu[p.name] = cpu.get(p.name, 0.0) + p.cpu_s
+    cpu_ms = {k: round(1000 * v / m.placed, 3) for k, v in cpu.items()}
+    if m.nats_in_msgs is None or m.nats_out_msgs is None:
+        return cpu_ms, None
+    msgs = {
+        "published": round(m.nats_in_msgs / m.placed, 2),
+        "delivered": round(m.nats_out_msgs / m.placed, 2),
+    }
+    return cpu_ms, msgs
 
 
 def build(
@@ -37,6 +65,7 @@ def build(
     util = [millis_of(s.committed) / millis_of(s.capacity) for s in m.statuses if s.capacity.cpus]
     per_proc = max(1, profile.workers // max(1, profile.supplier_processes))
     suppliers = [p for p in m.processes if p.name == "supplier"]
+    cpu_ms, msgs = per_placement(m)
     return {
         "profile": msgspec.to_builtins(profile),
         "offered_load": round(profile.offered_load(), 3),
@@ -71,6 +100,16 @@ def build(
         "machine_cpu_pct": round(
             sum(100 * p.cpu_s / m.seconds for p in m.processes) if m.seconds else 0.0, 1
         ),
+        # CPU time of every watched process (the generator and, when embedded, nats-server
+        # included) over the load window, in ms per placement: "all" and by process kind.
+        "cpu_ms_per_placement": cpu_ms,
+        # nats-server's in_msgs / out_msgs (/varz) over the load window, per placement;
+        # None when the server's monitoring endpoint is not known (--nats without
+        # --nats-monitor).
+        "messages_per_placement": msgs,
+        "nats_msgs": None
+        if m.nats_in_msgs is None
+        else {"published": m.nats_in_msgs, "delivered": m.nats_out_msgs},
         "rss_kb_per_virtual_worker": round(
             max((p.max_rss_mb for p in suppliers), default=0.0) * 1024 / per_proc, 1
         ),
@@ -161,6 +200,17 @@ def table(r: dict[str, Any]) -> Table:
         f"{r['rss_kb_per_virtual_worker']} KiB "
         "(the interpreter included: see fleet-1k for the marginal cost)",
     )
+    cpu = r.get("cpu_ms_per_placement")
+    if cpu:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "all")
+        t.add_row("CPU per placement", f"{cpu['all']:.2f} ms, all processes ({parts})")
+    msgs = r.get("messages_per_placement")
+    t.add_row(
+        "NATS messages per placement",
+        f"{msgs['published']} published, {msgs['delivered']} delivered"
+        if msgs
+        else "not measured (no monitoring endpoint: --nats-monitor)",
+    )
     t.add_row("generator lag (max)", f"{r['generator_lag_max_ms']} ms")
     t.add_row(
         "invariants (I1, I3, I5)",
@@ -189,7 +239,10 @@ def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
             qs = [p / 10 for p in range(1, 1000)]
             ax.plot([h.get_value_at_percentile(q) / 1000 for q in qs], qs, label=name)
     ax.set_xscale("log")
-    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    lo, hi = ax.get_xlim()
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator(ms_ticks(lo, hi)))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: ms_label(v)))
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())  # no "3x10^1" labels
     ax.set_xlabel("latency (ms, from when the order was due)")
     ax.set_ylabel("percentile")
     ax.set_title(f"latency CDF - {report['profile']['name']}")
@@ -219,3 +272,36 @@ def plots(m: Measured, report: dict[str, Any], out: Path) -> list[Path]:
     fig.savefig(made[-1], dpi=100, bbox_inches="tight")
     plt.close(fig)
     return made
+
+
+def ms_ticks(lo: float, hi: float) -> list[float]:
+    """Plain ticks for a log axis from ``lo`` to ``hi`` (ms): 1, 2, 5, 10, 20, 50, ... when
+    that gives at least ``MIN_TICKS`` in range, else a finer series (1-2-3-5-7, then
+    1, 1.2, 1.5, 2, 2.5, 3, 4, ... 9);
+    over ``MAX_TICKS`` of them, powers of ten only."""
+    lo, hi = max(lo, 1e-3), max(hi, 2e-3)
+    ticks: list[float] = []
+    wide = len(_series(lo, hi, TICK_STEPS[0])) > MAX_TICKS
+    for steps in ((1.0,),) if wide else TICK_STEPS:
+        ticks = _series(lo, hi, steps)
+        if len(ticks) >= MIN_TICKS:
+            break
+    return ticks
+
+
+def _series(lo: float, hi: float, steps: tuple[float, ...]) -> list[float]:
+    """``steps`` times every power of ten, within [lo, hi]."""
+    ticks: list[float] = []
+    decade = 10.0 ** math.floor(math.log10(lo))
+    while decade <= hi:
+        for step in steps:
+            v = float(f"{step * decade:.6g}")  # 0.1 * 3 is 0.30000000000000004
+            if lo <= v <= hi:
+                ticks.append(v)
+        decade *= 10
+    return ticks
+
+
+def ms_label(v: float) -> str:
+    """A tick's label: ``0.5``, ``20``, ``1,000``."""
+    return f"{v:,.0f}" if v >= 1 else f"{v:g}"

@@ -66,6 +66,9 @@ class Measured:
     violations: list[str] = field(default_factory=list)
     processes: list[ProcessStats] = field(default_factory=list)
     machines_checked: int = 0
+    # nats-server's own counters over the load window (/varz), when its monitoring is on
+    nats_in_msgs: int | None = None  # published into the server by its clients
+    nats_out_msgs: int | None = None  # delivered by the server to subscribers
 
 
 class Sampler:

@@ -180,6 +180,16 @@ def loadtest(
             show_default=False,
         ),
     ] = None,
+    nats_monitor: Annotated[
+        str | None,
+        typer.Option(
+            metavar="URL",
+            help="The monitoring endpoint (http://host:port) of the --nats server: the report's "
+            "messages per placement come from its /varz (the embedded server's own without "
+            "--nats).",
+            show_default=False,
+        ),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     soak: Annotated[
         float | None,
@@ -244,6 +254,8 @@ def loadtest(
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
+    if nats_monitor and not split_urls(nats, from_env=False):
+        fail("--nats-monitor needs --nats: the embedded server's own endpoint is read anyway")
     if supplier_nats and not split_urls(nats, from_env=False):
         fail("--supplier-nats needs --nats: the generator and exchanges' cluster")
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -270,6 +282,7 @@ def loadtest(
             oracle=oracle,
             console=console,
             supplier_urls=split_urls(supplier_nats) if supplier_nats else None,
+            monitor_url=nats_monitor,
         )
     )
     if json:

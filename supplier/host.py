@@ -34,7 +34,7 @@ from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import SupplierMetrics, WorkerSample
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
-from bourse.wire.limits import MAX_HOLD_MS
+from bourse.wire.limits import MAX_BATCH_OFFERS, MAX_HOLD_MS
 from bourse.wire.messages import (
     MACHINE_VERBS,
     Bid,
@@ -45,6 +45,7 @@ from bourse.wire.messages import (
     Machine,
     MachineRequest,
     Offer,
+    Offers,
     Placed,
     ReclaimCheck,
     ReclaimReply,
@@ -368,7 +369,38 @@ class SupplierHost:
                     replies = [x for x in replies if x is not r]
                     continue
                 r.worker.commits.give(r.reply.order_id)  # handed to this auction
+        if bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
+            replies = self._batch(replies, now)
         self._send(replies, now)
+
+    def _batch(self, replies: list[Send[Worker]], t0: float) -> list[Send[Worker]]:
+        """Schedule this bid's offers as Offers messages of up to MAX_BATCH_OFFERS, each at
+        its best (first) offer's delay, so the spread still ranks processes by their best
+        offer; returns the replies left to send one by one (a lone offer, Waiting notes)."""
+        offers = [r for r in replies if isinstance(r.reply, Offer)]
+        if len(offers) < 2:
+            return replies
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        skew = now - time.monotonic()
+        for i in range(0, len(offers), MAX_BATCH_OFFERS):
+            chunk = offers[i : i + MAX_BATCH_OFFERS]
+            at = t0 + skew + chunk[0].delay_s
+            if at > now:
+                loop.call_at(at, self._due_batch, chunk)
+            else:
+                self._due_batch(chunk)
+        return [r for r in replies if not isinstance(r.reply, Offer)]
+
+    def _due_batch(self, sends: list[Send[Worker]]) -> None:
+        """The offers of one batch still worth sending (a hold released meanwhile drops
+        its offer), in one message; a lone one as a plain Offer."""
+        due = [s for s in sends if self.desk.still_due(s)]
+        if len(due) > 1:
+            offers = [self._signed(s.reply) for s in due if isinstance(s.reply, Offer)]
+            self.outbox.post(due[0].inbox, encode(Offers(offers=offers)))
+        elif due:
+            self._due(due[0])
 
     def _freed(self, w: Worker) -> None:
         """Capacity came back on ``w`` outside a bid: the desk answers its waiting bids."""
@@ -404,9 +436,11 @@ class SupplierHost:
 
     def _wire(self, reply: Offer | Waiting) -> bytes:
         """A bid reply as sent: an Offer signed with this host's key when it has one."""
-        if self.signer is not None and isinstance(reply, Offer):
-            reply = self.signer.sign(reply)
-        return encode(reply)
+        return encode(self._signed(reply) if isinstance(reply, Offer) else reply)
+
+    def _signed(self, offer: Offer) -> Offer:
+        """The offer signed with this host's key when it has one."""
+        return self.signer.sign(offer) if self.signer is not None else offer
 
     async def _on_region_release(self, msg: Msg) -> None:
         rel = decode(msg.data, Release)

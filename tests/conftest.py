@@ -19,8 +19,9 @@ from tests.market import Market
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
     # JetStream on, its own store dir; every test's prefix gets its own event stream (each
     # reserves its max_bytes), hence a store limit far above what the session writes.
+    # Monitoring on: the load-test smoke run reads its message counters (/varz).
     srv = EmbeddedNats(
-        workdir=tmp_path_factory.mktemp("nats"), jetstream_max_store_mb=1024 * 1024
+        workdir=tmp_path_factory.mktemp("nats"), jetstream_max_store_mb=1024 * 1024, monitor=True
     ).start()
     yield srv
     srv.stop()

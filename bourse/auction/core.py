@@ -8,7 +8,8 @@ Events in (methods):
 
 - ``start()``: the bid to send (``SendBid``).
 - ``bid_published(now)``: a bid (first or fallback) went out; the quiet window counts from it.
-- ``bid_reply(data, now, no_responders=...)``: one message on the auction's inbox.
+- ``bid_reply(data, now, no_responders=...)``: one message on the auction's inbox (an
+  ``Offers`` message is taken as its offers one by one, in order).
 - ``poll(now)``: every queued reply has been fed; what next? (commit, or wake me at t).
 - ``timer(now)``: the wake time came and no reply did.
 - ``commit_outcome(outcome, now)``: how the commit of ``SendCommit`` ended.
@@ -44,6 +45,7 @@ from bourse.wire.messages import (
     Error,
     Machine,
     Offer,
+    Offers,
     Placed,
     PlaceOrder,
     Rejected,
@@ -93,6 +95,9 @@ class AuctionConfig:
     # How long a worker has to show the machine of its existing-machine offer (machine.get)
     # before the offer is dropped; bounded by the order's deadline.
     verify_timeout_ms: float = 1000.0
+    # Bids say the auction takes Offers messages (several offers in one reply, §4.4.2), so a
+    # supplier process answers a bid with one message instead of one per worker.
+    batch_offers: bool = True
 
 
 class AuctionStateError(RuntimeError):
@@ -314,9 +319,18 @@ class Auction:
         if no_responders:
             return self._no_responders(now)
         try:
-            reply: Offer | Waiting = decode(data, BidReply)
+            reply: Offer | Offers | Waiting = decode(data, BidReply)
         except BadMessage as exc:
             return [Log("warning", "bad_offer", {"error": str(exc)})]
+        if isinstance(reply, Offers):  # one process's offers: each as if it came alone
+            decisions: list[Decision] = []
+            for offer in reply.offers:
+                decisions += self._reply(offer, now)
+            return decisions
+        return self._reply(reply, now)
+
+    def _reply(self, reply: Offer | Waiting, now: float) -> list[Decision]:
+        """One offer or waiting note, checked on its own (region, order, signature, owner)."""
         if reply.order_id != self.order.order_id or reply.region != self.order.region:
             return [self._foreign(reply)]  # I5: never taken
         if isinstance(reply, Offer):
@@ -420,6 +434,7 @@ class Auction:
             hold_ms=order.deadline_ms + int(cfg.commit_grace_ms) + cfg.hold_margin_ms,
             auction_id=self.auction_id,
             wait_ms=int(order.deadline_ms * cfg.wait_ratio),
+            batch_offers=cfg.batch_offers,
         )
 
     def _no_responders(self, now: float) -> list[Decision]:

@@ -23,8 +23,10 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import structlog
 
@@ -52,6 +54,14 @@ def find_nats_server() -> str:
     )
 
 
+def read_varz(monitor_url: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    """``/varz`` of the nats-server whose monitoring endpoint is ``monitor_url``."""
+    url = monitor_url.rstrip("/") + "/varz"
+    with urllib.request.urlopen(url, timeout=timeout_s) as r:
+        varz: dict[str, Any] = json.loads(r.read())
+    return varz
+
+
 class EmbeddedNats:
     """A nats-server child process on a free loopback port.
 
@@ -59,7 +69,9 @@ class EmbeddedNats:
     to the server as they are; ``config`` is a config file path (with ``jetstream`` on, a
     config should not have its own ``jetstream`` block); with
     ``bind_loopback=False`` the config's own listen address is used. ``port=-1`` (the
-    default) picks a free port. ``tie_to_parent=True`` starts the server through
+    default) picks a free port. ``monitor=True`` turns on the HTTP monitoring endpoint on
+    a free port (``monitor_url``, read with :meth:`varz`): the load test reads the server's
+    message counters there. ``tie_to_parent=True`` starts the server through
     ``bourse.runtime.reaper``, so it dies with the process that started it, kill -9
     included (``bourse up``, ``demo``, load runs). Linux ties it to the *thread* that
     starts it: start such a server from a thread that lives as long as the server should
@@ -78,6 +90,7 @@ class EmbeddedNats:
         jetstream: bool | None = None,
         jetstream_max_store_mb: int | None = None,
         tie_to_parent: bool = False,
+        monitor: bool = False,
     ) -> None:
         self._own_dir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="bourse-nats-"))
@@ -93,6 +106,8 @@ class EmbeddedNats:
         # one per subject prefix) wants it larger than the disk it will really use.
         self.jetstream_max_store_mb = jetstream_max_store_mb
         self.tie_to_parent = tie_to_parent
+        self.monitor = monitor
+        self.monitor_port: int | None = None
         self.proc: subprocess.Popen[bytes] | None = None
         self.port: int | None = None
         self.log_path = self.workdir / "nats-server.log"
@@ -102,6 +117,17 @@ class EmbeddedNats:
         if self.port is None:
             raise NatsServerError("nats-server is not running")
         return f"nats://127.0.0.1:{self.port}"
+
+    @property
+    def monitor_url(self) -> str | None:
+        """The monitoring endpoint's base URL (``monitor=True``), else None."""
+        return f"http://127.0.0.1:{self.monitor_port}" if self.monitor_port else None
+
+    def varz(self) -> dict[str, Any]:
+        """The server's ``/varz`` (counters such as ``in_msgs``, ``out_msgs``)."""
+        if self.monitor_url is None:
+            raise NatsServerError("nats-server was started without monitoring (monitor=True)")
+        return read_varz(self.monitor_url)
 
     def start(self) -> EmbeddedNats:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -114,6 +140,8 @@ class EmbeddedNats:
             args += ["-c", self.config]
         if self.bind_loopback:
             args += ["-a", "127.0.0.1", "-p", str(self.requested_port)]
+        if self.monitor:
+            args += ["-m", "-1"]  # a free port, reported in the ports file
         args += ["--ports_file_dir", str(ports_dir), "-l", str(self.log_path)]
         max_mb = self.jetstream_max_store_mb
         if self.jetstream and max_mb is None:
@@ -154,6 +182,8 @@ class EmbeddedNats:
                 try:
                     ports = json.loads(f.read_text())
                     url = ports["nats"][0]
+                    if self.monitor:
+                        self.monitor_port = int(ports["monitoring"][0].rsplit(":", 1)[1])
                     return int(url.rsplit(":", 1)[1])
                 except (ValueError, KeyError, IndexError):
                     pass  # written a moment after start: retry the parse

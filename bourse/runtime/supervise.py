@@ -1,6 +1,7 @@
-"""How every long-running program runs: one anyio task group at the top (asyncio backend,
-uvloop when installed), a signal receiver in it that cancels everything on SIGINT/SIGTERM,
-cleanup in shielded, time-bounded scopes, and a settled heap once started.
+"""How every long-running program runs: one anyio task group at the top (asyncio backend
+on uvloop, a dependency except on Windows; asyncio's own loop where it is missing), a
+signal receiver in it that cancels everything on SIGINT/SIGTERM, cleanup in shielded,
+time-bounded scopes, and a settled heap once started.
 
 A program's ``main()`` serves until it is cancelled (or returns when its job is done); what
 it holds is released in ``finally`` blocks under :func:`cleanup_scope`, so the program stops
@@ -117,5 +118,5 @@ def settle_heap() -> None:
 
 
 def _backend_options() -> dict[str, Any]:
-    """uvloop when it is installed (pip install bourse[fast])."""
+    """uvloop when it is importable (a dependency except on Windows), else asyncio's loop."""
     return {"use_uvloop": importlib.util.find_spec("uvloop") is not None}

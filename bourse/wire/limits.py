@@ -26,6 +26,10 @@ MAX_GPUS = 256
 MAX_DEADLINE_MS = 30_000
 DEFAULT_DEADLINE_MS = 500
 MAX_HOLD_MS = 60_000
+# Offers in one Offers message (a supplier process's answer to one bid); a process with more
+# sends several messages. Signed offers are ~0.5 KB each, so one message stays well under
+# any server's max_payload.
+MAX_BATCH_OFFERS = 64
 
 # Patterns anchor with \Z (end of string), not $: in Python, $ also matches before a
 # trailing newline, which would let "mad\n" through.

@@ -23,6 +23,7 @@ from bourse.wire.limits import (
     LABEL_VALUE_PATTERN,
     MACHINE_ID_PATTERN,
     MACHINE_ID_SEPARATOR,
+    MAX_BATCH_OFFERS,
     MAX_CPU_MILLIS,
     MAX_CPUS,
     MAX_DEADLINE_MS,
@@ -185,6 +186,10 @@ class Bid(Message, kw_only=True):
     # released. 0 = answer now or stay silent. This keeps concurrent orders from starving
     # each other when every order holds on every fitting worker.
     wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)] = 0
+    # Added in v1: the auction takes an ``Offers`` message (several offers in one reply); a
+    # supplier process may then answer with one message for all its offers. Without it (an
+    # older auction), every offer is an ``Offer`` message of its own.
+    batch_offers: bool = False
 
 
 class Offer(Message, kw_only=True):
@@ -204,6 +209,15 @@ class Offer(Message, kw_only=True):
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
     signer: Annotated[str, msgspec.Meta(max_length=64)] = ""
     sig: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class Offers(Message, kw_only=True):
+    """Added in v1, sent only in answer to a Bid with ``batch_offers``: the offers of one
+    supplier process for the bid, in one message, each an ``Offer`` as it would be sent
+    alone (signed on its own, checked on its own: foreign ones are dropped one by one). It
+    goes out at its best offer's delay."""
+
+    offers: Annotated[list[Offer], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
 
 
 class Waiting(Message, kw_only=True):
@@ -579,7 +593,7 @@ class ReclaimVerdicts(Message, kw_only=True):
 
 
 # Replies a requester may get, per request kind.
-BidReply = Offer | Waiting
+BidReply = Offer | Offers | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | MachineLogs | Error

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import msgspec
+import pytest
 
 from bourse.nats.embedded import EmbeddedNats
 from loadtest.harness import run_loadtest
@@ -17,7 +18,9 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
     profile = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=1.0, lifetime_s=0.5)
-    rep = await run_loadtest(profile, tmp_path, [nats_server.url], ceiling_s=0.3)
+    rep = await run_loadtest(
+        profile, tmp_path, [nats_server.url], ceiling_s=0.3, monitor_url=nats_server.monitor_url
+    )
 
     assert rep["violations"] == []
     assert rep["orders"] == len(trace(profile))
@@ -39,8 +42,19 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     assert rep["machines_checked"] >= rep["placed"]
     assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange", "loadgen"}
     assert all(p["max_rss_mb"] > 0 for p in rep["processes"])
+    # CPU per placement: every process watched, the generator's own included
+    cpu = rep["cpu_ms_per_placement"]
+    assert set(cpu) == {"all", "supplier", "exchange", "loadgen"}
+    assert all(v > 0 for v in cpu.values())
+    assert cpu["all"] == pytest.approx(sum(v for k, v in cpu.items() if k != "all"), abs=0.01)
+    # a placement is at least order, bid, offer, commit, Placed and the reply through the
+    # server (each published once, delivered at least once); nothing near a hundred
+    msgs = rep["messages_per_placement"]
+    assert 5 <= msgs["published"] < 100 and 4 <= msgs["delivered"] < 100
+    assert rep["nats_msgs"]["published"] >= 5 * rep["placed"]
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["placed"] == rep["placed"]
+    assert on_disk["messages_per_placement"] == msgs and on_disk["cpu_ms_per_placement"] == cpu
     assert sorted(Path(p).name for p in rep["plots"]) == [
         "latency-cdf.png",
         "throughput.png",

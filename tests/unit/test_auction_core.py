@@ -42,6 +42,7 @@ from bourse.wire.messages import (
     Error,
     Machine,
     Offer,
+    Offers,
     Placed,
     PlaceOrder,
     Rejected,
@@ -153,8 +154,13 @@ def test_the_bid_goes_to_the_region_with_derived_hold_and_wait() -> None:
         hold_ms=500 + 100 + 150,  # deadline + commit grace + hold margin
         auction_id=AID,
         wait_ms=400,  # 0.8 x deadline
+        batch_offers=True,  # one Offers message per supplier process is welcome (§4.4.2)
     )
     assert a.start() == [SendBid((S.bid("mad"),), bid)]
+    single = Auction(ORDER, AuctionConfig(batch_offers=False), AID, T0, subjects=S)
+    assert single.start() == [
+        SendBid((S.bid("mad"),), msgspec.structs.replace(bid, batch_offers=False))
+    ]
 
 
 def test_a_sampled_bid_goes_to_the_shards_drawn_from_the_order_id() -> None:
@@ -497,6 +503,104 @@ def test_the_best_offer_received_so_far_is_committed() -> None:
     feed(a, offer("w1", 0.5), offer("w2", 0.9), offer("w3", 0.7), at=T0 + 0.004)
     assert a.poll(T0 + 0.004) == [commit_of("w2", T0 + 0.004)]
     assert a.tally.commits == 1
+
+
+# One supplier process's offers in one Offers message (§4.4.2) decide exactly as the same
+# offers sent one by one, in order: each is checked on its own. Rows: (order, trust, the
+# offers, the decisions feeding them returns, what poll decides next).
+def _trusted(o: Offer) -> str | None:
+    return None if o.worker_id != "bad" else "unsigned"
+
+
+BATCHES: list[tuple[PlaceOrder, Any, list[Offer], list[Decision], list[Decision]]] = [
+    (  # the best of the batch is committed, whatever its place in it
+        ORDER,
+        None,
+        [offer("w1", 0.5), offer("w2", 0.9), offer("w3", 0.7)],
+        [],
+        [commit_of("w2", T0 + 0.004)],
+    ),
+    (  # a foreign offer inside is dropped alone (I5); the others stand
+        ORDER,
+        None,
+        [offer("w1", 0.9, region="lis"), offer("w2", 0.6)],
+        [
+            Log(
+                "warning",
+                "foreign_offer",
+                {"worker_id": "w1", "offer_region": "lis", "offer_order": "o1"},
+            )
+        ],
+        [commit_of("w2", T0 + 0.004)],
+    ),
+    (  # each offer's signature is checked on its own
+        ORDER,
+        _trusted,
+        [offer("bad", 0.99, signer="UX"), offer("w2", 0.6)],
+        [
+            Log(
+                "warning",
+                "offer_unverified",
+                {"worker_id": "bad", "reason": "unsigned", "signer": "UX"},
+            )
+        ],
+        [commit_of("w2", T0 + 0.004)],
+    ),
+    (  # excluded workers and offers below min_score are not taken
+        msgspec.structs.replace(ORDER, exclude_workers=["w1"], min_score=0.5),
+        None,
+        [offer("w1", 0.9), offer("w2", 0.4), offer("w3", 0.55)],
+        [],
+        [commit_of("w3", T0 + 0.004)],
+    ),
+    (  # nothing acceptable in the batch: the quiet window goes on from the bid
+        msgspec.structs.replace(ORDER, min_score=0.5),
+        None,
+        [offer("w2", 0.4), offer("w3", 0.3)],
+        [],
+        [WakeAt(T0 + QUIET)],
+    ),
+    (  # an existing machine in the batch is verified first (I3), the rest kept meanwhile
+        ORDER,
+        None,
+        [offer("w2", 0.95), offer("w1", 0.4, machine_id="w1~M1")],
+        [verify(ORDER, T0 + 0.004)],
+        [],  # (not polled while verifying: see below)
+    ),
+]
+
+
+@pytest.mark.parametrize(("order", "trust", "offers", "fed", "then"), BATCHES)
+def test_an_offers_message_decides_as_its_offers_one_by_one(
+    order: PlaceOrder, trust: Any, offers: list[Offer], fed: list[Decision], then: list[Decision]
+) -> None:
+    one_by_one, batched = start(order, trust=trust), start(order, trust=trust)
+    assert feed(one_by_one, *offers, at=T0 + 0.004) == fed
+    assert feed(batched, Offers(offers=offers), at=T0 + 0.004) == fed
+    assert batched.tally == one_by_one.tally
+    if not any(isinstance(d, VerifyMachine) for d in fed):
+        assert batched.poll(T0 + 0.004) == one_by_one.poll(T0 + 0.004) == then
+    else:  # the existing machine is not shown: the best other offer is committed
+        for a in (batched, one_by_one):
+            assert a.machine_shown(None, T0 + 0.005)[0].event == "offer_unverified"  # type: ignore[union-attr]
+            assert a.poll(T0 + 0.005) == [commit_of("w2", T0 + 0.005, order)]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "Offers", "offers": []},  # at least one offer
+        {"type": "Offers", "offers": [msgspec.to_builtins(offer("w1"))] * 65},  # at most 64
+        {"type": "Offers"},
+    ],
+)
+def test_a_malformed_offers_message_is_logged_and_ignored(body: dict[str, Any]) -> None:
+    import json
+
+    a = start()
+    [d] = a.bid_reply(json.dumps(body).encode(), T0 + 0.001)
+    assert isinstance(d, Log) and d.event == "bad_offer"
+    assert a.tally.offers == 0
 
 
 def test_a_placed_reply_answers_with_the_workers_machine_and_the_offers_score() -> None:

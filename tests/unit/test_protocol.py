@@ -28,6 +28,7 @@ from bourse.wire.messages import (
     MachineRequest,
     Message,
     Offer,
+    Offers,
     Placed,
     PlaceOrder,
     Reason,
@@ -191,6 +192,12 @@ SAMPLES: list[Message] = [
             )
         ]
     ),
+    Offers(
+        offers=[
+            Offer(order_id="order-1", worker_id="mad-1", region="mad", score=0.9, sig="s1"),
+            Offer(order_id="order-1", worker_id="mad-2", region="mad", score=0.6, sig="s2"),
+        ]
+    ),
     Waiting(order_id="order-1", worker_id="mad-1", region="mad", wait_ms=250),
 ]
 ALL_TYPES = Placed | Unfilled | Error  # a union, as the requesters use them
@@ -290,8 +297,10 @@ def test_union_rejects_type_not_in_union() -> None:
 
 
 def test_bid_reply_union() -> None:
-    offer, waiting = SAMPLES[2], SAMPLES[-1]
+    offer, offers, waiting = SAMPLES[2], SAMPLES[-2], SAMPLES[-1]
     assert decode(encode(offer), BidReply) == offer
+    assert isinstance(offers, Offers)  # one process's offers in one message (added in v1)
+    assert decode(encode(offers), BidReply) == offers
     assert decode(encode(waiting), BidReply) == waiting
     withdraw = json.loads(encode(waiting))
     withdraw["wait_ms"] = 0  # a withdrawal is a Waiting with wait_ms 0
@@ -300,7 +309,7 @@ def test_bid_reply_union() -> None:
     )
     withdraw["wait_ms"] = MAX_DEADLINE_MS + 1
     assert _bad(json.dumps(withdraw).encode(), BidReply) == (
-        "invalid Offer | Waiting: Expected `int` <= 30000 - at `$.wait_ms`"
+        "invalid Offer | Offers | Waiting: Expected `int` <= 30000 - at `$.wait_ms`"
     )
 
 
