@@ -16,6 +16,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+import msgspec
+
 from bourse.client import BourseClient, ClientError
 from bourse.wire.messages import Machine, Placed, PlaceOrder, Resources, Unfilled, worker_of_machine
 
@@ -97,6 +99,27 @@ def _assign(slots: list[Slot], machines: list[Machine]) -> None:
             slot.machine, slot.existed = pool.pop(0), True
 
 
+# An order the market was too busy for, rather than unable to place: tried once more.
+BUSY_REASONS = frozenset({"deadline"})
+BUSY_CODES = frozenset({"overloaded"})
+
+
+async def place_patiently(client: BourseClient, order: PlaceOrder) -> Placed | Unfilled:
+    """``order``, tried once more under the same id (as a retry: idempotent) when the
+    answer says the market was busy (an ``Unfilled`` by deadline, an ``overloaded``
+    refusal) rather than unable (no offers, no workers). A deploy of a few machines should
+    not leave a slot empty because one auction met a busy moment."""
+    try:
+        result = await client.place(order)
+    except ClientError as exc:
+        if exc.code not in BUSY_CODES:
+            raise
+    else:
+        if isinstance(result, Placed) or result.reason not in BUSY_REASONS:
+            return result
+    return await client.place(msgspec.structs.replace(order, retry=True))
+
+
 async def _fill(
     client: BourseClient,
     slot: Slot,
@@ -132,7 +155,7 @@ async def _fill(
             metadata={"app": app, "role": slot.role, "slot": str(slot.index)}
             | ({"restart": restart} if restart else {}),
         )
-        result = await client.place(order)
+        result = await place_patiently(client, order)
         if isinstance(result, Unfilled):
             slot.unfilled.append(await client.reasons(order, result))
             continue
