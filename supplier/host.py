@@ -66,7 +66,7 @@ from supplier.images import ImageListener
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
-from supplier.store import Store
+from supplier.store import Store, StoreError
 from supplier.worker import Worker
 
 log = structlog.get_logger("bourse.supplier")
@@ -604,7 +604,7 @@ class SupplierHost:
                 verdicts = answer.verdicts
             else:
                 w.log.warning("reclaim_check_refused", detail=answer.detail)
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        except nats.errors.Error:  # no responders, a timeout, a connection going away
             return False
         except BadMessage as exc:
             w.log.warning("reclaim_check_refused", detail=str(exc))
@@ -613,6 +613,8 @@ class SupplierHost:
         for v in orphans:
             try:
                 await w.keeper.reclaim(w.machines[v.machine_id], v.detail)
+            except StoreError as exc:  # the store refuses writes: the worker drains, and
+                w.store_failed(str(exc))  # the orphan is asked about again next round
             finally:
                 w.reclaims.done(v.machine_id)
         return True

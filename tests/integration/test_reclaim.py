@@ -17,6 +17,7 @@ from bourse.client import BourseClient
 from bourse.wire.messages import Machine, Offer, Placed, PlaceOrder, now_ms
 from bourse.wire.resources import ZERO
 from supplier.host import SupplierHost
+from supplier.store import StoreError
 from tests.market import Market, order, wait_until, worker
 
 FAST = {"reclaim_after_s": 0.2, "reclaim_every_s": 0.05}
@@ -195,3 +196,30 @@ async def test_a_machine_being_asked_about_is_not_offered(market: Market) -> Non
     await probe.publish(market.subjects.bid(o.region), other, reply=inbox)
     first = msgspec.json.decode((await sub.next_msg(timeout=2)).data, type=Offer)
     assert first.order_id == "fresh-1" and not first.machine_id
+
+
+async def test_a_store_that_refuses_the_reclaim_drains_the_worker_and_asks_again(
+    market: Market,
+) -> None:
+    """The orphan's destroy cannot be written (a full disk): the supplier keeps running,
+    the worker drains, and the orphan is asked about again and destroyed once it can be."""
+    host = await market.host(worker("a"), **FAST)
+    await market.exchange()
+    store = await _store(market)
+    o = order(order_id="full-disk-1")
+    await _claim(store, o, "unfilled")
+    w = host.workers["a"]
+    real = w.keeper.reclaim
+    refused = 0
+
+    async def full_once(m: Machine, why: str) -> None:  # a planted store failure, once
+        nonlocal refused
+        if not refused:
+            refused += 1
+            raise StoreError("database or disk is full")
+        await real(m, why)
+
+    w.keeper.reclaim = full_once  # type: ignore[method-assign]  # the planted failure
+    orphan = await _lost_commit(market, o)
+    await wait_until(lambda: _machine(host, orphan.machine_id).state == "destroyed")
+    assert refused == 1 and w.drain_reason.startswith("store")
