@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 
+import msgspec
 from nats.aio.msg import Msg
 
+from bourse.client import ClientError
 from bourse.wire.messages import Placed, Unfilled
 from tests.market import Market, order, wait_until, worker
 
@@ -26,10 +28,19 @@ async def test_i1_200_concurrent_orders_fill_exactly_the_fleet_and_never_overcom
             peaks.extend(market.violations())
             await asyncio.sleep(0.001)  # the sampling pace of the check, not a sync
 
+    async def place() -> Placed | Unfilled:
+        o = order(cpus=1, memory_mb=64, deadline_ms=2000)
+        for _ in range(9):  # as a client does: an overloaded refusal says "try again"
+            try:
+                return await buyer.place(o)
+            except ClientError as exc:
+                if exc.code != "overloaded":
+                    raise
+                o = msgspec.structs.replace(o, retry=True)  # the same id
+        return await buyer.place(o)
+
     watcher = asyncio.create_task(watch())
-    results = await asyncio.gather(
-        *(buyer.place(order(cpus=1, memory_mb=64, deadline_ms=2000)) for _ in range(200))
-    )
+    results = await asyncio.gather(*(place() for _ in range(200)))
     watcher.cancel()
     kinds = Counter(type(r).__name__ for r in results)
     assert kinds == {"Placed": 18, "Unfilled": 182}
