@@ -342,7 +342,7 @@ class Auctioneer:
                 with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
                     await store.remove(order.order_id, held)
                 raise
-            await self._settle(store, order, mine, held, result, olog)
+            await self._settle(store, order, mine, held, result, olog, fresh=isinstance(d, Create))
             return result
 
     @staticmethod
@@ -353,20 +353,26 @@ class Auctioneer:
         revision: int,
         result: Placed | Unfilled,
         olog: BoundLogger,
+        *,
+        fresh: bool,
     ) -> None:
-        """Record the outcome in the claim: placed (a retry adopts it), or removed."""
+        """Record the outcome in the claim: placed (a retry adopts it), unfilled, or
+        removed. ``fresh``: the claim was created by this auction (no machine could exist
+        for the id before it), not taken over from one that may have committed."""
         try:
             if isinstance(result, Placed):
                 placed = msgspec.structs.replace(mine, state="placed", placed=result)
                 if await store.put(order.order_id, placed, revision) is None:
                     olog.warning("order_claim_lost", machine_id=result.machine_id)
-            elif result.commits_tried == 0:
-                await store.remove(order.order_id, revision)
+            elif result.commits_tried == 0 and fresh:
+                await store.remove(order.order_id, revision)  # no machine can exist for it
             else:
-                # A commit went out and was not placed; if it timed out, the worker may hold
-                # a machine whose abort is lost. The claim says so: the next attempt takes
-                # it over at once and gathers as a retry (it adopts such a machine), and
-                # without one the worker reclaims it (docs/protocol.md §5.3d).
+                # A commit went out and was not placed (if it timed out, the worker may
+                # hold a machine whose abort is lost), or the claim was taken over from an
+                # auction that may have committed one this auction did not hear. The claim
+                # says so: the next attempt takes it over at once and gathers as a retry
+                # (it adopts such a machine), and without one the worker reclaims it
+                # (docs/protocol.md §5.3d). Deleting it would forget that machine.
                 unfilled = msgspec.structs.replace(mine, state="unfilled", until_ms=_wall_ms())
                 await store.put(order.order_id, unfilled, revision)
         except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it

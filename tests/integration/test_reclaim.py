@@ -10,11 +10,13 @@ placed by a direct-mode auction that does not touch claims, as the lost commit d
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import msgspec
 
 from bourse.auction.claims import Claim, ClaimStore, fingerprint
 from bourse.client import BourseClient
-from bourse.wire.messages import Machine, Offer, Placed, PlaceOrder, now_ms
+from bourse.wire.messages import Machine, Offer, Placed, PlaceOrder, Unfilled, now_ms
 from bourse.wire.resources import ZERO
 from supplier.host import SupplierHost
 from supplier.store import StoreError
@@ -223,3 +225,32 @@ async def test_a_store_that_refuses_the_reclaim_drains_the_worker_and_asks_again
     orphan = await _lost_commit(market, o)
     await wait_until(lambda: _machine(host, orphan.machine_id).state == "destroyed")
     assert refused == 1 and w.drain_reason.startswith("store")
+
+
+async def test_a_takeover_that_hears_nothing_keeps_the_claim_so_the_orphan_is_reclaimed(
+    market: Market, tmp_path: Path
+) -> None:
+    """The storm's interleaving, forced: an auction died after its commit landed (M0 on a
+    worker that is then away); a duplicate takes its claim over, hears no worker and ends
+    unfilled without a commit. Its claim must not be deleted (that forgets M0, and a later
+    order would place a second machine while M0 is kept for want of a claim): it says
+    unfilled, and once M0's worker is back M0 is reclaimed."""
+    data = tmp_path / "a"
+    away = await market.host(worker("a"), data_dir=data, reclaim_after_s=0)
+    store = await _store(market)
+    o = order(order_id="takeover-1", deadline_ms=300)
+    await _claim(store, o, "auctioning", until_ms=now_ms() - 60_000)  # its auction died
+    m0 = await _lost_commit(market, o)  # ... after its commit landed
+    await market.stop(away)  # the worker is away
+
+    direct = await market.client(direct=True)
+    r = await direct.place(msgspec.structs.replace(o, retry=True))
+    assert isinstance(r, Unfilled) and r.commits_tried == 0  # nobody to hear
+    claim, _ = await store.get(o.order_id)
+    assert claim is not None and claim.state == "unfilled"  # not deleted
+
+    back = await market.host(worker("a"), data_dir=data, **FAST)
+    await market.exchange()
+    await wait_until(lambda: _machine(back, m0.machine_id).state == "destroyed")
+    claim, _ = await store.get(o.order_id)
+    assert claim is not None and claim.state == "reclaimed" and claim.reclaimed == m0.machine_id
