@@ -50,7 +50,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue, StopIterSentinel
 
-from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, jetstream_available
+from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
 from bourse.wire.codec import encode
 from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
 from bourse.wire.subjects import Subjects
@@ -222,7 +222,7 @@ class ClaimStore:
         server has no JetStream (then there are no claims). A JetStream that fails to
         give the bucket (a cluster electing its leader, no quorum) raises: that is an
         outage of the claims, not their absence."""
-        if not await jetstream_available(nc, detect_timeout_s):
+        if not await _has_jetstream(nc, detect_timeout_s):
             return None
         name = claims_bucket_name(subjects.prefix)
         js = nc.jetstream(timeout=KV_TIMEOUT_S)
@@ -308,6 +308,31 @@ class ClaimStore:
             return False
         finally:
             await watcher.stop()
+
+
+# JetStream's error codes for "not enabled" (a server or an account without it): the only
+# answers that mean there are no claims. Any other failure (a timeout, "temporarily
+# unavailable" while a cluster elects its leader) is an outage of the claims.
+_NOT_ENABLED = frozenset({10039, 10076})
+
+
+async def _has_jetstream(nc: NATS, timeout_s: float) -> bool:
+    """Whether the server has JetStream for this account: False only when it says so (no
+    responders or a bare 503 on a core-only server, or "not enabled"); an unclear answer
+    (a timeout, "temporarily unavailable") raises. A
+    timeout read as "no JetStream" would run auctions without claims (I3) for as long as
+    that conclusion stands."""
+    try:
+        await nc.jetstream(timeout=timeout_s).account_info()
+    except nats.errors.NoRespondersError:
+        return False
+    except nats.js.errors.APIError as exc:
+        if exc.err_code in _NOT_ENABLED:
+            return False
+        if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None:
+            return False  # a bare 503 status: nothing serves the JetStream API (core-only)
+        raise
+    return True
 
 
 async def _leader_elected(js: JetStreamContext, stream: str, within_s: float = 5.0) -> None:

@@ -8,14 +8,19 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from bourse.auction.claims import Claim, ClaimStore, fingerprint
 from bourse.client import BourseClient, ClientError
+from bourse.nats.connection import flush_all
+from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode
 from bourse.wire.messages import Bid, Placed, PlaceOrder, Unfilled
+from bourse.wire.subjects import Subjects
 from tests.market import Market, order, worker
 
 Outcome = Placed | Unfilled | ClientError
@@ -190,3 +195,31 @@ async def test_an_unfilled_orders_claim_is_removed_and_a_conflict_is_refused(
     assert isinstance(await client.place(order(order_id="too-big")), Placed)
     other = await _place(client, order(order_id="too-big", image="api"))
     assert isinstance(other, ClientError) and other.code == "bad_request"
+
+
+async def test_a_jetstream_that_does_not_answer_is_an_outage_not_no_claims(
+    tmp_path: Path, subjects: Subjects
+) -> None:
+    """A JetStream API that times out (a node down, a cluster electing its leader) must not
+    be read as "no JetStream": that ran auctions without claims for 30 s and placed an id's
+    second machine (the storm found it). Here the API is a subscriber that never answers:
+    the order is refused with nothing placed; once it answers "not here" the market runs
+    without claims, as on a core-only server."""
+    srv = EmbeddedNats(workdir=tmp_path / "core-nats", jetstream=False).start()
+    try:
+        async with Market(srv.url, subjects, tmp_path) as market:
+            await market.host(worker("a"))
+            mute = await market.connect("mute-jetstream")
+            silent = await mute.subscribe("$JS.API.INFO")  # takes the request, answers never
+            await flush_all(mute)
+            direct = await market.client(direct=True)
+            with pytest.raises(ClientError, match="order claims unavailable"):
+                await direct.place(order(order_id="outage-1", deadline_ms=300))
+            assert silent.pending_msgs >= 1  # it was asked
+            assert not (await direct.machines("a")).machines  # nothing placed
+            await silent.unsubscribe()  # now nothing serves the API: a core-only server
+            await flush_all(mute)
+            r = await direct.place(order(order_id="outage-1", deadline_ms=300))
+            assert isinstance(r, Placed)  # placed without claims, as without JetStream
+    finally:
+        srv.stop()
