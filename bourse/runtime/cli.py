@@ -44,7 +44,7 @@ def _help_metavars() -> None:
     def argument_type(self: TyperArgument, ctx: Any) -> str | None:
         return None  # an argument's metavar (MACHINE_ID) already says what it takes
 
-    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]
+    TyperArgument.display_type_rich = argument_type  # type: ignore[method-assign, assignment]  # patching typer on purpose
     original = TyperOption.display_type_rich
     if getattr(original, "_bourse", False):
         return
@@ -58,8 +58,8 @@ def _help_metavars() -> None:
             return original(self, ctx)
         return (self.name or "value").upper()
 
-    display_type_rich._bourse = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+    display_type_rich._bourse = True  # type: ignore[attr-defined]  # a marker: patch once
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]  # on purpose
 
 
 _help_metavars()

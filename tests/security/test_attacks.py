@@ -148,7 +148,8 @@ async def mad_market(secured: Secured, tmp_path: Path) -> AsyncIterator[Mad]:
 
 
 async def place(m: Mad, order_id: str, **kw: object) -> Placed:
-    r = await m.buyer.place(order(region="mad", order_id=order_id, deadline_ms=3000, **kw))  # type: ignore[arg-type]
+    o = order(region="mad", order_id=order_id, deadline_ms=3000, **kw)  # type: ignore[arg-type]  # kw: order fields
+    r = await m.buyer.place(o)
     assert isinstance(r, Placed), r
     return r
 

@@ -582,7 +582,8 @@ def test_an_offers_message_decides_as_its_offers_one_by_one(
         assert batched.poll(T0 + 0.004) == one_by_one.poll(T0 + 0.004) == then
     else:  # the existing machine is not shown: the best other offer is committed
         for a in (batched, one_by_one):
-            assert a.machine_shown(None, T0 + 0.005)[0].event == "offer_unverified"  # type: ignore[union-attr]
+            shown = a.machine_shown(None, T0 + 0.005)[0]
+            assert isinstance(shown, Log) and shown.event == "offer_unverified"
             assert a.poll(T0 + 0.005) == [commit_of("w2", T0 + 0.005, order)]
 
 

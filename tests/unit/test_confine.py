@@ -97,7 +97,7 @@ def test_rlimits_count_the_users_processes() -> None:
     [(3, "cgroup1", True), (4, "cgroup1", False), (1, "rlimit", True), (1, "none", False)],
 )
 def test_too_small(memory_mb: int, mechanism: str, refused: bool) -> None:
-    why = too_small(memory_mb, mechanism)  # type: ignore[arg-type]
+    why = too_small(memory_mb, mechanism)  # type: ignore[arg-type]  # str params
     assert bool(why) is refused
     if refused:
         assert (
@@ -142,7 +142,7 @@ NO_V2 = "cgroup2 at /sys/fs/cgroup/unified lacks the cpu, memory, pids controlle
     ],
 )
 def test_choose(want: str, offer: Offer, expected: tuple[str, str]) -> None:
-    assert choose(want, offer) == expected  # type: ignore[arg-type]
+    assert choose(want, offer) == expected  # type: ignore[arg-type]  # str params
 
 
 @pytest.mark.parametrize(

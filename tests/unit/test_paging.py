@@ -28,7 +28,7 @@ def machine(i: int, state: str = "started", **metadata: str) -> Machine:
         order_id=f"o-{i}",
         worker_id=WID,
         region="mad",
-        state=state,  # type: ignore[arg-type]
+        state=state,  # type: ignore[arg-type]  # a str that is a MachineState
         resources=Resources(cpus=1, memory_mb=64),
         image="web",
         metadata=metadata,
