@@ -12,13 +12,13 @@ every supplier's file finds nothing."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections import defaultdict
 from pathlib import Path
 
 import anyio
 
 from bourse.client import BourseClient, ClientError
+from bourse.client.events import EventFeed, Since
 from bourse.wire.messages import Machine, Placed, PlaceOrder, Resources
 from loadtest.chaos import ChaosRun
 from loadtest.workload import Profile
@@ -109,22 +109,39 @@ async def _storm(chaos: ChaosRun) -> None:
         m = await chaos.direct.machine("get", machine_id)
         assert m.order_id == order_id and m.state != "destroyed"
 
-    # At most one live machine per id, from every worker's own list, within the bound: a
-    # second one (the dead exchange's commit on the stopped worker) is reclaimed.
-    end = time.monotonic() + RECLAIM_BOUND_S
-    while True:
-        live = await _live(chaos)
-        doubled = {o: ms for o, ms in live.items() if len(ms) > 1}
-        if not doubled or time.monotonic() > end:
-            break
-        await anyio.sleep(0.2)  # polling the workers' own lists until the bound
-    assert not doubled, f"orphans outlived {RECLAIM_BOUND_S} s: {doubled}"
+    # At most one live machine per id, within the bound: a second one (the dead exchange's
+    # commit on the stopped worker) is reclaimed. Waited on the reclaims themselves: the
+    # destroyed events, replayed from the durable event stream (none missed).
+    doubled = {o: ms for o, ms in (await _live(chaos)).items() if len(ms) > 1}
+    with anyio.move_on_after(RECLAIM_BOUND_S):
+        await _reclaimed(chaos, doubled)
+    live = await _live(chaos)
+    left = {o: ms for o, ms in live.items() if len(ms) > 1}
+    assert not left, f"orphans outlived {RECLAIM_BOUND_S} s: {left}"
     for order_id, machines in live.items():
         assert {m.machine_id for m in machines} == told[order_id] or not told[order_id]
     assert all(ms[0].state == "reserved" for o, ms in live.items() if not told[o])
 
     result = await chaos.finish()  # I3 across every supplier's file, I1 step by step
     assert result.violations == []
+
+
+async def _reclaimed(chaos: ChaosRun, doubled: dict[str, list[Machine]]) -> None:
+    """Until every doubled id has had all but one of its machines destroyed."""
+    assert chaos.nc is not None
+    gone: dict[str, set[str]] = defaultdict(set)
+    waiting = set(doubled)
+    if not waiting:
+        return
+    async with EventFeed(chaos.nc, chaos.subjects, kind="destroyed", since=Since()) as feed:
+        async for item in feed:
+            o = item.event.order_id
+            if o in waiting and item.event.detail.startswith("reclaimed"):
+                gone[o].add(item.event.machine_id)
+                if len(gone[o] & {m.machine_id for m in doubled[o]}) >= len(doubled[o]) - 1:
+                    waiting.discard(o)
+                    if not waiting:
+                        return
 
 
 async def _live(chaos: ChaosRun) -> dict[str, list[Machine]]:
