@@ -27,6 +27,7 @@ FLEET = Profile(
     lifetime_s=1.0,
     images=5,
     deadline_ms=500,
+    reclaim_after_s=1.0,  # a lost abort's orphan (a supplier killed) is gone before the audit
 )
 # An answer comes by the deadline plus the commit grace (100 ms); the rest is scheduling
 # slack on a busy 2-core machine. A hung order would take the client's timeout (2.5 s).
