@@ -234,6 +234,9 @@ class Send(Generic[S]):
     auction_id: str
     reply: Offer | Waiting
     worker: S
+    # The bid asked for prompt answers (§4.4.3): an offer goes out at once, in an Offers
+    # naming this process, with ``delay_s`` as its ``delay_ms``.
+    prompt: bool = False
 
 
 @dataclass(slots=True)
@@ -512,7 +515,8 @@ class Desk(Generic[S]):
                 continue
             offered = self.take(w, bid, now, q) if isinstance(q, Quote) else None
             if offered is not None:
-                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w))
+                prompt = bid.prompt_offers and bid.batch_offers
+                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w, prompt))
             else:  # committed machines took the capacity: the auction need not wait
                 sends.append(Send(0.0, wb.inbox, bid.auction_id, _waiting(w, bid, 0), w))
         for wb in keep:

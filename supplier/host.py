@@ -117,6 +117,9 @@ class SupplierHost:
         self.reclaim_every_s = reclaim_every_s or check_every(reclaim_after_s)
         # Signs every Offer this host sends (the auction may require it: --trust).
         self.signer = signer
+        # This process's name in its prompt answers (Offers.responder, §4.4.3): random per
+        # start, so the auction counts each running process once.
+        self.responder_id = secrets.token_hex(8)
         # How bids are answered: the pure core this shell asks (supplier/desk.py).
         self.desk: Desk[Worker] = Desk(max_offers, quote_sample)
         self.bid_shards = bid_shards
@@ -354,7 +357,10 @@ class SupplierHost:
         for w, holds in ans.expired:
             w.holds_expired(holds)
         self._send(ans.late, now)
+        prompt = bid.batch_offers and bid.prompt_offers
         if not ans.replies:
+            if prompt:  # answered, with nothing: the auction need not wait for this process
+                self.outbox.post(msg.reply, encode(Offers(offers=[], responder=self.responder_id)))
             return
         key = (bid.order_id, bid.auction_id)
         asked = self.asked.get(key)
@@ -369,9 +375,29 @@ class SupplierHost:
                     replies = [x for x in replies if x is not r]
                     continue
                 r.worker.commits.give(r.reply.order_id)  # handed to this auction
-        if bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
+        if prompt:  # at once, ranked by the auction (§4.4.3)
+            replies = self._prompt(msg.reply, replies)
+        elif bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
             replies = self._batch(replies, now)
         self._send(replies, now)
+
+    def _prompt(self, inbox: str, replies: list[Send[Worker]]) -> list[Send[Worker]]:
+        """Send this bid's offers now, in Offers messages naming this process, each offer
+        with the delay it would have waited; an empty one when every reply is a Waiting
+        note. Returns the Waiting notes, to send one by one."""
+        offers = [
+            self._prompt_offer(r.reply, r.delay_s) for r in replies if isinstance(r.reply, Offer)
+        ]
+        for i in range(0, max(1, len(offers)), MAX_BATCH_OFFERS):
+            chunk = offers[i : i + MAX_BATCH_OFFERS]
+            self.outbox.post(inbox, encode(Offers(offers=chunk, responder=self.responder_id)))
+        return [r for r in replies if not isinstance(r.reply, Offer)]
+
+    def _prompt_offer(self, offer: Offer, delay_s: float) -> Offer:
+        signed = self._signed(offer)
+        if delay_s <= 0:
+            return signed
+        return msgspec.structs.replace(signed, delay_ms=round(delay_s * 1000.0, 3))
 
     def _batch(self, replies: list[Send[Worker]], t0: float) -> list[Send[Worker]]:
         """Schedule this bid's offers as Offers messages of up to MAX_BATCH_OFFERS, each at
@@ -424,14 +450,20 @@ class SupplierHost:
         now = loop.time()
         skew = now - time.monotonic()  # t0 is time.monotonic(); the loop may keep its own
         for send in sends:
-            at = t0 + skew + send.delay_s
+            at = t0 + skew + (0.0 if send.prompt else send.delay_s)
             if at > now:
                 loop.call_at(at, self._due, send)
             else:
                 self._due(send)
 
     def _due(self, send: Send[Worker]) -> None:
-        if self.desk.still_due(send):
+        if not self.desk.still_due(send):
+            return
+        if send.prompt and isinstance(send.reply, Offer):  # one of this process's answers
+            offer = self._prompt_offer(send.reply, send.delay_s)
+            data = encode(Offers(offers=[offer], responder=self.responder_id))
+            self.outbox.post(send.inbox, data)
+        else:
             self.outbox.post(send.inbox, self._wire(send.reply))
 
     def _wire(self, reply: Offer | Waiting) -> bytes:

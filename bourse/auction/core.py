@@ -32,6 +32,7 @@ The steps, reasons and details are those of docs/protocol.md §5.2-§5.4.
 from __future__ import annotations
 
 import heapq
+import math
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,10 @@ class AuctionConfig:
     # Bids say the auction takes Offers messages (several offers in one reply, §4.4.2), so a
     # supplier process answers a bid with one message instead of one per worker.
     batch_offers: bool = True
+    # With batch_offers: bids ask for prompt answers (§4.4.3). Suppliers skip their
+    # score-spread delays and say who they are; the auction ranks the offers itself and
+    # commits the best once every process it knows in the region has answered.
+    prompt_offers: bool = True
 
 
 class AuctionStateError(RuntimeError):
@@ -244,6 +249,11 @@ class Tally:
     commits: int = 0
     rejections: list[str] = field(default_factory=list)
     waited: int = 0  # workers that said they were waiting for held capacity
+    # supplier processes that answered a prompt bid (Offers.responder), and answers that
+    # named no process (an older or foreign supplier): the driver learns the region's
+    # processes from them
+    responders: set[str] = field(default_factory=set)
+    anonymous: int = 0
     fallbacks: int = 0  # sampled bids that went on to the whole region
     unverified: Counter[str] = field(default_factory=Counter)  # dropped offers, by reason
 
@@ -267,6 +277,7 @@ class Auction:
         subjects: Subjects | None = None,
         trust: TrustCheck | None = None,
         spent_ms: float = 0.0,
+        responders: int = 0,
     ) -> None:
         self.order = order
         self.config = config
@@ -291,6 +302,11 @@ class Auction:
         self._empty = 0  # of them, answered 503: nobody listens there
         self._committing: Offer | None = None
         self._verifying: Offer | None = None
+        # Prompt answers (§4.4.3): the supplier processes expected to answer a region-wide
+        # bid (learned by the driver; 0: unknown) and, per kept offer, when it would have
+        # arrived with its supplier's delay.
+        self.responders = responders if self.bid.prompt_offers else 0
+        self._ready: dict[int, float] = {}
 
     # -- events ----------------------------------------------------------------------------
 
@@ -323,10 +339,16 @@ class Auction:
         except BadMessage as exc:
             return [Log("warning", "bad_offer", {"error": str(exc)})]
         if isinstance(reply, Offers):  # one process's offers: each as if it came alone
+            if reply.responder:
+                self.tally.responders.add(reply.responder)
+            elif self.bid.prompt_offers:
+                self.tally.anonymous += 1
             decisions: list[Decision] = []
             for offer in reply.offers:
                 decisions += self._reply(offer, now)
             return decisions
+        if isinstance(reply, Offer) and self.bid.prompt_offers:
+            self.tally.anonymous += 1  # a supplier that does not answer promptly
         return self._reply(reply, now)
 
     def _reply(self, reply: Offer | Waiting, now: float) -> list[Decision]:
@@ -350,9 +372,28 @@ class Auction:
     def poll(self, now: float) -> list[Decision]:
         """Every queued reply was fed: commit the best offer, or say when to wake."""
         self._expect("collecting")
-        if self._heap and now >= self.gather_until:
-            return self._commit_best(now)
+        if self._heap:
+            at = self._commit_at()
+            if now >= at:
+                return self._commit_best(now)
+            return [WakeAt(min(self.deadline, at))]
         return [WakeAt(min(self.deadline, self._horizon()))]
+
+    def _commit_at(self) -> float:
+        """When the offers in hand may be committed: after a retry's gathering, and once
+        every expected process has answered or the earliest offer's supplier delay has
+        passed (as if the suppliers had waited it out themselves, §4.4.3)."""
+        at = self.gather_until
+        if self._ready and not self._all_answered():
+            at = max(at, min(self._ready.get(n, -math.inf) for _, n, _ in self._heap))
+        return at
+
+    def _all_answered(self) -> bool:
+        return (
+            self.responders > 0
+            and not self.sampled
+            and len(self.tally.responders) >= self.responders
+        )
 
     def timer(self, now: float) -> list[Decision]:
         """The wake time came with no reply: commit (a retry's gathering is over), ask the
@@ -435,6 +476,7 @@ class Auction:
             auction_id=self.auction_id,
             wait_ms=int(order.deadline_ms * cfg.wait_ratio),
             batch_offers=cfg.batch_offers,
+            prompt_offers=cfg.batch_offers and cfg.prompt_offers,
         )
 
     def _no_responders(self, now: float) -> list[Decision]:
@@ -503,6 +545,8 @@ class Auction:
             self.tally.below_min += 1
             return
         heapq.heappush(self._heap, (-offer.score, self.tally.offers, offer))
+        if offer.delay_ms:  # a prompt answer: it counts from its supplier's delay
+            self._ready[self.tally.offers] = now + offer.delay_ms / 1000.0
         self.last_offer = now
 
     def _horizon(self) -> float:
@@ -516,7 +560,8 @@ class Auction:
         return horizon
 
     def _commit_best(self, now: float) -> list[Decision]:
-        _, _, offer = heapq.heappop(self._heap)
+        _, n, offer = heapq.heappop(self._heap)
+        self._ready.pop(n, None)
         remaining = self.deadline - now
         if remaining <= 0:
             return self._unfilled("deadline", DEADLINE_BEFORE_COMMIT, now)

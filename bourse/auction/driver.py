@@ -166,6 +166,11 @@ class Auctioneer:
         self._prefix = ""
         # Told (region, offers received) as each auction ends: the exchange's metrics.
         self.on_finished: Callable[[str, int], None] | None = None
+        # Prompt answers (docs/protocol.md §4.4.3): per region, the supplier processes seen
+        # answering (responder -> when, monotonic), and until when the region is known to
+        # have a supplier that does not answer promptly (no quorum there meanwhile).
+        self._responders: dict[str, dict[str, float]] = {}
+        self._unranked_until: dict[str, float] = {}
 
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
@@ -393,6 +398,7 @@ class Auctioneer:
             subjects=self.subjects,
             trust=check,
             spent_ms=spent_ms,
+            responders=self.expected_responders(order.region),
         )
         reply_to = f"{await self._inbox()}.{auction_id}"
         box = self._boxes[auction_id] = _Mailbox()
@@ -401,10 +407,35 @@ class Auctioneer:
             return await self._drive(core, box, reply_to, olog)
         finally:
             del self._boxes[auction_id]
+            self._learn(order.region, core.tally.responders, core.tally.anonymous)
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
             await self._release(order, auction_id)
+
+    def expected_responders(self, region: str) -> int:
+        """How many supplier processes answer a bid in ``region`` (0: not known, or some
+        supplier there does not answer promptly): those seen within RESPONDER_MEMORY_S."""
+        now = time.monotonic()
+        if self._unranked_until.get(region, 0.0) > now:
+            return 0
+        seen = self._responders.get(region)
+        if not seen:
+            return 0
+        return sum(1 for t in seen.values() if now - t < RESPONDER_MEMORY_S)
+
+    def _learn(self, region: str, responders: set[str], anonymous: int) -> None:
+        now = time.monotonic()
+        if anonymous:
+            self._unranked_until[region] = now + RESPONDER_MEMORY_S
+        if not responders:
+            return
+        seen = self._responders.setdefault(region, {})
+        for r in responders:
+            seen[r] = now
+        if len(seen) > len(responders):  # forget processes gone quiet (restarted, stopped)
+            for r in [r for r, t in seen.items() if now - t >= RESPONDER_MEMORY_S]:
+                del seen[r]
 
     async def _drive(
         self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
@@ -489,6 +520,10 @@ class Auctioneer:
 # Claims that could not be opened (no JetStream yet: a cluster electing its leader, a server
 # restarted without it) are looked for again this often, with a short detection timeout.
 CLAIMS_RETRY_S = 30.0
+# A supplier process not seen answering a region's bids for this long is no longer waited
+# for (a restarted process answers under a new name); a supplier seen answering without a
+# name (an older or foreign one) turns the quorum off in its region this long.
+RESPONDER_MEMORY_S = 10.0
 CLAIMS_RETRY_DETECT_S = 0.25
 # A claim request that fails is tried again after this, doubling up to the max, while the
 # order's deadline allows; then the order is refused (nothing placed without its claim).

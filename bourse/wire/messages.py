@@ -190,6 +190,13 @@ class Bid(Message, kw_only=True):
     # supplier process may then answer with one message for all its offers. Without it (an
     # older auction), every offer is an ``Offer`` message of its own.
     batch_offers: bool = False
+    # Added in v1, only with ``batch_offers``: the auction ranks the offers itself. A
+    # supplier process answers at once, without its score-spread delays, with ONE Offers
+    # message naming itself (``responder``) and giving each offer the delay it would have
+    # waited (``delay_ms``), or an empty Offers when it has nothing to offer now. The auction
+    # commits the best offer once every process it knows in the region has answered, else
+    # when the best offer's delay has passed (docs/protocol.md §4.4.3).
+    prompt_offers: bool = False
 
 
 class Offer(Message, kw_only=True):
@@ -209,15 +216,24 @@ class Offer(Message, kw_only=True):
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
     signer: Annotated[str, msgspec.Meta(max_length=64)] = ""
     sig: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # Added in v1, only in an Offers answering a Bid with ``prompt_offers``: the score-spread
+    # delay the worker would have waited before sending this offer alone (ms). The auction
+    # takes the offer as if it had arrived that much later unless every known process has
+    # answered. A ranking hint: not signed.
+    delay_ms: Annotated[float, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)] = 0.0
 
 
 class Offers(Message, kw_only=True):
     """Added in v1, sent only in answer to a Bid with ``batch_offers``: the offers of one
     supplier process for the bid, in one message, each an ``Offer`` as it would be sent
     alone (signed on its own, checked on its own: foreign ones are dropped one by one). It
-    goes out at its best offer's delay."""
+    goes out at its best offer's delay; for a Bid with ``prompt_offers``, at once, with
+    ``responder`` set, and empty when the process has nothing to offer."""
 
-    offers: Annotated[list[Offer], msgspec.Meta(min_length=1, max_length=MAX_BATCH_OFFERS)]
+    offers: Annotated[list[Offer], msgspec.Meta(max_length=MAX_BATCH_OFFERS)]
+    # Added in v1, with ``prompt_offers``: the answering supplier process (an id it picks at
+    # start, unique among the region's processes), so the auction knows who has answered.
+    responder: Annotated[str, msgspec.Meta(max_length=64)] = ""
 
 
 class Waiting(Message, kw_only=True):

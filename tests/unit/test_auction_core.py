@@ -5,6 +5,7 @@ step 6 commit table, §5.3 (existing machines, retries), §5.3a (sampled bidding
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -155,11 +156,14 @@ def test_the_bid_goes_to_the_region_with_derived_hold_and_wait() -> None:
         auction_id=AID,
         wait_ms=400,  # 0.8 x deadline
         batch_offers=True,  # one Offers message per supplier process is welcome (§4.4.2)
+        prompt_offers=True,  # answered at once, ranked by the auction (§4.4.3)
     )
     assert a.start() == [SendBid((S.bid("mad"),), bid)]
     single = Auction(ORDER, AuctionConfig(batch_offers=False), AID, T0, subjects=S)
     assert single.start() == [
-        SendBid((S.bid("mad"),), msgspec.structs.replace(bid, batch_offers=False))
+        SendBid(
+            (S.bid("mad"),), msgspec.structs.replace(bid, batch_offers=False, prompt_offers=False)
+        )
     ]
 
 
@@ -577,7 +581,8 @@ def test_an_offers_message_decides_as_its_offers_one_by_one(
     one_by_one, batched = start(order, trust=trust), start(order, trust=trust)
     assert feed(one_by_one, *offers, at=T0 + 0.004) == fed
     assert feed(batched, Offers(offers=offers), at=T0 + 0.004) == fed
-    assert batched.tally == one_by_one.tally
+    # (fed one by one, they count as unnamed answers: a prompt supplier names itself)
+    assert replace(batched.tally, anonymous=0) == replace(one_by_one.tally, anonymous=0)
     if not any(isinstance(d, VerifyMachine) for d in fed):
         assert batched.poll(T0 + 0.004) == one_by_one.poll(T0 + 0.004) == then
     else:  # the existing machine is not shown: the best other offer is committed
@@ -590,7 +595,7 @@ def test_an_offers_message_decides_as_its_offers_one_by_one(
 @pytest.mark.parametrize(
     "body",
     [
-        {"type": "Offers", "offers": []},  # at least one offer
+        {"type": "Offers", "offers": [], "responder": "x" * 65},  # a name of at most 64
         {"type": "Offers", "offers": [msgspec.to_builtins(offer("w1"))] * 65},  # at most 64
         {"type": "Offers"},
     ],
@@ -867,3 +872,138 @@ def test_the_same_cpus_with_or_without_cpu_millis_is_the_same_order() -> None:
         ORDER, resources=Resources(cpus=2, cpu_millis=2000, memory_mb=512)
     )
     assert order_mismatch(said, machine(ORDER)) == ""
+
+
+# -- §4.4.3 prompt answers: the auction ranks, and commits once every process answered --------
+
+
+def prompt(worker: str, score: float, delay_ms: float) -> Offer:
+    """An offer as a prompt supplier sends it: with the delay it would have waited."""
+    return offer(worker, score, delay_ms=delay_ms)
+
+
+MS = 0.001
+# (case, processes the driver expects, answers as (responder, offers) fed at T0 + 1 ms in
+# order, then poll at T0 + 1 ms: the decision)
+PROMPT = [
+    (
+        "all known processes answered: the best offer now, whatever its delay",
+        2,
+        [("p1", [prompt("w1", 0.6, 1.6)]), ("p2", [prompt("w2", 0.9, 0.4)])],
+        "commit w2",
+    ),
+    (
+        "one of two answered: its best offer when its delay has passed",
+        2,
+        [("p1", [prompt("w1", 0.6, 1.6), prompt("w3", 0.5, 2.0)])],
+        "wake at 2.6",
+    ),
+    (
+        "processes unknown (0): as if the suppliers had waited their delays",
+        0,
+        [("p1", [prompt("w1", 0.6, 1.6)]), ("p2", [prompt("w2", 0.9, 0.4)])],
+        "wake at 1.4",
+    ),
+    (
+        "an empty answer counts as answered",
+        2,
+        [("p1", [prompt("w1", 0.5, 2.0)]), ("p2", [])],
+        "commit w1",
+    ),
+    (
+        "the one known process answered: its best at once",
+        1,
+        [("p1", [prompt("w1", 0.7, 1.2), prompt("w2", 0.8, 0.8)])],
+        "commit w2",
+    ),
+    (
+        "the same process twice counts once",
+        2,
+        [("p1", [prompt("w1", 0.7, 1.2)]), ("p1", [prompt("w2", 0.8, 0.8)])],
+        "wake at 1.8",
+    ),
+    (
+        "an offer without a delay (an older supplier waited it out) is ready at once",
+        2,
+        [("p1", [prompt("w1", 0.7, 1.2)]), ("", [offer("w2", 0.4)])],
+        "commit w1",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "expected", "answers", "then"), PROMPT, ids=[row[0] for row in PROMPT]
+)
+def test_prompt_answers_are_ranked_by_the_auction(
+    case: str, expected: int, answers: list[tuple[str, list[Offer]]], then: str
+) -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=expected)
+    a.start()
+    a.bid_published(T0)
+    at = T0 + 1 * MS
+    for responder, offers in answers:
+        assert feed(a, Offers(offers=offers, responder=responder), at=at) == []
+    verb, arg = then.split(" ", 1)
+    if verb == "commit":
+        assert a.poll(at) == [commit_of(arg, at)]
+    else:
+        [wake] = a.poll(at)
+        wake_ms = float(arg.removeprefix("at "))
+        assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + wake_ms * MS)
+
+
+def test_a_prompt_offer_is_committed_when_its_delay_has_passed() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=2)
+    a.start()
+    feed(a, Offers(offers=[prompt("w1", 0.6, 1.6)], responder="p1"), at=T0 + MS)
+    [wake] = a.poll(T0 + MS)
+    assert isinstance(wake, WakeAt)
+    assert a.timer(wake.at) == [commit_of("w1", wake.at)]
+
+
+def test_a_rejected_commit_goes_to_the_next_best_at_once_when_all_answered() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a.start()
+    offers = [prompt("w1", 0.9, 0.4), prompt("w2", 0.8, 0.8)]
+    feed(a, Offers(offers=offers, responder="p1"), at=T0 + MS)
+    assert a.poll(T0 + MS) == [commit_of("w1", T0 + MS)]
+    gone = a.commit_outcome(CommitNoResponders(), T0 + 2 * MS)
+    assert gone == []
+    assert a.poll(T0 + 2 * MS) == [commit_of("w2", T0 + 2 * MS)]
+
+
+def test_a_retry_still_gathers_when_every_process_answered() -> None:
+    order = msgspec.structs.replace(ORDER, retry=True)
+    a = Auction(order, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a.start()
+    feed(a, Offers(offers=[prompt("w1", 0.9, 0.4)], responder="p1"), at=T0 + MS)
+    [wake] = a.poll(T0 + MS)
+    assert isinstance(wake, WakeAt) and wake.at == pytest.approx(a.gather_until)
+
+
+def test_sampled_bids_rank_by_delay_only() -> None:
+    cfg = AuctionConfig(bid_shards=8, bid_sample=2)
+    a = Auction(ORDER, cfg, AID, T0, subjects=S, responders=1)
+    a.start()
+    feed(a, Offers(offers=[prompt("w1", 0.6, 1.6)], responder="p1"), at=T0 + MS)
+    [wake] = a.poll(T0 + MS)
+    assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + 2.6 * MS)
+
+
+@pytest.mark.parametrize(
+    ("config", "replies", "responders", "anonymous"),
+    [
+        (AuctionConfig(), [Offers(offers=[offer("w1")], responder="p1")], {"p1"}, 0),
+        (AuctionConfig(), [Offers(offers=[offer("w1")])], set(), 1),
+        (AuctionConfig(), [offer("w1"), offer("w2")], set(), 2),
+        (AuctionConfig(prompt_offers=False), [offer("w1"), Offers(offers=[offer("w2")])], set(), 0),
+    ],
+)
+def test_the_tally_names_who_answered_a_prompt_bid(
+    config: AuctionConfig, replies: list[msgspec.Struct], responders: set[str], anonymous: int
+) -> None:
+    a = Auction(ORDER, config, AID, T0, subjects=S, responders=3)
+    a.start()
+    feed(a, *replies)
+    assert (a.tally.responders, a.tally.anonymous) == (responders, anonymous)
+    assert a.responders == (3 if config.prompt_offers else 0)

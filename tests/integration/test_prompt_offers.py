@@ -1,0 +1,115 @@
+"""Prompt answers (docs/protocol.md §4.4.3): a bid with ``prompt_offers`` gets ONE Offers
+message from each supplier process at once, naming the process and giving each offer the
+delay it would have waited, or an empty one when the process has nothing to offer; the
+auction learns how many processes answer in a region and commits once all have."""
+
+from __future__ import annotations
+
+from nats.aio.msg import Msg
+
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Bid, BidReply, Commit, Offer, Offers, Placed, Resources
+from tests.market import Market, order, wait_until, worker
+
+
+def _bid(order_id: str = "o", cpus: int = 1) -> Bid:
+    return Bid(
+        order_id=order_id,
+        region="mad",
+        resources=Resources(cpus=cpus, memory_mb=64),
+        image="x",
+        hold_ms=5000,
+        auction_id="A1",
+        batch_offers=True,
+        prompt_offers=True,
+    )
+
+
+async def test_a_prompt_bid_gets_one_named_answer_at_once_with_the_delays(
+    market: Market,
+) -> None:
+    # w0 is the emptiest (spread likes it best), then w1, w2, w3
+    host = await market.host(
+        *(worker(f"w{i}", cpus=8 + 8 * (9 - i)) for i in range(4)), max_offers=3
+    )
+    nc = await market.connect("bidder")
+    inbox = nc.new_inbox()
+    sub = await nc.subscribe(inbox)
+    await nc.publish(market.subjects.bid("mad"), encode(_bid()), reply=inbox)
+    reply = decode((await sub.next_msg(2)).data, BidReply)
+    assert isinstance(reply, Offers) and reply.responder == host.responder_id
+    assert [o.worker_id for o in reply.offers] == ["w0", "w1", "w2"]  # best first
+    delays = [o.delay_ms for o in reply.offers]
+    assert delays == sorted(delays) and delays[0] > 0  # the spread, left to the auction
+    # nothing can take 1,000 CPUs: an empty answer, so the auction need not wait for it
+    await nc.publish(market.subjects.bid("mad"), encode(_bid("big", 1000)), reply=inbox)
+    empty = decode((await sub.next_msg(2)).data, BidReply)
+    assert empty == Offers(offers=[], responder=host.responder_id)
+
+
+async def test_the_auction_learns_the_processes_of_a_region(market: Market) -> None:
+    hosts = [
+        await market.host(*(worker(f"h{h}w{i}") for i in range(3)), max_offers=2) for h in range(2)
+    ]
+    client = await market.client(direct=True)
+    auctioneer = client._broker.auctioneer if client._broker else None
+    assert auctioneer is not None and auctioneer.expected_responders("mad") == 0
+    r = await client.place(order(order_id="first"))
+    assert isinstance(r, Placed)
+    # both answer every bid at once, so the first auction heard both
+    assert auctioneer.expected_responders("mad") == 2
+    for i in range(5):
+        r = await client.place(order(order_id=f"o-{i}"))
+        assert isinstance(r, Placed)
+    workers = [w for h in hosts for w in h.workers.values()]
+    await wait_until(lambda: all(not w.ledger.holds for w in workers))  # losers released
+    assert sum(len(w.by_order) for w in workers) == 6
+    assert auctioneer.expected_responders("elsewhere") == 0
+    assert market.violations() == []
+
+
+async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
+    market: Market,
+) -> None:
+    """An older supplier answers a prompt bid with plain delayed offers: the auction then
+    waits out delays in that region instead of committing when the known processes
+    answered (so the older supplier's better offer can still win)."""
+    await market.host(worker("new-1"))
+    nc = await market.connect("older-supplier")
+    s = market.subjects
+
+    async def on_bid(msg: Msg) -> None:
+        bid = decode(msg.data, Bid)
+        o = Offer(
+            order_id=bid.order_id,
+            worker_id="old-1",
+            region="mad",
+            score=0.99,
+            auction_id=bid.auction_id,
+        )
+        await nc.publish(msg.reply, encode(o))
+
+    async def on_commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        placed = Placed(
+            order_id=c.order_id,
+            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
+            worker_id=c.worker_id,
+            region="mad",
+            score=0.99,
+            image_cached=False,
+            elapsed_ms=1.0,
+        )
+        await nc.publish(msg.reply, encode(placed))
+
+    await nc.subscribe(s.bid("mad"), cb=on_bid)
+    await nc.subscribe(s.commit("old-1"), cb=on_commit)
+    await nc.flush()
+    client = await market.client(direct=True)
+    auctioneer = client._broker.auctioneer if client._broker else None
+    assert auctioneer is not None
+    r = await client.place(order(order_id="o-1"))
+    assert isinstance(r, Placed)
+    assert auctioneer.expected_responders("mad") == 0  # an unnamed answer was seen
+    r = await client.place(order(order_id="o-2"))
+    assert isinstance(r, Placed) and r.worker_id == "old-1"  # the best offer, as before
