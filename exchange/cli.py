@@ -83,6 +83,20 @@ def serve(
             "JetStream. --no-claims: per-process deduplication only.",
         ),
     ] = True,
+    prompt_offers: Annotated[
+        bool,
+        typer.Option(
+            help="Bids ask suppliers to answer at once and the auction ranks the offers "
+            "(docs/protocol.md §4.4.3). --no-prompt-offers: suppliers delay their offers.",
+        ),
+    ] = True,
+    batches: Annotated[
+        bool,
+        typer.Option(
+            help="Send the bids and releases of one region queued in the same instant as "
+            "one Batch message where every supplier process takes it (§4.4.4).",
+        ),
+    ] = True,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
     trust: Annotated[
         Path | None,
@@ -116,6 +130,8 @@ def serve(
         commit_grace_ms=commit_grace_ms,
         bid_shards=bid_shards,
         bid_sample=bid_sample,
+        prompt_offers=prompt_offers,
+        batch_bids=batches,
     )
 
     async def main() -> None:

@@ -86,7 +86,12 @@ async def run_loadtest(
         orders = trace(profile)
         nc = await connect(urls, name="bourse-loadgen", service=False)
         market = BourseClient(nc, subjects)
-        auction = AuctionConfig(bid_shards=profile.bid_shards, bid_sample=profile.bid_sample)
+        auction = AuctionConfig(
+            bid_shards=profile.bid_shards,
+            bid_sample=profile.bid_sample,
+            prompt_offers=profile.prompt_offers,
+            batch_bids=profile.batches,
+        )
         limit = adaptive_limit(profile.exchange_max_inflight, profile.exchange_target_ms)
         direct = BourseClient(
             nc, subjects, direct=True, auction=auction, admission=limit, claims=profile.claims

@@ -168,6 +168,22 @@ def loadtest(
             show_default=False,
         ),
     ] = None,
+    prompt_offers: Annotated[
+        bool | None,
+        typer.Option(
+            "--prompt-offers/--no-prompt-offers",
+            help="Suppliers answer at once and the auction ranks (protocol §4.4.3).",
+            show_default=False,
+        ),
+    ] = None,
+    batches: Annotated[
+        bool | None,
+        typer.Option(
+            "--batches/--no-batches",
+            help="Bids and releases of a region sent together (protocol §4.4.4).",
+            show_default=False,
+        ),
+    ] = None,
     out: Annotated[Path | None, typer.Option(help="Where the report goes.")] = None,
     ceiling: Annotated[bool, typer.Option(help="Measure the NATS ceiling first.")] = True,
     oracle: Annotated[bool, typer.Option(help="Replay the trace through the oracle.")] = True,
@@ -248,7 +264,8 @@ def loadtest(
         "spread_ms": spread_ms, "bid_shards": bid_shards, "bid_sample": bid_sample,
         "exchange_max_inflight": max_inflight, "max_offers": max_offers,
         "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
-        "direct": direct, "claims": claims,
+        "direct": direct, "claims": claims, "prompt_offers": prompt_offers,
+        "batches": batches,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)

@@ -28,15 +28,18 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bourse.nats.auth import is_inbox
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import SupplierMetrics, WorkerSample
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
-from bourse.wire.limits import MAX_BATCH_OFFERS, MAX_HOLD_MS
+from bourse.wire.limits import MAX_BATCH_ITEMS, MAX_BATCH_OFFERS, MAX_HOLD_MS
 from bourse.wire.messages import (
     MACHINE_VERBS,
+    Answers,
+    Batch,
     Bid,
     Commit,
     Event,
@@ -125,6 +128,7 @@ class SupplierHost:
         self.bid_shards = bid_shards
         self.max_bid_backlog = max_bid_backlog
         self.bids_shed = 0
+        self.bids_refused = 0  # bids of a Batch refused one by one (wrong region, no inbox)
         self._shed_logged = 0
         self._bid_subs: dict[str, Subscription] = {}
         self.nc = nc
@@ -256,6 +260,9 @@ class SupplierHost:
             self._bid_subs[subject] = sub
             self._subs.append(sub)
         for region in self.by_region:
+            sub = await self.nc.subscribe(s.bid_batch(region), cb=g(self._on_batch))
+            self._bid_subs[s.bid_batch(region)] = sub
+            self._subs.append(sub)
             self._subs.append(
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
@@ -339,29 +346,77 @@ class SupplierHost:
 
     # -- bids -------------------------------------------------------------------------------------
     async def _on_bid(self, msg: Msg) -> None:
+        if self._shed(msg):
+            return
+        bid = decode(msg.data, Bid)
+        region = self.subjects.tail(msg.subject, 1)[0]
+        if bid.region != region:
+            raise subject_region_mismatch("bid", bid.region, region)
+        if not msg.reply:
+            return
+        for answer in self._answer_bid(bid, msg.reply, self.groups[msg.subject]):
+            self.outbox.post(msg.reply, encode(answer))
+
+    def _shed(self, msg: Msg) -> bool:
         sub = self._bid_subs.get(msg.subject)
         if sub is not None and sub.pending_msgs > self.max_bid_backlog:
             # Overloaded: this bid waited behind a deep queue, so its auction has most
             # likely moved on. Shedding the oldest bids lets the fresh ones be answered in
             # time, instead of answering every auction too late (collapse).
             self.bids_shed += 1
+            return True
+        return False
+
+    async def _on_batch(self, msg: Msg) -> None:
+        """A Batch (docs/protocol.md §4.4.4): its region releases, then its bids, each as if
+        it had come alone; the prompt answers go back in one Answers message when the batch
+        says where (else each to its bid's reply)."""
+        if self._shed(msg):
             return
-        bid = decode(msg.data, Bid)
+        batch = decode(msg.data, Batch)
         region = self.subjects.tail(msg.subject, 1)[0]
-        if bid.region != region:
-            raise subject_region_mismatch("bid", bid.region, region)
-        if not msg.reply or (bid.order_id, bid.auction_id) in self.released:
+        for rel in batch.releases:
+            self._release_region(rel, region)
+        group = self.groups.get(self.subjects.bid(region))
+        if group is None:
             return
+        to = batch.answers_to if batch.answers_to and is_inbox(batch.answers_to) else ""
+        answers: list[Offers] = []
+        for item in batch.bids:
+            bid = item.bid
+            if bid.region != region or not is_inbox(item.reply):
+                self.bids_refused += 1
+                if self.bids_refused <= 10 or self.bids_refused % 1000 == 0:
+                    log.warning(
+                        "batch_bid_refused",
+                        order_id=bid.order_id,
+                        region=bid.region,
+                        subject=msg.subject,
+                        detail="bid region does not match the subject's, or its reply is no inbox",
+                    )
+                continue
+            out = self._answer_bid(bid, item.reply, group)
+            if to:
+                answers += out
+            else:
+                for answer in out:
+                    self.outbox.post(item.reply, encode(answer))
+        for i in range(0, len(answers), MAX_BATCH_ITEMS):
+            self.outbox.post(to, encode(Answers(answers=answers[i : i + MAX_BATCH_ITEMS])))
+
+    def _answer_bid(self, bid: Bid, reply: str, group: BidGroup[Worker]) -> list[Offers]:
+        """Answer one bid: its delayed or Waiting replies are sent (or scheduled) here; a
+        prompt bid's Offers answers (§4.4.3) are returned, for the caller to send."""
+        if (bid.order_id, bid.auction_id) in self.released:
+            return []
         now = time.monotonic()
-        ans = self.desk.answer(bid, msg.reply, now, self.groups[msg.subject], self.owners)
+        ans = self.desk.answer(bid, reply, now, group, self.owners)
         for w, holds in ans.expired:
             w.holds_expired(holds)
         self._send(ans.late, now)
         prompt = bid.batch_offers and bid.prompt_offers
-        if not ans.replies:
-            if prompt:  # answered, with nothing: the auction need not wait for this process
-                self.outbox.post(msg.reply, encode(Offers(offers=[], responder=self.responder_id)))
-            return
+        if not ans.replies:  # answered, with nothing: the auction need not wait for us
+            return [self._named([], bid)] if prompt else []
         key = (bid.order_id, bid.auction_id)
         asked = self.asked.get(key)
         if asked is None:
@@ -375,29 +430,33 @@ class SupplierHost:
                     replies = [x for x in replies if x is not r]
                     continue
                 r.worker.commits.give(r.reply.order_id)  # handed to this auction
+        answers: list[Offers] = []
         if prompt:  # at once, ranked by the auction (§4.4.3)
-            replies = self._prompt(msg.reply, replies)
+            offers = [
+                self._prompt_offer(r.reply, r.delay_s)
+                for r in replies
+                if isinstance(r.reply, Offer)
+            ]
+            for i in range(0, max(1, len(offers)), MAX_BATCH_OFFERS):
+                answers.append(self._named(offers[i : i + MAX_BATCH_OFFERS], bid))
+            replies = [r for r in replies if not isinstance(r.reply, Offer)]  # Waiting notes
         elif bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
             replies = self._batch(replies, now)
         self._send(replies, now)
-
-    def _prompt(self, inbox: str, replies: list[Send[Worker]]) -> list[Send[Worker]]:
-        """Send this bid's offers now, in Offers messages naming this process, each offer
-        with the delay it would have waited; an empty one when every reply is a Waiting
-        note. Returns the Waiting notes, to send one by one."""
-        offers = [
-            self._prompt_offer(r.reply, r.delay_s) for r in replies if isinstance(r.reply, Offer)
-        ]
-        for i in range(0, max(1, len(offers)), MAX_BATCH_OFFERS):
-            chunk = offers[i : i + MAX_BATCH_OFFERS]
-            self.outbox.post(inbox, encode(Offers(offers=chunk, responder=self.responder_id)))
-        return [r for r in replies if not isinstance(r.reply, Offer)]
+        return answers
 
     def _prompt_offer(self, offer: Offer, delay_s: float) -> Offer:
+        """A prompt answer's offer: signed, with the delay it would have waited."""
         signed = self._signed(offer)
         if delay_s <= 0:
             return signed
         return msgspec.structs.replace(signed, delay_ms=round(delay_s * 1000.0, 3))
+
+    def _named(self, offers: list[Offer], bid: Bid) -> Offers:
+        """A prompt answer: this process's offers for ``bid``, naming the process."""
+        return Offers(
+            offers=offers, responder=self.responder_id, auction_id=bid.auction_id, batches=True
+        )
 
     def _batch(self, replies: list[Send[Worker]], t0: float) -> list[Send[Worker]]:
         """Schedule this bid's offers as Offers messages of up to MAX_BATCH_OFFERS, each at
@@ -461,8 +520,13 @@ class SupplierHost:
             return
         if send.prompt and isinstance(send.reply, Offer):  # one of this process's answers
             offer = self._prompt_offer(send.reply, send.delay_s)
-            data = encode(Offers(offers=[offer], responder=self.responder_id))
-            self.outbox.post(send.inbox, data)
+            named = Offers(
+                offers=[offer],
+                responder=self.responder_id,
+                auction_id=send.auction_id,
+                batches=True,
+            )
+            self.outbox.post(send.inbox, encode(named))
         else:
             self.outbox.post(send.inbox, self._wire(send.reply))
 
@@ -475,14 +539,17 @@ class SupplierHost:
         return self.signer.sign(offer) if self.signer is not None else offer
 
     async def _on_region_release(self, msg: Msg) -> None:
-        rel = decode(msg.data, Release)
+        self._release_region(decode(msg.data, Release), self._region_of(msg))
+
+    def _release_region(self, rel: Release, region: str) -> None:
         key = (rel.order_id, rel.auction_id)
         self.released[key] = time.monotonic()
         asked = self.asked.pop(key, None)
-        if rel.auction_id:  # only the workers this host asked can hold for that auction
-            workers = asked[1] if asked else ()
-        else:  # a release for any auction of the order (a third party's): ask everyone
-            workers = self.by_region.get(self._region_of(msg), ())
+        # only the workers this host asked can hold for an auction; a release for any
+        # auction of the order (a third party's): ask everyone
+        workers: Iterable[Worker] = (
+            (asked[1] if asked else ()) if rel.auction_id else self.by_region.get(region, ())
+        )
         for w in workers:
             w.release(rel.order_id, rel.auction_id)
 

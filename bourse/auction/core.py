@@ -103,6 +103,9 @@ class AuctionConfig:
     # score-spread delays and say who they are; the auction ranks the offers itself and
     # commits the best once every process it knows in the region has answered.
     prompt_offers: bool = True
+    # With prompt_offers: bids and region releases to a region whose every known supplier
+    # process takes Batch messages are sent together, one loop turn later (§4.4.4).
+    batch_bids: bool = True
 
 
 class AuctionStateError(RuntimeError):
@@ -254,6 +257,7 @@ class Tally:
     # processes from them
     responders: set[str] = field(default_factory=set)
     anonymous: int = 0
+    batching: set[str] = field(default_factory=set)  # of them, those that take Batch messages
     fallbacks: int = 0  # sampled bids that went on to the whole region
     unverified: Counter[str] = field(default_factory=Counter)  # dropped offers, by reason
 
@@ -338,18 +342,26 @@ class Auction:
             reply: Offer | Offers | Waiting = decode(data, BidReply)
         except BadMessage as exc:
             return [Log("warning", "bad_offer", {"error": str(exc)})]
-        if isinstance(reply, Offers):  # one process's offers: each as if it came alone
-            if reply.responder:
-                self.tally.responders.add(reply.responder)
-            elif self.bid.prompt_offers:
-                self.tally.anonymous += 1
-            decisions: list[Decision] = []
-            for offer in reply.offers:
-                decisions += self._reply(offer, now)
-            return decisions
+        if isinstance(reply, Offers):
+            return self.offers(reply, now)
         if isinstance(reply, Offer) and self.bid.prompt_offers:
             self.tally.anonymous += 1  # a supplier that does not answer promptly
         return self._reply(reply, now)
+
+    def offers(self, reply: Offers, now: float) -> list[Decision]:
+        """One process's Offers (on the inbox, or out of an Answers message, §4.4.4): each
+        offer as if it came alone."""
+        self._expect("collecting")
+        if reply.responder:
+            self.tally.responders.add(reply.responder)
+            if reply.batches:
+                self.tally.batching.add(reply.responder)
+        elif self.bid.prompt_offers:
+            self.tally.anonymous += 1
+        decisions: list[Decision] = []
+        for offer in reply.offers:
+            decisions += self._reply(offer, now)
+        return decisions
 
     def _reply(self, reply: Offer | Waiting, now: float) -> list[Decision]:
         """One offer or waiting note, checked on its own (region, order, signature, owner)."""

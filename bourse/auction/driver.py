@@ -18,6 +18,7 @@ import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import msgspec
 import nats.errors
@@ -57,16 +58,22 @@ from bourse.auction.core import (
     Refuse,
     SendBid,
     SendCommit,
+    Tally,
     VerifyMachine,
     WakeAt,
 )
 from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.limits import MAX_BATCH_ITEMS
 from bourse.wire.messages import (
+    Answers,
+    Batch,
+    BatchBid,
     CommitReply,
     Error,
     Machine,
     MachineRequest,
+    Offers,
     Placed,
     PlaceOrder,
     Rejected,
@@ -91,15 +98,16 @@ class ConflictingOrder(ValueError):
 
 
 class _Mailbox:
-    """Replies to one auction's inbox: a deque and at most one waiter (no task per wait)."""
+    """Replies to one auction's inbox (messages, and answers routed to it out of an
+    ``Answers`` message): a deque and at most one waiter (no task per wait)."""
 
     __slots__ = ("items", "waiter")
 
     def __init__(self) -> None:
-        self.items: deque[Msg] = deque()
+        self.items: deque[Msg | Offers] = deque()
         self.waiter: asyncio.Future[None] | None = None
 
-    def put(self, msg: Msg) -> None:
+    def put(self, msg: Msg | Offers) -> None:
         self.items.append(msg)
         if self.waiter is not None and not self.waiter.done():
             self.waiter.set_result(None)
@@ -169,8 +177,14 @@ class Auctioneer:
         # Prompt answers (docs/protocol.md §4.4.3): per region, the supplier processes seen
         # answering (responder -> when, monotonic), and until when the region is known to
         # have a supplier that does not answer promptly (no quorum there meanwhile).
-        self._responders: dict[str, dict[str, float]] = {}
+        self._responders: dict[str, dict[str, _Seen]] = {}
         self._unranked_until: dict[str, float] = {}
+        # Batches (§4.4.4): bids and region releases queued per region, sent by the flusher
+        # task (owned here, started with the inbox, ended by close) one loop turn later.
+        self._queued: dict[str, tuple[list[BatchBid], list[Release]]] = {}
+        self._wake = asyncio.Event()
+        self._flusher: asyncio.Task[None] | None = None
+        self.batches_sent = 0  # Batch messages published (for tests and the logs)
 
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
@@ -201,22 +215,103 @@ class Auctioneer:
         return result
 
     async def _inbox(self) -> str:
-        """One wildcard inbox subscription per Auctioneer; each auction gets a token under it."""
+        """One wildcard inbox subscription per Auctioneer; each auction gets a token under it
+        (and ``answers``: the Answers to this Auctioneer's batches)."""
         if self._sub is None:
             prefix = self.nc.new_inbox()
             self._sub = await self.nc.subscribe(prefix + ".*", cb=self._route)
             self._prefix = prefix
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_batches())
         return self._prefix
 
     async def _route(self, msg: Msg) -> None:
-        box = self._boxes.get(msg.subject[len(self._prefix) + 1 :])
+        token = msg.subject[len(self._prefix) + 1 :]
+        if token == ANSWERS_TOKEN:
+            self._route_answers(msg)
+            return
+        box = self._boxes.get(token)
         if box is not None:
             box.put(msg)
 
+    def _route_answers(self, msg: Msg) -> None:
+        """One supplier process's answers to the bids of a batch: each to its auction."""
+        try:
+            answers = decode(msg.data, Answers)
+        except BadMessage as exc:
+            log.warning("bad_answers", error=str(exc))
+            return
+        for offers in answers.answers:
+            box = self._boxes.get(offers.auction_id)
+            if box is not None:
+                box.put(offers)
+
     async def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+            self._flusher = None
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
+
+    # -- batches (docs/protocol.md §4.4.4) ---------------------------------------------------
+    def batching(self, region: str) -> bool:
+        """Bids and releases to ``region`` go in batches: every supplier process known there
+        takes them (and none answers without a name)."""
+        if not (self.config.batch_bids and self.config.prompt_offers):
+            return False
+        now = time.monotonic()
+        if self._unranked_until.get(region, 0.0) > now:
+            return False
+        seen = [
+            s for s in self._responders.get(region, {}).values() if now - s.at < RESPONDER_MEMORY_S
+        ]
+        return bool(seen) and all(s.batches for s in seen)
+
+    def _queue(
+        self, region: str, bid: BatchBid | None = None, release: Release | None = None
+    ) -> None:
+        bids, releases = self._queued.setdefault(region, ([], []))
+        if bid is not None:
+            bids.append(bid)
+        if release is not None:
+            releases.append(release)
+        self._wake.set()
+
+    async def _flush_batches(self) -> None:
+        """Send what was queued, a loop turn after it was: whatever the other auctions
+        queued meanwhile goes in the same message (none when idle: a lone bid or release
+        goes as itself)."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            queued, self._queued = self._queued, {}
+            for region, (bids, releases) in queued.items():
+                try:
+                    await self._publish_batch(region, bids, releases)
+                except Exception as exc:  # connection lost: bids unanswered, holds expire
+                    log.warning("batch_failed", region=region, bids=len(bids), error=repr(exc))
+
+    async def _publish_batch(
+        self, region: str, bids: list[BatchBid], releases: list[Release]
+    ) -> None:
+        s = self.subjects
+        if len(bids) == 1 and not releases:
+            await self.nc.publish(s.bid(region), encode(bids[0].bid), reply=bids[0].reply)
+            return
+        if not bids and len(releases) == 1:
+            await self.nc.publish(s.region_release(region), encode(releases[0]))
+            return
+        answers_to = f"{self._prefix}.{ANSWERS_TOKEN}"
+        for i in range(0, max(len(bids), len(releases)), MAX_BATCH_ITEMS):
+            batch = Batch(
+                bids=bids[i : i + MAX_BATCH_ITEMS],
+                releases=releases[i : i + MAX_BATCH_ITEMS],
+                answers_to=answers_to,
+            )
+            await self.nc.publish(s.bid_batch(region), encode(batch))
+            self.batches_sent += 1
 
     async def claims(self) -> ClaimStore | None:
         """The claims bucket, opened at the first call (None: no JetStream, or off). A
@@ -407,7 +502,7 @@ class Auctioneer:
             return await self._drive(core, box, reply_to, olog)
         finally:
             del self._boxes[auction_id]
-            self._learn(order.region, core.tally.responders, core.tally.anonymous)
+            self._learn(order.region, core.tally)
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
@@ -422,19 +517,19 @@ class Auctioneer:
         seen = self._responders.get(region)
         if not seen:
             return 0
-        return sum(1 for t in seen.values() if now - t < RESPONDER_MEMORY_S)
+        return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
 
-    def _learn(self, region: str, responders: set[str], anonymous: int) -> None:
+    def _learn(self, region: str, tally: Tally) -> None:
         now = time.monotonic()
-        if anonymous:
+        if tally.anonymous:
             self._unranked_until[region] = now + RESPONDER_MEMORY_S
-        if not responders:
+        if not tally.responders:
             return
         seen = self._responders.setdefault(region, {})
-        for r in responders:
-            seen[r] = now
-        if len(seen) > len(responders):  # forget processes gone quiet (restarted, stopped)
-            for r in [r for r, t in seen.items() if now - t >= RESPONDER_MEMORY_S]:
+        for r in tally.responders:
+            seen[r] = _Seen(now, r in tally.batching)
+        if len(seen) > len(tally.responders):  # forget processes gone quiet (restarted...)
+            for r in [r for r, s in seen.items() if now - s.at >= RESPONDER_MEMORY_S]:
                 del seen[r]
 
     async def _drive(
@@ -457,6 +552,8 @@ class Auctioneer:
         so a commit takes the best offer received so far."""
         if box.items:
             msg = box.items.popleft()
+            if isinstance(msg, Offers):  # out of an Answers message
+                return core.offers(msg, time.monotonic())
             return core.bid_reply(msg.data, time.monotonic(), no_responders=_no_responders(msg))
         return core.poll(time.monotonic())
 
@@ -467,9 +564,14 @@ class Auctioneer:
         if isinstance(d, Log):
             getattr(olog, d.level)(d.event, **d.fields)
         elif isinstance(d, SendBid | BroadcastBid):
-            data = encode(d.bid)
-            for subject in d.subjects if isinstance(d, SendBid) else (d.subject,):
-                await self.nc.publish(subject, data, reply=reply_to)
+            subjects = d.subjects if isinstance(d, SendBid) else (d.subject,)
+            region = core.order.region
+            if subjects == (self.subjects.bid(region),) and self.batching(region):
+                self._queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
+            else:
+                data = encode(d.bid)
+                for subject in subjects:
+                    await self.nc.publish(subject, data, reply=reply_to)
             core.bid_published(time.monotonic())
         elif isinstance(d, SendCommit):
             outcome = await self._commit(d)
@@ -510,6 +612,9 @@ class Auctioneer:
     async def _release(self, order: PlaceOrder, auction_id: str) -> None:
         try:
             release = Release(order_id=order.order_id, auction_id=auction_id)
+            if self.batching(order.region):
+                self._queue(order.region, release=release)
+                return
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
             log.warning("release_failed", order_id=order.order_id, error=repr(exc))
@@ -524,6 +629,18 @@ CLAIMS_RETRY_S = 30.0
 # for (a restarted process answers under a new name); a supplier seen answering without a
 # name (an older or foreign one) turns the quorum off in its region this long.
 RESPONDER_MEMORY_S = 10.0
+# The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
+ANSWERS_TOKEN = "answers"
+
+
+@dataclass(frozen=True, slots=True)
+class _Seen:
+    """A supplier process seen answering: when, and whether it takes batches."""
+
+    at: float
+    batches: bool
+
+
 CLAIMS_RETRY_DETECT_S = 0.25
 # A claim request that fails is tried again after this, doubling up to the max, while the
 # order's deadline allows; then the order is refused (nothing placed without its claim).

@@ -30,6 +30,12 @@ MAX_HOLD_MS = 60_000
 # sends several messages. Signed offers are ~0.5 KB each, so one message stays well under
 # any server's max_payload.
 MAX_BATCH_OFFERS = 64
+# Bids (or releases, or prompt answers) in one Batch / Answers message (§4.4.4); more go in
+# several. 128 bids of ~0.4 KB, or 128 answers of a few signed offers, stay far below the
+# server's max_payload (1 MB by default).
+MAX_BATCH_ITEMS = 128
+# A NATS subject carried in a message body (a reply inbox).
+MAX_SUBJECT = 256
 
 # Patterns anchor with \Z (end of string), not $: in Python, $ also matches before a
 # trailing newline, which would let "mad\n" through.

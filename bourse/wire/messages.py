@@ -23,6 +23,7 @@ from bourse.wire.limits import (
     LABEL_VALUE_PATTERN,
     MACHINE_ID_PATTERN,
     MACHINE_ID_SEPARATOR,
+    MAX_BATCH_ITEMS,
     MAX_BATCH_OFFERS,
     MAX_CPU_MILLIS,
     MAX_CPUS,
@@ -31,6 +32,7 @@ from bourse.wire.limits import (
     MAX_GPUS,
     MAX_HOLD_MS,
     MAX_MEMORY_MB,
+    MAX_SUBJECT,
     MILLIS_PER_CPU,
     ORDER_ID_PATTERN,
 )
@@ -234,6 +236,12 @@ class Offers(Message, kw_only=True):
     # Added in v1, with ``prompt_offers``: the answering supplier process (an id it picks at
     # start, unique among the region's processes), so the auction knows who has answered.
     responder: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    # Added in v1, with ``prompt_offers``: the bid's auction_id, echoed (an empty answer has
+    # no offer to carry it; an ``Answers`` message is routed by it).
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    # Added in v1: this process also takes ``Batch`` messages (§4.4.4) on its regions'
+    # ``<root>.bid.<region>.batch``.
+    batches: bool = False
 
 
 class Waiting(Message, kw_only=True):
@@ -356,6 +364,32 @@ class Error(Message, kw_only=True):
     # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
     # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON.
     reason: str = ""
+
+
+class BatchBid(msgspec.Struct, kw_only=True, gc=False):
+    """One bid of a ``Batch``, with the reply subject it would have been published with."""
+
+    reply: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SUBJECT)]
+    bid: Bid
+
+
+class Batch(Message, kw_only=True):
+    """Added in v1 (§4.4.4): the bids and region releases one auction process sent to one
+    region in the same instant, in one message on ``<root>.bid.<region>.batch``, to the
+    supplier processes that said they take it (``Offers.batches``). Each bid is answered
+    as if it had come alone to its ``reply``; a process may instead send its prompt answers
+    (``Offers``) to all of them as one ``Answers`` message to ``answers_to``."""
+
+    bids: Annotated[list[BatchBid], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
+    releases: Annotated[list[Release], msgspec.Meta(max_length=MAX_BATCH_ITEMS)] = []
+    answers_to: Annotated[str, msgspec.Meta(max_length=MAX_SUBJECT)] = ""
+
+
+class Answers(Message, kw_only=True):
+    """Added in v1 (§4.4.4): one supplier process's prompt answers (``Offers`` with
+    ``auction_id``) to the bids of one ``Batch``, sent to its ``answers_to``."""
+
+    answers: Annotated[list[Offers], msgspec.Meta(max_length=MAX_BATCH_ITEMS)]
 
 
 class Release(Message, kw_only=True):

@@ -67,6 +67,11 @@ class Subjects:
         """Added in v1 (sampled bidding): the workers of one shard of a region."""
         return f"{self.root}.bid.{region}.{shard}"
 
+    def bid_batch(self, region: str) -> str:
+        """Added in v1 (§4.4.4): Batch messages (several bids and releases) to the supplier
+        processes of a region that take them."""
+        return f"{self.root}.bid.{region}.batch"
+
     def region_release(self, region: str) -> str:
         """Added in v1: one publish drops every worker's hold for an order in the region."""
         return f"{self.root}.release.{region}"

@@ -44,7 +44,7 @@ async def test_a_prompt_bid_gets_one_named_answer_at_once_with_the_delays(
     # nothing can take 1,000 CPUs: an empty answer, so the auction need not wait for it
     await nc.publish(market.subjects.bid("mad"), encode(_bid("big", 1000)), reply=inbox)
     empty = decode((await sub.next_msg(2)).data, BidReply)
-    assert empty == Offers(offers=[], responder=host.responder_id)
+    assert empty == Offers(offers=[], responder=host.responder_id, auction_id="A1", batches=True)
 
 
 async def test_the_auction_learns_the_processes_of_a_region(market: Market) -> None:

@@ -137,6 +137,8 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
         "--target-auction-ms": ("exchange_target_ms", 12.5),
         "--direct": ("direct", True),
         "--no-claims": ("claims", False),
+        "--no-prompt-offers": ("prompt_offers", False),
+        "--no-batches": ("batches", False),
     }
     args = [
         a

@@ -13,6 +13,9 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.limits import MAX_CPUS, MAX_DEADLINE_MS, MAX_MEMORY_MB, MAX_PAYLOAD_BYTES
 from bourse.wire.messages import (
     Amount,
+    Answers,
+    Batch,
+    BatchBid,
     Bid,
     BidReply,
     Commit,
@@ -124,6 +127,21 @@ SAMPLES: list[Message] = [
     ),
     Error(code="bad_request", detail="bad region"),
     Release(order_id="order-1", worker_id="mad-1", auction_id="a1", abort_commit=True),
+    Batch(
+        bids=[
+            BatchBid(
+                reply="_INBOX.x.a1",
+                bid=Bid(order_id="order-1", region="mad", resources=RES, image="web", hold_ms=750),
+            )
+        ],
+        releases=[Release(order_id="order-0", auction_id="a0")],
+        answers_to="_INBOX.x.answers",
+    ),
+    Answers(
+        answers=[
+            Offers(offers=[], responder="p1", auction_id="a1", batches=True),
+        ]
+    ),
     StatusRequest(),
     WorkerStatus(
         worker_id="mad-1",
