@@ -445,6 +445,7 @@ class Auctioneer:
         gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
         try:
             result = await self._run(order, spent_ms, bid_id, gate)
+            revision = await gate.held()
         except _ClaimNotHeld:
             raise
         except Exception as exc:
@@ -469,7 +470,7 @@ class Auctioneer:
             # committed under it unless the gate was passed, and then the retry adopts).
             await gate.stop()
             raise
-        return await gate.held(), result
+        return revision, result
 
     @staticmethod
     async def _settle(

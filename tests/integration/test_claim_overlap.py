@@ -303,15 +303,21 @@ async def test_a_claim_not_written_by_the_deadline_ends_unfilled_and_is_removed(
     await auctioneer.close()
 
 
-async def test_a_run_cancelled_at_the_gate_cancels_its_create(market: Market) -> None:
+@pytest.mark.parametrize("at", ["commit_awaits_claim", "order_unfilled"])
+async def test_a_run_cancelled_before_its_claim_answers_cancels_the_create(
+    market: Market, at: str
+) -> None:
+    """Cancelled at the gate of its first commit, or with its (unfilled) result in hand
+    while it waits for the claim: the create is cancelled and awaited, never left behind."""
     real = await _store(market)
     gated = GatedStore(real)
     fake = FakeWorker(real)
     await fake.start(market)
     auctioneer = await _auctioneer(market, gated)
+    o = order(order_id="cancelled", deadline_ms=300)
     with structlog.testing.capture_logs() as logs:
-        placing = asyncio.create_task(auctioneer.run(order(order_id="cancelled")))
-        await wait_until(lambda: _said(logs, "commit_awaits_claim"))
+        placing = asyncio.create_task(auctioneer.run(o))
+        await wait_until(lambda: _said(logs, at))
         placing.cancel()
         with pytest.raises(asyncio.CancelledError):
             await placing
