@@ -134,8 +134,8 @@ class _ClaimNotHeld(Exception):
 class _ClaimGate:
     """The order's claim being created (create-if-absent) while its auction bids
     (docs/protocol.md §5.3c): ``passes`` before the first commit, ``held`` before the
-    result is given, ``stop`` if the auction is cancelled. Its task is always awaited or
-    cancelled by the run that made it."""
+    result is given, ``stop`` on the way out (it cancels a create still under way). Its
+    task is always awaited or cancelled by the run that made it."""
 
     __slots__ = ("create", "passed", "revision")
 
@@ -462,14 +462,14 @@ class Auctioneer:
             with contextlib.suppress(*_KV_ERRORS):
                 await store.remove(order.order_id, revision)
             raise
-        except BaseException:
-            # Cancelled (or the process is exiting): stop the create, as a cancel during
-            # the create did before the overlap. A create the server already took leaves
-            # an 'auctioning' claim nobody settles: duplicates wait for its end and then
-            # take it over as a retry (the current takeover semantics; nothing was
-            # committed under it unless the gate was passed, and then the retry adopts).
+        finally:
+            # The create is owned here: answered by now on every path but one, a
+            # cancellation (the process stopping), which cancels it as a cancel during the
+            # create did before the overlap. A create the server already took leaves an
+            # 'auctioning' claim nobody settles: duplicates wait for its end and then take
+            # it over as a retry (the current takeover semantics; nothing was committed
+            # under it unless the gate was passed, and then the retry adopts the machine).
             await gate.stop()
-            raise
         return revision, result
 
     @staticmethod
