@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import time
 from collections import Counter, deque
@@ -129,6 +130,61 @@ class _Mailbox:
         return bool(self.items)
 
 
+class _ClaimNotHeld(Exception):
+    """The claim created while the auction bid was not ours: another auction holds the id
+    (``error`` None), or the create failed (``error``: the KV error). Nothing was committed."""
+
+    def __init__(self, error: BaseException | None) -> None:
+        super().__init__(str(error) if error is not None else "claimed by another auction")
+        self.error = error
+
+
+class _ClaimGate:
+    """The order's claim being created (create-if-absent) while its auction bids
+    (docs/protocol.md §5.3c): ``passes`` before the first commit, ``held`` before the
+    result is given, ``stop`` on the way out (it cancels a create still under way). Its
+    task is always awaited or cancelled by the run that made it."""
+
+    __slots__ = ("create", "passed", "revision")
+
+    def __init__(self, create: asyncio.Future[int | None]) -> None:
+        self.create = create
+        self.passed = False  # the claim is held: commits may go out
+        self.revision = 0
+
+    async def passes(self, until: float) -> bool:
+        """Wait for the create until monotonic ``until``: True once it is held; False if it
+        has not answered by then; _ClaimNotHeld if it lost or failed."""
+        if not self.create.done():
+            await asyncio.wait({self.create}, timeout=max(0.0, until - time.monotonic()))
+            if not self.create.done():
+                return False
+        await self.held()
+        return True
+
+    async def held(self) -> int:
+        """The claim's revision once the create answers (bounded by the KV request
+        timeout); _ClaimNotHeld if it lost or failed."""
+        if not self.create.done():
+            await asyncio.wait({self.create})
+        try:
+            revision = self.create.result()
+        except _KV_ERRORS as exc:
+            raise _ClaimNotHeld(exc) from exc
+        if revision is None:
+            raise _ClaimNotHeld(None)
+        self.passed, self.revision = True, revision
+        return revision
+
+    async def stop(self) -> None:
+        """Cancel the create if it is still under way, and wait for it to end."""
+        if not self.create.done():
+            self.create.cancel()
+            await asyncio.wait({self.create})
+        if not self.create.cancelled():
+            self.create.exception()  # retrieved: its outcome no longer matters
+
+
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
@@ -154,6 +210,7 @@ class Auctioneer:
         config: AuctionConfig | None = None,
         trust: TrustStore | None = None,
         claims: bool = True,
+        claim_store: ClaimStore | None = None,
     ) -> None:
         self.nc = nc
         # Order claims in JetStream KV (bourse/auction/claims.py): on when the server has
@@ -163,6 +220,8 @@ class Auctioneer:
         self._claims_checked = False  # tried once (and said so if there are none)
         self._claims_next_try = 0.0  # monotonic: when to try to open the bucket again
         self._claims_lock = asyncio.Lock()
+        if claim_store is not None:  # an open bucket to use (tests inject a slow one)
+            self._claim_store, self._claims_checked = claim_store, True
         self.trust = trust
         # Offers dropped by the signature check, by reason (bourse/wire/signing.py).
         self.unverified: Counter[str] = Counter()
@@ -369,18 +428,29 @@ class Auctioneer:
         grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
         olog = log.bind(order_id=order.order_id, region=order.region)
         # Optimistic: most order ids are new, so try to create the claim before reading
-        # it (one KV round trip saved); a failed create reads the claim and decides.
+        # it (one KV round trip saved), while the auction bids (another one off the
+        # critical path); a failed create reads the claim and decides.
         claim: Claim | None = None
         revision = 0
         looked = False
         auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
+        # The bids' auction id: the claim's for the first auction; a fresh one for an
+        # auction after an abandoned one, since suppliers ignore a bid whose (order id,
+        # auction id) they were told to release (supplier/host.py). Nothing else needs the
+        # claim's auction id to be the bid's: only this loop reads it (its own lost write).
+        bid_id = auction_id
         backoff = KV_BACKOFF_S
         while True:
+            overlap = False
             try:
                 if store is None:
                     store = await self.claims()
                     if store is None:  # no JetStream (or --no-claims): as without claims
                         return await self._run(order, spent_ms + (time.monotonic() - t0) * 1e3)
+                # The first try of an order that is not a retry creates the claim while
+                # the auction bids. A retry may well find its id placed (adopted from the
+                # claim without a bid): it creates, then bids, as before.
+                overlap = not looked and not order.retry
                 if looked:
                     claim, revision = await store.get(order.order_id)
                 looked = True
@@ -410,40 +480,97 @@ class Auctioneer:
                     fingerprint=fp,
                     until_ms=_wall_ms() + int(left_ms) + grace_ms,
                 )
+                held: int | None = 0  # overlap: created below, while the auction bids
                 if claim is not None and claim.auction_id == auction_id:
-                    held: int | None = revision
-                else:
+                    held = revision
+                elif not overlap:
                     held = await store.put(order.order_id, mine, revision)
                 if held is None:
                     continue  # another process claimed it first: look again
             except _KV_ERRORS as exc:
-                # No claim, no auction: one placed without its claim could be this id's
-                # second machine (I3 before availability). Try again while the order has
-                # time (a JetStream leader election is short), then refuse it.
-                olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-                left = deadline - time.monotonic()
-                if left <= backoff:
-                    raise AuctionError(
-                        f"order claims unavailable ({str(exc) or type(exc).__name__}): nothing "
-                        "was placed; try again (docs/protocol.md §5.3c)"
-                    ) from exc
-                await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
-                backoff = min(2 * backoff, KV_BACKOFF_MAX_S)
+                backoff = await self._claim_failed(exc, deadline, backoff, olog)
                 looked = True
                 continue
             # A fresh claim means no machine exists for this id (within the window): no
             # retry gathering. A taken-over one may have a machine: gather as a retry.
             run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
+            if overlap:
+                try:
+                    held, result = await self._run_overlapped(store, run, mine, spent, bid_id)
+                except _ClaimNotHeld as lost:  # abandoned, nothing committed
+                    bid_id = str(ULID())
+                    if lost.error is not None:
+                        backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
+                    continue  # look at the claim, as after a create that lost
+                await self._settle(store, order, mine, held, result, olog, fresh=True)
+                return result
             if isinstance(d, TakeOver):
                 olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
             try:
-                result = await self._run(run, spent, auction_id)
+                result = await self._run(run, spent, bid_id)
             except ConflictingOrder:  # the id names another order's machine (past the
                 with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
                     await store.remove(order.order_id, held)
                 raise
             await self._settle(store, order, mine, held, result, olog, fresh=isinstance(d, Create))
             return result
+
+    @staticmethod
+    async def _claim_failed(
+        exc: BaseException, deadline: float, backoff: float, olog: BoundLogger
+    ) -> float:
+        """A claim request failed: wait ``backoff`` and say what to wait next time, or
+        raise AuctionError when the order has no time left for another try."""
+        # No claim, no auction: one placed without its claim could be this id's second
+        # machine (I3 before availability). Try again while the order has time (a
+        # JetStream leader election is short), then refuse it.
+        olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
+        left = deadline - time.monotonic()
+        if left <= backoff:
+            raise AuctionError(
+                f"order claims unavailable ({str(exc) or type(exc).__name__}): nothing "
+                "was placed; try again (docs/protocol.md §5.3c)"
+            ) from exc
+        await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
+        return min(2 * backoff, KV_BACKOFF_MAX_S)
+
+    async def _run_overlapped(
+        self, store: ClaimStore, order: PlaceOrder, mine: Claim, spent_ms: float, bid_id: str
+    ) -> tuple[int, Placed | Unfilled]:
+        """Create the claim (create-if-absent) while the auction bids: the claim's
+        revision and the auction's result. Nothing is committed before the claim is held
+        (the gate in ``_drive``), and the result is not given before it is known. Raises
+        _ClaimNotHeld when the create lost or failed: the auction was abandoned without a
+        commit (its holds released as always) and the caller looks at the claim."""
+        gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
+        try:
+            result = await self._run(order, spent_ms, bid_id, gate)
+            revision = await gate.held()
+        except _ClaimNotHeld:
+            raise
+        except Exception as exc:
+            if gate.passed:  # held, and maybe committed: as without the overlap
+                if isinstance(exc, ConflictingOrder):
+                    with contextlib.suppress(*_KV_ERRORS):
+                        await store.remove(order.order_id, gate.revision)
+                raise
+            # Abandoned before its first commit (a conflicting machine, a lost connection):
+            # if the create lost or failed, the caller goes on as after a lost create; if
+            # it won, nothing was committed under the claim, so it is removed, as _settle
+            # removes a fresh claim of an auction without a commit, and the error stands.
+            revision = await gate.held()
+            with contextlib.suppress(*_KV_ERRORS):
+                await store.remove(order.order_id, revision)
+            raise
+        finally:
+            # The create is owned here: answered by now on every path but one, a
+            # cancellation (the process stopping), which cancels it as a cancel during the
+            # create did before the overlap. A create the server already took leaves an
+            # 'auctioning' claim nobody settles: duplicates wait for its end and then take
+            # it over as a retry (the current takeover semantics; nothing was committed
+            # under it unless the gate was passed, and then the retry adopts the machine).
+            await gate.stop()
+        return revision, result
 
     @staticmethod
     async def _settle(
@@ -479,7 +606,11 @@ class Auctioneer:
             olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
 
     async def _run(
-        self, order: PlaceOrder, spent_ms: float, auction_id: str | None = None
+        self,
+        order: PlaceOrder,
+        spent_ms: float,
+        auction_id: str | None = None,
+        gate: _ClaimGate | None = None,
     ) -> Placed | Unfilled:
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
@@ -499,7 +630,7 @@ class Auctioneer:
         box = self._boxes[auction_id] = _Mailbox()
         olog = log.bind(order_id=order.order_id, region=order.region)
         try:
-            return await self._drive(core, box, reply_to, olog)
+            return await self._drive(core, box, reply_to, olog, gate)
         finally:
             del self._boxes[auction_id]
             self._learn(order.region, core.tally)
@@ -533,9 +664,18 @@ class Auctioneer:
                 del seen[r]
 
     async def _drive(
-        self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
+        self,
+        core: Auction,
+        box: _Mailbox,
+        reply_to: str,
+        olog: BoundLogger,
+        gate: _ClaimGate | None = None,
     ) -> Placed | Unfilled:
-        """Feed the core until it finishes, doing what it decides in order."""
+        """Feed the core until it finishes, doing what it decides in order. With a
+        ``gate`` (the order's claim still being created), the first commit waits for the
+        claim: held, it goes out (in what is left of its time); lost or failed, the auction
+        is abandoned (_ClaimNotHeld); not written by the deadline, the auction ends
+        unfilled without a commit."""
         todo: deque[Decision] = deque(core.start())
         while True:
             if not todo:
@@ -544,6 +684,13 @@ class Auctioneer:
             d = todo.popleft()
             if isinstance(d, Finish):
                 return d.result
+            if isinstance(d, SendCommit) and gate is not None and not gate.passed:
+                t = time.monotonic()
+                if not gate.create.done():
+                    olog.debug("commit_awaits_claim")
+                if not await gate.passes(until=core.deadline):
+                    return _unfilled_at_gate(core, olog)
+                d = dataclasses.replace(d, timeout_s=d.timeout_s - (time.monotonic() - t))
             todo.extend(await self._perform(d, core, box, reply_to, olog))
 
     @staticmethod
@@ -651,6 +798,23 @@ _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _unfilled_at_gate(core: Auction, olog: BoundLogger) -> Unfilled:
+    """The auction was ready to commit, but its claim was not written by the deadline:
+    nothing was committed (commits_tried 0), so the claim, once written, is removed."""
+    unfilled = Unfilled(
+        order_id=core.order.order_id,
+        region=core.order.region,
+        reason="deadline",
+        offers=core.tally.offers,
+        commits_tried=0,
+        elapsed_ms=round((time.monotonic() - core.t0) * 1000.0, 3),
+        detail="the order's claim was not written before the deadline: nothing was "
+        "committed (docs/protocol.md §5.3c)",
+    )
+    olog.info("order_unfilled", reason="deadline", offers=unfilled.offers, commits_tried=0)
+    return unfilled
 
 
 def _unfilled_waiting(order: PlaceOrder, spent_ms: float) -> Unfilled:
