@@ -196,13 +196,26 @@ class ExchangeService:
         await self.responder.error(msg, err.code, err.detail, reason=err.reason)
 
     async def _place(self, msg: Msg, order: PlaceOrder, tenant: str | None = None) -> None:
-        outcome = await self.broker.place(order)
-        m = self.metrics
+        answered = False
+
+        async def answer(placed: Placed) -> None:
+            """A Placed, answered as soon as its claim write is on its way (§5.3c)."""
+            nonlocal answered
+            answered = True
+            await self._answer(msg, order, placed, tenant)
+
+        outcome = await self.broker.place(order, answer)
         if isinstance(outcome, Refused):
-            if m is not None:
-                m.refused(order.region, outcome.kind)
+            if self.metrics is not None:
+                self.metrics.refused(order.region, outcome.kind)
             await self._refuse(msg, outcome)
-            return
+        elif not answered:
+            await self._answer(msg, order, outcome, tenant)
+
+    async def _answer(
+        self, msg: Msg, order: PlaceOrder, outcome: Placed | Unfilled, tenant: str | None
+    ) -> None:
+        m = self.metrics
         if m is not None:
             if isinstance(outcome, Placed):
                 m.placed(order.region, outcome.elapsed_ms / 1000.0)

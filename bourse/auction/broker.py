@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
-from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder
+from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder, EarlyAnswer
 from bourse.wire.messages import OVERLOADED_REASON, Error, ErrorCode, Placed, PlaceOrder, Unfilled
 
 RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run"]
@@ -56,12 +56,13 @@ class Broker:
         self.auctioneer = auctioneer
         self.admission = admission
 
-    async def place(self, order: PlaceOrder) -> Outcome:
-        """Run one immediate-or-cancel order."""
+    async def place(self, order: PlaceOrder, answer: EarlyAnswer | None = None) -> Outcome:
+        """Run one immediate-or-cancel order. ``answer``: told a Placed as soon as the buyer
+        may be told (``Auctioneer.run``), before the outcome is returned."""
         try:
             if self.admission is None:
-                return await self.auctioneer.run(order)
-            return await self._admitted(self.admission, order)
+                return await self.auctioneer.run(order, answer=answer)
+            return await self._admitted(self.admission, order, answer)
         except ConflictingOrder as exc:
             return Refused("conflicting_order", str(exc))
         except AuctionError as exc:
@@ -76,7 +77,9 @@ class Broker:
     async def close(self) -> None:
         await self.auctioneer.close()
 
-    async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
+    async def _admitted(
+        self, limit: ConcurrencyLimit, order: PlaceOrder, answer: EarlyAnswer | None
+    ) -> Outcome:
         """Past the limit an order waits its turn for a share of its deadline (an auction
         started now would slow every one under way); the auction gets what is left, and
         what it says about load adapts the limit (bourse/auction/admission.py)."""
@@ -86,7 +89,7 @@ class Broker:
         started = time.monotonic()
         load_ms: float | None = None
         try:
-            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
+            result = await self.auctioneer.run(order, (started - t0) * 1000.0, answer)
             if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
                 load_ms = (time.monotonic() - started) * 1000.0
             return result

@@ -203,12 +203,31 @@ def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
 _decoder = msgspec.json.Decoder(Claim)
 
 
+class _ApiError(msgspec.Struct):
+    code: int = 0
+    err_code: int = 0
+    description: str = ""
+
+
+class _PubAck(msgspec.Struct):
+    """JetStream's answer to a publish (a KV write): the new sequence, or an error."""
+
+    seq: int = 0
+    error: _ApiError | None = None
+
+
+_ack_decoder = msgspec.json.Decoder(_PubAck)
+# JetStream's "wrong last sequence" errors: the key moved past the revision named.
+WRONG_LAST_SEQUENCE = (10071, 10164)
+
+
 class ClaimStore:
     """The claims bucket of one subject prefix, on one connection."""
 
-    def __init__(self, kv: KeyValue, name: str) -> None:
+    def __init__(self, kv: KeyValue, name: str, nc: NATS | None = None) -> None:
         self.kv = kv
         self.name = name
+        self.nc = nc  # for send_put (a write whose answer is awaited apart)
 
     @classmethod
     async def open(
@@ -245,7 +264,7 @@ class ClaimStore:
                 log.info("claims_bucket_created", bucket=name, replicas=config.replicas)
                 if config.replicas > 1:
                     await _leader_elected(js, f"KV_{name}")
-        return cls(kv, name)
+        return cls(kv, name, nc)
 
     async def get(self, order_id: str) -> tuple[Claim | None, int]:
         """The claim and its revision (None, last revision when absent or deleted)."""
@@ -267,6 +286,17 @@ class ClaimStore:
             return await self.kv.update(key_of(order_id), encode(claim), last=last)
         except nats.js.errors.KeyWrongLastSequenceError:
             return None
+
+    async def send_put(self, order_id: str, claim: Claim, last: int, reply: str) -> None:
+        """Send the write of ``put`` with its answer going to ``reply`` (an inbox of the
+        caller's), without waiting for it: read it with :func:`put_result`. Once this
+        returns, the write is ahead of anything the caller publishes next on the same
+        connection."""
+        if self.nc is None:
+            raise nats.errors.ConnectionClosedError
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        subject = f"$KV.{self.name}.{key_of(order_id)}"
+        await self.nc.publish(subject, encode(claim), reply=reply, headers=headers)
 
     async def remove(self, order_id: str, last: int) -> None:
         """Delete the claim if it is still ours (revision ``last``)."""
@@ -314,6 +344,24 @@ class ClaimStore:
 # answers that mean there are no claims. Any other failure (a timeout, "temporarily
 # unavailable" while a cluster elects its leader) is an outage of the claims.
 _NOT_ENABLED = frozenset({10039, 10076})
+
+
+def put_result(data: bytes, headers: dict[str, str] | None) -> int | None:
+    """The answer to a ``send_put``: the claim's new revision, or None when someone else
+    changed it first; raises as ``put`` does (no JetStream responder, an API error)."""
+    if headers is not None and headers.get("Status") == "503":
+        raise nats.js.errors.NoStreamResponseError
+    try:
+        ack = _ack_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise nats.js.errors.Error(f"undecodable JetStream answer: {exc}") from exc
+    if ack.error is not None:
+        if ack.error.err_code in WRONG_LAST_SEQUENCE:
+            return None
+        raise nats.js.errors.APIError(
+            code=ack.error.code, err_code=ack.error.err_code, description=ack.error.description
+        )
+    return ack.seq
 
 
 async def _has_jetstream(nc: NATS, timeout_s: float) -> bool:

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -31,6 +31,7 @@ from nats.aio.subscription import Subscription
 from ulid import ULID
 
 from bourse.auction.claims import (
+    KV_TIMEOUT_S,
     Adopt,
     Claim,
     ClaimDecision,
@@ -41,6 +42,7 @@ from bourse.auction.claims import (
     Wait,
     decide,
     fingerprint,
+    put_result,
 )
 from bourse.auction.core import (
     Auction,
@@ -88,6 +90,10 @@ __all__ = ["AuctionConfig", "AuctionError", "Auctioneer", "ConflictingOrder"]
 
 log = structlog.get_logger("bourse.auction")
 BoundLogger = structlog.typing.FilteringBoundLogger
+
+
+# Told a Placed as soon as the buyer may be told (Auctioneer.run).
+EarlyAnswer = Callable[[Placed], Awaitable[None]]
 
 
 class AuctionError(RuntimeError):
@@ -244,13 +250,21 @@ class Auctioneer:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self.batches_sent = 0  # Batch messages published (for tests and the logs)
+        # Answers to claim writes sent apart (ClaimStore.send_put), by inbox token.
+        self._acks: dict[str, asyncio.Future[Msg]] = {}
 
-    async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
+    async def run(
+        self, order: PlaceOrder, spent_ms: float = 0.0, answer: EarlyAnswer | None = None
+    ) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
         order id but a different order (region, resources, image...) is under way here,
         AuctionError if it cannot run (not connected).
         ``spent_ms``: time the order already waited (for admission): the auction's deadline
-        is what is left of the order's."""
+        is what is left of the order's.
+        ``answer``: called with a ``Placed`` as soon as the buyer may be told, which is
+        when the claim's write naming the machine is on its way (before the server's
+        acknowledgement, which the auction still awaits and checks before returning);
+        otherwise the caller answers with the result."""
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
@@ -263,7 +277,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run_claimed(order, spent_ms)
+            result = await self._run_claimed(order, spent_ms, answer)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -287,6 +301,11 @@ class Auctioneer:
         token = msg.subject[len(self._prefix) + 1 :]
         if token == ANSWERS_TOKEN:
             self._route_answers(msg)
+            return
+        ack = self._acks.get(token)
+        if ack is not None:
+            if not ack.done():
+                ack.set_result(msg)
             return
         box = self._boxes.get(token)
         if box is not None:
@@ -411,7 +430,9 @@ class Auctioneer:
                 )
         self._claims_checked = True
 
-    async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+    async def _run_claimed(
+        self, order: PlaceOrder, spent_ms: float, answer: EarlyAnswer | None = None
+    ) -> Placed | Unfilled:
         """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
         machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
@@ -502,7 +523,7 @@ class Auctioneer:
                     if lost.error is not None:
                         backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
                     continue  # look at the claim, as after a create that lost
-                await self._settle(store, order, mine, held, result, olog, fresh=True)
+                await self._settle(store, order, mine, held, result, olog, True, answer)
                 return result
             if isinstance(d, TakeOver):
                 olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
@@ -512,7 +533,8 @@ class Auctioneer:
                 with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
                     await store.remove(order.order_id, held)
                 raise
-            await self._settle(store, order, mine, held, result, olog, fresh=isinstance(d, Create))
+            fresh = isinstance(d, Create)
+            await self._settle(store, order, mine, held, result, olog, fresh, answer)
             return result
 
     @staticmethod
@@ -572,24 +594,29 @@ class Auctioneer:
             await gate.stop()
         return revision, result
 
-    @staticmethod
     async def _settle(
+        self,
         store: ClaimStore,
         order: PlaceOrder,
         mine: Claim,
         revision: int,
         result: Placed | Unfilled,
         olog: BoundLogger,
-        *,
         fresh: bool,
+        answer: EarlyAnswer | None = None,
     ) -> None:
         """Record the outcome in the claim: placed (a retry adopts it), unfilled, or
         removed. ``fresh``: the claim was created by this auction (no machine could exist
-        for the id before it), not taken over from one that may have committed."""
+        for the id before it), not taken over from one that may have committed.
+        ``answer``: a Placed is answered once its claim write is sent (see ``run``)."""
         try:
             if isinstance(result, Placed):
                 placed = msgspec.structs.replace(mine, state="placed", placed=result)
-                if await store.put(order.order_id, placed, revision) is None:
+                if answer is None:
+                    written = await store.put(order.order_id, placed, revision)
+                else:
+                    written = await self._put_answering(store, order, placed, revision, answer)
+                if written is None:
                     olog.warning("order_claim_lost", machine_id=result.machine_id)
             elif result.commits_tried == 0 and fresh:
                 await store.remove(order.order_id, revision)  # no machine can exist for it
@@ -604,6 +631,30 @@ class Auctioneer:
                 await store.put(order.order_id, unfilled, revision)
         except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it
             olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
+
+    async def _put_answering(
+        self,
+        store: ClaimStore,
+        order: PlaceOrder,
+        placed: Claim,
+        revision: int,
+        answer: EarlyAnswer,
+    ) -> int | None:
+        """Write the placed claim and, once the write is on its way (ahead of the answer
+        on this connection), answer the buyer; then wait for the write's outcome. The
+        buyer's answer never depended on it: a write that fails is logged either way and
+        the machine stays placed (a retry finds it on its worker)."""
+        assert placed.placed is not None
+        token = f"{placed.auction_id}-claim"
+        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
+        self._acks[token] = fut
+        try:
+            await store.send_put(order.order_id, placed, revision, f"{await self._inbox()}.{token}")
+            await answer(placed.placed)
+            msg = await asyncio.wait_for(fut, KV_TIMEOUT_S)
+            return put_result(msg.data, msg.headers)
+        finally:
+            self._acks.pop(token, None)
 
     async def _run(
         self,

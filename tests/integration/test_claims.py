@@ -18,7 +18,8 @@ from bourse.auction.claims import Claim, ClaimStore, fingerprint
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
-from bourse.wire.codec import decode
+from bourse.nats.jetstream import claims_bucket_name
+from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Placed, PlaceOrder, Unfilled
 from bourse.wire.subjects import Subjects
 from tests.market import Market, order, worker
@@ -223,3 +224,31 @@ async def test_a_jetstream_that_does_not_answer_is_an_outage_not_no_claims(
             assert isinstance(r, Placed)  # placed without claims, as without JetStream
     finally:
         srv.stop()
+
+
+async def test_the_buyer_is_answered_once_the_placed_claim_is_on_its_way(market: Market) -> None:
+    """The exchange answers Placed right after sending the claim's write that names the
+    machine (not after JetStream acknowledged it): one round trip off every placement. The
+    write is ahead of the answer on the exchange's connection, so everyone sees it first."""
+    await market.host(worker("a"))
+    await market.exchange()
+    nc = await market.connect("watcher")
+    sub = await nc.subscribe(">")  # everything, in the order the server delivers it here
+    await nc.flush()
+    inbox = nc.new_inbox()
+    bucket = claims_bucket_name(market.subjects.prefix)
+    data = encode(order(order_id="early"))
+    await nc.publish(market.subjects.order("mad"), data, reply=inbox)
+    seen: list[str] = []
+    reply: Placed | None = None
+    while reply is None:
+        m = await sub.next_msg(5)
+        if m.subject.startswith(f"$KV.{bucket}."):
+            seen.append(msgspec.json.decode(m.data, type=Claim).state)
+        elif m.subject == inbox:
+            reply = decode(m.data, Placed)
+    assert seen == ["auctioning", "placed"]
+    store = await _store(market)
+    claim, _ = await store.get("early")
+    assert claim is not None and claim.placed is not None
+    assert claim.placed.machine_id == reply.machine_id

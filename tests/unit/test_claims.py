@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from nats.js.errors import APIError, NoStreamResponseError
+from nats.js.errors import Error as JsError
 
 from bourse.auction.claims import (
     TAKEOVER_SLACK_MS,
@@ -20,6 +22,7 @@ from bourse.auction.claims import (
     fingerprint,
     judge,
     key_of,
+    put_result,
 )
 from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.messages import OrderId, Placed, PlaceOrder, Resources
@@ -190,3 +193,33 @@ def test_an_adopted_or_reclaimed_claim_answers_the_next_attempt() -> None:
     assert adopted is not None and decide(adopted, ORDER, FP, NOW) == Adopt(MINE)
     gone = judge(claim("unfilled"), MINE, NOW).write
     assert gone is not None and decide(gone, ORDER, FP, NOW) == Create()
+
+
+@pytest.mark.parametrize(
+    ("data", "headers", "expected"),
+    [
+        (b'{"stream":"KV_X","seq":7}', None, 7),
+        (b'{"stream":"KV_X","seq":7,"duplicate":true}', {}, 7),
+        (
+            b'{"error":{"code":400,"err_code":10071,"description":"wrong last sequence: 6"}}',
+            None,
+            None,
+        ),
+        (
+            b'{"error":{"code":400,"err_code":10164,"description":"wrong last sequence"}}',
+            None,
+            None,
+        ),
+        (b'{"error":{"code":503,"err_code":10008,"description":"unavailable"}}', None, APIError),
+        (b"", {"Status": "503"}, NoStreamResponseError),
+        (b"not json", None, JsError),
+    ],
+)
+def test_the_answer_to_a_claim_write_sent_apart(
+    data: bytes, headers: dict[str, str] | None, expected: int | type[Exception] | None
+) -> None:
+    if isinstance(expected, type):
+        with pytest.raises(expected):
+            put_result(data, headers)
+    else:
+        assert put_result(data, headers) == expected
