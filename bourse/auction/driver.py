@@ -273,7 +273,10 @@ class Auctioneer:
                     f"order id {order.order_id!r} is already in use by a different order "
                     f"(region {first.region!r}) that is being placed now"
                 )
-            return await asyncio.shield(fut)
+            joined = await asyncio.shield(fut)
+            if isinstance(joined, Placed) and not joined.existing:  # the other attempt's
+                return msgspec.structs.replace(joined, existing=True)
+            return joined
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
