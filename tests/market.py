@@ -19,11 +19,13 @@ import anyio
 import anyio.abc
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
-from bourse.wire.messages import PlaceOrder, Resources
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
 from supplier.config import WorkerConfig
@@ -182,3 +184,24 @@ class Market:
                     await nc.close()
             for s in self.stores:
                 s.close()
+
+
+async def answer_commits(nc: NATS, subjects: Subjects, *worker_ids: str, score: float) -> None:
+    """A raw supplier's commit side (an older or foreign one, in tests): every commit to
+    ``worker_ids`` is answered Placed at once."""
+
+    async def on_commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        placed = Placed(
+            order_id=c.order_id,
+            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
+            worker_id=c.worker_id,
+            region="mad",
+            score=score,
+            image_cached=False,
+            elapsed_ms=1.0,
+        )
+        await nc.publish(msg.reply, encode(placed))
+
+    for w in worker_ids:
+        await nc.subscribe(subjects.commit(w), cb=on_commit)

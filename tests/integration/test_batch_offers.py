@@ -9,9 +9,9 @@ from nats.aio.msg import Msg
 
 from bourse.nats.auth import new_seed
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, BidReply, Commit, Offer, Offers, Placed, Resources
+from bourse.wire.messages import Bid, BidReply, Offer, Offers, Placed, Resources
 from bourse.wire.signing import OfferSigner, TrustStore
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, answer_commits, order, wait_until, worker
 
 
 def _bid(batch: bool) -> Bid:
@@ -93,22 +93,8 @@ async def test_a_supplier_that_ignores_the_flag_is_placed_on_all_the_same(market
             )
             await nc.publish(msg.reply, encode(o))
 
-    async def on_commit(msg: Msg) -> None:
-        c = decode(msg.data, Commit)
-        placed = Placed(
-            order_id=c.order_id,
-            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
-            worker_id=c.worker_id,
-            region="mad",
-            score=0.9,
-            image_cached=False,
-            elapsed_ms=1.0,
-        )
-        await nc.publish(msg.reply, encode(placed))
-
     await nc.subscribe(s.bid("mad"), cb=on_bid)
-    for w in ("old-1", "old-2"):
-        await nc.subscribe(s.commit(w), cb=on_commit)
+    await answer_commits(nc, s, "old-1", "old-2", score=0.9)
     await nc.flush()
     client = await market.client(direct=True)
     r = await client.place(order(order_id="o-old"))

@@ -8,8 +8,8 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, BidReply, Commit, Offer, Offers, Placed, Resources
-from tests.market import Market, order, wait_until, worker
+from bourse.wire.messages import Bid, BidReply, Offer, Offers, Placed, Resources
+from tests.market import Market, answer_commits, order, wait_until, worker
 
 
 def _bid(order_id: str = "o", cpus: int = 1) -> Bid:
@@ -89,21 +89,8 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
         )
         await nc.publish(msg.reply, encode(o))
 
-    async def on_commit(msg: Msg) -> None:
-        c = decode(msg.data, Commit)
-        placed = Placed(
-            order_id=c.order_id,
-            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
-            worker_id=c.worker_id,
-            region="mad",
-            score=0.99,
-            image_cached=False,
-            elapsed_ms=1.0,
-        )
-        await nc.publish(msg.reply, encode(placed))
-
     await nc.subscribe(s.bid("mad"), cb=on_bid)
-    await nc.subscribe(s.commit("old-1"), cb=on_commit)
+    await answer_commits(nc, s, "old-1", score=0.99)
     await nc.flush()
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
