@@ -621,6 +621,11 @@ class SupplierHost:
         if isinstance(result, Placed):
             self.owners[result.order_id] = w
         await self.responder.reply(msg, result)
+        if isinstance(result, Placed) and commit.release_others and commit.auction_id:
+            # every offer was this process's: the auction sends no region release (§4.6)
+            self._release_region(
+                Release(order_id=commit.order_id, auction_id=commit.auction_id), w.region
+            )
 
     async def _answer(self, msg: Msg, result: Awaitable[msgspec.Struct]) -> None:
         await self.responder.reply(msg, await result)

@@ -311,6 +311,12 @@ class Auction:
         # arrived with its supplier's delay.
         self.responders = responders if self.bid.prompt_offers else 0
         self._ready: dict[int, float] = {}
+        # Who offered (named prompt answers): worker id -> its process, and the processes
+        # that offered anything. A commit may then ask the winner's process to drop the
+        # other holds itself (Commit.release_others) and the region release is not needed.
+        self._process_of: dict[str, str] = {}
+        self._offering: set[str] = set()
+        self._release_folded = False
 
     # -- events ----------------------------------------------------------------------------
 
@@ -356,6 +362,10 @@ class Auction:
             self.tally.responders.add(reply.responder)
             if reply.batches:
                 self.tally.batching.add(reply.responder)
+            if reply.offers:
+                self._offering.add(reply.responder)
+            for offer in reply.offers:
+                self._process_of[offer.worker_id] = reply.responder
         elif self.bid.prompt_offers:
             self.tally.anonymous += 1
         decisions: list[Decision] = []
@@ -399,6 +409,25 @@ class Auction:
         if self._ready and not self._all_answered():
             at = max(at, min(self._ready.get(n, -math.inf) for _, n, _ in self._heap))
         return at
+
+    def _alone(self, offer: Offer) -> bool:
+        """Did every offer come from ``offer``'s process, with every known process heard
+        and nobody waiting? Then that process can drop the order's other holds itself."""
+        process = self._process_of.get(offer.worker_id)
+        return (
+            process is not None
+            and self._offering == {process}
+            and self._all_answered()
+            and not self.tally.anonymous
+            and not self.tally.waited
+            and not self.tally.fallbacks
+        )
+
+    @property
+    def release_needed(self) -> bool:
+        """Must the driver publish the region release on the way out? Not after a Placed
+        whose commit asked its process to drop the other holds (§4.6 ``release_others``)."""
+        return not self._release_folded
 
     def _all_answered(self) -> bool:
         return (
@@ -586,6 +615,8 @@ class Auction:
             resources=self.order.resources,
             image=self.order.image,
             metadata=self.order.metadata,
+            auction_id=self.auction_id,
+            release_others=self._alone(offer),
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]
@@ -604,6 +635,7 @@ class Auction:
                 self.tally.rejections.append(f"{worker}: placed a machine not its own")
                 return []
             placed = Placed.of_commit(reply, offer, elapsed_ms=self._elapsed(now))
+            self._release_folded = self._alone(offer)
             fields: dict[str, object] = {
                 "worker_id": placed.worker_id,
                 "machine_id": placed.machine_id,

@@ -691,7 +691,8 @@ class Auctioneer:
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
-            await self._release(order, auction_id)
+            if core.release_needed:  # else the winner's process dropped the others itself
+                await self._release(order, auction_id)
 
     def expected_responders(self, region: str) -> int:
         """How many supplier processes answer a bid in ``region`` (0: not known, or some

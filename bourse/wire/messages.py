@@ -262,6 +262,11 @@ class Commit(Message, kw_only=True):
     resources: Resources
     image: Image
     metadata: Metadata = {}
+    # Added in v1 (§4.6): the auction's id, and "once placed, drop this order's other holds
+    # of that auction in your process yourself": every offer came from this process, so
+    # the auction sends no region release.
+    auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    release_others: bool = False
 
 
 class Placed(Message, kw_only=True):

@@ -100,3 +100,37 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
     assert auctioneer.expected_responders("mad") == 0  # an unnamed answer was seen
     r = await client.place(order(order_id="o-2"))
     assert isinstance(r, Placed) and r.worker_id == "old-1"  # the best offer, as before
+
+
+async def test_one_offering_process_drops_the_other_holds_itself(market: Market) -> None:
+    """Every offer came from one known process: its commit says ``release_others`` and the
+    auction publishes no region release (protocol §4.6); with two offering processes it
+    does."""
+    host = await market.host(*(worker(f"w{i}") for i in range(3)), max_offers=3)
+    nc = await market.connect("tap")
+    releases: list[str] = []
+
+    async def tap(msg: Msg) -> None:
+        releases.append(msg.subject)
+
+    await nc.subscribe(market.subjects.region_release("*"), cb=tap)
+    await nc.flush()
+    client = await market.client(direct=True)
+    auctioneer = client._broker.auctioneer if client._broker else None
+    assert auctioneer is not None
+    assert isinstance(await client.place(order(order_id="learn")), Placed)  # learns the process
+    await wait_until(lambda: not any(w.ledger.holds for w in host.workers.values()))
+    await nc.flush()
+    mad, bcn = market.subjects.region_release("mad"), market.subjects.region_release("bcn")
+    assert releases == [mad]  # the first auction did not know the process yet
+    r = await client.place(order(order_id="alone"))
+    assert isinstance(r, Placed)
+    # the other two holds are gone without any release message
+    await wait_until(lambda: not any(w.ledger.holds for w in host.workers.values()))
+    # a marker from the same connection: its release (bcn: nobody there) comes after any
+    # release "alone" would have sent
+    marker = await client.place(order(order_id="marker", region="bcn"))
+    assert not isinstance(marker, Placed)
+    await wait_until(lambda: bcn in releases)
+    assert releases == [mad, bcn]  # none for "alone"
+    assert market.violations() == []

@@ -114,14 +114,19 @@ def unfilled_log(u: Unfilled) -> Log:
     return Log("info", "order_unfilled", fields)
 
 
-def commit_of(worker: str, at: float, order: PlaceOrder = ORDER) -> SendCommit:
-    """The SendCommit for ``worker`` decided at ``at`` (default deadline 500 ms)."""
+def commit_of(
+    worker: str, at: float, order: PlaceOrder = ORDER, *, alone: bool = False
+) -> SendCommit:
+    """The SendCommit for ``worker`` decided at ``at`` (default deadline 500 ms);
+    ``alone``: every offer came from its process, which drops the others itself."""
     commit = Commit(
         order_id=order.order_id,
         worker_id=worker,
         resources=order.resources,
         image=order.image,
         metadata=order.metadata,
+        auction_id=AID,
+        release_others=alone,
     )
     timeout = T0 + order.deadline_ms / 1000 - at + GRACE
     return SendCommit(worker, S.commit(worker), commit, pytest.approx(timeout))  # type: ignore[arg-type]  # approx compares equal to the float
@@ -908,13 +913,13 @@ PROMPT = [
         "an empty answer counts as answered",
         2,
         [("p1", [prompt("w1", 0.5, 2.0)]), ("p2", [])],
-        "commit w1",
+        "commit w1 alone",  # the only process that offered drops the other holds itself
     ),
     (
         "the one known process answered: its best at once",
         1,
         [("p1", [prompt("w1", 0.7, 1.2), prompt("w2", 0.8, 0.8)])],
-        "commit w2",
+        "commit w2 alone",
     ),
     (
         "the same process twice counts once",
@@ -945,7 +950,8 @@ def test_prompt_answers_are_ranked_by_the_auction(
         assert feed(a, Offers(offers=offers, responder=responder), at=at) == []
     verb, arg = then.split(" ", 1)
     if verb == "commit":
-        assert a.poll(at) == [commit_of(arg, at)]
+        worker, _, alone = arg.partition(" ")
+        assert a.poll(at) == [commit_of(worker, at, alone=alone == "alone")]
     else:
         [wake] = a.poll(at)
         wake_ms = float(arg.removeprefix("at "))
@@ -966,10 +972,10 @@ def test_a_rejected_commit_goes_to_the_next_best_at_once_when_all_answered() -> 
     a.start()
     offers = [prompt("w1", 0.9, 0.4), prompt("w2", 0.8, 0.8)]
     feed(a, Offers(offers=offers, responder="p1"), at=T0 + MS)
-    assert a.poll(T0 + MS) == [commit_of("w1", T0 + MS)]
+    assert a.poll(T0 + MS) == [commit_of("w1", T0 + MS, alone=True)]
     gone = a.commit_outcome(CommitNoResponders(), T0 + 2 * MS)
     assert gone == []
-    assert a.poll(T0 + 2 * MS) == [commit_of("w2", T0 + 2 * MS)]
+    assert a.poll(T0 + 2 * MS) == [commit_of("w2", T0 + 2 * MS, alone=True)]
 
 
 def test_a_retry_still_gathers_when_every_process_answered() -> None:
@@ -1007,3 +1013,62 @@ def test_the_tally_names_who_answered_a_prompt_bid(
     feed(a, *replies)
     assert (a.tally.responders, a.tally.anonymous) == (responders, anonymous)
     assert a.responders == (3 if config.prompt_offers else 0)
+
+
+def _placed_reply(worker: str) -> CommitAnswered:
+    return CommitAnswered(
+        Placed(
+            order_id="o1",
+            machine_id=f"{worker}~M1",
+            worker_id=worker,
+            region="mad",
+            score=0.9,
+            image_cached=False,
+            elapsed_ms=1.0,
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "expected", "answers", "waiting", "needed"),
+    [
+        ("one known process offered alone", 1, [("p1", ["w1", "w2"])], False, False),
+        ("the other known process answered empty", 2, [("p1", ["w1"]), ("p2", [])], False, False),
+        ("two processes offered", 2, [("p1", ["w1"]), ("p2", ["w2"])], False, True),
+        ("a known process has not answered", 2, [("p1", ["w1"])], False, True),
+        ("processes unknown", 0, [("p1", ["w1"])], False, True),
+        ("a worker waits", 1, [("p1", ["w1"])], True, True),
+        ("an unnamed answer", 1, [("p1", ["w1"]), ("", ["w2"])], False, True),
+    ],
+)
+def test_the_region_release_is_folded_into_the_commit_only_when_one_process_offered(
+    case: str,
+    expected: int,
+    answers: list[tuple[str, list[str]]],
+    waiting: bool,
+    needed: bool,
+) -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=expected)
+    a.start()
+    for responder, workers in answers:
+        offers = [prompt(w, 0.9 - 0.1 * i, 0.1) for i, w in enumerate(workers)]
+        feed(a, Offers(offers=offers, responder=responder), at=T0 + MS)
+    if waiting:
+        feed(a, Waiting(order_id="o1", worker_id="w9", region="mad", wait_ms=50), at=T0 + MS)
+    [commit] = a.poll(T0 + 2 * MS)
+    assert isinstance(commit, SendCommit)
+    assert commit.commit.release_others is not needed
+    decisions = a.commit_outcome(_placed_reply(commit.worker_id), T0 + 3 * MS)
+    assert isinstance(decisions[-1], Finish)
+    assert a.release_needed is needed
+
+
+def test_an_unfilled_auction_always_releases() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a.start()
+    feed(a, Offers(offers=[prompt("w1", 0.9, 0.1)], responder="p1"), at=T0 + MS)
+    [commit] = a.poll(T0 + 2 * MS)
+    assert isinstance(commit, SendCommit) and commit.commit.release_others
+    a.commit_outcome(CommitNoResponders(), T0 + 3 * MS)
+    a.timer(T0 + 1.0)  # the deadline: unfilled
+    assert a.release_needed
