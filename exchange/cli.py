@@ -97,6 +97,14 @@ def serve(
             "one Batch message where every supplier process takes it (§4.4.4).",
         ),
     ] = True,
+    claim_beside_bid: Annotated[
+        bool,
+        typer.Option(
+            help="Create an order's claim while its first bid goes out (one KV round trip "
+            "off a placement); off by default: concurrent duplicates not sent as retries "
+            "then knock out each other's holds (docs/protocol.md §5.3c).",
+        ),
+    ] = False,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
     trust: Annotated[
         Path | None,
@@ -132,6 +140,7 @@ def serve(
         bid_sample=bid_sample,
         prompt_offers=prompt_offers,
         batch_bids=batches,
+        claim_beside_bid=claim_beside_bid,
     )
 
     async def main() -> None:

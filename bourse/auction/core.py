@@ -106,6 +106,13 @@ class AuctionConfig:
     # With prompt_offers: bids and region releases to a region whose every known supplier
     # process takes Batch messages are sent together, one loop turn later (§4.4.4).
     batch_bids: bool = True
+    # Create the order id's claim while the first bid goes out, instead of before it
+    # (docs/protocol.md §5.3c): one KV round trip off an idle placement, but concurrent
+    # duplicates of an order that is not marked retry each bid before one of them holds the
+    # claim, and a loser's bid replaces the winner's holds on the workers it reaches (a
+    # worker keeps one hold per order id), so the winner's commits are refused (no_hold).
+    # Off by default; for markets whose duplicates are sent as retries.
+    claim_beside_bid: bool = False
 
 
 class AuctionStateError(RuntimeError):

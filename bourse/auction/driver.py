@@ -471,10 +471,10 @@ class Auctioneer:
                     store = await self.claims()
                     if store is None:  # no JetStream (or --no-claims): as without claims
                         return await self._run(order, spent_ms + (time.monotonic() - t0) * 1e3)
-                # The first try of an order that is not a retry creates the claim while
-                # the auction bids. A retry may well find its id placed (adopted from the
-                # claim without a bid): it creates, then bids, as before.
-                overlap = not looked and not order.retry
+                # With claim_beside_bid, the first try of an order that is not a retry
+                # creates the claim while the auction bids. A retry may well find its id
+                # placed (adopted from the claim without a bid): it creates, then bids.
+                overlap = self.config.claim_beside_bid and not looked and not order.retry
                 if looked:
                     claim, revision = await store.get(order.order_id)
                 looked = True

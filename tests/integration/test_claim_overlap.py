@@ -22,7 +22,7 @@ import structlog
 from nats.aio.msg import Msg
 
 from bourse.auction.claims import Claim, ClaimStore, fingerprint
-from bourse.auction.driver import Auctioneer, AuctionError
+from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Release, Unfilled
 from tests.market import Market, order, wait_until, worker
@@ -120,7 +120,8 @@ async def _store(market: Market) -> ClaimStore:
 
 
 async def _auctioneer(market: Market, store: ClaimStore) -> Auctioneer:
-    return Auctioneer(await market.connect("buyer"), market.subjects, claim_store=store)
+    config = AuctionConfig(claim_beside_bid=True)  # off by default (bourse/auction/core.py)
+    return Auctioneer(await market.connect("buyer"), market.subjects, config, claim_store=store)
 
 
 def _said(logs: list[dict[str, Any]], event: str) -> bool:
