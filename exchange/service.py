@@ -255,20 +255,24 @@ class ExchangeService:
 
     async def _on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]
-        if verb not in MACHINE_VERBS:
-            await self.responder.error(
-                msg,
-                "unknown_subject",
-                f"unknown machine verb {verb!r}: use one of {', '.join(MACHINE_VERBS)}",
-            )
+        if not await self._known_verb(msg, verb):
             return
         if verb == "list":
-            worker_id = decode(msg.data, ListMachines).worker_id
-            if not worker_id:
-                raise BadMessage("machine.list through the exchange needs worker_id")
+            worker_id = _list_worker(msg)
         else:
             worker_id = worker_of_machine(decode(msg.data, MachineRequest).machine_id)
         self.responder.spawn(msg, self._relay(msg, worker_id, verb))
+
+    async def _known_verb(self, msg: Msg, verb: str) -> bool:
+        """A machine verb the workers serve; else the request is answered with why not."""
+        if verb in MACHINE_VERBS:
+            return True
+        await self.responder.error(
+            msg,
+            "unknown_subject",
+            f"unknown machine verb {verb!r}: use one of {', '.join(MACHINE_VERBS)}",
+        )
+        return False
 
     async def _relay(self, msg: Msg, worker_id: str, verb: str) -> None:
         data = await self._ask(msg, worker_id, verb, msg.data)
@@ -295,18 +299,10 @@ class ExchangeService:
     async def _on_tenant_machine(self, msg: Msg) -> None:
         """A tenant's machine request: only its own machines, whatever it names."""
         tenant, _, verb = self.subjects.tail(msg.subject, 1)
-        if verb not in MACHINE_VERBS:
-            await self.responder.error(
-                msg,
-                "unknown_subject",
-                f"unknown machine verb {verb!r}: use one of {', '.join(MACHINE_VERBS)}",
-            )
+        if not await self._known_verb(msg, verb):
             return
         if verb == "list":
-            worker_id = decode(msg.data, ListMachines).worker_id
-            if not worker_id:
-                raise BadMessage("machine.list through the exchange needs worker_id")
-            self.responder.spawn(msg, self._tenant_list(msg, tenant, worker_id))
+            self.responder.spawn(msg, self._tenant_list(msg, tenant, _list_worker(msg)))
             return
         machine_id = decode(msg.data, MachineRequest).machine_id
         self.responder.spawn(msg, self._tenant_verb(msg, tenant, machine_id, verb))
@@ -389,3 +385,11 @@ class ExchangeService:
             )
         self.responder.counts["reclaim_checks"] += 1
         await self.responder.reply(msg, ReclaimVerdicts(verdicts=verdicts))
+
+
+def _list_worker(msg: Msg) -> str:
+    """The worker a machine.list through the exchange names (it must name one)."""
+    worker_id = decode(msg.data, ListMachines).worker_id
+    if not worker_id:
+        raise BadMessage("machine.list through the exchange needs worker_id")
+    return worker_id
