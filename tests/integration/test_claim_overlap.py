@@ -343,3 +343,21 @@ async def test_a_retry_creates_its_claim_before_it_bids(market: Market) -> None:
     assert isinstance(r, Placed)
     assert fake.created_at_bid == [True]  # the claim was written before the bid went out
     await auctioneer.close()
+
+
+async def test_by_default_the_claim_is_written_before_the_bid(market: Market) -> None:
+    """claim_beside_bid is off by default: a concurrent duplicate's early bid would replace
+    the claim holder's holds (a worker keeps one hold per order id)."""
+    real = await _store(market)
+    gated = GatedStore(real)
+    fake = FakeWorker(real)
+    await fake.start(market, gated)
+    auctioneer = Auctioneer(await market.connect("buyer"), market.subjects, claim_store=gated)
+    placing = asyncio.create_task(auctioneer.run(order(order_id="first-try")))
+    await asyncio.wait_for(gated.asked.wait(), 5)
+    assert fake.bids == []  # nothing bid while the create is held back
+    gated.go.set()
+    r = await asyncio.wait_for(placing, 5)
+    assert isinstance(r, Placed)
+    assert fake.created_at_bid == [True]
+    await auctioneer.close()

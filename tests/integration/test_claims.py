@@ -252,3 +252,24 @@ async def test_the_buyer_is_answered_once_the_placed_claim_is_on_its_way(market:
     claim, _ = await store.get("early")
     assert claim is not None and claim.placed is not None
     assert claim.placed.machine_id == reply.machine_id
+
+
+async def test_a_duplicate_waits_for_the_claim_without_a_jetstream_consumer(
+    market: Market,
+) -> None:
+    """Waiting for a live auction's outcome reads the claim; it does not watch it (a watch
+    is a consumer, and a storm of waiting duplicates hit the server's consumer limit)."""
+    store = await _store(market)
+    o = order(order_id="waited-on")
+    live = Claim(state="auctioning", auction_id="A", fingerprint=fingerprint(o), until_ms=1 << 60)
+    revision = await store.put("waited-on", live, 0)
+    assert revision is not None
+    waiters = [asyncio.create_task(store.changed("waited-on", revision, 5.0)) for _ in range(20)]
+    nc = await market.connect("inspector")
+    js = nc.jetstream()
+    info = await js.stream_info(f"KV_{store.name}")
+    assert info.state.consumer_count == 0 and not any(w.done() for w in waiters)
+    placed = msgspec.structs.replace(live, state="placed")
+    assert await store.put("waited-on", placed, revision) is not None
+    assert await asyncio.wait_for(asyncio.gather(*waiters), 5) == [True] * 20
+    assert not await store.changed("waited-on", revision + 1, 0.05)  # nothing new: False
