@@ -268,7 +268,10 @@ class Auctioneer:
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
-            if msgspec.structs.replace(first, retry=order.retry) != order:  # retry: a hint
+            # the same order is what claims call the same (its fingerprint: what is placed);
+            # deadline, min_score, exclude_workers and retry may differ between attempts, and
+            # a run may have answered its own buyer already and be settling its claim
+            if fingerprint(first) != fingerprint(order):
                 raise ConflictingOrder(
                     f"order id {order.order_id!r} is already in use by a different order "
                     f"(region {first.region!r}) that is being placed now"

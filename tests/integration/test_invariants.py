@@ -173,6 +173,25 @@ async def test_i3_a_retry_that_excludes_the_machines_worker_still_gets_that_mach
     assert sum(len(w.machines) for w in host.workers.values()) == 1
 
 
+async def test_i3_attempts_that_differ_only_in_how_they_are_auctioned_share_one_run(
+    market: Market,
+) -> None:
+    """Concurrent attempts in one process with the same id and the same order but other
+    exclude_workers (or deadline, min_score, retry) join one auction: one machine, the
+    joiner told it exists. (A run answers its buyer before it has settled its claim, so a
+    retry sent right after an answer can find it still running.)"""
+    host = await market.host(worker("a"), worker("b"))
+    buyer = await market.client(direct=True)
+    first, again = await asyncio.gather(
+        buyer.place(order(order_id="ex-2")),
+        buyer.place(order(order_id="ex-2", exclude_workers=["a", "b"], deadline_ms=900)),
+    )
+    assert isinstance(first, Placed) and isinstance(again, Placed)
+    assert again.machine_id == first.machine_id
+    assert sorted([first.existing, again.existing]) == [False, True]
+    assert sum(len(w.machines) for w in host.workers.values()) == 1
+
+
 async def test_i5_one_order_id_for_two_regions_at_once_is_refused_not_merged(
     market: Market,
 ) -> None:
