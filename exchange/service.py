@@ -105,16 +105,16 @@ class ExchangeService:
     ) -> None:
         """Serve until cancelled: subscribe, say ``started``, serve; then, shielded and
         bounded: unsubscribe, let the auctions under way finish (their holds released),
-        close the auctioneer. Auctions and relays run in this task group."""
-        async with anyio.create_task_group() as tasks:
-            self.responder = Responder(self.nc, "exchange", tasks)
-            try:
-                await self._subscribe()
-                task_status.started()
-                await anyio.sleep_forever()
-            finally:
-                with cleanup_scope(STOP_S):
-                    await self._stop()
+        close the auctioneer. Auctions and relays run in the responder's tasks, which the
+        stop ends."""
+        self.responder = Responder(self.nc, "exchange")
+        try:
+            await self._subscribe()
+            task_status.started()
+            await anyio.sleep_forever()
+        finally:
+            with cleanup_scope(STOP_S):
+                await self._stop()
 
     async def _subscribe(self) -> None:
         g = self.responder.guard

@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
 from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.messages import Machine, Placed, Unfilled, WorkerStatus
 from bourse.wire.resources import RESOURCES, add, format_value, vec
 from bourse.wire.subjects import Subjects, shard_of
@@ -222,31 +223,37 @@ class Generator:
         self.placer = direct if profile.direct else market  # who runs the auctions
         self.m = measured
         self.on_progress = on_progress
-        self._lifecycles: anyio.abc.TaskGroup | None = None  # run()'s: started machines
+        # A task per order sent and per machine placed, on a TaskSet: an anyio task each
+        # was a tenth of the generator's CPU (bourse/runtime/tasks.py).
+        self._sends = TaskSet("loadgen.sends")
+        self._lifecycles = TaskSet("loadgen.lifecycles")  # started machines
 
     async def run(self, orders: list[TraceOrder]) -> None:
-        """Send every order (each in a task of this run's group) and wait for the answers;
-        the lifecycles of the machines placed (start, destroy after their life) run in a
-        group of their own, cancelled once the last answer is in (or the run is)."""
-        async with anyio.create_task_group() as lifecycles:
-            self._lifecycles = lifecycles
+        """Send every order (each in a task of its own) and wait for the answers; the
+        lifecycles of the machines placed (start, destroy after their life) run in tasks of
+        their own, cancelled once the last answer is in (or the run is)."""
+        try:
             t0 = self.m.started_at = time.monotonic()
-            async with anyio.create_task_group() as sends:
-                if self.p.mode == "open":
-                    for t in orders:
-                        due = t0 + t.due_s
-                        wait = due - time.monotonic()
-                        if wait > 0:
-                            await anyio.sleep(wait)
-                        else:
-                            self.m.lag_max_ms = max(self.m.lag_max_ms, -wait * 1000)
-                        sends.start_soon(self._one, t, due)
-                else:
-                    queue = iter(orders)
-                    for _ in range(self.p.concurrency):
-                        sends.start_soon(self._closed, queue)
+            if self.p.mode == "open":
+                for t in orders:
+                    due = t0 + t.due_s
+                    wait = due - time.monotonic()
+                    if wait > 0:
+                        await anyio.sleep(wait)
+                    else:
+                        self.m.lag_max_ms = max(self.m.lag_max_ms, -wait * 1000)
+                    self._sends.spawn(self._one(t, due))
+            else:
+                queue = iter(orders)
+                for _ in range(self.p.concurrency):
+                    self._sends.spawn(self._closed(queue))
+            await self._sends.wait()
             self.m.seconds = time.monotonic() - t0
-            lifecycles.cancel_scope.cancel()
+            if self._sends.failed:  # a send raised past ClientError: a bug, not a result
+                raise RuntimeError(f"{self._sends.failed} order sends failed (see the log)")
+        finally:
+            await self._sends.finish(0)  # none left unless the run was cancelled
+            await self._lifecycles.finish(0)
 
     async def _closed(self, queue: Any) -> None:
         for t in queue:
@@ -270,8 +277,7 @@ class Generator:
             m.latency_placed.record_value(min(us, HIST_MAX_US))
             m.auction_placed.record_value(max(1, min(int(r.elapsed_ms * 1000), HIST_MAX_US)))
             m.per_second[int(done - m.started_at)] += 1
-            assert self._lifecycles is not None, "orders are sent by run()"
-            self._lifecycles.start_soon(self._lifecycle, r, t.lifetime_s)
+            self._lifecycles.spawn(self._lifecycle(r, t.lifetime_s))
         else:
             assert isinstance(r, Unfilled)
             m.unfilled[r.reason] += 1

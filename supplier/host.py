@@ -229,12 +229,13 @@ class SupplierHost:
         them from the store, subscribe, say ``started``, serve; then, shielded and bounded:
         unsubscribe, let the answers under way finish, stop the machines, send what the
         outbox holds. The outbox pump, each worker's machines (Machines.run: lifecycle work
-        and the driver's supervisors), the sweeper, the store probe and the handlers run in
-        this task group. Raises WorkerIdInUse before ``started`` if a worker is taken."""
+        and the driver's supervisors), the sweeper and the store probe run in this task
+        group; the handlers in the responder's tasks, which the stop ends. Raises
+        WorkerIdInUse before ``started`` if a worker is taken."""
         await self._check_unclaimed()  # before any task: a taken id is one plain error
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
-            self.responder = Responder(self.nc, "supplier", tasks)
+            self.responder = Responder(self.nc, "supplier")
             await tasks.start(self.outbox.run)
             await self.events.start()  # before any write of this run: rows stay in order
             await tasks.start(self.events.run)

@@ -17,20 +17,18 @@ with :meth:`Responder.subscribe` and a backlog bound: one queued behind more tha
 ``FANOUT_BACKLOG`` others is dropped unanswered and counted (``fanout_shed``), so a flood
 costs a supplier at most what it can answer, never an unbounded queue.
 
-Work that must not hold up its subscription runs in a task of the task group the service
-owns (``Responder(nc, component, tasks)``): nothing runs unowned, and the service's stop
+Work that must not hold up its subscription runs in a task the responder owns (a
+``bourse.runtime.tasks.TaskSet``: an anyio task per message cost a measurable share of a
+placement's CPU): nothing runs unowned, and the service's stop (:meth:`Responder.finish`)
 waits for (or, past its bound, cancels) what is under way.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import anyio
-import anyio.abc
 import msgspec
 import structlog
 from nats.aio.client import Client as NATS
@@ -38,6 +36,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bourse.nats.auth import is_inbox
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, encode
 from bourse.wire.messages import Error, ErrorCode
 
@@ -54,21 +53,17 @@ FANOUT_BACKLOG = 128
 
 
 class Responder:
-    """Replies for one service; ``tasks`` is the task group its spawned handlers run in.
+    """Replies for one service.
 
-    A spawned handler is shielded from its service's cancellation: a stop lets the answers
-    under way go out, for at most the bound given to :meth:`finish` (their orders' deadlines
-    usually end them sooner)."""
+    A spawned handler is not cancelled with its service: a stop lets the answers under way
+    go out, for at most the bound given to :meth:`finish` (their orders' deadlines usually
+    end them sooner)."""
 
-    def __init__(self, nc: NATS, component: str, tasks: anyio.abc.TaskGroup) -> None:
+    def __init__(self, nc: NATS, component: str) -> None:
         self.nc = nc
         self.counts: Counter[str] = Counter()
         self.log = log.bind(component=component)
-        self.tasks = tasks
-        self._inflight: set[anyio.CancelScope] = set()
-        self._idle = anyio.Event()
-        self._idle.set()
-        self._deadline = math.inf  # set by finish(): when the handlers still running end
+        self.handlers = TaskSet(f"{component}.handlers")
 
     async def reply(self, msg: Msg, message: msgspec.Struct) -> None:
         await self.forward(msg, encode(message))
@@ -125,36 +120,17 @@ class Responder:
         return sub
 
     def spawn(self, msg: Msg, work: Awaitable[None]) -> None:
-        """Answer ``msg`` from a task of the owner's task group (work that must not hold up
-        its subscription); whatever it raises becomes an Error reply, so a requester never
+        """Answer ``msg`` from a task of this responder (work that must not hold up its
+        subscription); whatever it raises becomes an Error reply, so a requester never
         waits for an answer that cannot come."""
-        scope = anyio.CancelScope(shield=True, deadline=self._deadline)
-        self._inflight.add(scope)
-        if self._idle.is_set():
-            self._idle = anyio.Event()
-        self.tasks.start_soon(self._answering_within, scope, msg, work)
+        self.handlers.spawn(self._answering(msg, work))
 
     async def finish(self, timeout_s: float) -> None:
         """Let the handlers under way finish; those still running after ``timeout_s`` are
         cancelled. Call once nothing new can arrive (the subscriptions are gone)."""
-        self._deadline = anyio.current_time() + timeout_s
-        for scope in self._inflight:
-            scope.deadline = min(scope.deadline, self._deadline)
-        with anyio.move_on_after(timeout_s + 0.1):  # their scopes end them; this is a backstop
-            await self._idle.wait()
-        if self._inflight:
-            self.log.warning("handlers_cut_short", count=len(self._inflight))
-
-    async def _answering_within(
-        self, scope: anyio.CancelScope, msg: Msg, work: Awaitable[None]
-    ) -> None:
-        try:
-            with scope:
-                await self._answering(msg, work)
-        finally:
-            self._inflight.discard(scope)
-            if not self._inflight:
-                self._idle.set()
+        cut = await self.handlers.finish(timeout_s)
+        if cut:
+            self.log.warning("handlers_cut_short", count=cut)
 
     async def _answering(self, msg: Msg, work: Awaitable[None]) -> None:
         try:
