@@ -53,6 +53,14 @@ def per_placement(m: Measured) -> tuple[dict[str, float] | None, dict[str, float
     return cpu_ms, msgs
 
 
+def cpu_vs_nats_server(cpu_ms: dict[str, float] | None) -> dict[str, float] | None:
+    """CPU per placement of every process kind over nats-server's in the same run."""
+    unit = (cpu_ms or {}).get("nats-server")
+    if not cpu_ms or not unit:
+        return None
+    return {k: round(v / unit, 2) for k, v in cpu_ms.items() if k != "nats-server"}
+
+
 def build(
     profile: Profile, m: Measured, ceiling: Ceiling | None, oracle: OracleResult | None
 ) -> dict[str, Any]:
@@ -107,6 +115,11 @@ def build(
         # None when the server's monitoring endpoint is not known (--nats without
         # --nats-monitor).
         "messages_per_placement": msgs,
+        # The same numbers with the run's own nats-server as the unit (None when it is not
+        # watched: --nats). This VM's speed drifts by 20% between runs, which a ratio to a
+        # process of the same run cancels; nats-server's work per placement follows the
+        # messages per placement, so read it next to those (docs/performance.md).
+        "cpu_vs_nats_server": cpu_vs_nats_server(cpu_ms),
         "nats_msgs": None
         if m.nats_in_msgs is None
         else {"published": m.nats_in_msgs, "delivered": m.nats_out_msgs},
@@ -204,6 +217,10 @@ def table(r: dict[str, Any]) -> Table:
     if cpu:
         parts = ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "all")
         t.add_row("CPU per placement", f"{cpu['all']:.2f} ms, all processes ({parts})")
+    rel = r.get("cpu_vs_nats_server")
+    if rel:
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in rel.items() if k != "all")
+        t.add_row("CPU / nats-server's", f"{rel['all']:.2f} x, all processes ({parts})")
     msgs = r.get("messages_per_placement")
     t.add_row(
         "NATS messages per placement",

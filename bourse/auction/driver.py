@@ -473,7 +473,8 @@ class Auctioneer:
                 if store is None:
                     store = await self.claims()
                     if store is None:  # no JetStream (or --no-claims): as without claims
-                        return await self._run(order, spent_ms + (time.monotonic() - t0) * 1e3)
+                        spent = spent_ms + (time.monotonic() - t0) * 1e3
+                        return await self._run(order, spent, olog=olog)
                 # With claim_beside_bid, the first try of an order that is not a retry
                 # creates the claim while the auction bids. A retry may well find its id
                 # placed (adopted from the claim without a bid): it creates, then bids.
@@ -523,7 +524,7 @@ class Auctioneer:
             run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
             if overlap:
                 try:
-                    held, result = await self._run_overlapped(store, run, mine, spent, bid_id)
+                    held, result = await self._run_overlapped(store, run, mine, spent, bid_id, olog)
                 except _ClaimNotHeld as lost:  # abandoned, nothing committed
                     bid_id = str(ULID())
                     if lost.error is not None:
@@ -534,7 +535,7 @@ class Auctioneer:
             if isinstance(d, TakeOver):
                 olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
             try:
-                result = await self._run(run, spent, bid_id)
+                result = await self._run(run, spent, bid_id, olog=olog)
             except ConflictingOrder:  # the id names another order's machine (past the
                 with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
                     await store.remove(order.order_id, held)
@@ -563,7 +564,13 @@ class Auctioneer:
         return min(2 * backoff, KV_BACKOFF_MAX_S)
 
     async def _run_overlapped(
-        self, store: ClaimStore, order: PlaceOrder, mine: Claim, spent_ms: float, bid_id: str
+        self,
+        store: ClaimStore,
+        order: PlaceOrder,
+        mine: Claim,
+        spent_ms: float,
+        bid_id: str,
+        olog: BoundLogger,
     ) -> tuple[int, Placed | Unfilled]:
         """Create the claim (create-if-absent) while the auction bids: the claim's
         revision and the auction's result. Nothing is committed before the claim is held
@@ -572,7 +579,7 @@ class Auctioneer:
         commit (its holds released as always) and the caller looks at the claim."""
         gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
         try:
-            result = await self._run(order, spent_ms, bid_id, gate)
+            result = await self._run(order, spent_ms, bid_id, gate, olog)
             revision = await gate.held()
         except _ClaimNotHeld:
             raise
@@ -668,6 +675,7 @@ class Auctioneer:
         spent_ms: float,
         auction_id: str | None = None,
         gate: _ClaimGate | None = None,
+        olog: BoundLogger | None = None,
     ) -> Placed | Unfilled:
         if not self.nc.is_connected:
             raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
@@ -685,7 +693,8 @@ class Auctioneer:
         )
         reply_to = f"{await self._inbox()}.{auction_id}"
         box = self._boxes[auction_id] = _Mailbox()
-        olog = log.bind(order_id=order.order_id, region=order.region)
+        if olog is None:  # bound once per order: a bind costs a fresh logger each time
+            olog = log.bind(order_id=order.order_id, region=order.region)
         try:
             return await self._drive(core, box, reply_to, olog, gate)
         finally:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.report import ms_label, ms_ticks, per_placement
+from loadtest.report import cpu_vs_nats_server, ms_label, ms_ticks, per_placement
 from loadtest.runner import Measured, ProcessStats
 
 
@@ -56,3 +56,21 @@ def test_per_placement_without_placements_or_counters() -> None:
     assert per_placement(Measured()) == (None, None)
     cpu, msgs = per_placement(Measured(placed=10))
     assert cpu == {"all": 0.0} and msgs is None
+
+
+@pytest.mark.parametrize(
+    ("cpu_ms", "expected"),
+    [
+        (
+            {"all": 1.5, "supplier": 0.8, "exchange": 0.4, "nats-server": 0.2, "loadgen": 0.1},
+            {"all": 7.5, "supplier": 4.0, "exchange": 2.0, "loadgen": 0.5},
+        ),
+        ({"all": 1.3, "supplier": 0.8}, None),  # an outside server (--nats): not watched
+        ({"all": 0.0, "nats-server": 0.0}, None),  # nothing measured: no unit
+        (None, None),
+    ],
+)
+def test_cpu_is_also_given_in_the_same_runs_nats_server_units(
+    cpu_ms: dict[str, float] | None, expected: dict[str, float] | None
+) -> None:
+    assert cpu_vs_nats_server(cpu_ms) == expected
