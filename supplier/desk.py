@@ -288,11 +288,12 @@ class Desk(Generic[S]):
         workers = group.candidates(
             bid.order_id, bid.image, owners.get(bid.order_id), self.quote_sample
         )
-        self._quote_all(bid, inbox, now, workers, quotes, blocked, ans)
+        want = vec(bid.resources)
+        self._quote_all(bid, want, inbox, now, workers, quotes, blocked, ans)
         if not quotes and not ans.replies and workers is not group.workers:
             blocked.clear()  # the sample had nothing to offer at once: ask everyone here
             ans.silent.clear()
-            self._quote_all(bid, inbox, now, group.workers, quotes, blocked, ans)
+            self._quote_all(bid, want, inbox, now, group.workers, quotes, blocked, ans)
         if quotes:
             quotes.sort(key=lambda x: (x[0], x[1]))
             best = quotes[: self.max_offers or None]
@@ -313,6 +314,7 @@ class Desk(Generic[S]):
     def _quote_all(
         self,
         bid: Bid,
+        want: Vec,
         inbox: str,
         now: float,
         workers: list[S],
@@ -321,7 +323,7 @@ class Desk(Generic[S]):
         ans: Answer[S],
     ) -> None:
         for i, w in enumerate(workers):
-            q = self.quote(w, bid, now, ans)
+            q = self.quote(w, bid, now, ans, want)
             if isinstance(q, Quote):
                 quotes.append((-q.score, i, w, q))
             elif isinstance(q, Offer):  # this order already has a machine there
@@ -331,7 +333,9 @@ class Desk(Generic[S]):
                 if q == BLOCKED:
                     blocked.append(w)
 
-    def quote(self, w: S, bid: Bid, now: float, ans: Answer[S]) -> Offer | Quote | str:
+    def quote(
+        self, w: S, bid: Bid, now: float, ans: Answer[S], want: Vec | None = None
+    ) -> Offer | Quote | str:
         """One worker's price for a bid, nothing held: an Offer for a machine the order
         already has there, a Quote, or the reason it stays silent. Drops the order's
         earlier hold (a re-bid) and expired holds, recording what that causes in ``ans``."""
@@ -356,11 +360,13 @@ class Desk(Generic[S]):
         if gone:
             ans.expired.append((w, gone))
             ans.late += self.freed(w, now)
-        return self._price(w, bid)
+        return self._price(w, bid, want)
 
     @staticmethod
-    def _price(w: S, bid: Bid) -> Quote | str:
-        want = vec(bid.resources)
+    def _price(w: S, bid: Bid, want: Vec | None = None) -> Quote | str:
+        """``want``: the bid's resources as a vector, if the caller has it already."""
+        if want is None:
+            want = vec(bid.resources)
         ledger = w.ledger
         reason = check_fit(
             worker_id=w.worker_id,

@@ -55,25 +55,43 @@ class Hold:
 
 class Ledger:
     def __init__(self, capacity: Vec) -> None:
-        self.capacity = capacity
-        self.committed: Vec = ZERO
-        self.held: Vec = ZERO
+        self._capacity = capacity
+        self._committed: Vec = ZERO
+        self._held: Vec = ZERO
+        self._sums()
         self.holds: dict[str, Hold] = {}
         self._expiry: list[tuple[float, str]] = []  # heap of (expires_at, order_id)
         self.recently_expired: OrderedDict[str, None] = OrderedDict()
 
+    # Every bid reads ``free`` (and pricing ``used``) of each worker it reaches, far more
+    # often than a hold or a commit changes them: they are worked out on each change.
     @property
-    def free(self) -> Vec:
-        return sub(self.capacity, add(self.committed, self.held))
+    def capacity(self) -> Vec:
+        return self._capacity  # fixed for the ledger's life (free depends on it)
 
     @property
-    def free_of_committed(self) -> Vec:
-        """What would be free if every hold were released."""
-        return sub(self.capacity, self.committed)
+    def committed(self) -> Vec:
+        return self._committed
+
+    @committed.setter
+    def committed(self, value: Vec) -> None:
+        self._committed = value
+        self._sums()
 
     @property
-    def used(self) -> Vec:
-        return add(self.committed, self.held)
+    def held(self) -> Vec:
+        return self._held
+
+    @held.setter
+    def held(self, value: Vec) -> None:
+        self._held = value
+        self._sums()
+
+    def _sums(self) -> None:
+        self.used: Vec = add(self._committed, self._held)
+        self.free: Vec = sub(self._capacity, self.used)
+        # what would be free if every hold were released
+        self.free_of_committed: Vec = sub(self._capacity, self._committed)
 
     def check(self) -> None:
         """Raise if I1 is broken (used by tests and the load-test harness)."""
