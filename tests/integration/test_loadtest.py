@@ -38,6 +38,10 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     assert 0 < rtt["p50"] <= rtt["p99"]
     # a placement is at least two request-replies in a row, whatever the machine
     assert rep["latency_in_round_trips"]["p50"] > 1
+    assert rep["latency_in_round_trips_from_send"]["p50"] > 1
+    # timed from the send, a placement cannot take longer than from its due time
+    sent = rep["latency_ms_placed_from_send"]
+    assert 0 < sent["p50"] <= lat["p50"] and sent["p99"] <= lat["p99"]
     assert rep["oracle"]["fill_rate"] == 1.0 and rep["oracle"]["fill_vs_oracle"] > 0
     assert rep["machines_checked"] >= rep["placed"]
     assert {p["name"] for p in rep["processes"]} == {"supplier", "exchange", "loadgen"}
