@@ -23,6 +23,7 @@ import anyio.abc
 import msgspec
 import structlog
 
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.messages import Error, Event, LastExit, Machine, MachineLogs, now_ms
 from supplier.drivers import Driver, DriverError
 from supplier.drivers.confine import Exit
@@ -68,11 +69,10 @@ class Machines:
         self.by_id: dict[str, Machine] = {}
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
         self._locks: dict[str, asyncio.Lock] = {}
-        # run()'s: the lifecycle work and the driver's tasks; None before run() and after it.
-        self._tasks: anyio.abc.TaskGroup | None = None
+        # The lifecycle work (an exit, an abort): tasks owned here, ended by run()'s end.
+        self._work = TaskSet(f"machines:{worker_id}")
+        self._running = False  # run() is under way (its driver started), not yet ending
         self._scope: anyio.CancelScope | None = None  # run()'s shield, cancelled by close()
-        self._working = 0  # lifecycle work under way
-        self._idle: anyio.Event | None = None  # set when _working drops to 0 (close waits)
         self._closing = False
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
@@ -227,39 +227,30 @@ class Machines:
             with anyio.CancelScope(shield=True) as self._scope:
                 async with anyio.create_task_group() as tasks:
                     await tasks.start(self.driver.run)
-                    self._tasks = tasks
+                    self._running = True
                     task_status.started()
                     await anyio.sleep_forever()  # until close() cancels the scope
         finally:
-            self._tasks = None
+            self._running = False
+            with anyio.CancelScope(shield=True):  # what close() did not wait for ends here
+                await self._work.finish(0)
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        """Background lifecycle work (an exit, an abort), in run()'s task group; a failure
-        is logged. Work that arrives once the worker is stopping is dropped (logged)."""
-        if self._tasks is None or self._closing:
+        """Background lifecycle work (an exit, an abort), while run() runs; a failure is
+        logged. Work that arrives once the worker is stopping is dropped (logged)."""
+        if not self._running or self._closing:
             work.close()  # never started: no "coroutine was never awaited"
             if not self._closing:
                 raise RuntimeError("Machines.spawn() needs Machines.run() to be running")
             self.log.warning("lifecycle_work_dropped", reason="the worker is stopping")
             return
-        self._working += 1
-        self._tasks.start_soon(self._work, work)
+        self._work.spawn(self._logged(work))
 
-    async def _work(self, work: Coroutine[Any, Any, None]) -> None:
+    async def _logged(self, work: Coroutine[Any, Any, None]) -> None:
         try:
             await work
         except Exception as exc:  # one failed step must not end the others (nor run())
             self.log.error("lifecycle_task_failed", error=repr(exc))
-        finally:
-            self._working -= 1
-            if not self._working and self._idle is not None:
-                self._idle.set()
-
-    async def _settle(self) -> None:
-        """Wait until no lifecycle work is under way."""
-        while self._working:
-            self._idle = anyio.Event()
-            await self._idle.wait()
 
     def exited(self, machine_id: str, how: Exit) -> None:
         """The driver saw the machine's process end for good (restart policy said no)."""
@@ -333,10 +324,10 @@ class Machines:
         short (the driver then kills what still runs)."""
         try:
             with anyio.move_on_after(timeout_s):
-                await self._settle()
+                await self._work.wait()
             await self.driver.close()
             with anyio.move_on_after(timeout_s):
-                await self._settle()
+                await self._work.wait()
         finally:
             self._closing = True
             if self._scope is not None:

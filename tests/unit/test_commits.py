@@ -472,7 +472,7 @@ async def _commit_and_abort(w: Worker, when: str) -> CommitReply:
         await w.transition("start", reply.machine_id)
     give_up()
     # the undo runs in the background, owned by the worker's lifecycle
-    assert w.keeper._working == (1 if when == "after" else 0)
+    assert len(w.keeper._work) == (1 if when == "after" else 0)
     return reply
 
 
