@@ -56,16 +56,18 @@ async def test_a_task_that_raises_is_counted_and_the_others_go_on() -> None:
 async def test_wait_covers_tasks_spawned_while_waiting() -> None:
     tasks = TaskSet("t")
     order: list[str] = []
+    gate = asyncio.Event()
 
     async def second() -> None:
         order.append("second")
 
     async def first() -> None:
-        await asyncio.sleep(0)
+        await gate.wait()  # opened once wait() below is waiting
         tasks.spawn(second())
         order.append("first")
 
     tasks.spawn(first())
+    asyncio.get_running_loop().call_soon(gate.set)
     await tasks.wait()
     assert order == ["first", "second"]
 
