@@ -36,7 +36,9 @@ class TaskSet:
     def __init__(self, name: str) -> None:
         self.name = name
         self._tasks: set[asyncio.Task[None]] = set()
-        self._idle: asyncio.Event | None = None
+        # set while no task runs; one event per busy stretch, shared by every waiter
+        self._idle = asyncio.Event()
+        self._idle.set()
         self.failed = 0  # tasks that raised (logged)
 
     def __len__(self) -> int:
@@ -46,6 +48,8 @@ class TaskSet:
         """Run ``work`` in a task of this set (from the event loop's thread)."""
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
+        if self._idle.is_set():
+            self._idle = asyncio.Event()
         task.add_done_callback(self._done)
 
     def _done(self, task: asyncio.Task[None]) -> None:
@@ -55,13 +59,12 @@ class TaskSet:
             if exc is not None:
                 self.failed += 1
                 log.error("task_failed", owner=self.name, error=repr(exc), exc_info=exc)
-        if not self._tasks and self._idle is not None:
+        if not self._tasks:
             self._idle.set()
 
     async def wait(self) -> None:
         """Until no task of this set is running (tasks spawned meanwhile included)."""
         while self._tasks:
-            self._idle = asyncio.Event()
             await self._idle.wait()
 
     async def finish(self, timeout_s: float) -> int:

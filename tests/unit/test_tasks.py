@@ -86,3 +86,17 @@ async def test_cancelling_the_owner_during_finish_still_ends_every_task() -> Non
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(tasks.finish(30.0), 0.05)
     assert len(tasks) == 0
+
+
+async def test_every_waiter_is_told_when_the_tasks_end() -> None:
+    tasks = TaskSet("t")
+    release = asyncio.Event()
+
+    async def held() -> None:
+        await release.wait()
+
+    tasks.spawn(held())
+    waiters = [asyncio.ensure_future(tasks.wait()) for _ in range(2)]
+    asyncio.get_running_loop().call_soon(release.set)  # once both wait
+    done, _ = await asyncio.wait(waiters, timeout=5.0)  # a bound, not a pace
+    assert len(done) == 2
