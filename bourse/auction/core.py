@@ -324,6 +324,8 @@ class Auction:
         self._process_of: dict[str, str] = {}
         self._offering: set[str] = set()
         self._release_folded = False
+        # what the commit under way asked of its process (Commit.release_others)
+        self._commit_releases = False
 
     # -- events ----------------------------------------------------------------------------
 
@@ -616,6 +618,7 @@ class Auction:
         self.tally.commits += 1
         self.phase = "committing"
         self._committing = offer
+        self._commit_releases = self._alone(offer)
         commit = Commit(
             order_id=self.order.order_id,
             worker_id=offer.worker_id,
@@ -623,7 +626,7 @@ class Auction:
             image=self.order.image,
             metadata=self.order.metadata,
             auction_id=self.auction_id,
-            release_others=self._alone(offer),
+            release_others=self._commit_releases,
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]
@@ -642,7 +645,9 @@ class Auction:
                 self.tally.rejections.append(f"{worker}: placed a machine not its own")
                 return []
             placed = Placed.of_commit(reply, offer, elapsed_ms=self._elapsed(now))
-            self._release_folded = self._alone(offer)
+            # the region release is folded only if the commit asked for it, whatever the
+            # auction has heard since
+            self._release_folded = self._commit_releases
             fields: dict[str, object] = {
                 "worker_id": placed.worker_id,
                 "machine_id": placed.machine_id,
