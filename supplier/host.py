@@ -417,7 +417,7 @@ class SupplierHost:
         self._send(ans.late, now)
         prompt = bid.batch_offers and bid.prompt_offers
         if not ans.replies:  # answered, with nothing: the auction need not wait for us
-            return [self._named([], bid)] if prompt else []
+            return [self._named([], bid.auction_id)] if prompt else []
         key = (bid.order_id, bid.auction_id)
         asked = self.asked.get(key)
         if asked is None:
@@ -439,7 +439,7 @@ class SupplierHost:
                 if isinstance(r.reply, Offer)
             ]
             for i in range(0, max(1, len(offers)), MAX_BATCH_OFFERS):
-                answers.append(self._named(offers[i : i + MAX_BATCH_OFFERS], bid))
+                answers.append(self._named(offers[i : i + MAX_BATCH_OFFERS], bid.auction_id))
             replies = [r for r in replies if not isinstance(r.reply, Offer)]  # Waiting notes
         elif bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
             replies = self._batch(replies, now)
@@ -453,10 +453,10 @@ class SupplierHost:
             return signed
         return msgspec.structs.replace(signed, delay_ms=round(delay_s * 1000.0, 3))
 
-    def _named(self, offers: list[Offer], bid: Bid) -> Offers:
-        """A prompt answer: this process's offers for ``bid``, naming the process."""
+    def _named(self, offers: list[Offer], auction_id: str) -> Offers:
+        """A prompt answer: this process's offers for an auction, naming the process."""
         return Offers(
-            offers=offers, responder=self.responder_id, auction_id=bid.auction_id, batches=True
+            offers=offers, responder=self.responder_id, auction_id=auction_id, batches=True
         )
 
     def _batch(self, replies: list[Send[Worker]], t0: float) -> list[Send[Worker]]:
@@ -521,13 +521,7 @@ class SupplierHost:
             return
         if send.prompt and isinstance(send.reply, Offer):  # one of this process's answers
             offer = self._prompt_offer(send.reply, send.delay_s)
-            named = Offers(
-                offers=[offer],
-                responder=self.responder_id,
-                auction_id=send.auction_id,
-                batches=True,
-            )
-            self.outbox.post(send.inbox, encode(named))
+            self.outbox.post(send.inbox, encode(self._named([offer], send.auction_id)))
         else:
             self.outbox.post(send.inbox, self._wire(send.reply))
 
