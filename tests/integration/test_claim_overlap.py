@@ -119,6 +119,13 @@ async def _store(market: Market) -> ClaimStore:
     return store
 
 
+async def _claim_names(store: ClaimStore, order_id: str, machine_id: str) -> None:
+    """The order's claim says placed, with that machine."""
+    claim, _ = await store.get(order_id)
+    assert claim is not None and claim.state == "placed" and claim.placed is not None
+    assert claim.placed.machine_id == machine_id
+
+
 async def _auctioneer(market: Market, store: ClaimStore) -> Auctioneer:
     config = AuctionConfig(claim_beside_bid=True)  # off by default (bourse/auction/core.py)
     return Auctioneer(await market.connect("buyer"), market.subjects, config, claim_store=store)
@@ -158,9 +165,7 @@ async def test_the_bid_goes_out_while_the_claim_is_written_and_the_commit_waits_
     [at_commit] = fake.commits
     assert at_commit is not None and at_commit.state == "auctioning"
     assert at_commit.auction_id == fake.bids[0]
-    claim, _ = await real.get("overlap-1")
-    assert claim is not None and claim.state == "placed" and claim.placed is not None
-    assert claim.placed.machine_id == r.machine_id
+    await _claim_names(real, "overlap-1", r.machine_id)
     await auctioneer.close()
 
 
@@ -230,9 +235,7 @@ async def test_after_a_lost_create_the_next_auction_bids_under_a_fresh_id(
     r = await asyncio.wait_for(placing, 5)
     assert isinstance(r, Placed) and not r.existing and r.worker_id == "a"
     assert len(spy.bids) == 2 and spy.bids[0] != spy.bids[1]
-    claim, _ = await real.get("dup-2")
-    assert claim is not None and claim.state == "placed" and claim.placed is not None
-    assert claim.placed.machine_id == r.machine_id
+    await _claim_names(real, "dup-2", r.machine_id)
     assert market.violations() == []
     await auctioneer.close()
 
@@ -261,9 +264,7 @@ async def test_a_create_that_fails_abandons_the_auction_and_the_retry_places_it_
     assert fake.releases[0] == fake.bids[0]  # the abandoned auction's holds released
     [at_commit] = fake.commits  # one commit, the second auction's, under the claim
     assert at_commit is not None and at_commit.state == "auctioning"
-    claim, _ = await real.get("kv-err")
-    assert claim is not None and claim.state == "placed" and claim.placed is not None
-    assert claim.placed.machine_id == r.machine_id
+    await _claim_names(real, "kv-err", r.machine_id)
     await auctioneer.close()
 
 
