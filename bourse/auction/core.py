@@ -125,10 +125,12 @@ class AuctionStateError(RuntimeError):
 @dataclass(frozen=True, slots=True)
 class SendBid:
     """Publish ``bid`` to each subject (the region's, or the sampled shards'), replies to
-    the auction's inbox."""
+    the auction's inbox; a sampled bid's replies to one reply subject per shard
+    (``shards``, in the order of ``subjects``), so the auction knows which shard answered."""
 
     subjects: tuple[str, ...]
     bid: Bid
+    shards: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,6 +265,9 @@ class Tally:
     # named no process (an older or foreign supplier): the driver learns the region's
     # processes from them
     responders: set[str] = field(default_factory=set)
+    # of them, those that answered a sampled bid, per shard (the driver learns each shard's
+    # processes from them, §5.3a)
+    shard_responders: dict[int, set[str]] = field(default_factory=dict)
     anonymous: int = 0
     batching: set[str] = field(default_factory=set)  # of them, those that take Batch messages
     fallbacks: int = 0  # sampled bids that went on to the whole region
@@ -276,7 +281,10 @@ class Auction:
     """One run of the auction for ``order``, started at monotonic time ``now``.
 
     ``spent_ms``: time the order already waited (admission); the auction's deadline is what
-    is left of the order's. ``trust``: with it, only offers it accepts are taken."""
+    is left of the order's. ``trust``: with it, only offers it accepts are taken.
+    ``responders``: the supplier processes known to answer a bid to the whole region (0:
+    not known); ``shard_responders``: per shard of the region, those known to answer a
+    sampled bid to it (a shard not in it: not known)."""
 
     def __init__(
         self,
@@ -289,6 +297,7 @@ class Auction:
         trust: TrustCheck | None = None,
         spent_ms: float = 0.0,
         responders: int = 0,
+        shard_responders: Mapping[int, int] | None = None,
     ) -> None:
         self.order = order
         self.config = config
@@ -317,6 +326,18 @@ class Auction:
         # bid (learned by the driver; 0: unknown) and, per kept offer, when it would have
         # arrived with its supplier's delay.
         self.responders = responders if self.bid.prompt_offers else 0
+        # A sampled bid's shards and, per shard, the processes expected to answer there (empty
+        # unless every shard's are known); per reply subject (a shard, or None: the region's),
+        # the processes heard there, so a fallback broadcast waits for the region's anew.
+        self.shards: tuple[int, ...] = ()
+        self._shard_expected: dict[int, int] = {}
+        if self.sampled:
+            n = config.bid_shards
+            self.shards = tuple(sampled_shards(order.order_id, order.image, n, config.bid_sample))
+            known = shard_responders if shard_responders and self.bid.prompt_offers else {}
+            if all(known.get(k, 0) > 0 for k in self.shards):
+                self._shard_expected = {k: known[k] for k in self.shards}
+        self._heard: dict[int | None, set[str]] = {}
         self._ready: dict[int, float] = {}
         # Who offered (named prompt answers): worker id -> its process, and the processes
         # that offered anything. A commit may then ask the winner's process to drop the
@@ -335,21 +356,23 @@ class Auction:
         the worker that already placed it is asked again (I3)."""
         self._expect("new")
         self.phase = "collecting"
-        order, cfg = self.order, self.config
+        region = self.order.region
         if self.sampled:
-            shards = sampled_shards(order.order_id, order.image, cfg.bid_shards, cfg.bid_sample)
-            subjects = tuple(self.subjects.bid_shard(order.region, k) for k in shards)
+            subjects = tuple(self.subjects.bid_shard(region, k) for k in self.shards)
         else:
-            subjects = (self.subjects.bid(order.region),)
+            subjects = (self.subjects.bid(region),)
         self._targets, self._empty = len(subjects), 0
-        return [SendBid(subjects, self.bid)]
+        return [SendBid(subjects, self.bid, self.shards)]
 
     def bid_published(self, now: float) -> None:
         """A bid went out: the quiet window counts from here."""
         self.last_offer = now
 
-    def bid_reply(self, data: bytes, now: float, *, no_responders: bool = False) -> list[Decision]:
-        """One reply on the auction's inbox (``no_responders``: a 503 status)."""
+    def bid_reply(
+        self, data: bytes, now: float, *, no_responders: bool = False, shard: int | None = None
+    ) -> list[Decision]:
+        """One reply on the auction's inbox (``no_responders``: a 503 status); ``shard``:
+        it came on the reply subject of that shard of a sampled bid."""
         self._expect("collecting")
         if no_responders:
             return self._no_responders(now)
@@ -358,17 +381,20 @@ class Auction:
         except BadMessage as exc:
             return [Log("warning", "bad_offer", {"error": str(exc)})]
         if isinstance(reply, Offers):
-            return self.offers(reply, now)
+            return self.offers(reply, now, shard)
         if isinstance(reply, Offer) and self.bid.prompt_offers:
             self.tally.anonymous += 1  # a supplier that does not answer promptly
         return self._reply(reply, now)
 
-    def offers(self, reply: Offers, now: float) -> list[Decision]:
+    def offers(self, reply: Offers, now: float, shard: int | None = None) -> list[Decision]:
         """One process's Offers (on the inbox, or out of an Answers message, §4.4.4): each
-        offer as if it came alone."""
+        offer as if it came alone. ``shard``: it answered the bid to that shard."""
         self._expect("collecting")
         if reply.responder:
             self.tally.responders.add(reply.responder)
+            self._heard.setdefault(shard, set()).add(reply.responder)
+            if shard is not None:
+                self.tally.shard_responders.setdefault(shard, set()).add(reply.responder)
             if reply.batches:
                 self.tally.batching.add(reply.responder)
             if reply.offers:
@@ -408,6 +434,8 @@ class Auction:
             if now >= at:
                 return self._commit_best(now)
             return [WakeAt(min(self.deadline, at))]
+        if self.sampled and not self.tally.offers and not self._waiting and self._all_answered():
+            return self._broadcast()  # every process of the shards answered, with nothing
         return [WakeAt(min(self.deadline, self._horizon()))]
 
     def _commit_at(self) -> float:
@@ -439,11 +467,15 @@ class Auction:
         return not self._release_folded
 
     def _all_answered(self) -> bool:
-        return (
-            self.responders > 0
-            and not self.sampled
-            and len(self.tally.responders) >= self.responders
-        )
+        """Has every process known to have got the bid answered it: on the shards of a
+        sampled bid, every one known in each shard; else every one known in the region
+        (answers to the sampled bid before a fallback broadcast do not count)."""
+        if self.sampled:
+            expected = self._shard_expected
+            return bool(expected) and all(
+                len(self._heard.get(k, ())) >= n for k, n in expected.items()
+            )
+        return self.responders > 0 and len(self._heard.get(None, ())) >= self.responders
 
     def timer(self, now: float) -> list[Decision]:
         """The wake time came with no reply: commit (a retry's gathering is over), ask the

@@ -201,6 +201,18 @@ def _no_responders(msg: Msg) -> bool:
     return msg.headers is not None and msg.headers.get("Status") == "503"
 
 
+def _shard_token(auction_id: str, shard: int) -> str:
+    """The inbox token of a sampled bid's replies from one shard (auction ids are ULIDs,
+    which have no '-')."""
+    return f"{auction_id}-{shard}"
+
+
+def _reply_shard(subject: str) -> int | None:
+    """The shard whose reply subject (``_shard_token``) ``subject`` is, or None."""
+    dash = subject.rfind("-", subject.rfind(".") + 1)
+    return int(subject[dash + 1 :]) if dash >= 0 else None
+
+
 class Auctioneer:
     """Runs auctions on one NATS connection. Concurrent runs of the same order id share
     one auction (in this process), so a duplicate can never place a second machine.
@@ -243,6 +255,8 @@ class Auctioneer:
         # answering (responder -> when, monotonic), and until when the region is known to
         # have a supplier that does not answer promptly (no quorum there meanwhile).
         self._responders: dict[str, dict[str, _Seen]] = {}
+        # Sampled bids (§5.3a): per region, per shard, the processes seen answering there.
+        self._shard_responders: dict[str, dict[int, dict[str, _Seen]]] = {}
         self._unranked_until: dict[str, float] = {}
         # Batches (§4.4.4): bids and region releases queued per region, sent by the flusher
         # task (owned here, started with the inbox, ended by close) one loop turn later.
@@ -690,15 +704,21 @@ class Auctioneer:
             trust=check,
             spent_ms=spent_ms,
             responders=self.expected_responders(order.region),
+            shard_responders=self.expected_shard_responders(order.region),
         )
         reply_to = f"{await self._inbox()}.{auction_id}"
         box = self._boxes[auction_id] = _Mailbox()
+        tokens = [_shard_token(auction_id, k) for k in core.shards]
+        for token in tokens:  # a sampled bid's replies, one reply subject per shard
+            self._boxes[token] = box
         if olog is None:  # bound once per order: a bind costs a fresh logger each time
             olog = log.bind(order_id=order.order_id, region=order.region)
         try:
             return await self._drive(core, box, reply_to, olog, gate)
         finally:
             del self._boxes[auction_id]
+            for token in tokens:
+                del self._boxes[token]
             self._learn(order.region, core.tally)
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
@@ -717,18 +737,36 @@ class Auctioneer:
             return 0
         return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
 
+    def expected_shard_responders(self, region: str) -> dict[int, int] | None:
+        """Per shard of ``region``, how many supplier processes answer a sampled bid there
+        (those seen within RESPONDER_MEMORY_S); None where no bid is sampled, or where some
+        supplier does not answer promptly."""
+        if not self.config.bid_shards:
+            return None
+        now = time.monotonic()
+        if self._unranked_until.get(region, 0.0) > now:
+            return None
+        shards = self._shard_responders.get(region)
+        if not shards:
+            return None
+        counts: dict[int, int] = {}
+        for k, seen in shards.items():
+            n = sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
+            if n:
+                counts[k] = n
+        return counts
+
     def _learn(self, region: str, tally: Tally) -> None:
         now = time.monotonic()
         if tally.anonymous:
             self._unranked_until[region] = now + RESPONDER_MEMORY_S
         if not tally.responders:
             return
-        seen = self._responders.setdefault(region, {})
-        for r in tally.responders:
-            seen[r] = _Seen(now, r in tally.batching)
-        if len(seen) > len(tally.responders):  # forget processes gone quiet (restarted...)
-            for r in [r for r, s in seen.items() if now - s.at >= RESPONDER_MEMORY_S]:
-                del seen[r]
+        _remember(self._responders.setdefault(region, {}), tally.responders, tally, now)
+        if tally.shard_responders:
+            shards = self._shard_responders.setdefault(region, {})
+            for k, names in tally.shard_responders.items():
+                _remember(shards.setdefault(k, {}), names, tally, now)
 
     async def _drive(
         self,
@@ -768,7 +806,10 @@ class Auctioneer:
             msg = box.items.popleft()
             if isinstance(msg, Offers):  # out of an Answers message
                 return core.offers(msg, time.monotonic())
-            return core.bid_reply(msg.data, time.monotonic(), no_responders=_no_responders(msg))
+            shard = _reply_shard(msg.subject) if core.shards else None
+            return core.bid_reply(
+                msg.data, time.monotonic(), no_responders=_no_responders(msg), shard=shard
+            )
         return core.poll(time.monotonic())
 
     async def _perform(
@@ -782,6 +823,10 @@ class Auctioneer:
             region = core.order.region
             if subjects == (self.subjects.bid(region),) and self.batching(region):
                 self._queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
+            elif isinstance(d, SendBid) and d.shards:  # one reply subject per shard
+                data = encode(d.bid)
+                for subject, k in zip(subjects, d.shards, strict=True):
+                    await self.nc.publish(subject, data, reply=_shard_token(reply_to, k))
             else:
                 data = encode(d.bid)
                 for subject in subjects:
@@ -853,6 +898,16 @@ class _Seen:
 
     at: float
     batches: bool
+
+
+def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:
+    """``names`` answered at ``now``; forget the processes of ``seen`` gone quiet for
+    RESPONDER_MEMORY_S (restarted under a new name, or stopped)."""
+    for r in names:
+        seen[r] = _Seen(now, r in tally.batching)
+    if len(seen) > len(names):
+        for r in [r for r, s in seen.items() if now - s.at >= RESPONDER_MEMORY_S]:
+            del seen[r]
 
 
 CLAIMS_RETRY_DETECT_S = 0.25

@@ -8,8 +8,8 @@ from collections import Counter
 from nats.aio.msg import Msg
 
 from bourse.wire.messages import Placed, Unfilled
-from bourse.wire.subjects import shard_of
-from tests.market import Market, order, worker
+from bourse.wire.subjects import sampled_shards, shard_of
+from tests.market import Market, order, wait_until, worker
 
 SHARDS = 8
 
@@ -86,3 +86,58 @@ async def test_i3_a_retried_order_asks_the_same_shards_and_finds_its_machine(
         assert isinstance(again, Placed) and again.existing
         assert again.machine_id == first[again.order_id]
     assert sum(len(w.machines) for w in host.workers.values()) == 12
+
+
+def _in_shard(shard: int, shards: int, n: int, prefix: str) -> list[str]:
+    """``n`` worker ids of ``shard``."""
+    ids = (f"{prefix}{i}" for i in range(10_000))
+    return [w for w in ids if shard_of(w, shards) == shard][:n]
+
+
+async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: Market) -> None:
+    # Two supplier processes, one per shard of two; each bid samples one shard (the image's
+    # home). Once the exchange knows each shard's process, a bid's process answering ends
+    # the collection: no quiet window when the shard has nothing (the broadcast goes out at
+    # once), and the process that offered alone drops the other holds (no region release).
+    home = zlib.crc32(b"web") % 2
+    small = [worker(w, cpus=1) for w in _in_shard(home, 2, 4, "s")]
+    big = [worker(w, cpus=64) for w in _in_shard(1 - home, 2, 2, "b")]
+    await market.host(*small, bid_shards=2)
+    await market.host(*big, bid_shards=2)
+    # (batch_bids off: region releases go out alone, on the release subject)
+    ex = await market.exchange(bid_shards=2, bid_sample=1, quiet_ms=5_000, batch_bids=False)
+    spy = await market.connect("spy")
+    releases: list[Msg] = []
+
+    async def on_release(msg: Msg) -> None:
+        releases.append(msg)
+
+    await spy.subscribe(market.subjects.region_release("mad"), cb=on_release)
+    await spy.flush()
+    buyer = await market.client()
+    # learn both shards: an order for another image whose home is the other shard
+    other = next(f"img{i}" for i in range(100) if zlib.crc32(f"img{i}".encode()) % 2 != home)
+    for image in ("web", other):
+        r = await buyer.place(order(image=image, order_id=f"learn-{image}"))
+        assert isinstance(r, Placed)
+    assert ex.auctioneer.expected_shard_responders("mad") == {0: 1, 1: 1}
+    await spy.flush()
+    before = len(releases)
+
+    r = await buyer.place(order(order_id="fits", deadline_ms=8_000))
+    assert isinstance(r, Placed) and r.worker_id in {w.worker_id for w in small}
+    # only the home shard's process was asked, and it offered alone: it drops the rest
+    assert sampled_shards("fits", "web", 2, 1) == [home]
+
+    r = await buyer.place(order(order_id="too-big", cpus=32, deadline_ms=8_000))
+    assert isinstance(r, Placed) and r.worker_id in {w.worker_id for w in big}
+    # the home shard answered with nothing: the broadcast did not wait out the 5 s window
+    assert r.elapsed_ms < 2_500
+    await (await market.connect("flush")).flush()
+    await spy.flush()
+    # the fallback's order is released to the region (the broadcast reached both
+    # processes); the sampled one that fit needed no region release
+    await wait_until(lambda: len(releases) > before)
+    released = [m.data for m in releases[before:]]
+    assert any(b"too-big" in d for d in released)
+    assert not any(b'"fits"' in d for d in released)

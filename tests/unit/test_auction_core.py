@@ -996,6 +996,123 @@ def test_sampled_bids_rank_by_delay_only() -> None:
     assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + 2.6 * MS)
 
 
+SAMPLED = AuctionConfig(bid_shards=8, bid_sample=2)
+K1, K2 = sampled_shards("o1", "web", 8, 2)
+# (case, processes known per shard, answers as (shard or None: the region's reply subject,
+# responder, offers) fed at T0 + 1 ms in order, then poll at T0 + 1 ms: the decision)
+SHARD_QUORUM = [
+    (
+        "every known process of both shards answered: the best offer now",
+        {K1: 1, K2: 1},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p2", [prompt("w2", 0.5, 2.0)])],
+        "commit w1",
+    ),
+    (
+        "only p1 offered, p2 answered empty: p1 drops the other holds itself",
+        {K1: 1, K2: 1},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6), prompt("w3", 0.4, 2.4)]), (K2, "p2", [])],
+        "commit w1 alone",
+    ),
+    (
+        "a shard's processes are not known: the delay is waited out",
+        {K1: 1},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)])],
+        "wake at 2.6",
+    ),
+    (
+        "one of a shard's two known processes has not answered",
+        {K1: 1, K2: 2},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p2", [])],
+        "wake at 2.6",
+    ),
+    (
+        "an answer on the region's reply subject does not count for a shard",
+        {K1: 1, K2: 1},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (None, "p2", [])],
+        "wake at 2.6",
+    ),
+    (
+        "a process of both shards answers each: it counts in both",
+        {K1: 1, K2: 1},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p1", [prompt("w2", 0.5, 2.0)])],
+        "commit w1 alone",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "known", "answers", "then"), SHARD_QUORUM, ids=[row[0] for row in SHARD_QUORUM]
+)
+def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
+    case: str,
+    known: dict[int, int],
+    answers: list[tuple[int | None, str, list[Offer]]],
+    then: str,
+) -> None:
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=known)
+    [send] = a.start()
+    assert isinstance(send, SendBid) and send.shards == (K1, K2) == a.shards
+    a.bid_published(T0)
+    at = T0 + 1 * MS
+    for shard, responder, offers in answers:
+        body = encode(Offers(offers=offers, responder=responder))
+        assert a.bid_reply(body, at, shard=shard) == []
+    verb, arg = then.split(" ", 1)
+    if verb == "commit":
+        worker, _, alone = arg.partition(" ")
+        assert a.poll(at) == [commit_of(worker, at, alone=alone == "alone")]
+    else:
+        [wake] = a.poll(at)
+        wake_ms = float(arg.removeprefix("at "))
+        assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + wake_ms * MS)
+    named = {s: {r for k, r, _ in answers if k == s} for s, _, _ in answers if s is not None}
+    assert a.tally.shard_responders == named
+
+
+@pytest.mark.parametrize(
+    ("known", "waiting", "then"),
+    [
+        ({K1: 1, K2: 1}, False, "broadcast"),  # at once, not after the quiet window
+        ({K1: 1}, False, "wake"),  # K2's processes are not known
+        ({K1: 1, K2: 1}, True, "wake"),  # a worker of the shards waits for capacity
+    ],
+)
+def test_sampled_shards_that_all_answered_empty_broadcast_at_once(
+    known: dict[int, int], waiting: bool, then: str
+) -> None:
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=known)
+    a.start()
+    a.bid_published(T0)
+    at = T0 + 1 * MS
+    if waiting:
+        note = Waiting(order_id="o1", worker_id="w9", region="mad", wait_ms=50)
+        a.bid_reply(encode(note), at, shard=K1)
+    a.bid_reply(encode(Offers(offers=[], responder="p1")), at, shard=K1)
+    a.bid_reply(encode(Offers(offers=[], responder="p2")), at, shard=K2)
+    if then == "broadcast":
+        assert a.poll(at) == [BroadcastBid(S.bid("mad"), a.bid)]
+    else:
+        [wake] = a.poll(at)
+        assert isinstance(wake, WakeAt) and wake.at > at
+
+
+def test_after_a_fallback_broadcast_only_answers_to_it_make_the_region_quorum() -> None:
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, responders=2, shard_responders={K1: 1, K2: 1})
+    a.start()
+    a.bid_published(T0)
+    at = T0 + 1 * MS
+    a.bid_reply(encode(Offers(offers=[], responder="p1")), at, shard=K1)
+    a.bid_reply(encode(Offers(offers=[], responder="p2")), at, shard=K2)
+    assert a.poll(at) == [BroadcastBid(S.bid("mad"), a.bid)]
+    a.bid_published(at)
+    a.bid_reply(encode(Offers(offers=[prompt("w5", 0.6, 1.6)], responder="p1")), at + MS)
+    [wake] = a.poll(at + MS)  # p2 has not answered the broadcast: the delay is waited out
+    assert isinstance(wake, WakeAt) and wake.at == pytest.approx(at + 2.6 * MS)
+    a.bid_reply(encode(Offers(offers=[], responder="p2")), at + MS)
+    [commit] = a.poll(at + MS)  # both did: at once, and never folded after a fallback
+    assert isinstance(commit, SendCommit) and not commit.commit.release_others
+
+
 @pytest.mark.parametrize(
     ("config", "replies", "responders", "anonymous"),
     [
