@@ -228,10 +228,10 @@ WRONG_LAST_SEQUENCE = (10071, 10164)
 class ClaimStore:
     """The claims bucket of one subject prefix, on one connection."""
 
-    def __init__(self, kv: KeyValue, name: str, nc: NATS | None = None) -> None:
-        self.kv = kv
+    def __init__(self, kv: KeyValue, name: str, nc: NATS) -> None:
+        self.kv = kv  # reads and deletes
         self.name = name
-        self.nc = nc  # for send_put (a write whose answer is awaited apart)
+        self.nc = nc  # writes (put, send_put): one request, answered as put_result reads it
 
     @classmethod
     async def open(
@@ -285,22 +285,25 @@ class ClaimStore:
 
     async def put(self, order_id: str, claim: Claim, last: int) -> int | None:
         """Write ``claim`` if the key is still at revision ``last`` (0: absent); its new
-        revision, or None when someone else changed it first."""
-        try:
-            return await self.kv.update(key_of(order_id), encode(claim), last=last)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return None
+        revision, or None when someone else changed it first. The same message as
+        ``send_put``, sent as a request (nats-py's ``KeyValue.update`` does the same with
+        more Python per write: the create is on every order's path)."""
+        subject, headers = self._write(order_id, last)
+        msg = await self.nc.request(subject, encode(claim), KV_TIMEOUT_S, headers=headers)
+        return put_result(msg.data, msg.headers)
 
     async def send_put(self, order_id: str, claim: Claim, last: int, reply: str) -> None:
         """Send the write of ``put`` with its answer going to ``reply`` (an inbox of the
         caller's), without waiting for it: read it with :func:`put_result`. Once this
         returns, the write is ahead of anything the caller publishes next on the same
         connection."""
-        if self.nc is None:
-            raise nats.errors.ConnectionClosedError
-        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
-        subject = f"$KV.{self.name}.{key_of(order_id)}"
+        subject, headers = self._write(order_id, last)
         await self.nc.publish(subject, encode(claim), reply=reply, headers=headers)
+
+    def _write(self, order_id: str, last: int) -> tuple[str, dict[str, str]]:
+        """The subject and headers of a write of the key if it is at revision ``last``."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": str(last)}
+        return f"$KV.{self.name}.{key_of(order_id)}", headers
 
     async def remove(self, order_id: str, last: int) -> None:
         """Delete the claim if it is still ours (revision ``last``)."""

@@ -40,7 +40,7 @@ class GatedStore(ClaimStore):
         fail: int = 0,
         write: bool = True,
     ) -> None:
-        super().__init__(real.kv, real.name)
+        super().__init__(real.kv, real.name, real.nc)
         self.go = asyncio.Event()
         self.asked = asyncio.Event()
         self.created: list[int | None] = []  # each create's answer, in order
