@@ -186,6 +186,19 @@ class Market:
                 s.close()
 
 
+async def collect(nc: NATS, subject: str) -> list[Msg]:
+    """Every message on ``subject`` from now on, in arrival order (the subscription is in
+    place at the server when this returns)."""
+    seen: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        seen.append(msg)
+
+    await nc.subscribe(subject, cb=keep)
+    await nc.flush()
+    return seen
+
+
 async def answer_commits(nc: NATS, subjects: Subjects, *worker_ids: str, score: float) -> None:
     """A raw supplier's commit side (an older or foreign one, in tests): every commit to
     ``worker_ids`` is answered Placed at once."""

@@ -9,7 +9,7 @@ from nats.aio.msg import Msg
 
 from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import sampled_shards, shard_of
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, collect, order, wait_until, worker
 
 SHARDS = 8
 
@@ -107,13 +107,7 @@ async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: 
     # (batch_bids off: region releases go out alone, on the release subject)
     ex = await market.exchange(bid_shards=2, bid_sample=1, quiet_ms=5_000, batch_bids=False)
     spy = await market.connect("spy")
-    releases: list[Msg] = []
-
-    async def on_release(msg: Msg) -> None:
-        releases.append(msg)
-
-    await spy.subscribe(market.subjects.region_release("mad"), cb=on_release)
-    await spy.flush()
+    releases = await collect(spy, market.subjects.region_release("mad"))
     buyer = await market.client()
     # learn both shards: an order for another image whose home is the other shard
     other = next(f"img{i}" for i in range(100) if zlib.crc32(f"img{i}".encode()) % 2 != home)

@@ -936,6 +936,19 @@ PROMPT = [
 ]
 
 
+def _poll_then(a: Auction, at: float, then: str) -> None:
+    """Poll at ``at`` and check the decision: "commit W" (or "commit W alone": the commit
+    asks W's process to drop the other holds), or "wake at X" (ms since T0)."""
+    verb, arg = then.split(" ", 1)
+    if verb == "commit":
+        worker, _, alone = arg.partition(" ")
+        assert a.poll(at) == [commit_of(worker, at, alone=alone == "alone")]
+    else:
+        [wake] = a.poll(at)
+        wake_ms = float(arg.removeprefix("at "))
+        assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + wake_ms * MS)
+
+
 @pytest.mark.parametrize(
     ("case", "expected", "answers", "then"), PROMPT, ids=[row[0] for row in PROMPT]
 )
@@ -948,14 +961,7 @@ def test_prompt_answers_are_ranked_by_the_auction(
     at = T0 + 1 * MS
     for responder, offers in answers:
         assert feed(a, Offers(offers=offers, responder=responder), at=at) == []
-    verb, arg = then.split(" ", 1)
-    if verb == "commit":
-        worker, _, alone = arg.partition(" ")
-        assert a.poll(at) == [commit_of(worker, at, alone=alone == "alone")]
-    else:
-        [wake] = a.poll(at)
-        wake_ms = float(arg.removeprefix("at "))
-        assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + wake_ms * MS)
+    _poll_then(a, at, then)
 
 
 def test_a_prompt_offer_is_committed_when_its_delay_has_passed() -> None:
@@ -1057,14 +1063,7 @@ def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
     for shard, responder, offers in answers:
         body = encode(Offers(offers=offers, responder=responder))
         assert a.bid_reply(body, at, shard=shard) == []
-    verb, arg = then.split(" ", 1)
-    if verb == "commit":
-        worker, _, alone = arg.partition(" ")
-        assert a.poll(at) == [commit_of(worker, at, alone=alone == "alone")]
-    else:
-        [wake] = a.poll(at)
-        wake_ms = float(arg.removeprefix("at "))
-        assert isinstance(wake, WakeAt) and wake.at == pytest.approx(T0 + wake_ms * MS)
+    _poll_then(a, at, then)
     named = {s: {r for k, r, _ in answers if k == s} for s, _, _ in answers if s is not None}
     assert a.tally.shard_responders == named
 

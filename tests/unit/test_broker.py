@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from nats.aio.msg import Msg
 
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.broker import Broker, RefusalKind, Refused
@@ -15,7 +14,7 @@ from bourse.auction.driver import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import OVERLOADED_REASON, Error, ErrorCode, Placed, Unfilled
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, collect, order, wait_until, worker
 
 
 @pytest.mark.parametrize(
@@ -79,14 +78,7 @@ async def test_a_full_limit_refuses_as_overloaded(market: Market) -> None:
 
 async def test_an_order_id_in_use_by_another_order_is_refused(market: Market) -> None:
     await market.host(worker("mad-1", cpus=4))
-    spy = await market.connect("spy")
-    bids: list[Msg] = []
-
-    async def seen(msg: Msg) -> None:
-        bids.append(msg)
-
-    await spy.subscribe(market.subjects.bid("mad"), cb=seen)
-    await spy.flush()
+    bids = await collect(await market.connect("spy"), market.subjects.bid("mad"))
     broker = await _broker(market)
     try:
         first = asyncio.ensure_future(broker.place(order(cpus=64, order_id="x")))  # no fit
