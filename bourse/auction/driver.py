@@ -18,7 +18,7 @@ import dataclasses
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -737,24 +737,18 @@ class Auctioneer:
             return 0
         return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
 
-    def expected_shard_responders(self, region: str) -> dict[int, int] | None:
+    def expected_shard_responders(self, region: str) -> Mapping[int, int] | None:
         """Per shard of ``region``, how many supplier processes answer a sampled bid there
-        (those seen within RESPONDER_MEMORY_S); None where no bid is sampled, or where some
-        supplier does not answer promptly."""
+        (those seen within RESPONDER_MEMORY_S; a shard with none is not in it), counted
+        when asked: an auction asks about its own shards only. None where no bid is
+        sampled, or where some supplier does not answer promptly."""
         if not self.config.bid_shards:
             return None
         now = time.monotonic()
         if self._unranked_until.get(region, 0.0) > now:
             return None
         shards = self._shard_responders.get(region)
-        if not shards:
-            return None
-        counts: dict[int, int] = {}
-        for k, seen in shards.items():
-            n = sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
-            if n:
-                counts[k] = n
-        return counts
+        return _RecentPerShard(shards, now) if shards else None
 
     def _learn(self, region: str, tally: Tally) -> None:
         now = time.monotonic()
@@ -898,6 +892,28 @@ class _Seen:
 
     at: float
     batches: bool
+
+
+class _RecentPerShard(Mapping[int, int]):
+    """Per shard, the supplier processes seen answering there within RESPONDER_MEMORY_S
+    of ``now``, counted on lookup (a region of 10,000 single-worker processes would
+    otherwise be counted whole for every auction); a shard with none is absent."""
+
+    def __init__(self, shards: dict[int, dict[str, _Seen]], now: float) -> None:
+        self._shards, self._now = shards, now
+
+    def __getitem__(self, shard: int) -> int:
+        since = self._now - RESPONDER_MEMORY_S
+        n = sum(1 for s in self._shards.get(shard, {}).values() if s.at > since)
+        if not n:
+            raise KeyError(shard)
+        return n
+
+    def __iter__(self) -> Iterator[int]:
+        return (k for k in list(self._shards) if k in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:
