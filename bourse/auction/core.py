@@ -392,9 +392,12 @@ class Auction:
         self._expect("collecting")
         if reply.responder:
             self.tally.responders.add(reply.responder)
-            self._heard.setdefault(shard, set()).add(reply.responder)
+            heard = self._heard.get(shard)
+            if heard is None:
+                heard = self._heard[shard] = set()
+            heard.add(reply.responder)
             if shard is not None:
-                self.tally.shard_responders.setdefault(shard, set()).add(reply.responder)
+                self.tally.shard_responders[shard] = heard  # the same set
             if reply.batches:
                 self.tally.batching.add(reply.responder)
             if reply.offers:
