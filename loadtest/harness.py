@@ -18,7 +18,7 @@ from bourse.auction.admission import adaptive_limit
 from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect, shutdown
-from bourse.nats.embedded import EmbeddedNats, read_varz
+from bourse.nats.embedded import EmbeddedNats, read_connz, read_varz
 from bourse.runtime.launcher import Program, stop_all
 from bourse.runtime.supervise import settle_heap
 from bourse.wire.subjects import Subjects
@@ -29,6 +29,7 @@ from loadtest.runner import (
     Measured,
     Sampler,
     check_invariants,
+    messages_between,
     nats_ceiling,
     start_fleet,
 )
@@ -145,15 +146,26 @@ async def _send(
                 await anyio.sleep(0.5)
 
         before = await _varz(monitor_url)
+        conns_before = await _connz(monitor_url)
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(sample)
             await gen.run(orders)
             tasks.cancel_scope.cancel()
         sampler.sample()  # CPU over the load window only (not the checks after it)
         after = await _varz(monitor_url)
+        conns_after = await _connz(monitor_url)
         if before is not None and after is not None:  # messages over the same window
             m.nats_in_msgs = after["in_msgs"] - before["in_msgs"]
             m.nats_out_msgs = after["out_msgs"] - before["out_msgs"]
+        if conns_before is not None and conns_after is not None:
+            m.nats_msgs_by_program = messages_between(conns_before, conns_after)
+
+
+async def _connz(monitor_url: str | None) -> list[dict[str, Any]] | None:
+    """The server's open connections (``/connz``), read off the event loop."""
+    if monitor_url is None:
+        return None
+    return await anyio.to_thread.run_sync(read_connz, monitor_url)
 
 
 async def _varz(monitor_url: str | None) -> dict[str, Any] | None:

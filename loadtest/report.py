@@ -53,6 +53,17 @@ def per_placement(m: Measured) -> tuple[dict[str, float] | None, dict[str, float
     return cpu_ms, msgs
 
 
+def messages_by_program(m: Measured) -> dict[str, dict[str, float]] | None:
+    """NATS messages per placement that each program published and was delivered (from
+    the server's per-connection counters), or None when they were not read."""
+    if not m.placed or m.nats_msgs_by_program is None:
+        return None
+    return {
+        program: {"published": round(pub / m.placed, 2), "delivered": round(got / m.placed, 2)}
+        for program, (pub, got) in m.nats_msgs_by_program.items()
+    }
+
+
 def cpu_vs_nats_server(cpu_ms: dict[str, float] | None) -> dict[str, float] | None:
     """CPU per placement of every process kind over nats-server's in the same run."""
     unit = (cpu_ms or {}).get("nats-server")
@@ -117,6 +128,11 @@ def build(
         # None when the server's monitoring endpoint is not known (--nats without
         # --nats-monitor).
         "messages_per_placement": msgs,
+        # The same, by program (nats-server's /connz, by connection name): which program
+        # publishes what. JetStream's acknowledgements come from the server itself, so the
+        # programs' "published" add up to the total and their "delivered" to more than it
+        # (those acknowledgements are delivered to the programs).
+        "messages_per_placement_by_program": messages_by_program(m),
         # The same numbers with the run's own nats-server as the unit (None when it is not
         # watched: --nats). This VM's speed drifts by 20% between runs, which a ratio to a
         # process of the same run cancels; nats-server's work per placement follows the
@@ -245,6 +261,15 @@ def table(r: dict[str, Any]) -> Table:
         if msgs
         else "not measured (no monitoring endpoint: --nats-monitor)",
     )
+    by_program = r.get("messages_per_placement_by_program")
+    if by_program:
+        t.add_row(
+            "NATS messages by program",
+            ", ".join(
+                f"{k} {v['published']:g} published / {v['delivered']:g} delivered"
+                for k, v in by_program.items()
+            ),
+        )
     t.add_row("generator lag (max)", f"{r['generator_lag_max_ms']} ms")
     t.add_row(
         "invariants (I1, I3, I5)",

@@ -74,6 +74,41 @@ class Measured:
     # nats-server's own counters over the load window (/varz), when its monitoring is on
     nats_in_msgs: int | None = None  # published into the server by its clients
     nats_out_msgs: int | None = None  # delivered by the server to subscribers
+    # the same per program (/connz, by connection name): (published, delivered)
+    nats_msgs_by_program: dict[str, tuple[int, int]] | None = None
+
+
+# A run's connections by the name they give the server (bourse/nats/connection.py), as the
+# program kinds of the CPU figures; JetStream's own answers come from no client connection.
+CONNECTION_PROGRAMS = (
+    ("bourse-supplier", "supplier"),
+    ("bourse-exchange", "exchange"),
+    ("bourse-loadgen", "loadgen"),
+)
+
+
+def program_of(connection_name: str) -> str:
+    """The program kind a connection belongs to ("other": a tap, the ceiling probe...)."""
+    for prefix, program in CONNECTION_PROGRAMS:
+        if connection_name.startswith(prefix):
+            return program
+    return "other"
+
+
+def messages_between(
+    before: list[dict[str, Any]], after: list[dict[str, Any]]
+) -> dict[str, tuple[int, int]]:
+    """Messages published and delivered per program between two ``/connz`` readings: each
+    connection's counters, less what it had at ``before`` (a connection opened since
+    counts from zero; one closed since is not in ``after`` and not counted)."""
+    had = {c["cid"]: (c.get("in_msgs", 0), c.get("out_msgs", 0)) for c in before}
+    out: dict[str, tuple[int, int]] = {}
+    for c in after:
+        was_in, was_out = had.get(c["cid"], (0, 0))
+        program = program_of(c.get("name") or "")
+        pub, got = out.get(program, (0, 0))
+        out[program] = (pub + c.get("in_msgs", 0) - was_in, got + c.get("out_msgs", 0) - was_out)
+    return dict(sorted(out.items()))
 
 
 class Sampler:

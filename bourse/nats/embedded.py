@@ -56,10 +56,25 @@ def find_nats_server() -> str:
 
 def read_varz(monitor_url: str, timeout_s: float = 2.0) -> dict[str, Any]:
     """``/varz`` of the nats-server whose monitoring endpoint is ``monitor_url``."""
-    url = monitor_url.rstrip("/") + "/varz"
-    with urllib.request.urlopen(url, timeout=timeout_s) as r:
-        varz: dict[str, Any] = json.loads(r.read())
-    return varz
+    return _read_monitor(monitor_url, "varz", timeout_s)
+
+
+def read_connz(monitor_url: str, timeout_s: float = 2.0) -> list[dict[str, Any]]:
+    """The open client connections of ``/connz`` (each with ``cid``, ``name``,
+    ``in_msgs``, ``out_msgs``)."""
+    connz = _read_monitor(monitor_url, f"connz?limit={CONNZ_LIMIT}", timeout_s)
+    conns: list[dict[str, Any]] = connz.get("connections") or []
+    return conns
+
+
+# /connz pages by 1,024 by default; a load run has a few dozen connections at most.
+CONNZ_LIMIT = 100_000
+
+
+def _read_monitor(monitor_url: str, path: str, timeout_s: float) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{monitor_url.rstrip('/')}/{path}", timeout=timeout_s) as r:
+        body: dict[str, Any] = json.loads(r.read())
+    return body
 
 
 class EmbeddedNats:

@@ -56,6 +56,16 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
     msgs = rep["messages_per_placement"]
     assert 5 <= msgs["published"] < 100 and 4 <= msgs["delivered"] < 100
     assert rep["nats_msgs"]["published"] >= 5 * rep["placed"]
+    # by program: the generator publishes the orders (one each, and a machine verb or two),
+    # the exchange bids, commits and answers, the suppliers offer, place and tell events;
+    # together they are every client's publishes (JetStream's answers are the server's;
+    # the two counters are read one after the other, so a stray heartbeat may fall
+    # between them)
+    by = rep["messages_per_placement_by_program"]
+    assert set(by) == {"supplier", "exchange", "loadgen"}
+    assert all(v["published"] >= 1 for v in by.values())
+    total = sum(v["published"] for v in by.values())
+    assert total == pytest.approx(msgs["published"], rel=0.05)
     on_disk = json.loads((tmp_path / "report.json").read_text())
     assert on_disk["placed"] == rep["placed"]
     assert on_disk["messages_per_placement"] == msgs and on_disk["cpu_ms_per_placement"] == cpu

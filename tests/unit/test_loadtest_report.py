@@ -5,8 +5,14 @@ from __future__ import annotations
 
 import pytest
 
-from loadtest.report import cpu_vs_nats_server, ms_label, ms_ticks, per_placement
-from loadtest.runner import Measured, ProcessStats
+from loadtest.report import (
+    cpu_vs_nats_server,
+    messages_by_program,
+    ms_label,
+    ms_ticks,
+    per_placement,
+)
+from loadtest.runner import Measured, ProcessStats, messages_between, program_of
 
 
 @pytest.mark.parametrize(
@@ -74,3 +80,53 @@ def test_cpu_is_also_given_in_the_same_runs_nats_server_units(
     cpu_ms: dict[str, float] | None, expected: dict[str, float] | None
 ) -> None:
     assert cpu_vs_nats_server(cpu_ms) == expected
+
+
+@pytest.mark.parametrize(
+    ("name", "program"),
+    [
+        ("bourse-supplier:r0-w0000", "supplier"),
+        ("bourse-exchange", "exchange"),
+        ("bourse-exchange-eu-1", "exchange"),
+        ("bourse-loadgen", "loadgen"),
+        ("bourse-ceiling", "other"),
+        ("", "other"),
+    ],
+)
+def test_a_connection_is_counted_for_the_program_its_name_says(name: str, program: str) -> None:
+    assert program_of(name) == program
+
+
+def test_messages_by_program_are_each_connections_counters_over_the_window() -> None:
+    def conn(cid: int, name: str, pub: int, got: int) -> dict[str, object]:
+        return {"cid": cid, "name": name, "in_msgs": pub, "out_msgs": got}
+
+    before = [
+        conn(1, "bourse-supplier:w0", 100, 200),
+        conn(2, "bourse-supplier:w9", 10, 20),
+        conn(3, "bourse-exchange", 50, 60),
+        conn(9, "bourse-loadgen", 5, 5),  # closed during the window: not counted
+    ]
+    after = [
+        conn(1, "bourse-supplier:w0", 400, 900),
+        conn(2, "bourse-supplier:w9", 110, 120),
+        conn(3, "bourse-exchange", 650, 760),
+        conn(4, "bourse-loadgen", 300, 300),  # opened during the window: from zero
+        conn(5, "tap", 0, 5000),
+    ]
+    by = messages_between(before, after)
+    assert by == {
+        "exchange": (600, 700),
+        "loadgen": (300, 300),
+        "other": (0, 5000),
+        "supplier": (400, 800),
+    }
+    m = Measured(placed=100, nats_msgs_by_program=by)
+    assert messages_by_program(m) == {
+        "exchange": {"published": 6.0, "delivered": 7.0},
+        "loadgen": {"published": 3.0, "delivered": 3.0},
+        "other": {"published": 0.0, "delivered": 50.0},
+        "supplier": {"published": 4.0, "delivered": 8.0},
+    }
+    assert messages_by_program(Measured(placed=100)) is None
+    assert messages_by_program(Measured(nats_msgs_by_program=by)) is None  # nothing placed
