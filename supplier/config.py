@@ -135,6 +135,8 @@ def load_fleet(path: str | Path) -> list[WorkerConfig]:
         raise ConfigError(f"fleet file {path}: {exc}") from None
     except msgspec.ValidationError as exc:
         raise ConfigError(f"fleet file {path}: {validation_detail(exc)}") from None
+    if not fleet.worker:
+        raise ConfigError(f"fleet file {path} lists no workers (one [[worker]] table each)")
     check_workers(fleet.worker)
     return fleet.worker
 

@@ -82,6 +82,20 @@ def test_supplier_refuses_a_fleet_file_with_a_bad_field(tmp_path: Path) -> None:
     assert f"fleet file {fleet}" in result.output and "$.worker[0].capacity.cpus" in result.output
 
 
+@pytest.mark.parametrize(
+    ("name", "text"), [("f.toml", "worker = []\n"), ("f.json", '{"worker": []}')]
+)
+def test_supplier_refuses_a_fleet_file_without_workers(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    fleet = tmp_path / name
+    fleet.write_text(text)
+    result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])
+    assert result.exit_code == 1
+    assert f"fleet file {fleet} lists no workers" in result.output
+    assert "Traceback" not in result.output
+
+
 def test_supplier_refuses_the_worker_id_the_exchange_publishes_outcomes_under() -> None:
     args = ["run", "--worker-id", "exchange", "--region", "mad", "--cpus", "1"]
     result = runner.invoke(supplier, [*args, "--memory-mb", "64", *NO_NATS])
