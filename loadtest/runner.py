@@ -184,14 +184,20 @@ def split_fleet(
     workers: list[dict[str, Any]], processes: int, bid_shards: int
 ) -> list[list[dict[str, Any]]]:
     """The workers of each supplier process. Under sampled bidding a shard's workers share
-    a process, so a bid to d shards reaches at most d processes instead of every one;
-    otherwise the workers are dealt round-robin."""
+    a process, so a bid to d shards reaches at most d processes instead of every one: whole
+    shards, the biggest first to the process with the fewest workers. Otherwise, or when
+    that would leave a process without workers (a small fleet with empty shards), the
+    workers are dealt round-robin."""
+    round_robin = [workers[i::processes] for i in range(processes)]
     if not bid_shards or bid_shards < processes:
-        return [workers[i::processes] for i in range(processes)]
-    shares: list[list[dict[str, Any]]] = [[] for _ in range(processes)]
+        return round_robin
+    by_shard: dict[int, list[dict[str, Any]]] = {}
     for w in workers:
-        shares[shard_of(str(w["worker_id"]), bid_shards) % processes].append(w)
-    return shares
+        by_shard.setdefault(shard_of(str(w["worker_id"]), bid_shards), []).append(w)
+    shares: list[list[dict[str, Any]]] = [[] for _ in range(processes)]
+    for shard in sorted(by_shard, key=lambda k: (-len(by_shard[k]), k)):
+        min(shares, key=len).extend(by_shard[shard])
+    return shares if all(shares) else round_robin
 
 
 def fleet_specs(

@@ -204,6 +204,23 @@ def test_a_shard_lives_in_one_supplier_process_under_sampled_bidding() -> None:
     assert [len(s) for s in split_fleet(workers, 4, 2)] == [15, 15, 15, 15]
 
 
+def test_no_supplier_process_is_left_without_workers() -> None:
+    from bourse.wire.subjects import shard_of
+    from loadtest.runner import split_fleet
+    from loadtest.workload import SCENARIOS, fleet
+
+    # the soak fleet (12 workers, 3 processes) with 3 shards: one shard is empty, so whole
+    # shards would leave a process with nothing to serve (it refuses to start)
+    workers = fleet(SCENARIOS["soak"])
+    assert len({shard_of(str(w["worker_id"]), 3) for w in workers}) < 3
+    shares = split_fleet(workers, 3, 3)
+    assert all(shares) and sum(map(len, shares)) == len(workers)
+    # with more shards than processes, whole shards, balanced
+    for n in (4, 6, 8):
+        shares = split_fleet(workers, 3, n)
+        assert all(shares) and sum(map(len, shares)) == len(workers)
+
+
 def test_fractional_shapes_and_workers_reach_the_trace_fleet_and_oracle() -> None:
     from bourse.wire.resources import vec
 
