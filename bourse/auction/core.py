@@ -334,9 +334,11 @@ class Auction:
         if self.sampled:
             n = config.bid_shards
             self.shards = tuple(sampled_shards(order.order_id, order.image, n, config.bid_sample))
-            known = shard_responders if shard_responders and self.bid.prompt_offers else {}
-            if all(known.get(k, 0) > 0 for k in self.shards):
-                self._shard_expected = {k: known[k] for k in self.shards}
+            # looked up per shard: never len() or bool() of the driver's lazy mapping
+            if shard_responders is not None and self.bid.prompt_offers:
+                expected = {k: shard_responders.get(k, 0) for k in self.shards}
+                if all(expected.values()):
+                    self._shard_expected = expected
         self._heard: dict[int | None, set[str]] = {}
         self._ready: dict[int, float] = {}
         # Who offered (named prompt answers): worker id -> its process, and the processes

@@ -732,10 +732,7 @@ class Auctioneer:
         now = time.monotonic()
         if self._unranked_until.get(region, 0.0) > now:
             return 0
-        seen = self._responders.get(region)
-        if not seen:
-            return 0
-        return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
+        return _recent(self._responders.get(region, {}), now)
 
     def expected_shard_responders(self, region: str) -> Mapping[int, int] | None:
         """Per shard of ``region``, how many supplier processes answer a sampled bid there
@@ -903,8 +900,7 @@ class _RecentPerShard(Mapping[int, int]):
         self._shards, self._now = shards, now
 
     def __getitem__(self, shard: int) -> int:
-        since = self._now - RESPONDER_MEMORY_S
-        n = sum(1 for s in self._shards.get(shard, {}).values() if s.at > since)
+        n = _recent(self._shards.get(shard, {}), self._now)
         if not n:
             raise KeyError(shard)
         return n
@@ -914,6 +910,11 @@ class _RecentPerShard(Mapping[int, int]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self)
+
+
+def _recent(seen: dict[str, _Seen], now: float) -> int:
+    """How many of the processes of ``seen`` answered within RESPONDER_MEMORY_S of ``now``."""
+    return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
 
 
 def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:

@@ -1188,3 +1188,26 @@ def test_an_unfilled_auction_always_releases() -> None:
     a.commit_outcome(CommitNoResponders(), T0 + 3 * MS)
     a.timer(T0 + 1.0)  # the deadline: unfilled
     assert a.release_needed
+
+
+class _LookupsOnly(dict[int, int]):
+    """Shard counts that may only be looked up, as the driver's lazy mapping should be
+    (its len() and iteration walk every process of the region)."""
+
+    def __len__(self) -> int:
+        raise AssertionError("len() of the shard counts")
+
+    def __iter__(self) -> Any:
+        raise AssertionError("iteration over the shard counts")
+
+    def __bool__(self) -> bool:
+        raise AssertionError("bool() of the shard counts")
+
+
+def test_the_core_only_looks_up_the_shards_it_asks() -> None:
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=_LookupsOnly({K1: 2, K2: 1}))
+    a.start()
+    a.bid_published(T0)
+    for shard, responder in ((K1, "p1"), (K1, "p2"), (K2, "p3")):
+        a.bid_reply(encode(Offers(offers=[], responder=responder)), T0 + MS, shard=shard)
+    assert a.poll(T0 + MS) == [BroadcastBid(S.bid("mad"), a.bid)]  # all three answered
