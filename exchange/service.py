@@ -27,6 +27,7 @@ from nats.aio.subscription import Subscription
 
 from bourse.auction.admission import DEFAULT_TARGET_MS, adaptive_limit
 from bourse.auction.broker import Broker, Refused
+from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -79,10 +80,15 @@ class ExchangeService:
         target_auction_ms: float = DEFAULT_TARGET_MS,
         metrics: ExchangeMetrics | None = None,
         claims: bool = True,
+        claim_store: ClaimStore | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
-        self.auctioneer = Auctioneer(nc, self.subjects, auction, trust, claims=claims)
+        # ``claim_store``: an open claims bucket to use instead of opening one (embedding,
+        # and tests that put a faulty bucket under the exchange)
+        self.auctioneer = Auctioneer(
+            nc, self.subjects, auction, trust, claims=claims, claim_store=claim_store
+        )
         self.regions = regions or None
         self.max_order_backlog = max_order_backlog
         # How many auctions run at once: adaptive (exchange/admission.py), at most
@@ -196,20 +202,12 @@ class ExchangeService:
         await self.responder.error(msg, err.code, err.detail, reason=err.reason)
 
     async def _place(self, msg: Msg, order: PlaceOrder, tenant: str | None = None) -> None:
-        answered = False
-
-        async def answer(placed: Placed) -> None:
-            """A Placed, answered as soon as its claim write is on its way (§5.3c)."""
-            nonlocal answered
-            answered = True
-            await self._answer(msg, order, placed, tenant)
-
-        outcome = await self.broker.place(order, answer)
+        outcome = await self.broker.place(order)
         if isinstance(outcome, Refused):
             if self.metrics is not None:
                 self.metrics.refused(order.region, outcome.kind)
             await self._refuse(msg, outcome)
-        elif not answered:
+        else:
             await self._answer(msg, order, outcome, tenant)
 
     async def _answer(

@@ -14,10 +14,18 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
-from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder, EarlyAnswer
-from bourse.wire.messages import OVERLOADED_REASON, Error, ErrorCode, Placed, PlaceOrder, Unfilled
+from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.wire.messages import (
+    OVERLOADED_REASON,
+    UNRECORDED_REASON,
+    Error,
+    ErrorCode,
+    Placed,
+    PlaceOrder,
+    Unfilled,
+)
 
-RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run"]
+RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run", "unrecorded"]
 
 # How each refusal travels as an Error: the code (v1's fixed set) and, for overload, the
 # Error.reason that tells it apart from other internal errors without reading the detail.
@@ -25,16 +33,21 @@ _WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
     "overloaded": ("internal", OVERLOADED_REASON),
     "conflicting_order": ("bad_request", ""),
     "cannot_run": ("internal", ""),
+    "unrecorded": ("internal", UNRECORDED_REASON),
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Refused:
-    """The order was not auctioned: nothing was bid, nothing is held.
+    """The order was not answered with an outcome.
 
-    ``overloaded``: no admission slot in time (or the exchange's order backlog is full);
-    ``conflicting_order``: its id is being placed for a different order;
-    ``cannot_run``: the auction could not start (not connected to NATS)."""
+    Nothing was bid, nothing is held: ``overloaded``, no admission slot in time (or the
+    exchange's order backlog is full); ``conflicting_order``, its id is being placed for a
+    different order; ``cannot_run``, the auction could not start (not connected to NATS,
+    or its claim could not be written).
+    ``unrecorded``: a machine was placed but the order's claim could not be made to name it;
+    the order is to be sent again under the same id, which is answered with its one machine
+    (docs/protocol.md §5.3c)."""
 
     kind: RefusalKind
     detail: str
@@ -56,13 +69,14 @@ class Broker:
         self.auctioneer = auctioneer
         self.admission = admission
 
-    async def place(self, order: PlaceOrder, answer: EarlyAnswer | None = None) -> Outcome:
-        """Run one immediate-or-cancel order. ``answer``: told a Placed as soon as the buyer
-        may be told (``Auctioneer.run``), before the outcome is returned."""
+    async def place(self, order: PlaceOrder) -> Outcome:
+        """Run one immediate-or-cancel order."""
         try:
             if self.admission is None:
-                return await self.auctioneer.run(order, answer=answer)
-            return await self._admitted(self.admission, order, answer)
+                return await self.auctioneer.run(order)
+            return await self._admitted(self.admission, order)
+        except UnrecordedPlacement as exc:
+            return Refused("unrecorded", str(exc))
         except ConflictingOrder as exc:
             return Refused("conflicting_order", str(exc))
         except AuctionError as exc:
@@ -77,9 +91,7 @@ class Broker:
     async def close(self) -> None:
         await self.auctioneer.close()
 
-    async def _admitted(
-        self, limit: ConcurrencyLimit, order: PlaceOrder, answer: EarlyAnswer | None
-    ) -> Outcome:
+    async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
         """Past the limit an order waits its turn for a share of its deadline (an auction
         started now would slow every one under way); the auction gets what is left, and
         what it says about load adapts the limit (bourse/auction/admission.py)."""
@@ -89,7 +101,7 @@ class Broker:
         started = time.monotonic()
         load_ms: float | None = None
         try:
-            result = await self.auctioneer.run(order, (started - t0) * 1000.0, answer)
+            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
             if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
                 load_ms = (time.monotonic() - started) * 1000.0
             return result

@@ -231,7 +231,7 @@ class ClaimStore:
     def __init__(self, kv: KeyValue, name: str, nc: NATS) -> None:
         self.kv = kv  # reads and deletes
         self.name = name
-        self.nc = nc  # writes (put, send_put): one request, answered as put_result reads it
+        self.nc = nc  # writes (put): one request, answered as put_result reads it
 
     @classmethod
     async def open(
@@ -283,22 +283,16 @@ class ClaimStore:
             return None, entry.revision or 0
         return _decoder.decode(entry.value), entry.revision
 
-    async def put(self, order_id: str, claim: Claim, last: int) -> int | None:
+    async def put(
+        self, order_id: str, claim: Claim, last: int, timeout_s: float = KV_TIMEOUT_S
+    ) -> int | None:
         """Write ``claim`` if the key is still at revision ``last`` (0: absent); its new
-        revision, or None when someone else changed it first. The same message as
-        ``send_put``, sent as a request (nats-py's ``KeyValue.update`` does the same with
+        revision, or None when someone else changed it first. One request to the stream's
+        subject, read by ``put_result`` (nats-py's ``KeyValue.update`` does the same with
         more Python per write: the create is on every order's path)."""
         subject, headers = self._write(order_id, last)
-        msg = await self.nc.request(subject, encode(claim), KV_TIMEOUT_S, headers=headers)
+        msg = await self.nc.request(subject, encode(claim), timeout_s, headers=headers)
         return put_result(msg.data, msg.headers)
-
-    async def send_put(self, order_id: str, claim: Claim, last: int, reply: str) -> None:
-        """Send the write of ``put`` with its answer going to ``reply`` (an inbox of the
-        caller's), without waiting for it: read it with :func:`put_result`. Once this
-        returns, the write is ahead of anything the caller publishes next on the same
-        connection."""
-        subject, headers = self._write(order_id, last)
-        await self.nc.publish(subject, encode(claim), reply=reply, headers=headers)
 
     def _write(self, order_id: str, last: int) -> tuple[str, dict[str, str]]:
         """The subject and headers of a write of the key if it is at revision ``last``."""
@@ -351,7 +345,7 @@ _NOT_ENABLED = frozenset({10039, 10076})
 
 
 def put_result(data: bytes, headers: dict[str, str] | None) -> int | None:
-    """The answer to a ``send_put``: the claim's new revision, or None when someone else
+    """The answer to a ``put``'s write: the claim's new revision, or None when someone else
     changed it first; raises as ``put`` does (no JetStream responder, an API error)."""
     if headers is not None and headers.get("Status") == "503":
         raise nats.js.errors.NoStreamResponseError

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Awaitable, Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -42,7 +42,6 @@ from bourse.auction.claims import (
     Wait,
     decide,
     fingerprint,
-    put_result,
 )
 from bourse.auction.core import (
     Auction,
@@ -92,12 +91,24 @@ log = structlog.get_logger("bourse.auction")
 BoundLogger = structlog.typing.FilteringBoundLogger
 
 
-# Told a Placed as soon as the buyer may be told (Auctioneer.run).
-EarlyAnswer = Callable[[Placed], Awaitable[None]]
-
-
 class AuctionError(RuntimeError):
     """The auction could not run at all (e.g. not connected to NATS)."""
+
+
+class UnrecordedPlacement(RuntimeError):
+    """A machine was placed but the order's claim could not be made to name it: the buyer
+    is not told ``Placed`` (a claim that does not name the machine may yet give the order
+    id another one, I3), but to send the order again under the same id, which is answered
+    with this machine or, if it was reclaimed meanwhile, the one the claim names
+    (docs/protocol.md §5.3c). ``placed``: the machine, for the logs."""
+
+    def __init__(self, placed: Placed, why: str) -> None:
+        super().__init__(
+            f"a machine was placed on worker {placed.worker_id!r} but the order's claim could "
+            f"not be recorded ({why}): send the order again with the same order id (retry), "
+            "which is answered with the order's one machine (docs/protocol.md §5.3c)"
+        )
+        self.placed = placed
 
 
 class ConflictingOrder(ValueError):
@@ -264,27 +275,20 @@ class Auctioneer:
         self._wake = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self.batches_sent = 0  # Batch messages published (for tests and the logs)
-        # Answers to claim writes sent apart (ClaimStore.send_put), by inbox token.
-        self._acks: dict[str, asyncio.Future[Msg]] = {}
 
-    async def run(
-        self, order: PlaceOrder, spent_ms: float = 0.0, answer: EarlyAnswer | None = None
-    ) -> Placed | Unfilled:
+    async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
         order id but a different order (region, resources, image...) is under way here,
-        AuctionError if it cannot run (not connected).
+        AuctionError if it cannot run (not connected), UnrecordedPlacement if it placed a
+        machine that its claim could not be made to name. A ``Placed`` is returned only
+        once the claim names its machine (acknowledged by the server).
         ``spent_ms``: time the order already waited (for admission): the auction's deadline
-        is what is left of the order's.
-        ``answer``: called with a ``Placed`` as soon as the buyer may be told, which is
-        when the claim's write naming the machine is on its way (before the server's
-        acknowledgement, which the auction still awaits and checks before returning);
-        otherwise the caller answers with the result."""
+        is what is left of the order's."""
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
             # the same order is what claims call the same (its fingerprint: what is placed);
-            # deadline, min_score, exclude_workers and retry may differ between attempts, and
-            # a run may have answered its own buyer already and be settling its claim
+            # deadline, min_score, exclude_workers and retry may differ between attempts
             if fingerprint(first) != fingerprint(order):
                 raise ConflictingOrder(
                     f"order id {order.order_id!r} is already in use by a different order "
@@ -297,7 +301,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run_claimed(order, spent_ms, answer)
+            result = await self._run_claimed(order, spent_ms)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -321,11 +325,6 @@ class Auctioneer:
         token = msg.subject[len(self._prefix) + 1 :]
         if token == ANSWERS_TOKEN:
             self._route_answers(msg)
-            return
-        ack = self._acks.get(token)
-        if ack is not None:
-            if not ack.done():
-                ack.set_result(msg)
             return
         box = self._boxes.get(token)
         if box is not None:
@@ -450,9 +449,7 @@ class Auctioneer:
                 )
         self._claims_checked = True
 
-    async def _run_claimed(
-        self, order: PlaceOrder, spent_ms: float, answer: EarlyAnswer | None = None
-    ) -> Placed | Unfilled:
+    async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
         """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
         machine, wait for a live auction, take over a dead one's, or claim and run."""
         if not self.nc.is_connected:
@@ -544,8 +541,7 @@ class Auctioneer:
                     if lost.error is not None:
                         backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
                     continue  # look at the claim, as after a create that lost
-                await self._settle(store, order, mine, held, result, olog, True, answer)
-                return result
+                return await self._settle(store, order, mine, held, result, olog, True)
             if isinstance(d, TakeOver):
                 olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
             try:
@@ -555,8 +551,7 @@ class Auctioneer:
                     await store.remove(order.order_id, held)
                 raise
             fresh = isinstance(d, Create)
-            await self._settle(store, order, mine, held, result, olog, fresh, answer)
-            return result
+            return await self._settle(store, order, mine, held, result, olog, fresh)
 
     @staticmethod
     async def _claim_failed(
@@ -630,22 +625,27 @@ class Auctioneer:
         result: Placed | Unfilled,
         olog: BoundLogger,
         fresh: bool,
-        answer: EarlyAnswer | None = None,
-    ) -> None:
-        """Record the outcome in the claim: placed (a retry adopts it), unfilled, or
-        removed. ``fresh``: the claim was created by this auction (no machine could exist
-        for the id before it), not taken over from one that may have committed.
-        ``answer``: a Placed is answered once its claim write is sent (see ``run``)."""
+    ) -> Placed | Unfilled:
+        """Record the outcome in the claim and return it: placed (a retry adopts it),
+        unfilled, or removed. ``fresh``: the claim was created by this auction (no machine
+        could exist for the id before it), not taken over from one that may have committed.
+        A ``Placed`` is returned only once the claim names its machine: raises
+        UnrecordedPlacement when it could not be made to (docs/protocol.md §5.3c)."""
+        if isinstance(result, Placed):
+            placed = msgspec.structs.replace(mine, state="placed", placed=result)
+            try:
+                if await self._record(store, order, placed, revision, olog, mine.until_ms):
+                    return result
+                why = "the claim was taken over by another auction"
+            except _KV_ERRORS as exc:
+                why = str(exc) or type(exc).__name__
+            # Not told: the claim stays as it was (auctioning until it expires, then taken
+            # over as a retry's, which adopts this machine from its worker; or reclaimed by
+            # the worker's check when another machine is the claim's) (§5.3c, §5.3d).
+            olog.warning("order_claim_not_recorded", machine_id=result.machine_id, error=why)
+            raise UnrecordedPlacement(result, why)
         try:
-            if isinstance(result, Placed):
-                placed = msgspec.structs.replace(mine, state="placed", placed=result)
-                if answer is None:
-                    written = await store.put(order.order_id, placed, revision)
-                else:
-                    written = await self._put_answering(store, order, placed, revision, answer)
-                if written is None:
-                    olog.warning("order_claim_lost", machine_id=result.machine_id)
-            elif result.commits_tried == 0 and fresh:
+            if result.commits_tried == 0 and fresh:
                 await store.remove(order.order_id, revision)  # no machine can exist for it
             else:
                 # A commit went out and was not placed (if it timed out, the worker may
@@ -655,33 +655,42 @@ class Auctioneer:
                 # (it adopts such a machine), and without one the worker reclaims it
                 # (docs/protocol.md §5.3d). Deleting it would forget that machine.
                 unfilled = msgspec.structs.replace(mine, state="unfilled", until_ms=_wall_ms())
-                await store.put(order.order_id, unfilled, revision)
-        except _KV_ERRORS as exc:  # the machine is placed all the same; retries find it
+                await self._record(store, order, unfilled, revision, olog, mine.until_ms)
+        except _KV_ERRORS as exc:  # the buyer may be told Unfilled: no machine is named
             olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
+        return result
 
-    async def _put_answering(
-        self,
+    @staticmethod
+    async def _record(
         store: ClaimStore,
         order: PlaceOrder,
-        placed: Claim,
+        claim: Claim,
         revision: int,
-        answer: EarlyAnswer,
-    ) -> int | None:
-        """Write the placed claim and, once the write is on its way (ahead of the answer
-        on this connection), answer the buyer; then wait for the write's outcome. The
-        buyer's answer never depended on it: a write that fails is logged either way and
-        the machine stays placed (a retry finds it on its worker)."""
-        assert placed.placed is not None
-        token = f"{placed.auction_id}-claim"
-        fut: asyncio.Future[Msg] = asyncio.get_running_loop().create_future()
-        self._acks[token] = fut
-        try:
-            await store.send_put(order.order_id, placed, revision, f"{await self._inbox()}.{token}")
-            await answer(placed.placed)
-            msg = await asyncio.wait_for(fut, KV_TIMEOUT_S)
-            return put_result(msg.data, msg.headers)
-        finally:
-            self._acks.pop(token, None)
+        olog: BoundLogger,
+        until_ms: int,
+    ) -> bool:
+        """Write ``claim`` over ours at ``revision``: True once the bucket holds it, False
+        when another auction changed the claim first. A failed write is tried again (after
+        50 ms, doubling up to 400 ms) while the claim is ours, until ``until_ms`` (our
+        claim's end: nobody takes it over before then, and each try is checked against the
+        revision, so a late one never overwrites a taker's). A write the server took but
+        whose answer was lost reads back as ours. Raises the last KV error when time is up."""
+        backoff = KV_BACKOFF_S
+        while True:
+            left = (until_ms - _wall_ms()) / 1000.0
+            try:
+                timeout = min(KV_TIMEOUT_S, max(left, KV_BACKOFF_S))
+                if await store.put(order.order_id, claim, revision, timeout) is not None:
+                    return True
+                now, _ = await store.get(order.order_id)
+                return now is not None and _same_outcome(now, claim)
+            except _KV_ERRORS as exc:
+                left = (until_ms - _wall_ms()) / 1000.0
+                if left <= 0:
+                    raise
+                olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
+                await asyncio.sleep(min(backoff, left))  # the last try at the claim's end
+                backoff = min(2 * backoff, KV_BACKOFF_MAX_S)
 
     async def _run(
         self,
@@ -937,6 +946,16 @@ _KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
 
 def _wall_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _same_outcome(a: Claim, b: Claim) -> bool:
+    """Whether claim ``a`` is the write ``b``: the same auction, state and machine."""
+    machine = a.placed.machine_id if a.placed is not None else None
+    return (a.auction_id, a.state, machine) == (
+        b.auction_id,
+        b.state,
+        b.placed.machine_id if b.placed is not None else None,
+    )
 
 
 def _unfilled_at_gate(core: Auction, olog: BoundLogger) -> Unfilled:

@@ -24,6 +24,7 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
     OVERLOADED_REASON,
+    UNRECORDED_REASON,
     Error,
     ExplainReply,
     ExplainRequest,
@@ -62,6 +63,11 @@ MACHINE_TIMEOUT_S = 60.0
 # refused as overloaded: nothing was bid; try again later or elsewhere. On the wire it is an
 # Error "internal" (the v1 codes are fixed) with reason "overloaded".
 OVERLOADED_CODE = "overloaded"
+# ClientError.code of an order whose machine was placed but whose claim could not name it
+# (a claims outage at that moment, §5.3c): send the order again under the same id (as a
+# retry), which is answered with the order's one machine. On the wire: Error "internal",
+# reason "unrecorded".
+UNRECORDED_CODE = "unrecorded"
 
 
 # How long a dry run waits for the region's status (the workers it knows, to list those
@@ -259,7 +265,9 @@ class BourseClient:
     async def place(self, order: PlaceOrder) -> Placed | Unfilled:
         """Run one immediate-or-cancel order; raises ClientError on an Error reply (or, in
         direct mode, the same refusal: code ``overloaded``, ``bad_request`` for an order id
-        in use by another order, ``internal`` when the auction cannot run)."""
+        in use by another order, ``unrecorded`` for a machine placed whose claim could not
+        name it (send the order again under the same id), ``internal`` when the auction
+        cannot run)."""
         if self._broker is not None:
             outcome = await self._broker.place(order)
             if isinstance(outcome, Refused):
@@ -604,9 +612,11 @@ class _MachinesGather(_Gather):
 
 def _refusal(error: Error) -> ClientError:
     """An order's Error as a ClientError: an overload refusal (Error.reason) gets code
-    ``overloaded``, anything else keeps its wire code."""
+    ``overloaded``, an unrecorded placement ``unrecorded``, anything else its wire code."""
     if error.reason == OVERLOADED_REASON:
         return ClientError(error.detail, OVERLOADED_CODE)
+    if error.reason == UNRECORDED_REASON:
+        return ClientError(error.detail, UNRECORDED_CODE)
     return ClientError(error.detail, error.code)
 
 

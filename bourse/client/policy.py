@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from bourse.client import BourseClient, ClientError
+from bourse.client import OVERLOADED_CODE, UNRECORDED_CODE, BourseClient, ClientError
 from bourse.wire.messages import Machine, Placed, PlaceOrder, Resources, Unfilled, worker_of_machine
 
 PRIMARY = "primary"
@@ -99,16 +99,19 @@ def _assign(slots: list[Slot], machines: list[Machine]) -> None:
             slot.machine, slot.existed = pool.pop(0), True
 
 
-# An order the market was too busy for, rather than unable to place: tried once more.
+# An order the market was too busy for, rather than unable to place, or placed but not
+# recorded (its claim could not name the machine, §5.3c): tried once more under its id.
 BUSY_REASONS = frozenset({"deadline"})
-BUSY_CODES = frozenset({"overloaded"})
+BUSY_CODES = frozenset({OVERLOADED_CODE, UNRECORDED_CODE})
 
 
 async def place_patiently(client: BourseClient, order: PlaceOrder) -> Placed | Unfilled:
     """``order``, tried once more under the same id (as a retry: idempotent) when the
     answer says the market was busy (an ``Unfilled`` by deadline, an ``overloaded``
-    refusal) rather than unable (no offers, no workers). A deploy of a few machines should
-    not leave a slot empty because one auction met a busy moment."""
+    refusal) rather than unable (no offers, no workers), or that a machine was placed but
+    not recorded (``unrecorded``: the retry is answered with the order's one machine). A
+    deploy of a few machines should not leave a slot empty because one auction met a busy
+    moment."""
     try:
         result = await client.place(order)
     except ClientError as exc:

@@ -63,7 +63,7 @@ UNFILLED_REASONS = (
     "all_commits_rejected",
     "deadline",
 )
-REFUSED_REASONS = ("overloaded", "conflicting_order", "cannot_run")
+REFUSED_REASONS = ("overloaded", "conflicting_order", "cannot_run", "unrecorded")
 # Auction durations: an auction ends in a few ms when offers come fast, at its deadline
 # (500 ms by default, at most 30 s) when they do not.
 AUCTION_BUCKETS_S = (

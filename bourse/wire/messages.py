@@ -361,13 +361,17 @@ class Unfilled(Message, kw_only=True):
 # Error.reason of a refusal for overload (admission or the order backlog): nothing was bid;
 # try again later or elsewhere.
 OVERLOADED_REASON = "overloaded"
+# A machine was placed but the order's claim could not name it: send the order again under
+# the same id (docs/protocol.md §5.3c).
+UNRECORDED_REASON = "unrecorded"
 
 
 class Error(Message, kw_only=True):
     code: ErrorCode
     detail: str
     # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
-    # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON.
+    # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON and
+    # UNRECORDED_REASON.
     reason: str = ""
 
 

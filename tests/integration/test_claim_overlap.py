@@ -21,7 +21,7 @@ import pytest
 import structlog
 from nats.aio.msg import Msg
 
-from bourse.auction.claims import Claim, ClaimStore, fingerprint
+from bourse.auction.claims import KV_TIMEOUT_S, Claim, ClaimStore, fingerprint
 from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Release, Unfilled
@@ -47,9 +47,11 @@ class GatedStore(ClaimStore):
         self.cancelled = False
         self.error, self.fail, self.write = error, fail, write
 
-    async def put(self, order_id: str, claim: Claim, last: int) -> int | None:
+    async def put(
+        self, order_id: str, claim: Claim, last: int, timeout_s: float = KV_TIMEOUT_S
+    ) -> int | None:
         if last != 0:
-            return await super().put(order_id, claim, last)
+            return await super().put(order_id, claim, last, timeout_s)
         self.asked.set()
         try:
             await self.go.wait()

@@ -13,7 +13,14 @@ from bourse.auction.broker import Broker, RefusalKind, Refused
 from bourse.auction.driver import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import OVERLOADED_REASON, Error, ErrorCode, Placed, Unfilled
+from bourse.wire.messages import (
+    OVERLOADED_REASON,
+    UNRECORDED_REASON,
+    Error,
+    ErrorCode,
+    Placed,
+    Unfilled,
+)
 from tests.market import Market, collect, order, wait_until, worker
 
 
@@ -23,6 +30,7 @@ from tests.market import Market, collect, order, wait_until, worker
         ("overloaded", "internal", OVERLOADED_REASON),
         ("conflicting_order", "bad_request", ""),
         ("cannot_run", "internal", ""),
+        ("unrecorded", "internal", UNRECORDED_REASON),
     ],
 )
 def test_each_refusal_travels_as_an_error(kind: RefusalKind, code: ErrorCode, reason: str) -> None:
