@@ -34,7 +34,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -282,9 +282,11 @@ class Auction:
 
     ``spent_ms``: time the order already waited (admission); the auction's deadline is what
     is left of the order's. ``trust``: with it, only offers it accepts are taken.
-    ``responders``: the supplier processes known to answer a bid to the whole region (0:
-    not known); ``shard_responders``: per shard of the region, those known to answer a
-    sampled bid to it (a shard not in it: not known)."""
+    ``responders``: the names of the supplier processes known to answer a bid to the
+    whole region (empty: not known); ``shard_responders``: per shard of the region, the
+    names of those known to answer a sampled bid to it (a shard not in it: not known). The
+    quorum waits for these names: a process it does not know answering does not stand in
+    for a known one that has not (that one's hold could outlive a folded release)."""
 
     def __init__(
         self,
@@ -296,8 +298,8 @@ class Auction:
         subjects: Subjects | None = None,
         trust: TrustCheck | None = None,
         spent_ms: float = 0.0,
-        responders: int = 0,
-        shard_responders: Mapping[int, int] | None = None,
+        responders: Collection[str] = frozenset(),
+        shard_responders: Mapping[int, Collection[str]] | None = None,
     ) -> None:
         self.order = order
         self.config = config
@@ -325,20 +327,26 @@ class Auction:
         # Prompt answers (§4.4.3): the supplier processes expected to answer a region-wide
         # bid (learned by the driver; 0: unknown) and, per kept offer, when it would have
         # arrived with its supplier's delay.
-        self.responders = responders if self.bid.prompt_offers else 0
-        # A sampled bid's shards and, per shard, the processes expected to answer there (empty
-        # unless every shard's are known); per reply subject (a shard, or None: the region's),
-        # the processes heard there, so a fallback broadcast waits for the region's anew.
+        self.responders: Collection[str] = responders if self.bid.prompt_offers else ()
+        # A sampled bid's shards. Per reply subject (a shard, or None: the region's), the
+        # processes expected to answer there (a sampled bid's shards: none unless every
+        # shard's are known), how many of them have not yet, and the processes heard there,
+        # so a fallback broadcast waits for the region's anew.
         self.shards: tuple[int, ...] = ()
-        self._shard_expected: dict[int, int] = {}
+        self._expected: dict[int | None, Collection[str]] = {}
+        if self.responders:
+            self._expected[None] = self.responders
         if self.sampled:
             n = config.bid_shards
             self.shards = tuple(sampled_shards(order.order_id, order.image, n, config.bid_sample))
             # looked up per shard: never len() or bool() of the driver's lazy mapping
             if shard_responders is not None and self.bid.prompt_offers:
-                expected = {k: shard_responders.get(k, 0) for k in self.shards}
+                expected: dict[int | None, Collection[str]] = {
+                    k: shard_responders.get(k, ()) for k in self.shards
+                }
                 if all(expected.values()):
-                    self._shard_expected = expected
+                    self._expected.update(expected)
+        self._missing: dict[int | None, int] = {k: len(v) for k, v in self._expected.items()}
         self._heard: dict[int | None, set[str]] = {}
         self._ready: dict[int, float] = {}
         # Who offered (named prompt answers): worker id -> its process, and the processes
@@ -397,7 +405,10 @@ class Auction:
             heard = self._heard.get(shard)
             if heard is None:
                 heard = self._heard[shard] = set()
-            heard.add(reply.responder)
+            if reply.responder not in heard:
+                heard.add(reply.responder)
+                if reply.responder in self._expected.get(shard, ()):
+                    self._missing[shard] -= 1
             if shard is not None:
                 self.tally.shard_responders[shard] = heard  # the same set
             if reply.batches:
@@ -475,12 +486,10 @@ class Auction:
         """Has every process known to have got the bid answered it: on the shards of a
         sampled bid, every one known in each shard; else every one known in the region
         (answers to the sampled bid before a fallback broadcast do not count)."""
+        missing = self._missing
         if self.sampled:
-            expected = self._shard_expected
-            return bool(expected) and all(
-                len(self._heard.get(k, ())) >= n for k, n in expected.items()
-            )
-        return self.responders > 0 and len(self._heard.get(None, ())) >= self.responders
+            return bool(self.shards) and all(missing.get(k, 1) == 0 for k in self.shards)
+        return missing.get(None, 1) == 0
 
     def timer(self, now: float) -> list[Decision]:
         """The wake time came with no reply: commit (a retry's gathering is over), ask the

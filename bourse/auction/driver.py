@@ -735,17 +735,18 @@ class Auctioneer:
             if core.release_needed:  # else the winner's process dropped the others itself
                 await self._release(order, auction_id)
 
-    def expected_responders(self, region: str) -> int:
-        """How many supplier processes answer a bid in ``region`` (0: not known, or some
-        supplier there does not answer promptly): those seen within RESPONDER_MEMORY_S."""
+    def expected_responders(self, region: str) -> frozenset[str]:
+        """The supplier processes that answer a bid in ``region`` (empty: not known, or
+        some supplier there does not answer promptly): those seen within
+        RESPONDER_MEMORY_S."""
         now = time.monotonic()
         if self._unranked_until.get(region, 0.0) > now:
-            return 0
+            return frozenset()
         return _recent(self._responders.get(region, {}), now)
 
-    def expected_shard_responders(self, region: str) -> Mapping[int, int] | None:
-        """Per shard of ``region``, how many supplier processes answer a sampled bid there
-        (those seen within RESPONDER_MEMORY_S; a shard with none is not in it), counted
+    def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
+        """Per shard of ``region``, the supplier processes that answer a sampled bid there
+        (those seen within RESPONDER_MEMORY_S; a shard with none is not in it), found
         when asked: an auction asks about its own shards only. None where no bid is
         sampled, or where some supplier does not answer promptly."""
         if not self.config.bid_shards:
@@ -900,15 +901,15 @@ class _Seen:
     batches: bool
 
 
-class _RecentPerShard(Mapping[int, int]):
+class _RecentPerShard(Mapping[int, frozenset[str]]):
     """Per shard, the supplier processes seen answering there within RESPONDER_MEMORY_S
-    of ``now``, counted on lookup (a region of 10,000 single-worker processes would
-    otherwise be counted whole for every auction); a shard with none is absent."""
+    of ``now``, found on lookup (a region of 10,000 single-worker processes would
+    otherwise be walked whole for every auction); a shard with none is absent."""
 
     def __init__(self, shards: dict[int, dict[str, _Seen]], now: float) -> None:
         self._shards, self._now = shards, now
 
-    def __getitem__(self, shard: int) -> int:
+    def __getitem__(self, shard: int) -> frozenset[str]:
         n = _recent(self._shards.get(shard, {}), self._now)
         if not n:
             raise KeyError(shard)
@@ -921,9 +922,9 @@ class _RecentPerShard(Mapping[int, int]):
         return sum(1 for _ in self)
 
 
-def _recent(seen: dict[str, _Seen], now: float) -> int:
-    """How many of the processes of ``seen`` answered within RESPONDER_MEMORY_S of ``now``."""
-    return sum(1 for s in seen.values() if now - s.at < RESPONDER_MEMORY_S)
+def _recent(seen: dict[str, _Seen], now: float) -> frozenset[str]:
+    """The processes of ``seen`` that answered within RESPONDER_MEMORY_S of ``now``."""
+    return frozenset(r for r, s in seen.items() if now - s.at < RESPONDER_MEMORY_S)
 
 
 def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:

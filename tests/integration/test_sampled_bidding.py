@@ -102,8 +102,8 @@ async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: 
     home = zlib.crc32(b"web") % 2
     small = [worker(w, cpus=1) for w in _in_shard(home, 2, 4, "s")]
     big = [worker(w, cpus=64) for w in _in_shard(1 - home, 2, 2, "b")]
-    await market.host(*small, bid_shards=2)
-    await market.host(*big, bid_shards=2)
+    small_host = await market.host(*small, bid_shards=2)
+    big_host = await market.host(*big, bid_shards=2)
     # (batch_bids off: region releases go out alone, on the release subject)
     ex = await market.exchange(bid_shards=2, bid_sample=1, quiet_ms=5_000, batch_bids=False)
     spy = await market.connect("spy")
@@ -114,7 +114,8 @@ async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: 
     for image in ("web", other):
         r = await buyer.place(order(image=image, order_id=f"learn-{image}"))
         assert isinstance(r, Placed)
-    assert ex.auctioneer.expected_shard_responders("mad") == {0: 1, 1: 1}
+    expected = {home: {small_host.responder_id}, 1 - home: {big_host.responder_id}}
+    assert ex.auctioneer.expected_shard_responders("mad") == expected
     await spy.flush()
     before = len(releases)
 

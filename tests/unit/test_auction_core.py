@@ -888,8 +888,15 @@ def prompt(worker: str, score: float, delay_ms: float) -> Offer:
 
 
 MS = 0.001
-# (case, processes the driver expects, answers as (responder, offers) fed at T0 + 1 ms in
-# order, then poll at T0 + 1 ms: the decision)
+
+
+def known(n: int) -> frozenset[str]:
+    """The names of ``n`` supplier processes the driver expects: p1 ... pn."""
+    return frozenset(f"p{i}" for i in range(1, n + 1))
+
+
+# (case, how many processes the driver expects (p1...pn), answers as (responder, offers)
+# fed at T0 + 1 ms in order, then poll at T0 + 1 ms: the decision)
 PROMPT = [
     (
         "all known processes answered: the best offer now, whatever its delay",
@@ -928,6 +935,18 @@ PROMPT = [
         "wake at 1.8",
     ),
     (
+        "an unknown process answered, a known one did not: it does not stand in for it",
+        2,
+        [("p1", [prompt("w1", 0.6, 1.6)]), ("p9", [])],
+        "wake at 2.6",
+    ),
+    (
+        "every known process answered, and one not known yet: at once, not alone",
+        1,
+        [("p1", [prompt("w1", 0.6, 1.6)]), ("p9", [prompt("w2", 0.5, 2.0)])],
+        "commit w1",
+    ),
+    (
         "an offer without a delay (an older supplier waited it out) is ready at once",
         2,
         [("p1", [prompt("w1", 0.7, 1.2)]), ("", [offer("w2", 0.4)])],
@@ -955,7 +974,7 @@ def _poll_then(a: Auction, at: float, then: str) -> None:
 def test_prompt_answers_are_ranked_by_the_auction(
     case: str, expected: int, answers: list[tuple[str, list[Offer]]], then: str
 ) -> None:
-    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=expected)
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=known(expected))
     a.start()
     a.bid_published(T0)
     at = T0 + 1 * MS
@@ -965,7 +984,7 @@ def test_prompt_answers_are_ranked_by_the_auction(
 
 
 def test_a_prompt_offer_is_committed_when_its_delay_has_passed() -> None:
-    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=2)
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=known(2))
     a.start()
     feed(a, Offers(offers=[prompt("w1", 0.6, 1.6)], responder="p1"), at=T0 + MS)
     [wake] = a.poll(T0 + MS)
@@ -974,7 +993,7 @@ def test_a_prompt_offer_is_committed_when_its_delay_has_passed() -> None:
 
 
 def test_a_rejected_commit_goes_to_the_next_best_at_once_when_all_answered() -> None:
-    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=known(1))
     a.start()
     offers = [prompt("w1", 0.9, 0.4), prompt("w2", 0.8, 0.8)]
     feed(a, Offers(offers=offers, responder="p1"), at=T0 + MS)
@@ -986,7 +1005,7 @@ def test_a_rejected_commit_goes_to_the_next_best_at_once_when_all_answered() -> 
 
 def test_a_retry_still_gathers_when_every_process_answered() -> None:
     order = msgspec.structs.replace(ORDER, retry=True)
-    a = Auction(order, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a = Auction(order, AuctionConfig(), AID, T0, subjects=S, responders=known(1))
     a.start()
     feed(a, Offers(offers=[prompt("w1", 0.9, 0.4)], responder="p1"), at=T0 + MS)
     [wake] = a.poll(T0 + MS)
@@ -995,7 +1014,7 @@ def test_a_retry_still_gathers_when_every_process_answered() -> None:
 
 def test_sampled_bids_rank_by_delay_only() -> None:
     cfg = AuctionConfig(bid_shards=8, bid_sample=2)
-    a = Auction(ORDER, cfg, AID, T0, subjects=S, responders=1)
+    a = Auction(ORDER, cfg, AID, T0, subjects=S, responders=known(1))
     a.start()
     feed(a, Offers(offers=[prompt("w1", 0.6, 1.6)], responder="p1"), at=T0 + MS)
     [wake] = a.poll(T0 + MS)
@@ -1009,37 +1028,43 @@ K1, K2 = sampled_shards("o1", "web", 8, 2)
 SHARD_QUORUM = [
     (
         "every known process of both shards answered: the best offer now",
-        {K1: 1, K2: 1},
+        {K1: {"p1"}, K2: {"p2"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p2", [prompt("w2", 0.5, 2.0)])],
         "commit w1",
     ),
     (
         "only p1 offered, p2 answered empty: p1 drops the other holds itself",
-        {K1: 1, K2: 1},
+        {K1: {"p1"}, K2: {"p2"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6), prompt("w3", 0.4, 2.4)]), (K2, "p2", [])],
         "commit w1 alone",
     ),
     (
         "a shard's processes are not known: the delay is waited out",
-        {K1: 1},
+        {K1: {"p1"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6)])],
         "wake at 2.6",
     ),
     (
         "one of a shard's two known processes has not answered",
-        {K1: 1, K2: 2},
+        {K1: {"p1"}, K2: {"p2", "p3"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p2", [])],
         "wake at 2.6",
     ),
     (
         "an answer on the region's reply subject does not count for a shard",
-        {K1: 1, K2: 1},
+        {K1: {"p1"}, K2: {"p2"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (None, "p2", [])],
         "wake at 2.6",
     ),
     (
+        "another process answered in place of a shard's known one",
+        {K1: {"p1"}, K2: {"p2"}},
+        [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p3", [])],
+        "wake at 2.6",
+    ),
+    (
         "a process of both shards answers each: it counts in both",
-        {K1: 1, K2: 1},
+        {K1: {"p1"}, K2: {"p1"}},
         [(K1, "p1", [prompt("w1", 0.6, 1.6)]), (K2, "p1", [prompt("w2", 0.5, 2.0)])],
         "commit w1 alone",
     ),
@@ -1047,15 +1072,15 @@ SHARD_QUORUM = [
 
 
 @pytest.mark.parametrize(
-    ("case", "known", "answers", "then"), SHARD_QUORUM, ids=[row[0] for row in SHARD_QUORUM]
+    ("case", "names", "answers", "then"), SHARD_QUORUM, ids=[row[0] for row in SHARD_QUORUM]
 )
 def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
     case: str,
-    known: dict[int, int],
+    names: dict[int, set[str]],
     answers: list[tuple[int | None, str, list[Offer]]],
     then: str,
 ) -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=known)
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=names)
     [send] = a.start()
     assert isinstance(send, SendBid) and send.shards == (K1, K2) == a.shards
     a.bid_published(T0)
@@ -1069,17 +1094,17 @@ def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
 
 
 @pytest.mark.parametrize(
-    ("known", "waiting", "then"),
+    ("names", "waiting", "then"),
     [
-        ({K1: 1, K2: 1}, False, "broadcast"),  # at once, not after the quiet window
-        ({K1: 1}, False, "wake"),  # K2's processes are not known
-        ({K1: 1, K2: 1}, True, "wake"),  # a worker of the shards waits for capacity
+        ({K1: {"p1"}, K2: {"p2"}}, False, "broadcast"),  # at once, not after the quiet window
+        ({K1: {"p1"}}, False, "wake"),  # K2's processes are not known
+        ({K1: {"p1"}, K2: {"p2"}}, True, "wake"),  # a worker of the shards waits for capacity
     ],
 )
 def test_sampled_shards_that_all_answered_empty_broadcast_at_once(
-    known: dict[int, int], waiting: bool, then: str
+    names: dict[int, set[str]], waiting: bool, then: str
 ) -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=known)
+    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=names)
     a.start()
     a.bid_published(T0)
     at = T0 + 1 * MS
@@ -1096,7 +1121,15 @@ def test_sampled_shards_that_all_answered_empty_broadcast_at_once(
 
 
 def test_after_a_fallback_broadcast_only_answers_to_it_make_the_region_quorum() -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, responders=2, shard_responders={K1: 1, K2: 1})
+    a = Auction(
+        ORDER,
+        SAMPLED,
+        AID,
+        T0,
+        subjects=S,
+        responders=known(2),
+        shard_responders={K1: {"p1"}, K2: {"p2"}},
+    )
     a.start()
     a.bid_published(T0)
     at = T0 + 1 * MS
@@ -1124,11 +1157,11 @@ def test_after_a_fallback_broadcast_only_answers_to_it_make_the_region_quorum() 
 def test_the_tally_names_who_answered_a_prompt_bid(
     config: AuctionConfig, replies: list[msgspec.Struct], responders: set[str], anonymous: int
 ) -> None:
-    a = Auction(ORDER, config, AID, T0, subjects=S, responders=3)
+    a = Auction(ORDER, config, AID, T0, subjects=S, responders=known(3))
     a.start()
     feed(a, *replies)
     assert (a.tally.responders, a.tally.anonymous) == (responders, anonymous)
-    assert a.responders == (3 if config.prompt_offers else 0)
+    assert a.responders == (known(3) if config.prompt_offers else ())
 
 
 def _placed_reply(worker: str) -> CommitAnswered:
@@ -1152,6 +1185,7 @@ def _placed_reply(worker: str) -> CommitAnswered:
         ("the other known process answered empty", 2, [("p1", ["w1"]), ("p2", [])], False, False),
         ("two processes offered", 2, [("p1", ["w1"]), ("p2", ["w2"])], False, True),
         ("a known process has not answered", 2, [("p1", ["w1"])], False, True),
+        ("an unknown process stands in for it", 2, [("p1", ["w1"]), ("p9", [])], False, True),
         ("processes unknown", 0, [("p1", ["w1"])], False, True),
         ("a worker waits", 1, [("p1", ["w1"])], True, True),
         ("an unnamed answer", 1, [("p1", ["w1"]), ("", ["w2"])], False, True),
@@ -1164,7 +1198,7 @@ def test_the_region_release_is_folded_into_the_commit_only_when_one_process_offe
     waiting: bool,
     needed: bool,
 ) -> None:
-    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=expected)
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=known(expected))
     a.start()
     for responder, workers in answers:
         offers = [prompt(w, 0.9 - 0.1 * i, 0.1) for i, w in enumerate(workers)]
@@ -1180,7 +1214,7 @@ def test_the_region_release_is_folded_into_the_commit_only_when_one_process_offe
 
 
 def test_an_unfilled_auction_always_releases() -> None:
-    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=1)
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, responders=known(1))
     a.start()
     feed(a, Offers(offers=[prompt("w1", 0.9, 0.1)], responder="p1"), at=T0 + MS)
     [commit] = a.poll(T0 + 2 * MS)
@@ -1190,22 +1224,29 @@ def test_an_unfilled_auction_always_releases() -> None:
     assert a.release_needed
 
 
-class _LookupsOnly(dict[int, int]):
-    """Shard counts that may only be looked up, as the driver's lazy mapping should be
+class _LookupsOnly(dict[int, set[str]]):
+    """Shard processes that may only be looked up, as the driver's lazy mapping should be
     (its len() and iteration walk every process of the region)."""
 
     def __len__(self) -> int:
-        raise AssertionError("len() of the shard counts")
+        raise AssertionError("len() of the shard processes")
 
     def __iter__(self) -> Any:
-        raise AssertionError("iteration over the shard counts")
+        raise AssertionError("iteration over the shard processes")
 
     def __bool__(self) -> bool:
-        raise AssertionError("bool() of the shard counts")
+        raise AssertionError("bool() of the shard processes")
 
 
 def test_the_core_only_looks_up_the_shards_it_asks() -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=_LookupsOnly({K1: 2, K2: 1}))
+    a = Auction(
+        ORDER,
+        SAMPLED,
+        AID,
+        T0,
+        subjects=S,
+        shard_responders=_LookupsOnly({K1: {"p1", "p2"}, K2: {"p3"}}),
+    )
     a.start()
     a.bid_published(T0)
     for shard, responder in ((K1, "p1"), (K1, "p2"), (K2, "p3")):

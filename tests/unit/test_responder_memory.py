@@ -20,13 +20,13 @@ def test_a_process_not_heard_for_the_memory_is_forgotten_when_others_answer() ->
     assert set(seen) == {"p1"}
 
 
-def test_shard_counts_are_the_recent_processes_of_each_shard_and_absent_without() -> None:
+def test_each_shard_expects_its_recent_processes_and_is_absent_without() -> None:
     shards = {
         0: {"p1": _Seen(100.0, False), "p2": _Seen(100.0 - M - 1, False)},  # p2 too old
         1: {"p3": _Seen(100.0 - M - 1, False)},  # nobody recent
         2: {"p4": _Seen(99.0, False), "p5": _Seen(99.5, False)},
     }
-    counts = _RecentPerShard(shards, now=100.0)
-    assert counts.get(0) == 1 and counts.get(2) == 2
-    assert counts.get(1) is None and counts.get(7) is None
-    assert dict(counts) == {0: 1, 2: 2}
+    expected = _RecentPerShard(shards, now=100.0)
+    assert expected.get(0) == {"p1"} and expected.get(2) == {"p4", "p5"}
+    assert expected.get(1) is None and expected.get(7) is None
+    assert dict(expected) == {0: {"p1"}, 2: {"p4", "p5"}}
