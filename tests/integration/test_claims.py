@@ -226,30 +226,44 @@ async def test_a_jetstream_that_does_not_answer_is_an_outage_not_no_claims(
         srv.stop()
 
 
-async def test_the_buyer_is_answered_once_the_placed_claim_is_on_its_way(market: Market) -> None:
-    """The exchange answers Placed right after sending the claim's write that names the
-    machine (not after JetStream acknowledged it): one round trip off every placement. The
-    write is ahead of the answer on the exchange's connection, so everyone sees it first."""
+async def test_the_buyer_is_answered_once_the_placed_claim_is_acknowledged(
+    market: Market,
+) -> None:
+    """The exchange answers Placed only after JetStream acknowledged the claim's write that
+    names the machine (I3: a buyer is never told of a machine its claim does not name), and
+    publishes the region release after that acknowledgement too, so the write is not
+    queued behind every supplier process handling the release. Two processes offer, so
+    the release is not folded into the commit."""
     await market.host(worker("a"))
+    await market.host(worker("b"))
     await market.exchange()
     nc = await market.connect("watcher")
     sub = await nc.subscribe(">")  # everything, in the order the server delivers it here
     await nc.flush()
     inbox = nc.new_inbox()
     bucket = claims_bucket_name(market.subjects.prefix)
-    data = encode(order(order_id="early"))
-    await nc.publish(market.subjects.order("mad"), data, reply=inbox)
+    await nc.publish(market.subjects.order("mad"), encode(order(order_id="acked")), reply=inbox)
     seen: list[str] = []
+    ack_to = ""
     reply: Placed | None = None
-    while reply is None:
+    while reply is None or "release" not in seen:
         m = await sub.next_msg(5)
         if m.subject.startswith(f"$KV.{bucket}."):
-            seen.append(msgspec.json.decode(m.data, type=Claim).state)
+            state = msgspec.json.decode(m.data, type=Claim).state
+            seen.append(state)
+            if state == "placed":
+                ack_to = m.reply
+        elif ack_to and m.subject == ack_to:
+            seen.append("ack")
+        elif m.subject == market.subjects.region_release("mad"):
+            seen.append("release")
         elif m.subject == inbox:
+            seen.append("answer")
             reply = decode(m.data, Placed)
-    assert seen == ["auctioning", "placed"]
+    assert seen[:3] == ["auctioning", "placed", "ack"], seen
+    assert sorted(seen[3:]) == ["answer", "release"], seen
     store = await _store(market)
-    claim, _ = await store.get("early")
+    claim, _ = await store.get("acked")
     assert claim is not None and claim.placed is not None
     assert claim.placed.machine_id == reply.machine_id
 
