@@ -20,7 +20,9 @@ import anyio.abc
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
+from bourse.auction.claims import Claim
 from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
@@ -197,6 +199,32 @@ async def collect(nc: NATS, subject: str) -> list[Msg]:
     await nc.subscribe(subject, cb=keep)
     await nc.flush()
     return seen
+
+
+async def outcome_trail(
+    sub: Subscription, bucket: str, release: str, answer_to: str = ""
+) -> tuple[list[str], bytes]:
+    """What a subscription to everything (``>``) saw of an order's end, in the order the
+    server delivered it, up to the region ``release`` (and the answer on ``answer_to``,
+    when given): the claim writes in ``bucket`` by state, "ack" for the acknowledgement of
+    the ``placed`` write, "release", "answer"; and the answer's data."""
+    seen: list[str] = []
+    ack_to = ""
+    answer = b""
+    while "release" not in seen or (answer_to and "answer" not in seen):
+        m = await sub.next_msg(5)
+        if m.subject.startswith(f"$KV.{bucket}."):
+            seen.append(msgspec.json.decode(m.data, type=Claim).state)
+            if seen[-1] == "placed":
+                ack_to = m.reply
+        elif ack_to and m.subject == ack_to:
+            seen.append("ack")
+        elif m.subject == release:
+            seen.append("release")
+        elif answer_to and m.subject == answer_to:
+            seen.append("answer")
+            answer = m.data
+    return seen, answer
 
 
 async def answer_commits(nc: NATS, subjects: Subjects, *worker_ids: str, score: float) -> None:

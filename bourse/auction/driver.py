@@ -533,30 +533,37 @@ class Auctioneer:
             # A fresh claim means no machine exists for this id (within the window): no
             # retry gathering. A taken-over one may have a machine: gather as a retry.
             run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
-            if overlap:
-                try:
-                    held, result = await self._run_overlapped(store, run, mine, spent, bid_id, olog)
-                except _ClaimNotHeld as lost:  # abandoned, nothing committed
-                    bid_id = str(ULID())
-                    if lost.error is not None:
-                        backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
-                    continue  # look at the claim, as after a create that lost
-                return await self._settle(store, order, mine, held, result, olog, True)
-            if isinstance(d, TakeOver):
-                olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
             later: list[str] = []  # the region release, once the outcome is recorded
             try:
-                result = await self._run(run, spent, bid_id, olog=olog, later=later)
-            except ConflictingOrder:  # the id names another order's machine (past the
-                with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
-                    await store.remove(order.order_id, held)
-                raise
-            fresh = isinstance(d, Create)
-            try:
+                if overlap:
+                    try:
+                        held, result = await self._run_overlapped(
+                            store, run, mine, spent, bid_id, olog, later
+                        )
+                    except _ClaimNotHeld as lost:  # abandoned, nothing committed
+                        await self._release_each(order, later)  # before any backoff
+                        bid_id = str(ULID())
+                        if lost.error is not None:
+                            backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
+                        continue  # look at the claim, as after a create that lost
+                    return await self._settle(store, order, mine, held, result, olog, True)
+                if isinstance(d, TakeOver):
+                    olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
+                try:
+                    result = await self._run(run, spent, bid_id, olog=olog, later=later)
+                except ConflictingOrder:  # the id names another order's machine (past the
+                    with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
+                        await store.remove(order.order_id, held)
+                    raise
+                fresh = isinstance(d, Create)
                 return await self._settle(store, order, mine, held, result, olog, fresh)
             finally:
-                for auction_id in later:
-                    await self._release(order, auction_id)
+                await self._release_each(order, later)
+
+    async def _release_each(self, order: PlaceOrder, later: list[str]) -> None:
+        """Publish the region releases ``_run`` left to its caller (once each)."""
+        while later:
+            await self._release(order, later.pop())
 
     @staticmethod
     async def _claim_failed(
@@ -585,15 +592,17 @@ class Auctioneer:
         spent_ms: float,
         bid_id: str,
         olog: BoundLogger,
+        later: list[str],
     ) -> tuple[int, Placed | Unfilled]:
         """Create the claim (create-if-absent) while the auction bids: the claim's
         revision and the auction's result. Nothing is committed before the claim is held
         (the gate in ``_drive``), and the result is not given before it is known. Raises
         _ClaimNotHeld when the create lost or failed: the auction was abandoned without a
-        commit (its holds released as always) and the caller looks at the claim."""
+        commit (its holds released as always) and the caller looks at the claim.
+        ``later``: as for ``_run`` (the caller publishes the release it names)."""
         gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
         try:
-            result = await self._run(order, spent_ms, bid_id, gate, olog)
+            result = await self._run(order, spent_ms, bid_id, gate, olog, later)
             revision = await gate.held()
         except _ClaimNotHeld:
             raise

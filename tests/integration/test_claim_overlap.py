@@ -25,7 +25,7 @@ from bourse.auction.claims import KV_TIMEOUT_S, Claim, ClaimStore, fingerprint
 from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Release, Unfilled
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, order, outcome_trail, wait_until, worker
 
 
 class GatedStore(ClaimStore):
@@ -152,6 +152,9 @@ async def test_the_bid_goes_out_while_the_claim_is_written_and_the_commit_waits_
     fake = FakeWorker(real)
     await fake.start(market, gated)
     auctioneer = await _auctioneer(market, gated)
+    watcher = await market.connect("watcher")
+    watched = await watcher.subscribe(">")  # everything, in the order the server delivers it
+    await watcher.flush()
     with structlog.testing.capture_logs() as logs:
         placing = asyncio.create_task(auctioneer.run(order(order_id="overlap-1")))
         await asyncio.wait_for(fake.bid_seen.wait(), 5)
@@ -168,6 +171,10 @@ async def test_the_bid_goes_out_while_the_claim_is_written_and_the_commit_waits_
     assert at_commit is not None and at_commit.state == "auctioning"
     assert at_commit.auction_id == fake.bids[0]
     await _claim_names(real, "overlap-1", r.machine_id)
+    # the region release went out once the outcome was recorded (protocol.md §5.2 step 8)
+    release = market.subjects.region_release("mad")
+    seen, _ = await outcome_trail(watched, real.name, release)
+    assert seen == ["auctioning", "placed", "ack", "release"]
     await auctioneer.close()
 
 

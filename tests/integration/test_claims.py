@@ -22,7 +22,7 @@ from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Placed, PlaceOrder, Unfilled
 from bourse.wire.subjects import Subjects
-from tests.market import Market, order, worker
+from tests.market import Market, order, outcome_trail, worker
 
 Outcome = Placed | Unfilled | ClientError
 
@@ -243,23 +243,9 @@ async def test_the_buyer_is_answered_once_the_placed_claim_is_acknowledged(
     inbox = nc.new_inbox()
     bucket = claims_bucket_name(market.subjects.prefix)
     await nc.publish(market.subjects.order("mad"), encode(order(order_id="acked")), reply=inbox)
-    seen: list[str] = []
-    ack_to = ""
-    reply: Placed | None = None
-    while reply is None or "release" not in seen:
-        m = await sub.next_msg(5)
-        if m.subject.startswith(f"$KV.{bucket}."):
-            state = msgspec.json.decode(m.data, type=Claim).state
-            seen.append(state)
-            if state == "placed":
-                ack_to = m.reply
-        elif ack_to and m.subject == ack_to:
-            seen.append("ack")
-        elif m.subject == market.subjects.region_release("mad"):
-            seen.append("release")
-        elif m.subject == inbox:
-            seen.append("answer")
-            reply = decode(m.data, Placed)
+    release = market.subjects.region_release("mad")
+    seen, answer = await outcome_trail(sub, bucket, release, inbox)
+    reply = decode(answer, Placed)
     assert seen[:3] == ["auctioning", "placed", "ack"], seen
     assert sorted(seen[3:]) == ["answer", "release"], seen
     store = await _store(market)

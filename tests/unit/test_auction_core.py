@@ -5,6 +5,7 @@ step 6 commit table, §5.3 (existing machines, retries), §5.3a (sampled bidding
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -1022,6 +1023,23 @@ def test_sampled_bids_rank_by_delay_only() -> None:
 
 
 SAMPLED = AuctionConfig(bid_shards=8, bid_sample=2)
+
+
+def _sampled(
+    shard_responders: Mapping[int, Collection[str]], responders: Collection[str] = ()
+) -> Auction:
+    """ORDER's auction, sampled (2 of 8 shards), with the processes known per shard."""
+    return Auction(
+        ORDER,
+        SAMPLED,
+        AID,
+        T0,
+        subjects=S,
+        responders=responders,
+        shard_responders=shard_responders,
+    )
+
+
 K1, K2 = sampled_shards("o1", "web", 8, 2)
 # (case, processes known per shard, answers as (shard or None: the region's reply subject,
 # responder, offers) fed at T0 + 1 ms in order, then poll at T0 + 1 ms: the decision)
@@ -1080,7 +1098,7 @@ def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
     answers: list[tuple[int | None, str, list[Offer]]],
     then: str,
 ) -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=names)
+    a = _sampled(names)
     [send] = a.start()
     assert isinstance(send, SendBid) and send.shards == (K1, K2) == a.shards
     a.bid_published(T0)
@@ -1104,7 +1122,7 @@ def test_sampled_bids_commit_once_every_known_process_of_the_shards_answered(
 def test_sampled_shards_that_all_answered_empty_broadcast_at_once(
     names: dict[int, set[str]], waiting: bool, then: str
 ) -> None:
-    a = Auction(ORDER, SAMPLED, AID, T0, subjects=S, shard_responders=names)
+    a = _sampled(names)
     a.start()
     a.bid_published(T0)
     at = T0 + 1 * MS
@@ -1121,15 +1139,7 @@ def test_sampled_shards_that_all_answered_empty_broadcast_at_once(
 
 
 def test_after_a_fallback_broadcast_only_answers_to_it_make_the_region_quorum() -> None:
-    a = Auction(
-        ORDER,
-        SAMPLED,
-        AID,
-        T0,
-        subjects=S,
-        responders=known(2),
-        shard_responders={K1: {"p1"}, K2: {"p2"}},
-    )
+    a = _sampled({K1: {"p1"}, K2: {"p2"}}, responders=known(2))
     a.start()
     a.bid_published(T0)
     at = T0 + 1 * MS
@@ -1239,14 +1249,7 @@ class _LookupsOnly(dict[int, set[str]]):
 
 
 def test_the_core_only_looks_up_the_shards_it_asks() -> None:
-    a = Auction(
-        ORDER,
-        SAMPLED,
-        AID,
-        T0,
-        subjects=S,
-        shard_responders=_LookupsOnly({K1: {"p1", "p2"}, K2: {"p3"}}),
-    )
+    a = _sampled(_LookupsOnly({K1: {"p1", "p2"}, K2: {"p3"}}))
     a.start()
     a.bid_published(T0)
     for shard, responder in ((K1, "p1"), (K1, "p2"), (K2, "p3")):
