@@ -100,7 +100,7 @@ class UnrecordedPlacement(RuntimeError):
     is not told ``Placed`` (a claim that does not name the machine may yet give the order
     id another one, I3), but to send the order again under the same id, which is answered
     with this machine or, if it was reclaimed meanwhile, the one the claim names
-    (docs/protocol.md §5.3c). ``placed``: the machine, for the logs."""
+    (docs/protocol.md §5.3c)."""
 
     def __init__(self, placed: Placed, why: str) -> None:
         super().__init__(
@@ -108,7 +108,6 @@ class UnrecordedPlacement(RuntimeError):
             f"not be recorded ({why}): send the order again with the same order id (retry), "
             "which is answered with the order's one machine (docs/protocol.md §5.3c)"
         )
-        self.placed = placed
 
 
 class ConflictingOrder(ValueError):

@@ -17,13 +17,15 @@ from typing import Any, Literal
 import msgspec
 import pytest
 import structlog
+from nats.aio.msg import Msg
 
 from bourse.auction.broker import Broker, Refused
 from bourse.auction.claims import KV_TIMEOUT_S, Claim, ClaimStore
 from bourse.auction.driver import Auctioneer
 from bourse.client import UNRECORDED_CODE, ClientError
 from bourse.client.policy import place_patiently
-from bourse.wire.messages import UNRECORDED_REASON, Placed
+from bourse.wire.codec import decode, encode
+from bourse.wire.messages import UNRECORDED_REASON, Bid, Commit, Offer, Placed, Rejected, Unfilled
 from exchange.service import ExchangeService
 from supplier.host import SupplierHost
 from tests.market import Market, order, worker
@@ -32,21 +34,22 @@ Fault = Literal["unwritten", "lost_reply", "taken_over"]
 
 
 class FaultyStore(ClaimStore):
-    """The real claims bucket whose ``placed`` writes by the first auction to send one
-    fail ``fail`` times: ``unwritten``, a timeout, the write not taken (JetStream without a
-    quorum); ``lost_reply``, a timeout after the server took the write; ``taken_over``,
-    another auction's claim is written over the auction's just before its write."""
+    """The real claims bucket whose outcome writes (``state``: ``placed`` unless told) by
+    the first auction to send one fail ``fail`` times: ``unwritten``, a timeout, the write
+    not taken (JetStream without a quorum); ``lost_reply``, a timeout after the server took
+    the write; ``taken_over``, another auction's claim is written over the auction's just
+    before its write."""
 
-    def __init__(self, real: ClaimStore, fault: Fault, fail: int) -> None:
+    def __init__(self, real: ClaimStore, fault: Fault, fail: int, state: str = "placed") -> None:
         super().__init__(real.kv, real.name, real.nc)
-        self.fault, self.fail = fault, fail
-        self.victim: str | None = None  # the auction whose placed writes fail
+        self.fault, self.fail, self.state = fault, fail, state
+        self.victim: str | None = None  # the auction whose outcome writes fail
         self.failed = 0
 
     async def put(
         self, order_id: str, claim: Claim, last: int, timeout_s: float = KV_TIMEOUT_S
     ) -> int | None:
-        if claim.state == "placed" and self.victim in (None, claim.auction_id):
+        if claim.state == self.state and self.victim in (None, claim.auction_id):
             self.victim = claim.auction_id
             if self.failed < self.fail:
                 self.failed += 1
@@ -62,10 +65,10 @@ class FaultyStore(ClaimStore):
         return await super().put(order_id, claim, last, timeout_s)
 
 
-async def _faulty(market: Market, fault: Fault, fail: int) -> FaultyStore:
+async def _faulty(market: Market, fault: Fault, fail: int, state: str = "placed") -> FaultyStore:
     real = await ClaimStore.open(await market.connect("claims"), market.subjects)
     assert real is not None  # the test server runs JetStream
-    return FaultyStore(real, fault, fail)
+    return FaultyStore(real, fault, fail, state)
 
 
 async def _exchange(market: Market, store: ClaimStore) -> None:
@@ -168,3 +171,37 @@ async def test_a_duplicate_joined_to_an_unrecorded_placement_is_not_told_placed(
     o = order(order_id="unrecorded-dup")
     answers = await asyncio.gather(*(client.place(o) for _ in range(3)), return_exceptions=True)
     assert all(isinstance(a, ClientError) and a.code == UNRECORDED_CODE for a in answers), answers
+
+
+async def test_an_unfilled_claim_write_that_fails_once_is_tried_again(market: Market) -> None:
+    """A commit went out and was rejected: the buyer is told Unfilled and the claim must say
+    ``unfilled`` (a worker may hold a machine whose abort is lost: the next attempt adopts
+    it, or the worker reclaims it, §5.3d). A write that fails once is tried again; left
+    "auctioning", the claim would later let the worker's check adopt such a machine."""
+    nc = await market.connect("rejecting-worker")
+    s = market.subjects
+
+    async def on_bid(msg: Msg) -> None:
+        bid = decode(msg.data, Bid)
+        o = Offer(order_id=bid.order_id, worker_id="a", region="mad", score=0.9)
+        await nc.publish(msg.reply, encode(o))
+
+    async def on_commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        no = Rejected(order_id=c.order_id, worker_id="a", reason="insufficient")
+        await nc.publish(msg.reply, encode(no))
+
+    await nc.subscribe(s.bid("mad"), cb=on_bid)
+    await nc.subscribe(s.commit("a"), cb=on_commit)
+    await nc.flush()
+    store = await _faulty(market, "unwritten", fail=1, state="unfilled")
+    auctioneer = Auctioneer(await market.connect("buyer"), s, claim_store=store)
+    o = order(order_id="unfilled-write-1")
+    with structlog.testing.capture_logs() as logs:
+        r = await auctioneer.run(o)
+    await auctioneer.close()
+    assert isinstance(r, Unfilled) and r.reason == "all_commits_rejected", r
+    assert store.failed == 1 and len(_events(logs, "order_claim_failed")) == 1
+    assert not _events(logs, "order_claim_not_recorded")
+    claim, _ = await store.get(o.order_id)
+    assert claim is not None and claim.state == "unfilled"
