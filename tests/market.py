@@ -227,21 +227,26 @@ async def outcome_trail(
     return seen, answer
 
 
+def placed_for(c: Commit, machine_id: str, score: float, image_cached: bool = False) -> Placed:
+    """A raw supplier's ``Placed`` answer to commit ``c`` (in region mad), in tests."""
+    return Placed(
+        order_id=c.order_id,
+        machine_id=machine_id,
+        worker_id=c.worker_id,
+        region="mad",
+        score=score,
+        image_cached=image_cached,
+        elapsed_ms=1.0,
+    )
+
+
 async def answer_commits(nc: NATS, subjects: Subjects, *worker_ids: str, score: float) -> None:
     """A raw supplier's commit side (an older or foreign one, in tests): every commit to
     ``worker_ids`` is answered Placed at once."""
 
     async def on_commit(msg: Msg) -> None:
         c = decode(msg.data, Commit)
-        placed = Placed(
-            order_id=c.order_id,
-            machine_id=f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR",
-            worker_id=c.worker_id,
-            region="mad",
-            score=score,
-            image_cached=False,
-            elapsed_ms=1.0,
-        )
+        placed = placed_for(c, f"{c.worker_id}~01M80QESDH2NAZQ4Z9ASNWXSKR", score)
         await nc.publish(msg.reply, encode(placed))
 
     for w in worker_ids:

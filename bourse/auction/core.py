@@ -783,6 +783,29 @@ class Auction:
 OWNERSHIP_REASONS = (FOREIGN_MACHINE, NOT_THIS_ORDER, MACHINE_UNSHOWN)
 
 
+def late_releases(data: bytes | Offers, order_id: str, auction_id: str) -> list[Release]:
+    """A reply that came after its auction ended with the region release folded into the
+    commit (§4.6 ``release_others``): a supplier process the auction did not know took a
+    hold, or parked a waiting bid, that nothing else would drop before its TTL. One
+    worker-form ``Release`` of ``(order_id, auction_id)`` per worker it names for this
+    order (§4.11); none for an existing machine's offer (it holds nothing), a foreign or
+    undecodable reply, or an empty answer."""
+    if isinstance(data, Offers):
+        reply: Offer | Offers | Waiting = data
+    else:
+        try:
+            reply = decode(data, BidReply)
+        except BadMessage:
+            return []
+    named = reply.offers if isinstance(reply, Offers) else [reply]
+    workers = dict.fromkeys(
+        r.worker_id
+        for r in named
+        if r.order_id == order_id and not (isinstance(r, Offer) and r.machine_id)
+    )
+    return [Release(order_id=order_id, worker_id=w, auction_id=auction_id) for w in workers]
+
+
 def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
     """How a machine placed under ``order``'s id differs from ``order`` (what it runs and
     where: region, resources, image, metadata; how it was auctioned may differ), or ""."""

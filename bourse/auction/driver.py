@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -63,6 +63,7 @@ from bourse.auction.core import (
     Tally,
     VerifyMachine,
     WakeAt,
+    late_releases,
 )
 from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
@@ -257,6 +258,10 @@ class Auctioneer:
         self.config = config or AuctionConfig()
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
         self._boxes: dict[str, _Mailbox] = {}
+        # Auctions that folded their region release into the commit (§4.6): auction id ->
+        # (order id, until when, monotonic), oldest first, kept while a hold of theirs can
+        # live, so that a reply that comes too late gets its workers a release (_late).
+        self._folded: OrderedDict[str, tuple[str, float]] = OrderedDict()
         self._sub: Subscription | None = None
         self._prefix = ""
         # Told (region, offers received) as each auction ends: the exchange's metrics.
@@ -323,23 +328,62 @@ class Auctioneer:
     async def _route(self, msg: Msg) -> None:
         token = msg.subject[len(self._prefix) + 1 :]
         if token == ANSWERS_TOKEN:
-            self._route_answers(msg)
+            for late in self._route_answers(msg):
+                await self._late(late.auction_id, late)
             return
         box = self._boxes.get(token)
         if box is not None:
             box.put(msg)
+        elif self._folded:
+            await self._late(token.partition("-")[0], msg.data)  # a shard's token too
 
-    def _route_answers(self, msg: Msg) -> None:
-        """One supplier process's answers to the bids of a batch: each to its auction."""
+    def _route_answers(self, msg: Msg) -> list[Offers]:
+        """One supplier process's answers to the bids of a batch: each to its auction.
+        Returns those whose auction has ended (for ``_late``)."""
         try:
             answers = decode(msg.data, Answers)
         except BadMessage as exc:
             log.warning("bad_answers", error=str(exc))
-            return
+            return []
+        late: list[Offers] = []
         for offers in answers.answers:
             box = self._boxes.get(offers.auction_id)
             if box is not None:
                 box.put(offers)
+            elif self._folded and offers.offers:
+                late.append(offers)
+        return late
+
+    def _fold(self, auction_id: str, order_id: str, hold_ms: int) -> None:
+        """Remember an auction whose release went with its commit, as long as a hold taken
+        for its bid can live (``hold_ms``, plus a margin for a bid received late)."""
+        now = time.monotonic()
+        folded = self._folded
+        while folded and next(iter(folded.values()))[1] < now:
+            folded.popitem(last=False)
+        folded[auction_id] = (order_id, now + hold_ms / 1000.0 + FOLDED_MARGIN_S)
+
+    async def _late(self, auction_id: str, reply: bytes | Offers) -> None:
+        """A reply to an auction that has ended: if it folded its release (§4.6), whatever
+        the reply holds goes (a process the auction did not know; protocol.md §5.2 step 8)."""
+        entry = self._folded.get(auction_id)
+        if entry is None or entry[1] < time.monotonic():
+            return
+        order_id = entry[0]
+        releases = late_releases(reply, order_id, auction_id)
+        if not releases:
+            return
+        log.info(
+            "late_reply_released",
+            order_id=order_id,
+            auction_id=auction_id,
+            workers=[r.worker_id for r in releases],
+        )
+        try:
+            for release in releases:
+                await self.nc.publish(self.subjects.release(release.worker_id), encode(release))
+        except Exception as exc:  # connection lost: the holds fall back to their TTL
+            log.warning("release_failed", order_id=order_id, error=repr(exc))
 
     async def close(self) -> None:
         if self._flusher is not None:
@@ -755,7 +799,9 @@ class Auctioneer:
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
             if not core.release_needed:  # the winner's process dropped the others itself
-                pass
+                self._fold(auction_id, order.order_id, core.bid.hold_ms)
+                for item in box.items:  # came during the commit: too late for the auction
+                    await self._late(auction_id, item if isinstance(item, Offers) else item.data)
             elif ended and later is not None:
                 later.append(auction_id)
             else:
@@ -915,6 +961,9 @@ CLAIMS_RETRY_S = 30.0
 # for (a restarted process answers under a new name); a supplier seen answering without a
 # name (an older or foreign one) turns the quorum off in its region this long.
 RESPONDER_MEMORY_S = 10.0
+# How much longer than its bid's hold_ms an auction that folded its release is remembered
+# for a late reply (a process may get the bid late; it holds for hold_ms from then).
+FOLDED_MARGIN_S = 5.0
 # The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
 ANSWERS_TOKEN = "answers"
 

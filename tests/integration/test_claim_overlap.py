@@ -25,7 +25,7 @@ from bourse.auction.claims import KV_TIMEOUT_S, Claim, ClaimStore, fingerprint
 from bourse.auction.driver import AuctionConfig, Auctioneer, AuctionError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Placed, PlaceOrder, Release, Unfilled
-from tests.market import Market, order, outcome_trail, wait_until, worker
+from tests.market import Market, order, outcome_trail, placed_for, wait_until, worker
 
 
 class GatedStore(ClaimStore):
@@ -95,15 +95,7 @@ class FakeWorker:
         async def on_commit(msg: Msg) -> None:
             c = decode(msg.data, Commit)
             self.commits.append((await self.store.get(c.order_id))[0])
-            placed = Placed(
-                order_id=c.order_id,
-                machine_id=f"a~M{len(self.commits)}",
-                worker_id="a",
-                region="mad",
-                score=0.9,
-                image_cached=True,
-                elapsed_ms=1.0,
-            )
+            placed = placed_for(c, f"a~M{len(self.commits)}", 0.9, image_cached=True)
             await nc.publish(msg.reply, encode(placed))
 
         async def on_release(msg: Msg) -> None:

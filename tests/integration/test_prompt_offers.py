@@ -5,11 +5,28 @@ auction learns how many processes answer in a region and commits once all have."
 
 from __future__ import annotations
 
+import asyncio
+
+import nats.errors
+import pytest
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, BidReply, Offer, Offers, Placed, Resources
-from tests.market import Market, answer_commits, order, wait_until, worker
+from bourse.wire.messages import (
+    Answers,
+    Batch,
+    Bid,
+    BidReply,
+    Commit,
+    Offer,
+    Offers,
+    Placed,
+    Release,
+    Resources,
+)
+from bourse.wire.subjects import Subjects
+from tests.market import Market, answer_commits, order, placed_for, wait_until, worker
 
 
 def _bid(order_id: str = "o", cpus: int = 1) -> Bid:
@@ -134,3 +151,126 @@ async def test_one_offering_process_drops_the_other_holds_itself(market: Market)
     await wait_until(lambda: bcn in releases)
     assert releases == [mad, bcn]  # none for "alone"
     assert market.violations() == []
+
+
+class _LateProcess:
+    """A supplier process the auction has not heard (it joined the region just now): it
+    sees every bid of ``mad``, plain or in a ``Batch``, and answers only when told."""
+
+    def __init__(self, nc: NATS, subjects: Subjects) -> None:
+        self.nc, self.subjects = nc, subjects
+        self.bids: dict[str, tuple[Bid, str, str]] = {}  # order -> (bid, reply, answers_to)
+
+    async def start(self) -> None:
+        async def on_bid(msg: Msg) -> None:
+            bid = decode(msg.data, Bid)
+            self.bids[bid.order_id] = (bid, msg.reply, "")
+
+        async def on_batch(msg: Msg) -> None:
+            batch = decode(msg.data, Batch)
+            for b in batch.bids:
+                self.bids[b.bid.order_id] = (b.bid, b.reply, batch.answers_to)
+
+        await self.nc.subscribe(self.subjects.bid("mad"), cb=on_bid)
+        await self.nc.subscribe(self.subjects.bid_batch("mad"), cb=on_batch)
+
+    async def offer(self, worker_id: str, *order_ids: str, as_answers: bool = False) -> None:
+        """Offer ``worker_id`` for each order, to its bid's reply or, ``as_answers``, all
+        in one Answers message (the bids came in one batch)."""
+        answers: list[Offers] = []
+        answers_to = ""
+        for order_id in order_ids:
+            bid, reply, answers_to = self.bids[order_id]
+            offers = Offers(
+                offers=[Offer(order_id=order_id, worker_id=worker_id, region="mad", score=0.99)],
+                responder="late-process",
+                auction_id=bid.auction_id,
+            )
+            answers.append(offers)
+            if not as_answers:
+                await self.nc.publish(reply, encode(offers))
+        if as_answers:
+            assert answers_to, "the bids did not come in a batch"
+            await self.nc.publish(answers_to, encode(Answers(answers=answers)))
+
+
+@pytest.mark.parametrize("as_answers", [False, True], ids=["to the reply", "in Answers"])
+async def test_a_late_offer_after_a_folded_release_gets_its_worker_a_release(
+    market: Market, as_answers: bool
+) -> None:
+    """A folded release (§4.6) reaches only the winner's process. A process the auction did
+    not know yet that offers after the auction ended is told to drop that hold, one
+    worker-form release per worker it offered, instead of keeping it until its TTL."""
+    await market.host(worker("w0"), max_offers=3)
+    nc = await market.connect("late")
+    late = _LateProcess(nc, market.subjects)
+    await late.start()
+    told = await nc.subscribe(market.subjects.release("late-1"))
+    regional = await nc.subscribe(market.subjects.region_release("mad"))
+    await nc.flush()
+    client = await market.client(direct=True)
+    assert isinstance(await client.place(order(order_id="learn")), Placed)  # learns w0's
+    await regional.next_msg(2)  # the first auction did not know the process: it released
+    # two orders at once: their bids go in one batch (§4.4.4); both auctions fold
+    both = await asyncio.gather(*(client.place(order(order_id=o)) for o in ("a1", "a2")))
+    assert all(isinstance(r, Placed) and r.worker_id == "w0" for r in both)
+    await late.offer("late-1", "a1", "a2", as_answers=as_answers)
+    got = [decode((await told.next_msg(2)).data, Release) for _ in range(2)]
+    assert sorted(got, key=lambda r: r.order_id) == [
+        Release(order_id=o, worker_id="late-1", auction_id=late.bids[o][0].auction_id)
+        for o in ("a1", "a2")
+    ]
+    # a late offer to an auction that released its region itself gets nothing more
+    await late.offer("late-1", "learn")
+    marker = await client.place(order(order_id="marker", region="bcn"))  # same connection
+    assert not isinstance(marker, Placed)
+    await nc.flush()
+    with pytest.raises(nats.errors.TimeoutError):
+        await told.next_msg(0.2)
+    assert regional.pending_msgs == 0  # no region release for a1 and a2
+
+
+async def test_an_offer_that_comes_during_the_folded_commit_gets_a_release(
+    market: Market,
+) -> None:
+    """An offer from an unknown process that reaches the auction while its commit (with
+    ``release_others``) is under way is too late for the auction; once it ends, that
+    worker too is told to drop its hold."""
+    nc = await market.connect("suppliers")
+    s = market.subjects
+    late = _LateProcess(nc, s)
+    await late.start()
+    go = asyncio.Event()
+
+    async def on_bid(msg: Msg) -> None:  # a known process with one worker: answers at once
+        bid = decode(msg.data, Bid)
+        o = Offer(order_id=bid.order_id, worker_id="k1", region="mad", score=0.9, delay_ms=0)
+        await nc.publish(msg.reply, encode(Offers(offers=[o], responder="known")))
+
+    commits: asyncio.Queue[Commit] = asyncio.Queue()
+
+    async def on_commit(msg: Msg) -> None:
+        c = decode(msg.data, Commit)
+        await commits.put(c)
+        if c.order_id == "slow":
+            await go.wait()
+        placed = placed_for(c, f"k1~01M80QESDH2NAZQ4Z9ASNWXSK{len(c.order_id)}", 0.9)
+        await nc.publish(msg.reply, encode(placed))
+
+    await nc.subscribe(s.bid("mad"), cb=on_bid)
+    await nc.subscribe(s.commit("k1"), cb=on_commit)
+    told = await nc.subscribe(s.release("late-1"))
+    await nc.flush()
+    client = await market.client(direct=True)
+    assert isinstance(await client.place(order(order_id="learn")), Placed)
+    await commits.get()
+    placing = asyncio.ensure_future(client.place(order(order_id="slow")))
+    commit = await commits.get()
+    assert commit.order_id == "slow" and commit.release_others
+    await late.offer("late-1", "slow")  # before the commit's answer
+    go.set()
+    assert isinstance(await placing, Placed)
+    msg = await told.next_msg(2)
+    assert decode(msg.data, Release) == Release(
+        order_id="slow", worker_id="late-1", auction_id=commit.auction_id
+    )

@@ -22,6 +22,7 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Machine, Offer, Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
+from tests.market import placed_for
 
 OWNER_DELAY_S = 0.03  # the owner's answer comes 30 ms after the other worker's
 
@@ -62,15 +63,7 @@ async def _run(
         nonlocal commits_to_fresh
         commits_to_fresh += 1
         c = decode(msg.data, Commit)
-        placed = Placed(
-            order_id=c.order_id,
-            machine_id="b~M2",
-            worker_id="b",
-            region="mad",
-            score=0.9,
-            image_cached=False,
-            elapsed_ms=1.0,
-        )
+        placed = placed_for(c, "b~M2", 0.9)
         await nc.publish(msg.reply, encode(placed))
 
     try:

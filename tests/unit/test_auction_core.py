@@ -36,6 +36,7 @@ from bourse.auction.core import (
     VerifyMachine,
     WakeAt,
     describe,
+    late_releases,
 )
 from bourse.wire.codec import encode
 from bourse.wire.messages import (
@@ -1232,6 +1233,42 @@ def test_an_unfilled_auction_always_releases() -> None:
     a.commit_outcome(CommitNoResponders(), T0 + 3 * MS)
     a.timer(T0 + 1.0)  # the deadline: unfilled
     assert a.release_needed
+
+
+def _wait(worker: str, order_id: str = "o1") -> Waiting:
+    return Waiting(order_id=order_id, worker_id=worker, region="mad", wait_ms=50)
+
+
+# (case, a reply that came after the auction folded its release, as sent, or as an Offers
+# out of an Answers message: the workers told to drop what they hold for it, in order)
+LATE_REPLIES: list[tuple[str, bytes | Offers, list[str]]] = [
+    ("one offer", encode(offer("w7")), ["w7"]),
+    (
+        "a process's offers",
+        encode(Offers(offers=[offer("w7"), offer("w8")], responder="p9")),
+        ["w7", "w8"],
+    ),
+    ("out of an Answers message", Offers(offers=[offer("w7")], auction_id=AID), ["w7"]),
+    ("a waiting worker", encode(_wait("w7")), ["w7"]),
+    ("one worker named twice", encode(Offers(offers=[offer("w7"), offer("w7")])), ["w7"]),
+    ("an empty answer", encode(Offers(offers=[], responder="p9")), []),
+    ("the order's existing machine (no hold)", encode(offer("w7", machine_id="w7~m1")), []),
+    ("another order's offer", encode(offer("w7", order_id="o2")), []),
+    ("another order's waiting worker", encode(_wait("w7", "o2")), []),
+    ("undecodable", b"{not json", []),
+    ("no responders (a 503 has no body)", b"", []),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "reply", "workers"), LATE_REPLIES, ids=[c[0] for c in LATE_REPLIES]
+)
+def test_a_late_reply_to_a_folded_auction_releases_what_it_holds(
+    case: str, reply: bytes | Offers, workers: list[str]
+) -> None:
+    assert late_releases(reply, "o1", AID) == [
+        Release(order_id="o1", worker_id=w, auction_id=AID) for w in workers
+    ]
 
 
 class _LookupsOnly(dict[int, set[str]]):
