@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -33,6 +34,7 @@ from loadtest.runner import (
     nats_ceiling,
     start_fleet,
 )
+from loadtest.tap import tapped
 from loadtest.workload import Profile, trace
 
 
@@ -47,12 +49,14 @@ async def run_loadtest(
     console: Console | None = None,
     supplier_urls: list[str] | None = None,
     monitor_url: str | None = None,
+    tap: bool = False,
 ) -> dict[str, Any]:
     """Run one load test; writes report.json (and PNG plots) to ``out``; returns the report.
     ``supplier_urls``: the suppliers connect there (e.g. another cluster of a supercluster),
     the generator and the exchanges to ``urls``. ``monitor_url``: the monitoring endpoint
     of the server at ``urls`` (the embedded server's own otherwise): its message counters
-    give the messages per placement."""
+    give the messages per placement. ``tap``: count every message of the load window by
+    kind too (loadtest/tap.py: a process of its own, which perturbs CPU and latency)."""
     out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
     for stale in ("data", "config"):  # every run starts from an empty fleet
         shutil.rmtree(out / stale, ignore_errors=True)
@@ -99,7 +103,8 @@ async def run_loadtest(
         )
         try:
             settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
-            await _send(profile, orders, market, direct, m, sampler, console, monitor_url)
+            tapping = (urls[0], subjects.root) if tap else None
+            await _send(profile, orders, market, direct, m, sampler, console, monitor_url, tapping)
             await check_invariants(direct, profile, orders, m)
         finally:
             await shutdown(nc)
@@ -126,6 +131,7 @@ async def _send(
     sampler: Sampler,
     console: Console | None,
     monitor_url: str | None,
+    tapping: tuple[str, str] | None = None,
 ) -> None:
     progress = Progress(
         TextColumn("orders"),
@@ -145,15 +151,19 @@ async def _send(
                 sampler.sample()
                 await anyio.sleep(0.5)
 
-        before = await _varz(monitor_url)
-        conns_before = await _connz(monitor_url)
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(sample)
-            await gen.run(orders)
-            tasks.cancel_scope.cancel()
-        sampler.sample()  # CPU over the load window only (not the checks after it)
-        after = await _varz(monitor_url)
-        conns_after = await _connz(monitor_url)
+        async with contextlib.AsyncExitStack() as stack:
+            stop_tap = await stack.enter_async_context(tapped(*tapping)) if tapping else None
+            before = await _varz(monitor_url)
+            conns_before = await _connz(monitor_url)
+            async with anyio.create_task_group() as tasks:
+                tasks.start_soon(sample)
+                await gen.run(orders)
+                tasks.cancel_scope.cancel()
+            sampler.sample()  # CPU over the load window only (not the checks after it)
+            after = await _varz(monitor_url)
+            conns_after = await _connz(monitor_url)
+            if stop_tap is not None:
+                m.messages_by_kind = await stop_tap()
         if before is not None and after is not None:  # messages over the same window
             m.nats_in_msgs = after["in_msgs"] - before["in_msgs"]
             m.nats_out_msgs = after["out_msgs"] - before["out_msgs"]

@@ -64,6 +64,15 @@ def messages_by_program(m: Measured) -> dict[str, dict[str, float]] | None:
     }
 
 
+def messages_by_kind(m: Measured) -> dict[str, float] | None:
+    """With --tap: every message of the load window per placement, by kind (most first),
+    JetStream's acknowledgements included (the server sends them: nats-server's in_msgs
+    does not count them)."""
+    if not m.placed or m.messages_by_kind is None:
+        return None
+    return {kind: round(n / m.placed, 3) for kind, n in m.messages_by_kind.items()}
+
+
 def cpu_vs_nats_server(cpu_ms: dict[str, float] | None) -> dict[str, float] | None:
     """CPU per placement of every process kind over nats-server's in the same run."""
     unit = (cpu_ms or {}).get("nats-server")
@@ -133,6 +142,9 @@ def build(
         # programs' "published" add up to the total and their "delivered" to more than it
         # (those acknowledgements are delivered to the programs).
         "messages_per_placement_by_program": messages_by_program(m),
+        # With --tap (loadtest/tap.py): the same window's messages by kind, per placement,
+        # as one subscriber on ">" saw them (a reply is named by its request and type).
+        "messages_per_placement_by_kind": messages_by_kind(m),
         # The same numbers with the run's own nats-server as the unit (None when it is not
         # watched: --nats). This VM's speed drifts by 20% between runs, which a ratio to a
         # process of the same run cancels; nats-server's work per placement follows the
@@ -269,6 +281,12 @@ def table(r: dict[str, Any]) -> Table:
                 f"{k} {v['published']:g} published / {v['delivered']:g} delivered"
                 for k, v in by_program.items()
             ),
+        )
+    by_kind = r.get("messages_per_placement_by_kind")
+    if by_kind:
+        t.add_row(
+            "NATS messages by kind (--tap)",
+            ", ".join(f"{k} {v:g}" for k, v in by_kind.items() if v >= 0.01),
         )
     t.add_row("generator lag (max)", f"{r['generator_lag_max_ms']} ms")
     t.add_row(

@@ -76,6 +76,8 @@ class Measured:
     nats_out_msgs: int | None = None  # delivered by the server to subscribers
     # the same per program (/connz, by connection name): (published, delivered)
     nats_msgs_by_program: dict[str, tuple[int, int]] | None = None
+    # --tap: every message of the load window by kind (loadtest/tap.py)
+    messages_by_kind: dict[str, int] | None = None
 
 
 # A run's connections by the name they give the server (bourse/nats/connection.py), as the

@@ -206,6 +206,15 @@ def loadtest(
             show_default=False,
         ),
     ] = None,
+    tap: Annotated[
+        bool,
+        typer.Option(
+            "--tap",
+            help="Count every message of the load window by kind (a subscriber on '>' in a "
+            "process of its own: its counts are exact, but the run's CPU and latency are not "
+            "comparable with an untapped run's).",
+        ),
+    ] = False,
     json: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     soak: Annotated[
         float | None,
@@ -255,6 +264,8 @@ def loadtest(
         logs.configure("error")  # the faults make every client log warnings by design
         if nats:
             fail("--soak starts (and restarts) its own nats-server: leave out --nats")
+        if tap:
+            fail("--tap counts the messages of a plain run: leave out --soak")
         if scenario == "smoke" and profile_file is None:
             scenario = "soak"
     overrides = {
@@ -300,6 +311,7 @@ def loadtest(
             console=console,
             supplier_urls=split_urls(supplier_nats) if supplier_nats else None,
             monitor_url=nats_monitor,
+            tap=tap,
         )
     )
     if json:

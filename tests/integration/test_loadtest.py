@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
+from rich.console import Console
 
 from bourse.nats.embedded import EmbeddedNats
+from loadtest import report
 from loadtest.harness import run_loadtest
 from loadtest.workload import SCENARIOS, Shape, trace
 
@@ -87,6 +91,41 @@ async def test_a_direct_run_places_without_any_exchange(
     assert rep["violations"] == []
     assert rep["placed"] == rep["orders"] == len(trace(profile))
     assert {p["name"] for p in rep["processes"]} == {"supplier", "loadgen"}  # no exchange
+
+
+async def test_a_tapped_run_counts_every_message_by_kind(
+    nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """--tap: one order, one bid and one claim create per order; one commit Placed and one
+    order Placed per placement; and the kinds add up to what the server counted."""
+    profile = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3)
+    rep = await run_loadtest(
+        profile,
+        tmp_path,
+        [nats_server.url],
+        ceiling=False,
+        oracle=False,
+        monitor_url=nats_server.monitor_url,
+        tap=True,
+    )
+    assert rep["violations"] == [] and rep["placed"] == rep["orders"]
+    kinds = rep["messages_per_placement_by_kind"]
+    assert kinds["order"] == kinds["order -> Placed"] == kinds["commit -> Placed"] == 1
+    assert kinds["claim write"] == kinds["claim write -> ack"] == 2  # create, then placed
+    # a placed event is sent after the commit's answer: the last ones may miss the window
+    assert (1 - kinds["event placed"]) * rep["placed"] <= 2
+    assert kinds["event placed -> ack"] <= kinds["event placed"]
+    assert kinds["bid"] + kinds.get("bid batch", 0) > 0 and kinds["bid -> Offers"] > 0
+    # JetStream's acknowledgements are the server's: the rest is what clients published
+    published = sum(v for k, v in kinds.items() if not k.endswith("-> ack"))
+    assert published == pytest.approx(rep["messages_per_placement"]["published"], rel=0.1)
+    assert "NATS messages by kind" in _table_text(rep)
+
+
+def _table_text(rep: dict[str, Any]) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(report.table(rep))
+    return console.export_text()
 
 
 async def test_a_run_of_fractional_cpus_keeps_every_invariant(

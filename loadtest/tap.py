@@ -1,0 +1,165 @@
+"""``bourse loadtest --tap``: every message of a run counted by kind, by a subscriber on
+``>`` in a process of its own (``python -m loadtest.tap URL ROOT``).
+
+A request's kind comes from its subject (``kind_of_subject``); a reply's from the request
+it answers (the tap saw that request's reply subject) and the ``type`` its body names, so
+a commit's ``Placed`` and an order's ``Placed`` count apart, and a JetStream
+acknowledgement is told by what it acknowledges (a claim write, an event).
+
+The tap adds one delivery of every message: nats-server works more, and the box has one
+busy process more, so a tapped run's CPU and latency figures are not comparable with an
+untapped one's (its message counts are).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import signal
+import subprocess
+import sys
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import anyio
+from anyio.streams.buffered import BufferedByteReceiveStream
+from nats.aio.msg import Msg
+
+from bourse.nats.connection import connect, shutdown
+
+# How long the tap process may take to subscribe, and to print its counts once told to stop.
+TAP_START_S = 30.0
+TAP_STOP_S = 30.0
+# The reply subjects remembered (oldest forgotten first): replies come within a deadline.
+REMEMBERED_REPLIES = 200_000
+_TYPE = re.compile(rb'"type"\s*:\s*"([A-Za-z]+)"')
+
+
+def kind_of_subject(subject: str, root: str) -> str:
+    """What a message published to ``subject`` is, for a market rooted at ``root``
+    (``<prefix>.v1``): ``order``, ``bid``, ``commit``, ``event placed``, ``claim write``...;
+    ``reply`` for anything else (an inbox)."""
+    if subject.startswith(root + "."):
+        t = subject[len(root) + 1 :].split(".")
+        head = t[0]
+        if head == "bid":
+            if len(t) == 2:
+                return "bid"
+            return "bid batch" if t[2] == "batch" else "bid (shard)"
+        if head == "release":
+            return "region release"
+        if head == "worker" and len(t) >= 3:
+            return " ".join(t[2:4]) if t[2] == "machine" else t[2]
+        if head == "event" and len(t) >= 4:
+            return f"event {t[3]}"
+        return head
+    if subject.startswith("$KV."):
+        return "claim write"
+    if subject.startswith("$JS.API."):
+        return "jetstream api"
+    if subject.startswith("$JS.EVENT."):
+        return "jetstream advisory"
+    if subject.startswith("$JS.ACK."):
+        return "jetstream consumer ack"
+    return "reply"
+
+
+def kind_of_reply(request: str | None, data: bytes) -> str:
+    """A reply's kind: ``<request kind> -> <what it is>``, where what it is is the ``type``
+    its body names, ``ack`` for a JetStream acknowledgement, ``status`` for a body-less
+    status (no responders)."""
+    if not data:
+        what = "status"
+    elif data.startswith(b'{"stream"'):
+        what = "ack"
+    else:
+        m = _TYPE.search(data, 0, 96)
+        what = m.group(1).decode() if m else "other"
+    return f"{request or 'unknown request'} -> {what}"
+
+
+class Tally:
+    """Counts by kind; remembers each request's reply subject to name its replies."""
+
+    def __init__(self, root: str, remembered: int = REMEMBERED_REPLIES) -> None:
+        self.root = root
+        self.counts: Counter[str] = Counter()
+        self._asked: OrderedDict[str, str] = OrderedDict()
+        self._remembered = remembered
+
+    def see(self, subject: str, reply: str, data: bytes) -> str:
+        kind = kind_of_subject(subject, self.root)
+        if kind == "reply":
+            kind = kind_of_reply(self._asked.get(subject), data)
+        if reply:
+            self._asked[reply] = kind
+            if len(self._asked) > self._remembered:
+                self._asked.popitem(last=False)
+        self.counts[kind] += 1
+        return kind
+
+
+async def tap(url: str, root: str) -> None:
+    """Count until SIGTERM or SIGINT, then print ``counts <JSON>`` on stdout. Prints
+    ``ready`` once the subscription is in place (other lines are logs)."""
+    nc = await connect([url], name="bourse-tap", service=False)
+    tally = Tally(root)
+
+    async def on_msg(msg: Msg) -> None:
+        tally.see(msg.subject, msg.reply, msg.data)
+
+    try:  # 0: no limit (a slow tap must not drop what it counts)
+        sub = await nc.subscribe(">", cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
+        await nc.flush()
+        print("ready", flush=True)
+        with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                break
+        await sub.drain()  # what the server sent before the signal is counted
+    finally:
+        await shutdown(nc)
+    print("counts " + json.dumps(dict(tally.counts.most_common())), flush=True)
+
+
+@asynccontextmanager
+async def tapped(url: str, root: str) -> AsyncIterator[Callable[[], Awaitable[dict[str, int]]]]:
+    """Run the tap in a process of its own (its CPU is not the run's) once it has
+    subscribed; yields ``stop``, which ends it and returns its counts. Left early (an
+    error), the tap is killed."""
+    proc = await anyio.open_process(
+        [sys.executable, "-m", "loadtest.tap", url, root], stderr=subprocess.DEVNULL
+    )
+    assert proc.stdout is not None
+    out = BufferedByteReceiveStream(proc.stdout)
+
+    async def line(starting: bytes) -> bytes:
+        """The rest of the tap's first output line that starts with ``starting``."""
+        while True:
+            got = await out.receive_until(b"\n", 1 << 24)
+            if got.startswith(starting):
+                return got[len(starting) :]
+
+    try:
+        with anyio.fail_after(TAP_START_S):
+            await line(b"ready")
+
+        async def stop() -> dict[str, int]:
+            proc.send_signal(signal.SIGTERM)
+            with anyio.fail_after(TAP_STOP_S):
+                counts = await line(b"counts ")
+                await proc.wait()
+            loaded: dict[str, int] = json.loads(counts)
+            return loaded
+
+        yield stop
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        with anyio.CancelScope(shield=True):
+            await proc.wait()
+            await proc.aclose()
+
+
+if __name__ == "__main__":
+    anyio.run(tap, sys.argv[1], sys.argv[2])
