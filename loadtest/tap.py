@@ -68,7 +68,7 @@ def kind_of_subject(subject: str, root: str) -> str:
 def kind_of_reply(request: str | None, data: bytes) -> str:
     """A reply's kind: ``<request kind> -> <what it is>``, where what it is is the ``type``
     its body names, ``ack`` for a JetStream acknowledgement, ``status`` for a body-less
-    status (no responders)."""
+    status (no responders). ``Answers`` go to the ``answers_to`` of a ``bid batch``."""
     if not data:
         what = "status"
     elif data.startswith(b'{"stream"'):
@@ -76,6 +76,8 @@ def kind_of_reply(request: str | None, data: bytes) -> str:
     else:
         m = _TYPE.search(data, 0, 96)
         what = m.group(1).decode() if m else "other"
+    if request is None and what == "Answers":  # to a Batch's answers_to (not a reply subject)
+        request = "bid batch"
     return f"{request or 'unknown request'} -> {what}"
 
 

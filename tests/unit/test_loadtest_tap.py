@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from bourse.wire.codec import encode
-from bourse.wire.messages import Placed
+from bourse.wire.messages import Answers, Placed
 from bourse.wire.subjects import Subjects
 from loadtest.tap import Tally, kind_of_reply, kind_of_subject
 
@@ -52,6 +52,7 @@ REPLIES = [
     ("bid", b"", "bid -> status"),  # no responders
     (None, encode(PLACED), "unknown request -> Placed"),
     ("order", b"\x00\x01 not json", "order -> other"),
+    (None, encode(Answers(answers=[])), "bid batch -> Answers"),
 ]
 
 
