@@ -110,9 +110,11 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     from ops import cli as bourse
 
     got: list[Profile] = []
+    options: list[dict[str, object]] = []
 
     async def fake_run(profile: Profile, *args: object, **kwargs: object) -> dict[str, object]:
         got.append(profile)
+        options.append(kwargs)
         return {"violations": [], "plots": []}
 
     # `bourse loadtest` imports the harness when it runs (its extra may be missing)
@@ -145,17 +147,21 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
         for flag, (_, v) in flags.items()
         for a in ((flag,) if isinstance(v, bool) else (flag, str(v)))
     ]
-    result = CliRunner().invoke(bourse.app, ["loadtest", *args, "--json", "--out", str(tmp_path)])
+    result = CliRunner().invoke(
+        bourse.app, ["loadtest", *args, "--tap", "--json", "--out", str(tmp_path)]
+    )
     structlog.reset_defaults()
     assert result.exit_code == 0, result.output
     [profile] = got
     assert {field: getattr(profile, field) for field, _ in flags.values()} == dict(flags.values())
+    assert options[0]["tap"] is True  # a run option, not the profile's
     # and every option of the command is either such a flag or one of the run's own
     import inspect
 
     own = {"scenario", "profile_file", "out", "ceiling", "oracle", "nats", "supplier_nats", "json"}
     own |= {"soak", "fault_every_s", "nats_nodes", "duplicates"}  # soak mode (test_soak.py)
     own |= {"nats_monitor"}  # the --nats server's /varz: messages per placement
+    own |= {"tap"}  # messages by kind (loadtest/tap.py)
     params = set(inspect.signature(bourse.loadtest).parameters) - own
     assert len(params) == len(flags)
 
