@@ -47,7 +47,7 @@ from bourse.wire.codec import decode
 from bourse.wire.messages import Amount, Error, Placed, WorkerStatus
 from bourse.wire.subjects import Subjects
 from loadtest.audit import AuditResult, OrderRecord, audit
-from loadtest.runner import HIST_MAX_US, Spec, fleet_specs, new_hist
+from loadtest.runner import HIST_MAX_US, Spec, fleet_specs, fresh_run_dir, new_hist
 from loadtest.workload import Profile, TraceOrder, fleet
 
 log = structlog.get_logger("bourse.chaos")
@@ -220,7 +220,7 @@ class ChaosRun:
             raise
 
     async def _start(self) -> None:
-        self.root.mkdir(parents=True, exist_ok=True)
+        fresh_run_dir(self.root)  # a soak into an earlier one's directory audits only its own
         if self.nats_nodes > 1:
             # JetStream on, as in production: claims (R3), durable events
             self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes}, jetstream=True)

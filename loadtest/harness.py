@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import uuid
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from loadtest.runner import (
     Measured,
     Sampler,
     check_invariants,
+    fresh_run_dir,
     messages_between,
     nats_ceiling,
     start_fleet,
@@ -57,9 +57,7 @@ async def run_loadtest(
     of the server at ``urls`` (the embedded server's own otherwise): its message counters
     give the messages per placement. ``tap``: count every message of the load window by
     kind too (loadtest/tap.py: a process of its own, which perturbs CPU and latency)."""
-    out.mkdir(parents=True, exist_ok=True)  # noqa: ASYNC240 - once, before any load
-    for stale in ("data", "config"):  # every run starts from an empty fleet
-        shutil.rmtree(out / stale, ignore_errors=True)
+    fresh_run_dir(out)  # every run starts from an empty fleet
     say = console.print if console else (lambda *_: None)
     server = None
     if supplier_urls and not urls:

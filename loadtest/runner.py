@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -137,6 +138,21 @@ class Sampler:
             except psutil.Error:
                 continue
             s.cpu_s = self._cpu(p) - self._cpu0[s.pid]
+
+
+# What a run writes under its out directory (the fleet's files, state, logs and
+# nats-server's store): an earlier run's must not mix with this one's.
+RUN_STATE_DIRS = ("config", "data", "logs", "nats")
+
+
+def fresh_run_dir(out: Path) -> None:
+    """Make ``out`` ready for a run: created if missing, and an earlier run's state
+    removed (its suppliers' SQLite files would be recovered, and audited, as this run's:
+    the same order ids twice look like two machines per order). Reports and anything
+    else in ``out`` stay."""
+    out.mkdir(parents=True, exist_ok=True)
+    for stale in RUN_STATE_DIRS:
+        shutil.rmtree(out / stale, ignore_errors=True)
 
 
 def supplier_args(

@@ -273,3 +273,19 @@ def test_a_profile_with_an_impossible_cpu_amount_is_refused(
     with pytest.raises(ValueError) as info:
         resolve_profile("smoke", overrides=override)
     assert str(info.value).startswith(error)
+
+
+def test_a_run_directory_loses_an_earlier_runs_state_and_keeps_the_rest(tmp_path: Path) -> None:
+    # an earlier soak's SQLite files, recovered by this run's suppliers, made the audit
+    # count each order id's machines of both runs: "I3 order ... has 2 machines"
+    from loadtest.runner import RUN_STATE_DIRS, fresh_run_dir
+
+    out = tmp_path / "out"
+    for d in RUN_STATE_DIRS:
+        (out / d / "s0").mkdir(parents=True)
+        (out / d / "s0" / "state.db").write_text("an earlier run's")
+    (out / "soak-report.json").write_text("{}")
+    fresh_run_dir(out)
+    assert sorted(p.name for p in out.iterdir()) == ["soak-report.json"]
+    fresh_run_dir(tmp_path / "new")
+    assert (tmp_path / "new").is_dir()
