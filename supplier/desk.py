@@ -253,6 +253,10 @@ class Answer(Generic[S]):
     silent: dict[str, str] = field(default_factory=dict)
     # holds found expired while answering, to announce (hold_expired events)
     expired: list[tuple[S, list[Hold]]] = field(default_factory=list)
+    # worker id -> (worker, another auction's live hold for this order that this bid took
+    # the place of: a concurrent duplicate's); a new hold there keeps it (Hold.replaced),
+    # and where this bid holds nothing it is put back
+    replaced: dict[str, tuple[S, Hold]] = field(default_factory=dict)
 
 
 class Desk(Generic[S]):
@@ -308,6 +312,9 @@ class Desk(Generic[S]):
                     continue
                 ans.replies.append(Send(0.0, inbox, bid.auction_id, waiting, w))
                 del ans.silent[w.worker_id]
+        for w, old in ans.replaced.values():  # not held again for this bid: put back
+            if bid.order_id not in w.ledger.holds:
+                w.ledger.hold(old)  # unless waiting bids took the capacity meanwhile
         ans.replies.sort(key=_by_delay)
         return ans
 
@@ -355,6 +362,8 @@ class Desk(Generic[S]):
             if old.committing:
                 return COMMITTING
             w.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
+            if old.auction_id != bid.auction_id and old.expires_at > now:
+                ans.replaced[w.worker_id] = (w, old)  # ...kept by the new one (Hold.replaced)
             ans.late += self.freed(w, now)  # ...and waiting bids may take it first
         gone = w.ledger.expire(now)
         if gone:
@@ -390,16 +399,20 @@ class Desk(Generic[S]):
         return Quote(score, cached, want)
 
     def _hold(self, w: S, bid: Bid, inbox: str, now: float, q: Quote, ans: Answer[S]) -> None:
-        offered = self.take(w, bid, now, q)
+        replaced = ans.replaced.get(w.worker_id)
+        offered = self.take(w, bid, now, q, replaced[1] if replaced else None)
         if offered is None:  # cannot happen after a quote at the same now; stay safe (I1)
             ans.silent[w.worker_id] = INSUFFICIENT
         else:
             offer, delay = offered
             ans.replies.append(Send(delay, inbox, bid.auction_id, offer, w))
 
-    def take(self, w: S, bid: Bid, now: float, q: Quote) -> tuple[Offer, float] | None:
+    def take(
+        self, w: S, bid: Bid, now: float, q: Quote, replaced: Hold | None = None
+    ) -> tuple[Offer, float] | None:
         """Hold the quoted resources and make the Offer and its delay. Only now, for the
-        workers actually offered, are the subscores worked out."""
+        workers actually offered, are the subscores worked out. ``replaced``: another
+        auction's live hold for the order that this bid took the place of."""
         ledger = w.ledger
         _, subscores = w.pricer.price(ledger.capacity, ledger.used, q.want, q.cached)
         hold_ms = min(bid.hold_ms, w.max_hold_ms)  # the supplier bounds holds, not the bid
@@ -411,6 +424,7 @@ class Desk(Generic[S]):
             subscores,
             q.cached,
             bid.auction_id,
+            replaced,
         )
         if not ledger.hold(hold):
             return None

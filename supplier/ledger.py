@@ -28,6 +28,7 @@ class Hold:
         "expires_at",
         "image_cached",
         "order_id",
+        "replaced",
         "score",
         "subscores",
         "want",
@@ -42,6 +43,7 @@ class Hold:
         subscores: dict[str, float],
         image_cached: bool,
         auction_id: str,
+        replaced: Hold | None = None,
     ) -> None:
         self.order_id = order_id
         self.want = want
@@ -51,6 +53,10 @@ class Hold:
         self.image_cached = image_cached
         self.auction_id = auction_id
         self.committing = False
+        # The live hold of another auction for the same order that this one's bid took
+        # the place of (a concurrent duplicate's): it comes back if this auction releases
+        # first, so one auction's release never drops what another still counts on.
+        self.replaced = replaced
 
 
 class Ledger:
@@ -117,12 +123,25 @@ class Ledger:
         heapq.heappush(self._expiry, (hold.expires_at, hold.order_id))
         return True
 
-    def drop(self, order_id: str, auction_id: str = "") -> Hold | None:
-        """Release a hold unless it is being committed (or belongs to another auction)."""
+    def drop(self, order_id: str, auction_id: str = "", now: float | None = None) -> Hold | None:
+        """Release a hold unless it is being committed (or belongs to another auction);
+        returns it, or None when nothing was freed. A release of ``auction_id`` whose
+        hold took the place of another auction's still live hold (``Hold.replaced``) puts
+        that one back instead; a release of the replaced auction only forgets it."""
         h = self.holds.get(order_id)
-        if h is None or h.committing or (auction_id and h.auction_id != auction_id):
+        if h is None or h.committing:
             return None
-        return self._remove(h)
+        back = h.replaced
+        if auction_id and h.auction_id != auction_id:
+            if back is not None and back.auction_id == auction_id:
+                h.replaced = None  # the auction it replaced let go: the hold is h's alone
+            return None
+        self._remove(h)
+        if auction_id and back is not None:
+            now = time.monotonic() if now is None else now
+            if back.expires_at > now and self.hold(back):
+                return None  # the same capacity, held again for the other auction
+        return h
 
     def _remove(self, h: Hold) -> Hold:
         del self.holds[h.order_id]

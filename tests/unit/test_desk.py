@@ -270,6 +270,33 @@ def test_a_rebid_replaces_the_earlier_hold(store: Store) -> None:
     assert bench.desk.still_due(second)
 
 
+async def test_a_duplicates_bid_keeps_the_hold_it_took_the_place_of(store: Store) -> None:
+    """Two auctions of one order (duplicates sent at once, the claim's create beside the
+    bid, protocol §5.3c): the loser's bid takes the place of the winner's hold, and its
+    release puts the winner's back, so the winner's commit finds it."""
+    bench = Bench(store, cfg("w1", images=["web"]))
+    bench.answer(bid(auction_id="winner"))
+    bench.answer(bid(auction_id="loser"))
+    w = bench["w1"]
+    assert w.ledger.holds["o1"].auction_id == "loser"
+    w.release("o1", "loser")
+    assert w.ledger.holds["o1"].auction_id == "winner"
+    assert w.ledger.held == (2000, 2048, 0, 0)
+    assert bench.sent == []  # nothing was freed: no waiting bid was told otherwise
+    c = Commit(order_id="o1", worker_id="w1", resources=res(), image="web", auction_id="winner")
+    assert isinstance(await w.commits.commit(c), Placed)
+
+
+def test_a_bid_that_holds_elsewhere_puts_another_auctions_hold_back(store: Store) -> None:
+    bench = Bench(store, cfg("w1", images=["web"]), cfg("w2"), max_offers=1)
+    [first] = bench.answer(bid(auction_id="winner")).replies
+    assert first.worker.worker_id == "w1"
+    [second] = bench.answer(bid(auction_id="loser", exclude_workers=["w1"])).replies
+    assert second.worker.worker_id == "w2"
+    assert bench["w1"].ledger.holds["o1"].auction_id == "winner"  # dropped, then put back
+    assert bench["w1"].ledger.held == (2000, 2048, 0, 0)
+
+
 def test_bids_for_different_orders_stack(store: Store) -> None:
     bench = Bench(store, cfg("w1", images=["web"]))
     bench.answer(bid("o1"))

@@ -146,6 +146,50 @@ def test_drop_without_auction_id_drops_any_run() -> None:
     assert ledger.holds == {}
 
 
+def _replacing(expires_w: float = 10.0) -> tuple[Ledger, Hold, Hold]:
+    """Auction W held order a; a concurrent duplicate's auction L re-bid and took its place
+    (the desk drops W's hold, then L's keeps it as ``replaced``)."""
+    ledger = Ledger(CAP)
+    w = hold("a", expires_at=expires_w, auction_id="W")
+    ledger.hold(w)
+    assert ledger.drop("a") is w
+    replacing = hold("a", expires_at=11.0, auction_id="L")
+    replacing.replaced = w
+    assert ledger.hold(replacing)
+    return ledger, w, replacing
+
+
+# (case, releases in order as (auction id, now): what the ledger then holds for "a", and
+# whether the last release freed anything)
+REPLACED = [
+    ("the replacing auction releases: the other's hold is back", [("L", 5.0)], "W", False),
+    ("the replaced auction releases: only forgotten", [("W", 5.0)], "L", False),
+    ("then the replacing one releases: nothing held", [("W", 5.0), ("L", 5.0)], None, True),
+    ("the replaced hold's TTL has passed: not back", [("L", 10.5)], None, True),
+    ("a release of whatever auction drops both", [("", 5.0)], None, True),
+    ("another auction's release: nothing", [("X", 5.0)], "L", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "releases", "left", "freed"), REPLACED, ids=[c[0] for c in REPLACED]
+)
+def test_a_hold_that_took_another_auctions_place_gives_it_back(
+    case: str, releases: list[tuple[str, float]], left: str | None, freed: bool
+) -> None:
+    ledger, _, _ = _replacing()
+    dropped = None
+    for auction_id, now in releases:
+        dropped = ledger.drop("a", auction_id, now=now)
+    h = ledger.holds.get("a")
+    assert (h.auction_id if h else None) == left
+    assert (dropped is not None) is freed
+    assert ledger.held == held_sum(ledger) == ((2, 2048, 0, 0) if left else ZERO)
+    if h is not None and left == "W":  # back with its own TTL, and it expires by it
+        assert h.expires_at == 10.0
+        assert ledger.expire(10.0) == [h] and ledger.held == ZERO
+
+
 # -- expire ------------------------------------------------------------------------------------
 
 
