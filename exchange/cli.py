@@ -100,9 +100,8 @@ def serve(
     claim_beside_bid: Annotated[
         bool,
         typer.Option(
-            help="Create an order's claim while its first bid goes out (one KV round trip "
-            "off a placement); off by default: concurrent duplicates not sent as retries "
-            "then knock out each other's holds (docs/protocol.md §5.3c).",
+            help="Create an order's claim while its first bid goes out instead of before it; "
+            "off by default: it measured no faster (docs/protocol.md §5.3c).",
         ),
     ] = False,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
