@@ -404,27 +404,40 @@ def test_random_operations_never_overcommit(seed: int) -> None:
     now = 0.0
     committed_orders: dict[str, Vec] = {}
     counts = {"hold": 0, "refused": 0, "drop": 0, "expire": 0, "convert": 0, "free": 0}
+    counts["back"] = 0
     for step in range(400):
         now += rng.uniform(0.0, 0.3)
         op = rng.choice(["hold", "hold", "hold", "drop", "expire", "convert", "unpin", "free"])
         if op == "hold":
             oid = f"o{rng.randrange(40)}"
+            if ledger.holds and rng.random() < 0.3:  # a re-bid of a held order
+                oid = rng.choice(sorted(ledger.holds))
             if oid in committed_orders:
                 continue
-            if oid in ledger.holds and ledger.drop(oid) is None:
+            old = ledger.holds.get(oid)
+            if old is not None and ledger.drop(oid) is None:
                 continue  # pinned: the worker does not re-hold a committing order
             want = (rng.randint(1, 6), rng.randint(1, 6000), rng.randint(0, 80), rng.randint(0, 1))
+            if old is not None and rng.random() < 0.5:
+                want = old.want  # a concurrent duplicate's re-bid (the desk keeps the old one)
             fits = leq(want, ledger.free)
+            replaced = old if old is not None and old.expires_at > now else None
             ok = ledger.hold(
-                Hold(oid, want, now + rng.uniform(0.1, 2.0), 0.5, {}, False, f"run{step}")
+                Hold(oid, want, now + rng.uniform(0.1, 2.0), 0.5, {}, False, f"run{step}", replaced)
             )
             assert ok is fits
             counts["hold" if ok else "refused"] += 1
         elif op == "drop" and ledger.holds:
             oid = rng.choice(sorted(ledger.holds))
-            aid = rng.choice(["", ledger.holds[oid].auction_id, "other-run"])
-            dropped = ledger.drop(oid, aid)
+            h = ledger.holds[oid]
+            back = h.replaced.auction_id if h.replaced else "other-run"
+            if h.replaced is not None:  # mostly the replacing auction's: puts one back
+                aid = rng.choice(["", h.auction_id, h.auction_id, h.auction_id, back])
+            else:
+                aid = rng.choice(["", h.auction_id, "other-run"])
+            dropped = ledger.drop(oid, aid, now=now)
             counts["drop"] += dropped is not None
+            counts["back"] += dropped is None and ledger.holds.get(oid) not in (None, h)
         elif op == "expire":
             counts["expire"] += len(ledger.expire(now=now))
         elif op == "convert" and ledger.holds:
@@ -453,11 +466,15 @@ def test_random_operations_never_overcommit(seed: int) -> None:
             committed = add(committed, v)
         assert ledger.committed == committed
         assert all(x >= 0 for x in ledger.free)
+    # Every hold left, a replaced one put back included, expires by its own TTL.
+    ledger.expire(now=now + 10.0)
+    assert ledger.holds == {} and ledger.held == ZERO
     # The loop exercised every path (so the checks above were not vacuous).
     assert counts["hold"] > 20
     assert counts["refused"] > 0
     assert counts["expire"] > 0
     assert counts["convert"] > 0
+    assert counts["back"] > 0  # a replaced hold was put back
 
 
 # -- fractional CPUs (millicores) ----------------------------------------------------------------
