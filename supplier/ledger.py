@@ -162,6 +162,9 @@ class Ledger:
             if h.committing:
                 continue  # pinned: the commit decides; it removes the hold itself
             gone.append(self._remove(h))
+            back = h.replaced
+            if back is not None and back.expires_at > now and self.hold(back):
+                continue  # the hold it replaced outlives it: back in its place
             self.recently_expired[order_id] = None
             if len(self.recently_expired) > EXPIRED_MEMORY:
                 self.recently_expired.popitem(last=False)

@@ -146,6 +146,13 @@ def test_drop_without_auction_id_drops_any_run() -> None:
     assert ledger.holds == {}
 
 
+def test_a_replaced_hold_that_outlives_its_replacer_comes_back_when_that_expires() -> None:
+    ledger, w, replacing = _replacing(expires_w=20.0)
+    assert ledger.expire(11.0) == [replacing]  # announced as expired: it was L's
+    assert ledger.holds == {"a": w} and ledger.held == (2, 2048, 0, 0)
+    assert ledger.expire(20.0) == [w] and ledger.held == ZERO
+
+
 def _replacing(expires_w: float = 10.0) -> tuple[Ledger, Hold, Hold]:
     """Auction W held order a; a concurrent duplicate's auction L re-bid and took its place
     (the desk drops W's hold, then L's keeps it as ``replaced``)."""
