@@ -13,6 +13,7 @@ from pathlib import Path
 
 import anyio
 import anyio.abc
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -436,20 +437,30 @@ async def test_allow_responses_would_let_a_responder_publish_on_a_subject_it_den
     )
     with EmbeddedNats(workdir=tmp_path / "nats", config=conf, jetstream=False) as srv:
         conns = []
-        for user in ("r", "q", "v"):
-            url = srv.url.replace("nats://", f"nats://{user}:{user}@")
-            conns.append(await connect(url, name=user, service=False))
-        r, q, v = conns
-        ear = await v.subscribe("victim.>")
-        await v.flush()
+        try:
+            for user in ("r", "q", "v"):
+                url = srv.url.replace("nats://", f"nats://{user}:{user}@")
+                conns.append(await connect(url, name=user, service=False))
+            r, q, v = conns
+            ear = await v.subscribe("victim.>")
+            await v.flush()
 
-        async def respond(msg: Msg) -> None:
-            await r.publish(msg.reply, b"reply")
+            async def respond(msg: Msg) -> None:
+                await r.publish(msg.reply, b"reply")
 
-        await r.subscribe("svc", cb=respond)
-        await r.flush()
-        await q.publish("svc", b"", reply="victim.commit")
-        got = await ear.next_msg(timeout=5)  # delivered despite the deny
-        assert (got.subject, got.data) == ("victim.commit", b"reply")
-        for nc in conns:
-            await nc.close()
+            await r.subscribe("svc", cb=respond)
+            await r.flush()
+            # The server does not always let the first response through (about 1 run in
+            # 20 here, with nothing in its log): the property is that one can get through
+            # at all, so a few requests are sent; a server where the deny wins stops all.
+            got = None
+            for _ in range(5):
+                await q.publish("svc", b"", reply="victim.commit")
+                with contextlib.suppress(nats.errors.TimeoutError):
+                    got = await ear.next_msg(timeout=1)  # delivered despite the deny
+                    break
+            assert got is not None, "the deny won: no response reached victim.commit"
+            assert (got.subject, got.data) == ("victim.commit", b"reply")
+        finally:
+            for nc in conns:
+                await nc.close()
