@@ -101,7 +101,7 @@ async def run_loadtest(
         )
         try:
             settle_heap()  # the trace and the fleet's bookkeeping: no GC walks them mid-run
-            tapping = (urls[0], subjects.root) if tap else None
+            tapping = (urls[0], subjects, out) if tap else None
             await _send(profile, orders, market, direct, m, sampler, console, monitor_url, tapping)
             await check_invariants(direct, profile, orders, m)
         finally:
@@ -129,7 +129,7 @@ async def _send(
     sampler: Sampler,
     console: Console | None,
     monitor_url: str | None,
-    tapping: tuple[str, str] | None = None,
+    tapping: tuple[str, Subjects, Path] | None = None,
 ) -> None:
     progress = Progress(
         TextColumn("orders"),

@@ -1,5 +1,6 @@
 """``bourse loadtest --tap``: every message of a run counted by kind, by a subscriber on
-``>`` in a process of its own (``python -m loadtest.tap URL ROOT``).
+``>`` in a process of its own (``python -m loadtest.tap URL PREFIX COUNTS_FILE``, started
+and stopped as the run's other programs are: bourse/runtime/launcher.py).
 
 A request's kind comes from its subject (``kind_of_subject``); a reply's from the request
 it answers (the tap saw that request's reply subject) and the ``type`` its body names, so
@@ -16,32 +17,34 @@ from __future__ import annotations
 import json
 import re
 import signal
-import subprocess
 import sys
 from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import anyio
-from anyio.streams.buffered import BufferedByteReceiveStream
 from nats.aio.msg import Msg
 
 from bourse.nats.connection import connect, shutdown
+from bourse.runtime import logs
+from bourse.runtime.launcher import start_program, stop_all
+from bourse.wire.subjects import Subjects
 
-# How long the tap process may take to subscribe, and to print its counts once told to stop.
-TAP_START_S = 30.0
+# How long the tap may take to write its counts once told to stop.
 TAP_STOP_S = 30.0
+TAP_READY = "tap ready"
 # The reply subjects remembered (oldest forgotten first): replies come within a deadline.
 REMEMBERED_REPLIES = 200_000
 _TYPE = re.compile(rb'"type"\s*:\s*"([A-Za-z]+)"')
 
 
-def kind_of_subject(subject: str, root: str) -> str:
-    """What a message published to ``subject`` is, for a market rooted at ``root``
-    (``<prefix>.v1``): ``order``, ``bid``, ``commit``, ``event placed``, ``claim write``...;
-    ``reply`` for anything else (an inbox)."""
-    if subject.startswith(root + "."):
-        t = subject[len(root) + 1 :].split(".")
+def kind_of_subject(subject: str, subjects: Subjects) -> str:
+    """What a message published to ``subject`` is, for the market of ``subjects``:
+    ``order``, ``bid``, ``commit``, ``event placed``, ``claim write``...; ``reply`` for
+    anything else (an inbox)."""
+    if subject.startswith(subjects.root + "."):
+        t = subjects.tail(subject, 0)
         head = t[0]
         if head == "bid":
             if len(t) == 2:
@@ -84,14 +87,14 @@ def kind_of_reply(request: str | None, data: bytes) -> str:
 class Tally:
     """Counts by kind; remembers each request's reply subject to name its replies."""
 
-    def __init__(self, root: str, remembered: int = REMEMBERED_REPLIES) -> None:
-        self.root = root
+    def __init__(self, subjects: Subjects, remembered: int = REMEMBERED_REPLIES) -> None:
+        self.subjects = subjects
         self.counts: Counter[str] = Counter()
         self._asked: OrderedDict[str, str] = OrderedDict()
         self._remembered = remembered
 
     def see(self, subject: str, reply: str, data: bytes) -> str:
-        kind = kind_of_subject(subject, self.root)
+        kind = kind_of_subject(subject, self.subjects)
         if kind == "reply":
             kind = kind_of_reply(self._asked.get(subject), data)
         if reply:
@@ -102,11 +105,12 @@ class Tally:
         return kind
 
 
-async def tap(url: str, root: str) -> None:
-    """Count until SIGTERM or SIGINT, then print ``counts <JSON>`` on stdout. Prints
-    ``ready`` once the subscription is in place (other lines are logs)."""
+async def tap(url: str, prefix: str, counts_file: Path) -> None:
+    """Count until SIGTERM or SIGINT, then write the counts to ``counts_file`` (JSON).
+    Prints ``tap ready`` once the subscription is in place."""
+    logs.configure("warning")  # to stderr: stdout is the launcher's readiness pipe
     nc = await connect([url], name="bourse-tap", service=False)
-    tally = Tally(root)
+    tally = Tally(Subjects(prefix))
 
     async def on_msg(msg: Msg) -> None:
         tally.see(msg.subject, msg.reply, msg.data)
@@ -114,54 +118,49 @@ async def tap(url: str, root: str) -> None:
     try:  # 0: no limit (a slow tap must not drop what it counts)
         sub = await nc.subscribe(">", cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
         await nc.flush()
-        print("ready", flush=True)
+        print(TAP_READY, flush=True)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
         await sub.drain()  # what the server sent before the signal is counted
     finally:
         await shutdown(nc)
-    print("counts " + json.dumps(dict(tally.counts.most_common())), flush=True)
+    partial = counts_file.with_suffix(".partial")  # whole or absent, never half-written
+    partial.write_text(json.dumps(dict(tally.counts.most_common())))
+    partial.replace(counts_file)
 
 
 @asynccontextmanager
-async def tapped(url: str, root: str) -> AsyncIterator[Callable[[], Awaitable[dict[str, int]]]]:
-    """Run the tap in a process of its own (its CPU is not the run's) once it has
-    subscribed; yields ``stop``, which ends it and returns its counts. Left early (an
-    error), the tap is killed."""
-    proc = await anyio.open_process(
-        [sys.executable, "-m", "loadtest.tap", url, root], stderr=subprocess.DEVNULL
+async def tapped(
+    url: str, subjects: Subjects, out: Path
+) -> AsyncIterator[Callable[[], Awaitable[dict[str, int]]]]:
+    """Run the tap in a process of its own (its CPU is not the run's; it dies with this
+    one), from once it has subscribed; yields ``stop``, which ends it and returns its
+    counts. Its log is ``out/logs/tap.log``. Left early (an error), the tap is stopped."""
+    counts_file = out / "tap-counts.json"
+    counts_file.unlink(missing_ok=True)
+    prog = await start_program(
+        "loadtest.tap",
+        url,
+        subjects.prefix,
+        str(counts_file),
+        log_path=out / "logs" / "tap.log",
+        ready=TAP_READY,
     )
-    assert proc.stdout is not None
-    out = BufferedByteReceiveStream(proc.stdout)
 
-    async def line(starting: bytes) -> bytes:
-        """The rest of the tap's first output line that starts with ``starting``."""
-        while True:
-            got = await out.receive_until(b"\n", 1 << 24)
-            if got.startswith(starting):
-                return got[len(starting) :]
+    async def stop() -> dict[str, int]:
+        code = await prog.stop(TAP_STOP_S)
+        if code != 0 or not counts_file.exists():
+            tail = "\n".join(prog.log.splitlines()[-5:])
+            raise RuntimeError(f"the tap exited with code {code} and no counts:\n{tail}")
+        counts: dict[str, int] = json.loads(counts_file.read_text())
+        return counts
 
     try:
-        with anyio.fail_after(TAP_START_S):
-            await line(b"ready")
-
-        async def stop() -> dict[str, int]:
-            proc.send_signal(signal.SIGTERM)
-            with anyio.fail_after(TAP_STOP_S):
-                counts = await line(b"counts ")
-                await proc.wait()
-            loaded: dict[str, int] = json.loads(counts)
-            return loaded
-
         yield stop
     finally:
-        if proc.returncode is None:
-            proc.kill()
-        with anyio.CancelScope(shield=True):
-            await proc.wait()
-            await proc.aclose()
+        await stop_all([prog])
 
 
 if __name__ == "__main__":
-    anyio.run(tap, sys.argv[1], sys.argv[2])
+    anyio.run(tap, sys.argv[1], sys.argv[2], Path(sys.argv[3]))

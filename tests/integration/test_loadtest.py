@@ -122,6 +122,16 @@ async def test_a_tapped_run_counts_every_message_by_kind(
     assert "NATS messages by kind" in _table_text(rep)
 
 
+async def test_a_tap_that_cannot_start_says_why(tmp_path: Path) -> None:
+    """No server where the tap is pointed: the run fails at once, with the tap's log."""
+    from bourse.wire.subjects import Subjects
+    from loadtest.tap import tapped
+
+    with pytest.raises(RuntimeError, match="loadtest.tap exited"):
+        async with tapped("nats://127.0.0.1:1", Subjects("lt1"), tmp_path):
+            pass
+
+
 def _table_text(rep: dict[str, Any]) -> str:
     console = Console(width=200, record=True, file=io.StringIO())
     console.print(report.table(rep))

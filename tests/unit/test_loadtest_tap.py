@@ -34,7 +34,7 @@ SUBJECTS = [
 
 @pytest.mark.parametrize(("subject", "kind"), SUBJECTS, ids=[s for s, _ in SUBJECTS])
 def test_a_subject_names_its_kind(subject: str, kind: str) -> None:
-    assert kind_of_subject(subject, S.root) == kind
+    assert kind_of_subject(subject, S) == kind
 
 
 PLACED = Placed(
@@ -64,7 +64,7 @@ def test_a_reply_is_named_by_its_request_and_type(
 
 
 def test_the_tally_names_replies_by_the_requests_it_saw_and_forgets_the_oldest() -> None:
-    t = Tally(S.root, remembered=2)
+    t = Tally(S, remembered=2)
     assert t.see(S.commit("w1"), "_INBOX.a.1", b"{}") == "commit"
     assert t.see("$KV.B.o", "_INBOX.a.2", b"{}") == "claim write"
     assert t.see("_INBOX.a.1", "", encode(PLACED)) == "commit -> Placed"
