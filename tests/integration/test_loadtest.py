@@ -127,7 +127,7 @@ async def test_a_tap_that_cannot_start_says_why(tmp_path: Path) -> None:
     from bourse.wire.subjects import Subjects
     from loadtest.tap import tapped
 
-    with pytest.raises(RuntimeError, match="loadtest.tap exited"):
+    with pytest.raises(RuntimeError, match=r"loadtest\.tap exited"):
         async with tapped("nats://127.0.0.1:1", Subjects("lt1"), tmp_path):
             pass
 
