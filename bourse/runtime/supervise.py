@@ -10,6 +10,7 @@ whatever state it is in: connected, reconnecting, or never connected at all.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import importlib.util
 import signal
@@ -31,6 +32,10 @@ EXIT_STATUS = {signal.SIGTERM: 0, signal.SIGINT: 130}
 # How long one program's cleanup may take before it is cut short (each step bounds itself
 # more tightly; this is the outer bound the signal tests hold a program to).
 CLEANUP_S = 1.5
+# Tasks left running once ``main`` has cleaned up are cancelled until they end, for at most
+# this long, cancelled again every STRAY_RECANCEL_S (see reap_strays).
+STRAYS_S = 0.5
+STRAY_RECANCEL_S = 0.02
 
 
 class Stopped(SystemExit):
@@ -66,17 +71,46 @@ async def supervised(main: Callable[[], Awaitable[T]], outcome: _Outcome[T]) -> 
     would wrap it in an ExceptionGroup), so a CLI's ``typer.Exit`` or a clear error
     reaches ``cli_main`` unchanged."""
     error: BaseException | None = None
-    async with anyio.create_task_group() as tg:
-        await tg.start(_cancel_on_signal, tg.cancel_scope, outcome)
-        try:
-            outcome.result = await main()
-        except anyio.get_cancelled_exc_class():
-            raise
-        except BaseException as exc:
-            error = exc
-        tg.cancel_scope.cancel()  # the job is done: stop listening for signals
+    try:
+        async with anyio.create_task_group() as tg:
+            await tg.start(_cancel_on_signal, tg.cancel_scope, outcome)
+            try:
+                outcome.result = await main()
+            except anyio.get_cancelled_exc_class():
+                raise
+            except BaseException as exc:
+                error = exc
+            tg.cancel_scope.cancel()  # the job is done: stop listening for signals
+    finally:
+        await reap_strays()
     if error is not None:
         raise unwrap(error)
+
+
+async def reap_strays(timeout_s: float = STRAYS_S) -> int:
+    """Cancel every task still running besides this one, again and again until all have
+    ended (or ``timeout_s`` passed); returns how many there were.
+
+    What is left once ``main`` has cleaned up are tasks a library started outside any task
+    group: nats-py's reconnect loop and subscription delivery tasks, when a close was cut
+    short by its bound. asyncio's runner cancels those once and then waits for them without
+    end, and once is not always enough: Python 3.11's ``asyncio.wait_for`` loses a
+    cancellation that races the completion of what it waits for (a refused connect, here),
+    and nats-py's reconnect loop, given the connection error instead, tries the next
+    server forever (service connections never stop reconnecting). A process whose server
+    died as it was told to stop then never exited."""
+    me = asyncio.current_task()
+    strays = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+    found = len(strays)
+    with anyio.move_on_after(timeout_s, shield=True):
+        while strays:
+            for task in strays:
+                task.cancel()
+            await asyncio.wait(strays, timeout=STRAY_RECANCEL_S)
+            strays = [t for t in strays if not t.done()]
+    if strays:
+        log.warning("tasks_not_stopped", tasks=[t.get_name() for t in strays])
+    return found
 
 
 def unwrap(exc: BaseException) -> BaseException:
