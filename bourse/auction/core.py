@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -804,6 +804,44 @@ def late_releases(data: bytes | Offers, order_id: str, auction_id: str) -> list[
         if r.order_id == order_id and not (isinstance(r, Offer) and r.machine_id)
     )
     return [Release(order_id=order_id, worker_id=w, auction_id=auction_id) for w in workers]
+
+
+# How much longer than its bid's hold_ms an auction that folded its release is remembered
+# for a late reply (a process may get the bid late; it holds for hold_ms from then).
+FOLDED_MARGIN_S = 5.0
+
+
+class FoldedAuctions:
+    """The auctions that folded their region release into the commit (§4.6), each
+    remembered while a hold taken for its bid can live: until ``hold_ms`` +
+    ``FOLDED_MARGIN_S`` after it ended. A reply that reaches an auction past its end asks
+    :meth:`order_of`; a remembered auction's reply gets its workers a release
+    (:func:`late_releases`). Oldest first: each :meth:`fold` forgets the expired ones, so
+    it holds at most what the last ``hold_ms`` + margin folded."""
+
+    __slots__ = ("_until",)
+
+    def __init__(self) -> None:
+        # auction id -> (order id, until when), in the order folded: an OrderedDict, so
+        # that forgetting the oldest is O(1) (a dict's first key is found by a scan)
+        self._until: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._until)
+
+    def fold(self, auction_id: str, order_id: str, hold_ms: int, now: float) -> None:
+        until = self._until
+        while until and next(iter(until.values()))[1] < now:
+            until.popitem(last=False)
+        until[auction_id] = (order_id, now + hold_ms / 1000.0 + FOLDED_MARGIN_S)
+
+    def order_of(self, auction_id: str, now: float) -> str | None:
+        """The order ``auction_id`` placed, if it folded its release and a hold of its bid
+        may still be live at ``now``; else None."""
+        entry = self._until.get(auction_id)
+        if entry is None or entry[1] < now:
+            return None
+        return entry[0]
 
 
 def order_mismatch(order: PlaceOrder, machine: Machine) -> str:

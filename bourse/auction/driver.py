@@ -17,7 +17,7 @@ import contextlib
 import dataclasses
 import math
 import time
-from collections import Counter, OrderedDict, deque
+from collections import Counter, deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
@@ -54,6 +54,7 @@ from bourse.auction.core import (
     CommitUndecodable,
     Decision,
     Finish,
+    FoldedAuctions,
     Log,
     MachineShown,
     PublishAbort,
@@ -258,10 +259,10 @@ class Auctioneer:
         self.config = config or AuctionConfig()
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
         self._boxes: dict[str, _Mailbox] = {}
-        # Auctions that folded their region release into the commit (§4.6): auction id ->
-        # (order id, until when, monotonic), oldest first, kept while a hold of theirs can
-        # live, so that a reply that comes too late gets its workers a release (_late).
-        self._folded: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        # Auctions that folded their region release into the commit (§4.6), kept while a
+        # hold of theirs can live, so that a reply that comes too late gets its workers a
+        # release (_late).
+        self._folded = FoldedAuctions()
         self._sub: Subscription | None = None
         self._prefix = ""
         # Told (region, offers received) as each auction ends: the exchange's metrics.
@@ -357,19 +358,14 @@ class Auctioneer:
     def _fold(self, auction_id: str, order_id: str, hold_ms: int) -> None:
         """Remember an auction whose release went with its commit, as long as a hold taken
         for its bid can live (``hold_ms``, plus a margin for a bid received late)."""
-        now = time.monotonic()
-        folded = self._folded
-        while folded and next(iter(folded.values()))[1] < now:
-            folded.popitem(last=False)
-        folded[auction_id] = (order_id, now + hold_ms / 1000.0 + FOLDED_MARGIN_S)
+        self._folded.fold(auction_id, order_id, hold_ms, time.monotonic())
 
     async def _late(self, auction_id: str, reply: bytes | Offers) -> None:
         """A reply to an auction that has ended: if it folded its release (§4.6), whatever
         the reply holds goes (a process the auction did not know; protocol.md §5.2 step 8)."""
-        entry = self._folded.get(auction_id)
-        if entry is None or entry[1] < time.monotonic():
+        order_id = self._folded.order_of(auction_id, time.monotonic())
+        if order_id is None:
             return
-        order_id = entry[0]
         releases = late_releases(reply, order_id, auction_id)
         if not releases:
             return
@@ -961,9 +957,6 @@ CLAIMS_RETRY_S = 30.0
 # for (a restarted process answers under a new name); a supplier seen answering without a
 # name (an older or foreign one) turns the quorum off in its region this long.
 RESPONDER_MEMORY_S = 10.0
-# How much longer than its bid's hold_ms an auction that folded its release is remembered
-# for a late reply (a process may get the bid late; it holds for hold_ms from then).
-FOLDED_MARGIN_S = 5.0
 # The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
 ANSWERS_TOKEN = "answers"
 

@@ -14,6 +14,7 @@ import pytest
 
 from bourse.auction.core import (
     DEADLINE_BEFORE_COMMIT,
+    FOLDED_MARGIN_S,
     FOREIGN_MACHINE,
     MACHINE_UNSHOWN,
     NOT_THIS_ORDER,
@@ -28,6 +29,7 @@ from bourse.auction.core import (
     CommitUndecodable,
     Decision,
     Finish,
+    FoldedAuctions,
     Log,
     PublishAbort,
     Refuse,
@@ -1269,6 +1271,56 @@ def test_a_late_reply_to_a_folded_auction_releases_what_it_holds(
     assert late_releases(reply, "o1", AID) == [
         Release(order_id="o1", worker_id=w, auction_id=AID) for w in workers
     ]
+
+
+# (what was folded: auction, order, hold_ms, at), (asked: auction, at), the answer
+FOLDS: list[tuple[str, list[tuple[str, str, int, float]], tuple[str, float], str | None]] = [
+    ("just folded", [("a1", "o1", 2000, 0.0)], ("a1", 0.0), "o1"),
+    (
+        "at the last instant a hold may live: hold_ms + the margin",
+        [("a1", "o1", 2000, 0.0)],
+        ("a1", 2.0 + FOLDED_MARGIN_S),
+        "o1",
+    ),
+    ("past it", [("a1", "o1", 2000, 0.0)], ("a1", 2.0 + FOLDED_MARGIN_S + 0.001), None),
+    ("a longer hold is remembered longer", [("a1", "o1", 9000, 0.0)], ("a1", 13.0), "o1"),
+    ("an auction never folded", [("a1", "o1", 2000, 0.0)], ("a2", 0.0), None),
+    (
+        "a later fold forgets the expired ones, and only those",
+        [("a1", "o1", 1000, 0.0), ("a2", "o2", 1000, 0.5), ("a3", "o3", 1000, 6.2)],
+        ("a2", 6.2),
+        "o2",
+    ),
+    (
+        "each auction answers for its own order",
+        [("a1", "o1", 2000, 0.0), ("a2", "o2", 2000, 0.1)],
+        ("a2", 1.0),
+        "o2",
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "folds", "asked", "order"), FOLDS, ids=[c[0] for c in FOLDS])
+def test_a_folded_auction_is_remembered_while_a_hold_of_its_bid_may_live(
+    case: str,
+    folds: list[tuple[str, str, int, float]],
+    asked: tuple[str, float],
+    order: str | None,
+) -> None:
+    folded = FoldedAuctions()
+    for auction_id, order_id, hold_ms, at in folds:
+        folded.fold(auction_id, order_id, hold_ms, at)
+    assert folded.order_of(*asked) == order
+
+
+def test_folding_forgets_the_expired_auctions_so_memory_stays_bounded() -> None:
+    folded = FoldedAuctions()
+    for i in range(1000):  # 1,000 auctions, one every 10 ms, each holding for 1 s
+        folded.fold(f"a{i}", f"o{i}", 1000, i / 100)
+    # alive at 9.99 s: those folded at or after 9.99 - 1 - FOLDED_MARGIN_S = 3.99 s
+    assert len(folded) == 1000 - 399
+    assert folded.order_of("a398", 9.99) is None
+    assert folded.order_of("a399", 9.99) == "o399"
 
 
 class _LookupsOnly(dict[int, set[str]]):
