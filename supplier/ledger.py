@@ -149,7 +149,10 @@ class Ledger:
         return h
 
     def expire(self, now: float | None = None) -> list[Hold]:
-        """Drop holds past their TTL; returns them (for hold_expired events)."""
+        """Drop holds past their TTL; returns those whose order holds nothing here any more
+        (for hold_expired events). A replacing hold whose replaced one outlives it gives way
+        to it (the other auction's hold is back) and is not returned: the order still holds
+        here, and an event saying its hold expired would be false."""
         now = time.monotonic() if now is None else now
         gone: list[Hold] = []
         heap = self._expiry
@@ -161,10 +164,11 @@ class Ledger:
                 continue
             if h.committing:
                 continue  # pinned: the commit decides; it removes the hold itself
-            gone.append(self._remove(h))
+            self._remove(h)
             back = h.replaced
             if back is not None and back.expires_at > now and self.hold(back):
                 continue  # the hold it replaced outlives it: back in its place
+            gone.append(h)
             self.recently_expired[order_id] = None
             if len(self.recently_expired) > EXPIRED_MEMORY:
                 self.recently_expired.popitem(last=False)

@@ -147,8 +147,8 @@ def test_drop_without_auction_id_drops_any_run() -> None:
 
 
 def test_a_replaced_hold_that_outlives_its_replacer_comes_back_when_that_expires() -> None:
-    ledger, w, replacing = _replacing(expires_w=20.0)
-    assert ledger.expire(11.0) == [replacing]  # announced as expired: it was L's
+    ledger, w, _ = _replacing(expires_w=20.0)
+    assert ledger.expire(11.0) == []  # not announced: the order still holds here (W's)
     assert ledger.holds == {"a": w} and ledger.held == (2, 2048, 0, 0)
     assert ledger.expire(20.0) == [w] and ledger.held == ZERO
 
