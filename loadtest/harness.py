@@ -65,7 +65,9 @@ async def run_loadtest(
             "supplier URLs need the generator's URLs too: the embedded server would not reach them"
         )
     if not urls:
-        server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True, monitor=True).start()
+        server = EmbeddedNats(
+            workdir=out / "nats", tie_to_parent=True, monitor=True, jetstream=profile.jetstream
+        ).start()
         urls = [server.url]
         monitor_url = server.monitor_url
     subjects = Subjects(f"lt{uuid.uuid4().hex[:8]}")  # a run never sees another's traffic

@@ -24,9 +24,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 import anyio
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.nats.connection import connect, shutdown
+from bourse.nats.jetstream import jetstream_available
 from bourse.runtime import logs
 from bourse.runtime.launcher import start_program, stop_all
 from bourse.wire.subjects import Subjects
@@ -105,6 +107,17 @@ class Tally:
         return kind
 
 
+async def tapped_subjects(nc: NATS, prefix: str) -> list[str]:
+    """Every subject (``>``) on a server with JetStream. On a core-only server the JetStream
+    API's subjects are left out: a subscriber there would be the only "responder" to a
+    program's "is JetStream there?" request, which then times out instead of being told
+    at once that nobody answers (and the exchange's first orders fail waiting for it).
+    The run's own subjects and the reply inboxes are all a run publishes to there."""
+    if await jetstream_available(nc):
+        return [">"]
+    return [f"{prefix}.>", "_INBOX.>"]
+
+
 async def tap(url: str, prefix: str, counts_file: Path) -> None:
     """Count until SIGTERM or SIGINT, then write the counts to ``counts_file`` (JSON).
     Prints ``tap ready`` once the subscription is in place."""
@@ -115,14 +128,19 @@ async def tap(url: str, prefix: str, counts_file: Path) -> None:
     async def on_msg(msg: Msg) -> None:
         tally.see(msg.subject, msg.reply, msg.data)
 
-    try:  # 0: no limit (a slow tap must not drop what it counts)
-        sub = await nc.subscribe(">", cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
+    try:
+        subs = [
+            # 0: no limit (a slow tap must not drop what it counts)
+            await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
+            for subject in await tapped_subjects(nc, prefix)
+        ]
         await nc.flush()
         print(TAP_READY, flush=True)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 break
-        await sub.drain()  # what the server sent before the signal is counted
+        for sub in subs:
+            await sub.drain()  # what the server sent before the signal is counted
     finally:
         await shutdown(nc)
     partial = counts_file.with_suffix(".partial")  # whole or absent, never half-written

@@ -70,6 +70,9 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
     exchange_target_ms: float = DEFAULT_TARGET_MS  # adaptive admission target (0: fixed)
     claims: bool = True  # order claims in JetStream KV (exchanges and the direct generator)
+    # the embedded nats-server with JetStream; off: core NATS only, so no claims and events
+    # at most once (what durability costs); only for the embedded server of a plain run
+    jetstream: bool = True
     prompt_offers: bool = True  # suppliers answer at once, the auction ranks (§4.4.3)
     batches: bool = True  # bids and releases of a region sent together (§4.4.4)
     reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S  # suppliers ask about reserved machines

@@ -168,6 +168,15 @@ def loadtest(
             show_default=False,
         ),
     ] = None,
+    jetstream: Annotated[
+        bool | None,
+        typer.Option(
+            "--jetstream/--no-jetstream",
+            help="The embedded nats-server runs JetStream; off: core NATS only (no claims,"
+            " events at most once), to measure what durability costs.",
+            show_default=False,
+        ),
+    ] = None,
     prompt_offers: Annotated[
         bool | None,
         typer.Option(
@@ -276,12 +285,16 @@ def loadtest(
         "exchange_max_inflight": max_inflight, "max_offers": max_offers,
         "quote_sample": quote_sample, "exchange_target_ms": target_auction_ms,
         "direct": direct, "claims": claims, "prompt_offers": prompt_offers,
-        "batches": batches,
+        "batches": batches, "jetstream": jetstream,
     }  # fmt: skip
     try:
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
+    if jetstream is False and (soak is not None or split_urls(nats, from_env=False)):
+        fail(
+            "--no-jetstream is for the embedded server of a plain run: leave out --nats and --soak"
+        )
     if nats_monitor and not split_urls(nats, from_env=False):
         fail("--nats-monitor needs --nats: the embedded server's own endpoint is read anyway")
     if supplier_nats and not split_urls(nats, from_env=False):

@@ -122,6 +122,22 @@ async def test_a_tapped_run_counts_every_message_by_kind(
     assert "NATS messages by kind" in _table_text(rep)
 
 
+async def test_a_run_without_jetstream_places_with_no_claim_and_no_durable_event(
+    tmp_path: Path,
+) -> None:
+    """--no-jetstream: the embedded server is core NATS only, so the exchange writes no
+    claim and the suppliers publish their events at most once (nothing acknowledges)."""
+    profile = msgspec.structs.replace(
+        SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, jetstream=False
+    )
+    rep = await run_loadtest(profile, tmp_path, ceiling=False, oracle=False, tap=True)
+    assert rep["violations"] == [] and rep["placed"] == rep["orders"]
+    kinds = rep["messages_per_placement_by_kind"]
+    assert "claim write" not in kinds
+    assert not [k for k in kinds if k.endswith("-> ack")]
+    assert (1 - kinds["event placed"]) * rep["placed"] <= 2  # told, at most once
+
+
 async def test_a_tap_that_cannot_start_says_why(tmp_path: Path) -> None:
     """No server where the tap is pointed: the run fails at once, with the tap's log."""
     from bourse.wire.subjects import Subjects

@@ -141,6 +141,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
         "--no-claims": ("claims", False),
         "--no-prompt-offers": ("prompt_offers", False),
         "--no-batches": ("batches", False),
+        "--no-jetstream": ("jetstream", False),
     }
     args = [
         a
@@ -164,6 +165,21 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     own |= {"tap"}  # messages by kind (loadtest/tap.py)
     params = set(inspect.signature(bourse.loadtest).parameters) - own
     assert len(params) == len(flags)
+
+
+@pytest.mark.parametrize(
+    "args", [["--nats", "nats://127.0.0.1:4222"], ["--soak", "5"]], ids=["nats", "soak"]
+)
+def test_no_jetstream_is_refused_where_the_run_does_not_start_its_own_server(
+    args: list[str],
+) -> None:
+    from typer.testing import CliRunner
+
+    from ops import cli as bourse
+
+    result = CliRunner().invoke(bourse.app, ["loadtest", "--no-jetstream", *args])
+    assert result.exit_code == 1
+    assert "--no-jetstream is for the embedded server of a plain run" in result.output
 
 
 def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) -> None:
