@@ -291,7 +291,7 @@ def loadtest(
         profile = resolve_profile(scenario, profile_file, overrides)
     except ValueError as exc:
         fail(f"invalid load profile: {exc}")
-    if jetstream is False and (soak is not None or split_urls(nats, from_env=False)):
+    if not profile.jetstream and (soak is not None or split_urls(nats, from_env=False)):
         fail(
             "--no-jetstream is for the embedded server of a plain run: leave out --nats and --soak"
         )
