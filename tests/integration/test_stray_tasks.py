@@ -21,11 +21,12 @@ PROGRAM = textwrap.dedent(
 
     LOSES = int(sys.argv[1])  # cancellations the stray loses before one gets through
 
-    async def stray() -> None:
+    async def stray(looping: asyncio.Event) -> None:
         lost = 0
         while True:
+            looping.set()
             try:
-                await asyncio.sleep(0.005)
+                await asyncio.sleep(0.005)  # the work of the loop, as a reconnect's wait
             except asyncio.CancelledError:
                 if lost == LOSES:
                     print("stray cancelled", flush=True)
@@ -33,8 +34,9 @@ PROGRAM = textwrap.dedent(
                 lost += 1  # as a cancellation lost inside wait_for: go on looping
 
     async def main() -> str:
-        asyncio.get_running_loop().create_task(stray())  # no owner: a library's task
-        await asyncio.sleep(0.05)
+        looping = asyncio.Event()
+        asyncio.get_running_loop().create_task(stray(looping))  # no owner: a library's task
+        await looping.wait()  # in its loop (a task cancelled before it starts just ends)
         return "done"
 
     print(run(main), flush=True)
