@@ -26,7 +26,7 @@ PROGRAM = textwrap.dedent(
         while True:
             looping.set()
             try:
-                await asyncio.sleep(0.005)  # the work of the loop, as a reconnect's wait
+                await asyncio.Event().wait()  # what the loop waits for (a connect)
             except asyncio.CancelledError:
                 if lost == LOSES:
                     print("stray cancelled", flush=True)
