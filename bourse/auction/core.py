@@ -816,8 +816,10 @@ class FoldedAuctions:
     remembered while a hold taken for its bid can live: until ``hold_ms`` +
     ``FOLDED_MARGIN_S`` after it ended. A reply that reaches an auction past its end asks
     :meth:`order_of`; a remembered auction's reply gets its workers a release
-    (:func:`late_releases`). Oldest first: each :meth:`fold` forgets the expired ones, so
-    it holds at most what the last ``hold_ms`` + margin folded."""
+    (:func:`late_releases`). Each :meth:`fold` forgets expired auctions from the oldest
+    on, up to the first one still live: with one ``hold_ms`` (an exchange's usual case) it
+    holds what the last ``hold_ms`` + margin folded; an auction with a longer hold keeps
+    those folded after it until it expires too (:meth:`order_of` still says no for them)."""
 
     __slots__ = ("_until",)
 

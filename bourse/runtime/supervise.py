@@ -87,9 +87,9 @@ async def supervised(main: Callable[[], Awaitable[T]], outcome: _Outcome[T]) -> 
         raise unwrap(error)
 
 
-async def reap_strays(timeout_s: float = STRAYS_S) -> int:
+async def reap_strays(timeout_s: float = STRAYS_S) -> None:
     """Cancel every task still running besides this one, again and again until all have
-    ended (or ``timeout_s`` passed); returns how many there were.
+    ended (or ``timeout_s`` passed).
 
     What is left once ``main`` has cleaned up are tasks a library started outside any task
     group: nats-py's reconnect loop and subscription delivery tasks, when a close was cut
@@ -101,7 +101,6 @@ async def reap_strays(timeout_s: float = STRAYS_S) -> int:
     died as it was told to stop then never exited."""
     me = asyncio.current_task()
     strays = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
-    found = len(strays)
     with anyio.move_on_after(timeout_s, shield=True):
         while strays:
             for task in strays:
@@ -110,7 +109,6 @@ async def reap_strays(timeout_s: float = STRAYS_S) -> int:
             strays = [t for t in strays if not t.done()]
     if strays:
         log.warning("tasks_not_stopped", tasks=[t.get_name() for t in strays])
-    return found
 
 
 def unwrap(exc: BaseException) -> BaseException:

@@ -1286,7 +1286,7 @@ FOLDS: list[tuple[str, list[tuple[str, str, int, float]], tuple[str, float], str
     ("a longer hold is remembered longer", [("a1", "o1", 9000, 0.0)], ("a1", 13.0), "o1"),
     ("an auction never folded", [("a1", "o1", 2000, 0.0)], ("a2", 0.0), None),
     (
-        "a later fold forgets the expired ones, and only those",
+        "a later fold keeps an earlier auction that is still live",
         [("a1", "o1", 1000, 0.0), ("a2", "o2", 1000, 0.5), ("a3", "o3", 1000, 6.2)],
         ("a2", 6.2),
         "o2",
