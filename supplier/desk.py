@@ -365,9 +365,11 @@ class Desk(Generic[S]):
             if old.auction_id != bid.auction_id and old.expires_at > now:
                 ans.replaced[w.worker_id] = (w, old)  # ...kept by the new one (Hold.replaced)
             ans.late += self.freed(w, now)  # ...and waiting bids may take it first
+        before = w.ledger.free
         gone = w.ledger.expire(now)
         if gone:
             ans.expired.append((w, gone))
+        if w.ledger.freer_than(before):
             ans.late += self.freed(w, now)
         return self._price(w, bid, want)
 

@@ -99,6 +99,15 @@ class Ledger:
         # what would be free if every hold were released
         self.free_of_committed: Vec = sub(self._capacity, self._committed)
 
+    def freer_than(self, before: Vec) -> bool:
+        """Whether some resource is freer now than in ``before`` (an earlier ``free``). A
+        release or an expiry that puts a replaced hold back returns nothing to announce,
+        yet frees the difference when the replaced hold wants less (one order id reused
+        with other resources): callers compare ``free`` to know that capacity came back.
+        ``free`` is a new tuple only when something changed, so the common case is one
+        identity test."""
+        return self.free is not before and not leq(self.free, before)
+
     def check(self) -> None:
         """Raise if I1 is broken (used by tests and the load-test harness)."""
         if not leq(self.used, self.capacity):

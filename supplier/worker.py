@@ -232,9 +232,11 @@ class Worker:
     # -- holds and releases -----------------------------------------------------------------
     def expire_holds(self, now: float | None = None) -> None:
         """Drop holds past their TTL, announce them, and hand the capacity back."""
+        before = self.ledger.free
         gone = self.ledger.expire(now)
         if gone:
             self.holds_expired(gone)
+        if self.ledger.freer_than(before):
             self.on_freed(self)
 
     def holds_expired(self, holds: list[Hold]) -> None:
@@ -265,7 +267,9 @@ class Worker:
         if abort_commit and self.commits.abort(order_id):
             return
         self.waiting.drop(order_id, auction_id)
-        if self.ledger.drop(order_id, auction_id) is not None:
+        before = self.ledger.free
+        self.ledger.drop(order_id, auction_id)
+        if self.ledger.freer_than(before):  # a hold put back may want less than the dropped
             self.on_freed(self)
 
     # -- status and machines --------------------------------------------------------------------

@@ -403,6 +403,32 @@ def test_a_waiting_bid_is_answered_when_the_blocking_hold_expires(store: Store) 
     assert [(s.inbox, type(s.reply).__name__) for s in bench.sent] == [("in-2", "Offer")]
 
 
+@pytest.mark.parametrize("how", ["released", "expired", "expired on a bid"])
+def test_a_waiting_bid_is_answered_when_a_bigger_replacing_hold_gives_way(
+    store: Store, how: str
+) -> None:
+    """One order id bid twice with different resources (reused ids, no claims): the second
+    auction's 8-CPU hold keeps the first's 2-CPU hold as replaced. When it goes, the first
+    comes back (nothing to announce), and the 6 CPUs between them are free again."""
+    bench = Bench(store, cfg("w1"))
+    bench.answer(bid("o1", res(2, 1024), auction_id="first", hold_ms=1000))
+    bench.answer(bid("o1", res(8, 1024), auction_id="second", hold_ms=100))
+    w = bench["w1"]
+    assert (w.ledger.holds["o1"].auction_id, w.ledger.held[0]) == ("second", 8000)
+    [waiting] = bench.answer(bid("o2", res(4, 1024), wait_ms=30_000), inbox="in-2").replies
+    assert isinstance(waiting.reply, Waiting)
+    if how == "released":
+        w.release("o1", "second")
+    elif how == "expired":
+        bench.now = bench.t0 + 0.1
+        w.expire_holds(bench.now)  # the sweep
+    else:  # a bid for another order expires the worker's holds before pricing it
+        bench.now = bench.t0 + 0.1
+        bench.sent += bench.answer(bid("o3", res(1, 512)), inbox="in-3").late
+    assert (w.ledger.holds["o1"].auction_id, w.ledger.holds["o2"].want[0]) == ("first", 4000)
+    assert [(s.inbox, type(s.reply).__name__) for s in bench.sent] == [("in-2", "Offer")]
+
+
 def test_a_waiting_bid_past_its_wait_is_dropped_silently(store: Store) -> None:
     bench = Bench(store, cfg("w1"))
     bench.answer(bid("big", res(8, 1024)))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from typing import cast
 
 import pytest
 
@@ -153,14 +154,56 @@ def test_a_replaced_hold_that_outlives_its_replacer_comes_back_when_that_expires
     assert ledger.expire(20.0) == [w] and ledger.held == ZERO
 
 
-def _replacing(expires_w: float = 10.0) -> tuple[Ledger, Hold, Hold]:
+# (case, the replacing hold's want, a step: ("expire", now) or ("drop", auction id), whose
+# hold is left, and whether capacity came back): the order still holds here afterwards, so
+# nothing is announced (expire returns nothing, drop None), but ``freer_than`` tells.
+BIGGER: Vec = (6, 4096, 0, 0)
+EQUAL: Vec = (2, 2048, 0, 0)
+GIVES_WAY = [
+    ("a bigger replacing hold expires: freed", BIGGER, ("expire", 11.0), "W", True),
+    ("a bigger replacing hold is released: freed", BIGGER, ("drop", "L"), "W", True),
+    ("an equal replacing hold expires: nothing freed", EQUAL, ("expire", 11.0), "W", False),
+    ("an equal replacing hold is released: nothing freed", EQUAL, ("drop", "L"), "W", False),
+    ("nothing due: nothing freed", BIGGER, ("expire", 10.5), "L", False),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "want", "step", "left", "freed"), GIVES_WAY, ids=[c[0] for c in GIVES_WAY]
+)
+def test_a_replaced_hold_put_back_frees_what_the_replacing_one_held_more(
+    case: str, want: Vec, step: tuple[str, object], left: str, freed: bool
+) -> None:
+    ledger, _, _ = _replacing(expires_w=20.0, want=want)
+    before = ledger.free
+    if step[0] == "expire":
+        assert ledger.expire(cast(float, step[1])) == []
+    else:
+        assert ledger.drop("a", cast(str, step[1]), now=5.0) is None
+    assert ledger.freer_than(before) is freed
+    assert ledger.holds["a"].auction_id == left
+    assert ledger.held == held_sum(ledger) == ledger.holds["a"].want
+
+
+def test_freer_than_reads_any_resource() -> None:
+    ledger = Ledger(CAP)
+    before = ledger.free
+    assert not ledger.freer_than(before)  # unchanged: the same tuple
+    ledger.hold(hold("a"))
+    assert not ledger.freer_than(before)  # less free
+    held = ledger.free
+    ledger.drop("a")
+    assert ledger.freer_than(held) and not ledger.freer_than(before)  # back to equal
+
+
+def _replacing(expires_w: float = 10.0, want: Vec = (2, 2048, 0, 0)) -> tuple[Ledger, Hold, Hold]:
     """Auction W held order a; a concurrent duplicate's auction L re-bid and took its place
     (the desk drops W's hold, then L's keeps it as ``replaced``)."""
     ledger = Ledger(CAP)
     w = hold("a", expires_at=expires_w, auction_id="W")
     ledger.hold(w)
     assert ledger.drop("a") is w
-    replacing = hold("a", expires_at=11.0, auction_id="L")
+    replacing = hold("a", want, expires_at=11.0, auction_id="L")
     replacing.replaced = w
     assert ledger.hold(replacing)
     return ledger, w, replacing
