@@ -134,9 +134,11 @@ class Ledger:
 
     def drop(self, order_id: str, auction_id: str = "", now: float | None = None) -> Hold | None:
         """Release a hold unless it is being committed (or belongs to another auction);
-        returns it, or None when nothing was freed. A release of ``auction_id`` whose
-        hold took the place of another auction's still live hold (``Hold.replaced``) puts
-        that one back instead; a release of the replaced auction only forgets it."""
+        returns it, or None when it stays or another takes its place. A release of
+        ``auction_id`` whose hold took the place of another auction's still live hold
+        (``Hold.replaced``) puts that one back instead (which frees the difference if it
+        wants less: ``freer_than`` tells); a release of the replaced auction only forgets
+        it."""
         h = self.holds.get(order_id)
         if h is None or h.committing:
             return None
