@@ -149,12 +149,15 @@ class Market:
         self.exchanges.append(svc)
         return svc
 
-    async def client(self, direct: bool = False, **auction: Any) -> BourseClient:
+    async def client(
+        self, direct: bool = False, claims: bool = True, **auction: Any
+    ) -> BourseClient:
         c = BourseClient(
             await self.connect("buyer"),
             self.subjects,
             direct=direct,
             auction=AuctionConfig(**auction) if auction else None,
+            claims=claims,
         )
         self.clients.append(c)
         return c

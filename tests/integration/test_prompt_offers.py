@@ -208,7 +208,9 @@ async def test_a_late_offer_after_a_folded_release_gets_its_worker_a_release(
     told = await nc.subscribe(market.subjects.release("late-1"))
     regional = await nc.subscribe(market.subjects.region_release("mad"))
     await nc.flush()
-    client = await market.client(direct=True)
+    # Without claims, an auction queues its bid in the loop turn it starts in (no KV write
+    # first), so two orders placed at once share a batch whatever the machine's load.
+    client = await market.client(direct=True, claims=False)
     assert isinstance(await client.place(order(order_id="learn")), Placed)  # learns w0's
     await regional.next_msg(2)  # the first auction did not know the process: it released
     # two orders at once: their bids go in one batch (§4.4.4); both auctions fold
