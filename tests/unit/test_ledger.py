@@ -228,12 +228,14 @@ def test_a_hold_that_took_another_auctions_place_gives_it_back(
     case: str, releases: list[tuple[str, float]], left: str | None, freed: bool
 ) -> None:
     ledger, _, _ = _replacing()
-    dropped = None
+    dropped, before = None, ledger.free
     for auction_id, now in releases:
+        before = ledger.free
         dropped = ledger.drop("a", auction_id, now=now)
     h = ledger.holds.get("a")
     assert (h.auction_id if h else None) == left
     assert (dropped is not None) is freed
+    assert ledger.freer_than(before) is freed  # what the worker tells waiting bids by
     assert ledger.held == held_sum(ledger) == ((2, 2048, 0, 0) if left else ZERO)
     if h is not None and left == "W":  # back with its own TTL, and it expires by it
         assert h.expires_at == 10.0
