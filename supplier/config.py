@@ -26,6 +26,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from bourse.errors import BourseError
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
@@ -113,7 +114,7 @@ class FleetFile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     worker: list[WorkerConfig]
 
 
-class ConfigError(ValueError):
+class ConfigError(BourseError, ValueError):
     """A fleet file or worker flags that cannot describe a worker; the message names the
     file, the worker and the offending field."""
 

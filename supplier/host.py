@@ -28,6 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bourse.errors import BourseError
 from bourse.nats.auth import is_inbox
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream
@@ -93,7 +94,7 @@ OUTBOX_S = 0.3
 STOP_S = 1.5
 
 
-class WorkerIdInUse(RuntimeError):
+class WorkerIdInUse(BourseError, RuntimeError):
     pass
 
 

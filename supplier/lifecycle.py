@@ -11,6 +11,8 @@ records it when the driver reports a process killed and not restarted (supplier/
 
 from __future__ import annotations
 
+from bourse.errors import BourseError
+
 LIVE_STATES = ("reserved", "starting", "started", "stopping", "stopped", "failed")
 
 # verb -> {from_state: to_state}
@@ -34,7 +36,7 @@ INTERMEDIATE = {"start": "starting", "stop": "stopping"}
 SHOULD_RUN = ("starting", "started")
 
 
-class InvalidTransition(ValueError):
+class InvalidTransition(BourseError, ValueError):
     pass
 
 

@@ -37,6 +37,7 @@ from typing import Any, cast
 import msgspec
 import structlog
 
+from bourse.errors import BourseError
 from bourse.wire.messages import Event, Machine, now_ms
 
 log = structlog.get_logger("bourse.store")
@@ -92,7 +93,7 @@ DEFAULT_LINGER_MS = 0.5
 MAX_GROUP = 1024
 
 
-class StoreError(RuntimeError):
+class StoreError(BourseError, RuntimeError):
     """The data dir cannot take writes (disk full, read-only, corrupt file)."""
 
 

@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bourse.errors import BourseError
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import (
     Bid,
@@ -115,7 +116,7 @@ class AuctionConfig:
     claim_beside_bid: bool = False
 
 
-class AuctionStateError(RuntimeError):
+class AuctionStateError(BourseError, RuntimeError):
     """An event the auction cannot take in its current state (a driver bug)."""
 
 

@@ -66,6 +66,7 @@ from bourse.auction.core import (
     WakeAt,
     late_releases,
 )
+from bourse.errors import BourseError
 from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.limits import MAX_BATCH_ITEMS
@@ -93,11 +94,11 @@ log = structlog.get_logger("bourse.auction")
 BoundLogger = structlog.typing.FilteringBoundLogger
 
 
-class AuctionError(RuntimeError):
+class AuctionError(BourseError, RuntimeError):
     """The auction could not run at all (e.g. not connected to NATS)."""
 
 
-class UnrecordedPlacement(RuntimeError):
+class UnrecordedPlacement(BourseError, RuntimeError):
     """A machine was placed but the order's claim could not be made to name it: the buyer
     is not told ``Placed`` (a claim that does not name the machine may yet give the order
     id another one, I3), but to send the order again under the same id, which is answered
@@ -112,7 +113,7 @@ class UnrecordedPlacement(RuntimeError):
         )
 
 
-class ConflictingOrder(ValueError):
+class ConflictingOrder(BourseError, ValueError):
     """The order id is the idempotency key: reusing it for a different order is an error."""
 
 

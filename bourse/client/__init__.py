@@ -20,6 +20,7 @@ from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.broker import Broker, Refused
 from bourse.auction.core import describe
 from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.errors import BourseError
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
@@ -224,7 +225,7 @@ def _min_score_note(v: WorkerVerdict, min_score: float) -> WorkerVerdict:
     return msgspec.structs.replace(v, reasons=[*v.reasons, note])
 
 
-class ClientError(RuntimeError):
+class ClientError(BourseError, RuntimeError):
     """The request failed: an Error reply, no exchange/worker reachable, or a timeout."""
 
     def __init__(self, message: str, code: str = "internal") -> None:

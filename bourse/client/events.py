@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
+from bourse.errors import BourseError
 from bourse.nats.jetstream import jetstream_available, stream_name
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import Event
@@ -35,7 +36,7 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
-class EventsError(RuntimeError):
+class EventsError(BourseError, RuntimeError):
     """Events cannot be read as asked (bad --since, no JetStream, no stream)."""
 
 

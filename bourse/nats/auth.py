@@ -45,6 +45,7 @@ from typing import Any
 
 import nkeys
 
+from bourse.errors import BourseError
 from bourse.nats.jetstream import claims_bucket_name, stream_name
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, UNFILLED_EVENT
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
@@ -66,7 +67,7 @@ TRUST_FILE = "trust.json"
 SEED_SUFFIX = ".nk"
 
 
-class AuthError(ValueError):
+class AuthError(BourseError, ValueError):
     """Bad input to credential generation, or an unreadable credentials file."""
 
 

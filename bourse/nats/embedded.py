@@ -30,10 +30,12 @@ from typing import Any
 
 import structlog
 
+from bourse.errors import BourseError
+
 log = structlog.get_logger("bourse.embedded_nats")
 
 
-class NatsServerError(RuntimeError):
+class NatsServerError(BourseError, RuntimeError):
     pass
 
 

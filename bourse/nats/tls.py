@@ -22,6 +22,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from bourse.errors import BourseError
+
 TLS_DIR = "tls"
 TLS_CONF = "tls.conf"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
@@ -32,7 +34,7 @@ ENV_CERT = "BOURSE_NATS_TLS_CERT"
 ENV_KEY = "BOURSE_NATS_TLS_KEY"
 
 
-class TlsError(ValueError):
+class TlsError(BourseError, ValueError):
     """TLS files that cannot be used; the message names the file and the problem."""
 
 

@@ -39,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 
+from bourse.errors import BourseError
 from bourse.nats.connection import ConnectionStats
 
 log = structlog.get_logger("bourse.metrics")
@@ -90,7 +91,7 @@ MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 5.0
 
 
-class MetricsAddrError(ValueError):
+class MetricsAddrError(BourseError, ValueError):
     """--metrics-addr is not HOST:PORT (or off)."""
 
 

@@ -15,10 +15,12 @@ import fcntl
 import os
 from pathlib import Path
 
+from bourse.errors import BourseError
+
 LOCK_NAME = ".lock"
 
 
-class StateDirBusy(Exception):
+class StateDirBusy(BourseError):
     """Another live process owns the directory; the message names it and its pid."""
 
 

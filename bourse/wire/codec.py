@@ -7,6 +7,7 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
+from bourse.errors import BourseError
 from bourse.wire.limits import DERIVED_OVERHEAD_BYTES, MAX_PAYLOAD_BYTES
 from bourse.wire.messages import (
     Bid,
@@ -20,7 +21,7 @@ from bourse.wire.messages import (
 )
 
 
-class BadMessage(ValueError):
+class BadMessage(BourseError, ValueError):
     """A payload that is not a valid message of the expected type. ``str()`` names the field."""
 
 

@@ -31,6 +31,7 @@ import nkeys
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+from bourse.errors import BourseError
 from bourse.nats.auth import AuthError, decode_nkey
 from bourse.wire.messages import Offer
 from bourse.wire.subjects import is_valid_id
@@ -44,7 +45,7 @@ WRONG_KEY = "wrong_key"
 BAD_SIGNATURE = "bad_signature"
 
 
-class TrustError(ValueError):
+class TrustError(BourseError, ValueError):
     """A trust file or key that cannot be used; the message names the problem."""
 
 

@@ -15,11 +15,12 @@ from typing import Protocol
 
 import anyio.abc
 
+from bourse.errors import BourseError
 from bourse.wire.messages import Machine, Resources
 from supplier.drivers.confine import Mechanism
 
 
-class DriverError(RuntimeError):
+class DriverError(BourseError, RuntimeError):
     pass
 
 

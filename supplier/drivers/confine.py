@@ -43,6 +43,7 @@ from typing import Literal
 
 import structlog
 
+from bourse.errors import BourseError
 from bourse.wire.messages import Resources
 from bourse.wire.resources import millis_of
 
@@ -65,7 +66,7 @@ MIB = 1024 * 1024
 SUBTREE = "bourse"
 
 
-class ConfineError(RuntimeError):
+class ConfineError(BourseError, RuntimeError):
     """A cgroup could not be made, written or removed."""
 
 
