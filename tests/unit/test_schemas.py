@@ -1,6 +1,6 @@
 """The wire contract's published forms agree with its types: the JSON Schemas in
-docs/schema/ are what bourse/wire/schema.py generates from them, and every example message
-of docs/protocol.md decodes as the type it names."""
+docs/schema/ are what bourse/wire/schema.py generates from them, docs/protocol.md links
+every one, and every example message on that page decodes as the type it names."""
 
 from __future__ import annotations
 
@@ -61,6 +61,12 @@ def test_each_schema_names_its_type_and_the_draft() -> None:
     }
 
 
+def test_protocol_md_links_every_schema() -> None:
+    text = PROTOCOL.read_text()
+    unlinked = [name for name in schema.schemas() if f"(schema/{name})" not in text]
+    assert not unlinked, f"docs/protocol.md does not link {unlinked}"
+
+
 def json_examples(text: str) -> list[dict[str, Any]]:
     """Every JSON object in the page's ```json blocks (a block may hold several; a block
     that is a fragment, not whole objects, is skipped)."""
@@ -95,3 +101,16 @@ def test_the_page_has_an_example_of_the_main_messages() -> None:
 def test_every_example_on_the_page_decodes_as_the_type_it_names(example: dict[str, Any]) -> None:
     typ = schema.wire_types()[example["type"]]
     decode(json.dumps(example).encode(), typ)  # raises BadMessage naming the field
+
+
+NATS_REQ_BODIES = [
+    json.loads(body)
+    for block in re.findall(r"```sh\n(.*?)```", PROTOCOL.read_text(), re.S)
+    for body in re.findall(r"'(\{.*?\})'", block.replace("\\\n", ""))
+]
+
+
+def test_the_pages_nats_req_commands_send_valid_messages() -> None:
+    assert len(NATS_REQ_BODIES) >= 4
+    for body in NATS_REQ_BODIES:
+        decode(json.dumps(body).encode(), schema.wire_types()[body["type"]])
