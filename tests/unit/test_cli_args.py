@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from bourse.errors import BourseError
 from bourse.runtime.cli import BourseGroup, JsonOpt, error_fields, fail
 from buyer_cli.cli import app as buyer
+from ops.cli import app as bourse
 from supplier.cli import app as supplier
 from tests.cli import run_cli
 
@@ -273,6 +274,14 @@ def test_fail_keeps_its_exit_code() -> None:
         '{"what":"go","error":"nothing left"}\n',
         "error: nothing left\n",
     )
+
+
+def test_bourse_says_a_bad_option_in_one_line_and_json() -> None:
+    code, out, err = run_cli(bourse, "demo", "--prefix", "a b", "--json")
+    assert code == 1 and err.startswith("error: Invalid value for '--prefix'")
+    assert json.loads(out)["error"] == err.removeprefix("error: ").strip()
+    code, out, err = run_cli(bourse, "up", "--metrics-addr", "nowhere")
+    assert (code, out) == (1, "") and err.startswith("error: ") and len(err.splitlines()) == 1
 
 
 # -- --cpus: fractions and millicores; bad amounts in one line naming the flag -----------------
