@@ -79,3 +79,21 @@ def _commands(command: Any, path: str) -> list[tuple[str, Any]]:
     for name, sub in (getattr(command, "commands", None) or {}).items():
         found += [(f"{path} {name}", sub), *_commands(sub, f"{path} {name}")]
     return found
+
+
+def test_the_readme_says_every_buyer_commands_json_shape() -> None:
+    """The README's --json table has a row for every command (named in its first column)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| command | `--json` prints |", 1)[1].split("\n\n", 1)[0]
+    first = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
+    named = {name for cell in first for name in re.findall(r"`([a-z ]+)`", cell)}
+    command = typer.main.get_command(importlib.import_module(PROGRAMS["buyer"]).app)
+    leaves = {
+        path.removeprefix("buyer ")
+        for path, sub in _commands(command, "buyer")
+        if not getattr(sub, "commands", None)
+    }
+    assert len(leaves) == 11 and leaves <= named, leaves - named
