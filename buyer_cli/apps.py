@@ -26,8 +26,8 @@ from buyer_cli.options import (
     LabelOpt,
     MinScoreOpt,
     RestartOpt,
+    check_machine_id,
     flag_names,
-    machine_id,
 )
 from buyer_cli.session import session, with_client
 
@@ -99,7 +99,7 @@ def failover(
         typer.Option(
             metavar="MACHINE_ID",
             help="The machine to replace (its worker is gone, or --force).",
-            callback=machine_id,
+            callback=check_machine_id,
         ),
     ],
     region: Annotated[

@@ -13,7 +13,13 @@ from bourse.client import BourseClient, Listing, policy, render
 from bourse.client.follow import follow_logs
 from bourse.runtime.cli import fail, parse_labels
 from bourse.wire.messages import ListMachines, Machine, MachineState
-from buyer_cli.options import EXIT_UNFILLED, MachineDirectOpt, MachineIdArg, YesOpt, machine_id
+from buyer_cli.options import (
+    EXIT_UNFILLED,
+    MachineDirectOpt,
+    MachineIdArg,
+    YesOpt,
+    check_machine_id,
+)
 from buyer_cli.session import session, with_client
 
 MACHINE_STATES: tuple[str, ...] = get_args(MachineState)
@@ -180,12 +186,12 @@ async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> No
 
 def destroy(
     ctx: typer.Context,
-    machine: Annotated[
+    machine_id: Annotated[
         str | None,
         typer.Argument(
             help="<worker_id>~<ulid>; or none, with --app",
             metavar="MACHINE_ID",
-            callback=lambda v: None if v is None else machine_id(v),
+            callback=lambda v: None if v is None else check_machine_id(v),
         ),
     ] = None,
     app_name: Annotated[
@@ -205,12 +211,12 @@ def destroy(
 ) -> None:
     """Destroy a machine and free its resources; with --app, every live machine of the app
     (asks first unless --yes)."""
-    if (machine is None) == (app_name is None):
+    if (machine_id is None) == (app_name is None):
         fail("give a MACHINE_ID or --app NAME (one of them)")
     if region and app_name is None:
         fail("--region goes with --app")
-    if machine is not None:
-        mid = machine
+    if machine_id is not None:
+        mid = machine_id
         _destroyed(ctx, [with_client(ctx, lambda c: c.machine("destroy", mid), direct=direct)])
         return
     assert app_name is not None

@@ -79,7 +79,7 @@ MachineDirectOpt = Annotated[
 ]
 
 
-def machine_id(value: str) -> str:
+def check_machine_id(value: str) -> str:
     """A machine id as the CLI takes it, or a usage error that says what one looks like."""
     if re.match(MACHINE_ID_PATTERN, value) is None:
         raise typer.BadParameter(
@@ -90,7 +90,7 @@ def machine_id(value: str) -> str:
 
 
 MachineIdArg = Annotated[
-    str, typer.Argument(help="<worker_id>~<ulid>", metavar="MACHINE_ID", callback=machine_id)
+    str, typer.Argument(help="<worker_id>~<ulid>", metavar="MACHINE_ID", callback=check_machine_id)
 ]
 
 # JSON paths of a PlaceOrder (or Resources) -> the flag a person typed.
