@@ -1,1 +1,1 @@
-"""Bourse buyer: the client library and the ``buyer`` / ``bourse`` commands."""
+"""The ``buyer`` program: typer commands over the buyer's library, bourse.client."""

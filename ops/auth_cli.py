@@ -1,6 +1,6 @@
 """``bourse auth init``: credentials per role, the nats-server config that enforces them, the
 trust file for signed offers, and (``--tls``) a CA with server and client certificates.
-The generation itself lives in exchange/auth.py and exchange/tls.py."""
+The generation itself lives in bourse/nats/auth.py and bourse/nats/tls.py."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Annotated
 
 import typer
 
-from bourse.nats.auth import AuthError, SupplierSpec, parse_worker_flag, write_auth_dir
+from bourse.nats.auth import SupplierSpec, parse_worker_flag, write_auth_dir
 from bourse.nats.tls import DEFAULT_HOSTS, TLS_CONF, write_tls_dir
 from bourse.runtime.cli import PrefixOpt, fail
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
-from supplier import ConfigError, load_fleet
+from supplier import load_fleet
 
 auth_app = typer.Typer(help="Credentials and TLS for a Bourse market on NATS.")
 
@@ -23,16 +23,10 @@ def supplier_specs(fleets: list[Path], workers: list[str]) -> list[SupplierSpec]
     workers) and one per ``--worker ID=REGION`` (named by the worker id)."""
     specs = []
     for path in fleets:
-        try:
-            cfgs = load_fleet(path)
-        except ConfigError as exc:
-            fail(str(exc))
+        cfgs = load_fleet(path)
         specs.append(SupplierSpec(path.stem, tuple((w.worker_id, w.region) for w in cfgs)))
     for flag in workers:
-        try:
-            wid, region = parse_worker_flag(flag)
-        except AuthError as exc:
-            fail(str(exc))
+        wid, region = parse_worker_flag(flag)
         specs.append(SupplierSpec(wid, ((wid, region),)))
     return specs
 
@@ -70,18 +64,14 @@ def init(
     specs = supplier_specs(fleet or [], worker or [])
     if not specs:
         fail("no supplier given: pass --fleet FILE and/or --worker ID=REGION")
-    try:
-        subjects = Subjects(prefix)
-        files = write_auth_dir(
-            out,
-            subjects,
-            specs,
-            force=force,
-            extra_includes=[TLS_CONF] if tls else [],
-            buyers=buyer or [],
-        )
-    except (AuthError, ValueError) as exc:
-        fail(str(exc))
+    files = write_auth_dir(
+        out,
+        Subjects(prefix),
+        specs,
+        force=force,
+        extra_includes=[TLS_CONF] if tls else [],
+        buyers=buyer or [],
+    )
     typer.echo(f"wrote {files.auth_conf} ({len(files.users)} users), {files.trust}")
     for u in files.users:
         typer.echo(f"  {u.name:<24} {out / u.file_name}  {u.public_key}")

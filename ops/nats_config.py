@@ -58,17 +58,14 @@ def nats_config(
         http=None if http_port == HTTP_OFF else http_port,
         step=port_step,
     )
-    try:
-        topo = natsconf.Topology(
-            clusters=natsconf.plan(cluster, ports),
-            listen=listen,
-            include=include,
-            tls=tls,
-            jetstream_dir=jetstream_dir,
-        )
-        files = natsconf.render(topo)
-    except natsconf.TopologyError as exc:
-        fail(str(exc))
+    topo = natsconf.Topology(
+        clusters=natsconf.plan(cluster, ports),
+        listen=listen,
+        include=include,
+        tls=tls,
+        jetstream_dir=jetstream_dir,
+    )
+    files = natsconf.render(topo)
     out.mkdir(parents=True, exist_ok=True)
     for name, text in files.items():
         (out / name).write_text(text)

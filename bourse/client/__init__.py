@@ -286,14 +286,17 @@ class BourseClient:
             raise _refusal(reply)
         return reply
 
-    async def reasons(self, order: PlaceOrder, unfilled: Unfilled) -> Unfilled:
+    async def reasons(
+        self, order: PlaceOrder, unfilled: Unfilled, explained: DryRun | None = None
+    ) -> Unfilled:
         """An Unfilled ``no_offers`` with its detail made true: the region's workers are
         asked why not (an explain gather, §4.15, within the order's deadline) only now that
-        the order has ended unfilled, so placing costs no extra message. Any other outcome,
-        or a region where nobody explains, is returned as it is."""
+        the order has ended unfilled, so placing costs no extra message; ``explained``: an
+        explain of the order already gathered (it is used instead). Any other outcome, or a
+        region where nobody explains, is returned as it is."""
         if unfilled.reason != "no_offers":
             return unfilled
-        detail = why_unfilled(order, await self.explain(order))
+        detail = why_unfilled(order, explained or await self.explain(order))
         if detail is None:
             return unfilled
         return msgspec.structs.replace(unfilled, detail=detail)

@@ -211,10 +211,27 @@ def deployment(d: Deployment) -> Table:
     return t
 
 
-def failover_json(
-    app: str, machine_id: str, f: Failover | None, error: str | None
-) -> dict[str, object]:
-    """``failover --json``: one object whatever happened (``error`` set when no spare)."""
+def deployment_json(d: Deployment) -> dict[str, object]:
+    """``deploy --json``: the app, whether every slot has its machine, and the slots."""
+    return {
+        "app": d.app,
+        "complete": d.complete,
+        "slots": [
+            {
+                "slot": s.name,
+                "role": s.role,
+                "machine": s.machine,
+                "existed": s.existed,
+                "unfilled": s.unfilled,
+            }
+            for s in d.slots
+        ],
+    }
+
+
+def failover_json(app: str, machine_id: str, f: Failover | None) -> dict[str, object]:
+    """``failover --json``: the same keys whatever happened; without a failover (``f``
+    None: an error) its fields are empty and the CLI sets ``error``."""
     refill = f.refill if f is not None else None
     return {
         "app": app,
@@ -223,7 +240,7 @@ def failover_json(
         "stopped": f.stopped if f is not None else None,
         "spare": refill.machine if refill is not None else None,
         "spare_unfilled": [u.detail for u in refill.unfilled] if refill is not None else [],
-        "error": error,
+        "error": None,
     }
 
 

@@ -1,24 +1,30 @@
 """What every CLI does the same way: ONE definition of each common option (--nats, --creds,
---tls-*, --prefix, --json, logging), the Connection they make, and the exit-code contract.
+--tls-*, --prefix, --json, logging), the Connection they make, and the error and exit-code
+contract: an error Bourse raises on purpose is ONE ``error: …`` line on stderr and exit 1
+(with --json also ONE JSON object on stdout); anything else is a bug and stays a traceback.
 How a program runs (the event loop, signals) is bourse/runtime/supervise.py."""
 
 from __future__ import annotations
 
+import copy
+import functools
 import sys
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn
 
 import msgspec
 import typer
 from nats.aio.client import Client as NATS
+from typer.core import TyperGroup
 
-from bourse.nats.auth import AuthError, read_credentials
+from bourse.errors import BourseError
+from bourse.nats.auth import read_credentials
 from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
-from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, TlsError, client_context
+from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Labels
-
-T = TypeVar("T")
+from bourse.wire.subjects import Subjects
 
 # Typer >= 0.29 carries its own click; older ones use click's exceptions.
 try:
@@ -32,6 +38,12 @@ except ImportError:  # pragma: no cover - older typer
 
     _USAGE_ERRORS = (click.ClickException,)
     _ABORTS = (click.exceptions.Abort,)
+
+# Keys of the click context's ``meta`` (one dict shared by a command and its group): --json
+# was given, so an error is printed as a JSON object too; and the fields that object carries
+# besides "error" (error_fields).
+JSON_MODE = "bourse.json"
+ERROR_FIELDS = "bourse.error_fields"
 
 
 def _help_metavars() -> None:
@@ -74,6 +86,19 @@ NatsOpt = Annotated[
         show_default=False,
     ),
 ]
+# `bourse demo`, `up` and `loadtest` start their own market unless told otherwise: their
+# --nats reads no environment variable, so an exported BOURSE_NATS_URL (as the walk-through
+# has a person do) never silently points them at another market.
+OwnServerNatsOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--nats",
+        metavar="URL",
+        help="Use this NATS server (repeat, or comma-separate, for a cluster) instead of "
+        "starting one; BOURSE_NATS_URL is not read here.",
+        show_default=False,
+    ),
+]
 CredsOpt = Annotated[
     str | None,
     typer.Option(
@@ -104,13 +129,42 @@ TlsKeyOpt = Annotated[
         help="Mutual TLS: the client certificate's key.",
     ),
 ]
+
+
+def _prefix(value: str) -> str:
+    """--prefix checked when parsed: a bad one is a usage error naming the option."""
+    try:
+        Subjects(value)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    return value
+
+
 PrefixOpt = Annotated[
     str,
     typer.Option(
-        "--prefix", envvar="BOURSE_PREFIX", metavar="PREFIX", help="Subject prefix (tokens)."
+        "--prefix",
+        envvar="BOURSE_PREFIX",
+        metavar="PREFIX",
+        help="Subject prefix (tokens).",
+        callback=_prefix,
     ),
 ]
-JsonOpt = Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")]
+
+
+def _json_mode(ctx: typer.Context, value: bool) -> bool:
+    if value:
+        ctx.meta[JSON_MODE] = True
+    return value
+
+
+def json_flag(help: str = "Print JSON instead of tables.") -> Any:
+    """The --json option (``Annotated[bool, json_flag("...")]``): with it, an error is ALSO
+    one JSON object on stdout. Eager, so that even a bad value of another option is."""
+    return typer.Option("--json", help=help, callback=_json_mode, is_eager=True)
+
+
+JsonOpt = Annotated[bool, json_flag()]
 LogLevelOpt = Annotated[
     str,
     typer.Option(
@@ -184,16 +238,109 @@ def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, st
         raise typer.BadParameter(f"{what}: {validation_detail(exc)}") from None
 
 
-def cli_main(app: typer.Typer) -> None:
-    """Run a typer app as a console script with Bourse's exit-code contract: usage errors
-    are ONE line on stderr and exit 1 (click's 2 would read as "unfilled"); Ctrl-C is 130."""
+class Failed(typer.Exit):
+    """The exit of :func:`fail`: its line is on stderr already; a :class:`BourseGroup` adds
+    the JSON object with --json."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(code)
+        self.message = message
+
+
+def fail(message: str, code: int = 1) -> NoReturn:
+    """One clear line on stderr and a non-zero exit (and, under a BourseGroup with --json,
+    one JSON object on stdout)."""
+    typer.echo(f"error: {message}", err=True)
+    raise Failed(message, code)
+
+
+def error_fields(ctx: typer.Context, **fields: object) -> None:
+    """The fields the JSON object of an error of this command carries besides "error" (its
+    own shape, when it promises one object whatever happens)."""
+    ctx.meta[ERROR_FIELDS] = fields
+
+
+def _error_json(meta: dict[str, Any], message: str) -> str:
+    return msgspec.json.encode({**meta.get(ERROR_FIELDS, {}), "error": message}).decode()
+
+
+class BourseGroup(TyperGroup):
+    """A program's root command (``typer.Typer(cls=BourseGroup)``).
+
+    An error Bourse raises on purpose (a :class:`BourseError`, or :func:`fail`) ends the
+    command as ONE ``error: …`` line on stderr and its exit code (1 unless fail says else);
+    with --json, ALSO one JSON object on stdout: ``{"error": "…"}`` plus the command's
+    :func:`error_fields`. Any other exception is a bug and goes on as a traceback.
+
+    The options of the app's callback may also be given after any command, at any depth
+    (``buyer place --nats URL``, as people type them): every command gets them too, and a
+    value given after the command replaces the one before it in ``ctx.obj``, where the
+    callback keeps its options as attributes of the same names."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        after = [_after_the_command(p) for p in self.params]
+        for command in _descendants(self):
+            own = {p.name for p in command.params}
+            command.params.extend(p for p in after if p.name not in own)
+
+    def invoke(self, ctx: Any) -> Any:  # click's Context (typer's own click since 0.29)
+        try:
+            try:
+                return super().invoke(ctx)
+            except BourseError as exc:
+                fail(str(exc))
+        except Failed as failed:
+            if ctx.meta.get(JSON_MODE):
+                typer.echo(_error_json(ctx.meta, failed.message))
+            raise
+
+
+def _descendants(group: Any) -> Iterator[Any]:
+    for command in getattr(group, "commands", {}).values():
+        yield command
+        yield from _descendants(command)
+
+
+def _after_the_command(param: Any) -> Any:
+    """A callback option as a command takes it: not passed to the command's function, and
+    written into ``ctx.obj`` when it is on the command line (not from a default or the
+    environment, which the callback's own option has read already)."""
+    shared = copy.copy(param)
+    shared.expose_value = False
+    shared.callback = functools.partial(_given_after, param.callback)
+    return shared
+
+
+def _given_after(
+    original: Callable[[Any, Any, Any], Any] | None, ctx: typer.Context, param: Any, value: Any
+) -> Any:
+    source = ctx.get_parameter_source(param.name)
+    if getattr(source, "name", "") == "COMMANDLINE":  # click's ParameterSource, by name
+        if original is not None:
+            value = original(ctx, param, value)
+        setattr(ctx.obj, param.name, list(value) if isinstance(value, tuple) else value)
+    return value
+
+
+def cli_main(app: typer.Typer, args: Sequence[str] | None = None) -> NoReturn:
+    """Run a typer app as a console script (``args``: instead of sys.argv) with Bourse's
+    exit-code contract: usage errors are ONE line on stderr (with --json also one JSON
+    object) and exit 1 (click's 2 would read as "unfilled"); a BourseError that reaches
+    here (a program whose root is a plain group) is one line and exit 1; Ctrl-C is 130."""
     try:
-        code = app(standalone_mode=False)
+        code = app(args=args, standalone_mode=False)
     except _USAGE_ERRORS as exc:
         message = exc.format_message()  # type: ignore[attr-defined]  # click/typer usage errors have it
         if not message:  # no arguments: the help was shown, which is what was asked for
             sys.exit(0)
         typer.echo(f"error: {message}", err=True)
+        ctx = getattr(exc, "ctx", None)
+        if ctx is not None and ctx.meta.get(JSON_MODE):
+            typer.echo(_error_json(ctx.meta, message))
+        sys.exit(1)
+    except BourseError as exc:
+        typer.echo(f"error: {exc}", err=True)
         sys.exit(1)
     except _ABORTS:
         sys.exit(130)
@@ -211,23 +358,11 @@ def nats_urls(given: list[str] | None) -> list[str]:
 def creds_file(given: str | None) -> str | None:
     """The --creds file, read now so that a bad one is one clear error before connecting."""
     if given:
-        try:
-            read_credentials(given)
-        except AuthError as exc:
-            fail(str(exc))
+        read_credentials(given)  # an AuthError says what is wrong with it
     return given or None
 
 
 def check_tls(ca: str | None, cert: str | None, key: str | None) -> dict[str, str | None]:
     """The TLS options, checked now (one clear error), as connect() keyword arguments."""
-    try:
-        client_context(ca, cert, key)
-    except TlsError as exc:
-        fail(str(exc))
+    client_context(ca, cert, key)  # a TlsError says which file and why
     return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}
-
-
-def fail(message: str, code: int = 1) -> Any:
-    """One clear line on stderr and a non-zero exit."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(code)

@@ -13,10 +13,16 @@ from pathlib import Path
 
 import anyio
 
+from bourse.errors import BourseError
+
 READY_TIMEOUT_S = 30.0
 # On the way out, children get this long to stop by themselves (each bounds its own stop
 # under it), then SIGKILL: the parent itself must be gone within 2 s of its SIGTERM.
 STOP_CHILDREN_S = 1.6
+
+
+class ProgramFailed(BourseError, RuntimeError):
+    """A program exited before it said it was ready (the message has its log's tail)."""
 
 
 class Program:
@@ -68,7 +74,7 @@ async def start_program(
     env: dict[str, str] | None = None,
 ) -> Program:
     """``python -m <module> args...``, stderr to ``log_path``; returns once stdout says
-    ``ready``. Raises RuntimeError with the log's tail if it exits first."""
+    ``ready``. Raises ProgramFailed with the log's tail if it exits first."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as stderr:
         proc = await asyncio.create_subprocess_exec(
@@ -93,7 +99,7 @@ async def start_program(
             if not line:
                 await proc.wait()
                 tail = "\n".join(prog.log.splitlines()[-5:])
-                raise RuntimeError(f"{module} exited with code {proc.returncode}:\n{tail}")
+                raise ProgramFailed(f"{module} exited with code {proc.returncode}:\n{tail}")
             if ready in line.decode(errors="replace"):
                 prog.ready_line = line.decode(errors="replace").strip()
                 return prog

@@ -1,5 +1,8 @@
-"""The ``buyer`` CLI as a real subprocess against a market on a real nats-server: every
-command, exit codes (0 placed / 2 unfilled / 1 error) and --json shapes."""
+"""The ``buyer`` CLI against a market on a real nats-server: every command, exit codes
+(0 placed / 2 unfilled / 1 error) and --json shapes. Commands run in this process
+(tests/cli.py: the console script's ``cli_main``); the real program runs as a subprocess
+where it is the point: its exit codes seen from outside, a terminal, and ``watch`` (signals,
+its own event loop)."""
 
 from __future__ import annotations
 
@@ -7,15 +10,16 @@ import asyncio
 import json
 import os
 import sys
-from pathlib import Path
 
 from bourse.wire.messages import Placed
+from tests.cli import buyer
 from tests.market import Market, order, wait_until, worker
 
 
-async def buyer(
+async def program(
     market: Market, *args: str, env: dict[str, str] | None = None
 ) -> tuple[int, str, str]:
+    """The real ``buyer`` program (``python -m buyer_cli``) on the market."""
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
@@ -35,36 +39,47 @@ async def buyer(
 PLACE = ("place", "--region", "mad", "--cpus", "2", "--memory-mb", "1024", "--image", "web")
 
 
-async def test_place_json_start_and_exit_codes(market: Market) -> None:
+async def test_the_program_places_and_says_its_exit_codes(market: Market) -> None:
+    """The real program: 0 placed, 2 unfilled, 1 an error (one line on stderr), whatever
+    runs in this process."""
     await market.host(worker("mad-1", images=["web"]))
     await market.exchange()
-    code, out, err = await buyer(market, *PLACE, "--order-id", "cli-1", "--start", "--json")
+    code, out, err = await program(market, *PLACE, "--order-id", "cli-1", "--start", "--json")
     assert code == 0, err
     doc = json.loads(out)
+    assert doc["outcome"] == "placed" and doc["explain"] is None
     assert doc["result"]["type"] == "Placed" and doc["result"]["order_id"] == "cli-1"
     assert doc["result"]["image_cached"] is True and set(doc["result"]["subscores"]) >= {"cpus"}
     assert doc["machine"]["state"] == "started"
 
-    code, out, _ = await buyer(
-        market,
-        "place",
-        "--region",
-        "mad",
-        "--cpus",
-        "64",
-        "--memory-mb",
-        "1",
-        "--image",
-        "web",
-        "--deadline-ms",
-        "200",
-        "--json",
-    )
-    result = json.loads(out)["result"]
-    assert code == 2 and (result["type"], result["reason"]) == ("Unfilled", "no_offers")
+    too_big = ("place", "--region", "mad", "--cpus", "64", "--memory-mb", "1", "--image", "web")
+    code, out, _ = await program(market, *too_big, "--deadline-ms", "200", "--json")
+    doc = json.loads(out)
+    assert code == 2 and doc["outcome"] == "unfilled"
+    assert (doc["result"]["type"], doc["result"]["reason"]) == ("Unfilled", "no_offers")
 
-    code, out, err = await buyer(market, *PLACE)  # human output
-    assert code == 0 and "placed" in out and "score" in out
+    code, out, err = await program(market, *PLACE[:3], "--cpus", "0", *PLACE[5:])
+    assert (code, out) == (1, "")
+    assert err == (
+        "error: Invalid value for '--cpus': '0' is not more than 0 CPUs: use a number of CPUs"
+        " (2, 0.5) or of millicores (250m)\n"
+    )
+    code, out, err = await program(market, *PLACE, env={"BOURSE_NATS_URL": "nats://127.0.0.1:1"})
+    assert (code, out) == (1, "") and err.startswith("error: cannot connect to NATS")
+    assert len(err.splitlines()) == 1
+
+
+async def test_place_json_start_and_human_output(market: Market) -> None:
+    await market.host(worker("mad-1", images=["web"]))
+    await market.exchange()
+    code, out, err = await buyer(market, *PLACE, "--start")  # human output
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].startswith("placed mad-1~") and lines[1].startswith("  score ")
+    assert lines[3].endswith(" is started")
+    code, out, err = await buyer(market, *PLACE, "--order-id", "cli-1", "--json")
+    assert code == 0, err
+    assert json.loads(out)["machine"] is None  # not started: no machine asked for
 
 
 async def test_place_direct_needs_no_exchange(market: Market) -> None:
@@ -72,29 +87,10 @@ async def test_place_direct_needs_no_exchange(market: Market) -> None:
     code, out, err = await buyer(market, *PLACE, "--direct", "--json")
     assert code == 0, err
     assert json.loads(out)["result"]["worker_id"] == "mad-1"
-    code, _, err = await buyer(market, *PLACE)  # no exchange instance runs
+    code, out, err = await buyer(market, *PLACE, "--json")  # no exchange instance runs
     assert code == 1 and err.startswith("error: no exchange is listening")
     assert len(err.strip().splitlines()) == 1
-
-
-async def test_bad_arguments_are_one_line_and_exit_1(market: Market) -> None:
-    for args, text in [
-        (
-            ("place", "--region", "mad", "--cpus", "0", "--memory-mb", "1", "--image", "x"),
-            "--cpus': '0' is not more than 0 CPUs",
-        ),
-        ((*PLACE, "--label", "nokey"), "must look like key=value"),
-        (
-            ("place", "--region", "MAD", "--cpus", "1", "--memory-mb", "1", "--image", "x"),
-            "(--region)",
-        ),
-        (("place", "--cpus", "1"), "Missing option"),
-    ]:
-        code, _, err = await buyer(market, *args)
-        assert code == 1, (args, err)
-        assert text in err and len(err.strip().splitlines()) == 1, err
-    code, _, err = await buyer(market, *PLACE, env={"BOURSE_NATS_URL": "nats://127.0.0.1:1"})
-    assert code == 1 and "cannot connect to NATS" in err and len(err.strip().splitlines()) == 1
+    assert json.loads(out) == {"error": err.removeprefix("error: ").strip()}
 
 
 async def test_machines_commands_and_fleet(market: Market) -> None:
@@ -108,7 +104,7 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
     for verb, state in [("show", "reserved"), ("start", "started"), ("stop", "stopped")]:
         code, out, err = await buyer(market, "machines", verb, mid, "--json")
         assert code == 0, err
-        assert json.loads(out)["state"] == state
+        assert json.loads(out)["machine"]["state"] == state
     code, out, _ = await buyer(market, "machines", "logs", mid, "--json")
     assert code == 0 and json.loads(out) == {
         "type": "MachineLogs",
@@ -118,10 +114,13 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
         "end": 0,  # the byte offset to follow from (a sim machine has no log)
     }
     code, out, _ = await buyer(market, "fleet", "--region", "mad", "--json")
-    [status] = json.loads(out)
+    doc = json.loads(out)
+    [status] = doc["workers"]
+    assert doc["regions"] == ["mad"]
     assert status["committed"]["cpus"] == 2 and status["machines"] == 1
     code, out, _ = await buyer(market, "machines", "destroy", mid, "--json")
-    assert json.loads(out)["state"] == "destroyed"
+    [gone] = json.loads(out)["machines"]
+    assert (gone["machine_id"], gone["state"]) == (mid, "destroyed")
     code, _, err = await buyer(market, "machines", "start", mid)
     assert code == 1 and f"cannot start machine {mid}: it is destroyed" in err
 
@@ -240,7 +239,7 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
         "stopped": None,
         "spare": None,
         "spare_unfilled": [],
-        "error": "app 'api' has no spare left in ams",
+        "error": "no failover: app 'api' has no spare left in ams",
     }
     assert err == "error: no failover: app 'api' has no spare left in ams\n"
 
@@ -302,7 +301,9 @@ async def test_failover_of_an_unknown_app_or_machine_is_a_clear_error(market: Ma
         code, out, err = await buyer(market, "failover", *args, "--region", "ams")
         assert (code, out, err) == (1, "", line)
         code, out, err = await buyer(market, "failover", *args, "--region", "ams", "--json")
-        assert code == 1 and json.loads(out)["error"] == line.removeprefix("error: ").strip()
+        doc = json.loads(out)
+        assert code == 1 and doc["error"] == line.removeprefix("error: ").strip()
+        assert (doc["app"], doc["replaced"], doc["started"]) == (args[1], args[3], None)
     code, out, err = await buyer(
         market, "failover", "--app", "web", "--machine", "bogus", "--region", "ams"
     )
@@ -361,8 +362,9 @@ async def test_fleet_says_which_region_has_no_worker_and_exits_2(market: Market)
     code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "nowhere")
     assert code == 2 and "mad-1" in out
     assert err == "no worker answers in region 'nowhere'\n"
-    code, out, err = await buyer(market, "fleet", "--region", "mad", "--json")
-    assert (code, err) == (0, "") and "mad-1" in out
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "x", "--json")
+    assert (code, err) == (2, "no worker answers in region 'x'\n")
+    assert json.loads(out)["regions"] == ["mad"]
 
 
 async def test_an_unfilled_order_says_why_each_worker_declined(market: Market) -> None:
@@ -402,7 +404,7 @@ async def test_fleet_asks_every_region_when_none_is_given(market: Market) -> Non
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [["fra", long_id], ["mad", "mad-1"]]
     code, out, _ = await buyer(market, "fleet", "--json")
-    assert [s["worker_id"] for s in json.loads(out)] == [long_id, "mad-1"]
+    assert [s["worker_id"] for s in json.loads(out)["workers"]] == [long_id, "mad-1"]
 
 
 async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Market) -> None:
@@ -425,7 +427,7 @@ async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Marke
         "score",
     ]
     _, shown, _ = await buyer(market, "machines", "show", mid, "--json")
-    assert row.split()[:3] == [mid, json.loads(shown)["order_id"], "reserved"]
+    assert row.split()[:3] == [mid, json.loads(shown)["machine"]["order_id"], "reserved"]
 
 
 async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
@@ -463,9 +465,10 @@ async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
     assert err == ""
     code, out, err = await buyer(market, "machines", "destroy", "--app", "shop", "--yes", "--json")
     assert (code, err) == (0, "")
-    assert [(m["machine_id"], m["state"]) for m in json.loads(out)] == [(ids[2], "destroyed")]
+    destroyed = json.loads(out)["machines"]
+    assert [(m["machine_id"], m["state"]) for m in destroyed] == [(ids[2], "destroyed")]
     code, out, _ = await buyer(market, "machines", "show", other.machine_id, "--json")
-    assert json.loads(out)["state"] == "reserved"  # another app's machine is left alone
+    assert json.loads(out)["machine"]["state"] == "reserved"  # another app's is left alone
     code, out, err = await buyer(market, "machines", "destroy", "--app", "shop")
     assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")
 
@@ -493,29 +496,3 @@ async def buyer_on_a_terminal(market: Market, answer: str, *args: str) -> tuple[
         os.close(master)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
-
-
-async def test_tls_options_work_after_the_command(market: Market, tmp_path: Path) -> None:
-    missing = str(tmp_path / "nope.pem")
-    code, out, err = await buyer(market, *PLACE, "--tls-ca", missing)
-    assert code == 1 and out == "" and len(err.splitlines()) == 1
-    assert err.startswith("error: ") and missing in err and "No such option" not in err
-
-
-async def test_help_says_what_every_option_takes() -> None:
-    """No <bool> on a flag, no Python type for a value, and a help line for every option."""
-    for args in (("place",), ("fleet",), ("deploy",), ("failover",), ("machines", "destroy")):
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "buyer_cli",
-            *args,
-            "--help",
-            stdout=asyncio.subprocess.PIPE,
-            env={**os.environ, "COLUMNS": "200"},
-        )
-        out, _ = await proc.communicate()
-        text = out.decode()
-        assert proc.returncode == 0 and "--help" in text
-        assert "<bool>" not in text and "<str>" not in text and "<int>" not in text, text
-        assert "<list[str]>" not in text and "<float>" not in text, text

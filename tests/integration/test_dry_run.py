@@ -17,7 +17,7 @@ from bourse.client import DryRun
 from bourse.wire.codec import encode
 from bourse.wire.messages import Amount, Placed, WorkerStatus
 from supplier.ledger import Hold
-from tests.integration.test_cli import buyer
+from tests.cli import buyer
 from tests.market import Market, order, worker
 
 SSD = {"disk": "ssd"}

@@ -13,7 +13,7 @@ import pytest
 
 from bourse.wire.messages import Amount, Placed, PlaceOrder, Resources, Unfilled
 from supplier.drivers.process import ProcessDriver
-from tests.integration.test_cli import buyer
+from tests.cli import buyer
 from tests.integration.test_confinement import _cgroups_or_skip, _driver, _worker
 from tests.market import Market, wait_until, worker
 
@@ -73,7 +73,7 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
     assert code == 0, err
     code, out, err = await buyer(market, "machines", "show", mid, "--json")
     assert code == 0, err
-    assert json.loads(out)["resources"] == {
+    assert json.loads(out)["machine"]["resources"] == {
         "cpus": 1,
         "memory_mb": 64,
         "disk_mb": 0,

@@ -12,7 +12,7 @@ from pathlib import Path
 from bourse.wire.messages import ListMachines, Machine, Placed, Resources, new_machine_id
 from bourse.wire.paging import PAGE_BYTES
 from supplier.store import Op, Store
-from tests.integration.test_cli import buyer
+from tests.cli import buyer
 from tests.market import Market, order, worker
 
 BIG = 10_000
@@ -155,7 +155,7 @@ async def test_a_worker_with_ten_thousand_machines_lists_completely(
 ) -> None:
     """10,000 machines on one worker (about 3 MB of machines: far past one NATS message)
     list completely: in pages on the fan-out, and page by page (a cursor) for --worker
-    through the exchange; the CLI's --json has every one. The time is printed."""
+    through the exchange; the CLI's --json has every one. The times are printed."""
     data_dir = tmp_path / "big"
     ms = await fill_store(data_dir, "big-1", "mad", BIG)
     await market.host(worker("big-1", memory_mb=1 << 20), data_dir=data_dir)
@@ -186,5 +186,5 @@ async def test_a_worker_with_ten_thousand_machines_lists_completely(
     print(
         f"\n10,000 machines: fan-out gather {fanout_s * 1000:.0f} ms, per-worker pages "
         f"through the exchange {cursor_s * 1000:.0f} ms, `buyer machines list --json` "
-        f"(a process) {cli_s * 1000:.0f} ms"
+        f"(its gather and the JSON) {cli_s * 1000:.0f} ms"
     )

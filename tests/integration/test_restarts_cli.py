@@ -17,7 +17,7 @@ from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
 from supplier.drivers.process import ProcessDriver
-from tests.integration.test_cli import buyer
+from tests.cli import buyer
 from tests.market import Market, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
@@ -68,7 +68,7 @@ async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
     ]
     code, out, err = await buyer(market, "machines", "show", mid, "--json")
     assert code == 0, err
-    shown = json.loads(out)
+    shown = json.loads(out)["machine"]
     assert shown["metadata"]["restart"] == "on-failure"
     assert shown["restarts"] >= 2 and shown["last_exit"]["reason"] == "exit"
     assert shown["last_exit"]["code"] == 1 and shown["state"] == "started"

@@ -236,5 +236,5 @@ async def _walk_through(url: str) -> None:
     code, out, err = await run(url, "ops.cli", "demo", "--nats", url)
     assert code == 0, err
     code, out, err = await buyer(url, "fleet", "--json")
-    mad1 = next(s for s in json.loads(out) if s["worker_id"] == "mad-1")
+    mad1 = next(s for s in json.loads(out)["workers"] if s["worker_id"] == "mad-1")
     assert mad1["committed"]["cpus"] == 2  # the first machine of the walk-through only

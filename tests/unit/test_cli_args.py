@@ -1,19 +1,24 @@
-"""The CLIs' argument handling through typer's runner (no NATS needed: bad input is refused
-before any connection)."""
+"""The CLIs' argument handling and error lines, in this process through typer's runner (no
+NATS needed: bad input is refused before any connection, and nothing listens where a test
+points one)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from collections.abc import Iterator
+import json
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import structlog
+import typer
 from typer.testing import CliRunner
 
+from bourse.errors import BourseError
+from bourse.runtime.cli import BourseGroup, JsonOpt, error_fields, fail
 from buyer_cli.cli import app as buyer
+from ops.cli import app as bourse
 from supplier.cli import app as supplier
+from tests.cli import run_cli
 
 runner = CliRunner()
 
@@ -151,20 +156,132 @@ def test_a_malformed_machine_id_says_what_one_looks_like(verb: str, bad: str) ->
     assert f"{bad!r} is not a machine id: one looks like <worker_id>~<ulid>" in said
 
 
+BOGUS_LINE = (
+    "Invalid value for 'MACHINE_ID': 'bogus' is not a machine id: one looks like"
+    " <worker_id>~<ulid>, e.g. mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer"
+    " place` or `machines list`)"
+)
+
+
 def test_the_program_says_it_in_one_line() -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "buyer_cli", "machines", "show", "bogus", *NO_NATS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
+    code, out, err = run_cli(buyer, "machines", "show", "bogus", *NO_NATS)
+    assert (code, out, err) == (1, "", f"error: {BOGUS_LINE}\n")
+    code, out, err = run_cli(buyer, "place", "--cpus", "1", *NO_NATS)
+    assert (code, out) == (1, "") and err == "error: Missing option '--region'.\n"
+    code, out, err = run_cli(buyer, *PLACE, "--label", "nokey", *NO_NATS)
+    assert (code, out) == (1, "")
+    assert err == "error: Invalid value: --label 'nokey' must look like key=value\n"
+
+
+# -- errors with --json: the line on stderr, and one object on stdout ------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["machines", "show", "bogus", *NO_NATS, "--json"], BOGUS_LINE),  # a usage error
+        (["--json", "machines", "show", "bogus", *NO_NATS], BOGUS_LINE),  # --json before
+        (  # a command's own check (fail)
+            [*PLACE, "--dry-run", "--start", *NO_NATS, "--json"],
+            "--dry-run places nothing: --start does not apply",
+        ),
+        (  # a BourseError (the TLS file), before any connection
+            ["fleet", *NO_NATS, "--tls-ca", "/nonexistent/ca.pem", "--json"],
+            "cannot use CA file /nonexistent/ca.pem: [Errno 2] No such file or directory",
+        ),
+        (
+            ["machines", "destroy", "--app", "a", "--region", "mad", "--json"],
+            "no NATS server given: pass --nats URL or set BOURSE_NATS_URL",
+        ),
+    ],
+)
+def test_an_error_is_one_line_and_with_json_one_object(args: list[str], message: str) -> None:
+    code, out, err = run_cli(buyer, *args, env={"BOURSE_NATS_URL": None})
+    assert (code, err) == (1, f"error: {message}\n")
+    assert json.loads(out) == {"error": message}
+    code, out, err = run_cli(buyer, *[a for a in args if a != "--json"])
+    assert (code, out) == (1, "")
+
+
+def test_failover_json_keeps_its_keys_on_an_error() -> None:
+    mid = "mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B"
+    args = ["failover", "--app", "web", "--machine", mid, "--region", "mad", *NO_NATS, "--json"]
+    code, out, err = run_cli(buyer, *args)
+    assert code == 1 and err.startswith("error: cannot connect to NATS at nats://127.0.0.1:1")
+    assert json.loads(out) == {
+        "app": "web",
+        "replaced": mid,
+        "started": None,
+        "stopped": None,
+        "spare": None,
+        "spare_unfilled": [],
+        "error": err.removeprefix("error: ").strip(),
+    }
+
+
+def test_the_common_options_go_before_or_after_the_command() -> None:
+    """--nats before the command, after it (which wins), and from the environment; the
+    connection error names the server that was used."""
+    one, two, env = "nats://127.0.0.1:1", "nats://127.0.0.1:2", "nats://127.0.0.1:3"
+    for args, used in [
+        (["--nats", one, "fleet"], one),
+        (["fleet", "--nats", one], one),
+        (["--nats", one, "fleet", "--nats", two], two),
+        (["fleet"], env),
+        (["--nats", one, "machines", "list"], one),
+        (["machines", "--nats", one, "list", "--nats", two], two),
+    ]:
+        code, _, err = run_cli(buyer, *args, env={"BOURSE_NATS_URL": env})
+        assert (code, err.split(": ")[1]) == (1, f"cannot connect to NATS at {used}"), args
+
+
+def _program(body: Callable[[], None]) -> typer.Typer:
+    """A program of one command, ``go``, that runs ``body``."""
+    app = typer.Typer(cls=BourseGroup)
+
+    @app.callback()
+    def _callback() -> None:
+        """A program."""
+
+    @app.command()
+    def go(ctx: typer.Context, json: JsonOpt = False) -> None:
+        """Run the body."""
+        error_fields(ctx, what="go")
+        body()
+
+    return app
+
+
+def _raise(exc: Exception) -> Callable[[], None]:
+    def body() -> None:
+        raise exc
+
+    return body
+
+
+def test_only_errors_raised_on_purpose_are_one_line() -> None:
+    code, out, err = run_cli(_program(_raise(BourseError("out of luck"))), "go", "--json")
+    assert (code, err) == (1, "error: out of luck\n")
+    assert out == '{"what":"go","error":"out of luck"}\n'  # with the command's own fields
+    with pytest.raises(ZeroDivisionError):  # a bug: its traceback is what helps
+        run_cli(_program(_raise(ZeroDivisionError("bug"))), "go")
+
+
+def test_fail_keeps_its_exit_code() -> None:
+    code, out, err = run_cli(_program(lambda: fail("nothing left", 2)), "go", "--json")
+    assert (code, out, err) == (
+        2,
+        '{"what":"go","error":"nothing left"}\n',
+        "error: nothing left\n",
     )
-    assert (out.returncode, out.stdout) == (1, "")
-    assert out.stderr == (
-        "error: Invalid value for 'MACHINE_ID': 'bogus' is not a machine id: one looks like"
-        " <worker_id>~<ulid>, e.g. mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer"
-        " place` or `machines list`)\n"
-    )
+
+
+def test_bourse_says_a_bad_option_in_one_line_and_json() -> None:
+    code, out, err = run_cli(bourse, "demo", "--prefix", "a b", "--json")
+    assert code == 1 and err.startswith("error: Invalid value for '--prefix'")
+    assert json.loads(out)["error"] == err.removeprefix("error: ").strip()
+    code, out, err = run_cli(bourse, "up", "--metrics-addr", "nowhere")
+    assert (code, out) == (1, "") and err.startswith("error: ") and len(err.splitlines()) == 1
 
 
 # -- --cpus: fractions and millicores; bad amounts in one line naming the flag -----------------
@@ -191,15 +308,10 @@ def test_a_bad_cpus_is_one_line_naming_the_flag(program: str, value: str, why: s
         ],
         "supplier run": ["run", "--worker-id", "w1", "--region", "mad", "--memory-mb", "64"],
     }[program]
-    module = "buyer_cli" if program.startswith("buyer") else "supplier"
-    done = subprocess.run(
-        [sys.executable, "-m", module, *args, "--cpus", value, *NO_NATS],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 1
-    assert done.stderr == f"error: Invalid value for '--cpus': {why}\n"
+    app = buyer if program.startswith("buyer") else supplier
+    code, out, err = run_cli(app, *args, "--cpus", value, *NO_NATS)
+    assert (code, out) == (1, "")
+    assert err == f"error: Invalid value for '--cpus': {why}\n"
 
 
 def test_fractional_cpus_are_accepted() -> None:

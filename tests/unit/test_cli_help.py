@@ -39,3 +39,61 @@ def test_every_option_has_help_and_says_what_it_takes(program: str) -> None:
             assert shown is None, f"{name} shows {shown}"
         else:
             assert shown and not shown.startswith("<"), f"{name} shows {shown}"
+
+
+@pytest.mark.parametrize(
+    "args", [["place"], ["fleet"], ["deploy"], ["failover"], ["machines", "destroy"]]
+)
+def test_help_shows_no_python_types(args: list[str]) -> None:
+    """What a person reads: no <bool> on a flag, no Python type for a value."""
+    from typer.testing import CliRunner
+
+    from buyer_cli.cli import app
+
+    result = CliRunner().invoke(app, [*args, "--help"], env={"COLUMNS": "200"})
+    text = result.output
+    assert result.exit_code == 0 and "--help" in text
+    for python_type in ("<bool>", "<str>", "<int>", "<list[str]>", "<float>"):
+        assert python_type not in text, text
+
+
+COMMON = {"--nats", "--creds", "--tls-ca", "--tls-cert", "--tls-key", "--prefix", "--json"}
+
+
+def test_every_buyer_command_takes_the_common_options_after_it() -> None:
+    """Defined once (the app's callback), taken after every command as people type them."""
+    command = typer.main.get_command(importlib.import_module(PROGRAMS["buyer"]).app)
+    leaves = [
+        (path, sub)
+        for path, sub in _commands(command, "buyer")
+        if not getattr(sub, "commands", None)
+    ]
+    assert len(leaves) == 11
+    for path, sub in leaves:
+        names = {o for p in sub.params if isinstance(p, TyperOption) for o in p.opts}
+        assert names >= COMMON, f"{path} lacks {COMMON - names}"
+
+
+def _commands(command: Any, path: str) -> list[tuple[str, Any]]:
+    found = []
+    for name, sub in (getattr(command, "commands", None) or {}).items():
+        found += [(f"{path} {name}", sub), *_commands(sub, f"{path} {name}")]
+    return found
+
+
+def test_the_readme_says_every_buyer_commands_json_shape() -> None:
+    """The README's --json table has a row for every command (named in its first column)."""
+    import re
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    table = readme.split("| command | `--json` prints |", 1)[1].split("\n\n", 1)[0]
+    first = [line.split(" | ")[0] for line in table.splitlines() if line.startswith("| `")]
+    named = {name for cell in first for name in re.findall(r"`([a-z ]+)`", cell)}
+    command = typer.main.get_command(importlib.import_module(PROGRAMS["buyer"]).app)
+    leaves = {
+        path.removeprefix("buyer ")
+        for path, sub in _commands(command, "buyer")
+        if not getattr(sub, "commands", None)
+    }
+    assert len(leaves) == 11 and leaves <= named, leaves - named

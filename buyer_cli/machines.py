@@ -1,0 +1,254 @@
+"""``buyer machines``: list the machines of the fleet, show / start / stop / destroy one (or
+every machine of an app), and print what a machine printed."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Annotated, get_args
+
+import typer
+
+from bourse.client import BourseClient, Listing, policy, render
+from bourse.client.follow import follow_logs
+from bourse.runtime.cli import fail, parse_labels
+from bourse.wire.messages import ListMachines, Machine, MachineState
+from buyer_cli.options import (
+    EXIT_UNFILLED,
+    MachineDirectOpt,
+    MachineIdArg,
+    YesOpt,
+    check_machine_id,
+)
+from buyer_cli.session import session, with_client
+
+MACHINE_STATES: tuple[str, ...] = get_args(MachineState)
+
+
+def _states(values: list[str] | None) -> list[str]:
+    """``--state`` values, each a machine state, or one line naming the valid ones."""
+    for v in values or []:
+        if v not in MACHINE_STATES:
+            fail(f"unknown state {v!r}: use one of {', '.join(MACHINE_STATES)}")
+    return list(dict.fromkeys(values or []))
+
+
+def list_machines(
+    ctx: typer.Context,
+    worker: Annotated[
+        str | None,
+        typer.Option(
+            metavar="WORKER",
+            help="Only this worker's machines (through the exchange; --direct: to the worker).",
+        ),
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="REGION", help="A region to list (repeatable; default: every region)."
+        ),
+    ] = None,
+    app_name: Annotated[
+        str | None,
+        typer.Option(
+            "--app", metavar="NAME", help="Only the machines of this app (metadata app=NAME)."
+        ),
+    ] = None,
+    state: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="STATE",
+            help=f"Only machines in this state (repeatable): {', '.join(MACHINE_STATES)}.",
+        ),
+    ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="KEY=VALUE",
+            help="Only machines whose metadata has KEY=VALUE (repeatable; all must match). "
+            "Machines carry their order's metadata (--meta, --app), not its --label "
+            "constraints.",
+        ),
+    ] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
+    direct: MachineDirectOpt = False,
+) -> None:
+    """Machines of every worker in every region (or those given), sorted by region, worker
+    and age, with filters; --worker: one worker's. Every worker answers in pages, so any
+    number of machines lists completely. Exit 2 when a region asked for (or, with none
+    given, any region) has no worker that answers, or a worker's answer is missing."""
+    req = ListMachines(
+        include_destroyed=all_,
+        states=_states(state),  # type: ignore[arg-type]  # checked against MachineState
+        app=app_name or "",
+        labels=parse_labels(label, "--label"),
+    )
+    if worker is not None:
+        if region:
+            fail("--region and --worker do not go together: a worker is in one region")
+        wid = worker
+        listed = with_client(ctx, lambda c: c.machines(wid, request=req), direct=direct)
+        if session(ctx).json:
+            regions = sorted({m.region for m in listed.machines})
+            session(ctx).echo_json(
+                Listing(machines=listed.machines, complete=True, regions=regions)
+            )
+        else:
+            render.show(render.machines(listed.machines))  # as before: with order ids
+        return
+    if direct:
+        fail("--direct goes with --worker (a listing of every worker asks the suppliers anyway)")
+    got = with_client(ctx, lambda c: c.list_machines(region or None, req))
+    if session(ctx).json:
+        session(ctx).echo_json(got)
+    elif got.machines:
+        render.show(render.machine_listing(got.machines))
+    elif got.regions:
+        typer.echo("no machine matches")
+    _listing_problems(got, region or [])
+
+
+def _listing_problems(got: Listing, regions: list[str]) -> None:
+    """One line on stderr per problem (a silent region, missing workers, a supplier's
+    error); exit 2 if there was one."""
+    problems = [f"supplier: {e}" for e in got.errors]
+    if not regions and not got.regions:
+        problems.append("no worker answers in any region")
+    problems += [
+        f"no worker answers in region {r!r}" for r in dict.fromkeys(regions) if r not in got.regions
+    ]
+    if got.missing:
+        shown = ", ".join(got.missing[:10])
+        more = f" and {len(got.missing) - 10} more" if len(got.missing) > 10 else ""
+        problems.append(f"incomplete: no (whole) answer from worker(s) {shown}{more}")
+    for p in problems:
+        typer.echo(p, err=True)
+    if problems:
+        raise typer.Exit(EXIT_UNFILLED)
+
+
+def verb_command(verb: str, help_text: str) -> Callable[..., None]:
+    """``machines show`` (verb ``get``), ``start``, ``stop``: one machine, as it is after."""
+
+    def command(
+        ctx: typer.Context, machine_id: MachineIdArg, direct: MachineDirectOpt = False
+    ) -> None:
+        m = with_client(ctx, lambda c: c.machine(verb, machine_id), direct=direct)
+        if session(ctx).json:
+            session(ctx).echo_json({"machine": m})
+            return
+        render.show(render.machines([m]))
+        if verb == "get":
+            render.console.print(render.last_exit(m))
+
+    command.__doc__ = help_text
+    return command
+
+
+def logs(
+    ctx: typer.Context,
+    machine_id: MachineIdArg,
+    tail: Annotated[
+        int, typer.Option(min=1, max=1000, metavar="N", help="How many lines, the last ones.")
+    ] = 100,
+    follow: Annotated[
+        bool,
+        typer.Option("--follow", "-f", help="Then print new lines as they come (Ctrl-C stops)."),
+    ] = False,
+    direct: MachineDirectOpt = False,
+) -> None:
+    """The last lines a machine printed (process driver); --follow: and what it prints next."""
+    json = session(ctx).json
+    if follow:
+        with_client(ctx, lambda c: _follow(c, machine_id, tail, json), direct=direct)
+        return
+    out = with_client(ctx, lambda c: c.logs(machine_id, tail), direct=direct)
+    if json:
+        session(ctx).echo_json(out)
+        return
+    if out.truncated:
+        typer.echo("... (older lines left out)")
+    for line in out.lines:
+        typer.echo(line)
+
+
+async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> None:
+    """Print the tail, then new lines as they come (one MachineLogs per line with --json)."""
+    async for got in follow_logs(c, machine_id, tail):
+        if json:
+            typer.echo(render.as_json(got))
+            continue
+        if got.truncated:
+            typer.echo("... (lines left out)")
+        for line in got.lines:
+            typer.echo(line)
+
+
+def destroy(
+    ctx: typer.Context,
+    machine_id: Annotated[
+        str | None,
+        typer.Argument(
+            help="<worker_id>~<ulid>; or none, with --app",
+            metavar="MACHINE_ID",
+            callback=lambda v: None if v is None else check_machine_id(v),
+        ),
+    ] = None,
+    app_name: Annotated[
+        str | None,
+        typer.Option(
+            "--app", metavar="NAME", help="Destroy every live machine of this app instead."
+        ),
+    ] = None,
+    region: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="REGION", help="With --app: only in this region (repeatable; default: all)."
+        ),
+    ] = None,
+    yes: YesOpt = False,
+    direct: MachineDirectOpt = False,
+) -> None:
+    """Destroy a machine and free its resources; with --app, every live machine of the app
+    (asks first unless --yes)."""
+    if (machine_id is None) == (app_name is None):
+        fail("give a MACHINE_ID or --app NAME (one of them)")
+    if region and app_name is None:
+        fail("--region goes with --app")
+    if machine_id is not None:
+        mid = machine_id
+        _destroyed(ctx, [with_client(ctx, lambda c: c.machine("destroy", mid), direct=direct)])
+        return
+    assert app_name is not None
+    name = app_name
+    found = with_client(ctx, lambda c: policy.app_machines(c, name, region or None), direct=direct)
+    if not found:
+        if session(ctx).json:
+            _destroyed(ctx, [])
+        else:
+            where = f" in {', '.join(region)}" if region else ""
+            typer.echo(f"app {name!r} has no live machines{where}: nothing to destroy")
+        return
+    if not yes:
+        _confirm(f"destroy {len(found)} machine(s) of app {name!r}", found)
+
+    async def destroy_all(c: BourseClient) -> list[Machine]:
+        return [await c.machine("destroy", m.machine_id) for m in found]
+
+    _destroyed(ctx, with_client(ctx, destroy_all, direct=direct))
+
+
+def _destroyed(ctx: typer.Context, machines: list[Machine]) -> None:
+    if session(ctx).json:
+        session(ctx).echo_json({"machines": machines})
+    else:
+        render.show(render.machines(machines))
+
+
+def _confirm(what: str, machines: list[Machine]) -> None:
+    """Ask on the terminal; without one (a script, a pipe) refuse: --yes says it."""
+    if not sys.stdin.isatty():
+        fail(f"{what}: not confirmed (no terminal to ask on); pass --yes")
+    render.show(render.machines(machines))
+    if not typer.confirm(f"{what}?", default=False):
+        fail(f"{what}: not confirmed")

@@ -1,0 +1,130 @@
+"""The options several ``buyer`` commands take (resources, labels, deadlines, machine ids),
+each defined once with its parser, and the exit code of an order left unfilled."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated
+
+import typer
+
+from bourse.wire.limits import MACHINE_ID_PATTERN
+from bourse.wire.resources import parse_cpus
+
+# Exit codes: 0 placed / done, 2 unfilled (nothing placed, a slot left empty, no spare, a
+# region with no worker), 1 an error.
+EXIT_UNFILLED = 2
+
+
+def _cpus(text: str) -> int:
+    """``--cpus`` as people write it (2, 0.5, 250m), in millicores; one clear error else."""
+    try:
+        return parse_cpus(text)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
+
+
+# The value is in millicores once parsed (2 -> 2000, 0.5 -> 500, 250m -> 250).
+CpusOpt = Annotated[
+    int,
+    typer.Option(
+        metavar="CPUS", parser=_cpus, help="CPUs: whole (2), fractional (0.5) or millicores (250m)."
+    ),
+]
+MemoryOpt = Annotated[int, typer.Option(metavar="MIB", help="Memory in MiB.")]
+ImageOpt = Annotated[str, typer.Option(metavar="IMAGE", help="Image to run.")]
+DiskOpt = Annotated[int, typer.Option(metavar="MIB", help="Disk in MiB (0: none).")]
+GpusOpt = Annotated[int, typer.Option(metavar="N", help="GPUs (0: none).")]
+LabelOpt = Annotated[
+    list[str] | None,
+    typer.Option(metavar="KEY=VALUE", help="A label the worker must have (repeatable)."),
+]
+MinScoreOpt = Annotated[
+    float,
+    typer.Option(metavar="SCORE", help="Least score (0-1) an offer needs to be taken."),
+]
+DeadlineOpt = Annotated[
+    int, typer.Option(metavar="MS", help="How long the auction may take, in milliseconds.")
+]
+AppOpt = Annotated[
+    str, typer.Option("--app", metavar="NAME", help="The app's name (its machines carry it).")
+]
+YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
+
+RESTART_POLICIES = ("no", "on-failure", "always")  # the process driver's (order metadata)
+
+
+def _restart(value: str | None) -> str | None:
+    if value is not None and value not in RESTART_POLICIES:
+        raise typer.BadParameter(f"{value!r} is not a restart policy: use no, on-failure or always")
+    return value
+
+
+RestartOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Restart the machine's process when it ends: no, on-failure (non-zero exit, "
+        "signal, oom), always (process driver; sent as metadata restart=...). Default: "
+        "the image's policy.",
+        metavar="POLICY",
+        callback=_restart,
+    ),
+]
+DirectOpt = Annotated[
+    bool, typer.Option("--direct", help="Run the auction here; no exchange needed.")
+]
+# On a machine command --direct skips the exchange's routing, not an auction.
+MachineDirectOpt = Annotated[
+    bool, typer.Option("--direct", help="Talk to the worker directly; no exchange needed.")
+]
+
+
+def check_machine_id(value: str) -> str:
+    """A machine id as the CLI takes it, or a usage error that says what one looks like."""
+    if re.match(MACHINE_ID_PATTERN, value) is None:
+        raise typer.BadParameter(
+            f"{value!r} is not a machine id: one looks like <worker_id>~<ulid>, e.g. "
+            "mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B (copy it from `buyer place` or `machines list`)"
+        )
+    return value
+
+
+MachineIdArg = Annotated[
+    str, typer.Argument(help="<worker_id>~<ulid>", metavar="MACHINE_ID", callback=check_machine_id)
+]
+
+# JSON paths of a PlaceOrder (or Resources) -> the flag a person typed.
+_FLAGS = {
+    "resources.cpus": "--cpus",
+    "resources.cpu_millis": "--cpus",
+    "resources.memory_mb": "--memory-mb",
+    "resources.disk_mb": "--disk-mb",
+    "resources.gpus": "--gpus",
+    "cpus": "--cpus",
+    "cpu_millis": "--cpus",
+    "memory_mb": "--memory-mb",
+    "disk_mb": "--disk-mb",
+    "gpus": "--gpus",
+    "region": "--region",
+    "image": "--image",
+    "constraints": "--label",
+    "exclude_workers": "--exclude",
+    "min_score": "--min-score",
+    "deadline_ms": "--deadline-ms",
+    "order_id": "--order-id",
+    "metadata": "--meta",
+}
+_PATH = re.compile(r" - at `\$\.([A-Za-z_.]+)[^`]*`")
+
+
+def flag_names(text: str) -> str:
+    """``Expected `int` >= 1 - at `$.resources.cpus` `` -> ``... (--cpus)``."""
+
+    def sub(m: re.Match[str]) -> str:
+        path = m.group(1)
+        for key in sorted(_FLAGS, key=len, reverse=True):
+            if path == key or path.startswith(key + "."):
+                return f" ({_FLAGS[key]})"
+        return m.group(0)
+
+    return _PATH.sub(sub, text)

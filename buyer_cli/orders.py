@@ -1,0 +1,143 @@
+"""``buyer place``: one immediate-or-cancel order, its dry run (--dry-run) and the reasons
+of an unfilled one (--explain)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import msgspec
+import typer
+
+from bourse.client import BourseClient, DryRun, render
+from bourse.runtime.cli import fail, parse_labels
+from bourse.wire.codec import validation_detail
+from bourse.wire.limits import DEFAULT_DEADLINE_MS
+from bourse.wire.messages import Machine, Placed, PlaceOrder, Unfilled
+from bourse.wire.resources import cpu_fields
+from buyer_cli.options import (
+    EXIT_UNFILLED,
+    CpusOpt,
+    DeadlineOpt,
+    DirectOpt,
+    DiskOpt,
+    GpusOpt,
+    ImageOpt,
+    LabelOpt,
+    MemoryOpt,
+    MinScoreOpt,
+    RestartOpt,
+    flag_names,
+)
+from buyer_cli.session import session, with_client
+
+RegionOpt = Annotated[str, typer.Option(metavar="REGION", help="Region to place in (strict).")]
+
+
+def place(
+    ctx: typer.Context,
+    region: RegionOpt,
+    cpus: CpusOpt,
+    memory_mb: MemoryOpt,
+    image: ImageOpt,
+    disk_mb: DiskOpt = 0,
+    gpus: GpusOpt = 0,
+    label: LabelOpt = None,
+    exclude: Annotated[
+        list[str] | None, typer.Option(metavar="WORKER", help="A worker to avoid (repeatable).")
+    ] = None,
+    min_score: MinScoreOpt = 0.0,
+    deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
+    order_id: Annotated[
+        str | None,
+        typer.Option(
+            metavar="ID",
+            help="Idempotency key (a ULID when omitted). A given id is sent as a retry: the "
+            "worker that already placed it answers first.",
+        ),
+    ] = None,
+    meta: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="Metadata the machine carries (repeatable)."),
+    ] = None,
+    restart: RestartOpt = None,
+    start: Annotated[bool, typer.Option("--start", help="Start the machine once placed.")] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Place nothing: ask every worker of the region for its score or its reasons "
+            "(exit 0 if one would take the order, else 2).",
+        ),
+    ] = False,
+    explain: Annotated[
+        bool,
+        typer.Option(
+            "--explain",
+            help="If the order is unfilled, show every worker's reasons under it."
+            " (Without it an unfilled order's detail already says why, in one line.)",
+        ),
+    ] = False,
+    direct: DirectOpt = False,
+) -> None:
+    """Place one immediate-or-cancel order."""
+    raw: dict[str, object] = {
+        "region": region,
+        "resources": {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
+        "image": image,
+        "constraints": parse_labels(label),
+        "exclude_workers": exclude or [],
+        "min_score": min_score,
+        "deadline_ms": deadline_ms,
+        "metadata": dict(pair.partition("=")[::2] for pair in meta or [])
+        | ({"restart": restart} if restart is not None else {}),
+    }
+    if order_id:
+        raw["order_id"] = order_id
+        raw["retry"] = True  # the id may have been placed before (I3)
+    try:
+        order = msgspec.convert(raw, PlaceOrder, strict=True)
+    except msgspec.ValidationError as exc:
+        fail(f"invalid order: {flag_names(validation_detail(exc))}")
+    if dry_run:
+        if start:
+            fail("--dry-run places nothing: --start does not apply")
+        _dry_run(ctx, order)
+
+    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Machine | None, DryRun | None]:
+        r = await c.place(order)
+        if isinstance(r, Placed):
+            return r, await c.machine("start", r.machine_id) if start else None, None
+        # Only now that it is unfilled: ask the region why (§5.4); one gather serves the
+        # detail and --explain.
+        why = await c.explain(order) if explain else None
+        return await c.reasons(order, r, why), None, why
+
+    r, machine, why = with_client(ctx, go, direct=direct)
+    if session(ctx).json:
+        outcome = "placed" if isinstance(r, Placed) else "unfilled"
+        session(ctx).echo_json(
+            {"outcome": outcome, "result": r, "machine": machine, "explain": why}
+        )
+    else:
+        render.outcome(r)
+        if machine is not None:
+            render.console.print(f"  machine {machine.machine_id} is {machine.state}")
+        if why is not None:
+            _show_dry_run(why)
+    if not isinstance(r, Placed):
+        raise typer.Exit(EXIT_UNFILLED)
+
+
+def _dry_run(ctx: typer.Context, order: PlaceOrder) -> None:
+    """``place --dry-run``: every worker's verdict, nothing placed or held."""
+    d = with_client(ctx, lambda c: c.explain(order))
+    if session(ctx).json:
+        session(ctx).echo_json(d)
+    else:
+        _show_dry_run(d)
+    raise typer.Exit(0 if d.winner else EXIT_UNFILLED)
+
+
+def _show_dry_run(d: DryRun) -> None:
+    render.show(render.dry_run(d))
+    render.console.print(render.dry_run_summary(d))

@@ -1,0 +1,95 @@
+"""One ``buyer`` invocation: the common options (given before the command or after it), the
+connection they make, checked once, and a command's work run on a client."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+import typer
+from nats.aio.client import Client as NATS
+
+from bourse.client import BourseClient, ClientError, render
+from bourse.nats.auth import tenant_of
+from bourse.runtime import logs
+from bourse.runtime.cli import Connection
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+
+T = TypeVar("T")
+
+
+@dataclass
+class Session:
+    """The common options of one invocation (bourse/runtime/cli.py: --nats, --creds,
+    --tls-*, --prefix, --json): the app's callback keeps them here, and a value given after
+    the command replaces the one before it (BourseGroup). The Connection is made from them
+    once, at its first use, so that a bad one is one clear error."""
+
+    nats: list[str] | None = None
+    creds: str | None = None
+    tls_ca: str | None = None
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    prefix: str = DEFAULT_PREFIX
+    json: bool = False
+    _connection: Connection | None = field(default=None, init=False, repr=False)
+
+    def connection(self) -> Connection:
+        if self._connection is None:
+            self._connection = Connection.from_options(
+                self.nats, self.creds, self.tls_ca, self.tls_cert, self.tls_key
+            )
+        return self._connection
+
+    @property
+    def subjects(self) -> Subjects:
+        return Subjects(self.prefix)
+
+    def tenant(self) -> str:
+        """The tenant the --creds file is for ("" for the operator's shared buyer key)."""
+        creds = self.connection().creds
+        return tenant_of(creds) if creds else ""
+
+    async def connect(self, name: str) -> NATS:
+        """A NATS connection for a command; one that cannot be made is a ClientError."""
+        conn = self.connection()
+        try:
+            return await conn.connect(name, service=False)
+        except Exception as exc:  # nats-py's own errors, OSError, TimeoutError: all one line
+            urls = ", ".join(conn.urls)
+            raise ClientError(
+                f"cannot connect to NATS at {urls}: {exc or type(exc).__name__}", "not_connected"
+            ) from None
+
+    def echo_json(self, obj: object) -> None:
+        typer.echo(render.as_json(obj))
+
+
+def session(ctx: typer.Context) -> Session:
+    """The invocation's options (the app's callback made them)."""
+    found = ctx.find_object(Session)
+    assert found is not None, "the buyer app's callback keeps a Session in ctx.obj"
+    return found
+
+
+def with_client(
+    ctx: typer.Context, fn: Callable[[BourseClient], Awaitable[T]], *, direct: bool = False
+) -> T:
+    """Run ``fn`` on a client of the invocation's market (``direct``: auctions and machine
+    requests without the exchange) and close it; its errors go on to the app's one line."""
+    s = session(ctx)
+    tenant = s.tenant()
+    logs.configure("warning")
+
+    async def main() -> T:
+        nc = await s.connect("bourse-buyer")
+        client = BourseClient(nc, s.subjects, direct=direct, tenant=tenant)
+        try:
+            return await fn(client)
+        finally:
+            await client.close()
+            await nc.drain()
+
+    return asyncio.run(main())

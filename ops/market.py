@@ -1,0 +1,224 @@
+"""The demo market behind ``bourse demo`` and ``bourse up``: an embedded nats-server (unless
+one is given), one supplier process per demo region and one exchange process; the demo's
+scripted batch and burst placed on it; and ``up``'s watch over its programs until
+cancelled. Progress goes to a ``say`` callback; what the demo saw is returned."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+from ulid import ULID
+
+from bourse.client import BourseClient
+from bourse.nats.connection import connect
+from bourse.nats.embedded import EmbeddedNats, NatsServerError
+from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.runtime.metrics import format_addr, free_port
+from bourse.wire.messages import Placed, Unfilled, WorkerStatus
+from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+from ops.demo import (
+    DEMO_FLEET,
+    BurstReport,
+    Cleanup,
+    clean_up,
+    run_burst,
+    run_script,
+    write_fleet_files,
+)
+
+Say = Callable[[str], None]
+
+
+def metrics_addrs(at: tuple[str, int] | None, count: int) -> list[str]:
+    """One --metrics-addr per program: ``at``'s port for the first, the next free ones for
+    the others (port 0: each its own free one); "off" for all without ``at``."""
+    if at is None:
+        return ["off"] * count
+    host, port = at
+    if port == 0:
+        return [format_addr(host, 0)] * count
+    ports: list[int] = []
+    for _ in range(count):
+        ports.append(free_port(host, ports[-1] + 1 if ports else port, ports))
+    return [format_addr(host, p) for p in ports]
+
+
+def metrics_url(program: Program) -> str:
+    """The metrics URL a program's ready line names ("...; metrics on URL"), or ""."""
+    _, sep, url = program.ready_line.partition("metrics on ")
+    return url.strip() if sep else ""
+
+
+async def start_market(
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    say: Say,
+    metrics_at: tuple[str, int] | None = None,
+) -> list[Program]:
+    """One exchange process and supplier processes (one per demo region); each serves its
+    metrics on its own port of ``metrics_at`` (the exchange on its port) when given."""
+    programs: list[Program] = []
+    common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
+    fleets = write_fleet_files(root / "config")
+    addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets)))
+    exchange_addr = next(addrs)
+    try:
+        for region, path in fleets.items():
+            programs.append(
+                await start_program(
+                    "supplier",
+                    "run",
+                    "--fleet",
+                    str(path),
+                    "--data-dir",
+                    str(root / "data" / region),
+                    *common,
+                    "--metrics-addr",
+                    next(addrs),
+                    log_path=root / "logs" / f"supplier-{region}.log",
+                    ready="supplier ready",
+                )
+            )
+            programs[-1].name = f"supplier-{region}"
+            say(f"supplier for {region}: {len(DEMO_FLEET[region])} workers")
+        programs.append(
+            await start_program(
+                "exchange",
+                "serve",
+                *common,
+                "--metrics-addr",
+                exchange_addr,
+                log_path=root / "logs" / "exchange.log",
+                ready="exchange ready",
+            )
+        )
+    except BaseException:
+        await stop_all(programs)
+        raise
+    return programs
+
+
+@dataclass
+class DemoRun:
+    """What one demo saw: each scripted order's outcome, the burst, the fleet after them,
+    how many machines it placed, and (on a user's market) what its clean-up destroyed."""
+
+    outcomes: list[tuple[str, Placed | Unfilled]]
+    burst: BurstReport | None
+    fleet: list[WorkerStatus]
+    placed: int
+    cleanup: Cleanup | None
+
+
+async def run_demo(
+    urls: list[str], subjects: Subjects, root: Path, burst: int, tidy: bool, say: Say
+) -> DemoRun:
+    """The scripted orders and a burst of ``burst`` on the market at ``urls``, or (none
+    given) on a demo market started under ``root`` and stopped after; ``tidy``: destroy
+    what the demo placed, even when interrupted."""
+    server = None
+    programs: list[Program] = []
+    try:
+        if urls:
+            say(f"placing orders on the market at {', '.join(urls)}")
+        else:
+            server = EmbeddedNats(workdir=root / "nats", tie_to_parent=True).start()
+            urls = [server.url]
+            say(f"embedded nats-server on {server.url}")
+            programs = await start_market(urls, subjects, root, say)
+            say("exchange ready; placing orders\n")
+        return await _place_demo(urls, subjects, burst, tidy)
+    finally:
+        await stop_all(programs)
+        if server is not None:
+            server.stop()
+
+
+async def _place_demo(urls: list[str], subjects: Subjects, burst: int, tidy: bool) -> DemoRun:
+    nc = await connect(urls, name="bourse-demo", service=False)
+    client = BourseClient(nc, subjects)
+    run_id = str(ULID())
+    placed: list[str] = []
+    cleanup = None
+    try:
+        try:
+            outcomes = await run_script(client, run_id)
+            placed += [r.machine_id for _, r in outcomes if isinstance(r, Placed)]
+            report = await run_burst(client, run_id, placed, burst) if burst else None
+            statuses = [s for region in DEMO_FLEET for s in await client.status(region)]
+        finally:
+            if tidy:  # also when interrupted: what was placed is destroyed
+                with anyio.CancelScope(shield=True):
+                    cleanup = await clean_up(client, placed)
+    finally:
+        await nc.drain()
+    return DemoRun(outcomes, report, statuses, len(set(placed)), cleanup)
+
+
+async def run_up(
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    port: int,
+    say: Say,
+    metrics_at: tuple[str, int] | None = None,
+) -> None:
+    """The demo market until cancelled (SIGINT/SIGTERM), on the NATS at ``urls`` or an
+    embedded one on ``port``; its programs stop on the way out."""
+    server = None
+    if not urls:
+        if port > 0 and _port_busy(port):
+            raise NatsServerError(
+                f"port {port} is in use: pass --port -1 for a free one, or --nats URL"
+            )
+        server = EmbeddedNats(workdir=root / "nats", port=port, tie_to_parent=True).start()
+        urls = [server.url]
+        say(f"embedded nats-server on {server.url} (log: {server.log_path})")
+    else:
+        say(f"using the NATS server at {', '.join(urls)} (--nats)")
+    programs: list[Program] = []
+    try:
+        programs = await start_market(urls, subjects, root, say, metrics_at)
+        for p in programs:
+            if metrics_url(p):
+                say(f"metrics of {p.name}: {metrics_url(p)}")
+        px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
+        say(
+            f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
+            f"  export BOURSE_NATS_URL={urls[0]}\n"
+            f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
+            f"  buyer fleet{px}\n"
+            f"  buyer watch{px}\n"
+            f"  bourse demo --nats {urls[0]}{px}\n"
+            "Ctrl-C stops everything; machines that were running start again on the next up."
+        )
+        await watch_programs(programs, say)
+    finally:
+        say("stopping...")
+        await stop_all(programs)
+        if server is not None:
+            server.stop()
+
+
+async def watch_programs(programs: list[Program], say: Say) -> None:
+    """Until every program has exited: one that exits is reported, and the rest keep
+    serving (workers come and go on a market; that is what failover is for)."""
+
+    async def watch(p: Program) -> None:
+        await p.proc.wait()
+        say(f"[red]{p.name} exited with code {p.proc.returncode}[/]; see {p.log_path}")
+
+    async with anyio.create_task_group() as tasks:
+        for p in programs:
+            tasks.start_soon(watch, p)
+    say("every program has exited")
+
+
+def _port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
