@@ -80,7 +80,7 @@ class Descriptor(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class Manifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    schema_version: int = msgspec.field(name="schemaVersion", default=2)
+    schema_version: Annotated[int, msgspec.Meta(ge=2, le=2)] = msgspec.field(name="schemaVersion")
     media_type: str = msgspec.field(name="mediaType", default="")
     config: Descriptor
     layers: list[Descriptor] = []
@@ -88,7 +88,7 @@ class Manifest(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 
 
 class Index(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    schema_version: int = msgspec.field(name="schemaVersion", default=2)
+    schema_version: Annotated[int, msgspec.Meta(ge=2, le=2)] = msgspec.field(name="schemaVersion")
     media_type: str = msgspec.field(name="mediaType", default="")
     manifests: list[Descriptor] = []
     annotations: dict[str, str] = {}
@@ -159,6 +159,7 @@ def image_manifest(config: bytes, layers: Sequence[Descriptor]) -> tuple[bytes, 
     its descriptor."""
     manifest = encode(
         Manifest(
+            schema_version=2,
             media_type=OCI_MANIFEST,
             config=Descriptor(
                 media_type=OCI_CONFIG, digest=sha256_digest(config), size=len(config)

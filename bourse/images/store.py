@@ -634,7 +634,7 @@ def _bounded(digest: str, timeout_s: float) -> Iterator[None]:
         with anyio.fail_after(timeout_s):
             yield
     except TimeoutError:
-        raise PullTimeout(f"blob {digest}: not fetched within {timeout_s:.0f} s") from None
+        raise PullTimeout(f"blob {digest}: not fetched within {timeout_s:g} s") from None
 
 
 class _FileSink:

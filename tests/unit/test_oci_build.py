@@ -108,6 +108,7 @@ def test_the_config_and_manifest_say_what_runs_and_name_the_layer(tmp_path: Path
     assert manifest.config.digest == sha256_digest(docs.config)
     assert [x.media_type for x in manifest.layers] == [OCI_LAYER_GZIP]
     assert b'"Cmd":["/bin/app","--port","80"]' in docs.config  # Docker's names in the JSON
+    assert docs.manifest.startswith(b'{"schemaVersion":2,"mediaType":')  # OCI requires both
 
 
 def test_unpacking_the_layer_gives_the_tree_back(tmp_path: Path) -> None:

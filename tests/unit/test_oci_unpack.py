@@ -258,3 +258,18 @@ def test_a_layer_that_cannot_be_read_is_refused(
     path.write_bytes(data)
     with pytest.raises(error, match=says):
         unpack(root, [LayerFile(path, _digest(data), _digest(data))])
+
+
+def test_a_tar_ending_right_after_its_last_data_is_read_whole(tmp_path: Path, root: Path) -> None:
+    """umoci writes layers without the last entry's padding or the end-of-archive blocks."""
+    full = tar_bytes([E("a", data=b"first"), E("b", data=b"xy")])
+    cut = full[: 3 * 512 + 2]  # a's header and block, b's header, b's two bytes
+    path = tmp_path / "layer"
+    path.write_bytes(cut)
+    unpack(root, [LayerFile(path, _digest(cut), _digest(cut))])
+    assert (root / "a").read_bytes() == b"first" and (root / "b").read_bytes() == b"xy"
+    short = full[: 3 * 512 + 1]  # b's data itself cut short: refused
+    path.write_bytes(short)
+    (tmp_path / "again").mkdir()
+    with pytest.raises(BadImage, match="is not a readable tar: unexpected end of data"):
+        unpack(tmp_path / "again", [LayerFile(path, _digest(short), _digest(short))])
