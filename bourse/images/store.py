@@ -69,7 +69,7 @@ from bourse.images.oci import (
     references,
 )
 from bourse.images.reference import Reference, check_digest, tag_key
-from bourse.images.tags import TagIndex, TagRecord
+from bourse.images.tags import TagIndex, TagRecord, decode_record
 
 log = structlog.get_logger("bourse.images")
 
@@ -367,7 +367,7 @@ class ImageStore:
             entry = await self.tags.get(tag_key(ref))
         except nats.js.errors.KeyNotFoundError:
             raise ImageNotFound(f"no image tagged {ref.tagged} in the store") from None
-        return _tag_record.decode(entry.value or b"").digest
+        return decode_record(entry.value, ref.tagged).digest
 
     def watch_tags(self) -> contextlib.AbstractAsyncContextManager[TagIndex]:
         """A ``TagIndex`` of this store, replayed, followed until the block ends."""
@@ -545,7 +545,6 @@ class ImageStore:
 
 
 _NO_JETSTREAM = "the NATS server has no JetStream: the image store needs it (nats-server -js)"
-_tag_record = msgspec.json.Decoder(TagRecord)
 
 
 async def _object_store(js: JetStreamContext, bucket: str, replicas: int) -> ObjectStore:

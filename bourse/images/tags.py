@@ -20,7 +20,7 @@ import structlog
 from anyio.abc import TaskStatus
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from bourse.images.errors import BadReference, ImageNotFound
+from bourse.images.errors import BadImage, BadReference, ImageNotFound
 from bourse.images.oci import Digest
 from bourse.images.reference import Reference, reference_of_key
 
@@ -38,6 +38,14 @@ class TagRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 _record = msgspec.json.Decoder(TagRecord)
+
+
+def decode_record(value: bytes | None, tag: str) -> TagRecord:
+    """A tag's value; ``BadImage`` when it is no tag record (someone else wrote it)."""
+    try:
+        return _record.decode(value or b"")
+    except msgspec.DecodeError as exc:
+        raise BadImage(f"tag {tag} holds no tag record: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,8 +102,8 @@ class TagIndex:
             self._tags.pop(ref.tagged, None)
         else:
             try:
-                record = _record.decode(entry.value or b"")
-            except msgspec.DecodeError as exc:
+                record = decode_record(entry.value, ref.tagged)
+            except BadImage as exc:
                 log.warning("image_tag_value_skipped", tag=ref.tagged, error=str(exc))
                 return
             self._tags[ref.tagged] = TagEntry(

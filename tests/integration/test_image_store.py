@@ -78,6 +78,8 @@ async def test_a_pushed_directory_is_resolved_inspected_and_listed(
         (),
     )
     assert [row.reference for row in await store.ls()] == ["acme/web:v1", "acme/web:v2"]
+    # nothing expires by age: blobs go by gc, tags by remove_tag
+    assert not (await store.objects.status()).ttl and not (await store.tags.status()).ttl
     assert {(row.digest, row.size) for row in await store.ls()} == {(pushed.digest, pushed.size)}
 
 
@@ -92,6 +94,8 @@ async def test_the_tag_index_follows_a_tag_as_it_moves_and_goes(
             await index.wait_until(lambda i: i.resolve("web") == second.digest)
         # a value someone else wrote that is no tag record: skipped, the index goes on
         await store.tags.put(tag_key(Reference.parse("junk:x")), b"not json")
+        with pytest.raises(BadImage, match="tag junk:x holds no tag record"):
+            await store.lookup("junk:x")
         await store.tag("web", "web:stable")
         with anyio.fail_after(5):
             await index.wait_until(lambda i: i.get(Reference.parse("web:stable")) is not None)
