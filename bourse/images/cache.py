@@ -464,21 +464,27 @@ def disk_usage(top: Path) -> int:
 
 def remove_tree(path: Path) -> None:
     """Remove ``path`` whatever it is; directories an image made read-only included."""
-
-    def writable(func: Callable[..., object], failed: str, _exc: object) -> None:
-        parent = Path(failed).parent
-        parent.chmod(stat.S_IMODE(parent.lstat().st_mode) | stat.S_IRWXU)
-        func(failed)
-
     try:
         mode = path.lstat().st_mode
     except FileNotFoundError:
         return
-    if stat.S_ISDIR(mode):
-        path.chmod(stat.S_IMODE(mode) | stat.S_IRWXU)
-        shutil.rmtree(path, onerror=writable)
-    else:
+    if not stat.S_ISDIR(mode):
         path.unlink()
+        return
+    if os.geteuid() != 0:  # root may remove what it cannot write; others make it writable
+        _writable(path)
+    shutil.rmtree(path)
+
+
+def _writable(top: Path) -> None:
+    """Give the owner full rights on every directory under ``top``, never through a link
+    (an image's absolute symlink names a path of the host here)."""
+    top.chmod(stat.S_IMODE(top.lstat().st_mode) | stat.S_IRWXU)
+    for parent, dirs, _ in os.walk(top):
+        for name in dirs:
+            path = Path(parent, name)
+            if not path.is_symlink():
+                path.chmod(stat.S_IMODE(path.lstat().st_mode) | stat.S_IRWXU)
 
 
 def _remove_all(paths: Iterable[Path]) -> None:
