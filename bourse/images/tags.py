@@ -23,6 +23,7 @@ from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 from bourse.images.errors import BadImage, BadReference, ImageNotFound
 from bourse.images.oci import Digest
 from bourse.images.reference import Reference, reference_of_key
+from bourse.runtime.supervise import unwrap
 
 log = structlog.get_logger("bourse.images")
 
@@ -69,12 +70,24 @@ class TagIndex:
     @classmethod
     @contextlib.asynccontextmanager
     async def watching(cls, kv: KeyValue) -> AsyncIterator[TagIndex]:
-        """An index whose replay is done, watched until the block ends."""
+        """An index whose replay is done, watched until the block ends. An error of the
+        block is raised as itself (a task group would wrap it in an ExceptionGroup)."""
         index = cls(kv)
-        async with anyio.create_task_group() as tg:
-            await tg.start(index.run)
-            yield index
-            tg.cancel_scope.cancel()
+        error: BaseException | None = None
+        try:
+            async with anyio.create_task_group() as tg:
+                await tg.start(index.run)
+                try:
+                    yield index
+                except anyio.get_cancelled_exc_class():
+                    raise
+                except BaseException as exc:
+                    error = exc
+                tg.cancel_scope.cancel()
+        except BaseExceptionGroup as group:  # the watch itself failed
+            raise unwrap(group) from None
+        if error is not None:
+            raise error
 
     async def run(self, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED) -> None:
         """Replay the bucket, say started, then follow it until cancelled."""

@@ -106,6 +106,9 @@ async def test_the_tag_index_follows_a_tag_as_it_moves_and_goes(
         with pytest.raises(ImageNotFound):
             index.resolve("web")
         assert index.resolve("web:stable") == second.digest
+    with pytest.raises(ImageNotFound, match="no image tagged web:latest"):
+        async with store.watch_tags() as index:  # an error of the block comes out as itself
+            index.resolve("web")
 
 
 async def test_tags_are_named_by_tag_and_removed_only_if_there(
