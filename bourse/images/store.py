@@ -268,6 +268,7 @@ class ImageStore:
         """Stream the blob into a temporary file (in ``tmp_dir``, else beside ``dest``),
         check its size and digest, then rename it to ``dest``. A mismatch or a timeout
         raises naming the digest, and the temporary file is gone."""
+        check_digest(descriptor.digest)  # it names the temporary file
         tmp = (tmp_dir or dest.parent) / f"{descriptor.hex}.{secrets.token_hex(4)}.part"
         sink = _FileSink(tmp)
         try:

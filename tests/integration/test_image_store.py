@@ -15,6 +15,7 @@ import pytest
 
 from bourse.images import (
     BadImage,
+    BadReference,
     DigestMismatch,
     ImageCache,
     ImageNotFound,
@@ -170,6 +171,9 @@ async def test_a_fetch_that_stalls_ends_at_its_bound_and_leaves_nothing(
         await store.fetch_blob(layer, tmp_path / "blob", tmp_dir=tmp, timeout_s=0.5)
     assert time.monotonic() - started < 5
     assert list(tmp.iterdir()) == [] and not (tmp_path / "blob").exists()
+    forged = Descriptor(media_type=layer.media_type, digest="sha256:../../x", size=1)
+    with pytest.raises(BadReference, match="is not sha256:<64 lowercase hex>"):
+        await store.fetch_blob(forged, tmp_path / "blob", tmp_dir=tmp)
 
 
 async def test_gc_removes_only_what_no_tag_or_use_keeps(store: ImageStore, tmp_path: Path) -> None:
