@@ -1,0 +1,506 @@
+"""A worker's image cache: each layer fetched once, each image unpacked once, bounded in bytes.
+
+On disk, under the cache directory::
+
+    blobs/sha256/<hex>   a layer, renamed into place once its size and digest matched
+    roots/<hex>/         an image's root (<hex> of its manifest digest), never written after
+                         its rename: a driver uses it read-only (an overlay's lower layer)
+    roots/<hex>.json     what that root is made of (its layers) and its bytes on disk
+    tmp/                 fetches and unpacks under way, and entries being deleted
+
+``open`` rebuilds the cache from that: ``tmp/`` is emptied (half-written files, half-made
+roots), a root without its record or a record without its root is removed. Each entry's
+last use is its file's modification time, so the LRU order survives a restart.
+
+``prepare(manifest)`` returns the image's root: the manifest and config read from the
+store (checked), every missing layer fetched (one fetch per layer at a time: concurrent
+callers share it, and its error), the layers unpacked into ``tmp/`` and renamed into
+``roots/`` (one unpack per image at a time). Every layer's digest is checked again as it is
+unpacked (``unpack``), so bytes changed on disk since their fetch never reach a root (I7).
+
+The bytes held are bounded by ``policy.plan``: before a pull, room is made for the layers
+it lacks and the root (estimated at its layers' size, counted exactly once made); a pull
+that cannot fit raises ``CacheFull``. ``pin``/``unpin`` mark the images live or reserved
+machines use: never evicted, nor their layers. After a restart nothing is pinned until the
+owner pins again (the eviction delay covers that moment).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import shutil
+import stat
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import anyio
+import msgspec
+import structlog
+
+from bourse.images.errors import BadImage, CacheFull, DigestMismatch
+from bourse.images.oci import (
+    MAX_DOCUMENT_BYTES,
+    Descriptor,
+    Digest,
+    decode_config,
+    decode_manifest,
+    kind_of,
+)
+from bourse.images.policy import Entry, Limits, PullRate, plan
+from bourse.images.reference import check_digest
+from bourse.images.unpack import LayerFile, unpack
+
+_log = structlog.get_logger("bourse.images")
+_HEX = frozenset("0123456789abcdef")
+
+
+class BlobSource(Protocol):
+    """Where the cache gets blobs: an ``ImageStore`` (or anything that checks as it does)."""
+
+    async def read_blob(self, digest: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes: ...
+
+    async def fetch_blob(
+        self,
+        descriptor: Descriptor,
+        dest: Path,
+        *,
+        tmp_dir: Path | None = None,
+        timeout_s: float | None = None,
+    ) -> None: ...
+
+
+class RootRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``roots/<hex>.json``: an image root's manifest, layers and bytes on disk."""
+
+    manifest: Digest
+    layers: list[Digest]
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class CacheStats:
+    """What the cache holds and has done since it was opened."""
+
+    used_bytes: int
+    budget_bytes: int
+    images: int
+    layers: int
+    hits: int  # prepare() of an image whose root was there
+    misses: int  # prepare() that had to make it (or wait for it being made)
+    pulls: int  # layers fetched
+    pulled_bytes: int
+    evictions: int
+    pull_bytes_per_s: float  # measured (moving average), or the default before any pull
+
+
+@dataclass(slots=True)
+class _Held:
+    size: int
+    last_used: float
+
+
+@dataclass(slots=True)
+class _Flight:
+    done: anyio.Event = field(default_factory=anyio.Event)
+    error: Exception | None = None
+    finished: bool = False
+
+
+class _Flights:
+    """At most one run of a job per key: who comes while it runs waits for it and shares its
+    error; if the run was cancelled, the next waiter runs it."""
+
+    def __init__(self) -> None:
+        self._running: dict[str, _Flight] = {}
+
+    async def run(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
+        while (flight := self._running.get(key)) is not None:
+            await flight.done.wait()
+            if flight.error is not None:
+                raise flight.error
+            if flight.finished:
+                return
+        flight = _Flight()
+        self._running[key] = flight
+        try:
+            await job()
+            flight.finished = True
+        except Exception as exc:
+            flight.error = exc
+            raise
+        finally:
+            del self._running[key]
+            flight.done.set()
+
+
+class ImageCache:
+    """The image cache in ``directory``, fed by ``source``, bounded by ``limits``;
+    ``clock`` gives wall-clock seconds (last uses are kept as file times)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        source: BlobSource,
+        limits: Limits,
+        *,
+        clock: Callable[[], float] = time.time,
+        logger: Any = None,
+    ) -> None:
+        self.directory = directory
+        self.source = source
+        self.limits = limits
+        self.clock = clock
+        self.log = logger if logger is not None else _log
+        self.blob_dir = directory / "blobs" / "sha256"
+        self.root_dir = directory / "roots"
+        self.tmp = directory / "tmp"
+        self.rate = PullRate()
+        self._layers: dict[str, _Held] = {}
+        self._roots: dict[str, _Held] = {}
+        self._layers_of: dict[str, tuple[str, ...]] = {}  # manifest -> its layers, once known
+        self._pins: Counter[str] = Counter()
+        self._fetches = _Flights()
+        self._unpacks = _Flights()
+        self._counts: Counter[str] = Counter()
+
+    @classmethod
+    def open(
+        cls,
+        directory: Path,
+        source: BlobSource,
+        limits: Limits,
+        *,
+        clock: Callable[[], float] = time.time,
+        logger: Any = None,
+    ) -> ImageCache:
+        """The cache rebuilt from what ``directory`` holds (made if missing). Start-up work:
+        it reads the directory, so call it before serving (or in a worker thread)."""
+        cache = cls(directory, source, limits, clock=clock, logger=logger)
+        cache._rebuild()
+        return cache
+
+    # -- what the owner asks -------------------------------------------------------------
+
+    def root(self, manifest: str) -> Path | None:
+        """The image's root if it is unpacked here."""
+        return self.root_dir / _hex(manifest) if manifest in self._roots else None
+
+    def lacking(self, layers: Sequence[Descriptor], manifest: str = "") -> int:
+        """The bytes a pull of an image with ``layers`` would fetch: the layers not here,
+        each counted once; 0 when ``manifest``'s root is here."""
+        if manifest and manifest in self._roots:
+            return 0
+        sizes = {layer.digest: layer.size for layer in layers}
+        return sum(size for digest, size in sizes.items() if digest not in self._layers)
+
+    def pin(self, manifest: str) -> None:
+        """Keep ``manifest``'s image and its layers (a machine uses it); pins count up."""
+        self._pins[check_digest(manifest)] += 1
+
+    def unpin(self, manifest: str) -> None:
+        """Undo one ``pin``; the image's delay before eviction starts now."""
+        if self._pins[manifest] <= 1:
+            self._pins.pop(manifest, None)
+        else:
+            self._pins[manifest] -= 1
+        if manifest in self._roots:
+            self._touch_root(manifest)
+
+    def stats(self) -> CacheStats:
+        return CacheStats(
+            used_bytes=self._used(),
+            budget_bytes=self.limits.budget_bytes,
+            images=len(self._roots),
+            layers=len(self._layers),
+            hits=self._counts["hits"],
+            misses=self._counts["misses"],
+            pulls=self._counts["pulls"],
+            pulled_bytes=self._counts["pulled_bytes"],
+            evictions=self._counts["evictions"],
+            pull_bytes_per_s=self.rate.bytes_per_s,
+        )
+
+    async def prepare(self, manifest: str) -> Path:
+        """The root of the image ``manifest`` names, fetched and unpacked if it is not here."""
+        check_digest(manifest, "image manifest")
+        self.pin(manifest)  # its layers stay while it is made
+        try:
+            if manifest in self._roots:
+                self._counts["hits"] += 1
+                self._touch_root(manifest)
+            else:
+                self._counts["misses"] += 1
+                await self._unpacks.run(manifest, lambda: self._make(manifest))
+            root = self.root(manifest)
+            if root is None:  # a bug: it was pinned throughout
+                raise BadImage(f"image {manifest} was made but is not in the cache")
+            return root
+        finally:
+            self.unpin(manifest)
+
+    async def collect(self) -> tuple[str, ...]:
+        """Evict what the policy says now (past the high watermark); the keys evicted."""
+        decided = plan(self._entries(), self.limits, self.clock())
+        await self._evict(decided.evict)
+        return decided.evict
+
+    # -- making a root -------------------------------------------------------------------
+
+    async def _make(self, manifest: str) -> None:
+        log = self.log.bind(manifest=manifest)
+        data = await self.source.read_blob(manifest)
+        if kind_of(data, f"manifest {manifest}") != "manifest":
+            raise BadImage(f"{manifest} is an index: name one platform's manifest")
+        image = decode_manifest(data, f"manifest {manifest}")
+        config = await self.source.read_blob(image.config.digest)
+        diff_ids = decode_config(config, f"config {image.config.digest}").rootfs.diff_ids
+        if len(diff_ids) != len(image.layers):
+            raise BadImage(
+                f"manifest {manifest}: {len(image.layers)} layers, its config has "
+                f"{len(diff_ids)} diff_ids"
+            )
+        self._layers_of[manifest] = tuple(layer.digest for layer in image.layers)
+        started = time.perf_counter()
+        await self._make_room(self.lacking(image.layers) + sum(x.size for x in image.layers))
+        for layer in image.layers:
+            await self._fetches.run(layer.digest, functools.partial(self._fetch, layer))
+        files = [
+            LayerFile(self.blob_dir / layer.hex, layer.digest, diff_id)
+            for layer, diff_id in zip(image.layers, diff_ids, strict=True)
+        ]
+        try:
+            size = await anyio.to_thread.run_sync(self._unpack, manifest, files)
+        except DigestMismatch as exc:
+            self._forget_layer(exc.digest)  # changed on disk since its fetch: fetch it again
+            raise
+        self._roots[manifest] = _Held(size, self.clock())
+        self._touch_root(manifest)
+        log.info(
+            "image_unpacked",
+            layers=len(files),
+            root_bytes=size,
+            seconds=round(time.perf_counter() - started, 3),
+        )
+        await self.collect()
+
+    async def _fetch(self, layer: Descriptor) -> None:
+        if layer.digest in self._layers:
+            self._touch_layer(layer.digest)
+            return
+        started = time.perf_counter()
+        await self.source.fetch_blob(layer, self.blob_dir / layer.hex, tmp_dir=self.tmp)
+        seconds = time.perf_counter() - started
+        self.rate.observe(layer.size, seconds)
+        self._layers[layer.digest] = _Held(layer.size, self.clock())
+        self._touch_layer(layer.digest)
+        self._counts["pulls"] += 1
+        self._counts["pulled_bytes"] += layer.size
+        self.log.info(
+            "image_layer_pulled", digest=layer.digest, bytes=layer.size, seconds=round(seconds, 3)
+        )
+
+    def _unpack(self, manifest: str, files: list[LayerFile]) -> int:
+        """Unpack into ``tmp/``, then record and rename into ``roots/`` (a worker thread)."""
+        work = self.tmp / f"root-{_hex(manifest)}-{secrets.token_hex(4)}"
+        work.mkdir()
+        try:
+            unpack(work, files)
+            size = disk_usage(work)
+            record = RootRecord(manifest=manifest, layers=[f.digest for f in files], size=size)
+            staged = work.with_suffix(".json")
+            staged.write_bytes(msgspec.json.encode(record))
+            staged.rename(self.root_dir / f"{_hex(manifest)}.json")
+            work.rename(self.root_dir / _hex(manifest))
+        finally:
+            remove_tree(work)
+            remove_tree(work.with_suffix(".json"))
+        return size
+
+    # -- room ----------------------------------------------------------------------------
+
+    async def _make_room(self, incoming: int) -> None:
+        decided = plan(self._entries(), self.limits, self.clock(), incoming)
+        if not decided.fits:
+            raise CacheFull(
+                f"an image needing {incoming} bytes does not fit: the cache holds "
+                f"{self._used()} of its {self.limits.budget_bytes} bytes, and what may be "
+                f"evicted (not pinned, unused for {self.limits.delay_s:.0f} s) is not enough"
+            )
+        await self._evict(decided.evict)
+
+    def _entries(self) -> list[Entry]:
+        pinned_layers = {
+            d for m in self._pins for d in self._layers_of.get(m, ()) if self._pins[m] > 0
+        }
+        layers = [
+            Entry(f"layer {d}", h.size, h.last_used, d in pinned_layers)
+            for d, h in self._layers.items()
+        ]
+        roots = [
+            Entry(f"image {m}", h.size, h.last_used, self._pins[m] > 0)
+            for m, h in self._roots.items()
+        ]
+        return layers + roots
+
+    async def _evict(self, keys: Iterable[str]) -> None:
+        """Move each entry into ``tmp/`` (gone from the cache at once, and on a restart),
+        then delete it in a worker thread."""
+        doomed = []
+        for key in keys:
+            kind, digest = key.split(" ", 1)
+            if kind == "layer":
+                doomed.append(self._move_out(self.blob_dir / _hex(digest)))
+                self._forget_layer(digest)
+            else:
+                doomed.append(self._move_out(self.root_dir / f"{_hex(digest)}.json"))
+                doomed.append(self._move_out(self.root_dir / _hex(digest)))
+                self._roots.pop(digest, None)
+            self._counts["evictions"] += 1
+            self.log.info("image_cache_evicted", kind=kind, digest=digest)
+        if doomed:
+            await anyio.to_thread.run_sync(_remove_all, doomed)
+
+    def _move_out(self, path: Path) -> Path:
+        target = self.tmp / f"gone-{path.name}-{secrets.token_hex(4)}"
+        with contextlib.suppress(FileNotFoundError):
+            path.rename(target)
+        return target
+
+    def _forget_layer(self, digest: str) -> None:
+        if self._layers.pop(digest, None) is not None:
+            (self.blob_dir / _hex(digest)).unlink(missing_ok=True)
+
+    def _used(self) -> int:
+        return sum(h.size for h in self._layers.values()) + sum(
+            h.size for h in self._roots.values()
+        )
+
+    def _touch_layer(self, digest: str) -> None:
+        held = self._layers[digest]
+        held.last_used = self.clock()
+        _set_mtime(self.blob_dir / _hex(digest), held.last_used)
+
+    def _touch_root(self, manifest: str) -> None:
+        held = self._roots[manifest]
+        held.last_used = self.clock()
+        _set_mtime(self.root_dir / f"{_hex(manifest)}.json", held.last_used)
+
+    # -- rebuilding from disk ------------------------------------------------------------
+
+    def _rebuild(self) -> None:
+        for directory in (self.blob_dir, self.root_dir, self.tmp):
+            directory.mkdir(parents=True, exist_ok=True)
+        discarded = 0
+        for path in list(self.tmp.iterdir()):
+            remove_tree(path)
+            discarded += 1
+        for path in list(self.blob_dir.iterdir()):
+            st = path.lstat()
+            if _is_hex(path.name) and stat.S_ISREG(st.st_mode):
+                self._layers[f"sha256:{path.name}"] = _Held(st.st_size, st.st_mtime)
+            else:
+                remove_tree(path)
+                discarded += 1
+        discarded += self._rebuild_roots()
+        self.log.info(
+            "image_cache_opened",
+            directory=str(self.directory),
+            layers=len(self._layers),
+            images=len(self._roots),
+            used_bytes=self._used(),
+            budget_bytes=self.limits.budget_bytes,
+            discarded=discarded,
+        )
+
+    def _rebuild_roots(self) -> int:
+        """Pair each root with its record; remove whatever has no pair. The count removed."""
+        decoder = msgspec.json.Decoder(RootRecord)
+        discarded = 0
+        for path in list(self.root_dir.iterdir()):
+            if path.suffix == ".json":
+                continue
+            record_path = self.root_dir / f"{path.name}.json"
+            try:
+                record = decoder.decode(record_path.read_bytes())
+            except (OSError, msgspec.DecodeError):
+                record = None
+            if record is None or not path.is_dir() or _hex(record.manifest) != path.name:
+                remove_tree(path)
+                remove_tree(record_path)
+                discarded += 1
+                continue
+            self._roots[record.manifest] = _Held(record.size, record_path.stat().st_mtime)
+            self._layers_of[record.manifest] = tuple(record.layers)
+        for record_path in list(self.root_dir.glob("*.json")):
+            if not (self.root_dir / record_path.stem).is_dir():
+                record_path.unlink()
+                discarded += 1
+        return discarded
+
+
+def disk_usage(top: Path) -> int:
+    """Bytes on disk under ``top`` (allocated blocks; a hard-linked file once)."""
+    seen: set[tuple[int, int]] = set()
+    total = 0
+    pending = [top]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                st = entry.stat(follow_symlinks=False)
+                if (st.st_dev, st.st_ino) not in seen:
+                    seen.add((st.st_dev, st.st_ino))
+                    total += st.st_blocks * 512
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append(Path(entry.path))
+    return total
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` whatever it is; directories an image made read-only included."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISDIR(mode):
+        path.unlink()
+        return
+    if os.geteuid() != 0:  # root may remove what it cannot write; others make it writable
+        _writable(path)
+    shutil.rmtree(path)
+
+
+def _writable(top: Path) -> None:
+    """Give the owner full rights on every directory under ``top``, never through a link
+    (an image's absolute symlink names a path of the host here)."""
+    top.chmod(stat.S_IMODE(top.lstat().st_mode) | stat.S_IRWXU)
+    for parent, dirs, _ in os.walk(top):
+        for name in dirs:
+            path = Path(parent, name)
+            if not path.is_symlink():
+                path.chmod(stat.S_IMODE(path.lstat().st_mode) | stat.S_IRWXU)
+
+
+def _remove_all(paths: Iterable[Path]) -> None:
+    for path in paths:
+        remove_tree(path)
+
+
+def _hex(digest: str) -> str:
+    return digest.removeprefix("sha256:")
+
+
+def _is_hex(name: str) -> bool:
+    return len(name) == 64 and set(name) <= _HEX
+
+
+def _set_mtime(path: Path, when: float) -> None:
+    """Keep a last use as the file's time (best effort: an entry being evicted may be gone)."""
+    with contextlib.suppress(FileNotFoundError):
+        os.utime(path, (when, when))
