@@ -70,6 +70,7 @@ from bourse.images.oci import (
 )
 from bourse.images.reference import Reference, check_digest, tag_key
 from bourse.images.tags import TagIndex, TagRecord, decode_record
+from bourse.nats.jetstream import prefix_token
 
 log = structlog.get_logger("bourse.images")
 
@@ -91,7 +92,7 @@ _NOT_ENABLED = frozenset({10039, 10076})  # JetStream's "not enabled" error code
 
 def bucket_names(prefix: str) -> tuple[str, str]:
     """The blob (Object Store) and tag (KV) buckets of a subject prefix."""
-    token = re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper()
+    token = prefix_token(prefix)
     return f"{token}_IMAGES", f"{token}_IMAGE_TAGS"
 
 

@@ -11,7 +11,6 @@ Everything here is one request to the server per call: start-up work, never the 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 import nats.errors
@@ -39,15 +38,36 @@ DETECT_TIMEOUT_S = 2.0
 HEADER_MSG_ID = "Nats-Msg-Id"
 
 
+def prefix_token(prefix: str) -> str:
+    """The subject prefix as it appears in stream and bucket names (which allow only
+    ``[A-Za-z0-9_-]``), one to one, so two markets never share a stream or a bucket:
+    ``bourse`` -> ``BOURSE``, ``t.x`` -> ``T_X``. Lower-case letters are upper-cased,
+    digits and ``-`` kept, ``.`` becomes ``_``; any other character (an upper-case letter,
+    ``_``) is written ``_x`` and its two hex digits (``Bourse`` -> ``_x42OURSE``,
+    ``a_b`` -> ``A_x5fB``). A lower-case ``x`` or hex digit appears only in such an escape,
+    so no two prefixes give one token."""
+    out: list[str] = []
+    for c in prefix:
+        if "a" <= c <= "z":
+            out.append(c.upper())
+        elif c.isdigit() or c == "-":
+            out.append(c)
+        elif c == ".":
+            out.append("_")
+        else:
+            out.append(f"_x{ord(c):02x}")
+    return "".join(out)
+
+
 def stream_name(prefix: str) -> str:
     """The event stream of a subject prefix: ``bourse`` -> ``BOURSE_EVENTS``."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper() + "_EVENTS"
+    return prefix_token(prefix) + "_EVENTS"
 
 
 def claims_bucket_name(prefix: str) -> str:
-    """The order-claims KV bucket of a subject prefix (bourse/auction/claims.py):
-    ``bourse`` -> ``BOURSE_ORDERS``, whose stream is ``KV_BOURSE_ORDERS``."""
-    return re.sub(r"[^A-Za-z0-9_-]", "_", prefix).upper() + "_ORDERS"
+    """The order-claims KV bucket of a subject prefix: ``bourse`` -> ``BOURSE_ORDERS``,
+    whose stream is ``KV_BOURSE_ORDERS``."""
+    return prefix_token(prefix) + "_ORDERS"
 
 
 @dataclass(frozen=True, slots=True)
