@@ -15,14 +15,13 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping, Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Annotated, Literal
+
+import msgspec
 
 from bourse.wire.limits import MILLIS_PER_CPU
 from bourse.wire.messages import Reason
 from bourse.wire.resources import CPU, RESOURCES, Vec, format_value
-
-if TYPE_CHECKING:  # config imports this module to validate curves
-    from supplier.config import PricingConfig
 
 # Resources scored even when the order asks for none of them is impossible: cpus and memory
 # are always >= 1. Disk and gpus count only when asked for, so a GPU worker is not "empty"
@@ -38,6 +37,25 @@ EXCLUDED = "excluded"
 DRAINING = "draining"
 CONSTRAINT_MISMATCH = "constraint_mismatch"
 INSUFFICIENT = "insufficient"
+
+
+Preset = Literal["spread", "binpack"]
+# A curve as configured: [utilization, desirability] points, utilization ascending in [0, 1].
+CurvePoints = Annotated[
+    list[Annotated[list[float], msgspec.Meta(min_length=2, max_length=2)]],
+    msgspec.Meta(min_length=2, max_length=32),
+]
+
+
+class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A worker's utility function (the formula is this module's doc); :func:`build_curves`
+    says whether its curves and weights make one."""
+
+    preset: Preset = "spread"
+    curves: dict[str, CurvePoints] = {}  # per resource, overriding the preset's curve
+    weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    image_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.3
+    spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
 
 
 class Curve:
@@ -122,6 +140,8 @@ class Pricer:
 
 
 def build_curves(cfg: PricingConfig) -> dict[str, Curve]:
+    """Every resource's curve (the preset's unless overridden); ValueError names what in
+    ``cfg`` makes no utility function (the fleet file's check calls this)."""
     unknown = set(cfg.curves) - set(RESOURCES)
     if unknown:
         raise ValueError(f"unknown resource(s) in curves: {sorted(unknown)}; use {RESOURCES}")

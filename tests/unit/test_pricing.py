@@ -12,7 +12,6 @@ import msgspec
 import pytest
 
 from bourse.wire.resources import RESOURCES
-from supplier.config import PricingConfig
 from supplier.pricing import (
     CONSTRAINT_MISMATCH,
     DRAINING,
@@ -20,6 +19,7 @@ from supplier.pricing import (
     INSUFFICIENT,
     Curve,
     Pricer,
+    PricingConfig,
     build_curves,
     check_fit,
 )
