@@ -6,19 +6,18 @@ and its delay; the host (supplier/host.py) only decodes, asks the desk and sends
 worker is, for the desk, is a :class:`Seat`: its ledger, pricer, labels, images, drain
 flag, machines by order and the queue of bids waiting for its held capacity.
 
-Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
+Answering one bid (docs/protocol.md §6.2), per candidate worker: first what a bid changes,
+then the chain of checks (supplier/feasible.py), once:
 
-    existing machine for the order  -> Offer{machine_id}, at once, no hold  (EXISTING)
-    a commit for the order under way -> silent                               (COMMITTING)
     an earlier hold for the order    -> dropped (a re-bid replaces it; bids waiting on the
-                                        worker may take that capacity first)
+                                        worker may take that capacity first), unless its
+                                        commit is under way
     expired holds                    -> dropped (their hold_expired events are returned)
-    fit                              -> silent with the pricing stage's reason
-                                        (DRAINING, EXCLUDED, CONSTRAINT_MISMATCH,
-                                        INSUFFICIENT), BLOCKED when only holds are in
-                                        the way, CANNOT_RUN when the driver cannot run
-                                        the image, TOO_SMALL when it cannot confine
-                                        the memory asked for
+    the order's machine is here      -> Offer{machine_id}, at once, no hold (EXISTING),
+                                        unless it is being reclaimed (RECLAIMING)
+    any other reason in the chain    -> silent with it (COMMITTING, DRAINING, EXCLUDED,
+                                        CONSTRAINT_MISMATCH, INSUFFICIENT, BLOCKED when
+                                        only holds are in the way, CANNOT_RUN, TOO_SMALL)
     otherwise                        -> a Quote (a score; nothing held yet)
 
 A hold lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config,
@@ -28,8 +27,9 @@ then across the candidates: the best ``max_offers`` quotes hold and offer (delay
 ``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
 up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
 
-Explaining an order ("why not", §4.15) runs the same stages on EVERY worker it is given,
-read-only (nothing held, dropped or expired): :meth:`Desk.explain` returns one
+Explaining an order ("why not", §4.15) runs the same chain on EVERY worker it is given,
+read-only (nothing held, dropped or expired: the order's own hold and expired holds are left
+out of what is free instead), collecting every reason: :meth:`Desk.explain` returns one
 ``WorkerVerdict`` per worker with all its reasons and their numbers, or the score and
 subscores it would offer with; :func:`explanation_pages` cuts them into reply pages.
 """
@@ -41,8 +41,6 @@ from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Se
 from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
-import msgspec
-
 from bourse.wire.codec import encode
 from bourse.wire.messages import (
     EXPLAIN_PAGE_BYTES,
@@ -51,41 +49,36 @@ from bourse.wire.messages import (
     Machine,
     Offer,
     Reason,
-    Resources,
     Waiting,
     WorkerVerdict,
     now_ms,
 )
 from bourse.wire.paging import cut
-from bourse.wire.resources import ZERO, Vec, add, leq, vec
+from bourse.wire.resources import ZERO, Vec, leq, sub, vec
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
-from supplier.ledger import Hold, Ledger
-from supplier.pricing import (
-    CONSTRAINT_MISMATCH,
-    DRAINING,
-    EXCLUDED,
+from supplier.feasible import (
+    BLOCKED,
+    CHECKS,
+    EXISTING,
+    FEASIBLE,
     INSUFFICIENT,
-    Pricer,
-    check_fit,
-    explain_fit,
+    STANDING,
+    Check,
+    OrderLike,
+    WorkerView,
+    every_failure,
+    first_failure,
 )
+from supplier.ledger import Hold
+from supplier.pricing import Pricer
 
 __all__ = [
-    "BLOCKED",
-    "CANNOT_RUN",
-    "COMMITTING",
-    "CONSTRAINT_MISMATCH",
     "DEFAULT_MAX_OFFERS",
-    "DRAINING",
-    "EXCLUDED",
     "IMAGE_NOT_CACHED",
-    "INSUFFICIENT",
     "MAX_WAITING",
     "OUTRANKED",
-    "TOO_SMALL",
     "Answer",
     "Desk",
-    "OrderLike",
     "Quote",
     "Seat",
     "Send",
@@ -94,12 +87,9 @@ __all__ = [
     "explanation_pages",
 ]
 
-# Named reasons a worker stays silent, beside pricing's (EXCLUDED, DRAINING, ...).
-COMMITTING = "commit_under_way"  # a commit for this order is being written on the worker
-BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way (and it did not wait)
-CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the bid's image
-TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
-OUTRANKED = "outranked"  # it could offer, but the process offered its best max_offers only
+# Beside the chain's reasons (supplier/feasible.py): a worker that could offer, silent
+# because the process offered its best max_offers only.
+OUTRANKED = "outranked"
 # Not a decline: a price note in an explanation (the image term it forgoes).
 IMAGE_NOT_CACHED = "image_not_cached"
 
@@ -157,21 +147,12 @@ class WaitingBids:
             self._q = deque(w for w in self._q if w.until > now)
 
 
-class Seat(Protocol):
-    """What the desk reads (and, through the ledger and queue, changes) of one worker."""
+class Seat(WorkerView, Protocol):
+    """What the desk reads (and, through the ledger and queue, changes) of one worker:
+    beside what the checks read, its price, images, waiting bids and hold cap."""
 
     @property
-    def worker_id(self) -> str: ...
-    @property
     def region(self) -> str: ...
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def draining(self) -> bool: ...
-    @property
-    def drain_reason(self) -> str: ...
-    @property
-    def ledger(self) -> Ledger: ...
     @property
     def pricer(self) -> Pricer: ...
     @property
@@ -187,31 +168,13 @@ class Seat(Protocol):
         """The machine this worker placed for the order (not aborted), if any."""
         ...
 
-    def can_run(self, image: str) -> bool:
-        """Whether the worker's driver can run the image at all."""
-        ...
-
-    def unconfinable(self, r: Resources) -> str:
-        """Why the worker's driver cannot confine a machine of ``r``, or "" (it can)."""
+    def hand_out(self, order_id: str) -> None:
+        """The order's machine goes to an auction that may not be the one that committed it:
+        from now on no abort undoes it (docs/protocol.md §6.6)."""
         ...
 
 
 S = TypeVar("S", bound=Seat)
-
-
-class OrderLike(Protocol):
-    """What an explanation reads of an order: a Bid or an ExplainRequest."""
-
-    @property
-    def order_id(self) -> str: ...
-    @property
-    def resources(self) -> Resources: ...
-    @property
-    def image(self) -> str: ...
-    @property
-    def constraints(self) -> Mapping[str, str]: ...
-    @property
-    def exclude_workers(self) -> Sequence[str]: ...
 
 
 class Quote:
@@ -340,62 +303,52 @@ class Desk(Generic[S]):
                 if q == BLOCKED:
                     blocked.append(w)
 
-    def quote(
-        self, w: S, bid: Bid, now: float, ans: Answer[S], want: Vec | None = None
-    ) -> Offer | Quote | str:
+    def quote(self, w: S, bid: Bid, now: float, ans: Answer[S], want: Vec) -> Offer | Quote | str:
         """One worker's price for a bid, nothing held: an Offer for a machine the order
-        already has there, a Quote, or the reason it stays silent. Drops the order's
-        earlier hold (a re-bid) and expired holds, recording what that causes in ``ans``."""
-        m = w.machine_for(bid.order_id)
-        if m is not None:
-            return Offer(
-                order_id=bid.order_id,
-                worker_id=w.worker_id,
-                region=w.region,
-                score=m.score,
-                image_cached=m.image in w.images,
-                machine_id=m.machine_id,
-                auction_id=bid.auction_id,
-            )
-        old = w.ledger.holds.get(bid.order_id)
-        if old is not None:
-            if old.committing:
-                return COMMITTING
-            w.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
+        already has there, a Quote, or the reason it stays silent. First, what a bid
+        changes: the order's earlier hold is dropped (a re-bid) and so are expired holds,
+        what that causes recorded in ``ans``; then the whole chain of checks, once."""
+        ledger = w.ledger
+        old = ledger.holds.get(bid.order_id)
+        if old is not None and not old.committing:  # (a commit under way: the chain says)
+            ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
             if old.auction_id != bid.auction_id and old.expires_at > now:
                 ans.replaced[w.worker_id] = (w, old)  # ...kept by the new one (Hold.replaced)
             ans.late += self.freed(w, now)  # ...and waiting bids may take it first
-        before = w.ledger.free
-        gone = w.ledger.expire(now)
-        if gone:
-            ans.expired.append((w, gone))
-        if w.ledger.freer_than(before):
-            ans.late += self.freed(w, now)
-        return self._price(w, bid, want)
+        if ledger.holds:  # (none: nothing to expire; most workers of a big group)
+            before = ledger.free
+            gone = ledger.expire(now)
+            if gone:
+                ans.expired.append((w, gone))
+            if ledger.freer_than(before):
+                ans.late += self.freed(w, now)
+        q = self._price(w, bid, want, CHECKS)
+        return self._existing(w, bid) if q == EXISTING else q
 
     @staticmethod
-    def _price(w: S, bid: Bid, want: Vec | None = None) -> Quote | str:
-        """``want``: the bid's resources as a vector, if the caller has it already."""
-        if want is None:
-            want = vec(bid.resources)
-        ledger = w.ledger
-        reason = check_fit(
+    def _existing(w: S, bid: Bid) -> Offer:
+        """The order's machine on ``w``, offered to this bid's auction (handed out: I3)."""
+        m = w.machine_for(bid.order_id)
+        assert m is not None, "the chain said EXISTING"
+        w.hand_out(bid.order_id)
+        return Offer(
+            order_id=bid.order_id,
             worker_id=w.worker_id,
-            labels=w.labels,
-            draining=w.draining,
-            free=ledger.free,
-            want=want,
-            constraints=bid.constraints,
-            exclude_workers=bid.exclude_workers,
+            region=w.region,
+            score=m.score,
+            image_cached=m.image in w.images,
+            machine_id=m.machine_id,
+            auction_id=bid.auction_id,
         )
-        if reason == INSUFFICIENT and leq(want, ledger.free_of_committed):
-            return BLOCKED
-        if reason:
+
+    @staticmethod
+    def _price(w: S, bid: Bid, want: Vec, checks: Sequence[Check] = FEASIBLE) -> Quote | str:
+        """The checks on what is free now (a waiting bid's: the feasible stage only), then
+        the score (no subscores: only the workers offered need them)."""
+        ledger = w.ledger
+        reason = first_failure(checks, w, bid, want, ledger.free)
+        if reason is not None:
             return reason
-        if not w.can_run(bid.image):
-            return CANNOT_RUN
-        if w.unconfinable(bid.resources):
-            return TOO_SMALL
         cached = bid.image in w.images
         score, _ = w.pricer.price(ledger.capacity, ledger.used, want, cached, False)
         return Quote(score, cached, want)
@@ -452,9 +405,10 @@ class Desk(Generic[S]):
     # -- "why not" ------------------------------------------------------------------------------
     def explain(self, order: OrderLike, now: float, workers: Iterable[S]) -> list[WorkerVerdict]:
         """Each worker's verdict on the order, as :meth:`answer` would decide it at ``now``
-        but for every worker (no sample, no ``max_offers``) and read-only: the order's own
-        hold is left out (a bid would replace it), so are expired holds (a bid would drop
-        them first); nothing is held, dropped or expired."""
+        but for every worker (no sample, no ``max_offers``) and read-only: what is free is
+        what a bid would find (``Ledger.free_for``: the order's own hold and expired holds
+        left out); nothing is held, dropped or expired. Waiting bids that a bid's drops
+        would answer first are not foreseen."""
         return [self.verdict(w, order, now) for w in workers]
 
     @staticmethod
@@ -462,49 +416,31 @@ class Desk(Generic[S]):
         """One worker's verdict: ``existing`` (a machine for the order is there), ``offer``
         (score and subscores as the Offer would carry them; a not-cached image is noted with
         what the image term costs), ``wait`` (only other orders' holds are in the way) or
-        ``decline`` with every reason, in the desk's order, numbers in each ``detail``."""
+        ``decline`` with every reason, in the chain's order, numbers in each ``detail``."""
         wid = w.worker_id
-        m = w.machine_for(order.order_id)
-        if m is not None:
-            cached = m.image in w.images
+        want = vec(order.resources)
+        why: list[Reason] = []
+        reason = first_failure(STANDING, w, order, want, ZERO, why)  # they read no capacity
+        if reason == EXISTING:
+            m = w.machine_for(order.order_id)
+            assert m is not None, "the chain said EXISTING"
             return WorkerVerdict(
                 worker_id=wid,
                 verdict="existing",
                 score=m.score,
-                image_cached=cached,
+                image_cached=m.image in w.images,
                 machine_id=m.machine_id,
             )
+        if reason is not None:
+            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=why)
         ledger = w.ledger
-        own = ledger.holds.get(order.order_id)
-        if own is not None and own.committing:
-            why = Reason(code=COMMITTING, detail="a commit for this order is being written here")
-            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=[why])
-        want = vec(order.resources)
-        held = _live_held(ledger.holds.values(), order.order_id, now)
-        reasons = explain_fit(
-            worker_id=wid,
-            labels=w.labels,
-            draining=w.draining,
-            drain_reason=w.drain_reason,
-            capacity=ledger.capacity,
-            committed=ledger.committed,
-            held=held,
-            want=want,
-            constraints=order.constraints,
-            exclude_workers=order.exclude_workers,
-        )
-        if leq(want, ledger.free_of_committed):  # what is short, only holds take
-            reasons = [_blocked(r) if r.code == INSUFFICIENT else r for r in reasons]
-        if not w.can_run(order.image):
-            reasons.append(
-                Reason(code=CANNOT_RUN, detail=f"the driver cannot run image {order.image!r}")
-            )
-        if small := w.unconfinable(order.resources):
-            reasons.append(Reason(code=TOO_SMALL, detail=small))
+        free = ledger.free_for(order.order_id, now)
+        reasons = every_failure(FEASIBLE, w, order, want, free)
         if any(r.code != BLOCKED for r in reasons):
             return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
         cached = order.image in w.images
-        used = add(ledger.committed, held) if not reasons else ledger.committed
+        # a worker that would wait is priced as once the holds in its way are gone
+        used = sub(ledger.capacity, free) if not reasons else ledger.committed
         score, subscores = w.pricer.price(ledger.capacity, used, want, cached)
         if not cached:
             reasons.append(_not_cached(w.pricer, order.image, score))
@@ -531,7 +467,7 @@ class Desk(Generic[S]):
             bid = wb.bid
             if wb.until <= now or bid.order_id in held:
                 continue  # too late, or the order holds here by now (through its own bid)
-            q = self._price(w, bid)
+            q = self._price(w, bid, vec(bid.resources))
             if q == BLOCKED:
                 keep.append(wb)
                 continue
@@ -577,24 +513,6 @@ def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
 
 def _by_delay(s: Send[S]) -> float:
     return s.delay_s
-
-
-def _live_held(holds: Iterable[Hold], order_id: str, now: float) -> Vec:
-    """What other orders' live holds take: a bid drops expired holds (unless pinned by a
-    commit) and replaces the order's own hold before it prices."""
-    held = ZERO
-    for h in holds:
-        if h.order_id != order_id and (h.expires_at > now or h.committing):
-            held = add(held, h.want)
-    return held
-
-
-def _blocked(r: Reason) -> Reason:
-    """An ``insufficient`` shortage that only other orders' holds cause: the worker would
-    wait for them (§6.3)."""
-    return msgspec.structs.replace(
-        r, code=BLOCKED, detail=f"{r.detail}: only holds are in the way (would wait)"
-    )
 
 
 def _not_cached(pricer: Pricer, image: str, score: float) -> Reason:

@@ -425,13 +425,6 @@ class SupplierHost:
             asked = self.asked[key] = (now, [])
         asked[1].extend(r.worker for r in ans.replies)
         replies = ans.replies
-        for r in replies:
-            if isinstance(r.reply, Offer) and r.reply.machine_id:
-                if r.reply.order_id in r.worker.reclaims.orders:
-                    # its verdict may be "orphan" (§5.3d): not handed out meanwhile
-                    replies = [x for x in replies if x is not r]
-                    continue
-                r.worker.commits.give(r.reply.order_id)  # handed to this auction
         answers: list[Offers] = []
         if prompt:  # at once, ranked by the auction (§4.4.3)
             offers = [

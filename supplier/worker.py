@@ -25,7 +25,6 @@ from bourse.wire.messages import (
     MachineList,
     MachinePage,
     MachineReply,
-    Resources,
     WorkerStatus,
     now_ms,
 )
@@ -113,6 +112,10 @@ class Worker:
         self.driver: Driver = driver or make_driver(
             cfg, store.path.parent, self._exited, self._restarted
         )
+        # Whether the driver can run an image at all; why it cannot confine a machine of
+        # some resources (it declines), or "". Its own methods: every bid asks them.
+        self.can_run = self.driver.can_run
+        self.unconfinable = self.driver.refuses
         self.pricer = Pricer(cfg.pricing)  # built once from the config
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
@@ -136,6 +139,7 @@ class Worker:
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
         # Orphans: reserved machines asked about a while after their commit (§5.3d).
         self.reclaims = Reclaims(int(reclaim_after_s * 1000))
+        self.reclaiming = self.reclaims.orders  # their machines are handed to nobody meanwhile
         # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
         self.commits = CommitDesk(
             self.worker_id,
@@ -253,13 +257,10 @@ class Worker:
         mid = self.by_order.get(order_id)
         return None if mid is None else self.machines[mid]
 
-    def can_run(self, image: str) -> bool:
-        """Whether this worker's driver can run the image at all."""
-        return self.driver.can_run(image)
-
-    def unconfinable(self, r: Resources) -> str:
-        """Why this worker's driver cannot confine a machine of ``r`` (it declines), or ""."""
-        return self.driver.refuses(r)
+    def hand_out(self, order_id: str) -> None:
+        """The order's machine goes to another auction than the one that committed it (its
+        existing-machine offer): no abort undoes it from now on."""
+        self.commits.give(order_id)
 
     def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
         """Drop the order's waiting bids and its hold (of ``auction_id`` when given), unless

@@ -31,6 +31,7 @@ from bourse.wire.messages import (
     Error,
     Event,
     Machine,
+    Offer,
     Placed,
     Rejected,
     Resources,
@@ -579,8 +580,10 @@ async def test_an_abort_after_the_machine_was_handed_on_undoes_nothing(
         if handed == "duplicate commit":
             again = await worker.commits.commit(commit())
             assert isinstance(again, Placed) and again.existing
-        else:
-            worker.commits.give("order-1")  # what SupplierHost does as it sends that offer
+        else:  # a retry's bid: the desk offers it the machine
+            b = Bid(order_id="order-1", region="mad", resources=res(), image="web", hold_ms=1000)
+            [send] = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker]), {}).replies
+            assert isinstance(send.reply, Offer) and send.reply.machine_id == first.machine_id
         worker.release("order-1", "auc-1", abort_commit=True)
         return first
 

@@ -23,16 +23,15 @@ from bourse.wire.messages import (
     Resources,
     WorkerVerdict,
 )
-from supplier.desk import (
+from supplier.desk import IMAGE_NOT_CACHED, explanation_pages
+from supplier.feasible import (
     BLOCKED,
     CANNOT_RUN,
     COMMITTING,
     CONSTRAINT_MISMATCH,
     DRAINING,
     EXCLUDED,
-    IMAGE_NOT_CACHED,
     INSUFFICIENT,
-    explanation_pages,
 )
 from supplier.store import Store
 from tests.unit.test_desk import Bench, bid, cfg, res
