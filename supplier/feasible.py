@@ -46,6 +46,7 @@ __all__ = [
     "TOO_SMALL",
     "Check",
     "OrderLike",
+    "Placements",
     "WorkerView",
     "every_failure",
     "first_failure",
@@ -66,7 +67,21 @@ CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the order's 
 TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
 
 
-class WorkerView(Protocol):
+class Placements(Protocol):
+    """What the existing-machine rule reads of a worker (:func:`handout`)."""
+
+    @property
+    def by_order(self) -> Container[str]:
+        """The orders that have a machine on this worker (not aborted: I3)."""
+        ...
+
+    @property
+    def reclaiming(self) -> Container[str]:
+        """Orders whose machine here is being asked about (supplier/reclaim.py)."""
+        ...
+
+
+class WorkerView(Placements, Protocol):
     """What the checks read of one worker."""
 
     @property
@@ -79,16 +94,6 @@ class WorkerView(Protocol):
     def drain_reason(self) -> str: ...
     @property
     def ledger(self) -> Ledger: ...
-    @property
-    def by_order(self) -> Container[str]:
-        """The orders that have a machine on this worker (not aborted: I3)."""
-        ...
-
-    @property
-    def reclaiming(self) -> Container[str]:
-        """Orders whose machine here is being asked about (supplier/reclaim.py)."""
-        ...
-
     def can_run(self, image: str) -> bool:
         """Whether the worker's driver can run the image at all."""
         ...
@@ -119,7 +124,7 @@ class OrderLike(Protocol):
 Check = Callable[[WorkerView, OrderLike, Vec, Vec, list[Reason] | None], str | None]
 
 
-def handout(w: WorkerView, order_id: str) -> str | None:
+def handout(w: Placements, order_id: str) -> str | None:
     """EXISTING when the order has a machine on ``w`` that may be handed out (to a bid's
     auction or a commit: I3), RECLAIMING when it has one that is being asked about (its
     verdict may be "orphan", §5.3d: handed to nobody meanwhile), None when it has none."""
