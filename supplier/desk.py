@@ -36,12 +36,13 @@ subscores it would offer with; :func:`explanation_pages` cuts them into reply pa
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, Literal, Protocol, TypeVar
 
 from bourse.wire.codec import encode
+from bourse.wire.limits import MAX_BATCH_OFFERS, MAX_HOLD_MS
 from bourse.wire.messages import (
     EXPLAIN_PAGE_BYTES,
     Bid,
@@ -77,14 +78,19 @@ __all__ = [
     "IMAGE_NOT_CACHED",
     "MAX_WAITING",
     "OUTRANKED",
+    "TOMBSTONE_TTL_S",
     "Answer",
     "Desk",
+    "Plan",
+    "Post",
     "Quote",
     "Seat",
     "Send",
+    "Shape",
     "WaitingBid",
     "WaitingBids",
     "explanation_pages",
+    "prompt",
 ]
 
 # Beside the chain's reasons (supplier/feasible.py): a worker that could offer, silent
@@ -97,6 +103,9 @@ IMAGE_NOT_CACHED = "image_not_cached"
 DEFAULT_MAX_OFFERS = 3
 # At most this many bids wait for held capacity on one worker; more are not answered.
 MAX_WAITING = 1024
+# A region release can overtake its own bid (they travel on two subscriptions): released
+# (order, auction) pairs are remembered this long, and such late bids ignored.
+TOMBSTONE_TTL_S = 5.0
 
 
 class WaitingBid:
@@ -173,6 +182,10 @@ class Seat(WorkerView, Protocol):
         from now on no abort undoes it (docs/protocol.md §6.6)."""
         ...
 
+    def release(self, order_id: str, auction_id: str = "") -> None:
+        """Drop the order's waiting bids and its hold (of ``auction_id`` when given)."""
+        ...
+
 
 S = TypeVar("S", bound=Seat)
 
@@ -202,6 +215,48 @@ class Send(Generic[S]):
     prompt: bool = False
 
 
+def prompt(bid: Bid) -> bool:
+    """Whether the bid's auction ranks the offers itself (§4.4.3): answered at once, in
+    Offers naming this process (prompt offers come only with batched ones)."""
+    return bid.prompt_offers and bid.batch_offers
+
+
+# How a Post goes out (see Post).
+Shape = Literal["one", "offers", "answer"]
+
+
+@dataclass(slots=True, frozen=True)
+class Post(Generic[S]):
+    """One message for the host to send to ``inbox``, ``delay_s`` after the decision:
+
+    - ``one``: the reply alone (an Offer, signed when the host signs; a Waiting);
+    - ``offers``: one process's offers for one bid in one ``Offers`` (§4.4.2), at its best
+      offer's delay, so the spread still ranks processes by their best offer;
+    - ``answer``: a prompt answer (§4.4.3): an ``Offers`` naming this process and the
+      auction, each offer with the delay it would have waited as ``delay_ms``.
+
+    What goes is what is still due then (:meth:`Desk.due`)."""
+
+    delay_s: float
+    inbox: str
+    auction_id: str
+    shape: Shape
+    sends: tuple[Send[S], ...]
+
+
+@dataclass(slots=True)
+class Plan(Generic[S]):
+    """How the replies a bid caused go out, for the host to perform."""
+
+    # Prompt answers (§4.4.3), at once: to the bid's inbox, or in its Batch's Answers. A
+    # prompt bid always gets one, empty if this process offers nothing: the auction then
+    # knows not to wait for it.
+    answers: list[Post[S]] = field(default_factory=list)
+    # The rest, each at its delay, in this order: replies to other bids that capacity this
+    # one freed went to first, then this bid's, best first.
+    posts: list[Post[S]] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class Answer(Generic[S]):
     """The desk's decisions for one bid."""
@@ -220,6 +275,9 @@ class Answer(Generic[S]):
     # the place of: a concurrent duplicate's); a new hold there keeps it (Hold.replaced),
     # and where this bid holds nothing it is put back
     replaced: dict[str, tuple[S, Hold]] = field(default_factory=dict)
+    # The bid came after its auction's release (they travel on two subscriptions): it is
+    # not answered at all.
+    ignored: bool = False
 
 
 class Desk(Generic[S]):
@@ -238,22 +296,30 @@ class Desk(Generic[S]):
         self.quote_sample = quote_sample
         self.wall_ms = wall_ms  # for hold_expires_at_ms (the buyer's clock is wall time)
         self.max_waiting = max_waiting
+        # order id -> the worker here that placed it (a retry must price that one: I3)
+        self.owners: dict[str, S] = {}
+        # (order, auction) -> when it was released: a bid of it that comes later is late
+        self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (order, auction) -> (when, the workers asked to hold or wait for it): a release of
+        # the auction touches those, not every worker of the region in this process
+        self.asked: OrderedDict[tuple[str, str], tuple[float, list[S]]] = OrderedDict()
 
     # -- one bid ----------------------------------------------------------------------------
-    def answer(
-        self, bid: Bid, inbox: str, now: float, group: BidGroup[S], owners: Mapping[str, S]
-    ) -> Answer[S]:
+    def answer(self, bid: Bid, inbox: str, now: float, group: BidGroup[S]) -> Answer[S]:
         """Price the bid on the group's candidates (all of a small group, a sample of a big
-        one, then all if the sample had nothing to offer at once), then hold and offer only
-        the best ``max_offers`` (holding on every worker of a big process would only lock
-        capacity and flood the auction). Workers blocked only by holds wait, but only when
-        no worker here can offer at once. ``owners``: order id -> the worker that placed
-        it (a retry must reach that one: I3)."""
+        one, then all if the sample had nothing to offer at once; the worker that placed the
+        order among them: I3), then hold and offer only the best ``max_offers`` (holding on
+        every worker of a big process would only lock capacity and flood the auction).
+        Workers blocked only by holds wait, but only when no worker here can offer at once.
+        A bid whose auction was released already is ignored."""
+        key = (bid.order_id, bid.auction_id)
+        if key in self.released:
+            return Answer(ignored=True)
         ans: Answer[S] = Answer()
         quotes: list[tuple[float, int, S, Quote]] = []
         blocked: list[S] = []
         workers = group.candidates(
-            bid.order_id, bid.image, owners.get(bid.order_id), self.quote_sample
+            bid.order_id, bid.image, self.owners.get(bid.order_id), self.quote_sample
         )
         want = vec(bid.resources)
         self._quote_all(bid, want, inbox, now, workers, quotes, blocked, ans)
@@ -279,7 +345,78 @@ class Desk(Generic[S]):
             if bid.order_id not in w.ledger.holds:
                 w.ledger.hold(old)  # unless waiting bids took the capacity meanwhile
         ans.replies.sort(key=_by_delay)
+        if ans.replies:
+            asked = self.asked.get(key)
+            if asked is None:
+                asked = self.asked[key] = (now, [])
+            asked[1].extend(r.worker for r in ans.replies)
         return ans
+
+    def plan(self, bid: Bid, inbox: str, ans: Answer[S]) -> Plan[S]:
+        """How the replies of ``ans`` go out: prompt answers at once; else, with batched
+        offers (§4.4.2), a bid's offers in Offers messages of at most MAX_BATCH_OFFERS; a
+        lone offer and Waiting notes alone; late replies to other bids first."""
+        if ans.ignored:
+            return Plan()
+        plan = Plan(posts=self.late(ans.late))
+        offers = [r for r in ans.replies if isinstance(r.reply, Offer)]
+        alone = [r for r in ans.replies if not isinstance(r.reply, Offer)]  # Waiting notes
+        if prompt(bid):
+            plan.answers = [
+                Post(0.0, inbox, bid.auction_id, "answer", chunk)
+                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
+            ]
+        elif bid.batch_offers and len(offers) > 1:
+            plan.posts += [
+                Post(chunk[0].delay_s, inbox, bid.auction_id, "offers", chunk)
+                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
+            ]
+        else:
+            alone = ans.replies
+        plan.posts += [Post(r.delay_s, r.inbox, r.auction_id, "one", (r,)) for r in alone]
+        return plan
+
+    @staticmethod
+    def late(sends: Iterable[Send[S]]) -> list[Post[S]]:
+        """Replies to waiting bids (:meth:`freed`, :meth:`withdraw_hopeless`), each alone
+        at its delay; a prompt bid's offer at once, as a prompt answer."""
+        return [
+            Post(0.0, s.inbox, s.auction_id, "answer", (s,))
+            if s.prompt
+            else Post(s.delay_s, s.inbox, s.auction_id, "one", (s,))
+            for s in sends
+        ]
+
+    def due(self, post: Post[S]) -> list[Send[S]] | None:
+        """The replies of ``post`` still worth sending now that it goes (an offer whose hold
+        was released meanwhile is dropped), or None when nothing goes; a prompt answer
+        planned empty goes all the same (it tells the auction this process answered)."""
+        due = [s for s in post.sends if self.still_due(s)]
+        if due or (post.shape == "answer" and not post.sends):
+            return due
+        return None
+
+    # -- what the process's auctions told it -----------------------------------------------------
+    def placed(self, order_id: str, w: S) -> None:
+        """``w`` placed the order's machine (a commit, or one found at start)."""
+        self.owners[order_id] = w
+
+    def release(self, order_id: str, auction_id: str, now: float, region: Iterable[S]) -> None:
+        """A region release (§6.6): remembered a while (a late bid of that auction is
+        ignored); the workers asked to hold or wait for the auction drop it, or every
+        worker of ``region`` here for a release of any auction of the order."""
+        key = (order_id, auction_id)
+        self.released[key] = now
+        asked = self.asked.pop(key, None)
+        workers = (asked[1] if asked else ()) if auction_id else region
+        for w in workers:
+            w.release(order_id, auction_id)
+
+    def forget(self, now: float) -> None:
+        """Forget releases older than TOMBSTONE_TTL_S, and the workers asked by auctions
+        that never released (their exchange died) once no hold of theirs can be alive."""
+        _forget(self.released, now - TOMBSTONE_TTL_S, float)
+        _forget(self.asked, now - MAX_HOLD_MS / 1000.0, lambda a: a[0])
 
     def _quote_all(
         self,
@@ -473,8 +610,7 @@ class Desk(Generic[S]):
                 continue
             offered = self.take(w, bid, now, q) if isinstance(q, Quote) else None
             if offered is not None:
-                prompt = bid.prompt_offers and bid.batch_offers
-                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w, prompt))
+                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w, prompt(bid)))
             else:  # committed machines took the capacity: the auction need not wait
                 sends.append(Send(0.0, wb.inbox, bid.auction_id, _waiting(w, bid, 0), w))
         for wb in keep:
@@ -513,6 +649,23 @@ def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
 
 def _by_delay(s: Send[S]) -> float:
     return s.delay_s
+
+
+def _chunks(sends: list[Send[S]], size: int) -> list[tuple[Send[S], ...]]:
+    """``sends`` in runs of at most ``size``; one empty run when there are none."""
+    return [tuple(sends[i : i + size]) for i in range(0, max(1, len(sends)), size)]
+
+
+V = TypeVar("V")
+
+
+def _forget(
+    memory: OrderedDict[tuple[str, str], V], cutoff: float, at: Callable[[V], float]
+) -> None:
+    """Drop the entries of ``memory`` from its oldest on while their time (``at``) is at or
+    before ``cutoff``."""
+    while memory and at(next(iter(memory.values()))) <= cutoff:
+        memory.popitem(last=False)
 
 
 def _not_cached(pricer: Pricer, image: str, score: float) -> Reason:

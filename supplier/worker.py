@@ -17,6 +17,7 @@ from pathlib import Path
 
 import structlog
 
+from bourse.runtime.metrics import WorkerSample
 from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
@@ -259,6 +260,20 @@ class Worker:
             self.capacity_freed()
 
     # -- status and machines --------------------------------------------------------------------
+    def sample(self) -> WorkerSample:
+        """This worker's ledger as the metrics scrape reads it (from the endpoint's thread:
+        plain reads of immutable tuples)."""
+        ledger = self.ledger
+        return WorkerSample(
+            self.worker_id,
+            self.region,
+            ledger.capacity,
+            ledger.committed,
+            ledger.held,
+            len(ledger.holds),
+            self.draining,
+        )
+
     def status(self) -> WorkerStatus:
         self.expire_holds()
         return WorkerStatus(

@@ -9,8 +9,6 @@ worker sells 8 CPUs / 8 GiB; pricing is the spread preset (f(u) = 1 - u) with im
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -85,7 +83,6 @@ class Bench:
         for w in self.group.workers:
             for image in w.images:
                 self.group.image_changed(w, image, True)
-        self.owners: dict[str, Worker] = {}
 
     def _freed(self, w: Worker) -> None:
         self.sent += self.desk.freed(w, self.now)
@@ -97,7 +94,7 @@ class Bench:
         return self.workers[worker_id]
 
     def answer(self, b: Bid, inbox: str = "in") -> Answer[Worker]:
-        return self.desk.answer(b, inbox, self.now, self.group, self.owners)
+        return self.desk.answer(b, inbox, self.now, self.group)
 
     async def place(self, order_id: str, resources: Resources | None = None) -> Placed:
         """Bid and commit through the real worker; the Placed."""
@@ -109,17 +106,8 @@ class Bench:
         )
         placed = await w.commits.commit(c)
         assert isinstance(placed, Placed)
-        self.owners[order_id] = w
+        self.desk.placed(order_id, w)
         return placed
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def offers(ans: Answer[Worker]) -> list[tuple[str, Offer]]:

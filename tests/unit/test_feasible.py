@@ -431,7 +431,7 @@ def hot_outcome(desk: Desk[Worker], w: Worker, c: Case) -> tuple[str, Any]:
     """What a bid gets from the worker: an offer (its price), the existing machine, a
     Waiting note (BLOCKED), or silence with its reason."""
     bid = Bid(**the_order(c), hold_ms=1000, auction_id="bid", wait_ms=1000)
-    ans = desk.answer(bid, "inbox", NOW, BidGroup([w]), {})
+    ans = desk.answer(bid, "inbox", NOW, BidGroup([w]))
     if not ans.replies:
         return "silent", ans.silent[WID]
     [send] = ans.replies
