@@ -1,10 +1,15 @@
 """The supplier's desk: how a process answers a bid, as a pure core over its workers' ledgers.
 
 No NATS, no timer, no task: every entry point takes the monotonic ``now`` (and the desk a
-wall clock for ``hold_expires_at_ms``) and returns what to send, each reply with its inbox
-and its delay; the host (supplier/host.py) only decodes, asks the desk and sends. What a
-worker is, for the desk, is a :class:`Seat`: its ledger, pricer, labels, images, drain
-flag, machines by order and the queue of bids waiting for its held capacity.
+wall clock for ``hold_expires_at_ms``) and returns what to send: a bid's replies, each with
+its inbox and delay, and how they go out, as a :class:`Plan` of :class:`Post` s (prompt
+answers, batched offers, replies alone); the host (supplier/host.py, supplier/replies.py)
+only decodes, asks the desk and performs the plan. What a worker is, for the desk, is a
+:class:`Seat`: its ledger, pricer, labels, images, drain flag, machines by order and the
+queue of bids waiting for its held capacity. The desk also keeps what its process's
+auctions told it: who placed each order (a retry must price that worker: I3), which
+auctions were released (a bid that comes after its release is ignored) and which workers
+each auction asked (its release reaches those).
 
 Answering one bid (docs/protocol.md §6.2), per candidate worker: first what a bid changes,
 then the chain of checks (supplier/feasible.py), once:
@@ -20,12 +25,11 @@ then the chain of checks (supplier/feasible.py), once:
                                         only holds are in the way, CANNOT_RUN, TOO_SMALL)
     otherwise                        -> a Quote (a score; nothing held yet)
 
-A hold lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config,
-default 5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
-
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
 ``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
-up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
+up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3). A hold
+lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config, default
+5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
 
 Explaining an order ("why not", §4.15) runs the same chain on EVERY worker it is given,
 read-only (nothing held, dropped or expired: the order's own hold and expired holds are left
@@ -345,12 +349,17 @@ class Desk(Generic[S]):
             if bid.order_id not in w.ledger.holds:
                 w.ledger.hold(old)  # unless waiting bids took the capacity meanwhile
         ans.replies.sort(key=_by_delay)
-        if ans.replies:
-            asked = self.asked.get(key)
-            if asked is None:
-                asked = self.asked[key] = (now, [])
-            asked[1].extend(r.worker for r in ans.replies)
+        self._asked(key, now, ans.replies)
         return ans
+
+    def _asked(self, key: tuple[str, str], now: float, replies: list[Send[S]]) -> None:
+        """Remember the workers that hold or wait for the auction: its release goes there."""
+        if not replies:
+            return
+        asked = self.asked.get(key)
+        if asked is None:
+            asked = self.asked[key] = (now, [])
+        asked[1].extend(r.worker for r in replies)
 
     def plan(self, bid: Bid, inbox: str, ans: Answer[S]) -> Plan[S]:
         """How the replies of ``ans`` go out: prompt answers at once; else, with batched
