@@ -19,10 +19,10 @@ Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is load
 """
 
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
-from supplier.config import ConfigError, PricingConfig, WorkerConfig, check_workers, load_fleet
+from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
 from supplier.images import ImageCache
-from supplier.pricing import Pricer
+from supplier.pricing import Pricer, PricingConfig
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 
 __all__ = [

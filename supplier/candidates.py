@@ -13,13 +13,18 @@ The host falls back to the whole group when none of these can take the bid at on
 sampling never turns an order that fits somewhere into an Unfilled. Both draws are a
 window at a position taken from the order id (crc32): cheap, and a post-mortem replays
 the same choice.
+
+A host's groups (:class:`BidGroups`) are one per bid subject its workers hear: their
+region's, and with sampled bidding their shard's.
 """
 
 from __future__ import annotations
 
 import zlib
-from collections.abc import Sequence
-from typing import Generic, TypeVar
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
+
+from bourse.wire.subjects import Subjects, shard_of
 
 W = TypeVar("W")
 
@@ -70,3 +75,54 @@ class BidGroup(Generic[W]):
         picked += window(self.by_image.get(image, ()), pos, sample)
         picked += window(self.workers, pos >> 8, sample)
         return list(dict.fromkeys(picked))  # each once, in that order
+
+
+class Member(Protocol):
+    """What grouping reads of a worker."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def images(self) -> Iterable[str]: ...
+
+
+M = TypeVar("M", bound=Member)
+
+
+class BidGroups(Mapping[str, BidGroup[M]], Generic[M]):
+    """Bid subject -> the workers of a host it reaches (their region's subject, and their
+    shard's when bids may be sampled by shard: ``bid_shards`` > 0), each group with its
+    image index, kept current by :meth:`image_changed`."""
+
+    def __init__(self, subjects: Subjects, workers: Iterable[M], bid_shards: int = 0) -> None:
+        by_key: dict[tuple[str, int], list[M]] = {}
+        for w in workers:
+            by_key.setdefault((w.region, -1), []).append(w)
+            if bid_shards:
+                by_key.setdefault((w.region, shard_of(w.worker_id, bid_shards)), []).append(w)
+        self._groups = {
+            subjects.bid(region) if shard < 0 else subjects.bid_shard(region, shard): BidGroup(ws)
+            for (region, shard), ws in by_key.items()
+        }
+        self._of: dict[str, list[BidGroup[M]]] = {}  # worker id -> the groups it is in
+        for group in self._groups.values():
+            for w in group.workers:
+                self._of.setdefault(w.worker_id, []).append(group)
+                for image in w.images:
+                    group.image_changed(w, image, True)
+
+    def __getitem__(self, subject: str) -> BidGroup[M]:
+        return self._groups[subject]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._groups)
+
+    def __len__(self) -> int:
+        return len(self._groups)
+
+    def image_changed(self, worker: M, image: str, cached: bool) -> None:
+        """The worker's cache gained (or lost) the image: every group it is in says so."""
+        for group in self._of.get(worker.worker_id, ()):
+            group.image_changed(worker, image, cached)

@@ -2,8 +2,9 @@
 §6.5), and a commit the auction gave up on is undone (§6.6, ``Release.abort_commit``).
 
 The commit desk answers ``Commit`` in the protocol's order: wrong worker, a machine already
-placed for the order, the same order's commit under way, draining, no (or an expired, or a
-too small) hold, else the durable write. Two things make it more than a lookup:
+placed for the order (the market's existing-machine rule, supplier/feasible.py ``handout``:
+refused while it is being reclaimed), the same order's commit under way, draining, no (or
+an expired, or a too small) hold, else the durable write. Two things make it more than a lookup:
 
 - **coalescing**: while an order's machine is being written, a duplicate commit (an
   auction's retry, a second exchange instance) waits for that write and gets the very same
@@ -14,14 +15,16 @@ too small) hold, else the durable write. Two things make it more than a lookup:
   stays true (I4).
 
 No NATS here: the host decodes the Commit and sends the reply this returns. The worker
-(supplier/worker.py) owns one commit desk and gives it its collaborators once.
+(supplier/worker.py) owns one commit desk, and the desk talks to it through one small
+interface, :class:`CommitWorker`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Container
+from collections.abc import Container
+from typing import Protocol
 
 import structlog
 
@@ -29,6 +32,7 @@ from bourse.wire.messages import (
     Commit,
     CommitReply,
     Error,
+    Event,
     Machine,
     Placed,
     Rejected,
@@ -37,63 +41,76 @@ from bourse.wire.messages import (
     now_ms,
 )
 from bourse.wire.resources import Vec, format_vec, leq, vec
+from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
-from supplier.machines import AnnounceFn, EventFn, Machines
+from supplier.machines import Machines
 from supplier.store import Op, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
 
 
+class CommitWorker(Placements, Protocol):
+    """What a commit desk reads of its worker, and what it tells it."""
+
+    @property
+    def worker_id(self) -> str: ...
+    @property
+    def region(self) -> str: ...
+    @property
+    def ledger(self) -> Ledger:
+        """The holds a commit converts into committed capacity (I1)."""
+        ...
+
+    @property
+    def keeper(self) -> Machines:
+        """The worker's machines: the order -> machine map of I3, aborts."""
+        ...
+
+    @property
+    def store(self) -> Store:
+        """Where a machine is written before ``Placed`` is sent (I2)."""
+        ...
+
+    @property
+    def images(self) -> Container[str]:
+        """The worker's image cache (``Placed.image_cached``)."""
+        ...
+
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def drain_reason(self) -> str: ...
+
+    def expire_holds(self, now: float | None = None) -> None:
+        """Drop (and announce) the holds past their TTL."""
+        ...
+
+    def store_failed(self, reason: str) -> None:
+        """The store refused a write: the worker drains."""
+        ...
+
+    def capacity_freed(self) -> None:
+        """A commit smaller than its hold gave the rest back to the market."""
+        ...
+
+    def capacity_grew(self) -> None:
+        """Committed machines grew by a whole hold (waiting bids may be hopeless)."""
+        ...
+
+    def event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> Event:
+        """An event of the worker, to be written with the change it reports."""
+        ...
+
+    def emit(self, event: Event) -> None:
+        """Announce an event once its change is durable."""
+        ...
+
+
 class CommitDesk:
-    """One worker's commits. Collaborators, given once by the worker:
+    """One worker's commits, over its :class:`CommitWorker` interface."""
 
-    - ``ledger``: the holds a commit converts into committed capacity (I1);
-    - ``keeper``: the worker's machines (the order -> machine map of I3, aborts);
-    - ``store``: where a machine is written before ``Placed`` is sent (I2);
-    - ``images``: the worker's image cache (``Placed.image_cached``);
-    - ``drain_reason()``: why the worker drains, or None when it takes commits;
-    - ``expire_holds()``: drop (and announce) holds past their TTL before looking one up;
-    - ``store_failed(reason)``: the store refused a write: the worker drains;
-    - ``freed()``: a commit smaller than its hold gave the rest back to the market;
-    - ``grew()``: committed machines grew by a whole hold (waiting bids may be hopeless);
-    - ``event``: builds the ``placed`` event, written with the machine (the store's
-      outbox); ``announce``: told about it once durable;
-    - ``reclaiming``: orders whose machine here is being asked about (supplier/reclaim.py):
-      never handed out meanwhile.
-    """
-
-    def __init__(
-        self,
-        worker_id: str,
-        region: str,
-        ledger: Ledger,
-        keeper: Machines,
-        store: Store,
-        images: Container[str],
-        *,
-        drain_reason: Callable[[], str | None],
-        expire_holds: Callable[[], None],
-        store_failed: Callable[[str], None],
-        freed: Callable[[], None],
-        grew: Callable[[], None],
-        event: EventFn,
-        announce: AnnounceFn,
-        reclaiming: Container[str] = frozenset(),
-    ) -> None:
-        self.worker_id = worker_id
-        self.region = region
-        self.ledger = ledger
-        self.keeper = keeper
-        self.store = store
-        self.images = images
-        self.drain_reason = drain_reason
-        self.expire_holds = expire_holds
-        self.store_failed = store_failed
-        self.freed = freed
-        self.grew = grew
-        self.event = event
-        self.announce = announce
-        self.reclaiming = reclaiming
+    def __init__(self, worker: CommitWorker) -> None:
+        self.w = worker
         # order id -> the reply of its commit being written (duplicates wait for it)
         self.writing: dict[str, asyncio.Future[CommitReply]] = {}
         # orders whose commit under way is undone once written (abort_commit came meanwhile)
@@ -102,40 +119,39 @@ class CommitDesk:
         # duplicate commit, an existing-machine offer): an abort never takes it back, since
         # a buyer may hold its Placed (docs/protocol.md §6.6)
         self.given: set[str] = set()
-        self.log = log.bind(worker_id=worker_id, region=region)
+        self.log = log.bind(worker_id=worker.worker_id, region=worker.region)
 
     # -- commit -------------------------------------------------------------------------------
     async def commit(self, c: Commit) -> CommitReply:
         """The reply to ``c`` (docs/protocol.md §6.5, rows 1-7 in order)."""
         t0 = time.perf_counter()
-        if c.worker_id != self.worker_id:
+        w = self.w
+        if c.worker_id != w.worker_id:
             return Error(
                 code="bad_request",
-                detail=f"commit for worker {c.worker_id!r} sent to worker {self.worker_id!r}",
+                detail=f"commit for worker {c.worker_id!r} sent to worker {w.worker_id!r}",
             )
-        mid = self.keeper.by_order.get(c.order_id)
-        if mid is not None and c.order_id in self.reclaiming:
-            # its verdict may be "orphan" (docs/protocol.md §5.3d): not handed out meanwhile
+        standing = handout(w, c.order_id)
+        if standing == RECLAIMING:  # its verdict may be "orphan" (§5.3d): handed to nobody
             return self._rejected(c, "no_hold", "the order's machine here is being reclaimed")
-        if mid is not None:
+        if standing == EXISTING:
             self.give(c.order_id)
-            return self._placed(self.keeper.by_id[mid], t0, existing=True)
+            return self._placed(w.keeper.by_id[w.keeper.by_order[c.order_id]], t0, existing=True)
         pending = self.writing.get(c.order_id)
         if pending is not None:
             self.give(c.order_id)  # this duplicate gets the same Placed
             # shield: a duplicate that is cancelled must not cancel the write it waits for
             return await asyncio.shield(pending)
-        reason = self.drain_reason()
-        if reason is not None:
-            return self._rejected(c, "draining", reason)
+        if w.draining:
+            return self._rejected(c, "draining", w.drain_reason)
         return await self._commit_hold(c, t0)
 
     async def _commit_hold(self, c: Commit, t0: float) -> CommitReply:
         """Rows 5-7: the order's live hold, if it covers the commit, is written as a machine."""
-        self.expire_holds()
-        h = self.ledger.holds.get(c.order_id)
+        self.w.expire_holds()
+        h = self.w.ledger.holds.get(c.order_id)
         if h is None:
-            if c.order_id in self.ledger.recently_expired:
+            if c.order_id in self.w.ledger.recently_expired:
                 return self._rejected(c, "hold_expired", "the hold's TTL passed before the commit")
             return self._rejected(c, "no_hold", "no hold for this order on this worker")
         want = vec(c.resources)
@@ -164,17 +180,17 @@ class CommitDesk:
             if not fut.done():  # cancelled mid-write (shutdown): waiters must not hang
                 fut.cancel()
         if aborted and isinstance(result, Placed):
-            await self.keeper.abort(machine)
+            await self.w.keeper.abort(machine)
         return result
 
     def _reserved(self, c: Commit, h: Hold) -> Machine:
         """The machine a commit places: ``reserved``, with the hold's score."""
         at = now_ms()
         return Machine(
-            machine_id=new_machine_id(self.worker_id),
+            machine_id=new_machine_id(self.w.worker_id),
             order_id=c.order_id,
-            worker_id=self.worker_id,
-            region=self.region,
+            worker_id=self.w.worker_id,
+            region=self.w.region,
             state="reserved",
             resources=c.resources,
             image=c.image,
@@ -186,26 +202,27 @@ class CommitDesk:
 
     async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:
         """Row 7: durable first, then the ledger, the machine map, the log and the event."""
-        placed = self.event("placed", machine.order_id, machine.machine_id, "")
+        w = self.w
+        placed = w.event("placed", machine.order_id, machine.machine_id, "")
         try:
-            await self.store.write(Op("place", machine, events=(placed,)))
+            await w.store.write(Op("place", machine, events=(placed,)))
         except StoreError as exc:
-            self.ledger.unpin(h)
-            self.store_failed(str(exc))
-            return Error(code="internal", detail=f"worker {self.worker_id} cannot store: {exc}")
-        self.ledger.convert(h, want)
+            w.ledger.unpin(h)
+            w.store_failed(str(exc))
+            return Error(code="internal", detail=f"worker {w.worker_id} cannot store: {exc}")
+        w.ledger.convert(h, want)
         if want != h.want:
-            self.freed()  # the rest of the hold goes back to the market
+            w.capacity_freed()  # the rest of the hold goes back to the market
         else:
-            self.grew()
-        self.keeper.added(machine)
+            w.capacity_grew()
+        w.keeper.added(machine)
         self.log.info(
             "machine_placed",
             order_id=machine.order_id,
             machine_id=machine.machine_id,
             score=h.score,
         )
-        self.announce(placed)
+        w.emit(placed)
         return self._placed(machine, t0, subscores=h.subscores)
 
     def _placed(
@@ -218,7 +235,7 @@ class CommitDesk:
     ) -> Placed:
         return Placed.of_machine(
             m,
-            image_cached=m.image in self.images,
+            image_cached=m.image in self.w.images,
             elapsed_ms=round((time.perf_counter() - t0) * 1000.0, 3),
             subscores=subscores,
             existing=existing,
@@ -226,7 +243,9 @@ class CommitDesk:
 
     def _rejected(self, c: Commit, reason: RejectReason, detail: str) -> Rejected:
         self.log.info("commit_rejected", order_id=c.order_id, reason=reason)
-        return Rejected(order_id=c.order_id, worker_id=self.worker_id, reason=reason, detail=detail)
+        return Rejected(
+            order_id=c.order_id, worker_id=self.w.worker_id, reason=reason, detail=detail
+        )
 
     # -- abort --------------------------------------------------------------------------------
     def give(self, order_id: str) -> None:
@@ -242,11 +261,12 @@ class CommitDesk:
         if order_id in self.writing:
             self.aborts.add(order_id)
             return True
-        mid = self.keeper.by_order.get(order_id)
-        if mid is None or self.keeper.by_id[mid].state != "reserved":
+        keeper = self.w.keeper
+        mid = keeper.by_order.get(order_id)
+        if mid is None or keeper.by_id[mid].state != "reserved":
             return False
         if order_id in self.given:
             self.log.warning("abort_refused", order_id=order_id, machine_id=mid)
             return True  # the commit stands: nothing to undo, nothing to release either
-        self.keeper.spawn(self.keeper.abort(self.keeper.by_id[mid]))
+        keeper.spawn(keeper.abort(keeper.by_id[mid]))
         return True

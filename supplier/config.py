@@ -32,31 +32,13 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
-from supplier.pricing import build_curves
+from supplier.pricing import PricingConfig, build_curves
 
 # The longest a worker holds capacity for a bid it offers on, whatever the bid's hold_ms
 # asks (docs/security.md: a bid, even an unauthenticated one, may not lock capacity for a
 # minute). The auction asks deadline + 250 ms (750 ms by default), and commits within
 # milliseconds of the offer, so this is rarely reached.
 DEFAULT_MAX_HOLD_MS = 5000
-
-Preset = Literal["spread", "binpack"]
-# A curve is a list of [utilization, desirability] points, utilization ascending in [0, 1].
-Curve = Annotated[
-    list[Annotated[list[float], msgspec.Meta(min_length=2, max_length=2)]],
-    msgspec.Meta(min_length=2, max_length=32),
-]
-
-
-class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """The worker's utility function. See supplier/pricing.py for the formula."""
-
-    preset: Preset = "spread"
-    curves: dict[str, Curve] = {}  # per resource, overriding the preset's curve
-    weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
-    image_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.3
-    spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
-
 
 RestartPolicy = Literal["no", "on-failure", "always"]
 RESTART_POLICIES = ("no", "on-failure", "always")

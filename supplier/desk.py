@@ -1,49 +1,52 @@
 """The supplier's desk: how a process answers a bid, as a pure core over its workers' ledgers.
 
 No NATS, no timer, no task: every entry point takes the monotonic ``now`` (and the desk a
-wall clock for ``hold_expires_at_ms``) and returns what to send, each reply with its inbox
-and its delay; the host (supplier/host.py) only decodes, asks the desk and sends. What a
-worker is, for the desk, is a :class:`Seat`: its ledger, pricer, labels, images, drain
-flag, machines by order and the queue of bids waiting for its held capacity.
+wall clock for ``hold_expires_at_ms``) and returns what to send: a bid's replies, each with
+its inbox and delay, and how they go out, as a :class:`Plan` of :class:`Post` s (prompt
+answers, batched offers, replies alone); the host (supplier/host.py, supplier/replies.py)
+only decodes, asks the desk and performs the plan. What a worker is, for the desk, is a
+:class:`Seat`: its ledger, pricer, labels, images, drain flag, machines by order and the
+queue of bids waiting for its held capacity. The desk also keeps what its process's
+auctions told it: who placed each order (a retry must price that worker: I3), which
+auctions were released (a bid that comes after its release is ignored) and which workers
+each auction asked (its release reaches those).
 
-Answering one bid (docs/protocol.md §6.2), per candidate worker, in this order:
+Answering one bid (docs/protocol.md §6.2), per candidate worker: first what a bid changes,
+then the chain of checks (supplier/feasible.py), once:
 
-    existing machine for the order  -> Offer{machine_id}, at once, no hold  (EXISTING)
-    a commit for the order under way -> silent                               (COMMITTING)
     an earlier hold for the order    -> dropped (a re-bid replaces it; bids waiting on the
-                                        worker may take that capacity first)
+                                        worker may take that capacity first), unless its
+                                        commit is under way
     expired holds                    -> dropped (their hold_expired events are returned)
-    fit                              -> silent with the pricing stage's reason
-                                        (DRAINING, EXCLUDED, CONSTRAINT_MISMATCH,
-                                        INSUFFICIENT), BLOCKED when only holds are in
-                                        the way, CANNOT_RUN when the driver cannot run
-                                        the image, TOO_SMALL when it cannot confine
-                                        the memory asked for
+    the order's machine is here      -> Offer{machine_id}, at once, no hold (EXISTING),
+                                        unless it is being reclaimed (RECLAIMING)
+    any other reason in the chain    -> silent with it (COMMITTING, DRAINING, EXCLUDED,
+                                        CONSTRAINT_MISMATCH, INSUFFICIENT, BLOCKED when
+                                        only holds are in the way, CANNOT_RUN, TOO_SMALL)
     otherwise                        -> a Quote (a score; nothing held yet)
-
-A hold lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config,
-default 5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
 
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
 ``(1 - score) * spread_ms``; the rest OUTRANKED); only when no candidate offers at all,
-up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3).
+up to ``max_offers`` BLOCKED workers keep the bid and answer ``Waiting`` (§6.3). A hold
+lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config, default
+5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
 
-Explaining an order ("why not", §4.15) runs the same stages on EVERY worker it is given,
-read-only (nothing held, dropped or expired): :meth:`Desk.explain` returns one
+Explaining an order ("why not", §4.15) runs the same chain on EVERY worker it is given,
+read-only (nothing held, dropped or expired: the order's own hold and expired holds are left
+out of what is free instead), collecting every reason: :meth:`Desk.explain` returns one
 ``WorkerVerdict`` per worker with all its reasons and their numbers, or the score and
 subscores it would offer with; :func:`explanation_pages` cuts them into reply pages.
 """
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Callable, Container, Iterable, Iterator, Mapping, Sequence
+from collections import OrderedDict, deque
+from collections.abc import Callable, Container, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Generic, Protocol, TypeVar
-
-import msgspec
+from typing import Generic, Literal, Protocol, TypeVar
 
 from bourse.wire.codec import encode
+from bourse.wire.limits import MAX_BATCH_OFFERS, MAX_HOLD_MS
 from bourse.wire.messages import (
     EXPLAIN_PAGE_BYTES,
     Bid,
@@ -51,55 +54,52 @@ from bourse.wire.messages import (
     Machine,
     Offer,
     Reason,
-    Resources,
     Waiting,
     WorkerVerdict,
     now_ms,
 )
 from bourse.wire.paging import cut
-from bourse.wire.resources import ZERO, Vec, add, leq, vec
+from bourse.wire.resources import ZERO, Vec, leq, sub, vec
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
-from supplier.ledger import Hold, Ledger
-from supplier.pricing import (
-    CONSTRAINT_MISMATCH,
-    DRAINING,
-    EXCLUDED,
+from supplier.feasible import (
+    BLOCKED,
+    CHECKS,
+    EXISTING,
+    FEASIBLE,
     INSUFFICIENT,
-    Pricer,
-    check_fit,
-    explain_fit,
+    STANDING,
+    Check,
+    OrderLike,
+    WorkerView,
+    every_failure,
+    first_failure,
 )
+from supplier.ledger import Hold
+from supplier.pricing import Pricer
 
 __all__ = [
-    "BLOCKED",
-    "CANNOT_RUN",
-    "COMMITTING",
-    "CONSTRAINT_MISMATCH",
     "DEFAULT_MAX_OFFERS",
-    "DRAINING",
-    "EXCLUDED",
     "IMAGE_NOT_CACHED",
-    "INSUFFICIENT",
     "MAX_WAITING",
     "OUTRANKED",
-    "TOO_SMALL",
+    "TOMBSTONE_TTL_S",
     "Answer",
     "Desk",
-    "OrderLike",
+    "Plan",
+    "Post",
     "Quote",
     "Seat",
     "Send",
+    "Shape",
     "WaitingBid",
     "WaitingBids",
     "explanation_pages",
+    "prompt",
 ]
 
-# Named reasons a worker stays silent, beside pricing's (EXCLUDED, DRAINING, ...).
-COMMITTING = "commit_under_way"  # a commit for this order is being written on the worker
-BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way (and it did not wait)
-CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the bid's image
-TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
-OUTRANKED = "outranked"  # it could offer, but the process offered its best max_offers only
+# Beside the chain's reasons (supplier/feasible.py): a worker that could offer, silent
+# because the process offered its best max_offers only.
+OUTRANKED = "outranked"
 # Not a decline: a price note in an explanation (the image term it forgoes).
 IMAGE_NOT_CACHED = "image_not_cached"
 
@@ -107,6 +107,9 @@ IMAGE_NOT_CACHED = "image_not_cached"
 DEFAULT_MAX_OFFERS = 3
 # At most this many bids wait for held capacity on one worker; more are not answered.
 MAX_WAITING = 1024
+# A region release can overtake its own bid (they travel on two subscriptions): released
+# (order, auction) pairs are remembered this long, and such late bids ignored.
+TOMBSTONE_TTL_S = 5.0
 
 
 class WaitingBid:
@@ -157,21 +160,12 @@ class WaitingBids:
             self._q = deque(w for w in self._q if w.until > now)
 
 
-class Seat(Protocol):
-    """What the desk reads (and, through the ledger and queue, changes) of one worker."""
+class Seat(WorkerView, Protocol):
+    """What the desk reads (and, through the ledger and queue, changes) of one worker:
+    beside what the checks read, its price, images, waiting bids and hold cap."""
 
     @property
-    def worker_id(self) -> str: ...
-    @property
     def region(self) -> str: ...
-    @property
-    def labels(self) -> Mapping[str, str]: ...
-    @property
-    def draining(self) -> bool: ...
-    @property
-    def drain_reason(self) -> str: ...
-    @property
-    def ledger(self) -> Ledger: ...
     @property
     def pricer(self) -> Pricer: ...
     @property
@@ -187,31 +181,17 @@ class Seat(Protocol):
         """The machine this worker placed for the order (not aborted), if any."""
         ...
 
-    def can_run(self, image: str) -> bool:
-        """Whether the worker's driver can run the image at all."""
+    def hand_out(self, order_id: str) -> None:
+        """The order's machine goes to an auction that may not be the one that committed it:
+        from now on no abort undoes it (docs/protocol.md §6.6)."""
         ...
 
-    def unconfinable(self, r: Resources) -> str:
-        """Why the worker's driver cannot confine a machine of ``r``, or "" (it can)."""
+    def release(self, order_id: str, auction_id: str = "") -> None:
+        """Drop the order's waiting bids and its hold (of ``auction_id`` when given)."""
         ...
 
 
 S = TypeVar("S", bound=Seat)
-
-
-class OrderLike(Protocol):
-    """What an explanation reads of an order: a Bid or an ExplainRequest."""
-
-    @property
-    def order_id(self) -> str: ...
-    @property
-    def resources(self) -> Resources: ...
-    @property
-    def image(self) -> str: ...
-    @property
-    def constraints(self) -> Mapping[str, str]: ...
-    @property
-    def exclude_workers(self) -> Sequence[str]: ...
 
 
 class Quote:
@@ -239,6 +219,48 @@ class Send(Generic[S]):
     prompt: bool = False
 
 
+def prompt(bid: Bid) -> bool:
+    """Whether the bid's auction ranks the offers itself (§4.4.3): answered at once, in
+    Offers naming this process (prompt offers come only with batched ones)."""
+    return bid.prompt_offers and bid.batch_offers
+
+
+# How a Post goes out (see Post).
+Shape = Literal["one", "offers", "answer"]
+
+
+@dataclass(slots=True, frozen=True)
+class Post(Generic[S]):
+    """One message for the host to send to ``inbox``, ``delay_s`` after the decision:
+
+    - ``one``: the reply alone (an Offer, signed when the host signs; a Waiting);
+    - ``offers``: one process's offers for one bid in one ``Offers`` (§4.4.2), at its best
+      offer's delay, so the spread still ranks processes by their best offer;
+    - ``answer``: a prompt answer (§4.4.3): an ``Offers`` naming this process and the
+      auction, each offer with the delay it would have waited as ``delay_ms``.
+
+    What goes is what is still due then (:meth:`Desk.due`)."""
+
+    delay_s: float
+    inbox: str
+    auction_id: str
+    shape: Shape
+    sends: tuple[Send[S], ...]
+
+
+@dataclass(slots=True)
+class Plan(Generic[S]):
+    """How the replies a bid caused go out, for the host to perform."""
+
+    # Prompt answers (§4.4.3), at once: to the bid's inbox, or in its Batch's Answers. A
+    # prompt bid always gets one, empty if this process offers nothing: the auction then
+    # knows not to wait for it.
+    answers: list[Post[S]] = field(default_factory=list)
+    # The rest, each at its delay, in this order: replies to other bids that capacity this
+    # one freed went to first, then this bid's, best first.
+    posts: list[Post[S]] = field(default_factory=list)
+
+
 @dataclass(slots=True)
 class Answer(Generic[S]):
     """The desk's decisions for one bid."""
@@ -257,6 +279,9 @@ class Answer(Generic[S]):
     # the place of: a concurrent duplicate's); a new hold there keeps it (Hold.replaced),
     # and where this bid holds nothing it is put back
     replaced: dict[str, tuple[S, Hold]] = field(default_factory=dict)
+    # The bid came after its auction's release (they travel on two subscriptions): it is
+    # not answered at all.
+    ignored: bool = False
 
 
 class Desk(Generic[S]):
@@ -275,22 +300,30 @@ class Desk(Generic[S]):
         self.quote_sample = quote_sample
         self.wall_ms = wall_ms  # for hold_expires_at_ms (the buyer's clock is wall time)
         self.max_waiting = max_waiting
+        # order id -> the worker here that placed it (a retry must price that one: I3)
+        self.owners: dict[str, S] = {}
+        # (order, auction) -> when it was released: a bid of it that comes later is late
+        self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
+        # (order, auction) -> (when, the workers asked to hold or wait for it): a release of
+        # the auction touches those, not every worker of the region in this process
+        self.asked: OrderedDict[tuple[str, str], tuple[float, list[S]]] = OrderedDict()
 
     # -- one bid ----------------------------------------------------------------------------
-    def answer(
-        self, bid: Bid, inbox: str, now: float, group: BidGroup[S], owners: Mapping[str, S]
-    ) -> Answer[S]:
+    def answer(self, bid: Bid, inbox: str, now: float, group: BidGroup[S]) -> Answer[S]:
         """Price the bid on the group's candidates (all of a small group, a sample of a big
-        one, then all if the sample had nothing to offer at once), then hold and offer only
-        the best ``max_offers`` (holding on every worker of a big process would only lock
-        capacity and flood the auction). Workers blocked only by holds wait, but only when
-        no worker here can offer at once. ``owners``: order id -> the worker that placed
-        it (a retry must reach that one: I3)."""
+        one, then all if the sample had nothing to offer at once; the worker that placed the
+        order among them: I3), then hold and offer only the best ``max_offers`` (holding on
+        every worker of a big process would only lock capacity and flood the auction).
+        Workers blocked only by holds wait, but only when no worker here can offer at once.
+        A bid whose auction was released already is ignored."""
+        key = (bid.order_id, bid.auction_id)
+        if key in self.released:
+            return Answer(ignored=True)
         ans: Answer[S] = Answer()
         quotes: list[tuple[float, int, S, Quote]] = []
         blocked: list[S] = []
         workers = group.candidates(
-            bid.order_id, bid.image, owners.get(bid.order_id), self.quote_sample
+            bid.order_id, bid.image, self.owners.get(bid.order_id), self.quote_sample
         )
         want = vec(bid.resources)
         self._quote_all(bid, want, inbox, now, workers, quotes, blocked, ans)
@@ -316,7 +349,83 @@ class Desk(Generic[S]):
             if bid.order_id not in w.ledger.holds:
                 w.ledger.hold(old)  # unless waiting bids took the capacity meanwhile
         ans.replies.sort(key=_by_delay)
+        self._asked(key, now, ans.replies)
         return ans
+
+    def _asked(self, key: tuple[str, str], now: float, replies: list[Send[S]]) -> None:
+        """Remember the workers that hold or wait for the auction: its release goes there."""
+        if not replies:
+            return
+        asked = self.asked.get(key)
+        if asked is None:
+            asked = self.asked[key] = (now, [])
+        asked[1].extend(r.worker for r in replies)
+
+    def plan(self, bid: Bid, inbox: str, ans: Answer[S]) -> Plan[S]:
+        """How the replies of ``ans`` go out: prompt answers at once; else, with batched
+        offers (§4.4.2), a bid's offers in Offers messages of at most MAX_BATCH_OFFERS; a
+        lone offer and Waiting notes alone; late replies to other bids first."""
+        if ans.ignored:
+            return Plan()
+        plan = Plan(posts=self.late(ans.late))
+        offers = [r for r in ans.replies if isinstance(r.reply, Offer)]
+        alone = [r for r in ans.replies if not isinstance(r.reply, Offer)]  # Waiting notes
+        if prompt(bid):
+            plan.answers = [
+                Post(0.0, inbox, bid.auction_id, "answer", chunk)
+                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
+            ]
+        elif bid.batch_offers and len(offers) > 1:
+            plan.posts += [
+                Post(chunk[0].delay_s, inbox, bid.auction_id, "offers", chunk)
+                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
+            ]
+        else:
+            alone = ans.replies
+        plan.posts += [Post(r.delay_s, r.inbox, r.auction_id, "one", (r,)) for r in alone]
+        return plan
+
+    @staticmethod
+    def late(sends: Iterable[Send[S]]) -> list[Post[S]]:
+        """Replies to waiting bids (:meth:`freed`, :meth:`withdraw_hopeless`), each alone
+        at its delay; a prompt bid's offer at once, as a prompt answer."""
+        return [
+            Post(0.0, s.inbox, s.auction_id, "answer", (s,))
+            if s.prompt
+            else Post(s.delay_s, s.inbox, s.auction_id, "one", (s,))
+            for s in sends
+        ]
+
+    def due(self, post: Post[S]) -> list[Send[S]] | None:
+        """The replies of ``post`` still worth sending now that it goes (an offer whose hold
+        was released meanwhile is dropped), or None when nothing goes; a prompt answer
+        planned empty goes all the same (it tells the auction this process answered)."""
+        due = [s for s in post.sends if self.still_due(s)]
+        if due or (post.shape == "answer" and not post.sends):
+            return due
+        return None
+
+    # -- what the process's auctions told it -----------------------------------------------------
+    def placed(self, order_id: str, w: S) -> None:
+        """``w`` placed the order's machine (a commit, or one found at start)."""
+        self.owners[order_id] = w
+
+    def release(self, order_id: str, auction_id: str, now: float, region: Iterable[S]) -> None:
+        """A region release (§6.6): remembered a while (a late bid of that auction is
+        ignored); the workers asked to hold or wait for the auction drop it, or every
+        worker of ``region`` here for a release of any auction of the order."""
+        key = (order_id, auction_id)
+        self.released[key] = now
+        asked = self.asked.pop(key, None)
+        workers = (asked[1] if asked else ()) if auction_id else region
+        for w in workers:
+            w.release(order_id, auction_id)
+
+    def forget(self, now: float) -> None:
+        """Forget releases older than TOMBSTONE_TTL_S, and the workers asked by auctions
+        that never released (their exchange died) once no hold of theirs can be alive."""
+        _forget(self.released, now - TOMBSTONE_TTL_S, float)
+        _forget(self.asked, now - MAX_HOLD_MS / 1000.0, lambda a: a[0])
 
     def _quote_all(
         self,
@@ -340,62 +449,52 @@ class Desk(Generic[S]):
                 if q == BLOCKED:
                     blocked.append(w)
 
-    def quote(
-        self, w: S, bid: Bid, now: float, ans: Answer[S], want: Vec | None = None
-    ) -> Offer | Quote | str:
+    def quote(self, w: S, bid: Bid, now: float, ans: Answer[S], want: Vec) -> Offer | Quote | str:
         """One worker's price for a bid, nothing held: an Offer for a machine the order
-        already has there, a Quote, or the reason it stays silent. Drops the order's
-        earlier hold (a re-bid) and expired holds, recording what that causes in ``ans``."""
-        m = w.machine_for(bid.order_id)
-        if m is not None:
-            return Offer(
-                order_id=bid.order_id,
-                worker_id=w.worker_id,
-                region=w.region,
-                score=m.score,
-                image_cached=m.image in w.images,
-                machine_id=m.machine_id,
-                auction_id=bid.auction_id,
-            )
-        old = w.ledger.holds.get(bid.order_id)
-        if old is not None:
-            if old.committing:
-                return COMMITTING
-            w.ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
+        already has there, a Quote, or the reason it stays silent. First, what a bid
+        changes: the order's earlier hold is dropped (a re-bid) and so are expired holds,
+        what that causes recorded in ``ans``; then the whole chain of checks, once."""
+        ledger = w.ledger
+        old = ledger.holds.get(bid.order_id)
+        if old is not None and not old.committing:  # (a commit under way: the chain says)
+            ledger.drop(bid.order_id)  # a re-bid replaces the earlier hold...
             if old.auction_id != bid.auction_id and old.expires_at > now:
                 ans.replaced[w.worker_id] = (w, old)  # ...kept by the new one (Hold.replaced)
             ans.late += self.freed(w, now)  # ...and waiting bids may take it first
-        before = w.ledger.free
-        gone = w.ledger.expire(now)
-        if gone:
-            ans.expired.append((w, gone))
-        if w.ledger.freer_than(before):
-            ans.late += self.freed(w, now)
-        return self._price(w, bid, want)
+        if ledger.holds:  # (none: nothing to expire; most workers of a big group)
+            before = ledger.free
+            gone = ledger.expire(now)
+            if gone:
+                ans.expired.append((w, gone))
+            if ledger.freer_than(before):
+                ans.late += self.freed(w, now)
+        q = self._price(w, bid, want, CHECKS)
+        return self._existing(w, bid) if q == EXISTING else q
 
     @staticmethod
-    def _price(w: S, bid: Bid, want: Vec | None = None) -> Quote | str:
-        """``want``: the bid's resources as a vector, if the caller has it already."""
-        if want is None:
-            want = vec(bid.resources)
-        ledger = w.ledger
-        reason = check_fit(
+    def _existing(w: S, bid: Bid) -> Offer:
+        """The order's machine on ``w``, offered to this bid's auction (handed out: I3)."""
+        m = w.machine_for(bid.order_id)
+        assert m is not None, "the chain said EXISTING"
+        w.hand_out(bid.order_id)
+        return Offer(
+            order_id=bid.order_id,
             worker_id=w.worker_id,
-            labels=w.labels,
-            draining=w.draining,
-            free=ledger.free,
-            want=want,
-            constraints=bid.constraints,
-            exclude_workers=bid.exclude_workers,
+            region=w.region,
+            score=m.score,
+            image_cached=m.image in w.images,
+            machine_id=m.machine_id,
+            auction_id=bid.auction_id,
         )
-        if reason == INSUFFICIENT and leq(want, ledger.free_of_committed):
-            return BLOCKED
-        if reason:
+
+    @staticmethod
+    def _price(w: S, bid: Bid, want: Vec, checks: Sequence[Check] = FEASIBLE) -> Quote | str:
+        """The checks on what is free now (a waiting bid's: the feasible stage only), then
+        the score (no subscores: only the workers offered need them)."""
+        ledger = w.ledger
+        reason = first_failure(checks, w, bid, want, ledger.free)
+        if reason is not None:
             return reason
-        if not w.can_run(bid.image):
-            return CANNOT_RUN
-        if w.unconfinable(bid.resources):
-            return TOO_SMALL
         cached = bid.image in w.images
         score, _ = w.pricer.price(ledger.capacity, ledger.used, want, cached, False)
         return Quote(score, cached, want)
@@ -452,9 +551,10 @@ class Desk(Generic[S]):
     # -- "why not" ------------------------------------------------------------------------------
     def explain(self, order: OrderLike, now: float, workers: Iterable[S]) -> list[WorkerVerdict]:
         """Each worker's verdict on the order, as :meth:`answer` would decide it at ``now``
-        but for every worker (no sample, no ``max_offers``) and read-only: the order's own
-        hold is left out (a bid would replace it), so are expired holds (a bid would drop
-        them first); nothing is held, dropped or expired."""
+        but for every worker (no sample, no ``max_offers``) and read-only: what is free is
+        what a bid would find (``Ledger.free_for``: the order's own hold and expired holds
+        left out); nothing is held, dropped or expired. Waiting bids that a bid's drops
+        would answer first are not foreseen."""
         return [self.verdict(w, order, now) for w in workers]
 
     @staticmethod
@@ -462,49 +562,31 @@ class Desk(Generic[S]):
         """One worker's verdict: ``existing`` (a machine for the order is there), ``offer``
         (score and subscores as the Offer would carry them; a not-cached image is noted with
         what the image term costs), ``wait`` (only other orders' holds are in the way) or
-        ``decline`` with every reason, in the desk's order, numbers in each ``detail``."""
+        ``decline`` with every reason, in the chain's order, numbers in each ``detail``."""
         wid = w.worker_id
-        m = w.machine_for(order.order_id)
-        if m is not None:
-            cached = m.image in w.images
+        want = vec(order.resources)
+        why: list[Reason] = []
+        reason = first_failure(STANDING, w, order, want, ZERO, why)  # they read no capacity
+        if reason == EXISTING:
+            m = w.machine_for(order.order_id)
+            assert m is not None, "the chain said EXISTING"
             return WorkerVerdict(
                 worker_id=wid,
                 verdict="existing",
                 score=m.score,
-                image_cached=cached,
+                image_cached=m.image in w.images,
                 machine_id=m.machine_id,
             )
+        if reason is not None:
+            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=why)
         ledger = w.ledger
-        own = ledger.holds.get(order.order_id)
-        if own is not None and own.committing:
-            why = Reason(code=COMMITTING, detail="a commit for this order is being written here")
-            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=[why])
-        want = vec(order.resources)
-        held = _live_held(ledger.holds.values(), order.order_id, now)
-        reasons = explain_fit(
-            worker_id=wid,
-            labels=w.labels,
-            draining=w.draining,
-            drain_reason=w.drain_reason,
-            capacity=ledger.capacity,
-            committed=ledger.committed,
-            held=held,
-            want=want,
-            constraints=order.constraints,
-            exclude_workers=order.exclude_workers,
-        )
-        if leq(want, ledger.free_of_committed):  # what is short, only holds take
-            reasons = [_blocked(r) if r.code == INSUFFICIENT else r for r in reasons]
-        if not w.can_run(order.image):
-            reasons.append(
-                Reason(code=CANNOT_RUN, detail=f"the driver cannot run image {order.image!r}")
-            )
-        if small := w.unconfinable(order.resources):
-            reasons.append(Reason(code=TOO_SMALL, detail=small))
+        free = ledger.free_for(order.order_id, now)
+        reasons = every_failure(FEASIBLE, w, order, want, free)
         if any(r.code != BLOCKED for r in reasons):
             return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
         cached = order.image in w.images
-        used = add(ledger.committed, held) if not reasons else ledger.committed
+        # a worker that would wait is priced as once the holds in its way are gone
+        used = sub(ledger.capacity, free) if not reasons else ledger.committed
         score, subscores = w.pricer.price(ledger.capacity, used, want, cached)
         if not cached:
             reasons.append(_not_cached(w.pricer, order.image, score))
@@ -531,14 +613,13 @@ class Desk(Generic[S]):
             bid = wb.bid
             if wb.until <= now or bid.order_id in held:
                 continue  # too late, or the order holds here by now (through its own bid)
-            q = self._price(w, bid)
+            q = self._price(w, bid, vec(bid.resources))
             if q == BLOCKED:
                 keep.append(wb)
                 continue
             offered = self.take(w, bid, now, q) if isinstance(q, Quote) else None
             if offered is not None:
-                prompt = bid.prompt_offers and bid.batch_offers
-                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w, prompt))
+                sends.append(Send(offered[1], wb.inbox, bid.auction_id, offered[0], w, prompt(bid)))
             else:  # committed machines took the capacity: the auction need not wait
                 sends.append(Send(0.0, wb.inbox, bid.auction_id, _waiting(w, bid, 0), w))
         for wb in keep:
@@ -579,22 +660,21 @@ def _by_delay(s: Send[S]) -> float:
     return s.delay_s
 
 
-def _live_held(holds: Iterable[Hold], order_id: str, now: float) -> Vec:
-    """What other orders' live holds take: a bid drops expired holds (unless pinned by a
-    commit) and replaces the order's own hold before it prices."""
-    held = ZERO
-    for h in holds:
-        if h.order_id != order_id and (h.expires_at > now or h.committing):
-            held = add(held, h.want)
-    return held
+def _chunks(sends: list[Send[S]], size: int) -> list[tuple[Send[S], ...]]:
+    """``sends`` in runs of at most ``size``; one empty run when there are none."""
+    return [tuple(sends[i : i + size]) for i in range(0, max(1, len(sends)), size)]
 
 
-def _blocked(r: Reason) -> Reason:
-    """An ``insufficient`` shortage that only other orders' holds cause: the worker would
-    wait for them (§6.3)."""
-    return msgspec.structs.replace(
-        r, code=BLOCKED, detail=f"{r.detail}: only holds are in the way (would wait)"
-    )
+V = TypeVar("V")
+
+
+def _forget(
+    memory: OrderedDict[tuple[str, str], V], cutoff: float, at: Callable[[V], float]
+) -> None:
+    """Drop the entries of ``memory`` from its oldest on while their time (``at``) is at or
+    before ``cutoff``."""
+    while memory and at(next(iter(memory.values()))) <= cutoff:
+        memory.popitem(last=False)
 
 
 def _not_cached(pricer: Pricer, image: str, score: float) -> Reason:

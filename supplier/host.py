@@ -6,8 +6,9 @@ cost a thousand dict entries rather than a thousand deliveries. Each worker has 
 subscription for what is addressed to it (``<root>.worker.<id>.>``).
 
 This is the NATS shell: it decodes, asks the desk (supplier/desk.py) how to answer a bid
-and sends what the desk returns, each reply after its delay, through the outbox. It makes
-no market decision itself.
+and performs the plan the desk returns (each message after its delay, through the outbox).
+It makes no market decision itself. What runs on a timer (the sweep, reclaim, the store's
+health) is supplier/upkeep.py's.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Awaitable, Iterable
 
 import anyio
@@ -33,10 +34,10 @@ from bourse.nats.auth import is_inbox
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream
 from bourse.nats.responder import Responder, subject_region_mismatch
-from bourse.runtime.metrics import SupplierMetrics, WorkerSample
+from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
-from bourse.wire.limits import MAX_BATCH_ITEMS, MAX_BATCH_OFFERS, MAX_HOLD_MS
+from bourse.wire.limits import MAX_BATCH_ITEMS
 from bourse.wire.messages import (
     MACHINE_VERBS,
     Answers,
@@ -46,45 +47,32 @@ from bourse.wire.messages import (
     Event,
     ExplainRequest,
     ListMachines,
-    Machine,
     MachineRequest,
-    Offer,
     Offers,
     Placed,
-    ReclaimCheck,
-    ReclaimReply,
-    ReclaimVerdict,
-    ReclaimVerdicts,
     Release,
     StatusRequest,
-    Waiting,
-    now_ms,
     worker_of_machine,
 )
 from bourse.wire.signing import OfferSigner
-from bourse.wire.subjects import Subjects, shard_of
-from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
+from bourse.wire.subjects import Subjects
+from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.config import WorkerConfig, check_workers
-from supplier.desk import DEFAULT_MAX_OFFERS, Desk, Send, explanation_pages
+from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
 from supplier.images import ImageListener
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
-from supplier.store import Store, StoreError
+from supplier.replies import Replies
+from supplier.store import Store
+from supplier.upkeep import Upkeep
 from supplier.worker import Worker
 
 log = structlog.get_logger("bourse.supplier")
 
-SWEEP_INTERVAL_S = 0.05
 # Bids queued beyond this many on one subscription are shed (answered by nobody here).
 DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
-RECLAIM_TIMEOUT_S = 2.0  # a ReclaimCheck: one KV read per machine at the exchange
-# A region release can overtake its own bid (they travel on two subscriptions). The host
-# remembers released (order, auction) pairs this long and ignores such late bids.
-TOMBSTONE_TTL_S = 5.0
-# While the store refuses writes, probe it this often; a success lifts the drain.
-STORE_PROBE_INTERVAL_S = 1.0
 # A stop's bounds: the answers under way (a commit's fsync), the machines (their lifecycle
 # work, then their processes: SIGTERM, SIGKILL after the grace or when this runs out), the
 # outbox's last messages, and the whole stop, so SIGTERM ends the process within 2 s.
@@ -95,10 +83,13 @@ STOP_S = 1.5
 
 
 class WorkerIdInUse(BourseError, RuntimeError):
-    pass
+    """Another supplier process already serves one of these worker ids."""
 
 
 class SupplierHost:
+    """One supplier process on NATS: its workers (one, or a fleet of virtual ones), their
+    store, the desk that answers their bids; :meth:`run` serves until cancelled."""
+
     def __init__(
         self,
         nc: NATS,
@@ -116,21 +107,14 @@ class SupplierHost:
         reclaim_every_s: float | None = None,
     ) -> None:
         check_workers(workers)
-        # Orphans (supplier/reclaim.py): reserved machines asked about after this long
-        # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
-        self.reclaim_every_s = reclaim_every_s or check_every(reclaim_after_s)
-        # Signs every Offer this host sends (the auction may require it: --trust).
-        self.signer = signer
         # This process's name in its prompt answers (Offers.responder, §4.4.3): random per
         # start, so the auction counts each running process once.
         self.responder_id = secrets.token_hex(8)
         # How bids are answered: the pure core this shell asks (supplier/desk.py).
         self.desk: Desk[Worker] = Desk(max_offers, quote_sample)
-        self.bid_shards = bid_shards
         self.max_bid_backlog = max_bid_backlog
         self.bids_shed = 0
         self.bids_refused = 0  # bids of a Batch refused one by one (wrong region, no inbox)
-        self._shed_logged = 0
         self._bid_subs: dict[str, Subscription] = {}
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -149,78 +133,36 @@ class SupplierHost:
             )
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
-        self.groups = self._bid_groups()
-        # order id -> the worker here that placed it (a retry must price that one: I3)
-        self.owners: dict[str, Worker] = {}
-        self.released: OrderedDict[tuple[str, str], float] = OrderedDict()
-        # (order, auction) -> (when, the workers asked to hold or wait for it): a region
-        # release then touches those, not every worker of the region in this process.
-        self.asked: OrderedDict[tuple[str, str], tuple[float, list[Worker]]] = OrderedDict()
+        self.groups = BidGroups(self.subjects, self.workers.values(), bid_shards)
         self._subs: list[Subscription] = []
         self.outbox = Outbox(nc)  # delayed bid replies and hold_expired, no task each
+        self.replies = Replies(self.desk, self.outbox, signer, self.responder_id)
         # Events of committed changes, exactly once from the store's outbox table.
         self.events = EventOutbox(nc, store, self.subjects, event_stream)
-        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the sweeper, probe, handlers
-        self.store_failing = False  # the store refused a write: every worker here drains
-        self._next_probe = 0.0
-        self._probing = False
+        # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
+        # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
+        every_s = reclaim_every_s or check_every(reclaim_after_s)
+        self.upkeep = Upkeep(
+            nc, self.subjects, store, self.workers, self.desk, every_s, lambda: self.bids_shed
+        )
         if metrics is not None:  # state is read at scrape time; only a commit is timed
-            metrics.watch_workers(self._worker_samples, lambda: self.bids_shed)
+            metrics.watch_workers(
+                lambda: [w.sample() for w in self.workers.values()], lambda: self.bids_shed
+            )
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
 
-    def _worker_samples(self) -> list[WorkerSample]:
-        """Every worker's ledger as the metrics scrape reads it (from the endpoint's thread:
-        plain reads of immutable tuples)."""
-        return [
-            WorkerSample(
-                w.worker_id,
-                w.region,
-                w.ledger.capacity,
-                w.ledger.committed,
-                w.ledger.held,
-                len(w.ledger.holds),
-                w.draining,
-            )
-            for w in self.workers.values()
-        ]
-
     def _reply_counts(self) -> Counter[str]:
         responder = getattr(self, "responder", None)  # made by run()
         return responder.counts if responder is not None else Counter()
 
-    # -- bid groups -----------------------------------------------------------------------------
-    def _bid_groups(self) -> dict[str, BidGroup[Worker]]:
-        """Bid subject -> the workers it reaches here, with their image index: the region's
-        subject, and its shards' when bids may be sampled by shard."""
-        s = self.subjects
-        groups = {s.bid(region): BidGroup(ws) for region, ws in self.by_region.items()}
-        by_shard: dict[tuple[str, int], list[Worker]] = {}
-        for w in self.workers.values() if self.bid_shards else ():
-            key = (w.region, shard_of(w.worker_id, self.bid_shards))
-            by_shard.setdefault(key, []).append(w)
-        groups.update(
-            (s.bid_shard(region, shard), BidGroup(ws)) for (region, shard), ws in by_shard.items()
-        )
-        self._groups_of: dict[str, list[BidGroup[Worker]]] = {}
-        for group in groups.values():
-            for w in group.workers:
-                self._groups_of.setdefault(w.worker_id, []).append(group)
-                for image in w.images:
-                    group.image_changed(w, image, True)
-        return groups
-
     def _image_listener(self, worker_id: str) -> ImageListener:
         """Keeps the bid groups' image index current as a worker pulls and evicts."""
-
-        def changed(image: str, cached: bool) -> None:
-            w = self.workers[worker_id]
-            for group in self._groups_of.get(worker_id, ()):
-                group.image_changed(w, image, cached)
-
-        return changed
+        return lambda image, cached: self.groups.image_changed(
+            self.workers[worker_id], image, cached
+        )
 
     # -- life ---------------------------------------------------------------------------------
     async def run(
@@ -230,12 +172,12 @@ class SupplierHost:
         them from the store, subscribe, say ``started``, serve; then, shielded and bounded:
         unsubscribe, let the answers under way finish, stop the machines, send what the
         outbox holds. The outbox pump, each worker's machines (Machines.run: lifecycle work
-        and the driver's supervisors), the sweeper and the store probe run in this task
-        group; the handlers in the responder's tasks, which the stop ends. Raises
+        and the driver's supervisors) and the upkeep (supplier/upkeep.py: the sweep, reclaim,
+        the store probe) run in this task group; the handlers in the responder's tasks,
+        which the stop ends. Raises
         WorkerIdInUse before ``started`` if a worker is taken."""
         await self._check_unclaimed()  # before any task: a taken id is one plain error
         async with anyio.create_task_group() as tasks:
-            self._tasks = tasks
             self.responder = Responder(self.nc, "supplier")
             await tasks.start(self.outbox.run)
             await self.events.start()  # before any write of this run: rows stay in order
@@ -247,14 +189,14 @@ class SupplierHost:
             finally:
                 with cleanup_scope(STOP_S):
                     await self._stop()
-                tasks.cancel_scope.cancel()  # the sweeper and the probe: nothing left to do
+                tasks.cancel_scope.cancel()  # the upkeep: nothing left to do
 
     async def _start(self, tasks: anyio.abc.TaskGroup) -> None:
         for w in self.workers.values():
             await tasks.start(w.keeper.run)  # before anything may start or abort a machine
             w.recover()
             for order_id in w.by_order:
-                self.owners[order_id] = w
+                self.desk.placed(order_id, w)
         g = self.responder.guard
         s = self.subjects
         for subject in self.groups:  # the region's subject, and its shards' (sampled bids)
@@ -279,9 +221,7 @@ class SupplierHost:
         for wid in self.workers:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
-        tasks.start_soon(self._sweep)
-        if any(w.reclaims.after_ms > 0 for w in self.workers.values()):
-            tasks.start_soon(self._reclaim_orphans)
+        await tasks.start(self.upkeep.run)
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
@@ -407,156 +347,43 @@ class SupplierHost:
             self.outbox.post(to, encode(Answers(answers=answers[i : i + MAX_BATCH_ITEMS])))
 
     def _answer_bid(self, bid: Bid, reply: str, group: BidGroup[Worker]) -> list[Offers]:
-        """Answer one bid: its delayed or Waiting replies are sent (or scheduled) here; a
-        prompt bid's Offers answers (§4.4.3) are returned, for the caller to send."""
-        if (bid.order_id, bid.auction_id) in self.released:
-            return []
+        """Answer one bid as the desk plans it: the delayed replies are scheduled here; a
+        prompt bid's answers (§4.4.3) are returned, for the caller to send."""
         now = time.monotonic()
-        ans = self.desk.answer(bid, reply, now, group, self.owners)
+        ans = self.desk.answer(bid, reply, now, group)
         for w, holds in ans.expired:
             w.holds_expired(holds)
-        self._send(ans.late, now)
-        prompt = bid.batch_offers and bid.prompt_offers
-        if not ans.replies:  # answered, with nothing: the auction need not wait for us
-            return [self._named([], bid.auction_id)] if prompt else []
-        key = (bid.order_id, bid.auction_id)
-        asked = self.asked.get(key)
-        if asked is None:
-            asked = self.asked[key] = (now, [])
-        asked[1].extend(r.worker for r in ans.replies)
-        replies = ans.replies
-        for r in replies:
-            if isinstance(r.reply, Offer) and r.reply.machine_id:
-                if r.reply.order_id in r.worker.reclaims.orders:
-                    # its verdict may be "orphan" (§5.3d): not handed out meanwhile
-                    replies = [x for x in replies if x is not r]
-                    continue
-                r.worker.commits.give(r.reply.order_id)  # handed to this auction
-        answers: list[Offers] = []
-        if prompt:  # at once, ranked by the auction (§4.4.3)
-            offers = [
-                self._prompt_offer(r.reply, r.delay_s)
-                for r in replies
-                if isinstance(r.reply, Offer)
-            ]
-            for i in range(0, max(1, len(offers)), MAX_BATCH_OFFERS):
-                answers.append(self._named(offers[i : i + MAX_BATCH_OFFERS], bid.auction_id))
-            replies = [r for r in replies if not isinstance(r.reply, Offer)]  # Waiting notes
-        elif bid.batch_offers:  # the auction takes one message for all of them (§4.4.2)
-            replies = self._batch(replies, now)
-        self._send(replies, now)
-        return answers
-
-    def _prompt_offer(self, offer: Offer, delay_s: float) -> Offer:
-        """A prompt answer's offer: signed, with the delay it would have waited."""
-        signed = self._signed(offer)
-        if delay_s <= 0:
-            return signed
-        return msgspec.structs.replace(signed, delay_ms=round(delay_s * 1000.0, 3))
-
-    def _named(self, offers: list[Offer], auction_id: str) -> Offers:
-        """A prompt answer: this process's offers for an auction, naming the process."""
-        return Offers(
-            offers=offers, responder=self.responder_id, auction_id=auction_id, batches=True
-        )
-
-    def _batch(self, replies: list[Send[Worker]], t0: float) -> list[Send[Worker]]:
-        """Schedule this bid's offers as Offers messages of up to MAX_BATCH_OFFERS, each at
-        its best (first) offer's delay, so the spread still ranks processes by their best
-        offer; returns the replies left to send one by one (a lone offer, Waiting notes)."""
-        offers = [r for r in replies if isinstance(r.reply, Offer)]
-        if len(offers) < 2:
-            return replies
-        loop = asyncio.get_running_loop()
-        now = loop.time()
-        skew = now - time.monotonic()
-        for i in range(0, len(offers), MAX_BATCH_OFFERS):
-            chunk = offers[i : i + MAX_BATCH_OFFERS]
-            at = t0 + skew + chunk[0].delay_s
-            if at > now:
-                loop.call_at(at, self._due_batch, chunk)
-            else:
-                self._due_batch(chunk)
-        return [r for r in replies if not isinstance(r.reply, Offer)]
-
-    def _due_batch(self, sends: list[Send[Worker]]) -> None:
-        """The offers of one batch still worth sending (a hold released meanwhile drops
-        its offer), in one message; a lone one as a plain Offer."""
-        due = [s for s in sends if self.desk.still_due(s)]
-        if len(due) > 1:
-            offers = [self._signed(s.reply) for s in due if isinstance(s.reply, Offer)]
-            self.outbox.post(due[0].inbox, encode(Offers(offers=offers)))
-        elif due:
-            self._due(due[0])
+        plan = self.desk.plan(bid, reply, ans)
+        self.replies.schedule(plan.posts, now)
+        return [self.replies.answer(post, post.sends) for post in plan.answers]  # all due
 
     def _freed(self, w: Worker) -> None:
         """Capacity came back on ``w`` outside a bid: the desk answers its waiting bids."""
         now = time.monotonic()
-        self._send(self.desk.freed(w, now), now)
+        self.replies.schedule(self.desk.late(self.desk.freed(w, now)), now)
 
     def _grew(self, w: Worker) -> None:
         """Committed machines grew on ``w``: the desk withdraws hopeless waiting bids."""
-        self._send(self.desk.withdraw_hopeless(w), time.monotonic())
-
-    def _send(self, sends: list[Send[Worker]], t0: float) -> None:
-        """Send each reply at t0 + its delay, through the outbox (the desk put them best
-        first); a delayed offer whose hold was released meanwhile is dropped when due."""
-        if not sends:
-            return
-        loop = asyncio.get_running_loop()
-        # One reading of the clock for all of them: the delays grow down the list, so once
-        # one reply is scheduled every later one is too, at a later time. (Reading the clock
-        # per reply let a worse offer that was already due go out before a better one still
-        # scheduled a fraction of a millisecond earlier.)
-        now = loop.time()
-        skew = now - time.monotonic()  # t0 is time.monotonic(); the loop may keep its own
-        for send in sends:
-            at = t0 + skew + (0.0 if send.prompt else send.delay_s)
-            if at > now:
-                loop.call_at(at, self._due, send)
-            else:
-                self._due(send)
-
-    def _due(self, send: Send[Worker]) -> None:
-        if not self.desk.still_due(send):
-            return
-        if send.prompt and isinstance(send.reply, Offer):  # one of this process's answers
-            offer = self._prompt_offer(send.reply, send.delay_s)
-            self.outbox.post(send.inbox, encode(self._named([offer], send.auction_id)))
-        else:
-            self.outbox.post(send.inbox, self._wire(send.reply))
-
-    def _wire(self, reply: Offer | Waiting) -> bytes:
-        """A bid reply as sent: an Offer signed with this host's key when it has one."""
-        return encode(self._signed(reply) if isinstance(reply, Offer) else reply)
-
-    def _signed(self, offer: Offer) -> Offer:
-        """The offer signed with this host's key when it has one."""
-        return self.signer.sign(offer) if self.signer is not None else offer
+        self.replies.schedule(self.desk.late(self.desk.withdraw_hopeless(w)), time.monotonic())
 
     async def _on_region_release(self, msg: Msg) -> None:
         self._release_region(decode(msg.data, Release), self._region_of(msg))
 
     def _release_region(self, rel: Release, region: str) -> None:
-        key = (rel.order_id, rel.auction_id)
-        self.released[key] = time.monotonic()
-        asked = self.asked.pop(key, None)
-        # only the workers this host asked can hold for an auction; a release for any
-        # auction of the order (a third party's): ask everyone
-        workers: Iterable[Worker] = (
-            (asked[1] if asked else ()) if rel.auction_id else self.by_region.get(region, ())
-        )
-        for w in workers:
-            w.release(rel.order_id, rel.auction_id)
+        workers = self.by_region.get(region, ())
+        self.desk.release(rel.order_id, rel.auction_id, time.monotonic(), workers)
+
+    def _reached(self, msg: Msg, every: str) -> Iterable[Worker]:
+        """The workers a scatter-gather reaches here: of every region on ``every``, else of
+        the subject's region."""
+        if msg.subject == every:
+            return self.workers.values()
+        return self.by_region.get(self._region_of(msg), ())
 
     async def _on_status(self, msg: Msg) -> None:
         if msg.data.strip():
             decode(msg.data, StatusRequest)
-        if msg.subject == self.subjects.status_every:  # every region (added in v1)
-            workers: Iterable[Worker] = self.workers.values()
-        else:
-            workers = self.by_region.get(self._region_of(msg), ())
-        for w in workers:
+        for w in self._reached(msg, self.subjects.status_every):
             await self.responder.reply(msg, w.status())
 
     async def _on_explain(self, msg: Msg) -> None:
@@ -580,11 +407,7 @@ class SupplierHost:
         req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
         if not msg.reply:
             return
-        if msg.subject == self.subjects.machines_every:
-            workers: Iterable[Worker] = self.workers.values()
-        else:
-            workers = self.by_region.get(self._region_of(msg), ())
-        for w in workers:
+        for w in self._reached(msg, self.subjects.machines_every):
             if req.worker_id and w.worker_id != req.worker_id:
                 continue
             for page in w.machine_pages(req):
@@ -615,7 +438,7 @@ class SupplierHost:
     async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:
         result = await w.commits.commit(commit)
         if isinstance(result, Placed):
-            self.owners[result.order_id] = w
+            self.desk.placed(result.order_id, w)
         await self.responder.reply(msg, result)
         if isinstance(result, Placed) and commit.release_others and commit.auction_id:
             # every offer was this process's: the auction sends no region release (§4.6)
@@ -641,114 +464,6 @@ class SupplierHost:
             await self.responder.reply(msg, logs)
         else:
             self.responder.spawn(msg, self._answer(msg, w.transition(verb, mreq.machine_id)))
-
-    # -- housekeeping ---------------------------------------------------------------------------
-    async def _sweep(self) -> None:
-        """Expire holds (publishing hold_expired) and forget old tombstones."""
-        while True:
-            await anyio.sleep(SWEEP_INTERVAL_S)
-            now = time.monotonic()
-            for w in self.workers.values():
-                if w.ledger.holds:
-                    w.expire_holds(now)
-                if w.waiting:
-                    w.prune_waiting(now)
-            self._watch_store(now)
-            if self.bids_shed > self._shed_logged:
-                log.warning(
-                    "bids_shed", total=self.bids_shed, new=self.bids_shed - self._shed_logged
-                )
-                self._shed_logged = self.bids_shed
-            cutoff = now - TOMBSTONE_TTL_S
-            while self.released:
-                key, at = next(iter(self.released.items()))
-                if at > cutoff:
-                    break
-                del self.released[key]
-            # an auction that never released (its exchange died): the holds expire by their
-            # TTL, and its entry goes once no hold of it can be alive any more
-            cutoff = now - MAX_HOLD_MS / 1000.0
-            while self.asked:
-                key, (at, _) = next(iter(self.asked.items()))
-                if at > cutoff:
-                    break
-                del self.asked[key]
-
-    async def _reclaim_orphans(self) -> None:
-        """Every ``reclaim_every_s``: each worker asks about its machines still reserved a
-        while after their commit (supplier/reclaim.py) and destroys the orphans. No exchange
-        answering (a direct-mode-only market) or no claims: the machines stay."""
-        while True:
-            await anyio.sleep(self.reclaim_every_s)
-            for w in self.workers.values():
-                batch = w.reclaims.due(w.machines.values(), now_ms())
-                if batch and not await self._reclaim(w, batch):
-                    break  # nobody answers: try again next round
-
-    async def _reclaim(self, w: Worker, batch: list[Machine]) -> bool:
-        """Ask about ``batch`` and act on the verdicts; False if no exchange answered."""
-        check = ReclaimCheck(
-            worker_id=w.worker_id,
-            machines=[
-                Placed.of_machine(m, image_cached=m.image in w.images, elapsed_ms=0.0)
-                for m in batch
-            ],
-        )
-        verdicts: list[ReclaimVerdict] = []
-        try:
-            reply = await self.nc.request(
-                self.subjects.reclaim(w.worker_id), encode(check), timeout=RECLAIM_TIMEOUT_S
-            )
-            answer: ReclaimReply = decode(reply.data, ReclaimReply)
-            if isinstance(answer, ReclaimVerdicts):
-                verdicts = answer.verdicts
-            else:
-                w.log.warning("reclaim_check_refused", detail=answer.detail)
-        except nats.errors.Error:  # no responders, a timeout, a connection going away
-            return False
-        except BadMessage as exc:
-            w.log.warning("reclaim_check_refused", detail=str(exc))
-        finally:
-            orphans = w.reclaims.settle(batch, verdicts)
-        for v in orphans:
-            try:
-                await w.keeper.reclaim(w.machines[v.machine_id], v.detail)
-            except StoreError as exc:  # the store refuses writes: the worker drains, and
-                w.store_failed(str(exc))  # the orphan is asked about again next round
-            finally:
-                w.reclaims.done(v.machine_id)
-        return True
-
-    def _watch_store(self, now: float) -> None:
-        """Drain every worker of this process while its store refuses writes (they share
-        it): offering capacity that cannot be committed only makes auctions fail later."""
-        if self.store.failure and not self.store_failing:
-            self.store_failing = True
-            self._next_probe = now + STORE_PROBE_INTERVAL_S
-            log.error(
-                "supplier_draining",
-                reason=f"store refuses writes: {self.store.failure}",
-                path=str(self.store.path),
-                workers=len(self.workers),
-            )
-            for w in self.workers.values():
-                w.store_failed(self.store.failure)
-        if self.store_failing and now >= self._next_probe and not self._probing:
-            assert self._tasks is not None, "the sweeper runs in run()'s task group"
-            self._probing = True
-            self._tasks.start_soon(self._probe_store)
-
-    async def _probe_store(self) -> None:
-        try:
-            if await self.store.probe():
-                self.store_failing = False
-                resumed = sum(w.store_recovered() for w in self.workers.values())
-                log.warning("supplier_resumed", reason="store takes writes again", workers=resumed)
-            else:
-                log.info("store_still_failing", reason=self.store.failure)
-        finally:
-            self._next_probe = time.monotonic() + STORE_PROBE_INTERVAL_S
-            self._probing = False
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host; returns the violations found."""

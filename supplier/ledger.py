@@ -108,6 +108,20 @@ class Ledger:
         identity test."""
         return self.free is not before and not leq(self.free, before)
 
+    def free_for(self, order_id: str, now: float) -> Vec:
+        """What a bid for ``order_id`` would find free at ``now``, changing nothing: the
+        steps the desk takes before it prices (the order's earlier hold dropped, then the
+        expired ones, a replaced hold they carry coming back in their place), on a copy.
+        "Why not" asks it (supplier/desk.py ``Desk.verdict``)."""
+        copy = Ledger(self._capacity)
+        copy.holds = dict(self.holds)
+        copy._expiry = list(self._expiry)  # a heap still: stale entries are skipped as here
+        copy._committed = self._committed
+        copy.held = self._held
+        copy.drop(order_id)
+        copy.expire(now)
+        return copy.free
+
     def check(self) -> None:
         """Raise if I1 is broken (used by tests and the load-test harness)."""
         if not leq(self.used, self.capacity):

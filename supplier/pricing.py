@@ -1,6 +1,6 @@
 """The supplier's price for a bid: a short pipeline of small pure stages.
 
-    fit/filter   -> rejection reason or None      (check_fit)
+    feasibility  -> a reason, or go on            (supplier/feasible.py: the chain of checks)
     utilization  -> u_r after placement, per resource the order asks for
     utility      -> f_r(u_r), piecewise-linear curves (preset spread / binpack, overridable)
     combine      -> weighted mean of f_r(u_r) = "utility"
@@ -13,16 +13,13 @@ itself: {"cpus": .., "memory_mb": .., "utility": .., "image": ..}.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
-from typing import TYPE_CHECKING
+from typing import Annotated, Literal
 
-from bourse.wire.limits import MILLIS_PER_CPU
-from bourse.wire.messages import Reason
-from bourse.wire.resources import CPU, RESOURCES, Vec, format_value
+import msgspec
 
-if TYPE_CHECKING:  # config imports this module to validate curves
-    from supplier.config import PricingConfig
+from bourse.wire.resources import RESOURCES, Vec
 
 # Resources scored even when the order asks for none of them is impossible: cpus and memory
 # are always >= 1. Disk and gpus count only when asked for, so a GPU worker is not "empty"
@@ -33,11 +30,24 @@ PRESET_CURVES: dict[str, tuple[tuple[float, float], ...]] = {
     "binpack": ((0.0, 0.0), (1.0, 1.0)),  # prefer fuller workers
 }
 
-# Named rejection reasons (why a worker stays silent), for logs and tests.
-EXCLUDED = "excluded"
-DRAINING = "draining"
-CONSTRAINT_MISMATCH = "constraint_mismatch"
-INSUFFICIENT = "insufficient"
+
+Preset = Literal["spread", "binpack"]
+# A curve as configured: [utilization, desirability] points, utilization ascending in [0, 1].
+CurvePoints = Annotated[
+    list[Annotated[list[float], msgspec.Meta(min_length=2, max_length=2)]],
+    msgspec.Meta(min_length=2, max_length=32),
+]
+
+
+class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """A worker's utility function (the formula is this module's doc); :func:`build_curves`
+    says whether its curves and weights make one."""
+
+    preset: Preset = "spread"
+    curves: dict[str, CurvePoints] = {}  # per resource, overriding the preset's curve
+    weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
+    image_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.3
+    spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
 
 
 class Curve:
@@ -122,6 +132,8 @@ class Pricer:
 
 
 def build_curves(cfg: PricingConfig) -> dict[str, Curve]:
+    """Every resource's curve (the preset's unless overridden); ValueError names what in
+    ``cfg`` makes no utility function (the fleet file's check calls this)."""
     unknown = set(cfg.curves) - set(RESOURCES)
     if unknown:
         raise ValueError(f"unknown resource(s) in curves: {sorted(unknown)}; use {RESOURCES}")
@@ -130,97 +142,3 @@ def build_curves(cfg: PricingConfig) -> dict[str, Curve]:
         raise ValueError(f"unknown resource(s) in weights: {sorted(unknown)}; use {RESOURCES}")
     base = PRESET_CURVES[cfg.preset]
     return {r: Curve(cfg.curves.get(r, base)) for r in RESOURCES}
-
-
-def check_fit(
-    *,
-    worker_id: str,
-    labels: Mapping[str, str],
-    draining: bool,
-    free: Vec,
-    want: Vec,
-    constraints: Mapping[str, str],
-    exclude_workers: Sequence[str],
-) -> str | None:
-    """None if the worker can offer, else the named reason it stays silent."""
-    if draining:
-        return DRAINING
-    if exclude_workers and worker_id in exclude_workers:
-        return EXCLUDED
-    for key, value in constraints.items():
-        if labels.get(key) != value:
-            return CONSTRAINT_MISMATCH
-    for i in range(4):
-        if want[i] > free[i]:
-            return INSUFFICIENT
-    return None
-
-
-def explain_fit(
-    *,
-    worker_id: str,
-    labels: Mapping[str, str],
-    draining: bool,
-    drain_reason: str,
-    capacity: Vec,
-    committed: Vec,
-    held: Vec,
-    want: Vec,
-    constraints: Mapping[str, str],
-    exclude_workers: Sequence[str],
-) -> list[Reason]:
-    """Every reason the fit stage has against a worker, in check_fit's order, with its
-    numbers ("why not", docs/protocol.md §4.15): check_fit stops at the first and is the hot
-    path; this one is asked for explanations only. ``held``: the live holds of other orders.
-    Empty exactly when check_fit(free = capacity - committed - held) returns None."""
-    reasons: list[Reason] = []
-    if draining:
-        why = f": {drain_reason}" if drain_reason else ""
-        reasons.append(Reason(code=DRAINING, detail=f"draining{why}"))
-    if exclude_workers and worker_id in exclude_workers:
-        reasons.append(Reason(code=EXCLUDED, detail="excluded by the order"))
-    for key, value in constraints.items():
-        has = labels.get(key)
-        if has != value:
-            found = "missing" if has is None else f"has {has!r}"
-            reasons.append(
-                Reason(
-                    code=CONSTRAINT_MISMATCH,
-                    detail=f"label {key}: wants {value!r}, {found}",
-                    label=key,
-                    expected=value,
-                    actual=has,
-                )
-            )
-    for i, name in enumerate(RESOURCES):
-        free = capacity[i] - committed[i] - held[i]
-        if want[i] > free:
-            reasons.append(_short(i, name, want[i], free, capacity[i], committed[i], held[i]))
-    return reasons
-
-
-def _short(
-    i: int, name: str, want: int, free: int, capacity: int, committed: int, held: int
-) -> Reason:
-    """An ``insufficient`` reason with its numbers. The detail writes CPUs as people do
-    (``cpus: wants 0.5, free 0.25 ...``). The fields carry CPUs as ``resource: "cpus"`` in
-    whole CPUs when every number is whole (the v1 reason, unchanged), else as
-    ``resource: "cpu_millis"`` in millicores (docs/protocol.md §4.15)."""
-    nums: tuple[int, ...] = (want, free, capacity, committed, held)
-    f = [format_value(i, n) for n in nums]
-    detail = f"{name}: wants {f[0]}, free {f[1]} (capacity {f[2]}, committed {f[3]}, held {f[4]})"
-    if i == CPU:
-        if any(n % MILLIS_PER_CPU for n in nums):
-            name = "cpu_millis"
-        else:
-            nums = tuple(n // MILLIS_PER_CPU for n in nums)
-    return Reason(
-        code=INSUFFICIENT,
-        detail=detail,
-        resource=name,
-        want=nums[0],
-        free=nums[1],
-        capacity=nums[2],
-        committed=nums[3],
-        held=nums[4],
-    )

@@ -5,8 +5,9 @@ the same code serves a real worker and a thousand virtual ones in a load test. H
 is answered is the desk's business (supplier/desk.py); the worker holds the state the
 desk works on (ledger, pricer, waiting bids) and tells it, through ``on_freed`` and
 ``on_grew``, when its capacity changes outside a bid. How a commit is answered is its
-commit desk's (supplier/commits.py, ``Worker.commits``), built here once over the same
-ledger and machines.
+commit desk's (supplier/commits.py, ``Worker.commits``), which reaches the worker through
+the one interface it needs (``CommitWorker``: the worker's ledger, machines and store, its
+drain, and what a commit tells it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import structlog
 
+from bourse.runtime.metrics import WorkerSample
 from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
@@ -25,7 +27,6 @@ from bourse.wire.messages import (
     MachineList,
     MachinePage,
     MachineReply,
-    Resources,
     WorkerStatus,
     now_ms,
 )
@@ -113,6 +114,10 @@ class Worker:
         self.driver: Driver = driver or make_driver(
             cfg, store.path.parent, self._exited, self._restarted
         )
+        # Whether the driver can run an image at all; why it cannot confine a machine of
+        # some resources (it declines), or "". Its own methods: every bid asks them.
+        self.can_run = self.driver.can_run
+        self.unconfinable = self.driver.refuses
         self.pricer = Pricer(cfg.pricing)  # built once from the config
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
@@ -126,7 +131,7 @@ class Worker:
             store,
             self.driver,
             self.images,
-            self._event,
+            self.event,
             self.emit,
             self._destroyed,
             self.store_failed,
@@ -136,23 +141,9 @@ class Worker:
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
         # Orphans: reserved machines asked about a while after their commit (§5.3d).
         self.reclaims = Reclaims(int(reclaim_after_s * 1000))
+        self.reclaiming = self.reclaims.orders  # their machines are handed to nobody meanwhile
         # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
-        self.commits = CommitDesk(
-            self.worker_id,
-            self.region,
-            self.ledger,
-            self.keeper,
-            store,
-            self.images,
-            drain_reason=self._drain_reason,
-            expire_holds=self.expire_holds,
-            store_failed=self.store_failed,
-            freed=lambda: self.on_freed(self),
-            grew=self._grew,
-            event=self._event,
-            announce=self.emit,
-            reclaiming=self.reclaims.orders,
-        )
+        self.commits = CommitDesk(self)
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 
     def _exited(self, machine_id: str, how: Exit) -> None:
@@ -182,7 +173,7 @@ class Worker:
     def _destroyed(self, m: Machine) -> None:
         """A machine is gone: its resources go back to the market."""
         self.ledger.free_committed(vec(m.resources))
-        self.on_freed(self)
+        self.capacity_freed()
 
     def set_draining(self, reason: str) -> None:
         if not self.draining:
@@ -190,11 +181,12 @@ class Worker:
         self.draining = True
         self.drain_reason = reason
 
-    def _drain_reason(self) -> str | None:
-        """Why this worker drains, or None when it takes commits."""
-        return self.drain_reason if self.draining else None
+    def capacity_freed(self) -> None:
+        """Capacity came back (a hold released or expired, a machine destroyed, a commit
+        smaller than its hold, a drain lifted): waiting bids may fit now."""
+        self.on_freed(self)
 
-    def _grew(self) -> None:
+    def capacity_grew(self) -> None:
         """Committed machines grew: only bids waiting here can have become hopeless."""
         if self.waiting:
             self.on_grew(self)
@@ -211,12 +203,10 @@ class Worker:
         self.draining = False
         self.drain_reason = ""
         self.log.warning("worker_resumed", reason="the store takes writes again")
-        self.on_freed(self)  # queued bids may be answered now
+        self.capacity_freed()  # queued bids may be answered now
         return True
 
-    def _event(
-        self, kind: str, order_id: str = "", machine_id: str = "", detail: str = ""
-    ) -> Event:
+    def event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
         with the change first, supplier/store.py)."""
         return Event(
@@ -237,12 +227,12 @@ class Worker:
         if gone:
             self.holds_expired(gone)
         if self.ledger.freer_than(before):
-            self.on_freed(self)
+            self.capacity_freed()
 
     def holds_expired(self, holds: list[Hold]) -> None:
         """Announce expired holds (``hold_expired`` events)."""
         for h in holds:
-            self.emit(self._event("hold_expired", order_id=h.order_id))
+            self.emit(self.event("hold_expired", order_id=h.order_id))
 
     def prune_waiting(self, now: float) -> None:
         """Forget waiting bids past their ``wait_ms``."""
@@ -253,13 +243,10 @@ class Worker:
         mid = self.by_order.get(order_id)
         return None if mid is None else self.machines[mid]
 
-    def can_run(self, image: str) -> bool:
-        """Whether this worker's driver can run the image at all."""
-        return self.driver.can_run(image)
-
-    def unconfinable(self, r: Resources) -> str:
-        """Why this worker's driver cannot confine a machine of ``r`` (it declines), or ""."""
-        return self.driver.refuses(r)
+    def hand_out(self, order_id: str) -> None:
+        """The order's machine goes to another auction than the one that committed it (its
+        existing-machine offer): no abort undoes it from now on."""
+        self.commits.give(order_id)
 
     def release(self, order_id: str, auction_id: str = "", abort_commit: bool = False) -> None:
         """Drop the order's waiting bids and its hold (of ``auction_id`` when given), unless
@@ -270,9 +257,23 @@ class Worker:
         before = self.ledger.free
         self.ledger.drop(order_id, auction_id)
         if self.ledger.freer_than(before):  # a hold put back may want less than the dropped
-            self.on_freed(self)
+            self.capacity_freed()
 
     # -- status and machines --------------------------------------------------------------------
+    def sample(self) -> WorkerSample:
+        """This worker's ledger as the metrics scrape reads it (from the endpoint's thread:
+        plain reads of immutable tuples)."""
+        ledger = self.ledger
+        return WorkerSample(
+            self.worker_id,
+            self.region,
+            ledger.capacity,
+            ledger.committed,
+            ledger.held,
+            len(ledger.holds),
+            self.draining,
+        )
+
     def status(self) -> WorkerStatus:
         self.expire_holds()
         return WorkerStatus(

@@ -130,7 +130,7 @@ async def test_a_region_release_reaches_the_asked_workers_and_leaves_nothing_beh
         o = PlaceOrder(order_id=f"o{i}", region="mad", resources=ONE_CPU, image="x")
         assert isinstance(await auctioneer.run(o), Placed)
     await (await market.connect("flush")).flush()
-    await wait_until(lambda: not host.asked)  # every auction's release found its entry
+    await wait_until(lambda: not host.desk.asked)  # every auction's release found its entry
     assert all(not w.ledger.holds for w in host.workers.values())
     await auctioneer.close()
 

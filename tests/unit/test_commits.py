@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import anyio
@@ -31,6 +30,7 @@ from bourse.wire.messages import (
     Error,
     Event,
     Machine,
+    Offer,
     Placed,
     Rejected,
     Resources,
@@ -60,15 +60,6 @@ class Recorder:
 
     def kinds(self) -> list[str]:
         return [e.kind for e in self.events]
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 @pytest.fixture
@@ -118,7 +109,7 @@ def hold(w: Worker, resources: Resources | None = None) -> None:
         hold_ms=1000,
         auction_id="auc-1",
     )
-    ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([w]), {})
+    ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([w]))
     assert len(ans.replies) == 1, ans
 
 
@@ -579,8 +570,10 @@ async def test_an_abort_after_the_machine_was_handed_on_undoes_nothing(
         if handed == "duplicate commit":
             again = await worker.commits.commit(commit())
             assert isinstance(again, Placed) and again.existing
-        else:
-            worker.commits.give("order-1")  # what SupplierHost does as it sends that offer
+        else:  # a retry's bid: the desk offers it the machine
+            b = Bid(order_id="order-1", region="mad", resources=res(), image="web", hold_ms=1000)
+            [send] = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker])).replies
+            assert isinstance(send.reply, Offer) and send.reply.machine_id == first.machine_id
         worker.release("order-1", "auc-1", abort_commit=True)
         return first
 

@@ -9,8 +9,6 @@ worker sells 8 CPUs / 8 GiB; pricing is the spread preset (f(u) = 1 - u) with im
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,7 +17,8 @@ import pytest
 from bourse.wire.messages import Amount, Bid, Commit, Offer, Placed, Resources, Waiting
 from supplier.candidates import BidGroup
 from supplier.config import DEFAULT_MAX_HOLD_MS, WorkerConfig
-from supplier.desk import (
+from supplier.desk import OUTRANKED, Answer, Desk, Send
+from supplier.feasible import (
     BLOCKED,
     CANNOT_RUN,
     COMMITTING,
@@ -27,10 +26,7 @@ from supplier.desk import (
     DRAINING,
     EXCLUDED,
     INSUFFICIENT,
-    OUTRANKED,
-    Answer,
-    Desk,
-    Send,
+    RECLAIMING,
 )
 from supplier.store import Store
 from supplier.worker import Worker
@@ -87,7 +83,6 @@ class Bench:
         for w in self.group.workers:
             for image in w.images:
                 self.group.image_changed(w, image, True)
-        self.owners: dict[str, Worker] = {}
 
     def _freed(self, w: Worker) -> None:
         self.sent += self.desk.freed(w, self.now)
@@ -99,7 +94,7 @@ class Bench:
         return self.workers[worker_id]
 
     def answer(self, b: Bid, inbox: str = "in") -> Answer[Worker]:
-        return self.desk.answer(b, inbox, self.now, self.group, self.owners)
+        return self.desk.answer(b, inbox, self.now, self.group)
 
     async def place(self, order_id: str, resources: Resources | None = None) -> Placed:
         """Bid and commit through the real worker; the Placed."""
@@ -111,17 +106,8 @@ class Bench:
         )
         placed = await w.commits.commit(c)
         assert isinstance(placed, Placed)
-        self.owners[order_id] = w
+        self.desk.placed(order_id, w)
         return placed
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def offers(ans: Answer[Worker]) -> list[tuple[str, Offer]]:
@@ -255,6 +241,23 @@ async def test_an_existing_machine_is_offered_at_once_without_a_hold(
     assert (send.delay_s, send.inbox) == (0.0, "in")
     assert w.ledger.holds == {}
     assert bench.desk.still_due(send)
+
+
+async def test_an_existing_machine_being_reclaimed_is_offered_to_nobody(store: Store) -> None:
+    """While the worker asks whether the machine is an orphan (§5.3d) its verdict may be
+    "orphan": no auction gets it, and no fresh hold is made for the order either."""
+    bench = Bench(store, cfg("w1", images=["web"]))
+    placed = await bench.place("o1")
+    w = bench["w1"]
+    m = w.machines[placed.machine_id]
+    assert w.reclaims.due([m], m.created_at_ms + w.reclaims.after_ms) == [m]
+    ans = bench.answer(bid("o1", auction_id="retry"))
+    assert (ans.replies, ans.silent, w.ledger.holds) == ([], {"w1": RECLAIMING}, {})
+    assert "o1" not in w.commits.given
+    w.reclaims.done(m.machine_id)  # settled "keep": handed out again
+    [send] = bench.answer(bid("o1", auction_id="retry")).replies
+    assert isinstance(send.reply, Offer) and send.reply.machine_id == placed.machine_id
+    assert "o1" in w.commits.given  # from now on no abort of its first auction undoes it
 
 
 def test_a_rebid_replaces_the_earlier_hold(store: Store) -> None:

@@ -8,8 +8,6 @@ image_weight 0.3: score = 0.7 * utility + 0.3 * cached.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,28 +21,18 @@ from bourse.wire.messages import (
     Resources,
     WorkerVerdict,
 )
-from supplier.desk import (
+from supplier.desk import IMAGE_NOT_CACHED, explanation_pages
+from supplier.feasible import (
     BLOCKED,
     CANNOT_RUN,
     COMMITTING,
     CONSTRAINT_MISMATCH,
     DRAINING,
     EXCLUDED,
-    IMAGE_NOT_CACHED,
     INSUFFICIENT,
-    explanation_pages,
 )
 from supplier.store import Store
 from tests.unit.test_desk import Bench, bid, cfg, res
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def req(order_id: str = "o1", resources: Resources | None = None, **kw: Any) -> ExplainRequest:

@@ -4,7 +4,8 @@
   shared home: none imports another;
 - the shared home (``bourse``) imports no program, nor ``ops`` or ``loadtest``;
 - ``ops`` and ``loadtest`` use the supplier only through its public top-level API;
-- no two modules import each other, directly or round a loop (at import time).
+- no two modules import each other, directly or round a loop, at import time or under
+  ``if TYPE_CHECKING:`` (a loop the type checker sees is a loop in the design).
 
 Every failure names the file, the line and the import that breaks the rule.
 """
@@ -34,6 +35,7 @@ class Import:
     target: str  # the module imported, e.g. "supplier.config"
     text: str  # the statement as written, for the failure message
     top_level: bool  # runs when the module is imported (not in a function, not TYPE_CHECKING)
+    typing: bool = False  # at module level under ``if TYPE_CHECKING:`` (the type checker's)
 
     def __str__(self) -> str:
         text = self.text if len(self.text) <= 100 else self.text[:97] + "..."
@@ -63,25 +65,31 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _statements(body: list[ast.stmt], top_level: bool) -> Iterator[tuple[ast.stmt, bool]]:
-    """Every statement, with whether it runs at import time. Function bodies and
-    ``if TYPE_CHECKING:`` blocks do not; class bodies, ``try`` and other ``if`` do."""
+# When a statement runs: at import time, for the type checker only (module level under
+# ``if TYPE_CHECKING:``), or when a function is called.
+IMPORT, TYPING, CALL = "import", "typing", "call"
+
+
+def _statements(body: list[ast.stmt], when: str = IMPORT) -> Iterator[tuple[ast.stmt, str]]:
+    """Every statement, with when it runs. Function bodies run when called; an
+    ``if TYPE_CHECKING:`` block at module level, for the type checker; class bodies,
+    ``try`` and other ``if`` when the block around them does."""
     for stmt in body:
-        yield stmt, top_level
+        yield stmt, when
         if isinstance(stmt, ast.FunctionDef | ast.AsyncFunctionDef):
-            yield from _statements(stmt.body, False)
+            yield from _statements(stmt.body, CALL)
         elif isinstance(stmt, ast.If):
-            runs = top_level and not _is_type_checking(stmt.test)
-            yield from _statements(stmt.body, runs)
-            yield from _statements(stmt.orelse, top_level)
+            typing = when == IMPORT and _is_type_checking(stmt.test)
+            yield from _statements(stmt.body, TYPING if typing else when)
+            yield from _statements(stmt.orelse, when)
         elif isinstance(stmt, ast.ClassDef | ast.With | ast.AsyncWith | ast.For | ast.While):
-            yield from _statements(stmt.body, top_level)
-            yield from _statements(getattr(stmt, "orelse", []), top_level)
+            yield from _statements(stmt.body, when)
+            yield from _statements(getattr(stmt, "orelse", []), when)
         elif isinstance(stmt, ast.Try | ast.TryStar):
             for block in (stmt.body, stmt.orelse, stmt.finalbody):
-                yield from _statements(block, top_level)
+                yield from _statements(block, when)
             for handler in stmt.handlers:
-                yield from _statements(handler.body, top_level)
+                yield from _statements(handler.body, when)
 
 
 def _base(source: str, path: Path, node: ast.ImportFrom) -> str:
@@ -101,18 +109,19 @@ def imports_of(source: str) -> tuple[Import, ...]:
     tree = ast.parse(path.read_text(), filename=str(path))
     rel = path.relative_to(ROOT)
     found: list[Import] = []
-    for stmt, top_level in _statements(tree.body, True):
+    for stmt, when in _statements(tree.body):
         text = ast.unparse(stmt) if isinstance(stmt, ast.Import | ast.ImportFrom) else ""
+        at = (when == IMPORT, when == TYPING)
         if isinstance(stmt, ast.Import):
             for alias in stmt.names:
-                found.append(Import(source, rel, stmt.lineno, alias.name, text, top_level))
+                found.append(Import(source, rel, stmt.lineno, alias.name, text, *at))
         elif isinstance(stmt, ast.ImportFrom):
             base = _base(source, path, stmt)
             for alias in stmt.names:
                 # `from pkg import sub` imports the submodule pkg.sub; else a name of pkg
                 sub = f"{base}.{alias.name}"
                 target = sub if sub in modules() else base
-                found.append(Import(source, rel, stmt.lineno, target, text, top_level))
+                found.append(Import(source, rel, stmt.lineno, target, text, *at))
     return tuple(found)
 
 
@@ -208,13 +217,47 @@ def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
     return found
 
 
+def _in_graph(i: Import) -> bool:
+    """An import the module's design depends on: run at import time or for the type checker
+    (a cycle hidden under TYPE_CHECKING is still two modules that need each other)."""
+    return i.top_level or i.typing
+
+
 def import_graph() -> dict[str, set[str]]:
-    """Module -> the modules of the six packages it imports when it is imported."""
+    """Module -> the modules of the six packages it imports when it is imported or type
+    checked."""
     graph: dict[str, set[str]] = {m: set() for m in modules()}
     for i in all_imports():
-        if i.top_level and i.target in graph:
+        if _in_graph(i) and i.target in graph:
             graph[i.source].add(i.target)
     return graph
+
+
+def test_type_checking_imports_are_seen_and_function_imports_are_not() -> None:
+    """A guard on the cycle rule: it reads the imports under ``if TYPE_CHECKING:`` (also
+    written ``typing.TYPE_CHECKING``) and leaves those in functions out."""
+    tree = ast.parse(
+        "import typing\n"
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import a\n"
+        "if typing.TYPE_CHECKING:\n    import b\nelse:\n    import c\n"
+        "def f() -> None:\n    import d\n"
+        "    if TYPE_CHECKING:\n        import e\n"
+    )
+    when = {
+        alias.name: w
+        for stmt, w in _statements(tree.body)
+        if isinstance(stmt, ast.Import)
+        for alias in stmt.names
+    }
+    assert when == {
+        "typing": IMPORT,
+        "a": TYPING,
+        "b": TYPING,
+        "c": IMPORT,
+        "d": CALL,
+        "e": CALL,
+    }
 
 
 def test_cycle_finder_finds_a_loop_and_no_false_one() -> None:
@@ -230,7 +273,9 @@ def test_no_import_cycles() -> None:
     for component in cycles:
         members = set(component)
         edges = [
-            str(i) for m in component for i in imports_of(m) if i.top_level and i.target in members
+            str(i) for m in component for i in imports_of(m) if _in_graph(i) and i.target in members
         ]
         lines.append(" <-> ".join(component) + "\n    " + "\n    ".join(edges))
-    assert not cycles, "import cycles (top-level imports):\n  " + "\n  ".join(lines)
+    assert not cycles, "import cycles (top-level and TYPE_CHECKING imports):\n  " + "\n  ".join(
+        lines
+    )

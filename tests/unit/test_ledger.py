@@ -344,6 +344,45 @@ def test_expire_default_now_uses_monotonic_clock() -> None:
     assert list(ledger.holds) == ["future"]
 
 
+# -- what a bid would find free (a "why not" asks it) -------------------------------------------
+
+
+def _holding() -> Ledger:
+    """Committed 1 CPU; holds: the order o (2 CPUs), x (1 CPU), p (1 CPU, being committed),
+    all expiring at 10, and a replacing hold of order a (3 CPUs, expires at 11) carrying
+    the 2-CPU hold it replaced (expires at 20)."""
+    ledger, _, _ = _replacing(expires_w=20.0, want=(3, 0, 0, 0))
+    ledger.load_committed((1, 0, 0, 0))
+    for h in (hold("o", (2, 0, 0, 0)), hold("x", (1, 0, 0, 0)), hold("p", (1, 0, 0, 0))):
+        assert ledger.hold(h)
+    ledger.holds["p"].committing = True
+    return ledger
+
+
+# (now, the order bid for, the CPUs the bid finds free): 8 - committed 1 - the holds left
+FREE_FOR = [
+    (5.0, "o", 8 - 1 - (1 + 1 + 3)),  # its own hold does not count: the bid replaces it
+    (5.0, "n", 8 - 1 - (2 + 1 + 1 + 3)),  # another order's bid: every hold counts
+    (10.0, "n", 8 - 1 - (1 + 3)),  # o and x expired; p is pinned by its commit
+    (11.0, "n", 8 - 1 - (1 + 2)),  # a's replacing hold too: the one it replaced is back
+    (20.0, "n", 8 - 1 - 1),  # only the pinned one is left
+]
+
+
+@pytest.mark.parametrize(("now", "order_id", "cpus"), FREE_FOR)
+def test_free_for_is_what_a_bid_would_find_and_changes_nothing(
+    now: float, order_id: str, cpus: int
+) -> None:
+    ledger = _holding()
+    holds, held, expiry = dict(ledger.holds), ledger.held, list(ledger._expiry)
+    assert ledger.free_for(order_id, now)[0] == cpus
+    assert (ledger.holds, ledger.held, ledger._expiry) == (holds, held, expiry)
+    # the same steps on the ledger itself (what the desk does for a bid) agree
+    ledger.drop(order_id)
+    ledger.expire(now)
+    assert ledger.free[0] == cpus
+
+
 # -- convert and unpin -------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""The supplier's price (supplier/pricing.py): curves, the score pipeline, fit checks.
+"""The supplier's price (supplier/pricing.py): curves and the score pipeline (the fit checks
+before it are supplier/feasible.py's, tested in test_feasible.py).
 
 Presets: spread f(u) = 1 - u, binpack f(u) = u. Default weights cpus 1, memory_mb 1,
 disk_mb 0.5, gpus 1; image_weight 0.3, so score = 0.7 * utility + 0.3 * cached.
@@ -12,17 +13,7 @@ import msgspec
 import pytest
 
 from bourse.wire.resources import RESOURCES
-from supplier.config import PricingConfig
-from supplier.pricing import (
-    CONSTRAINT_MISMATCH,
-    DRAINING,
-    EXCLUDED,
-    INSUFFICIENT,
-    Curve,
-    Pricer,
-    build_curves,
-    check_fit,
-)
+from supplier.pricing import Curve, Pricer, PricingConfig, build_curves
 
 # A 16-CPU, 32 GiB worker without disk or GPUs sold, already running 2 CPUs / 4 GiB.
 CAP = (16, 32768, 0, 0)
@@ -245,7 +236,7 @@ def test_gpus_scored_when_requested() -> None:
 
 
 def test_resource_without_capacity_is_skipped() -> None:
-    # check_fit refuses such an order first; price itself must not divide by zero.
+    # the fits check refuses such an order first; price itself must not divide by zero.
     score, subs = pricer().price(CAP, USED, (2, 12288, 0, 1), False)
     assert "gpus" not in subs
     assert score == 0.4375
@@ -306,76 +297,6 @@ def test_delay_s() -> None:
     assert p.delay_s(0.75) == 0.001
     assert pricer(spread_ms=0.0).delay_s(0.1) == 0.0
     assert pricer(spread_ms=100.0).delay_s(0.5) == 0.05
-
-
-# -- check_fit ---------------------------------------------------------------------------------
-
-
-def fit(**overrides: Any) -> str | None:
-    kwargs: dict[str, Any] = {
-        "worker_id": "mad-1",
-        "labels": {"disk": "ssd", "zone": "a"},
-        "draining": False,
-        "free": (4, 4096, 100, 0),
-        "want": (4, 4096, 100, 0),
-        "constraints": {},
-        "exclude_workers": [],
-    }
-    kwargs.update(overrides)
-    return check_fit(**kwargs)
-
-
-def test_fit_exactly_free() -> None:
-    assert fit() is None
-
-
-def test_fit_with_matching_constraints() -> None:
-    assert fit(constraints={"disk": "ssd", "zone": "a"}) is None
-
-
-def test_fit_exclude_other_workers() -> None:
-    assert fit(exclude_workers=["mad-2", "mad-3"]) is None
-
-
-def test_reason_draining() -> None:
-    assert fit(draining=True) == DRAINING == "draining"
-
-
-def test_reason_excluded() -> None:
-    assert fit(exclude_workers=["mad-2", "mad-1"]) == EXCLUDED == "excluded"
-
-
-@pytest.mark.parametrize(
-    "constraints",
-    [{"disk": "hdd"}, {"gpu": "a100"}, {"disk": "ssd", "zone": "b"}, {"disk": ""}],
-)
-def test_reason_constraint_mismatch(constraints: dict[str, str]) -> None:
-    assert fit(constraints=constraints) == CONSTRAINT_MISMATCH == "constraint_mismatch"
-
-
-@pytest.mark.parametrize(
-    "want",
-    [(5, 4096, 100, 0), (4, 4097, 100, 0), (4, 4096, 101, 0), (4, 4096, 100, 1)],
-)
-def test_reason_insufficient(want: tuple[int, int, int, int]) -> None:
-    assert fit(want=want) == INSUFFICIENT == "insufficient"
-
-
-def test_reason_precedence() -> None:
-    # draining > excluded > constraint_mismatch > insufficient
-    everything = {
-        "draining": True,
-        "exclude_workers": ["mad-1"],
-        "constraints": {"disk": "hdd"},
-        "want": (99, 1, 0, 0),
-    }
-    assert fit(**everything) == DRAINING
-    assert fit(**{**everything, "draining": False}) == EXCLUDED
-    assert fit(**{**everything, "draining": False, "exclude_workers": []}) == CONSTRAINT_MISMATCH
-    assert (
-        fit(**{**everything, "draining": False, "exclude_workers": [], "constraints": {}})
-        == INSUFFICIENT
-    )
 
 
 @pytest.mark.parametrize("preset", ["spread", "binpack"])

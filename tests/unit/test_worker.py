@@ -9,8 +9,6 @@ spread preset (f(u) = 1 - u) with image_weight 0.3: score = 0.7 * utility + 0.3 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -69,15 +67,6 @@ def config(**overrides: Any) -> WorkerConfig:
 
 
 @pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
-
-
-@pytest.fixture
 def rec() -> Recorder:
     return Recorder()
 
@@ -124,7 +113,7 @@ def commit(order_id: str = "order-1", resources: Resources | None = None, **kw: 
 
 def bid_on(worker: Worker, b: Bid) -> list[Offer]:
     """Answer a bid for this worker alone, as the host's desk does; the offers made."""
-    ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker]), {})
+    ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker]))
     return [s.reply for s in ans.replies if isinstance(s.reply, Offer)]
 
 
