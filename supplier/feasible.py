@@ -265,11 +265,12 @@ CHECKS: tuple[Check, ...] = (
     draining,
     excluded,
     labels,
-    # Capacity, the commonest refusal under load; the only one a bid may wait out.
-    fits,
-    # The driver's checks last: a method call each, spared for workers refused already.
+    # The driver's checks: a method call each, spared for workers refused already.
     runnable,
     confinable,
+    # Capacity last: the only refusal a bid may wait out (BLOCKED), so it is reached only
+    # when nothing else refuses (a bid never waits for a worker that could not take it).
+    fits,
 )
 # The order's standing on the worker, and the worker's fitness for it: an explanation
 # stops at the first as a bid does, and lists every reason of the second.

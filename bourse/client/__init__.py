@@ -76,13 +76,15 @@ UNRECORDED_CODE = "unrecorded"
 EXPLAIN_STATUS_S = 0.5
 # Declines are grouped by their first reason, in the order of the desk's stages (§6.2).
 DECLINE_ORDER = (
+    "machine_being_reclaimed",
     "commit_under_way",
     "draining",
     "excluded",
     "constraint_mismatch",
+    "image_not_runnable",
+    "too_small_to_confine",
     "insufficient",
     "blocked_by_holds",
-    "image_not_runnable",
 )
 # How long a machine listing waits for every worker's pages (it ends as soon as it has them).
 LIST_WITHIN_S = 5.0
@@ -153,6 +155,7 @@ def rank(
 # gave it (``{names}``), in the desk's order (§6.2). ``image_not_runnable`` on every worker
 # is said as "no worker serves image ...".
 _WHY_NOT = {
+    "machine_being_reclaimed": "the order's machine is being reclaimed on {names}",
     "commit_under_way": "a commit for this order is under way on {names}",
     "draining": "draining: {names}",
     "excluded": "excluded by the order: {names}",
@@ -160,6 +163,7 @@ _WHY_NOT = {
     "insufficient": "not enough free capacity on {names} ({detail})",
     "blocked_by_holds": "capacity held by other orders on {names}",
     "image_not_runnable": "image {image!r} is not served by {names}",
+    "too_small_to_confine": "too small to confine on {names} ({detail})",
 }
 # At most this many worker ids are named per reason; the rest are counted.
 WHY_NOT_NAMES = 3

@@ -44,8 +44,8 @@ EXPECTED = [
     ("w-excl", "decline", 0.0, ["excluded by the order"]),
     ("w-label", "decline", 0.0, ["label disk: wants 'ssd', has 'hdd'"]),
     ("w-nolabel", "decline", 0.0, ["label disk: wants 'ssd', missing"]),
-    ("w-small", "decline", 0.0, ["cpus: wants 4, free 2 (capacity 2, committed 0, held 0)"]),
     ("w-proc", "decline", 0.0, ["the driver cannot run image 'web'"]),
+    ("w-small", "decline", 0.0, ["cpus: wants 4, free 2 (capacity 2, committed 0, held 0)"]),
 ]  # fmt: skip
 
 
@@ -102,7 +102,7 @@ async def test_every_worker_answers_with_its_score_or_its_reasons(market: Market
     assert d.elapsed_ms < 1000  # every process sent its last page: no wait for the deadline
     best = d.verdicts[0]
     assert best.subscores == {"cpus": 0.75, "memory_mb": 0.9375, "utility": 0.84375, "image": 1.0}
-    short = d.verdicts[8].reasons[0]
+    short = d.verdicts[9].reasons[0]
     assert (short.resource, short.want, short.free, short.capacity) == ("cpus", 4, 2, 2)
     # nothing was held by the dry run: only the test's own hold
     assert {wid for h in market.hosts for wid, w in h.workers.items() if w.ledger.holds} == {
@@ -166,7 +166,7 @@ async def test_the_cli_dry_run_and_explain(market: Market) -> None:
     got = [(v["worker_id"], v["verdict"], [r["detail"] for r in v.get("reasons", [])])
            for v in doc["verdicts"]]  # fmt: skip
     assert got == [(w, k, why) for w, k, _, why in EXPECTED] + [("w-foreign", "no_answer", [])]
-    assert doc["verdicts"][8]["reasons"][0] == {
+    assert doc["verdicts"][9]["reasons"][0] == {
         "code": "insufficient",
         "detail": "cpus: wants 4, free 2 (capacity 2, committed 0, held 0)",
         "resource": "cpus",

@@ -147,6 +147,12 @@ def full_of_machines(w: Worker) -> None:
     w.ledger.load_committed((7000, 1024, 0, 0))
 
 
+def held_without_the_image(store: Store) -> Worker:
+    w = worker(store, catalog={"db": ["x"]})
+    full_of_holds(w)
+    return w
+
+
 @dataclass(frozen=True)
 class Row:
     """A worker made so, an order, the chain's first reason and every reason's code."""
@@ -191,6 +197,12 @@ ROWS = {
     ),
     "machines in the way": Row(then(full_of_machines), order(), INSUFFICIENT, [INSUFFICIENT]),
     "only holds in the way": Row(then(full_of_holds), order(), BLOCKED, [BLOCKED]),
+    "only holds in the way, and an image it cannot run: no wait": Row(
+        held_without_the_image,
+        order(),
+        CANNOT_RUN,
+        [CANNOT_RUN, BLOCKED],
+    ),
     "image not in the catalog": Row(
         lambda s: worker(s, catalog={"db": ["x"]}), order(), CANNOT_RUN, [CANNOT_RUN]
     ),
@@ -206,7 +218,7 @@ ROWS = {
     "small but not confined": Row(
         lambda s: worker(s, catalog={"web": ["x"]}), order(Resources(cpus=1, memory_mb=3)), None, []
     ),
-    # draining > excluded > constraint_mismatch > insufficient > image_not_runnable
+    # draining > excluded > constraint_mismatch > image_not_runnable > insufficient
     "everything at once": Row(
         lambda s: worker(s, catalog={"db": ["x"]}, labels={}),
         order(
@@ -215,7 +227,7 @@ ROWS = {
             constraints={"disk": "ssd"},
         ),
         EXCLUDED,
-        [EXCLUDED, CONSTRAINT_MISMATCH, INSUFFICIENT, CANNOT_RUN],
+        [EXCLUDED, CONSTRAINT_MISMATCH, CANNOT_RUN, INSUFFICIENT],
     ),
 }
 
@@ -243,9 +255,9 @@ def test_the_stages_are_the_chain_in_its_order() -> None:
         "draining",
         "excluded",
         "labels",
-        "fits",
         "runnable",
         "confinable",
+        "fits",
     ]
 
 
