@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import math
 import time
 from collections import Counter, deque
@@ -147,61 +146,6 @@ class _Mailbox:
             timer.cancel()
             self.waiter = None
         return bool(self.items)
-
-
-class _ClaimNotHeld(Exception):
-    """The claim created while the auction bid was not ours: another auction holds the id
-    (``error`` None), or the create failed (``error``: the KV error). Nothing was committed."""
-
-    def __init__(self, error: BaseException | None) -> None:
-        super().__init__(str(error) if error is not None else "claimed by another auction")
-        self.error = error
-
-
-class _ClaimGate:
-    """The order's claim being created (create-if-absent) while its auction bids
-    (docs/protocol.md §5.3c): ``passes`` before the first commit, ``held`` before the
-    result is given, ``stop`` on the way out (it cancels a create still under way). Its
-    task is always awaited or cancelled by the run that made it."""
-
-    __slots__ = ("create", "passed", "revision")
-
-    def __init__(self, create: asyncio.Future[int | None]) -> None:
-        self.create = create
-        self.passed = False  # the claim is held: commits may go out
-        self.revision = 0
-
-    async def passes(self, until: float) -> bool:
-        """Wait for the create until monotonic ``until``: True once it is held; False if it
-        has not answered by then; _ClaimNotHeld if it lost or failed."""
-        if not self.create.done():
-            await asyncio.wait({self.create}, timeout=max(0.0, until - time.monotonic()))
-            if not self.create.done():
-                return False
-        await self.held()
-        return True
-
-    async def held(self) -> int:
-        """The claim's revision once the create answers (bounded by the KV request
-        timeout); _ClaimNotHeld if it lost or failed."""
-        if not self.create.done():
-            await asyncio.wait({self.create})
-        try:
-            revision = self.create.result()
-        except _KV_ERRORS as exc:
-            raise _ClaimNotHeld(exc) from exc
-        if revision is None:
-            raise _ClaimNotHeld(None)
-        self.passed, self.revision = True, revision
-        return revision
-
-    async def stop(self) -> None:
-        """Cancel the create if it is still under way, and wait for it to end."""
-        if not self.create.done():
-            self.create.cancel()
-            await asyncio.wait({self.create})
-        if not self.create.cancelled():
-            self.create.exception()  # retrieved: its outcome no longer matters
 
 
 def _wake(fut: asyncio.Future[None]) -> None:
@@ -506,30 +450,19 @@ class Auctioneer:
         grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
         olog = log.bind(order_id=order.order_id, region=order.region)
         # Optimistic: most order ids are new, so try to create the claim before reading
-        # it (one KV round trip saved), while the auction bids (another one off the
-        # critical path); a failed create reads the claim and decides.
+        # it (one KV round trip saved); a failed create reads the claim and decides.
         claim: Claim | None = None
         revision = 0
         looked = False
         auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
-        # The bids' auction id: the claim's for the first auction; a fresh one for an
-        # auction after an abandoned one, since suppliers ignore a bid whose (order id,
-        # auction id) they were told to release (supplier/host.py). Nothing else needs the
-        # claim's auction id to be the bid's: only this loop reads it (its own lost write).
-        bid_id = auction_id
         backoff = KV_BACKOFF_S
         while True:
-            overlap = False
             try:
                 if store is None:
                     store = await self.claims()
                     if store is None:  # no JetStream (or --no-claims): as without claims
                         spent = spent_ms + (time.monotonic() - t0) * 1e3
                         return await self._run(order, spent, olog=olog)
-                # With claim_beside_bid, the first try of an order that is not a retry
-                # creates the claim while the auction bids. A retry may well find its id
-                # placed (adopted from the claim without a bid): it creates, then bids.
-                overlap = self.config.claim_beside_bid and not looked and not order.retry
                 if looked:
                     claim, revision = await store.get(order.order_id)
                 looked = True
@@ -559,10 +492,9 @@ class Auctioneer:
                     fingerprint=fp,
                     until_ms=_wall_ms() + int(left_ms) + grace_ms,
                 )
-                held: int | None = 0  # overlap: created below, while the auction bids
                 if claim is not None and claim.auction_id == auction_id:
-                    held = revision
-                elif not overlap:
+                    held: int | None = revision
+                else:
                     held = await store.put(order.order_id, mine, revision)
                 if held is None:
                     continue  # another process claimed it first: look again
@@ -575,22 +507,10 @@ class Auctioneer:
             run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
             later: list[str] = []  # the region release, once the outcome is recorded
             try:
-                if overlap:
-                    try:
-                        held, result = await self._run_overlapped(
-                            store, run, mine, spent, bid_id, olog, later
-                        )
-                    except _ClaimNotHeld as lost:  # abandoned, nothing committed
-                        await self._release_each(order, later)  # before any backoff
-                        bid_id = str(ULID())
-                        if lost.error is not None:
-                            backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
-                        continue  # look at the claim, as after a create that lost
-                    return await self._settle(store, order, mine, held, result, olog, True)
                 if isinstance(d, TakeOver):
                     olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
                 try:
-                    result = await self._run(run, spent, bid_id, olog=olog, later=later)
+                    result = await self._run(run, spent, auction_id, olog=olog, later=later)
                 except ConflictingOrder:  # the id names another order's machine (past the
                     with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
                         await store.remove(order.order_id, held)
@@ -623,52 +543,6 @@ class Auctioneer:
             ) from exc
         await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
         return min(2 * backoff, KV_BACKOFF_MAX_S)
-
-    async def _run_overlapped(
-        self,
-        store: ClaimStore,
-        order: PlaceOrder,
-        mine: Claim,
-        spent_ms: float,
-        bid_id: str,
-        olog: BoundLogger,
-        later: list[str],
-    ) -> tuple[int, Placed | Unfilled]:
-        """Create the claim (create-if-absent) while the auction bids: the claim's
-        revision and the auction's result. Nothing is committed before the claim is held
-        (the gate in ``_drive``), and the result is not given before it is known. Raises
-        _ClaimNotHeld when the create lost or failed: the auction was abandoned without a
-        commit (its holds released as always) and the caller looks at the claim.
-        ``later``: as for ``_run`` (the caller publishes the release it names)."""
-        gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
-        try:
-            result = await self._run(order, spent_ms, bid_id, gate, olog, later)
-            revision = await gate.held()
-        except _ClaimNotHeld:
-            raise
-        except Exception as exc:
-            if gate.passed:  # held, and maybe committed: as without the overlap
-                if isinstance(exc, ConflictingOrder):
-                    with contextlib.suppress(*_KV_ERRORS):
-                        await store.remove(order.order_id, gate.revision)
-                raise
-            # Abandoned before its first commit (a conflicting machine, a lost connection):
-            # if the create lost or failed, the caller goes on as after a lost create; if
-            # it won, nothing was committed under the claim, so it is removed, as _settle
-            # removes a fresh claim of an auction without a commit, and the error stands.
-            revision = await gate.held()
-            with contextlib.suppress(*_KV_ERRORS):
-                await store.remove(order.order_id, revision)
-            raise
-        finally:
-            # The create is owned here: answered by now on every path but one, a
-            # cancellation (the process stopping), which cancels it as a cancel during the
-            # create did before the overlap. A create the server already took leaves an
-            # 'auctioning' claim nobody settles: duplicates wait for its end and then take
-            # it over as a retry (the current takeover semantics; nothing was committed
-            # under it unless the gate was passed, and then the retry adopts the machine).
-            await gate.stop()
-        return revision, result
 
     async def _settle(
         self,
@@ -751,7 +625,6 @@ class Auctioneer:
         order: PlaceOrder,
         spent_ms: float,
         auction_id: str | None = None,
-        gate: _ClaimGate | None = None,
         olog: BoundLogger | None = None,
         later: list[str] | None = None,
     ) -> Placed | Unfilled:
@@ -784,7 +657,7 @@ class Auctioneer:
             olog = log.bind(order_id=order.order_id, region=order.region)
         ended = False
         try:
-            result = await self._drive(core, box, reply_to, olog, gate)
+            result = await self._drive(core, box, reply_to, olog)
             ended = True
             return result
         finally:
@@ -839,18 +712,9 @@ class Auctioneer:
                 _remember(shards.setdefault(k, {}), names, tally, now)
 
     async def _drive(
-        self,
-        core: Auction,
-        box: _Mailbox,
-        reply_to: str,
-        olog: BoundLogger,
-        gate: _ClaimGate | None = None,
+        self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
     ) -> Placed | Unfilled:
-        """Feed the core until it finishes, doing what it decides in order. With a
-        ``gate`` (the order's claim still being created), the first commit waits for the
-        claim: held, it goes out (in what is left of its time); lost or failed, the auction
-        is abandoned (_ClaimNotHeld); not written by the deadline, the auction ends
-        unfilled without a commit."""
+        """Feed the core until it finishes, doing what it decides in order."""
         todo: deque[Decision] = deque(core.start())
         while True:
             if not todo:
@@ -859,13 +723,6 @@ class Auctioneer:
             d = todo.popleft()
             if isinstance(d, Finish):
                 return d.result
-            if isinstance(d, SendCommit) and gate is not None and not gate.passed:
-                t = time.monotonic()
-                if not gate.create.done():
-                    olog.debug("commit_awaits_claim")
-                if not await gate.passes(until=core.deadline):
-                    return _unfilled_at_gate(core, olog)
-                d = dataclasses.replace(d, timeout_s=d.timeout_s - (time.monotonic() - t))
             todo.extend(await self._perform(d, core, box, reply_to, olog))
 
     @staticmethod
@@ -1026,23 +883,6 @@ def _same_outcome(a: Claim, b: Claim) -> bool:
         b.state,
         b.placed.machine_id if b.placed is not None else None,
     )
-
-
-def _unfilled_at_gate(core: Auction, olog: BoundLogger) -> Unfilled:
-    """The auction was ready to commit, but its claim was not written by the deadline:
-    nothing was committed (commits_tried 0), so the claim, once written, is removed."""
-    unfilled = Unfilled(
-        order_id=core.order.order_id,
-        region=core.order.region,
-        reason="deadline",
-        offers=core.tally.offers,
-        commits_tried=0,
-        elapsed_ms=round((time.monotonic() - core.t0) * 1000.0, 3),
-        detail="the order's claim was not written before the deadline: nothing was "
-        "committed (docs/protocol.md §5.3c)",
-    )
-    olog.info("order_unfilled", reason="deadline", offers=unfilled.offers, commits_tried=0)
-    return unfilled
 
 
 def _unfilled_waiting(order: PlaceOrder, spent_ms: float) -> Unfilled:
