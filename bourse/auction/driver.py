@@ -17,8 +17,7 @@ import contextlib
 import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import msgspec
 import nats.errors
@@ -29,6 +28,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from ulid import ULID
 
+from bourse.auction.batches import BatchSender
 from bourse.auction.claims import (
     KV_TIMEOUT_S,
     Adopt,
@@ -60,18 +60,16 @@ from bourse.auction.core import (
     Refuse,
     SendBid,
     SendCommit,
-    Tally,
     VerifyMachine,
     WakeAt,
     late_releases,
 )
+from bourse.auction.responders import Responders
 from bourse.errors import BourseError
 from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
-from bourse.wire.limits import MAX_BATCH_ITEMS
 from bourse.wire.messages import (
     Answers,
-    Batch,
     BatchBid,
     CommitReply,
     Error,
@@ -212,19 +210,11 @@ class Auctioneer:
         self._prefix = ""
         # Told (region, offers received) as each auction ends: the exchange's metrics.
         self.on_finished: Callable[[str, int], None] | None = None
-        # Prompt answers (docs/protocol.md §4.4.3): per region, the supplier processes seen
-        # answering (responder -> when, monotonic), and until when the region is known to
-        # have a supplier that does not answer promptly (no quorum there meanwhile).
-        self._responders: dict[str, dict[str, _Seen]] = {}
-        # Sampled bids (§5.3a): per region, per shard, the processes seen answering there.
-        self._shard_responders: dict[str, dict[int, dict[str, _Seen]]] = {}
-        self._unranked_until: dict[str, float] = {}
-        # Batches (§4.4.4): bids and region releases queued per region, sent by the flusher
-        # task (owned here, started with the inbox, ended by close) one loop turn later.
-        self._queued: dict[str, tuple[list[BatchBid], list[Release]]] = {}
-        self._wake = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
-        self.batches_sent = 0  # Batch messages published (for tests and the logs)
+        # Who answers each region's bids: the quorum of prompt answers (§4.4.3, §5.3a)
+        # and whether bids go in batches there (§4.4.4).
+        self.responders = Responders()
+        # The batches' sender: its flusher starts with the inbox and ends with close.
+        self.batches = BatchSender(nc, self.subjects)
 
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
@@ -268,7 +258,7 @@ class Auctioneer:
             prefix = self.nc.new_inbox()
             self._sub = await self.nc.subscribe(prefix + ".*", cb=self._route)
             self._prefix = prefix
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_batches())
+            self.batches.start(f"{prefix}.{ANSWERS_TOKEN}")
         return self._prefix
 
     async def _route(self, msg: Msg) -> None:
@@ -327,72 +317,19 @@ class Auctioneer:
             log.warning("release_failed", order_id=order_id, error=repr(exc))
 
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-            self._flusher = None
+        await self.batches.close()
         if self._sub is not None:
             await self._sub.unsubscribe()
             self._sub = None
 
-    # -- batches (docs/protocol.md §4.4.4) ---------------------------------------------------
     def batching(self, region: str) -> bool:
-        """Bids and releases to ``region`` go in batches: every supplier process known there
-        takes them (and none answers without a name)."""
-        if not (self.config.batch_bids and self.config.prompt_offers):
-            return False
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return False
-        seen = [
-            s for s in self._responders.get(region, {}).values() if now - s.at < RESPONDER_MEMORY_S
-        ]
-        return bool(seen) and all(s.batches for s in seen)
-
-    def _queue(
-        self, region: str, bid: BatchBid | None = None, release: Release | None = None
-    ) -> None:
-        bids, releases = self._queued.setdefault(region, ([], []))
-        if bid is not None:
-            bids.append(bid)
-        if release is not None:
-            releases.append(release)
-        self._wake.set()
-
-    async def _flush_batches(self) -> None:
-        """Send what was queued, a loop turn after it was: whatever the other auctions
-        queued meanwhile goes in the same message (none when idle: a lone bid or release
-        goes as itself)."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            queued, self._queued = self._queued, {}
-            for region, (bids, releases) in queued.items():
-                try:
-                    await self._publish_batch(region, bids, releases)
-                except Exception as exc:  # connection lost: bids unanswered, holds expire
-                    log.warning("batch_failed", region=region, bids=len(bids), error=repr(exc))
-
-    async def _publish_batch(
-        self, region: str, bids: list[BatchBid], releases: list[Release]
-    ) -> None:
-        s = self.subjects
-        if len(bids) == 1 and not releases:
-            await self.nc.publish(s.bid(region), encode(bids[0].bid), reply=bids[0].reply)
-            return
-        if not bids and len(releases) == 1:
-            await self.nc.publish(s.region_release(region), encode(releases[0]))
-            return
-        answers_to = f"{self._prefix}.{ANSWERS_TOKEN}"
-        for i in range(0, max(len(bids), len(releases)), MAX_BATCH_ITEMS):
-            batch = Batch(
-                bids=bids[i : i + MAX_BATCH_ITEMS],
-                releases=releases[i : i + MAX_BATCH_ITEMS],
-                answers_to=answers_to,
-            )
-            await self.nc.publish(s.bid_batch(region), encode(batch))
-            self.batches_sent += 1
+        """Bids and releases to ``region`` go in batches (§4.4.4): every supplier process
+        known there takes them (and none answers without a name)."""
+        return (
+            self.config.batch_bids
+            and self.config.prompt_offers
+            and self.responders.take_batches(region, time.monotonic())
+        )
 
     async def claims(self) -> ClaimStore | None:
         """The claims bucket, opened at the first call (None: no JetStream, or off). A
@@ -664,7 +601,7 @@ class Auctioneer:
             del self._boxes[auction_id]
             for token in tokens:
                 del self._boxes[token]
-            self._learn(order.region, core.tally)
+            self.responders.learn(order.region, core.tally, time.monotonic())
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
@@ -679,37 +616,15 @@ class Auctioneer:
 
     def expected_responders(self, region: str) -> frozenset[str]:
         """The supplier processes that answer a bid in ``region`` (empty: not known, or
-        some supplier there does not answer promptly): those seen within
-        RESPONDER_MEMORY_S."""
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return frozenset()
-        return _recent(self._responders.get(region, {}), now)
+        some supplier there does not answer promptly)."""
+        return self.responders.expected(region, time.monotonic())
 
     def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
-        """Per shard of ``region``, the supplier processes that answer a sampled bid there
-        (those seen within RESPONDER_MEMORY_S; a shard with none is not in it), found
-        when asked: an auction asks about its own shards only. None where no bid is
-        sampled, or where some supplier does not answer promptly."""
+        """Per shard of ``region``, the supplier processes that answer a sampled bid there;
+        None where no bid is sampled, or none is known."""
         if not self.config.bid_shards:
             return None
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return None
-        shards = self._shard_responders.get(region)
-        return _RecentPerShard(shards, now) if shards else None
-
-    def _learn(self, region: str, tally: Tally) -> None:
-        now = time.monotonic()
-        if tally.anonymous:
-            self._unranked_until[region] = now + RESPONDER_MEMORY_S
-        if not tally.responders:
-            return
-        _remember(self._responders.setdefault(region, {}), tally.responders, tally, now)
-        if tally.shard_responders:
-            shards = self._shard_responders.setdefault(region, {})
-            for k, names in tally.shard_responders.items():
-                _remember(shards.setdefault(k, {}), names, tally, now)
+        return self.responders.expected_per_shard(region, time.monotonic())
 
     async def _drive(
         self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
@@ -749,7 +664,7 @@ class Auctioneer:
             subjects = d.subjects if isinstance(d, SendBid) else (d.subject,)
             region = core.order.region
             if subjects == (self.subjects.bid(region),) and self.batching(region):
-                self._queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
+                self.batches.queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
             elif isinstance(d, SendBid) and d.shards:  # one reply subject per shard
                 data = encode(d.bid)
                 for subject, k in zip(subjects, d.shards, strict=True):
@@ -799,7 +714,7 @@ class Auctioneer:
         try:
             release = Release(order_id=order.order_id, auction_id=auction_id)
             if self.batching(order.region):
-                self._queue(order.region, release=release)
+                self.batches.queue(order.region, release=release)
                 return
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
@@ -811,56 +726,8 @@ class Auctioneer:
 # Claims that could not be opened (no JetStream yet: a cluster electing its leader, a server
 # restarted without it) are looked for again this often, with a short detection timeout.
 CLAIMS_RETRY_S = 30.0
-# A supplier process not seen answering a region's bids for this long is no longer waited
-# for (a restarted process answers under a new name); a supplier seen answering without a
-# name (an older or foreign one) turns the quorum off in its region this long.
-RESPONDER_MEMORY_S = 10.0
 # The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
 ANSWERS_TOKEN = "answers"
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """A supplier process seen answering: when, and whether it takes batches."""
-
-    at: float
-    batches: bool
-
-
-class _RecentPerShard(Mapping[int, frozenset[str]]):
-    """Per shard, the supplier processes seen answering there within RESPONDER_MEMORY_S
-    of ``now``, found on lookup (a region of 10,000 single-worker processes would
-    otherwise be walked whole for every auction); a shard with none is absent."""
-
-    def __init__(self, shards: dict[int, dict[str, _Seen]], now: float) -> None:
-        self._shards, self._now = shards, now
-
-    def __getitem__(self, shard: int) -> frozenset[str]:
-        n = _recent(self._shards.get(shard, {}), self._now)
-        if not n:
-            raise KeyError(shard)
-        return n
-
-    def __iter__(self) -> Iterator[int]:
-        return (k for k in list(self._shards) if k in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-def _recent(seen: dict[str, _Seen], now: float) -> frozenset[str]:
-    """The processes of ``seen`` that answered within RESPONDER_MEMORY_S of ``now``."""
-    return frozenset(r for r, s in seen.items() if now - s.at < RESPONDER_MEMORY_S)
-
-
-def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:
-    """``names`` answered at ``now``; forget the processes of ``seen`` gone quiet for
-    RESPONDER_MEMORY_S (restarted under a new name, or stopped)."""
-    for r in names:
-        seen[r] = _Seen(now, r in tally.batching)
-    if len(seen) > len(names):
-        for r in [r for r, s in seen.items() if now - s.at >= RESPONDER_MEMORY_S]:
-            del seen[r]
 
 
 CLAIMS_RETRY_DETECT_S = 0.25
