@@ -14,14 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
 import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -29,22 +27,25 @@ from nats.aio.subscription import Subscription
 from ulid import ULID
 
 from bourse.auction.batches import BatchSender
-from bourse.auction.claims import (
-    KV_TIMEOUT_S,
-    Adopt,
-    Claim,
-    ClaimDecision,
-    ClaimStore,
-    Conflict,
-    Create,
-    TakeOver,
-    Wait,
-    decide,
-    fingerprint,
+from bourse.auction.claiming import (
+    BackOff,
+    Claiming,
+    ClaimRequest,
+    ClaimStep,
+    OpenClaims,
+    ReadClaim,
+    RemoveClaim,
+    RunAuction,
+    RunUnclaimed,
+    Unavailable,
+    Unrecorded,
+    WriteClaim,
 )
+from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprint
 from bourse.auction.core import (
     Auction,
     AuctionConfig,
+    AuctionStateError,
     BroadcastBid,
     CommitAnswered,
     CommitNoResponders,
@@ -66,7 +67,6 @@ from bourse.auction.core import (
 )
 from bourse.auction.responders import Responders
 from bourse.errors import BourseError
-from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     Answers,
@@ -168,6 +168,11 @@ def _reply_shard(subject: str) -> int | None:
     return int(subject[dash + 1 :]) if dash >= 0 else None
 
 
+# The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
+ANSWERS_TOKEN = "answers"
+NOT_CONNECTED = "not connected to NATS: refusing to send a bid that may go stale"
+
+
 class Auctioneer:
     """Runs auctions on one NATS connection. Concurrent runs of the same order id share
     one auction (in this process), so a duplicate can never place a second machine.
@@ -186,20 +191,15 @@ class Auctioneer:
         claim_store: ClaimStore | None = None,
     ) -> None:
         self.nc = nc
-        # Order claims in JetStream KV (bourse/auction/claims.py): on when the server has
-        # JetStream, found out at the first order; False: never (per-process dedup only).
-        self.use_claims = claims
-        self._claim_store: ClaimStore | None = None
-        self._claims_checked = False  # tried once (and said so if there are none)
-        self._claims_next_try = 0.0  # monotonic: when to try to open the bucket again
-        self._claims_lock = asyncio.Lock()
-        if claim_store is not None:  # an open bucket to use (tests inject a slow one)
-            self._claim_store, self._claims_checked = claim_store, True
         self.trust = trust
         # Offers dropped by the signature check, by reason (bourse/wire/signing.py).
         self.unverified: Counter[str] = Counter()
         self.subjects = subjects or Subjects()
         self.config = config or AuctionConfig()
+        # Order claims in JetStream KV: on when the server has JetStream, found out at the
+        # first order; ``claims`` False: never (per-process deduplication only).
+        # ``claim_store``: an open bucket to use (tests put a faulty one under it).
+        self.bucket = ClaimBucket(nc, self.subjects, claims, claim_store)
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
         self._boxes: dict[str, _Mailbox] = {}
         # Auctions that folded their region release into the commit (§4.6), kept while a
@@ -241,7 +241,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run_claimed(order, spent_ms)
+            result = await self._claimed(order, spent_ms)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -331,231 +331,95 @@ class Auctioneer:
             and self.responders.take_batches(region, time.monotonic())
         )
 
+    def expected_responders(self, region: str) -> frozenset[str]:
+        """The supplier processes that answer a bid in ``region`` (empty: not known, or
+        some supplier there does not answer promptly)."""
+        return self.responders.expected(region, time.monotonic())
+
+    def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
+        """Per shard of ``region``, the supplier processes that answer a sampled bid there;
+        None where no bid is sampled, or none is known."""
+        if not self.config.bid_shards:
+            return None
+        return self.responders.expected_per_shard(region, time.monotonic())
+
     async def claims(self) -> ClaimStore | None:
-        """The claims bucket, opened at the first call (None: no JetStream, or off). A
-        bucket that could not be opened is tried again every ``CLAIMS_RETRY_S`` (a
-        JetStream cluster still electing its leader must not turn claims off for good)."""
-        if self._claim_store is None and time.monotonic() >= self._claims_next_try:
-            async with self._claims_lock:
-                if self._claim_store is None and time.monotonic() >= self._claims_next_try:
-                    await self._open_claims()
-        return self._claim_store
+        """The claims bucket, opened at the first call (None: no JetStream, or off)."""
+        return await self.bucket.open()
 
-    async def _open_claims(self) -> None:
-        if not self.use_claims:
-            self._claims_next_try = math.inf
-            return
+    async def _claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+        """The auction under the order id's claim (docs/protocol.md §5.3c): what
+        ``Claiming`` decides, performed, until the order's end."""
         if not self.nc.is_connected:
-            return
-        # the first look may take the full detection time; a retry (on an order's path)
-        # is kept short: a core-only server answers at once anyway
-        wait_s = CLAIMS_RETRY_DETECT_S if self._claims_checked else DETECT_TIMEOUT_S
-        try:
-            self._claim_store = await ClaimStore.open(
-                self.nc, self.subjects, detect_timeout_s=wait_s
-            )
-        except _KV_ERRORS:
-            self._claims_checked = True  # JetStream is there: the bucket failed, try again
-            raise
-        if self._claim_store is not None:
-            if self._claims_checked:  # they were off: say they are back
-                log.info("order_claims_on", bucket=self._claim_store.name)
-        else:
-            self._claims_next_try = time.monotonic() + CLAIMS_RETRY_S
-            if not self._claims_checked:
-                log.warning(
-                    "order_claims_off",
-                    detail="no JetStream: duplicates of one order id in different "
-                    "processes are not deduplicated (docs/protocol.md §8)",
-                )
-        self._claims_checked = True
-
-    async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
-        """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
-        machine, wait for a live auction, take over a dead one's, or claim and run."""
-        if not self.nc.is_connected:
-            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+            raise AuctionError(NOT_CONNECTED)
         # Opening the bucket (once per process, creating it the first time) is not the
-        # order's time: as before claims, the deadline starts after it. An open that fails
-        # is tried again below, within the deadline.
-        store: ClaimStore | None = None
-        with contextlib.suppress(*_KV_ERRORS):
-            store = await self.claims()
-        t0 = time.monotonic()
-        deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
-        fp = fingerprint(order)
-        grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
+        # order's time: the deadline starts after it. An open that failed is tried again
+        # within the deadline (OpenClaims).
+        with contextlib.suppress(*KV_ERRORS):
+            await self.bucket.open()
+        opened = self.bucket.store is not None
+        claim = Claiming(order, self.config, str(ULID()), spent_ms=spent_ms, opened=opened)
         olog = log.bind(order_id=order.order_id, region=order.region)
-        # Optimistic: most order ids are new, so try to create the claim before reading
-        # it (one KV round trip saved); a failed create reads the claim and decides.
-        claim: Claim | None = None
-        revision = 0
-        looked = False
-        auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
-        backoff = KV_BACKOFF_S
-        while True:
-            try:
-                if store is None:
-                    store = await self.claims()
-                    if store is None:  # no JetStream (or --no-claims): as without claims
-                        spent = spent_ms + (time.monotonic() - t0) * 1e3
-                        return await self._run(order, spent, olog=olog)
-                if looked:
-                    claim, revision = await store.get(order.order_id)
-                looked = True
-                now = time.monotonic()
-                spent = spent_ms + (now - t0) * 1000.0
-                if claim is not None and claim.auction_id == auction_id:
-                    d: ClaimDecision = Create()  # our own write, whose reply was lost
-                else:
-                    d = decide(claim, order, fp, _wall_ms())
-                if now >= deadline and not isinstance(d, Adopt | Conflict):
-                    return _unfilled_waiting(order, spent)  # lost every race to the claim
-                if isinstance(d, Adopt):
-                    olog.info("order_adopted", machine_id=d.placed.machine_id)
-                    return msgspec.structs.replace(
-                        d.placed, existing=True, elapsed_ms=round(spent, 3)
-                    )
-                if isinstance(d, Conflict):
-                    raise ConflictingOrder(d.detail)
-                if isinstance(d, Wait):
-                    until = min(deadline, now + (d.until_ms - _wall_ms()) / 1000.0)
-                    await store.changed(order.order_id, revision, until - now)
-                    continue
-                left_ms = (deadline - now) * 1000.0
-                mine = Claim(
-                    state="auctioning",
-                    auction_id=auction_id,
-                    fingerprint=fp,
-                    until_ms=_wall_ms() + int(left_ms) + grace_ms,
-                )
-                if claim is not None and claim.auction_id == auction_id:
-                    held: int | None = revision
-                else:
-                    held = await store.put(order.order_id, mine, revision)
-                if held is None:
-                    continue  # another process claimed it first: look again
-            except _KV_ERRORS as exc:
-                backoff = await self._claim_failed(exc, deadline, backoff, olog)
-                looked = True
-                continue
-            # A fresh claim means no machine exists for this id (within the window): no
-            # retry gathering. A taken-over one may have a machine: gather as a retry.
-            run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
-            later: list[str] = []  # the region release, once the outcome is recorded
-            try:
-                if isinstance(d, TakeOver):
-                    olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
-                try:
-                    result = await self._run(run, spent, auction_id, olog=olog, later=later)
-                except ConflictingOrder:  # the id names another order's machine (past the
-                    with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
-                        await store.remove(order.order_id, held)
-                    raise
-                fresh = isinstance(d, Create)
-                return await self._settle(store, order, mine, held, result, olog, fresh)
-            finally:
-                await self._release_each(order, later)
-
-    async def _release_each(self, order: PlaceOrder, later: list[str]) -> None:
-        """Publish the region releases ``_run`` left to its caller (once each)."""
-        while later:
-            await self._release(order, later.pop())
-
-    @staticmethod
-    async def _claim_failed(
-        exc: BaseException, deadline: float, backoff: float, olog: BoundLogger
-    ) -> float:
-        """A claim request failed: wait ``backoff`` and say what to wait next time, or
-        raise AuctionError when the order has no time left for another try."""
-        # No claim, no auction: one placed without its claim could be this id's second
-        # machine (I3 before availability). Try again while the order has time (a
-        # JetStream leader election is short), then refuse it.
-        olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-        left = deadline - time.monotonic()
-        if left <= backoff:
-            raise AuctionError(
-                f"order claims unavailable ({str(exc) or type(exc).__name__}): nothing "
-                "was placed; try again (docs/protocol.md §5.3c)"
-            ) from exc
-        await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
-        return min(2 * backoff, KV_BACKOFF_MAX_S)
-
-    async def _settle(
-        self,
-        store: ClaimStore,
-        order: PlaceOrder,
-        mine: Claim,
-        revision: int,
-        result: Placed | Unfilled,
-        olog: BoundLogger,
-        fresh: bool,
-    ) -> Placed | Unfilled:
-        """Record the outcome in the claim and return it: placed (a retry adopts it),
-        unfilled, or removed. ``fresh``: the claim was created by this auction (no machine
-        could exist for the id before it), not taken over from one that may have committed.
-        A ``Placed`` is returned only once the claim names its machine: raises
-        UnrecordedPlacement when it could not be made to (docs/protocol.md §5.3c)."""
-        if isinstance(result, Placed):
-            placed = msgspec.structs.replace(mine, state="placed", placed=result)
-            try:
-                if await self._record(store, order, placed, revision, olog, mine.until_ms):
-                    return result
-                why = "the claim was taken over by another auction"
-            except _KV_ERRORS as exc:
-                why = str(exc) or type(exc).__name__
-            # Not told: the claim stays as it was (auctioning until it expires, then taken
-            # over as a retry's, which adopts this machine from its worker; or reclaimed by
-            # the worker's check when another machine is the claim's) (§5.3c, §5.3d).
-            olog.warning("order_claim_not_recorded", machine_id=result.machine_id, error=why)
-            raise UnrecordedPlacement(result, why)
+        later: list[str] = []  # the auction's region release, once the outcome is recorded
         try:
-            if result.commits_tried == 0 and fresh:
-                await store.remove(order.order_id, revision)  # no machine can exist for it
-            else:
-                # A commit went out and was not placed (if it timed out, the worker may
-                # hold a machine whose abort is lost), or the claim was taken over from an
-                # auction that may have committed one this auction did not hear. The claim
-                # says so: the next attempt takes it over at once and gathers as a retry
-                # (it adopts such a machine), and without one the worker reclaims it
-                # (docs/protocol.md §5.3d). Deleting it would forget that machine.
-                unfilled = msgspec.structs.replace(mine, state="unfilled", until_ms=_wall_ms())
-                await self._record(store, order, unfilled, revision, olog, mine.until_ms)
-        except _KV_ERRORS as exc:  # the buyer may be told Unfilled: no machine is named
-            olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
-        return result
+            todo = deque(claim.start())
+            while True:
+                d = todo.popleft()
+                if isinstance(d, Log):
+                    getattr(olog, d.level)(d.event, **d.fields)
+                elif isinstance(d, Finish):
+                    return d.result
+                elif isinstance(d, RunUnclaimed):
+                    return await self._run(order, d.spent_ms, olog=olog)
+                else:
+                    todo.extend(await self._claim_step(d, claim, olog, later))
+        finally:
+            while later:
+                await self._release(order, later.pop())
 
-    @staticmethod
-    async def _record(
-        store: ClaimStore,
-        order: PlaceOrder,
-        claim: Claim,
-        revision: int,
-        olog: BoundLogger,
-        until_ms: int,
-    ) -> bool:
-        """Write ``claim`` over ours at ``revision``: True once the bucket holds it, False
-        when another auction changed the claim first. A failed write is tried again (after
-        50 ms, doubling up to 400 ms) while the claim is ours, until ``until_ms`` (our
-        claim's end: nobody takes it over before then, and each try is checked against the
-        revision, so a late one never overwrites a taker's). A write the server took but
-        whose answer was lost reads back as ours. Raises the last KV error when time is up."""
-        backoff = KV_BACKOFF_S
-        while True:
-            left = (until_ms - _wall_ms()) / 1000.0
+    async def _claim_step(
+        self, d: ClaimStep, claim: Claiming, olog: BoundLogger, later: list[str]
+    ) -> list[ClaimStep]:
+        """Perform one of the claim's decisions; what it decides next."""
+        if isinstance(d, RunAuction):
             try:
-                timeout = min(KV_TIMEOUT_S, max(left, KV_BACKOFF_S))
-                if await store.put(order.order_id, claim, revision, timeout) is not None:
-                    return True
-                now, _ = await store.get(order.order_id)
-                return now is not None and _same_outcome(now, claim)
-            except _KV_ERRORS as exc:
-                left = (until_ms - _wall_ms()) / 1000.0
-                if left <= 0:
-                    raise
-                olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-                await asyncio.sleep(min(backoff, left))  # the last try at the claim's end
-                backoff = min(2 * backoff, KV_BACKOFF_MAX_S)
+                result = await self._run(d.order, d.spent_ms, claim.auction_id, olog, later)
+            except ConflictingOrder as exc:
+                return claim.refused(str(exc))
+            return claim.ended(result)
+        if isinstance(d, BackOff):
+            await asyncio.sleep(d.until - time.monotonic())  # a failed request's back-off
+            return claim.woke()
+        if isinstance(d, Refuse):
+            raise ConflictingOrder(d.detail)
+        if isinstance(d, Unavailable):
+            raise AuctionError(d.detail)
+        if isinstance(d, Unrecorded):
+            raise UnrecordedPlacement(d.placed, d.why)
+        if not isinstance(d, ClaimRequest):
+            raise AuctionStateError(f"not a claim step the driver performs: {d!r}")
+        try:
+            return await self._request(d, claim)
+        except KV_ERRORS as exc:
+            return claim.failed(str(exc) or type(exc).__name__)
+
+    async def _request(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
+        """One KV request of the claim's, and what the claim decides of its answer."""
+        if isinstance(d, OpenClaims):
+            return claim.opened(await self.bucket.open() is not None)
+        store = self.bucket.store
+        if store is None:
+            raise AuctionStateError("a claim request before the claims bucket is open")
+        order_id = claim.order.order_id
+        if isinstance(d, ReadClaim):
+            return claim.read(*await store.get(order_id))
+        if isinstance(d, WriteClaim):
+            return claim.written(await store.put(order_id, d.claim, d.revision, d.timeout_s))
+        if isinstance(d, RemoveClaim):
+            await store.remove(order_id, d.revision)
+            return claim.removed()
+        await store.changed(order_id, d.revision, d.until - time.monotonic())
+        return claim.changed()
 
     async def _run(
         self,
@@ -571,7 +435,7 @@ class Auctioneer:
         supplier process of the region handling the release (one process per worker on
         a few cores: ~2 ms at idle), and the holds it drops live one KV round trip more."""
         if not self.nc.is_connected:
-            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+            raise AuctionError(NOT_CONNECTED)
         auction_id = auction_id or str(ULID())
         check = self.trust.check if self.trust is not None else None
         core = Auction(
@@ -613,18 +477,6 @@ class Auctioneer:
                 later.append(auction_id)
             else:
                 await self._release(order, auction_id)
-
-    def expected_responders(self, region: str) -> frozenset[str]:
-        """The supplier processes that answer a bid in ``region`` (empty: not known, or
-        some supplier there does not answer promptly)."""
-        return self.responders.expected(region, time.monotonic())
-
-    def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
-        """Per shard of ``region``, the supplier processes that answer a sampled bid there;
-        None where no bid is sampled, or none is known."""
-        if not self.config.bid_shards:
-            return None
-        return self.responders.expected_per_shard(region, time.monotonic())
 
     async def _drive(
         self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
@@ -719,47 +571,3 @@ class Auctioneer:
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
             log.warning("release_failed", order_id=order.order_id, error=repr(exc))
-
-
-# A KV request that failed (timeout, no JetStream responder, an API error): the order is
-# placed without its claim (logged), as on a server without JetStream.
-# Claims that could not be opened (no JetStream yet: a cluster electing its leader, a server
-# restarted without it) are looked for again this often, with a short detection timeout.
-CLAIMS_RETRY_S = 30.0
-# The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
-ANSWERS_TOKEN = "answers"
-
-
-CLAIMS_RETRY_DETECT_S = 0.25
-# A claim request that fails is tried again after this, doubling up to the max, while the
-# order's deadline allows; then the order is refused (nothing placed without its claim).
-KV_BACKOFF_S = 0.05
-KV_BACKOFF_MAX_S = 0.4
-_KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _same_outcome(a: Claim, b: Claim) -> bool:
-    """Whether claim ``a`` is the write ``b``: the same auction, state and machine."""
-    machine = a.placed.machine_id if a.placed is not None else None
-    return (a.auction_id, a.state, machine) == (
-        b.auction_id,
-        b.state,
-        b.placed.machine_id if b.placed is not None else None,
-    )
-
-
-def _unfilled_waiting(order: PlaceOrder, spent_ms: float) -> Unfilled:
-    return Unfilled(
-        order_id=order.order_id,
-        region=order.region,
-        reason="deadline",
-        offers=0,
-        commits_tried=0,
-        elapsed_ms=round(spent_ms, 3),
-        detail=f"order id {order.order_id!r} is being placed by another auction, which did "
-        "not finish by this order's deadline; ask again for its outcome",
-    )
