@@ -1,6 +1,6 @@
 """The broker (bourse/auction/broker.py): admission + the auction behind one ``place`` that
 returns Placed, Unfilled or a typed Refused, for the exchange and direct mode alike. On a
-real nats-server with real suppliers."""
+real nats-server with real suppliers (how each refusal travels: tests/unit/test_broker.py)."""
 
 from __future__ import annotations
 
@@ -9,40 +9,11 @@ import asyncio
 import pytest
 
 from bourse.auction.admission import ConcurrencyLimit
-from bourse.auction.broker import Broker, RefusalKind, Refused
+from bourse.auction.broker import Broker, Refused
 from bourse.auction.driver import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
-from bourse.wire.codec import decode, encode
-from bourse.wire.messages import (
-    OVERLOADED_REASON,
-    UNRECORDED_REASON,
-    Error,
-    ErrorCode,
-    Placed,
-    Unfilled,
-)
+from bourse.wire.messages import Placed, Unfilled
 from tests.market import Market, collect, order, wait_until, worker
-
-
-@pytest.mark.parametrize(
-    ("kind", "code", "reason"),
-    [
-        ("overloaded", "internal", OVERLOADED_REASON),
-        ("conflicting_order", "bad_request", ""),
-        ("cannot_run", "internal", ""),
-        ("unrecorded", "internal", UNRECORDED_REASON),
-    ],
-)
-def test_each_refusal_travels_as_an_error(kind: RefusalKind, code: ErrorCode, reason: str) -> None:
-    assert Refused(kind, "why").error() == Error(code=code, detail="why", reason=reason)
-
-
-def test_error_reason_is_optional_and_free_on_the_wire() -> None:
-    v1 = decode(b'{"type":"Error","code":"internal","detail":"x"}', Error)
-    assert v1.reason == ""  # from a peer that does not know the field
-    newer = decode(b'{"type":"Error","code":"internal","detail":"x","reason":"later"}', Error)
-    assert newer.reason == "later"  # a value this version does not know still decodes
-    assert b'"reason":"overloaded"' in encode(Refused("overloaded", "x").error())
 
 
 async def _broker(market: Market, limit: ConcurrencyLimit | None = None) -> Broker:
