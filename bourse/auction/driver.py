@@ -1,13 +1,16 @@
-"""The auction's NATS shell: runs ``bourse.auction.core.Auction`` (the decisions) on one
-connection (the messages). The exchange runs it, and so can a buyer directly against the
-suppliers ("direct" mode).
+"""The auction's NATS shell: runs the pure cores (the decisions) on one connection (the
+messages). The exchange runs it, and so can a buyer directly against the suppliers
+("direct" mode).
 
-The driver only moves messages: one wildcard inbox subscription per ``Auctioneer`` routes
-each reply to its auction's mailbox; the loop feeds queued replies to the core, performs
-what it decides (publish the bid, request a commit, publish an abort, log), sleeps until the
-core's wake time or the next reply, and feeds the clock. On the way out, whatever happened,
-ONE publish to ``<root>.release.<region>`` drops every other hold of the auction
-(docs/protocol.md §5.2 step 8).
+The driver only moves messages, in two loops. The claim's (``_claimed``) performs what
+``bourse.auction.claiming.Claiming`` decides about the order id's claim: the KV requests
+and their answers, pauses, the auction to run and the order's end. The auction's
+(``_drive``) feeds the replies the inbox (``bourse.auction.inbox``) routed to its mailbox to
+``bourse.auction.core.Auction``, performs what it decides (publish the bid, request a
+commit, publish an abort, log), sleeps until the core's wake time or the next reply, and
+feeds the clock. On the way out, whatever happened, ONE publish to
+``<root>.release.<region>`` drops every other hold of the auction (docs/protocol.md §5.2
+step 8), after the claim's outcome is recorded.
 """
 
 from __future__ import annotations
@@ -22,8 +25,6 @@ import msgspec
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from ulid import ULID
 
 from bourse.auction.batches import BatchSender
@@ -45,7 +46,6 @@ from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprin
 from bourse.auction.core import (
     Auction,
     AuctionConfig,
-    AuctionStateError,
     BroadcastBid,
     CommitAnswered,
     CommitNoResponders,
@@ -54,7 +54,6 @@ from bourse.auction.core import (
     CommitUndecodable,
     Decision,
     Finish,
-    FoldedAuctions,
     Log,
     MachineShown,
     PublishAbort,
@@ -63,13 +62,13 @@ from bourse.auction.core import (
     SendCommit,
     VerifyMachine,
     WakeAt,
-    late_releases,
 )
+from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.inbox import Inbox, Mailbox, no_responders, reply_shard, shard_token
 from bourse.auction.responders import Responders
 from bourse.errors import BourseError
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
-    Answers,
     BatchBid,
     CommitReply,
     Error,
@@ -85,91 +84,18 @@ from bourse.wire.messages import (
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import Subjects
 
-__all__ = ["AuctionConfig", "AuctionError", "Auctioneer", "ConflictingOrder"]
+__all__ = [
+    "AuctionConfig",
+    "AuctionError",
+    "Auctioneer",
+    "ConflictingOrder",
+    "UnrecordedPlacement",
+]
 
 log = structlog.get_logger("bourse.auction")
 BoundLogger = structlog.typing.FilteringBoundLogger
 
 
-class AuctionError(BourseError, RuntimeError):
-    """The auction could not run at all (e.g. not connected to NATS)."""
-
-
-class UnrecordedPlacement(BourseError, RuntimeError):
-    """A machine was placed but the order's claim could not be made to name it: the buyer
-    is not told ``Placed`` (a claim that does not name the machine may yet give the order
-    id another one, I3), but to send the order again under the same id, which is answered
-    with this machine or, if it was reclaimed meanwhile, the one the claim names
-    (docs/protocol.md §5.3c)."""
-
-    def __init__(self, placed: Placed, why: str) -> None:
-        super().__init__(
-            f"a machine was placed on worker {placed.worker_id!r} but the order's claim could "
-            f"not be recorded ({why}): send the order again with the same order id (retry), "
-            "which is answered with the order's one machine (docs/protocol.md §5.3c)"
-        )
-
-
-class ConflictingOrder(BourseError, ValueError):
-    """The order id is the idempotency key: reusing it for a different order is an error."""
-
-
-class _Mailbox:
-    """Replies to one auction's inbox (messages, and answers routed to it out of an
-    ``Answers`` message): a deque and at most one waiter (no task per wait)."""
-
-    __slots__ = ("items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: deque[Msg | Offers] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-
-    def put(self, msg: Msg | Offers) -> None:
-        self.items.append(msg)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def wait(self, within_s: float) -> bool:
-        """Wait up to ``within_s`` for a reply; False if none came."""
-        if self.items:
-            return True
-        if within_s <= 0:
-            return False
-        loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
-        timer = loop.call_later(within_s, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self.waiter = None
-        return bool(self.items)
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _no_responders(msg: Msg) -> bool:
-    """A 503 status: the bid reached nobody on that subject."""
-    return msg.headers is not None and msg.headers.get("Status") == "503"
-
-
-def _shard_token(auction_id: str, shard: int) -> str:
-    """The inbox token of a sampled bid's replies from one shard (auction ids are ULIDs,
-    which have no '-')."""
-    return f"{auction_id}-{shard}"
-
-
-def _reply_shard(subject: str) -> int | None:
-    """The shard whose reply subject (``_shard_token``) ``subject`` is, or None."""
-    dash = subject.rfind("-", subject.rfind(".") + 1)
-    return int(subject[dash + 1 :]) if dash >= 0 else None
-
-
-# The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
-ANSWERS_TOKEN = "answers"
 NOT_CONNECTED = "not connected to NATS: refusing to send a bid that may go stale"
 
 
@@ -201,13 +127,7 @@ class Auctioneer:
         # ``claim_store``: an open bucket to use (tests put a faulty one under it).
         self.bucket = ClaimBucket(nc, self.subjects, claims, claim_store)
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
-        self._boxes: dict[str, _Mailbox] = {}
-        # Auctions that folded their region release into the commit (§4.6), kept while a
-        # hold of theirs can live, so that a reply that comes too late gets its workers a
-        # release (_late).
-        self._folded = FoldedAuctions()
-        self._sub: Subscription | None = None
-        self._prefix = ""
+        self.inbox = Inbox(nc, self.subjects)
         # Told (region, offers received) as each auction ends: the exchange's metrics.
         self.on_finished: Callable[[str, int], None] | None = None
         # Who answers each region's bids: the quorum of prompt answers (§4.4.3, §5.3a)
@@ -219,7 +139,8 @@ class Auctioneer:
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
         order id but a different order (region, resources, image...) is under way here,
-        AuctionError if it cannot run (not connected), UnrecordedPlacement if it placed a
+        AuctionError if it cannot run (not connected, or the order's claim could not be
+        written in its time), UnrecordedPlacement if it placed a
         machine that its claim could not be made to name. A ``Placed`` is returned only
         once the claim names its machine (acknowledged by the server).
         ``spent_ms``: time the order already waited (for admission): the auction's deadline
@@ -251,76 +172,9 @@ class Auctioneer:
         fut.set_result(result)
         return result
 
-    async def _inbox(self) -> str:
-        """One wildcard inbox subscription per Auctioneer; each auction gets a token under it
-        (and ``answers``: the Answers to this Auctioneer's batches)."""
-        if self._sub is None:
-            prefix = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(prefix + ".*", cb=self._route)
-            self._prefix = prefix
-            self.batches.start(f"{prefix}.{ANSWERS_TOKEN}")
-        return self._prefix
-
-    async def _route(self, msg: Msg) -> None:
-        token = msg.subject[len(self._prefix) + 1 :]
-        if token == ANSWERS_TOKEN:
-            for late in self._route_answers(msg):
-                await self._late(late.auction_id, late)
-            return
-        box = self._boxes.get(token)
-        if box is not None:
-            box.put(msg)
-        elif self._folded:
-            await self._late(token.partition("-")[0], msg.data)  # a shard's token too
-
-    def _route_answers(self, msg: Msg) -> list[Offers]:
-        """One supplier process's answers to the bids of a batch: each to its auction.
-        Returns those whose auction has ended (for ``_late``)."""
-        try:
-            answers = decode(msg.data, Answers)
-        except BadMessage as exc:
-            log.warning("bad_answers", error=str(exc))
-            return []
-        late: list[Offers] = []
-        for offers in answers.answers:
-            box = self._boxes.get(offers.auction_id)
-            if box is not None:
-                box.put(offers)
-            elif self._folded and offers.offers:
-                late.append(offers)
-        return late
-
-    def _fold(self, auction_id: str, order_id: str, hold_ms: int) -> None:
-        """Remember an auction whose release went with its commit, as long as a hold taken
-        for its bid can live (``hold_ms``, plus a margin for a bid received late)."""
-        self._folded.fold(auction_id, order_id, hold_ms, time.monotonic())
-
-    async def _late(self, auction_id: str, reply: bytes | Offers) -> None:
-        """A reply to an auction that has ended: if it folded its release (§4.6), whatever
-        the reply holds goes (a process the auction did not know; protocol.md §5.2 step 8)."""
-        order_id = self._folded.order_of(auction_id, time.monotonic())
-        if order_id is None:
-            return
-        releases = late_releases(reply, order_id, auction_id)
-        if not releases:
-            return
-        log.info(
-            "late_reply_released",
-            order_id=order_id,
-            auction_id=auction_id,
-            workers=[r.worker_id for r in releases],
-        )
-        try:
-            for release in releases:
-                await self.nc.publish(self.subjects.release(release.worker_id), encode(release))
-        except Exception as exc:  # connection lost: the holds fall back to their TTL
-            log.warning("release_failed", order_id=order_id, error=repr(exc))
-
     async def close(self) -> None:
         await self.batches.close()
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        await self.inbox.close()
 
     def batching(self, region: str) -> bool:
         """Bids and releases to ``region`` go in batches (§4.4.4): every supplier process
@@ -369,47 +223,43 @@ class Auctioneer:
                     getattr(olog, d.level)(d.event, **d.fields)
                 elif isinstance(d, Finish):
                     return d.result
-                elif isinstance(d, RunUnclaimed):
+                elif isinstance(d, RunUnclaimed):  # no claims on this server
                     return await self._run(order, d.spent_ms, olog=olog)
+                elif isinstance(d, Refuse | Unavailable | Unrecorded):
+                    raise _refusal(d)
+                elif isinstance(d, RunAuction):
+                    todo.extend(await self._auction(d, claim, olog, later))
+                elif isinstance(d, BackOff):
+                    await asyncio.sleep(d.until - time.monotonic())  # a failed request's pause
+                    todo.extend(claim.woke())
                 else:
-                    todo.extend(await self._claim_step(d, claim, olog, later))
+                    todo.extend(await self._request(d, claim))
         finally:
             while later:
                 await self._release(order, later.pop())
 
-    async def _claim_step(
-        self, d: ClaimStep, claim: Claiming, olog: BoundLogger, later: list[str]
+    async def _auction(
+        self, d: RunAuction, claim: Claiming, olog: BoundLogger, later: list[str]
     ) -> list[ClaimStep]:
-        """Perform one of the claim's decisions; what it decides next."""
-        if isinstance(d, RunAuction):
-            try:
-                result = await self._run(d.order, d.spent_ms, claim.auction_id, olog, later)
-            except ConflictingOrder as exc:
-                return claim.refused(str(exc))
-            return claim.ended(result)
-        if isinstance(d, BackOff):
-            await asyncio.sleep(d.until - time.monotonic())  # a failed request's back-off
-            return claim.woke()
-        if isinstance(d, Refuse):
-            raise ConflictingOrder(d.detail)
-        if isinstance(d, Unavailable):
-            raise AuctionError(d.detail)
-        if isinstance(d, Unrecorded):
-            raise UnrecordedPlacement(d.placed, d.why)
-        if not isinstance(d, ClaimRequest):
-            raise AuctionStateError(f"not a claim step the driver performs: {d!r}")
+        """The auction under the claim; what the claim decides of its end."""
         try:
-            return await self._request(d, claim)
+            result = await self._run(d.order, d.spent_ms, claim.auction_id, olog, later)
+        except ConflictingOrder as exc:
+            return claim.refused(str(exc))
+        return claim.ended(result)
+
+    async def _request(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
+        """One KV request of the claim's; what the claim decides of its answer."""
+        try:
+            return await self._ask(d, claim)
         except KV_ERRORS as exc:
             return claim.failed(str(exc) or type(exc).__name__)
 
-    async def _request(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
-        """One KV request of the claim's, and what the claim decides of its answer."""
+    async def _ask(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
         if isinstance(d, OpenClaims):
             return claim.opened(await self.bucket.open() is not None)
         store = self.bucket.store
-        if store is None:
-            raise AuctionStateError("a claim request before the claims bucket is open")
+        assert store is not None  # asked for only once the bucket is open
         order_id = claim.order.order_id
         if isinstance(d, ReadClaim):
             return claim.read(*await store.get(order_id))
@@ -449,11 +299,10 @@ class Auctioneer:
             responders=self.expected_responders(order.region),
             shard_responders=self.expected_shard_responders(order.region),
         )
-        reply_to = f"{await self._inbox()}.{auction_id}"
-        box = self._boxes[auction_id] = _Mailbox()
-        tokens = [_shard_token(auction_id, k) for k in core.shards]
-        for token in tokens:  # a sampled bid's replies, one reply subject per shard
-            self._boxes[token] = box
+        if not self.inbox.prefix:
+            await self.inbox.open()
+            self.batches.start(self.inbox.answers_to)
+        box, reply_to = self.inbox.box(auction_id, core.shards)
         if olog is None:  # bound once per order: a bind costs a fresh logger each time
             olog = log.bind(order_id=order.order_id, region=order.region)
         ended = False
@@ -462,24 +311,20 @@ class Auctioneer:
             ended = True
             return result
         finally:
-            del self._boxes[auction_id]
-            for token in tokens:
-                del self._boxes[token]
+            self.inbox.drop(auction_id, core.shards)
             self.responders.learn(order.region, core.tally, time.monotonic())
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
             if not core.release_needed:  # the winner's process dropped the others itself
-                self._fold(auction_id, order.order_id, core.bid.hold_ms)
-                for item in box.items:  # came during the commit: too late for the auction
-                    await self._late(auction_id, item if isinstance(item, Offers) else item.data)
+                await self.inbox.fold(auction_id, order.order_id, core.bid.hold_ms, box.items)
             elif ended and later is not None:
                 later.append(auction_id)
             else:
                 await self._release(order, auction_id)
 
     async def _drive(
-        self, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
+        self, core: Auction, box: Mailbox, reply_to: str, olog: BoundLogger
     ) -> Placed | Unfilled:
         """Feed the core until it finishes, doing what it decides in order."""
         todo: deque[Decision] = deque(core.start())
@@ -493,21 +338,21 @@ class Auctioneer:
             todo.extend(await self._perform(d, core, box, reply_to, olog))
 
     @staticmethod
-    def _feed(core: Auction, box: _Mailbox) -> list[Decision]:
+    def _feed(core: Auction, box: Mailbox) -> list[Decision]:
         """The next queued reply; with none queued, ask what next. Queued replies go first,
         so a commit takes the best offer received so far."""
         if box.items:
             msg = box.items.popleft()
             if isinstance(msg, Offers):  # out of an Answers message
                 return core.offers(msg, time.monotonic())
-            shard = _reply_shard(msg.subject) if core.shards else None
+            shard = reply_shard(msg.subject) if core.shards else None
             return core.bid_reply(
-                msg.data, time.monotonic(), no_responders=_no_responders(msg), shard=shard
+                msg.data, time.monotonic(), no_responders=no_responders(msg), shard=shard
             )
         return core.poll(time.monotonic())
 
     async def _perform(
-        self, d: Decision, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
+        self, d: Decision, core: Auction, box: Mailbox, reply_to: str, olog: BoundLogger
     ) -> list[Decision]:
         """Do one decision; what the core decides next, if the decision fed it an event."""
         if isinstance(d, Log):
@@ -520,7 +365,7 @@ class Auctioneer:
             elif isinstance(d, SendBid) and d.shards:  # one reply subject per shard
                 data = encode(d.bid)
                 for subject, k in zip(subjects, d.shards, strict=True):
-                    await self.nc.publish(subject, data, reply=_shard_token(reply_to, k))
+                    await self.nc.publish(subject, data, reply=shard_token(reply_to, k))
             else:
                 data = encode(d.bid)
                 for subject in subjects:
@@ -571,3 +416,12 @@ class Auctioneer:
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
             log.warning("release_failed", order_id=order.order_id, error=repr(exc))
+
+
+def _refusal(d: Refuse | Unavailable | Unrecorded) -> BourseError:
+    """The error a claim's refusal is raised as."""
+    if isinstance(d, Refuse):
+        return ConflictingOrder(d.detail)
+    if isinstance(d, Unavailable):
+        return AuctionError(d.detail)
+    return UnrecordedPlacement(d.placed, d.why)
