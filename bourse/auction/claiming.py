@@ -155,7 +155,7 @@ class Unrecorded:
 
 
 # What the driver asks of the claims bucket.
-ClaimRequest = OpenClaims | ReadClaim | WriteClaim | RemoveClaim | WaitForChange
+ClaimRequest = WriteClaim | ReadClaim | RemoveClaim | WaitForChange | OpenClaims
 
 ClaimStep = (
     OpenClaims
@@ -197,6 +197,29 @@ class Claiming:
     claims bucket is open already (else it is opened first); ``clock``: the system's
     unless given."""
 
+    __slots__ = (
+        "_backoff",
+        "_decision",
+        "_found",
+        "_fp",
+        "_grace_ms",
+        "_held",
+        "_looked",
+        "_mine",
+        "_opened",
+        "_outcome",
+        "_refusal",
+        "_result",
+        "_spent_at_claim",
+        "auction_id",
+        "clock",
+        "deadline",
+        "order",
+        "phase",
+        "spent_ms",
+        "t0",
+    )
+
     def __init__(
         self,
         order: PlaceOrder,
@@ -232,10 +255,13 @@ class Claiming:
     # -- events ----------------------------------------------------------------------------
 
     def start(self) -> list[ClaimStep]:
+        """The first step: open the bucket, or create the claim without reading it first
+        (most order ids are new: one KV round trip saved; a create that loses reads it)."""
         self._expect("new")
         return self._look()
 
     def opened(self, present: bool) -> list[ClaimStep]:
+        """The bucket is open (``present``), or the server has no JetStream."""
         self._expect("opening")
         if not present:  # no JetStream (or claims off): as without claims
             return self._end(RunUnclaimed(self._spent(self.clock.monotonic())))
@@ -243,6 +269,7 @@ class Claiming:
         return self._look()
 
     def read(self, claim: Claim | None, revision: int) -> list[ClaimStep]:
+        """The claim as read (None: absent, ``revision`` its last one)."""
         if self.phase == "confirming":
             if claim is not None and _same_outcome(claim, self._outcome_claim()):
                 return self._recorded()  # our write, whose answer was lost
@@ -251,6 +278,7 @@ class Claiming:
         return self._found_claim(claim, revision)
 
     def written(self, revision: int | None) -> list[ClaimStep]:
+        """The write answered: the claim's new revision, or None (changed by someone else)."""
         if self.phase == "recording":
             if revision is not None:
                 return self._recorded()
@@ -262,16 +290,19 @@ class Claiming:
         return self._run(revision)
 
     def removed(self) -> list[ClaimStep]:
+        """The remove answered."""
         if self.phase == "refusing":
             return self._end(Refuse(self._refusal))
         self._expect("removing")
         return self._end(Finish(self._final()))
 
     def changed(self) -> list[ClaimStep]:
+        """The wait for a change ended (changed or not)."""
         self._expect("waiting")
         return self._look()
 
     def woke(self) -> list[ClaimStep]:
+        """The back-off ended."""
         if self.phase == "record_pausing":
             return self._write_outcome()
         self._expect("pausing")

@@ -217,23 +217,23 @@ class Auctioneer:
         later: list[str] = []  # the auction's region release, once the outcome is recorded
         try:
             todo = deque(claim.start())
-            while True:
+            while True:  # the most frequent steps first: this runs for every order
                 d = todo.popleft()
-                if isinstance(d, Log):
-                    getattr(olog, d.level)(d.event, **d.fields)
-                elif isinstance(d, Finish):
-                    return d.result
-                elif isinstance(d, RunUnclaimed):  # no claims on this server
-                    return await self._run(order, d.spent_ms, olog=olog)
-                elif isinstance(d, Refuse | Unavailable | Unrecorded):
-                    raise _refusal(d)
+                if isinstance(d, ClaimRequest):
+                    todo.extend(await self._request(d, claim))
                 elif isinstance(d, RunAuction):
                     todo.extend(await self._auction(d, claim, olog, later))
+                elif isinstance(d, Finish):
+                    return d.result
+                elif isinstance(d, Log):
+                    getattr(olog, d.level)(d.event, **d.fields)
                 elif isinstance(d, BackOff):
                     await asyncio.sleep(d.until - time.monotonic())  # a failed request's pause
                     todo.extend(claim.woke())
+                elif isinstance(d, RunUnclaimed):  # no claims on this server
+                    return await self._run(order, d.spent_ms, olog=olog)
                 else:
-                    todo.extend(await self._request(d, claim))
+                    raise _refusal(d)
         finally:
             while later:
                 await self._release(order, later.pop())
@@ -250,26 +250,22 @@ class Auctioneer:
 
     async def _request(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
         """One KV request of the claim's; what the claim decides of its answer."""
+        store, order_id = self.bucket.store, claim.order.order_id
         try:
-            return await self._ask(d, claim)
+            if isinstance(d, OpenClaims):
+                return claim.opened(await self.bucket.open() is not None)
+            assert store is not None  # asked for only once the bucket is open
+            if isinstance(d, WriteClaim):
+                return claim.written(await store.put(order_id, d.claim, d.revision, d.timeout_s))
+            if isinstance(d, ReadClaim):
+                return claim.read(*await store.get(order_id))
+            if isinstance(d, RemoveClaim):
+                await store.remove(order_id, d.revision)
+                return claim.removed()
+            await store.changed(order_id, d.revision, d.until - time.monotonic())
+            return claim.changed()
         except KV_ERRORS as exc:
             return claim.failed(str(exc) or type(exc).__name__)
-
-    async def _ask(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
-        if isinstance(d, OpenClaims):
-            return claim.opened(await self.bucket.open() is not None)
-        store = self.bucket.store
-        assert store is not None  # asked for only once the bucket is open
-        order_id = claim.order.order_id
-        if isinstance(d, ReadClaim):
-            return claim.read(*await store.get(order_id))
-        if isinstance(d, WriteClaim):
-            return claim.written(await store.put(order_id, d.claim, d.revision, d.timeout_s))
-        if isinstance(d, RemoveClaim):
-            await store.remove(order_id, d.revision)
-            return claim.removed()
-        await store.changed(order_id, d.revision, d.until - time.monotonic())
-        return claim.changed()
 
     async def _run(
         self,
