@@ -211,6 +211,7 @@ class Claiming:
         "_refusal",
         "_result",
         "_spent_at_claim",
+        "_until_ms",
         "auction_id",
         "clock",
         "deadline",
@@ -245,6 +246,7 @@ class Claiming:
         self._found: Claim | None = None  # the claim as last read
         self._decision: ClaimDecision = Create()
         self._mine: Claim | None = None  # this auction's claim
+        self._until_ms = 0  # its end (wall clock)
         self._held = 0  # its revision
         self._spent_at_claim = 0.0
         self._backoff = KV_BACKOFF_S
@@ -271,7 +273,8 @@ class Claiming:
     def read(self, claim: Claim | None, revision: int) -> list[ClaimStep]:
         """The claim as read (None: absent, ``revision`` its last one)."""
         if self.phase == "confirming":
-            if claim is not None and _same_outcome(claim, self._outcome_claim()):
+            assert self._outcome is not None  # the outcome's write was rejected
+            if claim is not None and _same_outcome(claim, self._outcome):
                 return self._recorded()  # our write, whose answer was lost
             return self._not_recorded(TAKEN_OVER, failed=False)
         self._expect("reading")
@@ -294,7 +297,7 @@ class Claiming:
         if self.phase == "refusing":
             return self._end(Refuse(self._refusal))
         self._expect("removing")
-        return self._end(Finish(self._final()))
+        return self._recorded()
 
     def changed(self) -> list[ClaimStep]:
         """The wait for a change ended (changed or not)."""
@@ -326,7 +329,8 @@ class Claiming:
         on a claim this auction created: no machine can exist for the id)."""
         self._expect("auctioning")
         self._result = result
-        mine = self._claim()
+        mine = self._mine
+        assert mine is not None  # held, since the auction runs
         if isinstance(result, Placed):
             return self._record(msgspec.structs.replace(mine, state="placed", placed=result))
         if result.commits_tried == 0 and isinstance(self._decision, Create):
@@ -380,11 +384,12 @@ class Claiming:
             until = min(self.deadline, now + (d.until_ms - wall) / 1000.0)
             return [WaitForChange(revision, until)]
         self._decision, self._spent_at_claim = d, spent
+        self._until_ms = wall + int((self.deadline - now) * 1000.0) + self._grace_ms
         self._mine = Claim(
             state="auctioning",
             auction_id=self.auction_id,
             fingerprint=self._fp,
-            until_ms=wall + int((self.deadline - now) * 1000.0) + self._grace_ms,
+            until_ms=self._until_ms,
         )
         if own:  # our own write, whose answer was lost
             return self._run(revision)
@@ -430,9 +435,10 @@ class Claiming:
         again while the claim is ours (until its until_ms: nobody takes it over before
         then, and a late try never overwrites a taker's)."""
         self.phase = "recording"
+        assert self._outcome is not None  # set by _record
         left = self._left_s()
         timeout = min(KV_TIMEOUT_S, max(left, KV_BACKOFF_S))
-        return [WriteClaim(self._outcome_claim(), self._held, timeout)]
+        return [WriteClaim(self._outcome, self._held, timeout)]
 
     def _record_failed(self, error: str) -> list[ClaimStep]:
         left = self._left_s()
@@ -444,14 +450,17 @@ class Claiming:
         return [_warning("order_claim_failed", error=error), BackOff(until)]
 
     def _recorded(self) -> list[ClaimStep]:
-        return self._end(Finish(self._final()))
+        assert self._result is not None  # the auction has ended
+        self.phase = "done"
+        return [Finish(self._result)]
 
     def _not_recorded(self, why: str, *, failed: bool) -> list[ClaimStep]:
         """The outcome is not in the claim. A Placed is not told (the claim stays as it
         was: auctioning until it expires, then taken over as a retry's, which adopts this
         machine from its worker; or reclaimed by the worker's check when another machine is
         the claim's, §5.3c, §5.3d). An Unfilled is told all the same."""
-        result = self._final()
+        result = self._result
+        assert result is not None  # the auction has ended
         if isinstance(result, Placed):
             said = _warning("order_claim_not_recorded", machine_id=result.machine_id, error=why)
             return [said, *self._end(Unrecorded(result, why))]
@@ -467,23 +476,8 @@ class Claiming:
         return self.spent_ms + (now - self.t0) * 1000.0
 
     def _left_s(self) -> float:
-        """Seconds until our claim's end."""
-        return (self._claim().until_ms - self.clock.wall_ms()) / 1000.0
-
-    def _claim(self) -> Claim:
-        if self._mine is None:
-            raise AuctionStateError(f"order {self.order.order_id}: no claim held")
-        return self._mine
-
-    def _outcome_claim(self) -> Claim:
-        if self._outcome is None:
-            raise AuctionStateError(f"order {self.order.order_id}: no outcome to record")
-        return self._outcome
-
-    def _final(self) -> Placed | Unfilled:
-        if self._result is None:
-            raise AuctionStateError(f"order {self.order.order_id}: the auction has not ended")
-        return self._result
+        """Seconds until our claim's end (its until_ms)."""
+        return (self._until_ms - self.clock.wall_ms()) / 1000.0
 
     def _expect(self, phase: Phase) -> None:
         if self.phase != phase:

@@ -55,7 +55,7 @@ class Responders:
     def expected(self, region: str, now: float) -> frozenset[str]:
         """The processes that answer a bid to the whole of ``region`` (empty: not known,
         or some supplier there does not answer promptly)."""
-        if self._unranked(region, now):
+        if self._unranked_until.get(region, 0.0) > now:
             return frozenset()
         return _recent(self._region.get(region, {}), now)
 
@@ -63,20 +63,17 @@ class Responders:
         """Per shard of ``region``, the processes that answer a sampled bid there (a shard
         with none is not in it), found when asked: an auction asks about its own shards
         only. None where some supplier does not answer promptly, or none is known."""
-        if self._unranked(region, now):
+        if self._unranked_until.get(region, 0.0) > now:
             return None
         shards = self._shards.get(region)
         return _RecentPerShard(shards, now) if shards else None
 
     def take_batches(self, region: str, now: float) -> bool:
         """Every process known in ``region`` takes Batch messages (and one is known)."""
-        if self._unranked(region, now):
+        if self._unranked_until.get(region, 0.0) > now:
             return False
         seen = [s for s in self._region.get(region, {}).values() if now - s.at < RESPONDER_MEMORY_S]
         return bool(seen) and all(s.batches for s in seen)
-
-    def _unranked(self, region: str, now: float) -> bool:
-        return self._unranked_until.get(region, 0.0) > now
 
 
 class _RecentPerShard(Mapping[int, frozenset[str]]):
