@@ -209,8 +209,9 @@ class Auctioneer:
         # Opening the bucket (once per process, creating it the first time) is not the
         # order's time: the deadline starts after it. An open that failed is tried again
         # within the deadline (OpenClaims).
-        with contextlib.suppress(*KV_ERRORS):
-            await self.bucket.open()
+        if self.bucket.store is None:
+            with contextlib.suppress(*KV_ERRORS):
+                await self.bucket.open()
         opened = self.bucket.store is not None
         claim = Claiming(order, self.config, str(ULID()), spent_ms=spent_ms, opened=opened)
         olog = log.bind(order_id=order.order_id, region=order.region)

@@ -5,7 +5,6 @@ ended with, and what the order is answered. No NATS, no sleep."""
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import msgspec
@@ -128,12 +127,14 @@ def rounded(steps: list[ClaimStep]) -> list[ClaimStep]:
     the last bits."""
 
     def one(s: ClaimStep) -> ClaimStep:
+        if not isinstance(s, msgspec.Struct):
+            return s
         floats = {
             f.name: round(v, 9)
-            for f in dataclasses.fields(s)
+            for f in msgspec.structs.fields(s)
             if isinstance(v := getattr(s, f.name), float)
         }
-        return dataclasses.replace(s, **floats)
+        return msgspec.structs.replace(s, **floats)
 
     return [one(s) for s in steps]
 
