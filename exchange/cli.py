@@ -97,13 +97,6 @@ def serve(
             "one Batch message where every supplier process takes it (§4.4.4).",
         ),
     ] = True,
-    claim_beside_bid: Annotated[
-        bool,
-        typer.Option(
-            help="Create an order's claim while its first bid goes out instead of before it; "
-            "off by default: it measured no faster (docs/protocol.md §5.3c).",
-        ),
-    ] = False,
     name: Annotated[str, typer.Option(help="Connection name shown by the NATS server.")] = "",
     trust: Annotated[
         Path | None,
@@ -139,7 +132,6 @@ def serve(
         bid_sample=bid_sample,
         prompt_offers=prompt_offers,
         batch_bids=batches,
-        claim_beside_bid=claim_beside_bid,
     )
 
     async def main() -> None:

@@ -91,7 +91,7 @@ class ExchangeService:
         )
         self.regions = regions or None
         self.max_order_backlog = max_order_backlog
-        # How many auctions run at once: adaptive (exchange/admission.py), at most
+        # How many auctions run at once: adaptive (bourse/auction/admission.py), at most
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
         # Admission + auction: the same broker a direct-mode buyer runs.

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
-from bourse.auction.driver import Auctioneer, AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.driver import Auctioneer
+from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
 from bourse.wire.messages import (
     OVERLOADED_REASON,
     UNRECORDED_REASON,

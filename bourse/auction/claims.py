@@ -28,8 +28,10 @@ becomes ``reclaimed`` first, so the id is free and a re-check is idempotent), wa
 auction for the order is live), or adopt it (the claim's auction died without an outcome:
 the claim becomes ``placed`` with this machine, so a retry gets it).
 
-``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out);
-``ClaimStore`` is the thin KV shell the auction driver and the exchange's reclaim desk call.
+``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out; an
+order's whole way through its claim is ``bourse.auction.claiming.Claiming``);
+``ClaimStore`` is the thin KV shell the auction driver and the exchange's reclaim desk call,
+``ClaimBucket`` opens it.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import math
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -70,6 +73,13 @@ KV_TIMEOUT_S = 2.0
 # the max (ClaimStore.changed).
 CHANGED_POLL_S = 0.005
 CHANGED_POLL_MAX_S = 0.05
+# A bucket that could not be opened (no JetStream yet: a cluster electing its leader, a
+# server restarted without it) is looked for again this often, with a short detection
+# timeout (ClaimBucket).
+CLAIMS_RETRY_S = 30.0
+CLAIMS_RETRY_DETECT_S = 0.25
+# A KV request that failed: a timeout, no JetStream responder, an API error.
+KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
 
 # auctioning: an auction holds the id (until ``until_ms``); placed: ``placed`` is the
 # order's machine; unfilled: the buyer was told Unfilled after a commit went out (a worker
@@ -336,6 +346,64 @@ class ClaimStore:
                 return False
             await asyncio.sleep(min(pause, left))  # the poll's pace, bounded by the wait
             pause = min(2 * pause, CHANGED_POLL_MAX_S)
+
+
+class ClaimBucket:
+    """The claims bucket of one connection, opened at the first need: ``store`` once open;
+    None where the server has no JetStream (looked for again every ``CLAIMS_RETRY_S``: a
+    JetStream cluster still electing its leader must not turn claims off for good) or
+    where claims are off (``enabled`` False: per-process deduplication only)."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        enabled: bool = True,
+        store: ClaimStore | None = None,
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.enabled = enabled
+        self.store = store  # an open bucket to use (tests inject a faulty one)
+        self._checked = store is not None  # tried once (and said so if there are none)
+        self._next_try = 0.0  # monotonic: when to try to open the bucket again
+        self._lock = asyncio.Lock()
+
+    async def open(self) -> ClaimStore | None:
+        """The bucket, opened if it is time to try (None: no JetStream, or off). Raises a
+        KV error when JetStream is there but the bucket could not be opened."""
+        if self.store is None and time.monotonic() >= self._next_try:
+            async with self._lock:
+                if self.store is None and time.monotonic() >= self._next_try:
+                    await self._open()
+        return self.store
+
+    async def _open(self) -> None:
+        if not self.enabled:
+            self._next_try = math.inf
+            return
+        if not self.nc.is_connected:
+            return
+        # the first look may take the full detection time; a retry (on an order's path)
+        # is kept short: a core-only server answers at once anyway
+        wait_s = CLAIMS_RETRY_DETECT_S if self._checked else DETECT_TIMEOUT_S
+        try:
+            self.store = await ClaimStore.open(self.nc, self.subjects, detect_timeout_s=wait_s)
+        except KV_ERRORS:
+            self._checked = True  # JetStream is there: the bucket failed, try again
+            raise
+        if self.store is not None:
+            if self._checked:  # they were off: say they are back
+                log.info("order_claims_on", bucket=self.store.name)
+        else:
+            self._next_try = time.monotonic() + CLAIMS_RETRY_S
+            if not self._checked:
+                log.warning(
+                    "order_claims_off",
+                    detail="no JetStream: duplicates of one order id in different "
+                    "processes are not deduplicated (docs/protocol.md §8)",
+                )
+        self._checked = True
 
 
 # JetStream's error codes for "not enabled" (a server or an account without it): the only

@@ -107,13 +107,6 @@ class AuctionConfig:
     # With prompt_offers: bids and region releases to a region whose every known supplier
     # process takes Batch messages are sent together, one loop turn later (§4.4.4).
     batch_bids: bool = True
-    # Create the order id's claim while the first bid goes out, instead of before it
-    # (docs/protocol.md §5.3c). Concurrent duplicates of an order not marked retry then each
-    # bid before one of them holds the claim; a worker puts back the hold a loser's bid
-    # replaced when the loser releases (supplier/ledger.py, Hold.replaced), so the winner's
-    # commits find theirs. Off by default: measured no faster at idle (issue 16, sixth
-    # session), and the create's work then competes with the bid's.
-    claim_beside_bid: bool = False
 
 
 class AuctionStateError(BourseError, RuntimeError):

@@ -1,48 +1,48 @@
-"""The auction's NATS shell: runs ``bourse.auction.core.Auction`` (the decisions) on one
-connection (the messages). The exchange runs it, and so can a buyer directly against the
-suppliers ("direct" mode).
+"""The auction's NATS shell: runs the pure cores (the decisions) on one connection (the
+messages). The exchange runs it, and so can a buyer directly against the suppliers
+("direct" mode).
 
-The driver only moves messages: one wildcard inbox subscription per ``Auctioneer`` routes
-each reply to its auction's mailbox; the loop feeds queued replies to the core, performs
-what it decides (publish the bid, request a commit, publish an abort, log), sleeps until the
-core's wake time or the next reply, and feeds the clock. On the way out, whatever happened,
-ONE publish to ``<root>.release.<region>`` drops every other hold of the auction
-(docs/protocol.md §5.2 step 8).
+The driver only moves messages, in two loops. The claim's (``_claimed``) performs what
+``bourse.auction.claiming.Claiming`` decides about the order id's claim: the KV requests
+and their answers, pauses, the auction to run and the order's end. The auction's
+(``_drive``) feeds the replies the inbox (``bourse.auction.inbox``) routed to its mailbox to
+``bourse.auction.core.Auction``, performs what it decides (publish the bid, request a
+commit, publish an abort, log), sleeps until the core's wake time or the next reply, and
+feeds the clock. On the way out, whatever happened, ONE publish to
+``<root>.release.<region>`` drops every other hold of the auction (docs/protocol.md §5.2
+step 8), after the claim's outcome is recorded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
-import math
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 
 import msgspec
 import nats.errors
-import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 from ulid import ULID
 
-from bourse.auction.claims import (
-    KV_TIMEOUT_S,
-    Adopt,
-    Claim,
-    ClaimDecision,
-    ClaimStore,
-    Conflict,
-    Create,
-    TakeOver,
-    Wait,
-    decide,
-    fingerprint,
+from bourse.auction.batches import BatchSender
+from bourse.auction.claiming import (
+    BackOff,
+    Claiming,
+    ClaimRequest,
+    ClaimStep,
+    OpenClaims,
+    ReadClaim,
+    RemoveClaim,
+    RunAuction,
+    RunUnclaimed,
+    Unavailable,
+    Unrecorded,
+    WriteClaim,
 )
+from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprint
 from bourse.auction.core import (
     Auction,
     AuctionConfig,
@@ -54,25 +54,21 @@ from bourse.auction.core import (
     CommitUndecodable,
     Decision,
     Finish,
-    FoldedAuctions,
     Log,
     MachineShown,
     PublishAbort,
     Refuse,
     SendBid,
     SendCommit,
-    Tally,
     VerifyMachine,
     WakeAt,
-    late_releases,
 )
+from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.inbox import Inbox, Mailbox, no_responders, reply_shard, shard_token
+from bourse.auction.responders import Responders
 from bourse.errors import BourseError
-from bourse.nats.jetstream import DETECT_TIMEOUT_S
 from bourse.wire.codec import BadMessage, decode, encode
-from bourse.wire.limits import MAX_BATCH_ITEMS
 from bourse.wire.messages import (
-    Answers,
-    Batch,
     BatchBid,
     CommitReply,
     Error,
@@ -88,142 +84,19 @@ from bourse.wire.messages import (
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import Subjects
 
-__all__ = ["AuctionConfig", "AuctionError", "Auctioneer", "ConflictingOrder"]
+__all__ = [
+    "AuctionConfig",
+    "AuctionError",
+    "Auctioneer",
+    "ConflictingOrder",
+    "UnrecordedPlacement",
+]
 
 log = structlog.get_logger("bourse.auction")
 BoundLogger = structlog.typing.FilteringBoundLogger
 
 
-class AuctionError(BourseError, RuntimeError):
-    """The auction could not run at all (e.g. not connected to NATS)."""
-
-
-class UnrecordedPlacement(BourseError, RuntimeError):
-    """A machine was placed but the order's claim could not be made to name it: the buyer
-    is not told ``Placed`` (a claim that does not name the machine may yet give the order
-    id another one, I3), but to send the order again under the same id, which is answered
-    with this machine or, if it was reclaimed meanwhile, the one the claim names
-    (docs/protocol.md §5.3c)."""
-
-    def __init__(self, placed: Placed, why: str) -> None:
-        super().__init__(
-            f"a machine was placed on worker {placed.worker_id!r} but the order's claim could "
-            f"not be recorded ({why}): send the order again with the same order id (retry), "
-            "which is answered with the order's one machine (docs/protocol.md §5.3c)"
-        )
-
-
-class ConflictingOrder(BourseError, ValueError):
-    """The order id is the idempotency key: reusing it for a different order is an error."""
-
-
-class _Mailbox:
-    """Replies to one auction's inbox (messages, and answers routed to it out of an
-    ``Answers`` message): a deque and at most one waiter (no task per wait)."""
-
-    __slots__ = ("items", "waiter")
-
-    def __init__(self) -> None:
-        self.items: deque[Msg | Offers] = deque()
-        self.waiter: asyncio.Future[None] | None = None
-
-    def put(self, msg: Msg | Offers) -> None:
-        self.items.append(msg)
-        if self.waiter is not None and not self.waiter.done():
-            self.waiter.set_result(None)
-
-    async def wait(self, within_s: float) -> bool:
-        """Wait up to ``within_s`` for a reply; False if none came."""
-        if self.items:
-            return True
-        if within_s <= 0:
-            return False
-        loop = asyncio.get_running_loop()
-        self.waiter = waiter = loop.create_future()
-        timer = loop.call_later(within_s, _wake, waiter)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self.waiter = None
-        return bool(self.items)
-
-
-class _ClaimNotHeld(Exception):
-    """The claim created while the auction bid was not ours: another auction holds the id
-    (``error`` None), or the create failed (``error``: the KV error). Nothing was committed."""
-
-    def __init__(self, error: BaseException | None) -> None:
-        super().__init__(str(error) if error is not None else "claimed by another auction")
-        self.error = error
-
-
-class _ClaimGate:
-    """The order's claim being created (create-if-absent) while its auction bids
-    (docs/protocol.md §5.3c): ``passes`` before the first commit, ``held`` before the
-    result is given, ``stop`` on the way out (it cancels a create still under way). Its
-    task is always awaited or cancelled by the run that made it."""
-
-    __slots__ = ("create", "passed", "revision")
-
-    def __init__(self, create: asyncio.Future[int | None]) -> None:
-        self.create = create
-        self.passed = False  # the claim is held: commits may go out
-        self.revision = 0
-
-    async def passes(self, until: float) -> bool:
-        """Wait for the create until monotonic ``until``: True once it is held; False if it
-        has not answered by then; _ClaimNotHeld if it lost or failed."""
-        if not self.create.done():
-            await asyncio.wait({self.create}, timeout=max(0.0, until - time.monotonic()))
-            if not self.create.done():
-                return False
-        await self.held()
-        return True
-
-    async def held(self) -> int:
-        """The claim's revision once the create answers (bounded by the KV request
-        timeout); _ClaimNotHeld if it lost or failed."""
-        if not self.create.done():
-            await asyncio.wait({self.create})
-        try:
-            revision = self.create.result()
-        except _KV_ERRORS as exc:
-            raise _ClaimNotHeld(exc) from exc
-        if revision is None:
-            raise _ClaimNotHeld(None)
-        self.passed, self.revision = True, revision
-        return revision
-
-    async def stop(self) -> None:
-        """Cancel the create if it is still under way, and wait for it to end."""
-        if not self.create.done():
-            self.create.cancel()
-            await asyncio.wait({self.create})
-        if not self.create.cancelled():
-            self.create.exception()  # retrieved: its outcome no longer matters
-
-
-def _wake(fut: asyncio.Future[None]) -> None:
-    if not fut.done():
-        fut.set_result(None)
-
-
-def _no_responders(msg: Msg) -> bool:
-    """A 503 status: the bid reached nobody on that subject."""
-    return msg.headers is not None and msg.headers.get("Status") == "503"
-
-
-def _shard_token(auction_id: str, shard: int) -> str:
-    """The inbox token of a sampled bid's replies from one shard (auction ids are ULIDs,
-    which have no '-')."""
-    return f"{auction_id}-{shard}"
-
-
-def _reply_shard(subject: str) -> int | None:
-    """The shard whose reply subject (``_shard_token``) ``subject`` is, or None."""
-    dash = subject.rfind("-", subject.rfind(".") + 1)
-    return int(subject[dash + 1 :]) if dash >= 0 else None
+NOT_CONNECTED = "not connected to NATS: refusing to send a bid that may go stale"
 
 
 class Auctioneer:
@@ -244,48 +117,30 @@ class Auctioneer:
         claim_store: ClaimStore | None = None,
     ) -> None:
         self.nc = nc
-        # Order claims in JetStream KV (bourse/auction/claims.py): on when the server has
-        # JetStream, found out at the first order; False: never (per-process dedup only).
-        self.use_claims = claims
-        self._claim_store: ClaimStore | None = None
-        self._claims_checked = False  # tried once (and said so if there are none)
-        self._claims_next_try = 0.0  # monotonic: when to try to open the bucket again
-        self._claims_lock = asyncio.Lock()
-        if claim_store is not None:  # an open bucket to use (tests inject a slow one)
-            self._claim_store, self._claims_checked = claim_store, True
         self.trust = trust
         # Offers dropped by the signature check, by reason (bourse/wire/signing.py).
         self.unverified: Counter[str] = Counter()
         self.subjects = subjects or Subjects()
         self.config = config or AuctionConfig()
+        # Order claims in JetStream KV: on when the server has JetStream, found out at the
+        # first order; ``claims`` False: never (per-process deduplication only).
+        # ``claim_store``: an open bucket to use (tests put a faulty one under it).
+        self.bucket = ClaimBucket(nc, self.subjects, claims, claim_store)
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
-        self._boxes: dict[str, _Mailbox] = {}
-        # Auctions that folded their region release into the commit (§4.6), kept while a
-        # hold of theirs can live, so that a reply that comes too late gets its workers a
-        # release (_late).
-        self._folded = FoldedAuctions()
-        self._sub: Subscription | None = None
-        self._prefix = ""
+        self.inbox = Inbox(nc, self.subjects)
         # Told (region, offers received) as each auction ends: the exchange's metrics.
         self.on_finished: Callable[[str, int], None] | None = None
-        # Prompt answers (docs/protocol.md §4.4.3): per region, the supplier processes seen
-        # answering (responder -> when, monotonic), and until when the region is known to
-        # have a supplier that does not answer promptly (no quorum there meanwhile).
-        self._responders: dict[str, dict[str, _Seen]] = {}
-        # Sampled bids (§5.3a): per region, per shard, the processes seen answering there.
-        self._shard_responders: dict[str, dict[int, dict[str, _Seen]]] = {}
-        self._unranked_until: dict[str, float] = {}
-        # Batches (§4.4.4): bids and region releases queued per region, sent by the flusher
-        # task (owned here, started with the inbox, ended by close) one loop turn later.
-        self._queued: dict[str, tuple[list[BatchBid], list[Release]]] = {}
-        self._wake = asyncio.Event()
-        self._flusher: asyncio.Task[None] | None = None
-        self.batches_sent = 0  # Batch messages published (for tests and the logs)
+        # Who answers each region's bids: the quorum of prompt answers (§4.4.3, §5.3a)
+        # and whether bids go in batches there (§4.4.4).
+        self.responders = Responders()
+        # The batches' sender: its flusher starts with the inbox and ends with close.
+        self.batches = BatchSender(nc, self.subjects)
 
     async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
         order id but a different order (region, resources, image...) is under way here,
-        AuctionError if it cannot run (not connected), UnrecordedPlacement if it placed a
+        AuctionError if it cannot run (not connected, or the order's claim could not be
+        written in its time), UnrecordedPlacement if it placed a
         machine that its claim could not be made to name. A ``Placed`` is returned only
         once the claim names its machine (acknowledged by the server).
         ``spent_ms``: time the order already waited (for admission): the auction's deadline
@@ -307,7 +162,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._run_claimed(order, spent_ms)
+            result = await self._claimed(order, spent_ms)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -317,441 +172,107 @@ class Auctioneer:
         fut.set_result(result)
         return result
 
-    async def _inbox(self) -> str:
-        """One wildcard inbox subscription per Auctioneer; each auction gets a token under it
-        (and ``answers``: the Answers to this Auctioneer's batches)."""
-        if self._sub is None:
-            prefix = self.nc.new_inbox()
-            self._sub = await self.nc.subscribe(prefix + ".*", cb=self._route)
-            self._prefix = prefix
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_batches())
-        return self._prefix
-
-    async def _route(self, msg: Msg) -> None:
-        token = msg.subject[len(self._prefix) + 1 :]
-        if token == ANSWERS_TOKEN:
-            for late in self._route_answers(msg):
-                await self._late(late.auction_id, late)
-            return
-        box = self._boxes.get(token)
-        if box is not None:
-            box.put(msg)
-        elif self._folded:
-            await self._late(token.partition("-")[0], msg.data)  # a shard's token too
-
-    def _route_answers(self, msg: Msg) -> list[Offers]:
-        """One supplier process's answers to the bids of a batch: each to its auction.
-        Returns those whose auction has ended (for ``_late``)."""
-        try:
-            answers = decode(msg.data, Answers)
-        except BadMessage as exc:
-            log.warning("bad_answers", error=str(exc))
-            return []
-        late: list[Offers] = []
-        for offers in answers.answers:
-            box = self._boxes.get(offers.auction_id)
-            if box is not None:
-                box.put(offers)
-            elif self._folded and offers.offers:
-                late.append(offers)
-        return late
-
-    def _fold(self, auction_id: str, order_id: str, hold_ms: int) -> None:
-        """Remember an auction whose release went with its commit, as long as a hold taken
-        for its bid can live (``hold_ms``, plus a margin for a bid received late)."""
-        self._folded.fold(auction_id, order_id, hold_ms, time.monotonic())
-
-    async def _late(self, auction_id: str, reply: bytes | Offers) -> None:
-        """A reply to an auction that has ended: if it folded its release (§4.6), whatever
-        the reply holds goes (a process the auction did not know; protocol.md §5.2 step 8)."""
-        order_id = self._folded.order_of(auction_id, time.monotonic())
-        if order_id is None:
-            return
-        releases = late_releases(reply, order_id, auction_id)
-        if not releases:
-            return
-        log.info(
-            "late_reply_released",
-            order_id=order_id,
-            auction_id=auction_id,
-            workers=[r.worker_id for r in releases],
-        )
-        try:
-            for release in releases:
-                await self.nc.publish(self.subjects.release(release.worker_id), encode(release))
-        except Exception as exc:  # connection lost: the holds fall back to their TTL
-            log.warning("release_failed", order_id=order_id, error=repr(exc))
-
     async def close(self) -> None:
-        if self._flusher is not None:
-            self._flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._flusher
-            self._flusher = None
-        if self._sub is not None:
-            await self._sub.unsubscribe()
-            self._sub = None
+        await self.batches.close()
+        await self.inbox.close()
 
-    # -- batches (docs/protocol.md §4.4.4) ---------------------------------------------------
     def batching(self, region: str) -> bool:
-        """Bids and releases to ``region`` go in batches: every supplier process known there
-        takes them (and none answers without a name)."""
-        if not (self.config.batch_bids and self.config.prompt_offers):
-            return False
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return False
-        seen = [
-            s for s in self._responders.get(region, {}).values() if now - s.at < RESPONDER_MEMORY_S
-        ]
-        return bool(seen) and all(s.batches for s in seen)
+        """Bids and releases to ``region`` go in batches (§4.4.4): every supplier process
+        known there takes them (and none answers without a name)."""
+        return (
+            self.config.batch_bids
+            and self.config.prompt_offers
+            and self.responders.take_batches(region, time.monotonic())
+        )
 
-    def _queue(
-        self, region: str, bid: BatchBid | None = None, release: Release | None = None
-    ) -> None:
-        bids, releases = self._queued.setdefault(region, ([], []))
-        if bid is not None:
-            bids.append(bid)
-        if release is not None:
-            releases.append(release)
-        self._wake.set()
+    def expected_responders(self, region: str) -> frozenset[str]:
+        """The supplier processes that answer a bid in ``region`` (empty: not known, or
+        some supplier there does not answer promptly)."""
+        return self.responders.expected(region, time.monotonic())
 
-    async def _flush_batches(self) -> None:
-        """Send what was queued, a loop turn after it was: whatever the other auctions
-        queued meanwhile goes in the same message (none when idle: a lone bid or release
-        goes as itself)."""
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            queued, self._queued = self._queued, {}
-            for region, (bids, releases) in queued.items():
-                try:
-                    await self._publish_batch(region, bids, releases)
-                except Exception as exc:  # connection lost: bids unanswered, holds expire
-                    log.warning("batch_failed", region=region, bids=len(bids), error=repr(exc))
-
-    async def _publish_batch(
-        self, region: str, bids: list[BatchBid], releases: list[Release]
-    ) -> None:
-        s = self.subjects
-        if len(bids) == 1 and not releases:
-            await self.nc.publish(s.bid(region), encode(bids[0].bid), reply=bids[0].reply)
-            return
-        if not bids and len(releases) == 1:
-            await self.nc.publish(s.region_release(region), encode(releases[0]))
-            return
-        answers_to = f"{self._prefix}.{ANSWERS_TOKEN}"
-        for i in range(0, max(len(bids), len(releases)), MAX_BATCH_ITEMS):
-            batch = Batch(
-                bids=bids[i : i + MAX_BATCH_ITEMS],
-                releases=releases[i : i + MAX_BATCH_ITEMS],
-                answers_to=answers_to,
-            )
-            await self.nc.publish(s.bid_batch(region), encode(batch))
-            self.batches_sent += 1
+    def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
+        """Per shard of ``region``, the supplier processes that answer a sampled bid there;
+        None where no bid is sampled, or none is known."""
+        if not self.config.bid_shards:
+            return None
+        return self.responders.expected_per_shard(region, time.monotonic())
 
     async def claims(self) -> ClaimStore | None:
-        """The claims bucket, opened at the first call (None: no JetStream, or off). A
-        bucket that could not be opened is tried again every ``CLAIMS_RETRY_S`` (a
-        JetStream cluster still electing its leader must not turn claims off for good)."""
-        if self._claim_store is None and time.monotonic() >= self._claims_next_try:
-            async with self._claims_lock:
-                if self._claim_store is None and time.monotonic() >= self._claims_next_try:
-                    await self._open_claims()
-        return self._claim_store
+        """The claims bucket, opened at the first call (None: no JetStream, or off)."""
+        return await self.bucket.open()
 
-    async def _open_claims(self) -> None:
-        if not self.use_claims:
-            self._claims_next_try = math.inf
-            return
+    async def _claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+        """The auction under the order id's claim (docs/protocol.md §5.3c): what
+        ``Claiming`` decides, performed, until the order's end."""
         if not self.nc.is_connected:
-            return
-        # the first look may take the full detection time; a retry (on an order's path)
-        # is kept short: a core-only server answers at once anyway
-        wait_s = CLAIMS_RETRY_DETECT_S if self._claims_checked else DETECT_TIMEOUT_S
-        try:
-            self._claim_store = await ClaimStore.open(
-                self.nc, self.subjects, detect_timeout_s=wait_s
-            )
-        except _KV_ERRORS:
-            self._claims_checked = True  # JetStream is there: the bucket failed, try again
-            raise
-        if self._claim_store is not None:
-            if self._claims_checked:  # they were off: say they are back
-                log.info("order_claims_on", bucket=self._claim_store.name)
-        else:
-            self._claims_next_try = time.monotonic() + CLAIMS_RETRY_S
-            if not self._claims_checked:
-                log.warning(
-                    "order_claims_off",
-                    detail="no JetStream: duplicates of one order id in different "
-                    "processes are not deduplicated (docs/protocol.md §8)",
-                )
-        self._claims_checked = True
-
-    async def _run_claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
-        """The auction under the order id's claim (docs/protocol.md §5.3c): adopt a placed
-        machine, wait for a live auction, take over a dead one's, or claim and run."""
-        if not self.nc.is_connected:
-            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+            raise AuctionError(NOT_CONNECTED)
         # Opening the bucket (once per process, creating it the first time) is not the
-        # order's time: as before claims, the deadline starts after it. An open that fails
-        # is tried again below, within the deadline.
-        store: ClaimStore | None = None
-        with contextlib.suppress(*_KV_ERRORS):
-            store = await self.claims()
-        t0 = time.monotonic()
-        deadline = t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
-        fp = fingerprint(order)
-        grace_ms = int(self.config.commit_grace_ms) + self.config.hold_margin_ms
+        # order's time: the deadline starts after it. An open that failed is tried again
+        # within the deadline (OpenClaims).
+        if self.bucket.store is None:
+            with contextlib.suppress(*KV_ERRORS):
+                await self.bucket.open()
+        opened = self.bucket.store is not None
+        claim = Claiming(order, self.config, str(ULID()), spent_ms=spent_ms, opened=opened)
         olog = log.bind(order_id=order.order_id, region=order.region)
-        # Optimistic: most order ids are new, so try to create the claim before reading
-        # it (one KV round trip saved), while the auction bids (another one off the
-        # critical path); a failed create reads the claim and decides.
-        claim: Claim | None = None
-        revision = 0
-        looked = False
-        auction_id = str(ULID())  # the same across tries: a lost reply to our write is ours
-        # The bids' auction id: the claim's for the first auction; a fresh one for an
-        # auction after an abandoned one, since suppliers ignore a bid whose (order id,
-        # auction id) they were told to release (supplier/host.py). Nothing else needs the
-        # claim's auction id to be the bid's: only this loop reads it (its own lost write).
-        bid_id = auction_id
-        backoff = KV_BACKOFF_S
-        while True:
-            overlap = False
-            try:
-                if store is None:
-                    store = await self.claims()
-                    if store is None:  # no JetStream (or --no-claims): as without claims
-                        spent = spent_ms + (time.monotonic() - t0) * 1e3
-                        return await self._run(order, spent, olog=olog)
-                # With claim_beside_bid, the first try of an order that is not a retry
-                # creates the claim while the auction bids. A retry may well find its id
-                # placed (adopted from the claim without a bid): it creates, then bids.
-                overlap = self.config.claim_beside_bid and not looked and not order.retry
-                if looked:
-                    claim, revision = await store.get(order.order_id)
-                looked = True
-                now = time.monotonic()
-                spent = spent_ms + (now - t0) * 1000.0
-                if claim is not None and claim.auction_id == auction_id:
-                    d: ClaimDecision = Create()  # our own write, whose reply was lost
+        later: list[str] = []  # the auction's region release, once the outcome is recorded
+        try:
+            todo = deque(claim.start())
+            while True:  # the most frequent steps first: this runs for every order
+                d = todo.popleft()
+                if isinstance(d, ClaimRequest):
+                    todo.extend(await self._request(d, claim))
+                elif isinstance(d, RunAuction):
+                    todo.extend(await self._auction(d, claim, olog, later))
+                elif isinstance(d, Finish):
+                    return d.result
+                elif isinstance(d, Log):
+                    getattr(olog, d.level)(d.event, **d.fields)
+                elif isinstance(d, BackOff):
+                    await asyncio.sleep(d.until - time.monotonic())  # a failed request's pause
+                    todo.extend(claim.woke())
+                elif isinstance(d, RunUnclaimed):  # no claims on this server
+                    return await self._run(order, d.spent_ms, olog=olog)
                 else:
-                    d = decide(claim, order, fp, _wall_ms())
-                if now >= deadline and not isinstance(d, Adopt | Conflict):
-                    return _unfilled_waiting(order, spent)  # lost every race to the claim
-                if isinstance(d, Adopt):
-                    olog.info("order_adopted", machine_id=d.placed.machine_id)
-                    return msgspec.structs.replace(
-                        d.placed, existing=True, elapsed_ms=round(spent, 3)
-                    )
-                if isinstance(d, Conflict):
-                    raise ConflictingOrder(d.detail)
-                if isinstance(d, Wait):
-                    until = min(deadline, now + (d.until_ms - _wall_ms()) / 1000.0)
-                    await store.changed(order.order_id, revision, until - now)
-                    continue
-                left_ms = (deadline - now) * 1000.0
-                mine = Claim(
-                    state="auctioning",
-                    auction_id=auction_id,
-                    fingerprint=fp,
-                    until_ms=_wall_ms() + int(left_ms) + grace_ms,
-                )
-                held: int | None = 0  # overlap: created below, while the auction bids
-                if claim is not None and claim.auction_id == auction_id:
-                    held = revision
-                elif not overlap:
-                    held = await store.put(order.order_id, mine, revision)
-                if held is None:
-                    continue  # another process claimed it first: look again
-            except _KV_ERRORS as exc:
-                backoff = await self._claim_failed(exc, deadline, backoff, olog)
-                looked = True
-                continue
-            # A fresh claim means no machine exists for this id (within the window): no
-            # retry gathering. A taken-over one may have a machine: gather as a retry.
-            run = msgspec.structs.replace(order, retry=isinstance(d, TakeOver))
-            later: list[str] = []  # the region release, once the outcome is recorded
-            try:
-                if overlap:
-                    try:
-                        held, result = await self._run_overlapped(
-                            store, run, mine, spent, bid_id, olog, later
-                        )
-                    except _ClaimNotHeld as lost:  # abandoned, nothing committed
-                        await self._release_each(order, later)  # before any backoff
-                        bid_id = str(ULID())
-                        if lost.error is not None:
-                            backoff = await self._claim_failed(lost.error, deadline, backoff, olog)
-                        continue  # look at the claim, as after a create that lost
-                    return await self._settle(store, order, mine, held, result, olog, True)
-                if isinstance(d, TakeOver):
-                    olog.warning("order_claim_taken_over", previous=claim and claim.auction_id)
-                try:
-                    result = await self._run(run, spent, bid_id, olog=olog, later=later)
-                except ConflictingOrder:  # the id names another order's machine (past the
-                    with contextlib.suppress(*_KV_ERRORS):  # window): the claim is not ours
-                        await store.remove(order.order_id, held)
-                    raise
-                fresh = isinstance(d, Create)
-                return await self._settle(store, order, mine, held, result, olog, fresh)
-            finally:
-                await self._release_each(order, later)
-
-    async def _release_each(self, order: PlaceOrder, later: list[str]) -> None:
-        """Publish the region releases ``_run`` left to its caller (once each)."""
-        while later:
-            await self._release(order, later.pop())
-
-    @staticmethod
-    async def _claim_failed(
-        exc: BaseException, deadline: float, backoff: float, olog: BoundLogger
-    ) -> float:
-        """A claim request failed: wait ``backoff`` and say what to wait next time, or
-        raise AuctionError when the order has no time left for another try."""
-        # No claim, no auction: one placed without its claim could be this id's second
-        # machine (I3 before availability). Try again while the order has time (a
-        # JetStream leader election is short), then refuse it.
-        olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-        left = deadline - time.monotonic()
-        if left <= backoff:
-            raise AuctionError(
-                f"order claims unavailable ({str(exc) or type(exc).__name__}): nothing "
-                "was placed; try again (docs/protocol.md §5.3c)"
-            ) from exc
-        await asyncio.sleep(backoff)  # the retry pace, bounded by the deadline
-        return min(2 * backoff, KV_BACKOFF_MAX_S)
-
-    async def _run_overlapped(
-        self,
-        store: ClaimStore,
-        order: PlaceOrder,
-        mine: Claim,
-        spent_ms: float,
-        bid_id: str,
-        olog: BoundLogger,
-        later: list[str],
-    ) -> tuple[int, Placed | Unfilled]:
-        """Create the claim (create-if-absent) while the auction bids: the claim's
-        revision and the auction's result. Nothing is committed before the claim is held
-        (the gate in ``_drive``), and the result is not given before it is known. Raises
-        _ClaimNotHeld when the create lost or failed: the auction was abandoned without a
-        commit (its holds released as always) and the caller looks at the claim.
-        ``later``: as for ``_run`` (the caller publishes the release it names)."""
-        gate = _ClaimGate(asyncio.ensure_future(store.put(order.order_id, mine, 0)))
-        try:
-            result = await self._run(order, spent_ms, bid_id, gate, olog, later)
-            revision = await gate.held()
-        except _ClaimNotHeld:
-            raise
-        except Exception as exc:
-            if gate.passed:  # held, and maybe committed: as without the overlap
-                if isinstance(exc, ConflictingOrder):
-                    with contextlib.suppress(*_KV_ERRORS):
-                        await store.remove(order.order_id, gate.revision)
-                raise
-            # Abandoned before its first commit (a conflicting machine, a lost connection):
-            # if the create lost or failed, the caller goes on as after a lost create; if
-            # it won, nothing was committed under the claim, so it is removed, as _settle
-            # removes a fresh claim of an auction without a commit, and the error stands.
-            revision = await gate.held()
-            with contextlib.suppress(*_KV_ERRORS):
-                await store.remove(order.order_id, revision)
-            raise
+                    raise _refusal(d)
         finally:
-            # The create is owned here: answered by now on every path but one, a
-            # cancellation (the process stopping), which cancels it as a cancel during the
-            # create did before the overlap. A create the server already took leaves an
-            # 'auctioning' claim nobody settles: duplicates wait for its end and then take
-            # it over as a retry (the current takeover semantics; nothing was committed
-            # under it unless the gate was passed, and then the retry adopts the machine).
-            await gate.stop()
-        return revision, result
+            while later:
+                await self._release(order, later.pop())
 
-    async def _settle(
-        self,
-        store: ClaimStore,
-        order: PlaceOrder,
-        mine: Claim,
-        revision: int,
-        result: Placed | Unfilled,
-        olog: BoundLogger,
-        fresh: bool,
-    ) -> Placed | Unfilled:
-        """Record the outcome in the claim and return it: placed (a retry adopts it),
-        unfilled, or removed. ``fresh``: the claim was created by this auction (no machine
-        could exist for the id before it), not taken over from one that may have committed.
-        A ``Placed`` is returned only once the claim names its machine: raises
-        UnrecordedPlacement when it could not be made to (docs/protocol.md §5.3c)."""
-        if isinstance(result, Placed):
-            placed = msgspec.structs.replace(mine, state="placed", placed=result)
-            try:
-                if await self._record(store, order, placed, revision, olog, mine.until_ms):
-                    return result
-                why = "the claim was taken over by another auction"
-            except _KV_ERRORS as exc:
-                why = str(exc) or type(exc).__name__
-            # Not told: the claim stays as it was (auctioning until it expires, then taken
-            # over as a retry's, which adopts this machine from its worker; or reclaimed by
-            # the worker's check when another machine is the claim's) (§5.3c, §5.3d).
-            olog.warning("order_claim_not_recorded", machine_id=result.machine_id, error=why)
-            raise UnrecordedPlacement(result, why)
+    async def _auction(
+        self, d: RunAuction, claim: Claiming, olog: BoundLogger, later: list[str]
+    ) -> list[ClaimStep]:
+        """The auction under the claim; what the claim decides of its end."""
         try:
-            if result.commits_tried == 0 and fresh:
-                await store.remove(order.order_id, revision)  # no machine can exist for it
-            else:
-                # A commit went out and was not placed (if it timed out, the worker may
-                # hold a machine whose abort is lost), or the claim was taken over from an
-                # auction that may have committed one this auction did not hear. The claim
-                # says so: the next attempt takes it over at once and gathers as a retry
-                # (it adopts such a machine), and without one the worker reclaims it
-                # (docs/protocol.md §5.3d). Deleting it would forget that machine.
-                unfilled = msgspec.structs.replace(mine, state="unfilled", until_ms=_wall_ms())
-                await self._record(store, order, unfilled, revision, olog, mine.until_ms)
-        except _KV_ERRORS as exc:  # the buyer may be told Unfilled: no machine is named
-            olog.warning("order_claim_not_recorded", error=str(exc) or type(exc).__name__)
-        return result
+            result = await self._run(d.order, d.spent_ms, claim.auction_id, olog, later)
+        except ConflictingOrder as exc:
+            return claim.refused(str(exc))
+        return claim.ended(result)
 
-    @staticmethod
-    async def _record(
-        store: ClaimStore,
-        order: PlaceOrder,
-        claim: Claim,
-        revision: int,
-        olog: BoundLogger,
-        until_ms: int,
-    ) -> bool:
-        """Write ``claim`` over ours at ``revision``: True once the bucket holds it, False
-        when another auction changed the claim first. A failed write is tried again (after
-        50 ms, doubling up to 400 ms) while the claim is ours, until ``until_ms`` (our
-        claim's end: nobody takes it over before then, and each try is checked against the
-        revision, so a late one never overwrites a taker's). A write the server took but
-        whose answer was lost reads back as ours. Raises the last KV error when time is up."""
-        backoff = KV_BACKOFF_S
-        while True:
-            left = (until_ms - _wall_ms()) / 1000.0
-            try:
-                timeout = min(KV_TIMEOUT_S, max(left, KV_BACKOFF_S))
-                if await store.put(order.order_id, claim, revision, timeout) is not None:
-                    return True
-                now, _ = await store.get(order.order_id)
-                return now is not None and _same_outcome(now, claim)
-            except _KV_ERRORS as exc:
-                left = (until_ms - _wall_ms()) / 1000.0
-                if left <= 0:
-                    raise
-                olog.warning("order_claim_failed", error=str(exc) or type(exc).__name__)
-                await asyncio.sleep(min(backoff, left))  # the last try at the claim's end
-                backoff = min(2 * backoff, KV_BACKOFF_MAX_S)
+    async def _request(self, d: ClaimRequest, claim: Claiming) -> list[ClaimStep]:
+        """One KV request of the claim's; what the claim decides of its answer."""
+        store, order_id = self.bucket.store, claim.order.order_id
+        try:
+            if isinstance(d, OpenClaims):
+                return claim.opened(await self.bucket.open() is not None)
+            assert store is not None  # asked for only once the bucket is open
+            if isinstance(d, WriteClaim):
+                return claim.written(await store.put(order_id, d.claim, d.revision, d.timeout_s))
+            if isinstance(d, ReadClaim):
+                return claim.read(*await store.get(order_id))
+            if isinstance(d, RemoveClaim):
+                await store.remove(order_id, d.revision)
+                return claim.removed()
+            await store.changed(order_id, d.revision, d.until - time.monotonic())
+            return claim.changed()
+        except KV_ERRORS as exc:
+            return claim.failed(str(exc) or type(exc).__name__)
 
     async def _run(
         self,
         order: PlaceOrder,
         spent_ms: float,
         auction_id: str | None = None,
-        gate: _ClaimGate | None = None,
         olog: BoundLogger | None = None,
         later: list[str] | None = None,
     ) -> Placed | Unfilled:
@@ -761,7 +282,7 @@ class Auctioneer:
         supplier process of the region handling the release (one process per worker on
         a few cores: ~2 ms at idle), and the holds it drops live one KV round trip more."""
         if not self.nc.is_connected:
-            raise AuctionError("not connected to NATS: refusing to send a bid that may go stale")
+            raise AuctionError(NOT_CONNECTED)
         auction_id = auction_id or str(ULID())
         check = self.trust.check if self.trust is not None else None
         core = Auction(
@@ -775,82 +296,34 @@ class Auctioneer:
             responders=self.expected_responders(order.region),
             shard_responders=self.expected_shard_responders(order.region),
         )
-        reply_to = f"{await self._inbox()}.{auction_id}"
-        box = self._boxes[auction_id] = _Mailbox()
-        tokens = [_shard_token(auction_id, k) for k in core.shards]
-        for token in tokens:  # a sampled bid's replies, one reply subject per shard
-            self._boxes[token] = box
+        if not self.inbox.prefix:
+            await self.inbox.open()
+            self.batches.start(self.inbox.answers_to)
+        box, reply_to = self.inbox.box(auction_id, core.shards)
         if olog is None:  # bound once per order: a bind costs a fresh logger each time
             olog = log.bind(order_id=order.order_id, region=order.region)
         ended = False
         try:
-            result = await self._drive(core, box, reply_to, olog, gate)
+            result = await self._drive(core, box, reply_to, olog)
             ended = True
             return result
         finally:
-            del self._boxes[auction_id]
-            for token in tokens:
-                del self._boxes[token]
-            self._learn(order.region, core.tally)
+            self.inbox.drop(auction_id, core.shards)
+            self.responders.learn(order.region, core.tally, time.monotonic())
             self.unverified.update(core.tally.unverified)
             if self.on_finished is not None:
                 self.on_finished(order.region, core.tally.offers)
             if not core.release_needed:  # the winner's process dropped the others itself
-                self._fold(auction_id, order.order_id, core.bid.hold_ms)
-                for item in box.items:  # came during the commit: too late for the auction
-                    await self._late(auction_id, item if isinstance(item, Offers) else item.data)
+                await self.inbox.fold(auction_id, order.order_id, core.bid.hold_ms, box.items)
             elif ended and later is not None:
                 later.append(auction_id)
             else:
                 await self._release(order, auction_id)
 
-    def expected_responders(self, region: str) -> frozenset[str]:
-        """The supplier processes that answer a bid in ``region`` (empty: not known, or
-        some supplier there does not answer promptly): those seen within
-        RESPONDER_MEMORY_S."""
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return frozenset()
-        return _recent(self._responders.get(region, {}), now)
-
-    def expected_shard_responders(self, region: str) -> Mapping[int, frozenset[str]] | None:
-        """Per shard of ``region``, the supplier processes that answer a sampled bid there
-        (those seen within RESPONDER_MEMORY_S; a shard with none is not in it), found
-        when asked: an auction asks about its own shards only. None where no bid is
-        sampled, or where some supplier does not answer promptly."""
-        if not self.config.bid_shards:
-            return None
-        now = time.monotonic()
-        if self._unranked_until.get(region, 0.0) > now:
-            return None
-        shards = self._shard_responders.get(region)
-        return _RecentPerShard(shards, now) if shards else None
-
-    def _learn(self, region: str, tally: Tally) -> None:
-        now = time.monotonic()
-        if tally.anonymous:
-            self._unranked_until[region] = now + RESPONDER_MEMORY_S
-        if not tally.responders:
-            return
-        _remember(self._responders.setdefault(region, {}), tally.responders, tally, now)
-        if tally.shard_responders:
-            shards = self._shard_responders.setdefault(region, {})
-            for k, names in tally.shard_responders.items():
-                _remember(shards.setdefault(k, {}), names, tally, now)
-
     async def _drive(
-        self,
-        core: Auction,
-        box: _Mailbox,
-        reply_to: str,
-        olog: BoundLogger,
-        gate: _ClaimGate | None = None,
+        self, core: Auction, box: Mailbox, reply_to: str, olog: BoundLogger
     ) -> Placed | Unfilled:
-        """Feed the core until it finishes, doing what it decides in order. With a
-        ``gate`` (the order's claim still being created), the first commit waits for the
-        claim: held, it goes out (in what is left of its time); lost or failed, the auction
-        is abandoned (_ClaimNotHeld); not written by the deadline, the auction ends
-        unfilled without a commit."""
+        """Feed the core until it finishes, doing what it decides in order."""
         todo: deque[Decision] = deque(core.start())
         while True:
             if not todo:
@@ -859,31 +332,24 @@ class Auctioneer:
             d = todo.popleft()
             if isinstance(d, Finish):
                 return d.result
-            if isinstance(d, SendCommit) and gate is not None and not gate.passed:
-                t = time.monotonic()
-                if not gate.create.done():
-                    olog.debug("commit_awaits_claim")
-                if not await gate.passes(until=core.deadline):
-                    return _unfilled_at_gate(core, olog)
-                d = dataclasses.replace(d, timeout_s=d.timeout_s - (time.monotonic() - t))
             todo.extend(await self._perform(d, core, box, reply_to, olog))
 
     @staticmethod
-    def _feed(core: Auction, box: _Mailbox) -> list[Decision]:
+    def _feed(core: Auction, box: Mailbox) -> list[Decision]:
         """The next queued reply; with none queued, ask what next. Queued replies go first,
         so a commit takes the best offer received so far."""
         if box.items:
             msg = box.items.popleft()
             if isinstance(msg, Offers):  # out of an Answers message
                 return core.offers(msg, time.monotonic())
-            shard = _reply_shard(msg.subject) if core.shards else None
+            shard = reply_shard(msg.subject) if core.shards else None
             return core.bid_reply(
-                msg.data, time.monotonic(), no_responders=_no_responders(msg), shard=shard
+                msg.data, time.monotonic(), no_responders=no_responders(msg), shard=shard
             )
         return core.poll(time.monotonic())
 
     async def _perform(
-        self, d: Decision, core: Auction, box: _Mailbox, reply_to: str, olog: BoundLogger
+        self, d: Decision, core: Auction, box: Mailbox, reply_to: str, olog: BoundLogger
     ) -> list[Decision]:
         """Do one decision; what the core decides next, if the decision fed it an event."""
         if isinstance(d, Log):
@@ -892,11 +358,11 @@ class Auctioneer:
             subjects = d.subjects if isinstance(d, SendBid) else (d.subject,)
             region = core.order.region
             if subjects == (self.subjects.bid(region),) and self.batching(region):
-                self._queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
+                self.batches.queue(region, bid=BatchBid(reply=reply_to, bid=d.bid))
             elif isinstance(d, SendBid) and d.shards:  # one reply subject per shard
                 data = encode(d.bid)
                 for subject, k in zip(subjects, d.shards, strict=True):
-                    await self.nc.publish(subject, data, reply=_shard_token(reply_to, k))
+                    await self.nc.publish(subject, data, reply=shard_token(reply_to, k))
             else:
                 data = encode(d.bid)
                 for subject in subjects:
@@ -942,117 +408,17 @@ class Auctioneer:
         try:
             release = Release(order_id=order.order_id, auction_id=auction_id)
             if self.batching(order.region):
-                self._queue(order.region, release=release)
+                self.batches.queue(order.region, release=release)
                 return
             await self.nc.publish(self.subjects.region_release(order.region), encode(release))
         except Exception as exc:  # connection lost: holds fall back to their TTL
             log.warning("release_failed", order_id=order.order_id, error=repr(exc))
 
 
-# A KV request that failed (timeout, no JetStream responder, an API error): the order is
-# placed without its claim (logged), as on a server without JetStream.
-# Claims that could not be opened (no JetStream yet: a cluster electing its leader, a server
-# restarted without it) are looked for again this often, with a short detection timeout.
-CLAIMS_RETRY_S = 30.0
-# A supplier process not seen answering a region's bids for this long is no longer waited
-# for (a restarted process answers under a new name); a supplier seen answering without a
-# name (an older or foreign one) turns the quorum off in its region this long.
-RESPONDER_MEMORY_S = 10.0
-# The inbox token the Answers to this Auctioneer's batches come to (auction ids are ULIDs).
-ANSWERS_TOKEN = "answers"
-
-
-@dataclass(frozen=True, slots=True)
-class _Seen:
-    """A supplier process seen answering: when, and whether it takes batches."""
-
-    at: float
-    batches: bool
-
-
-class _RecentPerShard(Mapping[int, frozenset[str]]):
-    """Per shard, the supplier processes seen answering there within RESPONDER_MEMORY_S
-    of ``now``, found on lookup (a region of 10,000 single-worker processes would
-    otherwise be walked whole for every auction); a shard with none is absent."""
-
-    def __init__(self, shards: dict[int, dict[str, _Seen]], now: float) -> None:
-        self._shards, self._now = shards, now
-
-    def __getitem__(self, shard: int) -> frozenset[str]:
-        n = _recent(self._shards.get(shard, {}), self._now)
-        if not n:
-            raise KeyError(shard)
-        return n
-
-    def __iter__(self) -> Iterator[int]:
-        return (k for k in list(self._shards) if k in self)
-
-    def __len__(self) -> int:
-        return sum(1 for _ in self)
-
-
-def _recent(seen: dict[str, _Seen], now: float) -> frozenset[str]:
-    """The processes of ``seen`` that answered within RESPONDER_MEMORY_S of ``now``."""
-    return frozenset(r for r, s in seen.items() if now - s.at < RESPONDER_MEMORY_S)
-
-
-def _remember(seen: dict[str, _Seen], names: set[str], tally: Tally, now: float) -> None:
-    """``names`` answered at ``now``; forget the processes of ``seen`` gone quiet for
-    RESPONDER_MEMORY_S (restarted under a new name, or stopped)."""
-    for r in names:
-        seen[r] = _Seen(now, r in tally.batching)
-    if len(seen) > len(names):
-        for r in [r for r, s in seen.items() if now - s.at >= RESPONDER_MEMORY_S]:
-            del seen[r]
-
-
-CLAIMS_RETRY_DETECT_S = 0.25
-# A claim request that fails is tried again after this, doubling up to the max, while the
-# order's deadline allows; then the order is refused (nothing placed without its claim).
-KV_BACKOFF_S = 0.05
-KV_BACKOFF_MAX_S = 0.4
-_KV_ERRORS = (nats.errors.Error, nats.js.errors.Error, asyncio.TimeoutError)
-
-
-def _wall_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def _same_outcome(a: Claim, b: Claim) -> bool:
-    """Whether claim ``a`` is the write ``b``: the same auction, state and machine."""
-    machine = a.placed.machine_id if a.placed is not None else None
-    return (a.auction_id, a.state, machine) == (
-        b.auction_id,
-        b.state,
-        b.placed.machine_id if b.placed is not None else None,
-    )
-
-
-def _unfilled_at_gate(core: Auction, olog: BoundLogger) -> Unfilled:
-    """The auction was ready to commit, but its claim was not written by the deadline:
-    nothing was committed (commits_tried 0), so the claim, once written, is removed."""
-    unfilled = Unfilled(
-        order_id=core.order.order_id,
-        region=core.order.region,
-        reason="deadline",
-        offers=core.tally.offers,
-        commits_tried=0,
-        elapsed_ms=round((time.monotonic() - core.t0) * 1000.0, 3),
-        detail="the order's claim was not written before the deadline: nothing was "
-        "committed (docs/protocol.md §5.3c)",
-    )
-    olog.info("order_unfilled", reason="deadline", offers=unfilled.offers, commits_tried=0)
-    return unfilled
-
-
-def _unfilled_waiting(order: PlaceOrder, spent_ms: float) -> Unfilled:
-    return Unfilled(
-        order_id=order.order_id,
-        region=order.region,
-        reason="deadline",
-        offers=0,
-        commits_tried=0,
-        elapsed_ms=round(spent_ms, 3),
-        detail=f"order id {order.order_id!r} is being placed by another auction, which did "
-        "not finish by this order's deadline; ask again for its outcome",
-    )
+def _refusal(d: Refuse | Unavailable | Unrecorded) -> BourseError:
+    """The error a claim's refusal is raised as."""
+    if isinstance(d, Refuse):
+        return ConflictingOrder(d.detail)
+    if isinstance(d, Unavailable):
+        return AuctionError(d.detail)
+    return UnrecordedPlacement(d.placed, d.why)

@@ -94,8 +94,8 @@ async def test_concurrent_orders_go_in_batches_and_are_all_placed(market: Market
     results = await asyncio.gather(*(client.place(order(order_id=f"o-{i}")) for i in range(40)))
     assert all(isinstance(r, Placed) for r in results)
     assert len({r.machine_id for r in results if isinstance(r, Placed)}) == 40
-    assert auctioneer.batches_sent > 0
-    await wait_until(lambda: len(seen) == auctioneer.batches_sent)
+    assert auctioneer.batches.sent > 0
+    await wait_until(lambda: len(seen) == auctioneer.batches.sent)
     assert max(len(b.bids) for b in seen) >= 2  # several orders' bids in one message
     workers = [w for h in hosts for w in h.workers.values()]
     await wait_until(lambda: all(not w.ledger.holds for w in workers))  # losers released
@@ -125,4 +125,4 @@ async def test_no_batches_where_a_supplier_does_not_take_them(market: Market) ->
     assert not auctioneer.batching("mad")
     results = await asyncio.gather(*(client.place(order(order_id=f"o-{i}")) for i in range(10)))
     assert all(isinstance(r, Placed) for r in results)
-    assert auctioneer.batches_sent == 0
+    assert auctioneer.batches.sent == 0
