@@ -47,9 +47,11 @@ def parse_with_the_real_app(args: list[str], env: dict[str, str]) -> dict[str, A
     try:
         for k, v in env.items():
             mp.setenv(k, v)
-        parent = typer.Context(group, info_name=args[0])
+        # the program's own options (a buyer's connection options are the app's), read
+        # from the environment, then the command's
+        parent = group.make_context(args[0], [args[1]], resilient_parsing=True)
         sub = group.get_command(parent, args[1])
         assert sub is not None, f"{args[0]} has no command {args[1]!r}"
-        return sub.make_context(args[1], args[2:], parent=parent).params
+        return {**parent.params, **sub.make_context(args[1], args[2:], parent=parent).params}
     finally:
         mp.undo()
