@@ -58,6 +58,7 @@ V1_OPTIONAL = ("cpuacct",)  # joined when mounted: its usage counter
 V2_REQUIRED = ("cpu", "memory", "pids")
 CPU_PERIOD_US = 100_000
 CPU_QUOTA_MIN_US = 1_000  # the kernel refuses a CFS quota under 1 ms
+CPU_PERIOD_MAX_US = 1_000_000  # ... and a CFS period over 1 s
 # Below this a cgroup cannot hold a process at all (the kernel's own page tables, the
 # binary); an order asking for less is declined (``too_small_to_confine``).
 MIN_MEMORY_MB = 4
@@ -83,11 +84,17 @@ def limits_for(r: Resources, pids_max: int) -> Limits:
     return Limits(millicores=millis_of(r), memory_bytes=r.memory_mb * MIB, pids=pids_max)
 
 
-def cpu_quota(millicores: int, period_us: int = CPU_PERIOD_US) -> tuple[int, int]:
-    """CFS quota and period for ``millicores`` (1000 = one CPU): 500 -> (50000, 100000)."""
+def cpu_quota(millicores: int) -> tuple[int, int]:
+    """CFS quota and period for ``millicores`` (1000 = one CPU): 500 -> (50000, 100000).
+    A share too small for a 1 ms quota per 100 ms period (under 10 millicores) gets the
+    longest period the kernel allows instead, so it is still exact: 1 -> (1000, 1000000),
+    1 ms of CPU per second."""
     if millicores < 1:
         raise ValueError(f"millicores must be >= 1, not {millicores}")
-    return max(CPU_QUOTA_MIN_US, millicores * period_us // 1000), period_us
+    period = CPU_PERIOD_US
+    if millicores * period // 1000 < CPU_QUOTA_MIN_US:
+        period = CPU_PERIOD_MAX_US  # 1 ms per millicore: at least the minimum quota
+    return millicores * period // 1000, period
 
 
 def v2_files(lim: Limits) -> list[tuple[str, str]]:
