@@ -73,8 +73,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Process driver: how machines are confined (supplier/drivers/confine.py): "auto" takes
     # the first usable of cgroup2, cgroup1, rlimit; naming one forces it (an error at start
     # if the host cannot). pids_max: each machine's process limit. cgroup_parent: the cgroup
-    # (from the hierarchy's root) under which the worker makes bourse/<worker_id>/; default
-    # the supplier's own cgroup.
+    # (from the hierarchy's root) under which the worker makes bourse/<owner>/<worker_id>/
+    # (owner: its supplier's data dir, hashed); default the supplier's own cgroup.
     confine: ConfineChoice = "auto"
     pids_max: Annotated[int, msgspec.Meta(ge=8, le=4_194_304)] = DEFAULT_PIDS_MAX
     cgroup_parent: Annotated[str, msgspec.Meta(max_length=1024)] = ""
@@ -161,7 +161,7 @@ def check_workers(workers: list[WorkerConfig]) -> None:
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
         if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it
-            try:
-                Confiner.probe(w.confine, w.worker_id, w.pids_max, w.cgroup_parent)
+            try:  # (whether it does: no owner needed, nothing is made)
+                Confiner.probe(w.confine, w.worker_id, owner="", cgroup_parent=w.cgroup_parent)
             except ConfineError as exc:
                 raise ConfigError(f"worker {w.worker_id}: {exc}") from None

@@ -35,7 +35,7 @@ from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
 from supplier.drivers import Driver
-from supplier.drivers.confine import Confiner, Exit, Mechanism
+from supplier.drivers.confine import Confiner, Exit, Mechanism, owner_of
 from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
 from supplier.drivers.sim import SimDriver
 from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
@@ -59,9 +59,16 @@ def make_driver(
     cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn, on_restart: RestartFn
 ) -> Driver:
     """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/;
-    process machines are confined as the host allows (supplier/drivers/confine.py)."""
+    process machines are confined as the host allows (supplier/drivers/confine.py), in
+    cgroups of the supplier that owns ``data_dir``."""
     if cfg.driver == "process":
-        confiner, _ = Confiner.probe(cfg.confine, cfg.worker_id, cfg.pids_max, cfg.cgroup_parent)
+        confiner, _ = Confiner.probe(
+            cfg.confine,
+            cfg.worker_id,
+            owner=owner_of(data_dir),
+            pids_max=cfg.pids_max,
+            cgroup_parent=cfg.cgroup_parent,
+        )
         return ProcessDriver(
             cfg.catalog,
             data_dir / "machines" / cfg.worker_id,
