@@ -32,6 +32,7 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
+from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
 from supplier.pricing import PricingConfig, build_curves
 
 # The longest a worker holds capacity for a bid it offers on, whatever the bid's hold_ms
@@ -80,10 +81,24 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     cgroup_parent: Annotated[str, msgspec.Meta(max_length=1024)] = ""
     # Cap on a bid's hold_ms here; unset: supplier run --max-hold-ms, else DEFAULT_MAX_HOLD_MS.
     max_hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)] | None = None
+    # Process driver: a machine's output is kept in two files of at most machine_log_mb MiB
+    # each (<id>.log, <id>.log.1); all the worker's machine logs together take at most
+    # worker_log_mb MiB (supplier/drivers/output.py). Unset: supplier run --machine-log-mb /
+    # --worker-log-mb, else DEFAULT_MACHINE_LOG_MB / DEFAULT_WORKER_LOG_MB.
+    machine_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] | None = None
+    worker_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
 
     @property
     def hold_cap_ms(self) -> int:
         return self.max_hold_ms if self.max_hold_ms is not None else DEFAULT_MAX_HOLD_MS
+
+    @property
+    def log_caps(self) -> LogCaps:
+        """How much of its machines' output the worker keeps on disk."""
+        return LogCaps(
+            machine_mb=self.machine_log_mb or DEFAULT_MACHINE_LOG_MB,
+            worker_mb=self.worker_log_mb or DEFAULT_WORKER_LOG_MB,
+        )
 
     @property
     def image_budget_mb(self) -> int:

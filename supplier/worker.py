@@ -75,6 +75,7 @@ def make_driver(
             on_exit,
             confiner=confiner,
             on_restart=on_restart,
+            log_caps=cfg.log_caps,
         )
     sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
     return SimDriver(cfg.pull_mb_per_s, sizes)

@@ -160,6 +160,6 @@ def test_logs_since_returns_complete_lines_after_an_offset(tmp_path: Path) -> No
     with d.log_path("m").open("ab") as f:
         f.write(b"ee\n" + b"x" * 40 + b"\n")
     assert d.logs("m", 100, 1024, since=8) == (["three", "x" * 40], False, 55)
-    assert d.logs("m", 100, 16, since=14) == (["x" * 16], True, 30)  # over-long: cut
+    assert d.logs("m", 100, 16, since=14) == (["x" * 16 + " [...]"], True, 30)  # cut: marked
     assert d.logs("m", 100, 1024, since=999) == ([], False, 55)  # past the end: the end
     assert d.logs("nope", 100, 1024, since=0) == ([], False, 0)
