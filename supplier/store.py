@@ -15,10 +15,12 @@ when busy, for fewer fsyncs. A lone write on an idle store never waits.
 sent after it survives kill -9 (I2). The event loop never blocks on the disk.
 
 Health: a write that fails (disk full, read-only or moved file, I/O error) sets
-``store.failure``; the host then drains its workers (no offers for capacity it could not
-commit) and calls ``probe()`` until a test transaction that needs fresh space succeeds
-again. ``max_db_mb`` caps the file (``PRAGMA max_page_count``): past it SQLite reports
-"database or disk is full", the same path as a full disk.
+``store.failure``, and only a probe clears it (a lone write that fits in a free page proves
+little): the host then drains its workers (no offers for capacity it could not commit) and
+calls ``probe()`` until a test transaction that needs fresh space succeeds again; then it
+lifts the drain and records what its machines did meanwhile. ``max_db_mb`` caps the file
+(``PRAGMA max_page_count``): past it SQLite reports "database or disk is full", the same
+path as a full disk.
 """
 
 from __future__ import annotations
@@ -322,7 +324,6 @@ class Store:
                 self.on_commit(time.perf_counter() - t0)
             self.batches += 1
             self.writes += len(batch)
-            self.failure = ""
             if rows and self.on_events is not None:
                 # before the waiters: an event is queued before the reply that announces it
                 batch[0][2].call_soon_threadsafe(self.on_events, rows)

@@ -205,7 +205,10 @@ class Worker:
             self.set_draining(f"{STORE_DRAIN}{reason}")
 
     def store_recovered(self) -> bool:
-        """Lift a drain that a store failure caused (never one the operator configured)."""
+        """The store takes writes again: record what happened to machines meanwhile, and
+        lift a drain that the failure caused (never one the operator configured)."""
+        if self.keeper.facts:
+            self.keeper.spawn(self.keeper.record_facts())
         if not (self.draining and self.drain_reason.startswith(STORE_DRAIN)):
             return False
         self.draining = False

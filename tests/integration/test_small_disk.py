@@ -7,7 +7,9 @@ recorded once the room is back."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -15,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from bourse.client import BourseClient
+from bourse.client import BourseClient, ClientError
 from bourse.wire.messages import Placed
 from supplier.drivers.output import MIB
+from supplier.drivers.process import ProcessDriver
 from supplier.host import SupplierHost
 from tests.market import Market, order, worker
 
@@ -104,4 +107,55 @@ async def test_a_machine_printing_in_a_loop_cannot_fill_its_suppliers_disk(
     assert gone.truncated and gone.lines and gone.end is not None
     follow = await client.logs(chatty, since=gone.end)  # and on from there, as --follow does
     assert follow.lines and follow.end is not None and follow.end > gone.end
+    assert market.violations() == []
+
+
+def _fill(disk: Path) -> Path:
+    """Take every byte left on ``disk`` with one file (as another program would)."""
+    fill = disk / "fill"
+    with fill.open("wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * MIB)
+                f.flush()
+        except OSError:
+            pass
+    return fill
+
+
+async def test_an_exit_while_the_store_is_full_is_recorded_once_room_is_back(
+    small_disk: Path, market: Market
+) -> None:
+    host, client = await _supplier(market, small_disk)
+    quiet = await _started(client, "quiet", "quiet")
+    driver = host.workers["d1"].driver
+    assert isinstance(driver, ProcessDriver)
+    pid = driver.pid(quiet)
+    assert pid is not None
+    fill = await asyncio.to_thread(_fill, small_disk)
+    os.kill(pid, signal.SIGKILL)  # the machine ends while its record cannot be written
+
+    async def drained() -> bool:
+        [status] = await client.status("mad")
+        return status.draining and "full" in status.drain_reason
+
+    await _until("the worker to drain", drained, 10)
+    assert (await client.machine("get", quiet)).state == "started"  # not recorded yet
+    with pytest.raises(ClientError) as refused:  # refused before it touches the machine
+        await client.machine("destroy", quiet)
+    print(f"destroy while full: {refused.value}")
+    assert "store refuses writes" in str(refused.value) and "again" in str(refused.value)
+    fill.unlink()
+
+    async def recorded() -> bool:
+        return (await client.machine("get", quiet)).state == "failed"
+
+    await _until("the exit to be recorded", recorded, 10)
+    m = await client.machine("get", quiet)
+    assert m.last_exit is not None and (m.last_exit.reason, m.last_exit.signal) == ("signal", 9)
+    ops = [op for _, op, _, mid, _ in host.store.oplog("d1") if mid == quiet]
+    assert ops == ["place", "start", "start", "failed"]  # once, in order
+    [status] = await client.status("mad")
+    assert not status.draining
+    assert (await client.machine("destroy", quiet)).state == "destroyed"
     assert market.violations() == []
