@@ -58,7 +58,6 @@ DEFAULT_WORKER_LOG_MB = 1024
 # waits there while the pump catches up; the kernel's default is 64 KiB).
 CHUNK = 64 * 1024
 PIPE_BYTES = 1024 * 1024
-F_SETPIPE_SZ = 1031  # fcntl.F_SETPIPE_SZ (Linux; named in the fcntl module from 3.10 only)
 RATE_BYTES_S = 8 * MIB
 BURST_BYTES = 2 * MIB
 # Stored after the part of a line longer than a log file that is kept.
@@ -206,11 +205,9 @@ class Logs:
 
     def __init__(self, log_dir: Path, caps: LogCaps) -> None:
         self.log_dir = log_dir
-        self.caps = caps
         self.file_bytes = caps.machine_mb * MIB
         self.worker_bytes = caps.worker_mb * MIB
         self.total = 0  # bytes of every machine log in log_dir (counted at the pump's start)
-        self.stored = 0  # bytes stored since then
         self.left_out = 0  # bytes left out since then (over the worker's budget, disk full)
         self._lock = threading.Lock()
         self._machines: dict[str, _Machine] = {}
@@ -279,7 +276,6 @@ class Logs:
                 return False
             m.size += written
             self.total += written
-            self.stored += written
             m.ends_line = part[written - 1 : written] == b"\n" if written else m.ends_line
             if written < len(part):  # the disk took only part of it
                 m.why = os.strerror(errno.ENOSPC)
@@ -295,8 +291,15 @@ class Logs:
         with self._lock:
             m.base += m.old
             self.total -= m.old
-            os.replace(m.path, _old(m.path))
-            m.old, m.size = m.size, 0
+            try:
+                os.replace(m.path, _old(m.path))
+                m.old = m.size
+            except FileNotFoundError:  # removed by hand: what both files held is gone
+                _old(m.path).unlink(missing_ok=True)
+                m.base += m.size
+                self.total -= m.size
+                m.old = 0
+            m.size = 0
             _write_base(m.path, m.base)
 
     def _drop_old(self, m: _Machine) -> None:
@@ -442,7 +445,7 @@ class Pump:
         ``header`` (stored first)."""
         r, w = os.pipe()
         with contextlib.suppress(OSError):  # a bigger pipe absorbs a burst; not essential
-            fcntl.fcntl(w, F_SETPIPE_SZ, PIPE_BYTES)
+            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         os.set_blocking(r, False)
         self._call(lambda: self._attach(machine_id, r, header))
         return w
@@ -484,6 +487,8 @@ class Pump:
                     else:
                         self._read(key.fd)
                 self._resume_due()
+        except Exception as exc:  # never silently: every machine's output stops here
+            log.error("output_pump_failed", log_dir=str(self.logs.log_dir), error=repr(exc))
         finally:
             for fd in list(self._pipes):
                 self._end(fd)
