@@ -49,6 +49,7 @@ from supplier.config import (
     check_workers,
     load_fleet,
 )
+from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
 from supplier.host import (
     DEFAULT_MAX_BID_BACKLOG,
     DEFAULT_MAX_OFFERS,
@@ -152,6 +153,25 @@ def run_cmd(
             f"worker's own max_hold_ms wins) [default: {DEFAULT_MAX_HOLD_MS}]",
         ),
     ] = None,
+    machine_log_mb: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="MIB",
+            help="Keep a process machine's output in two files of at most this many MiB "
+            "each, rotated (a fleet worker's own machine_log_mb wins) "
+            f"[default: {DEFAULT_MACHINE_LOG_MB}]",
+        ),
+    ] = None,
+    worker_log_mb: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="MIB",
+            help="Keep at most this many MiB of output of all a worker's machines together "
+            f"(a fleet worker's own worker_log_mb wins) [default: {DEFAULT_WORKER_LOG_MB}]",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -192,8 +212,13 @@ def run_cmd(
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
-        if max_hold_ms is not None:  # a worker's own max_hold_ms (fleet file) wins
-            workers = [_hold_cap(w, max_hold_ms) for w in workers]
+        # a worker's own settings (fleet file) win over these flags
+        flags = {
+            "max_hold_ms": max_hold_ms,
+            "machine_log_mb": machine_log_mb,
+            "worker_log_mb": worker_log_mb,
+        }
+        workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
         subjects = Subjects(prefix)
         metrics_at = parse_addr(metrics_addr)
@@ -309,6 +334,8 @@ def main() -> None:
     cli_main(app)
 
 
-def _hold_cap(w: WorkerConfig, max_hold_ms: int) -> WorkerConfig:
-    """``--max-hold-ms`` for a worker that does not set its own ``max_hold_ms``."""
-    return w if w.max_hold_ms is not None else msgspec.structs.replace(w, max_hold_ms=max_hold_ms)
+def _unset_from(w: WorkerConfig, flags: dict[str, int | None]) -> WorkerConfig:
+    """``w`` with each of its settings it leaves unset taken from the flag of that name
+    (given: not None)."""
+    unset = {k: v for k, v in flags.items() if v is not None and getattr(w, k) is None}
+    return msgspec.structs.replace(w, **unset) if unset else w

@@ -184,7 +184,8 @@ class CommitDesk:
         return result
 
     def _reserved(self, c: Commit, h: Hold) -> Machine:
-        """The machine a commit places: ``reserved``, with the hold's score."""
+        """The machine a commit places: ``reserved``, with the hold's score and its bid's
+        constraints (a later order under the same id is checked against them, §5.3b)."""
         at = now_ms()
         return Machine(
             machine_id=new_machine_id(self.w.worker_id),
@@ -198,6 +199,7 @@ class CommitDesk:
             score=h.score,
             created_at_ms=at,
             updated_at_ms=at,
+            constraints=dict(h.constraints),
         )
 
     async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:

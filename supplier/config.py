@@ -32,6 +32,7 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
+from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
 from supplier.pricing import PricingConfig, build_curves
 
 # The longest a worker holds capacity for a bid it offers on, whatever the bid's hold_ms
@@ -73,17 +74,31 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Process driver: how machines are confined (supplier/drivers/confine.py): "auto" takes
     # the first usable of cgroup2, cgroup1, rlimit; naming one forces it (an error at start
     # if the host cannot). pids_max: each machine's process limit. cgroup_parent: the cgroup
-    # (from the hierarchy's root) under which the worker makes bourse/<worker_id>/; default
-    # the supplier's own cgroup.
+    # (from the hierarchy's root) under which the worker makes bourse/<owner>/<worker_id>/
+    # (owner: its supplier's data dir, hashed); default the supplier's own cgroup.
     confine: ConfineChoice = "auto"
     pids_max: Annotated[int, msgspec.Meta(ge=8, le=4_194_304)] = DEFAULT_PIDS_MAX
     cgroup_parent: Annotated[str, msgspec.Meta(max_length=1024)] = ""
     # Cap on a bid's hold_ms here; unset: supplier run --max-hold-ms, else DEFAULT_MAX_HOLD_MS.
     max_hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)] | None = None
+    # Process driver: a machine's output is kept in two files of at most machine_log_mb MiB
+    # each (<id>.log, <id>.log.1); all the worker's machine logs together take at most
+    # worker_log_mb MiB (supplier/drivers/output.py). Unset: supplier run --machine-log-mb /
+    # --worker-log-mb, else DEFAULT_MACHINE_LOG_MB / DEFAULT_WORKER_LOG_MB.
+    machine_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] | None = None
+    worker_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
 
     @property
     def hold_cap_ms(self) -> int:
         return self.max_hold_ms if self.max_hold_ms is not None else DEFAULT_MAX_HOLD_MS
+
+    @property
+    def log_caps(self) -> LogCaps:
+        """How much of its machines' output the worker keeps on disk."""
+        return LogCaps(
+            machine_mb=self.machine_log_mb or DEFAULT_MACHINE_LOG_MB,
+            worker_mb=self.worker_log_mb or DEFAULT_WORKER_LOG_MB,
+        )
 
     @property
     def image_budget_mb(self) -> int:
@@ -161,7 +176,7 @@ def check_workers(workers: list[WorkerConfig]) -> None:
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
         if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it
-            try:
-                Confiner.probe(w.confine, w.worker_id, w.pids_max, w.cgroup_parent)
+            try:  # (whether it does: no owner needed, nothing is made)
+                Confiner.probe(w.confine, w.worker_id, owner="", cgroup_parent=w.cgroup_parent)
             except ConfineError as exc:
                 raise ConfigError(f"worker {w.worker_id}: {exc}") from None

@@ -526,6 +526,7 @@ class Desk(Generic[S]):
             q.cached,
             bid.auction_id,
             replaced,
+            bid.constraints,
         )
         if not ledger.hold(hold):
             return None

@@ -25,6 +25,7 @@ class Hold:
     __slots__ = (
         "auction_id",
         "committing",
+        "constraints",
         "expires_at",
         "image_cached",
         "order_id",
@@ -44,6 +45,7 @@ class Hold:
         image_cached: bool,
         auction_id: str,
         replaced: Hold | None = None,
+        constraints: dict[str, str] | None = None,
     ) -> None:
         self.order_id = order_id
         self.want = want
@@ -57,6 +59,8 @@ class Hold:
         # the place of (a concurrent duplicate's): it comes back if this auction releases
         # first, so one auction's release never drops what another still counts on.
         self.replaced = replaced
+        # The bid's constraints: the machine a commit makes of this hold records them.
+        self.constraints = constraints or {}
 
 
 class Ledger:

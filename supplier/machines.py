@@ -7,6 +7,12 @@ op log before it is reported.
 
 Each machine has its own lock, so a slow pull on one machine never delays another.
 
+What happened while the store refused writes is not lost: a process that ended for good, or
+a stop or destroy whose process is already gone, is kept as an unrecorded fact and written
+once the store takes writes again (:meth:`Machines.record_facts`, on the store probe's
+success); a destroy asked while the store refuses writes is refused before it touches the
+machine.
+
 Background lifecycle work (a process exit, an abort) and the driver's own tasks run in the
 task group of :meth:`Machines.run`, which the supplier host starts before it serves and
 ends with :meth:`Machines.close` when it stops.
@@ -16,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -39,6 +46,20 @@ AnnounceFn = Callable[[Event], None]
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
 # How long a stop waits for the lifecycle work under way (a store write each) to finish.
 LIFECYCLE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class Fact:
+    """A change that happened to a machine in state ``was`` (its process ended, or a stop or
+    destroy took it) while the store refused its record: ``_record``'s arguments, kept to
+    be written later (the events keep their time)."""
+
+    was: str
+    state: str
+    op: str
+    detail: str = ""
+    events: tuple[Event, ...] = ()
+    changes: dict[str, Any] = field(default_factory=dict)
 
 
 def last_exit(how: Exit) -> LastExit:
@@ -74,6 +95,8 @@ class Machines:
         self._running = False  # run() is under way (its driver started), not yet ending
         self._scope: anyio.CancelScope | None = None  # run()'s shield, cancelled by close()
         self._closing = False
+        # machine id -> what happened to it that the store has not recorded yet
+        self.facts: dict[str, Fact] = {}
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
     def lock(self, machine_id: str) -> asyncio.Lock:
@@ -126,6 +149,44 @@ class Machines:
             self.announce(e)
         return new
 
+    async def _record_fact(self, m: Machine, fact: Fact) -> Machine:
+        """Record what already happened to ``m``; if the store refuses, keep it for
+        :meth:`record_facts` (and raise StoreError all the same)."""
+        try:
+            return await self._record(
+                m, fact.state, fact.op, fact.detail, fact.events, **fact.changes
+            )
+        except StoreError as exc:
+            self.facts[m.machine_id] = fact
+            self.on_store_error(str(exc))
+            self.log.warning(
+                "machine_change_unrecorded", machine_id=m.machine_id, op=fact.op, error=str(exc)
+            )
+            raise
+
+    async def record_facts(self) -> None:
+        """Write what happened while the store refused writes (the store takes them again),
+        each unless its machine has moved on since; stops at the first refusal."""
+        for machine_id, fact in list(self.facts.items()):
+            async with self.lock(machine_id):
+                if self.facts.get(machine_id) is not fact:
+                    continue
+                m = self.by_id.get(machine_id)
+                if m is None or m.state != fact.was:
+                    del self.facts[machine_id]
+                    continue
+                try:
+                    new = await self._record(
+                        m, fact.state, fact.op, fact.detail, fact.events, **fact.changes
+                    )
+                except StoreError as exc:
+                    self.on_store_error(str(exc))
+                    return
+                del self.facts[machine_id]
+                if new.state == "destroyed":
+                    self.on_destroyed(new)
+            self.log.warning("machine_change_recorded", machine_id=machine_id, op=fact.op)
+
     # -- verbs ------------------------------------------------------------------------------------
     async def transition(self, verb: str, machine_id: str) -> Machine | Error:
         async with self.lock(machine_id):
@@ -138,6 +199,12 @@ class Machines:
                 return Error(code="bad_request", detail=str(exc))
             if to == m.state:
                 return m
+            if verb == "destroy" and self.store.failure:  # it could not be recorded: refuse
+                return Error(  # before the machine is touched
+                    code="internal",
+                    detail=f"cannot destroy {machine_id}: the worker's store refuses writes "
+                    f"({self.store.failure}); destroy it again once the store has room",
+                )
             try:
                 m = await self._run(verb, m, to)
             except StoreError as exc:
@@ -158,7 +225,7 @@ class Machines:
         else:
             await self.driver.destroy(m)
         done = self.event(EVENT_OF[verb], m.order_id, m.machine_id, "")
-        m = await self._record(m, to, verb, events=(done,))
+        m = await self._record_fact(m, Fact(m.state, to, verb, events=(done,)))
         if to == "destroyed":
             self.on_destroyed(m)
         return m
@@ -270,11 +337,11 @@ class Machines:
             detail = how.describe()
             state, op = ("failed", "failed") if how.failed else ("stopped", "exited")
             ev = self.event(state, m.order_id, machine_id, detail)
+            ended = Fact("started", state, op, detail, (ev,), {"last_exit": last_exit(how)})
             try:
-                await self._record(m, state, op, detail, (ev,), last_exit=last_exit(how))
-            except StoreError as exc:
-                self.on_store_error(str(exc))
-                return
+                await self._record_fact(m, ended)
+            except StoreError:
+                return  # recorded once the store takes writes again
         self.log.info("machine_" + op, machine_id=machine_id, exit=detail)
 
     async def _restarted(self, machine_id: str, how: Exit, restarts: int) -> None:

@@ -98,11 +98,11 @@ class EventOutbox:
     """Publishes the store's outbox rows, in order, exactly once.
 
     Each row is an event written in the same SQLite transaction as the state change it
-    reports (supplier/store.py). With JetStream, a row is published with ``Nats-Msg-Id:
-    <worker_id>:<row id>`` and deleted only after the stream's ack; a row whose ack was
-    lost (a timeout, a reconnect, kill -9) is published again and the stream drops it as a
-    duplicate. Without JetStream (detected once at start, said once in the log) rows go out
-    as plain publishes, at-most-once as before, and are deleted at once.
+    reports (supplier/store.py). With JetStream, a row is published with its
+    ``Nats-Msg-Id`` (``OutboxRow.msg_id``) and deleted only after the stream's ack; a row
+    whose ack was lost (a timeout, a reconnect, kill -9) is published again and the stream
+    drops it as a duplicate. Without JetStream (detected once at start, said once in the
+    log) rows go out as plain publishes, at-most-once as before, and are deleted at once.
 
     The pump runs shielded in the host's task group, like :class:`Outbox`, so the events of
     a stop still go out; what :meth:`close` cannot send in its bound stays in the table for

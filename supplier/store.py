@@ -15,10 +15,12 @@ when busy, for fewer fsyncs. A lone write on an idle store never waits.
 sent after it survives kill -9 (I2). The event loop never blocks on the disk.
 
 Health: a write that fails (disk full, read-only or moved file, I/O error) sets
-``store.failure``; the host then drains its workers (no offers for capacity it could not
-commit) and calls ``probe()`` until a test transaction that needs fresh space succeeds
-again. ``max_db_mb`` caps the file (``PRAGMA max_page_count``): past it SQLite reports
-"database or disk is full", the same path as a full disk.
+``store.failure``, and only a probe clears it (a lone write that fits in a free page proves
+little): the host then drains its workers (no offers for capacity it could not commit) and
+calls ``probe()`` until a test transaction that needs fresh space succeeds again; then it
+lifts the drain and records what its machines did meanwhile. ``max_db_mb`` caps the file
+(``PRAGMA max_page_count``): past it SQLite reports "database or disk is full", the same
+path as a full disk.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import secrets
 import sqlite3
 import threading
 import time
@@ -67,16 +70,22 @@ CREATE UNIQUE INDEX IF NOT EXISTS machines_live_order
     ON machines (worker_id, order_id) WHERE state != 'destroyed';
 CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
 -- The event outbox: each event of a committed change, written in the change's transaction,
--- deleted once JetStream acknowledged it (supplier/outbox.py EventOutbox). AUTOINCREMENT:
--- an id is never reused, so "<worker_id>:<id>" is a stable message id for deduplication.
+-- deleted once JetStream acknowledged it (supplier/outbox.py EventOutbox). Its message id
+-- for deduplication is "<worker_id>:<run>:<id>" (OutboxRow.msg_id): AUTOINCREMENT never
+-- reuses an id in this file, and ``run`` (random, new each time the store is opened)
+-- keeps a fresh or restored file's ids apart from every id another file published.
 CREATE TABLE IF NOT EXISTS outbox (
     id         INTEGER PRIMARY KEY AUTOINCREMENT,
     worker_id  TEXT    NOT NULL,
     region     TEXT    NOT NULL,
     kind       TEXT    NOT NULL,
-    event      BLOB    NOT NULL
+    event      BLOB    NOT NULL,
+    run        TEXT    NOT NULL DEFAULT ''
 );
 """
+# An outbox of a store made before ``run`` existed gets the column (its rows keep '': their
+# message ids stay "<worker_id>:<id>", as they may have been published under them).
+OUTBOX_RUN = "ALTER TABLE outbox ADD COLUMN run TEXT NOT NULL DEFAULT ''"
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
@@ -119,10 +128,14 @@ class OutboxRow:
     region: str
     kind: str
     data: bytes
+    run: str = ""  # the store opening that wrote it ("": a row of an older supplier)
 
     @property
     def msg_id(self) -> str:
-        return f"{self.worker_id}:{self.id}"
+        """Unique across data dirs: a fresh one restarts the row ids at 1."""
+        if not self.run:
+            return f"{self.worker_id}:{self.id}"
+        return f"{self.worker_id}:{self.run}:{self.id}"
 
 
 # Told (on the writer's event loop, before the writes' waiters) the outbox rows a group
@@ -147,10 +160,14 @@ class Store:
         self.max_db_mb = max_db_mb
         # Why the last write failed ("" while healthy); set by the writer thread.
         self.failure = ""
+        # This opening's name in the message ids of the events it writes (OutboxRow.msg_id).
+        self.run = secrets.token_hex(6)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             with self._connect() as conn:
                 conn.executescript(SCHEMA)
+                if "run" not in {c[1] for c in conn.execute("PRAGMA table_info(outbox)")}:
+                    conn.execute(OUTBOX_RUN)
             st = os.stat(self.path)
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
@@ -206,7 +223,7 @@ class Store:
         conn = self._connect()
         try:
             rows = conn.execute(
-                "SELECT id, worker_id, region, kind, event FROM outbox ORDER BY id"
+                "SELECT id, worker_id, region, kind, event, run FROM outbox ORDER BY id"
             ).fetchall()
         finally:
             conn.close()
@@ -302,12 +319,11 @@ class Store:
                 raise sqlite3.OperationalError("database could not be opened")
             self._check_identity()
             t0 = time.perf_counter()
-            rows = self._apply(conn, [op for ops, _, _ in batch for op in ops], forget)
+            rows = self._apply(conn, [op for ops, _, _ in batch for op in ops], self.run, forget)
             if self.on_commit is not None:  # metrics: the transaction and its fsync
                 self.on_commit(time.perf_counter() - t0)
             self.batches += 1
             self.writes += len(batch)
-            self.failure = ""
             if rows and self.on_events is not None:
                 # before the waiters: an event is queued before the reply that announces it
                 batch[0][2].call_soon_threadsafe(self.on_events, rows)
@@ -375,10 +391,11 @@ class Store:
 
     @staticmethod
     def _apply(
-        conn: sqlite3.Connection, ops: list[Op], forget: Sequence[int] = ()
+        conn: sqlite3.Connection, ops: list[Op], run: str, forget: Sequence[int] = ()
     ) -> list[OutboxRow]:
-        """One transaction: the ops (op log, machines, their events into the outbox) and
-        the deletes of acknowledged outbox rows; returns the outbox rows it wrote."""
+        """One transaction: the ops (op log, machines, their events into the outbox, marked
+        with the store's ``run``) and the deletes of acknowledged outbox rows; returns the
+        outbox rows it wrote."""
         at = now_ms()
         rows: list[OutboxRow] = []
         conn.execute("BEGIN IMMEDIATE")
@@ -403,12 +420,12 @@ class Store:
                 for e in op.events:
                     data = _enc.encode(e)
                     cur = conn.execute(
-                        "INSERT INTO outbox (worker_id, region, kind, event) VALUES (?, ?, ?, ?)",
-                        (e.worker_id, e.region, e.kind, data),
+                        "INSERT INTO outbox (worker_id, region, kind, event, run)"
+                        " VALUES (?, ?, ?, ?, ?)",
+                        (e.worker_id, e.region, e.kind, data, run),
                     )
-                    rows.append(
-                        OutboxRow(cast(int, cur.lastrowid), e.worker_id, e.region, e.kind, data)
-                    )
+                    rowid = cast(int, cur.lastrowid)
+                    rows.append(OutboxRow(rowid, e.worker_id, e.region, e.kind, data, run))
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)

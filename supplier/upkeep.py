@@ -9,8 +9,8 @@ owns (one task group, cancelled with the host's).
   ``reserved`` a while after their commit and destroys the orphans (supplier/reclaim.py,
   docs/protocol.md §5.3d).
 - **Store health**: while the store refuses writes, every worker of the process drains (they
-  share it), and a probe every STORE_PROBE_INTERVAL_S lifts the drain once a write succeeds
-  (§6.7a).
+  share it), and a probe every STORE_PROBE_INTERVAL_S lifts the drain once a write succeeds,
+  when each worker also records what its machines did meanwhile (an exit, §6.7a).
 """
 
 from __future__ import annotations

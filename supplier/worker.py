@@ -35,7 +35,7 @@ from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
 from supplier.drivers import Driver
-from supplier.drivers.confine import Confiner, Exit, Mechanism
+from supplier.drivers.confine import Confiner, Exit, Mechanism, owner_of
 from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
 from supplier.drivers.sim import SimDriver
 from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
@@ -59,15 +59,23 @@ def make_driver(
     cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn, on_restart: RestartFn
 ) -> Driver:
     """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/;
-    process machines are confined as the host allows (supplier/drivers/confine.py)."""
+    process machines are confined as the host allows (supplier/drivers/confine.py), in
+    cgroups of the supplier that owns ``data_dir``."""
     if cfg.driver == "process":
-        confiner, _ = Confiner.probe(cfg.confine, cfg.worker_id, cfg.pids_max, cfg.cgroup_parent)
+        confiner, _ = Confiner.probe(
+            cfg.confine,
+            cfg.worker_id,
+            owner=owner_of(data_dir),
+            pids_max=cfg.pids_max,
+            cgroup_parent=cfg.cgroup_parent,
+        )
         return ProcessDriver(
             cfg.catalog,
             data_dir / "machines" / cfg.worker_id,
             on_exit,
             confiner=confiner,
             on_restart=on_restart,
+            log_caps=cfg.log_caps,
         )
     sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
     return SimDriver(cfg.pull_mb_per_s, sizes)
@@ -197,7 +205,10 @@ class Worker:
             self.set_draining(f"{STORE_DRAIN}{reason}")
 
     def store_recovered(self) -> bool:
-        """Lift a drain that a store failure caused (never one the operator configured)."""
+        """The store takes writes again: record what happened to machines meanwhile, and
+        lift a drain that the failure caused (never one the operator configured)."""
+        if self.keeper.facts:
+            self.keeper.spawn(self.keeper.record_facts())
         if not (self.draining and self.drain_reason.startswith(STORE_DRAIN)):
             return False
         self.draining = False

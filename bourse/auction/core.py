@@ -842,7 +842,8 @@ class FoldedAuctions:
 
 def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
     """How a machine placed under ``order``'s id differs from ``order`` (what it runs and
-    where: region, resources, image, metadata; how it was auctioned may differ), or ""."""
+    where: region, resources, image, metadata, the constraints when its worker recorded
+    them; how it was auctioned may differ), or ""."""
     diffs = []
     if machine.region != order.region:
         diffs.append(f"region {machine.region!r}, not {order.region!r}")
@@ -852,7 +853,15 @@ def order_mismatch(order: PlaceOrder, machine: Machine) -> str:
         diffs.append(f"image {machine.image!r}, not {order.image!r}")
     if dict(machine.metadata) != dict(order.metadata):
         diffs.append("other metadata")
+    if machine.constraints is not None and dict(machine.constraints) != dict(order.constraints):
+        diffs.append(
+            f"constraints {_labels(machine.constraints)}, not {_labels(order.constraints)}"
+        )
     return "; ".join(diffs)
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items())) or "none"
 
 
 def _res(r: Resources) -> str:

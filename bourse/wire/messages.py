@@ -502,6 +502,10 @@ class Machine(Message, kw_only=True):
     # the driver restarted it under its restart policy.
     last_exit: LastExit | None = None
     restarts: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # The constraints of the order it was placed for (with its region, resources, image and
+    # metadata: what makes an order id's second order the same order, §5.3); None from a
+    # worker that does not record them.
+    constraints: Labels | None = None
 
 
 class MachineList(Message, kw_only=True):

@@ -20,9 +20,12 @@ first that works, or the one ``WorkerConfig.confine`` forces):
   spawn plus the machine's allowance) and root is exempt from it. CPU is not enforced.
 - ``none``: nothing (the sim driver; or forced).
 
-The subtree: ``<hierarchy>/<parent>/bourse/<worker_id>/<machine_id>``, where ``parent`` is
-``WorkerConfig.cgroup_parent`` or, by default, the supplier's own cgroup in that hierarchy
-(``/proc/self/cgroup``), so machines nest inside whatever confines the supplier itself.
+The subtree: ``<hierarchy>/<parent>/bourse/<owner>/<worker_id>/<machine_id>``, where
+``parent`` is ``WorkerConfig.cgroup_parent`` or, by default, the supplier's own cgroup in
+that hierarchy (``/proc/self/cgroup``), so machines nest inside whatever confines the
+supplier itself; and ``owner`` names the supplier's data dir (:func:`owner_of`), so a
+supplier sweeps only its own leftovers, never the machines of another supplier on the host
+that serves the same worker id (another market, another data dir).
 
 This module is the pure part (parsing /proc, the choice, the limit arithmetic, reading an
 exit) plus :class:`Confiner`, the thin shell that touches /sys and is used by
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import os
 import signal
 import time
@@ -58,6 +62,7 @@ V1_OPTIONAL = ("cpuacct",)  # joined when mounted: its usage counter
 V2_REQUIRED = ("cpu", "memory", "pids")
 CPU_PERIOD_US = 100_000
 CPU_QUOTA_MIN_US = 1_000  # the kernel refuses a CFS quota under 1 ms
+CPU_PERIOD_MAX_US = 1_000_000  # ... and a CFS period over 1 s
 # Below this a cgroup cannot hold a process at all (the kernel's own page tables, the
 # binary); an order asking for less is declined (``too_small_to_confine``).
 MIN_MEMORY_MB = 4
@@ -83,11 +88,17 @@ def limits_for(r: Resources, pids_max: int) -> Limits:
     return Limits(millicores=millis_of(r), memory_bytes=r.memory_mb * MIB, pids=pids_max)
 
 
-def cpu_quota(millicores: int, period_us: int = CPU_PERIOD_US) -> tuple[int, int]:
-    """CFS quota and period for ``millicores`` (1000 = one CPU): 500 -> (50000, 100000)."""
+def cpu_quota(millicores: int) -> tuple[int, int]:
+    """CFS quota and period for ``millicores`` (1000 = one CPU): 500 -> (50000, 100000).
+    A share too small for a 1 ms quota per 100 ms period (under 10 millicores) gets the
+    longest period the kernel allows instead, so it is still exact: 1 -> (1000, 1000000),
+    1 ms of CPU per second."""
     if millicores < 1:
         raise ValueError(f"millicores must be >= 1, not {millicores}")
-    return max(CPU_QUOTA_MIN_US, millicores * period_us // 1000), period_us
+    period = CPU_PERIOD_US
+    if millicores * period // 1000 < CPU_QUOTA_MIN_US:
+        period = CPU_PERIOD_MAX_US  # 1 ms per millicore: at least the minimum quota
+    return millicores * period // 1000, period
 
 
 def v2_files(lim: Limits) -> list[tuple[str, str]]:
@@ -130,6 +141,13 @@ def too_small(memory_mb: int, mechanism: Mechanism) -> str:
         f"memory_mb {memory_mb} is below the {MIN_MEMORY_MB} MiB this worker can confine"
         f" ({mechanism})"
     )
+
+
+def owner_of(data_dir: Path) -> str:
+    """What owns a worker's cgroups on this host: its supplier's data dir, by its real path
+    (12 hex digits). One data dir has one supplier at a time (its lock), so its leftovers
+    are its own."""
+    return hashlib.blake2b(os.fsencode(data_dir.resolve()), digest_size=6).hexdigest()
 
 
 # -- pure: what the host offers, and the choice --------------------------------------------------
@@ -291,18 +309,22 @@ class Confiner:
         cls,
         want: ConfineChoice,
         worker_id: str,
+        *,
+        owner: str,
         pids_max: int = DEFAULT_PIDS_MAX,
         cgroup_parent: str = "",
     ) -> tuple[Confiner, Offer]:
-        """Look at the host, choose, and return the confiner (and what was found). A forced
+        """Look at the host, choose, and return the confiner of ``worker_id`` of the
+        supplier ``owner`` (:func:`owner_of` its data dir), and what was found. A forced
         mechanism that is not usable raises ConfineError naming why."""
         try:
             mounts = parse_mountinfo(_read(Path("/proc/self/mountinfo")))
             own_v2, own_v1 = parse_proc_cgroup(_read(Path("/proc/self/cgroup")))
         except OSError:
             mounts, own_v2, own_v1 = Mounts(), "/", {}
-        v2_base, v2_why = _probe_v2(mounts, own_v2, cgroup_parent, worker_id)
-        v1_bases, v1_why = _probe_v1(mounts, own_v1, cgroup_parent, worker_id)
+        subtree = Path(SUBTREE, owner, worker_id)
+        v2_base, v2_why = _probe_v2(mounts, own_v2, cgroup_parent, subtree)
+        v1_bases, v1_why = _probe_v1(mounts, own_v1, cgroup_parent, subtree)
         offer = Offer(cgroup2=v2_why, cgroup1=v1_why, rlimit="")
         mechanism, why = choose(want, offer)
         if why:
@@ -413,9 +435,10 @@ class Confiner:
             _rmdir(d)
 
     def sweep(self, remove_base: bool = False) -> list[str]:
-        """Remove every machine cgroup of this worker (at the driver's start: leftovers of a
-        supplier that died; at its end: none should be left), and with ``remove_base`` the
-        worker's own directories when empty; returns the machines it removed."""
+        """Remove every machine cgroup of this worker of this supplier (at the driver's
+        start: leftovers of its run that died; at its end: none should be left), and with
+        ``remove_base`` the worker's own directories, and the supplier's and bourse's above
+        them, when empty; returns the machines it removed."""
         gone: set[str] = set()
         for base in self.bases.values():
             if base.is_dir():
@@ -426,7 +449,8 @@ class Confiner:
         if remove_base:
             for base in set(self.bases.values()):
                 _rmdir(base, wait=False)
-                _rmdir(base.parent, wait=False)  # .../bourse, if no other worker uses it
+                _rmdir(base.parent, wait=False)  # the supplier's, if no other worker uses it
+                _rmdir(base.parent.parent, wait=False)  # .../bourse, if no other supplier does
         return sorted(gone)
 
 
@@ -470,7 +494,7 @@ def _parent_path(own: str, cgroup_parent: str) -> str:
 
 
 def _probe_v2(
-    mounts: Mounts, own: str, cgroup_parent: str, worker_id: str
+    mounts: Mounts, own: str, cgroup_parent: str, subtree: Path
 ) -> tuple[Path | None, str]:
     if mounts.v2 is None:
         return None, "no cgroup2 mount"
@@ -491,11 +515,11 @@ def _probe_v2(
             _write(parent / "cgroup.subtree_control", " ".join(f"+{c}" for c in missing))
     except (OSError, ConfineError) as exc:
         return None, f"cannot enable controllers below {parent}: {exc}"
-    return parent / SUBTREE / worker_id, ""
+    return parent / subtree, ""
 
 
 def _probe_v1(
-    mounts: Mounts, own: dict[str, str], cgroup_parent: str, worker_id: str
+    mounts: Mounts, own: dict[str, str], cgroup_parent: str, subtree: Path
 ) -> tuple[dict[str, Path], str]:
     bases: dict[str, Path] = {}
     for c in (*V1_REQUIRED, *V1_OPTIONAL):
@@ -509,5 +533,5 @@ def _probe_v1(
             if c in V1_REQUIRED:
                 return {}, f"cgroup v1 {c} at {parent} is not writable"
             continue
-        bases[c] = parent / SUBTREE / worker_id
+        bases[c] = parent / subtree
     return bases, ""

@@ -5,7 +5,9 @@ start runs it as a supervised subprocess.
   (restart on a non-zero exit), ``always``; restarts back off exponentially (0.1 s doubling
   to 10 s), and the backoff resets after a run of 30 s;
 - stop: SIGTERM, then SIGKILL after the grace period;
-- stdout and stderr append to ``<log_dir>/<machine_id>.log``;
+- stdout and stderr are one pipe, copied by the worker's output pump into
+  ``<log_dir>/<machine_id>.log``, capped and rotated (supplier/drivers/output.py); a
+  destroyed machine's logs are deleted;
 - an exit the policy does not restart is reported through ``on_exit`` (the worker records
   the machine as stopped with the exit code, or failed when it was killed: ``oom`` at its
   memory limit, or a signal); a restart is reported through ``on_restart``;
@@ -32,7 +34,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import BinaryIO, cast
+from typing import cast
 
 import anyio
 import anyio.abc
@@ -49,6 +51,7 @@ from supplier.drivers.confine import (
     too_small,
     weaker_than_cgroups,
 )
+from supplier.drivers.output import LogCaps, Logs, Pump
 
 log = structlog.get_logger("bourse.driver.process")
 
@@ -59,6 +62,10 @@ BACKOFF_MAX_S = 10.0
 BACKOFF_RESET_AFTER_S = 30.0
 # How long the driver's end waits for the processes it kills (SIGKILL cannot be ignored).
 KILL_S = 1.0
+# How long an exit waits for the machine's last output to be stored before it is reported
+# (a process it left behind may hold its pipe open); and the driver's end, for the pump's.
+DRAIN_S = 1.0
+PUMP_CLOSE_S = 0.2
 
 # (machine id, how it ended): a machine's process ended and will not be restarted.
 ExitFn = Callable[[str, Exit], None]
@@ -71,29 +78,15 @@ def _no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
 
 
 class _Supervisor:
-    def __init__(self, m: Machine, spec: ImageSpec, policy: RestartPolicy, log_path: Path) -> None:
+    def __init__(self, m: Machine, spec: ImageSpec, policy: RestartPolicy) -> None:
         self.m = m
         self.spec = spec
         self.policy = policy
-        self.log_path = log_path
         self.proc: asyncio.subprocess.Process | None = None
         # The supervisor task's scope: made here, so a stop can cancel it before it runs.
         self.scope = anyio.CancelScope()
         self.stopping = False
         self.restarts = m.restarts  # carried across supplier restarts (the Machine record)
-
-
-def _lines_after(f: BinaryIO, since: int, max_bytes: int) -> tuple[list[str], bool, int]:
-    """The complete lines from byte ``since`` on (within ``max_bytes``: the rest comes with
-    the next call), and the offset just past them. A line longer than ``max_bytes`` comes
-    cut, as ``truncated``."""
-    f.seek(since)
-    data = f.read(max_bytes)
-    cut = data.rfind(b"\n") + 1
-    truncated = False
-    if cut == 0 and len(data) == max_bytes:  # one over-long line: hand it over cut
-        cut, truncated = len(data), True
-    return data[:cut].decode(errors="replace").splitlines(), truncated, since + cut
 
 
 class ProcessDriver:
@@ -107,12 +100,15 @@ class ProcessDriver:
         *,
         confiner: Confiner | None = None,
         on_restart: RestartFn = _no_restart_listener,
+        log_caps: LogCaps | None = None,
     ) -> None:
         self.catalog = catalog
         self.log_dir = log_dir
         self.on_exit = on_exit
         self.on_restart = on_restart
         self.confiner = confiner or Confiner("none", "")
+        self.output = Logs(log_dir, log_caps or LogCaps())
+        self.pump = Pump(self.output)
         self._sups: dict[str, _Supervisor] = {}
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the supervisors
 
@@ -136,6 +132,7 @@ class ProcessDriver:
         swept = c.sweep()  # leftovers of a supplier that died: none may run
         if swept:
             log.warning("cgroups_swept", worker_id=c.worker_id, machines=swept)
+        self.pump.start()
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
@@ -145,6 +142,8 @@ class ProcessDriver:
             self._tasks = None
             await self._kill_left()
             c.sweep(remove_base=True)  # every machine stopped: remove the (empty) subtree
+            with anyio.CancelScope(shield=True):  # the processes are gone: their pipes end
+                await anyio.to_thread.run_sync(self.pump.close, PUMP_CLOSE_S)
 
     async def _kill_left(self) -> None:
         for sup in list(self._sups.values()):
@@ -179,7 +178,8 @@ class ProcessDriver:
         return 0.0  # commands are local: nothing to fetch
 
     def log_path(self, machine_id: str) -> Path:
-        return self.log_dir / f"{machine_id}.log"
+        """The machine's current log file (the one its output goes to now)."""
+        return self.output.path(machine_id)
 
     def is_running(self, machine_id: str) -> bool:
         sup = self._sups.get(machine_id)
@@ -198,8 +198,7 @@ class ProcessDriver:
             return
         if self._tasks is None:
             raise DriverError("the process driver is not running (ProcessDriver.run)")
-        self.log_dir.mkdir(parents=True, exist_ok=True)
-        sup = _Supervisor(m, spec, cast(RestartPolicy, policy), self.log_path(m.machine_id))
+        sup = _Supervisor(m, spec, cast(RestartPolicy, policy))
         await self._spawn(sup)  # a command that cannot start fails the start itself
         self._sups[m.machine_id] = sup
         self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
@@ -235,26 +234,27 @@ class ProcessDriver:
             "BOURSE_MACHINE_ID": sup.m.machine_id,
             "BOURSE_ORDER_ID": sup.m.order_id,
         }
-        with sup.log_path.open("ab") as out:
-            out.write(f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode())
-            out.flush()
-            command = [sys.executable if word == PYTHON else word for word in sup.spec.command]
-            try:
-                sup.proc = await asyncio.create_subprocess_exec(
-                    sys.executable,
-                    "-m",
-                    "bourse.runtime.reaper",
-                    *confine,
-                    "--",
-                    *command,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=out,
-                    env=env,
-                    start_new_session=True,
-                )
-            except OSError as exc:
-                raise DriverError(f"cannot start {sup.spec.command[0]!r}: {exc}") from None
+        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode()
+        out = self.pump.pipe(sup.m.machine_id, header)
+        command = [sys.executable if word == PYTHON else word for word in sup.spec.command]
+        try:
+            sup.proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "bourse.runtime.reaper",
+                *confine,
+                "--",
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                env=env,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise DriverError(f"cannot start {sup.spec.command[0]!r}: {exc}") from None
+        finally:
+            os.close(out)  # the process's end now: the pipe ends when its processes do
 
     async def _supervise(self, sup: _Supervisor) -> None:
         """Wait for the process to end; restart it as its policy says, after the backoff;
@@ -277,10 +277,12 @@ class ProcessDriver:
                 mlog.info("machine_exited", exit=how.describe(), policy=sup.policy)
                 self._sups.pop(sup.m.machine_id, None)
                 await self._uncage_async(sup.m.machine_id)
+                await self.pump.drained(sup.m.machine_id, DRAIN_S)  # its last words first
                 self.on_exit(sup.m.machine_id, how)
                 return
             if time.monotonic() - began > BACKOFF_RESET_AFTER_S:
                 backoff = BACKOFF_FIRST_S
+            await self.pump.drained(sup.m.machine_id, DRAIN_S)  # before the next run's
             sup.restarts += 1
             mlog.info(
                 "machine_restarting", exit=how.describe(), restarts=sup.restarts, backoff_s=backoff
@@ -302,24 +304,7 @@ class ProcessDriver:
     def logs(
         self, machine_id: str, tail: int, max_bytes: int, since: int = -1
     ) -> tuple[list[str], bool, int]:
-        path = self.log_path(machine_id)
-        if not path.exists():
-            return [], False, 0
-        with path.open("rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            if since >= 0:
-                return _lines_after(f, min(since, size), max_bytes)
-            start = max(0, size - max_bytes)
-            f.seek(start)
-            data = f.read()
-        end = start + data.rfind(b"\n") + 1 if b"\n" in data else start
-        lines = data.decode(errors="replace").splitlines()
-        truncated = size > max_bytes
-        if truncated and lines:
-            lines = lines[1:]  # the first line was cut by the byte window
-        if len(lines) > tail:
-            lines, truncated = lines[-tail:], True
-        return lines, truncated, end
+        return self.output.read(machine_id, tail, max_bytes, since)
 
     def restarts(self, machine_id: str) -> int:
         sup = self._sups.get(machine_id)
@@ -358,6 +343,7 @@ class ProcessDriver:
     async def destroy(self, m: Machine) -> None:
         await self.stop(m)
         await self._uncage_async(m.machine_id)  # also when it was not running
+        self.pump.remove(m.machine_id)  # its output goes with it
 
     async def close(self) -> None:
         """Stop every process, all at once (they come back when the supplier restarts:

@@ -12,11 +12,13 @@ import anyio
 import pytest
 from nats.aio.msg import Msg
 
+from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
+from bourse.wire.subjects import Subjects
 from supplier.config import ConfigError, WorkerConfig, check_workers
-from supplier.drivers.confine import CGROUP_MECHANISMS, Confiner
+from supplier.drivers.confine import CGROUP_MECHANISMS, Confiner, owner_of
 from supplier.drivers.process import ProcessDriver
 from tests.market import Market, order, wait_until, worker
 
@@ -51,7 +53,7 @@ PIDS_MAX = 32
 def _cgroups_or_skip() -> str:
     """The cgroup mechanism this host offers, or skip saying why there is none."""
     try:
-        c, offer = Confiner.probe("auto", "probe")
+        c, offer = Confiner.probe("auto", "probe", owner="")
     except Exception as exc:  # a host without /proc: no cgroups either
         pytest.skip(f"cannot probe cgroups: {exc}")
     if c.mechanism not in CGROUP_MECHANISMS:
@@ -214,7 +216,8 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
 
     await wait_until(lambda: log_file.exists() and "web up" in log_file.read_text())
     first = _in_cgroups(pid_of_run(1))
-    leaf = f"/bourse/k1/{r.machine_id}"
+    owner = owner_of(tmp_path / "data")
+    leaf = f"/bourse/{owner}/k1/{r.machine_id}"
     assert all(first[c].endswith(leaf) for c in first if c in ("cpu", "memory", "pids")), first
 
     sup.kill9()
@@ -230,8 +233,44 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     finally:
         assert await sup.stop() == 0
     # a supplier's stop removes its (empty) cgroups: the machine's and the worker's
-    c, _ = Confiner.probe("auto", "k1")
+    c, _ = Confiner.probe("auto", "k1", owner=owner)
     assert c.bases and not any(b.exists() for b in c.bases.values())
+    assert not any(b.parent.exists() for b in c.bases.values())  # nor the supplier's
+
+
+async def test_a_supplier_of_another_market_with_the_same_worker_id_kills_no_machine(
+    market: Market, nats_server: EmbeddedNats, tmp_path: Path
+) -> None:
+    """A supplier's start sweeps the cgroups its own earlier run left: one started on the
+    same host with the same worker id under another prefix and data dir (another market)
+    must leave the first one's running machine alone, at its start and at its stop."""
+    _cgroups_or_skip()
+    await market.host(_worker(), data_dir=tmp_path / "first")
+    await market.exchange()
+    m = await _started(market, "web")
+    pid = _driver(market).pid(m.machine_id)
+    assert pid is not None
+    prefix = f"{market.subjects.prefix}o"
+    async with Market(nats_server.url, Subjects(prefix), tmp_path / "other") as other:
+        await other.host(_worker(), data_dir=tmp_path / "second")  # serving: it has swept
+        assert _running(pid)
+        await other.exchange()
+        theirs = await _started(other, "web")  # and it confines its own machines beside
+        await _up(market, m)
+        await _up(other, theirs)
+        mine, its = _in_cgroups(pid), _in_cgroups(_driver(other).pid(theirs.machine_id) or 0)
+        assert mine["memory"].endswith(f"/c1/{m.machine_id}")
+        assert its["memory"].endswith(f"/c1/{theirs.machine_id}")
+        assert mine["memory"].rsplit("/", 2)[0] != its["memory"].rsplit("/", 2)[0]
+    assert _running(pid)
+    assert market.hosts[0].workers["c1"].machines[m.machine_id].state == "started"
+
+
+async def _up(market: Market, m: Machine) -> None:
+    """Until the heartbeat says it is up (so it has joined its cgroups: the exec wrapper
+    joins them before it runs the command)."""
+    log = _driver(market).log_path(m.machine_id)
+    await wait_until(lambda: log.exists() and "web up" in log.read_text())
 
 
 # -- the rlimit path (forced: works on any Linux host) ------------------------------------------
@@ -275,7 +314,7 @@ async def test_rlimit_path_fails_an_allocation_past_memory(market: Market) -> No
 
 
 def test_a_forced_mechanism_the_host_lacks_is_one_clear_config_error() -> None:
-    _, offer = Confiner.probe("auto", "probe")
+    _, offer = Confiner.probe("auto", "probe", owner="")
     if not offer.cgroup2:
         pytest.skip("this host offers cgroup2: nothing to refuse")
     with pytest.raises(ConfigError) as err:

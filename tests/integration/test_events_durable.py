@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sqlite3
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
@@ -97,6 +99,33 @@ async def test_watcher_away_during_1000_placements_gets_all_after(market: Market
     assert sorted(e.event.order_id for e in back) == sorted(p.order_id for p in burst)
     assert {e.event.machine_id for e in back} == {p.machine_id for p in burst}
     assert all(h.events.backlog == 0 for h in market.hosts)
+
+
+async def test_a_worker_on_a_fresh_data_dir_gets_every_new_event_stored(
+    market: Market, tmp_path: Path
+) -> None:
+    """A fresh data dir starts the outbox's row ids at 1 again: the events' message ids
+    must still be new to the stream, or it drops them as duplicates (a live watcher sees
+    them, a replay never would)."""
+    data_dir = tmp_path / "fresh-1"
+    client = await market.client(direct=True)
+
+    async def place(ids: range) -> list[Placed]:
+        host = await market.host(worker("fresh-1", images=["web"]), data_dir=data_dir)
+        placed = [await client.place(order(order_id=f"f-{i}")) for i in ids]
+        assert all(isinstance(p, Placed) for p in placed), placed
+        await wait_until(lambda: host.events.published == len(ids))  # all acknowledged
+        await market.stop(host)
+        market.stores.pop().close()
+        return cast(list[Placed], placed)
+
+    placed = await place(range(3))
+    shutil.rmtree(data_dir)  # the operator gives the worker a new data dir
+    placed += await place(range(3, 6))
+    nc = await market.connect("watcher")
+    async with EventFeed(nc, market.subjects, kind="placed", since=Since()) as feed:
+        replayed = await _collect(feed, 6, timeout_s=5)
+    assert [e.event.machine_id for e in replayed] == [p.machine_id for p in placed]
 
 
 def _oplog_places(db: Path) -> list[str]:

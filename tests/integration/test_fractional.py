@@ -87,6 +87,27 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
 
 
 async def test_a_half_cpu_burner_is_held_to_half_a_core(market: Market) -> None:
+    d, mid, share = await _burner_share(market, 500, used_ns=20_000_000)
+    print(f"0.5-CPU burner used {share:.3f} cores (cgroup usage counter)")
+    assert 0.05 < share <= 0.6
+    assert _cpu_files(d, mid) == ("50000", "100000")
+
+
+@pytest.mark.slow
+async def test_a_one_millicore_burner_gets_one_millicore_not_ten(market: Market) -> None:
+    """``--cpus 1m`` is 1 ms of CPU per second: a CFS quota of 1 ms per 100 ms (the
+    kernel's smallest quota at the usual period) would give it ten times what was sold."""
+    d, mid, share = await _burner_share(market, 1, used_ns=1)
+    print(f"1-millicore burner used {share * 1000:.2f} millicores (cgroup usage counter)")
+    assert share < 0.005  # 1 ms a second (and the kernel's slack), not 10 ms
+    assert _cpu_files(d, mid) == ("1000", "1000000")
+
+
+async def _burner_share(
+    market: Market, millicores: int, used_ns: int
+) -> tuple[ProcessDriver, str, float]:
+    """Run a two-core burner sold ``millicores`` on a confining worker; once it has used
+    ``used_ns``, the cores it uses over 3 s (its cgroup's usage counter)."""
     _cgroups_or_skip()
     await market.host(_worker())
     await market.exchange()
@@ -94,28 +115,31 @@ async def test_a_half_cpu_burner_is_held_to_half_a_core(market: Market) -> None:
     client = await market.client()
     r = await client.place(
         PlaceOrder(
-            region="mad", resources=Resources(cpus=1, cpu_millis=500, memory_mb=256), image="burn"
+            region="mad",
+            resources=Resources(cpus=1, cpu_millis=millicores, memory_mb=256),
+            image="burn",
         )
     )
     assert isinstance(r, Placed), r
     m = await client.machine("start", r.machine_id)
-    await _wait_usage(d, m.machine_id)
+    await wait_until(lambda: (d.usage_ns(m.machine_id) or 0) >= used_ns)
     used0, t0 = d.usage_ns(m.machine_id), time.monotonic()
-    await anyio.sleep(3.0)  # a pace: the measuring window, not a synchronisation
+    await anyio.sleep(3.0)  # a pace: the measuring window (3 CFS periods even of 1 s)
     used1, t1 = d.usage_ns(m.machine_id), time.monotonic()
     assert used0 is not None and used1 is not None
-    share = (used1 - used0) / 1e9 / (t1 - t0)
-    print(f"0.5-CPU burner used {share:.3f} cores over {t1 - t0:.2f}s (cgroup usage counter)")
-    assert 0.05 < share <= 0.6
-    dirs = d.confiner.dirs(m.machine_id)
+    return d, m.machine_id, (used1 - used0) / 1e9 / (t1 - t0)
+
+
+def _cpu_files(d: ProcessDriver, machine_id: str) -> tuple[str, str]:
+    """The machine's CFS (quota, period) as its cgroup holds them."""
+    dirs = d.confiner.dirs(machine_id)
     if d.confiner.mechanism == "cgroup2":  # cpu.max is "quota period"
-        assert (dirs[""] / "cpu.max").read_text().split() == ["50000", "100000"]
-    else:  # cgroup1: the quota for 500 millicores
-        assert (dirs["cpu"] / "cpu.cfs_quota_us").read_text().split() == ["50000"]
-
-
-async def _wait_usage(d: ProcessDriver, machine_id: str) -> None:
-    await wait_until(lambda: (d.usage_ns(machine_id) or 0) > 20_000_000)
+        quota, period = (dirs[""] / "cpu.max").read_text().split()
+        return quota, period
+    cpu = dirs["cpu"]
+    return (cpu / "cpu.cfs_quota_us").read_text().strip(), (
+        cpu / "cpu.cfs_period_us"
+    ).read_text().strip()
 
 
 async def test_deploy_runs_half_cpu_machines(market: Market) -> None:

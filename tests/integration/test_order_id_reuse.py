@@ -19,12 +19,12 @@ from tests.market import Market, order, worker
 async def test_an_order_id_reused_for_another_order_is_refused_naming_the_mismatch(
     market: Market, claims: bool
 ) -> None:
-    await market.host(worker("w1"))
+    await market.host(worker("w1", labels={"disk": "ssd"}))
     client = BourseClient(
         await market.connect("buyer"), market.subjects, direct=True, claims=claims
     )
     market.clients.append(client)
-    first = order(order_id="reused-1", image="web")
+    first = order(order_id="reused-1", image="web", constraints={"disk": "ssd"})
     placed = await client.place(first)
     assert isinstance(placed, Placed)
     if claims:  # the idempotency window passed: the claim is gone
@@ -39,6 +39,9 @@ async def test_an_order_id_reused_for_another_order_is_refused_naming_the_mismat
     for change, named in (
         ({"image": "db"}, "image 'web', not 'db'"),
         ({"resources": Resources(cpus=2, memory_mb=256)}, "not 2 cpus + 256 MiB"),
+        # w1 has no gpu label: the old machine there is not this order's
+        ({"constraints": {"gpu": "a100"}}, "constraints disk=ssd, not gpu=a100"),
+        ({"constraints": {}}, "constraints disk=ssd, not none"),  # as a claim would say
     ):
         if claims:
             await store.kv.purge(key_of(first.order_id))

@@ -16,7 +16,9 @@ from nats.aio.msg import Msg
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
+from supplier.drivers.output import CUT_AFTER, CUT_BEFORE
 from supplier.drivers.process import ProcessDriver
+from supplier.machines import MAX_LOG_BYTES
 from tests.cli import buyer
 from tests.market import Market, wait_until, worker
 
@@ -151,6 +153,15 @@ async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Marke
     assert [x for b in batches for x in b["lines"]] == text
 
 
+def test_a_line_longer_than_a_logs_reply_comes_cut_not_left_out(tmp_path: Path) -> None:
+    d = ProcessDriver({}, tmp_path, lambda mid, how: None)
+    d.log_path("m").write_bytes(b"x" * 100_000 + b"\n")  # over the 48 KiB of a reply
+    [last], truncated, end = d.logs("m", 100, MAX_LOG_BYTES)
+    assert last == CUT_BEFORE + "x" * (MAX_LOG_BYTES - 1) and truncated and end == 100_001
+    [first], truncated, at = d.logs("m", 100, MAX_LOG_BYTES, since=0)
+    assert first == "x" * MAX_LOG_BYTES + CUT_AFTER and truncated and at == MAX_LOG_BYTES
+
+
 def test_logs_since_returns_complete_lines_after_an_offset(tmp_path: Path) -> None:
     d = ProcessDriver({}, tmp_path, lambda mid, how: None)
     d.log_path("m").write_bytes(b"one\ntwo\nthr")  # a line still being written
@@ -160,6 +171,6 @@ def test_logs_since_returns_complete_lines_after_an_offset(tmp_path: Path) -> No
     with d.log_path("m").open("ab") as f:
         f.write(b"ee\n" + b"x" * 40 + b"\n")
     assert d.logs("m", 100, 1024, since=8) == (["three", "x" * 40], False, 55)
-    assert d.logs("m", 100, 16, since=14) == (["x" * 16], True, 30)  # over-long: cut
+    assert d.logs("m", 100, 16, since=14) == (["x" * 16 + " [...]"], True, 30)  # cut: marked
     assert d.logs("m", 100, 1024, since=999) == ([], False, 55)  # past the end: the end
     assert d.logs("nope", 100, 1024, since=0) == ([], False, 0)

@@ -883,6 +883,24 @@ def test_the_same_cpus_with_or_without_cpu_millis_is_the_same_order() -> None:
     assert order_mismatch(said, machine(ORDER)) == ""
 
 
+@pytest.mark.parametrize(
+    ("recorded", "asked", "mismatch"),
+    [
+        ({"disk": "ssd"}, {"disk": "ssd"}, ""),
+        ({"disk": "ssd"}, {"gpu": "a100"}, "constraints disk=ssd, not gpu=a100"),
+        ({"disk": "ssd"}, {}, "constraints disk=ssd, not none"),
+        (None, {"gpu": "a100"}, ""),  # a worker that does not record them: not compared
+    ],
+)
+def test_a_machine_recorded_for_other_constraints_is_another_order(
+    recorded: dict[str, str] | None, asked: dict[str, str], mismatch: str
+) -> None:
+    from bourse.auction.core import order_mismatch
+
+    said = msgspec.structs.replace(ORDER, constraints=asked)
+    assert order_mismatch(said, machine(ORDER, constraints=recorded)) == mismatch
+
+
 # -- §4.4.3 prompt answers: the auction ranks, and commits once every process answered --------
 
 

@@ -8,6 +8,7 @@ import json
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 import structlog
 import typer
@@ -363,3 +364,21 @@ def test_supplier_run_sells_fractional_cpus() -> None:
     assert w.capacity == Amount(cpus=2, cpu_millis=1500, memory_mb=64)
     w = _single_worker("w1", "mad", _cpus("8"), 64, 0, 0, None, None, "spread", 0.3, 4.0, False)
     assert w.capacity == Amount(cpus=8, memory_mb=64)  # whole: as in v1
+
+
+def test_supplier_log_flags_set_what_a_fleet_worker_leaves_unset() -> None:
+    from supplier.cli import _unset_from
+    from supplier.config import WorkerConfig
+    from supplier.drivers.output import DEFAULT_WORKER_LOG_MB, LogCaps
+
+    own = msgspec.convert(
+        {"worker_id": "w1", "region": "mad", "capacity": {"cpus": 1, "memory_mb": 64}},
+        WorkerConfig,
+    )
+    assert own.log_caps == LogCaps()  # the defaults: 10 MiB a file, 1 GiB a worker
+    own = msgspec.structs.replace(own, machine_log_mb=5)
+    flags = {"max_hold_ms": None, "machine_log_mb": 2, "worker_log_mb": 64}
+    got = _unset_from(own, flags)
+    assert got.log_caps == LogCaps(machine_mb=5, worker_mb=64)  # the worker's own wins
+    assert got.max_hold_ms is None  # a flag not given sets nothing
+    assert _unset_from(own, {"worker_log_mb": None}).log_caps.worker_mb == DEFAULT_WORKER_LOG_MB

@@ -49,7 +49,10 @@ COMOUNTED = "32 31 0:29 / /sys/fs/cgroup/cpu,cpuacct rw shared:9 - cgroup cgroup
         (1000, (100_000, 100_000)),
         (250, (25_000, 100_000)),
         (2000, (200_000, 100_000)),
-        (1, (1_000, 100_000)),  # the kernel's minimum quota is 1 ms
+        (10, (1_000, 100_000)),  # the kernel's minimum quota is 1 ms
+        # smaller shares: a longer period (at most 1 s), so the quota is still exact
+        (9, (9_000, 1_000_000)),
+        (1, (1_000, 1_000_000)),
     ],
 )
 def test_cpu_quota_from_millicores(millicores: int, expected: tuple[int, int]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bourse.wire.messages import Machine, MachineState, Resources
+from bourse.wire.messages import Event, Machine, MachineState, Resources
 from supplier.store import Op, Store, StoreError
 
 
@@ -165,6 +166,52 @@ async def test_restart_sees_the_data(db: Path) -> None:
         assert [row[0] for row in second.oplog()] == [1, 2, 3]
     finally:
         second.close()
+
+
+def _event(order_id: str) -> Event:
+    return Event(kind="placed", region="mad", worker_id="mad-1", at_ms=1, order_id=order_id)
+
+
+async def _pending_ids(db: Path, *order_ids: str) -> list[str]:
+    """Write one placed event per order id into a store at ``db``, reopen it, and return the
+    message ids of what it has pending."""
+    s = Store(db)
+    try:
+        for n, oid in enumerate(order_ids):
+            await s.write(Op("place", machine(oid, n), events=(_event(oid),)))
+    finally:
+        s.close()
+    again = Store(db)
+    try:
+        return [row.msg_id for row in again.pending_events()]
+    finally:
+        again.close()
+
+
+async def test_event_message_ids_differ_across_data_dirs_and_last_across_restarts(
+    tmp_path: Path,
+) -> None:
+    first = await _pending_ids(tmp_path / "a" / "supplier.db", "o-1", "o-2")
+    fresh = await _pending_ids(tmp_path / "b" / "supplier.db", "o-3")
+    assert first[0].startswith("mad-1:") and first[0].endswith(":1")
+    assert fresh[0].endswith(":1") and fresh[0] != first[0]  # the same row id, another file
+    # reopened, the file's pending rows keep the ids they may have been published under
+    assert await _pending_ids(tmp_path / "a" / "supplier.db") == first
+
+
+async def test_an_outbox_of_an_older_store_gains_run_and_keeps_its_ids(db: Path) -> None:
+    db.parent.mkdir(parents=True)
+    conn = sqlite3.connect(db)
+    conn.executescript(
+        "CREATE TABLE outbox (id INTEGER PRIMARY KEY AUTOINCREMENT, worker_id TEXT NOT NULL,"
+        " region TEXT NOT NULL, kind TEXT NOT NULL, event BLOB NOT NULL);"
+        "INSERT INTO outbox (worker_id, region, kind, event) VALUES ('mad-1', 'mad', 'placed',"
+        " x'7b7d');"
+    )
+    conn.close()
+    old, new = await _pending_ids(db, "o-2")
+    assert old == "mad-1:1"  # as it may have been published already
+    assert re.fullmatch(r"mad-1:[0-9a-f]{12}:2", new)
 
 
 def test_close_is_idempotent(db: Path) -> None:
