@@ -55,7 +55,8 @@ from nats.js.kv import KeyValue
 
 from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
 from bourse.wire.codec import encode
-from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
+from bourse.wire.limits import MILLIS_PER_CPU
+from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, Resources, now_ms
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.claims")
@@ -100,11 +101,29 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
 
 def fingerprint(order: PlaceOrder) -> str:
     """What makes two orders "the same order": what is placed (region, resources, image,
-    constraints, metadata). How it is auctioned (deadline, min_score, exclude_workers, the
-    retry hint) may differ between attempts: a retry that excludes the machine's worker
-    still gets that machine (I3 outranks exclude_workers, as without claims)."""
-    what = (order.region, order.resources, order.image, order.constraints, order.metadata)
-    return hashlib.blake2b(msgspec.json.encode(what), digest_size=12).hexdigest()
+    constraints, metadata), in one canonical form: maps sorted by key, the CPU amount in
+    its one wire form (``cpus: 1`` and ``cpus: 1, cpu_millis: 1000`` are one order). How it
+    is auctioned (deadline, min_score, exclude_workers, the retry hint) may differ between
+    attempts: a retry that excludes the machine's worker still gets that machine (I3
+    outranks exclude_workers, as without claims). An order already in that form (sorted
+    maps, ``cpu_millis`` only beside a fraction) has the digest it always had."""
+    return _digest(
+        order.region, canonical(order.resources), order.image, order.constraints, order.metadata
+    )
+
+
+def canonical(r: Resources) -> Resources:
+    """``r`` in its one wire form: ``cpu_millis`` only when the CPU amount is not whole."""
+    if r.cpu_millis and r.cpu_millis % MILLIS_PER_CPU == 0:
+        return msgspec.structs.replace(r, cpu_millis=0)
+    return r
+
+
+def _digest(*what: object) -> str:
+    """The lowercase hex BLAKE2b digest (12 bytes) of ``what`` as compact JSON, maps
+    sorted by key (docs/protocol.md §5.3c)."""
+    data = msgspec.json.encode(what, order="deterministic")
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 _KEY = str.maketrans({":": "=", ".": "/"})

@@ -109,6 +109,61 @@ def test_the_fingerprint_is_what_is_placed(change: dict[str, object], same: bool
     assert (fingerprint(msgspec.structs.replace(ORDER, **change)) == FP) is same
 
 
+def same_order(**fields: object) -> PlaceOrder:
+    return msgspec.structs.replace(ORDER, **fields)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(
+            same_order(metadata={"a": "1", "b": "2"}),
+            same_order(metadata={"b": "2", "a": "1"}),
+            id="metadata in another order (--meta a=1 --meta b=2, then b=2 a=1)",
+        ),
+        pytest.param(
+            same_order(constraints={"disk": "ssd", "zone": "a"}),
+            same_order(constraints={"zone": "a", "disk": "ssd"}),
+            id="constraints in another order",
+        ),
+        pytest.param(
+            same_order(resources=Resources(cpus=1, memory_mb=64)),
+            same_order(resources=Resources(cpus=1, cpu_millis=1000, memory_mb=64)),
+            id="one CPU with and without cpu_millis",
+        ),
+        pytest.param(
+            same_order(resources=Resources(cpus=3, memory_mb=64)),
+            same_order(resources=Resources(cpus=3, cpu_millis=3000, memory_mb=64)),
+            id="three CPUs with and without cpu_millis",
+        ),
+    ],
+)
+def test_one_order_has_one_fingerprint(one: PlaceOrder, other: PlaceOrder) -> None:
+    assert fingerprint(one) == fingerprint(other)
+
+
+@pytest.mark.parametrize(
+    ("order", "digest"),
+    [
+        (ORDER, "177ab0f5c0c4fe9a357cece5"),
+        (
+            same_order(
+                resources=Resources(cpus=1, cpu_millis=500, memory_mb=64, disk_mb=10, gpus=1),
+                constraints={"disk": "ssd", "zone": "a"},
+                metadata={"app": "x", "é": "ü"},
+            ),
+            "97fa9d6c732bcdb081f1696e",
+        ),
+    ],
+)
+def test_an_order_already_in_canonical_form_keeps_its_fingerprint(
+    order: PlaceOrder, digest: str
+) -> None:
+    """Claims written before the canonical form stay valid for such orders (a rolling
+    upgrade): sorted maps, cpus whole or cpu_millis beside its rounded-up cpus."""
+    assert fingerprint(order) == digest
+
+
 def test_names() -> None:
     assert claims_bucket_name("bourse") == "BOURSE_ORDERS"
     assert claims_bucket_name("t.x") == "T_X_ORDERS"
