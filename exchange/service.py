@@ -29,9 +29,10 @@ from bourse.auction.admission import DEFAULT_TARGET_MS, adaptive_limit
 from bourse.auction.broker import Broker, Refused
 from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.auction.room import ClaimLimits
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
-from bourse.runtime.metrics import AdmissionView, ExchangeMetrics
+from bourse.runtime.metrics import AdmissionView, ClaimsView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
@@ -81,13 +82,21 @@ class ExchangeService:
         metrics: ExchangeMetrics | None = None,
         claims: bool = True,
         claim_store: ClaimStore | None = None,
+        claim_limits: ClaimLimits = ClaimLimits(),
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
         # ``claim_store``: an open claims bucket to use instead of opening one (embedding,
-        # and tests that put a faulty bucket under the exchange)
+        # and tests that put a faulty bucket under the exchange); ``claim_limits``: those
+        # of the bucket, if this exchange creates it (docs/operations.md)
         self.auctioneer = Auctioneer(
-            nc, self.subjects, auction, trust, claims=claims, claim_store=claim_store
+            nc,
+            self.subjects,
+            auction,
+            trust,
+            claims=claims,
+            claim_store=claim_store,
+            claim_limits=claim_limits,
         )
         self.regions = regions or None
         self.max_order_backlog = max_order_backlog
@@ -102,6 +111,7 @@ class ExchangeService:
         if metrics is not None:
             self.auctioneer.on_finished = metrics.offers
             metrics.watch_admission(self._admission_view)
+            metrics.watch_claims(self._claims_view)
             metrics.watch_replies("exchange", self._reply_counts)
             for region in sorted(self.regions or ()):  # their series exist from the start
                 metrics.region(region)
@@ -250,6 +260,10 @@ class ExchangeService:
     def _admission_view(self) -> AdmissionView:
         a = self.admission
         return AdmissionView(a.limit, a.inflight, a.waiting, a.refused)
+
+    def _claims_view(self) -> ClaimsView:
+        room = self.auctioneer.bucket.room
+        return ClaimsView(room.stored, room.max_bytes, bool(room.full))
 
     async def _on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]

@@ -15,9 +15,10 @@ from typing import Literal
 
 from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
 from bourse.auction.driver import Auctioneer
-from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.wire.messages import (
     OVERLOADED_REASON,
+    STORE_FULL_REASON,
     UNRECORDED_REASON,
     Error,
     ErrorCode,
@@ -26,7 +27,7 @@ from bourse.wire.messages import (
     Unfilled,
 )
 
-RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run", "unrecorded"]
+RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run", "store_full", "unrecorded"]
 
 # How each refusal travels as an Error: the code (v1's fixed set) and, for overload, the
 # Error.reason that tells it apart from other internal errors without reading the detail.
@@ -34,6 +35,7 @@ _WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
     "overloaded": ("internal", OVERLOADED_REASON),
     "conflicting_order": ("bad_request", ""),
     "cannot_run": ("internal", ""),
+    "store_full": ("internal", STORE_FULL_REASON),
     "unrecorded": ("internal", UNRECORDED_REASON),
 }
 
@@ -45,7 +47,8 @@ class Refused:
     Nothing was bid, nothing is held: ``overloaded``, no admission slot in time (or the
     exchange's order backlog is full); ``conflicting_order``, its id is being placed for a
     different order; ``cannot_run``, the auction could not start (not connected to NATS,
-    or its claim could not be written).
+    or its claim could not be written); ``store_full``, the order claims' bucket takes no
+    new order (JetStream's storage for it is used up).
     ``unrecorded``: a machine was placed but the order's claim could not be made to name it;
     the order is to be sent again under the same id, which is answered with its one machine
     (docs/protocol.md §5.3c)."""
@@ -80,6 +83,8 @@ class Broker:
             return Refused("unrecorded", str(exc))
         except ConflictingOrder as exc:
             return Refused("conflicting_order", str(exc))
+        except StoreFull as exc:
+            return Refused("store_full", str(exc))
         except AuctionError as exc:
             return Refused("cannot_run", str(exc))
 

@@ -17,7 +17,8 @@ A claim of an unfilled order is deleted, unless a commit was tried: then a worke
 a machine whose abort was lost, and the claim says ``unfilled`` (the buyer was told so):
 the next attempt takes it over at once as a retry and adopts that machine; if none comes,
 the worker reclaims it. A placed claim lives for the bucket's age limit, the documented
-idempotency window (docs/protocol.md §5.3c). Without JetStream there are no claims and
+idempotency window (docs/protocol.md §5.3c); the bucket's bytes are bounded too, and a full
+one takes no new order (``bourse.auction.room``). Without JetStream there are no claims and
 duplicates are deduplicated as before (per process, and by the workers).
 
 **Reclaiming** (docs/protocol.md §5.3d): a worker asks, for each machine of its own still
@@ -53,7 +54,9 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from bourse.auction.room import FULL, ROOM_LOOK_S, ClaimLimits, Room
 from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import encode
 from bourse.wire.limits import MILLIS_PER_CPU
 from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, Resources, now_ms
@@ -61,10 +64,6 @@ from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.claims")
 
-# The idempotency window: how long a placed order's claim (and so Placed{existing} at once
-# for a retry) lives. Past it, a retry is deduplicated by the workers alone, as without
-# claims. Documented in docs/protocol.md §5.3c.
-DEFAULT_WINDOW_S = 24 * 3600.0
 # Past a running claim's end, how long a duplicate still waits before taking it over: the
 # owner may be writing its outcome right now.
 TAKEOVER_SLACK_MS = 250
@@ -267,13 +266,14 @@ class ClaimStore:
         cls,
         nc: NATS,
         subjects: Subjects,
-        window_s: float = DEFAULT_WINDOW_S,
+        limits: ClaimLimits = ClaimLimits(),
         detect_timeout_s: float = DETECT_TIMEOUT_S,
     ) -> ClaimStore | None:
-        """The bucket (created if missing; R3 on a cluster of 3 or more), or None when the
-        server has no JetStream (then there are no claims). A JetStream that fails to
-        give the bucket (a cluster electing its leader, no quorum) raises: that is an
-        outage of the claims, not their absence."""
+        """The bucket (created with ``limits`` if missing; R3 on a cluster of 3 or more), or
+        None when the server has no JetStream (then there are no claims). A JetStream that
+        fails to give the bucket (a cluster electing its leader, no quorum, no room for its
+        byte limit) raises: that is an outage of the claims, not their absence. An existing
+        bucket keeps its own limits (``ClaimBucket`` says what they are)."""
         if not await _has_jetstream(nc, detect_timeout_s):
             return None
         name = claims_bucket_name(subjects.prefix)
@@ -284,7 +284,8 @@ class ClaimStore:
             config = KeyValueConfig(
                 bucket=name,
                 history=1,
-                ttl=window_s,
+                ttl=limits.window_s,
+                max_bytes=limits.max_bytes,
                 storage=StorageType.FILE,
                 replicas=_replicas(nc),
                 description="Bourse order claims (docs/protocol.md §5.3c)",
@@ -294,10 +295,22 @@ class ClaimStore:
             except nats.js.errors.BadRequestError:
                 kv = await js.key_value(name)  # another process created it first
             else:
-                log.info("claims_bucket_created", bucket=name, replicas=config.replicas)
+                log.info(
+                    "claims_bucket_created",
+                    bucket=name,
+                    replicas=config.replicas,
+                    window_s=limits.window_s,
+                    max_bytes=limits.max_bytes,
+                )
                 if config.replicas > 1:
                     await _leader_elected(js, f"KV_{name}")
         return cls(kv, name, nc)
+
+    async def fill(self) -> tuple[int, int, float]:
+        """The bucket's bytes, its byte limit (-1: none) and its age limit in seconds."""
+        info = await self.nc.jetstream(timeout=KV_TIMEOUT_S).stream_info(f"KV_{self.name}")
+        max_bytes = info.config.max_bytes
+        return info.state.bytes, -1 if max_bytes is None else max_bytes, info.config.max_age or 0.0
 
     async def get(self, order_id: str) -> tuple[Claim | None, int]:
         """The claim and its revision (None, last revision when absent or deleted)."""
@@ -371,7 +384,11 @@ class ClaimBucket:
     """The claims bucket of one connection, opened at the first need: ``store`` once open;
     None where the server has no JetStream (looked for again every ``CLAIMS_RETRY_S``: a
     JetStream cluster still electing its leader must not turn claims off for good) or
-    where claims are off (``enabled`` False: per-process deduplication only)."""
+    where claims are off (``enabled`` False: per-process deduplication only).
+
+    ``room`` says whether it takes new orders: its fill is read at most every
+    ``ROOM_LOOK_S`` (``look``), and a write refused for room refuses new orders for as
+    long (``refused``). ``close`` ends the look under way."""
 
     def __init__(
         self,
@@ -379,14 +396,90 @@ class ClaimBucket:
         subjects: Subjects,
         enabled: bool = True,
         store: ClaimStore | None = None,
+        limits: ClaimLimits = ClaimLimits(),
     ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.enabled = enabled
         self.store = store  # an open bucket to use (tests inject a faulty one)
+        self.limits = limits  # of a bucket this process creates
+        self.room = Room()
         self._checked = store is not None  # tried once (and said so if there are none)
         self._next_try = 0.0  # monotonic: when to try to open the bucket again
         self._lock = asyncio.Lock()
+        self._looks = TaskSet("claims.room")
+        self._limits_said = False  # what the bucket's limits hold: said once
+
+    async def look(self) -> None:
+        """Read the open bucket's fill if it is time (one look at a time): in the
+        background while it takes new orders (they go on with what the last look found);
+        at once while it is full, so the first order after room came back is taken."""
+        store, now = self.store, time.monotonic()
+        if store is None or not self.room.due(now):
+            return
+        self.room.next_look = now + ROOM_LOOK_S  # one look at a time
+        if self.room.full:
+            await self._look(store)
+        else:
+            self._looks.spawn(self._look(store))
+
+    def admit(self) -> str:
+        """A new order asks to create its claim: why the bucket takes it not ("": it does,
+        and it is counted until ``ended``)."""
+        self._said(self.room.admit(time.monotonic()))
+        return self.room.full
+
+    def ended(self) -> None:
+        """An order ``admit`` took ended."""
+        self.room.ended()
+
+    def refused(self, why: str) -> None:
+        """JetStream refused a claim's write (or the bucket) for room: ``why``."""
+        self._said(self.room.refused(why, time.monotonic()))
+
+    async def close(self) -> None:
+        """End the look under way, if any."""
+        await self._looks.finish(0)
+
+    async def _look(self, store: ClaimStore) -> None:
+        try:
+            stored, max_bytes, max_age_s = await store.fill()
+        except KV_ERRORS as exc:  # the next look tries again
+            log.debug("claims_fill_unknown", bucket=store.name, error=str(exc))
+            return
+        if not self._limits_said:
+            self._limits_said = True
+            self._say_limits(store.name, max_bytes, max_age_s)
+        self._said(self.room.looked(stored, max_bytes, time.monotonic()))
+
+    def _say_limits(self, bucket: str, max_bytes: int, max_age_s: float) -> None:
+        """Say once what the bucket's limits hold; warn about a bucket without them (made
+        before they were set), with the command that sets this process's."""
+        if max_bytes > 0 and max_age_s > 0:
+            rate = round(ClaimLimits(max_age_s, max_bytes).covers())
+            log.info(
+                "claims_limits",
+                bucket=bucket,
+                window_s=max_age_s,
+                max_bytes=max_bytes,
+                orders_per_s=rate,
+            )
+            return
+        want = self.limits
+        log.warning(
+            "claims_bucket_unbounded",
+            bucket=bucket,
+            window_s=max_age_s,
+            max_bytes=max_bytes,
+            fix=f"nats stream edit KV_{bucket} --max-age {want.window_s:g}s "
+            f"--max-bytes {want.max_bytes} (docs/operations.md)",
+        )
+
+    def _said(self, event: str | None) -> None:
+        if event == FULL:
+            log.error(event, detail=self.room.full, stored=self.room.stored)
+        elif event is not None:
+            log.info(event, stored=self.room.stored, max_bytes=self.room.max_bytes)
 
     async def open(self) -> ClaimStore | None:
         """The bucket, opened if it is time to try (None: no JetStream, or off). Raises a
@@ -407,7 +500,9 @@ class ClaimBucket:
         # is kept short: a core-only server answers at once anyway
         wait_s = CLAIMS_RETRY_DETECT_S if self._checked else DETECT_TIMEOUT_S
         try:
-            self.store = await ClaimStore.open(self.nc, self.subjects, detect_timeout_s=wait_s)
+            self.store = await ClaimStore.open(
+                self.nc, self.subjects, self.limits, detect_timeout_s=wait_s
+            )
         except KV_ERRORS:
             self._checked = True  # JetStream is there: the bucket failed, try again
             raise

@@ -7,7 +7,13 @@ import pytest
 
 from bourse.auction.broker import RefusalKind, Refused
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import OVERLOADED_REASON, UNRECORDED_REASON, Error, ErrorCode
+from bourse.wire.messages import (
+    OVERLOADED_REASON,
+    STORE_FULL_REASON,
+    UNRECORDED_REASON,
+    Error,
+    ErrorCode,
+)
 
 
 @pytest.mark.parametrize(
@@ -16,6 +22,7 @@ from bourse.wire.messages import OVERLOADED_REASON, UNRECORDED_REASON, Error, Er
         ("overloaded", "internal", OVERLOADED_REASON),
         ("conflicting_order", "bad_request", ""),
         ("cannot_run", "internal", ""),
+        ("store_full", "internal", STORE_FULL_REASON),
         ("unrecorded", "internal", UNRECORDED_REASON),
     ],
 )

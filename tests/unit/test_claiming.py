@@ -17,6 +17,7 @@ from bourse.auction.claiming import (
     Claiming,
     ClaimStep,
     Clock,
+    NoRoom,
     OpenClaims,
     ReadClaim,
     RemoveClaim,
@@ -406,6 +407,79 @@ def test_a_retry_on_a_fresh_claim_commits_at_once() -> None:
 )
 def test_a_bucket_not_open_yet_is_opened_first(steps: list[Step]) -> None:
     play(steps, opened=False)
+
+
+FULL = "the order claims' bucket holds 97 of its 100 bytes"
+
+
+@pytest.mark.parametrize(
+    ("steps", "opened"),
+    [
+        pytest.param(
+            [
+                (("start",), [WriteClaim(MINE, 0)]),
+                (("failed", "max bytes", True), [NoRoom("max bytes", refused=True)]),
+            ],
+            True,
+            id="the create refused for room: refused at once, no back-off to the deadline",
+        ),
+        pytest.param(
+            [
+                (("start",), [OpenClaims()]),
+                (("failed", "no storage", True), [NoRoom("no storage", refused=True)]),
+            ],
+            False,
+            id="a bucket that cannot be made for room: refused at once",
+        ),
+        pytest.param(
+            [
+                *CREATED,
+                (("ended", PLACED), [outcome_write(placed_claim(), 7)]),
+                (("failed", "max bytes", True), [failed("max bytes"), BackOff(T0 + 0.05)]),
+            ],
+            True,
+            id="an outcome refused for room is tried again while the claim is the auction's",
+        ),
+    ],
+)
+def test_a_write_refused_for_room(steps: list[Step], opened: bool) -> None:
+    play(steps, opened=opened)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", None, 0), [NoRoom(FULL)])],
+            id="a new order id: refused (the claim is read first, not created blind)",
+        ),
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", DEAD, 3), [NoRoom(FULL)])],
+            id="a dead auction's claim is not taken over",
+        ),
+        pytest.param(
+            [
+                (("start",), [ReadClaim()]),
+                (
+                    ("read", ELSEWHERE, 3),
+                    [
+                        Log("info", "order_adopted", {"machine_id": "a~M1"}),
+                        Finish(msgspec.structs.replace(PLACED, existing=True, elapsed_ms=0.0)),
+                    ],
+                ),
+            ],
+            id="a placed order is answered from its claim",
+        ),
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", LIVE, 3), [WaitForChange(3, T0 + 0.5)])],
+            id="a duplicate waits for the live auction",
+        ),
+    ],
+)
+def test_a_full_bucket_takes_no_new_auction(steps: list[Step]) -> None:
+    """A new auction's outcome might find no room: the order is refused (store_full),
+    nothing placed. What needs no new claim goes on."""
+    play(steps, full=FULL)
 
 
 @pytest.mark.parametrize(
