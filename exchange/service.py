@@ -5,7 +5,8 @@
 - ``<root>.machine.<verb>``: routes to ``<root>.worker.<id>.machine.<verb>`` by the worker
   id embedded in the machine id (or ListMachines.worker_id) and relays the worker's reply.
 - ``<root>.reclaim.<worker_id>``: ReclaimCheck -> the order claims' verdict on each of the
-  worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d).
+  worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d;
+  exchange/reclaim.py).
 - ``<root>.tenant.<name>.order.<region>`` and ``<root>.tenant.<name>.machine.<verb>``: the
   same for tenant ``name`` (only its user may publish there): its order ids are scoped
   ``<name>:<id>``, its verbs reach only its machines, its listings show only them
@@ -48,8 +49,6 @@ from bourse.wire.messages import (
     Placed,
     PlaceOrder,
     ReclaimCheck,
-    ReclaimVerdict,
-    ReclaimVerdicts,
     Unfilled,
     now_ms,
     worker_of_machine,
@@ -57,6 +56,7 @@ from bourse.wire.messages import (
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 from bourse.wire.tenancy import own_machines, owns, scoped_order, unscoped
+from exchange.reclaim import ReclaimDesk
 
 log = structlog.get_logger("bourse.exchange")
 
@@ -105,6 +105,7 @@ class ExchangeService:
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
         # Admission + auction: the same broker a direct-mode buyer runs.
         self.broker = Broker(self.auctioneer, self.admission)
+        self.reclaims = ReclaimDesk(nc, self.subjects, self.auctioneer.claims)
         self._orders: Subscription | None = None
         self._subs: list[Subscription] = []
         self.metrics = metrics
@@ -374,29 +375,9 @@ class ExchangeService:
         self.responder.spawn(msg, self._reclaim(msg, check))
 
     async def _reclaim(self, msg: Msg, check: ReclaimCheck) -> None:
-        store = await self.auctioneer.claims()
-        verdicts = []
-        for m in check.machines:
-            if store is None:
-                verdicts.append(
-                    ReclaimVerdict(machine_id=m.machine_id, verdict="keep", detail="no claims")
-                )
-                continue
-            v = await store.judge(m)
-            if v.verdict != "wait":
-                log.info(
-                    "reclaim_verdict",
-                    worker_id=m.worker_id,
-                    machine_id=m.machine_id,
-                    order_id=m.order_id,
-                    verdict=v.verdict,
-                    detail=v.detail,
-                )
-            verdicts.append(
-                ReclaimVerdict(machine_id=m.machine_id, verdict=v.verdict, detail=v.detail)
-            )
+        verdicts = await self.reclaims.verdicts(check)
         self.responder.counts["reclaim_checks"] += 1
-        await self.responder.reply(msg, ReclaimVerdicts(verdicts=verdicts))
+        await self.responder.reply(msg, verdicts)
 
 
 def _list_worker(msg: Msg) -> str:

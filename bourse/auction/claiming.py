@@ -53,6 +53,7 @@ from bourse.auction.claims import (
     Wait,
     decide,
     fingerprint,
+    order_shape,
 )
 from bourse.auction.core import AuctionConfig, AuctionStateError, Finish, Log, Refuse
 from bourse.wire.messages import Placed, PlaceOrder, Unfilled, now_ms
@@ -216,6 +217,7 @@ class Claiming:
         "_outcome",
         "_refusal",
         "_result",
+        "_shape",
         "_spent_at_claim",
         "_until_ms",
         "auction_id",
@@ -246,6 +248,7 @@ class Claiming:
         self.spent_ms = spent_ms
         self.deadline = self.t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
         self._fp = fingerprint(order)
+        self._shape = order_shape(order)  # kept in the claim: a reclaim check goes by it
         # the claim outlives the deadline as the auction's holds do
         self._grace_ms = int(config.commit_grace_ms) + config.hold_margin_ms
         self._opened = opened
@@ -402,6 +405,7 @@ class Claiming:
             auction_id=self.auction_id,
             fingerprint=self._fp,
             until_ms=self._until_ms,
+            shape=self._shape,
         )
         if own:  # our own write, whose answer was lost
             return self._run(revision)

@@ -27,7 +27,11 @@ answer: keep it (the claim names it, or there is no claim to go by), destroy it 
 (the claim names another machine, or the buyer was told ``unfilled``: the claim then
 becomes ``reclaimed`` first, so the id is free and a re-check is idempotent), wait (an
 auction for the order is live), or adopt it (the claim's auction died without an outcome:
-the claim becomes ``placed`` with this machine, so a retry gets it).
+the claim becomes ``placed`` with this machine, so a retry gets it). A verdict that writes
+the claim takes the worker's word only once its region vouches for the machine
+(``vouched``: listed by that worker in the order's region, reserved, for the order, of its
+shape); otherwise it is refused (wait), so no supplier makes an order adopt a machine it
+made up.
 
 ``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out; an
 order's whole way through its claim is ``bourse.auction.claiming.Claiming``);
@@ -42,6 +46,7 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -59,7 +64,14 @@ from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import encode
 from bourse.wire.limits import MILLIS_PER_CPU
-from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, Resources, now_ms
+from bourse.wire.messages import (
+    Machine,
+    Placed,
+    PlaceOrder,
+    ReclaimVerdictKind,
+    Resources,
+    now_ms,
+)
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.claims")
@@ -96,6 +108,7 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     until_ms: int  # wall clock: the auction's end, deadline and commit grace included
     placed: Placed | None = None
     reclaimed: str = ""  # state reclaimed: the orphan machine a worker destroyed
+    shape: str = ""  # what a machine of the order shows (``shape``): "" from older writers
 
 
 def fingerprint(order: PlaceOrder) -> str:
@@ -109,6 +122,18 @@ def fingerprint(order: PlaceOrder) -> str:
     return _digest(
         order.region, canonical(order.resources), order.image, order.constraints, order.metadata
     )
+
+
+def order_shape(order: PlaceOrder) -> str:
+    """The shape of ``order``'s machine (``shape``)."""
+    return shape(order.region, order.resources, order.image, order.metadata)
+
+
+def shape(region: str, resources: Resources, image: str, metadata: dict[str, str]) -> str:
+    """What a machine placed for an order shows of it (its region, resources, image and
+    metadata: the fingerprint less the constraints, which a machine does not carry), as a
+    digest in the fingerprint's canonical form."""
+    return _digest(region, canonical(resources), image, metadata)
 
 
 def canonical(r: Resources) -> Resources:
@@ -202,11 +227,40 @@ WAIT: ReclaimVerdictKind = "wait"  # an auction for the order is live: ask again
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What a worker does with a machine it asked about; ``write``: the claim to store
-    first (revision-checked), when the verdict takes effect only once it is written."""
+    first (revision-checked), when the verdict takes effect only once it is written;
+    ``refused``: the worker's word for the machine did not hold (``vouched``)."""
 
     verdict: ReclaimVerdictKind
     detail: str
     write: Claim | None = None
+    refused: bool = False
+
+
+def vouched(claim: Claim, asked: Placed, shown: Machine | None) -> str:
+    """Why the worker's word for ``asked`` (its reserved machine, which a verdict would
+    make the order's or reclaim) does not hold, or "" when it does. ``shown``: that machine
+    as the worker listed it on its region's machines subject (``machines.<asked.region>``,
+    which only the suppliers of that region hear), None if it did not. It must be the
+    worker's, reserved (the listing asks for no other), for the order, and of the shape
+    the claim keeps, in the region it was listed in: a supplier of another region cannot
+    answer there, and a machine of another order, size, image or region does not match. A
+    claim without a shape (an older writer's) has nothing to check it against."""
+    if not claim.shape:
+        return ""
+    mid = asked.machine_id
+    if shown is None or shown.worker_id != asked.worker_id or shown.machine_id != mid:
+        return (
+            f"machine {mid} is not listed reserved by worker {asked.worker_id!r} in region "
+            f"{asked.region!r}"
+        )
+    if shown.order_id != asked.order_id:
+        return f"machine {mid} was placed for order {shown.order_id!r}"
+    if shape(asked.region, shown.resources, shown.image, shown.metadata) != claim.shape:
+        return (
+            f"machine {mid} in region {asked.region!r} is not the order's (its region, "
+            "resources, image or metadata differ)"
+        )
+    return ""
 
 
 def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
@@ -231,6 +285,10 @@ def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
 
 
 # -- the KV shell --------------------------------------------------------------------------
+
+# Why a worker's word for its machine does not hold against the order's claim ("": it
+# does): ``vouched`` over what the machine's region lists (the exchange's reclaim desk).
+Vouch = Callable[[Claim, Placed], Awaitable[str]]
 
 _decoder = msgspec.json.Decoder(Claim)
 
@@ -347,14 +405,19 @@ class ClaimStore:
         with contextlib.suppress(nats.js.errors.BadRequestError):
             await self.kv.delete(key_of(order_id), last=last)
 
-    async def judge(self, machine: Placed, tries: int = 4) -> Verdict:
+    async def judge(self, machine: Placed, vouch: Vouch, tries: int = 4) -> Verdict:
         """The verdict on a worker's reserved ``machine`` (``judge``), its claim written
-        first when the verdict needs it; a lost race to the claim reads it again."""
+        first when the verdict needs it, and only if ``vouch`` finds the worker's word
+        holds (else refused: wait); a lost race to the claim reads it again."""
         for _ in range(tries):
             claim, revision = await self.get(machine.order_id)
             verdict = judge(claim, machine, now_ms())
-            if verdict.write is None:
+            if claim is None or verdict.write is None:
                 return verdict
+            why = await vouch(claim, machine)
+            if why:
+                what = "adopted" if verdict.write.state == "placed" else "reclaimed"
+                return Verdict(WAIT, f"not {what}: {why}", refused=True)
             if await self.put(machine.order_id, verdict.write, revision) is not None:
                 return verdict
         return Verdict(WAIT, "the order's claim keeps changing")

@@ -29,7 +29,13 @@ from bourse.auction.claiming import (
     WriteClaim,
     waited_out,
 )
-from bourse.auction.claims import KV_TIMEOUT_S, TAKEOVER_SLACK_MS, Claim, fingerprint
+from bourse.auction.claims import (
+    KV_TIMEOUT_S,
+    TAKEOVER_SLACK_MS,
+    Claim,
+    fingerprint,
+    order_shape,
+)
 from bourse.auction.core import AuctionConfig, AuctionStateError, Finish, Log, Refuse
 from bourse.wire.messages import Placed, PlaceOrder, Resources, Unfilled
 
@@ -40,6 +46,7 @@ ORDER = PlaceOrder(
     order_id="o-1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
 )
 FP = fingerprint(ORDER)
+SHAPE = order_shape(ORDER)
 GRACE_MS = 250  # AuctionConfig's commit_grace_ms + hold_margin_ms
 UNTIL = W0 + 500 + GRACE_MS  # our claim's end, written at W0 (deadline 500 ms)
 PLACED = Placed(
@@ -54,7 +61,7 @@ PLACED = Placed(
 
 
 def claim(auction_id: str = AID, until_ms: int = UNTIL, **kw: Any) -> Claim:
-    fields: dict[str, Any] = {"state": "auctioning", "fingerprint": FP, **kw}
+    fields: dict[str, Any] = {"state": "auctioning", "fingerprint": FP, "shape": SHAPE, **kw}
     return Claim(auction_id=auction_id, until_ms=until_ms, **fields)
 
 
