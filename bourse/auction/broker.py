@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
+from bourse.auction.admission import ConcurrencyLimit, overloaded_detail
 from bourse.auction.driver import Auctioneer
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.wire.messages import (
@@ -98,11 +98,11 @@ class Broker:
         await self.auctioneer.close()
 
     async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
-        """Past the limit an order waits its turn for a share of its deadline (an auction
-        started now would slow every one under way); the auction gets what is left, and
-        what it says about load adapts the limit (bourse/auction/admission.py)."""
+        """Past the limit an order waits its turn while its deadline leaves time for an
+        auction (one started now would slow every one under way); the auction gets what is
+        left, and what it says about load adapts the limit (bourse/auction/admission.py)."""
         t0 = time.monotonic()
-        if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
+        if not await limit.acquire(limit.patience_s(order.deadline_ms)):
             return self.overloaded()
         started = time.monotonic()
         load_ms: float | None = None
