@@ -70,7 +70,8 @@ class ConcurrencyLimit:
     _calm_at: float = field(default=0.0, init=False)  # last time a slot was free at once
     _waited_at: float = field(default=0.0, init=False)  # last time an order waited
     _refused_at: float = field(default=-math.inf, init=False)  # last time one was refused
-    _waiters: deque[asyncio.Future[None]] = field(default_factory=deque, init=False)
+    closed: bool = field(default=False, init=False)
+    _waiters: deque[asyncio.Future[bool]] = field(default_factory=deque, init=False)
 
     def __post_init__(self) -> None:
         if self.floor < 1 or self.ceiling < self.floor:
@@ -101,7 +102,10 @@ class ConcurrencyLimit:
         return max(deadline_ms * WAIT_SHARE, deadline_ms - kept_ms) / 1000.0
 
     def try_acquire(self) -> bool:
-        """Take a free slot at once (none is free while others wait for one)."""
+        """Take a free slot at once (none is free while others wait for one, nor once
+        ``close``d)."""
+        if self.closed:
+            return False
         now = time.monotonic()
         if self.limit < self.initial and now - self._waited_at >= self.restart_s:
             self._restart()
@@ -118,24 +122,26 @@ class ConcurrencyLimit:
         self.avg_ms = None
 
     async def acquire(self, within_s: float) -> bool:
-        """Take a slot, waiting up to ``within_s`` in line for one; False (counted in
-        ``refused``) if none came."""
+        """Take a slot, waiting up to ``within_s`` in line for one; False if none came
+        (counted in ``refused``) or the limit was closed meanwhile (not counted)."""
         if self.try_acquire():
             return True
+        if self.closed:
+            return False
         if time.monotonic() - self._calm_at > self.standing_ms / 1000.0:
             within_s = min(within_s, self.congested_wait_ms / 1000.0)
         if within_s > 0:
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            # its result: True, handed a slot (the releaser counted us in); False, closed
+            fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
             try:
-                await asyncio.wait_for(fut, within_s)
-                return True  # the releaser counted us in
+                return await asyncio.wait_for(fut, within_s)
             except TimeoutError:
                 if fut.done() and not fut.cancelled():
-                    return True  # handed a slot just as the wait ran out
+                    return fut.result()  # answered just as the wait ran out
             except asyncio.CancelledError:
-                if fut.done() and not fut.cancelled():  # handed a slot, then cancelled:
-                    self.inflight -= 1  # give it back, or it would be lost for good
+                if fut.done() and not fut.cancelled() and fut.result():  # handed a slot,
+                    self.inflight -= 1  # then cancelled: give it back, or it is lost
                     self._hand_over()
                 raise
             finally:
@@ -151,7 +157,16 @@ class ConcurrencyLimit:
             fut = self._waiters.popleft()
             if not fut.done():
                 self.inflight += 1
-                fut.set_result(None)
+                fut.set_result(True)
+
+    def close(self) -> None:
+        """Give no slot from now on (the exchange is stopping): the orders in line are let
+        go at once (``acquire`` returns False) and new ones find none."""
+        self.closed = True
+        while self._waiters:
+            fut = self._waiters.popleft()
+            if not fut.done():
+                fut.set_result(False)
 
     def release(self, elapsed_ms: float | None, now: float | None = None) -> None:
         """An auction ended (at monotonic ``now``): give its slot back and adapt the limit.

@@ -22,9 +22,9 @@ import nats.js.errors
 
 # The idempotency window (docs/protocol.md §5.3c): how long a claim lives, so how long a
 # retry anywhere is answered from it and a worker asking about its reserved machine finds
-# it. It outlives every retry the protocol asks for (at once after a timeout or
-# `unrecorded`; later after `overloaded`, `store_full` or an internal error) and a worker
-# cut off from the exchanges for less than that. Past it, a retry is
+# it. It outlives every retry the protocol asks for (at once after a timeout, `unrecorded`
+# or `shutting_down`; later after `overloaded`, `store_full` or an internal error) and a
+# worker cut off from the exchanges for less than that. Past it, a retry is
 # deduplicated by the workers alone.
 DEFAULT_WINDOW_S = 3600.0
 # What one order's claim takes in the bucket: a placed claim of a typical order is about

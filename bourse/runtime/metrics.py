@@ -184,7 +184,7 @@ class ExchangeMetrics(Metrics):
             "bourse_orders",
             "Orders answered, by region, outcome (placed, unfilled, refused) and reason "
             "(the Unfilled reason, or the refusal: overloaded, conflicting_order, cannot_run, "
-            "store_full, unrecorded).",
+            "store_full, unrecorded, shutting_down).",
             ["region", "outcome", "reason"],
             registry=r,
         )

@@ -367,6 +367,9 @@ UNRECORDED_REASON = "unrecorded"
 # The order claims' store is full: nothing was placed; send the order again later under the
 # same id (docs/protocol.md §5.3c).
 STORE_FULL_REASON = "store_full"
+# The exchange stopped before the order had an outcome: send it again under the same id
+# (docs/protocol.md §5.5).
+SHUTTING_DOWN_REASON = "shutting_down"
 
 
 class Error(Message, kw_only=True):
@@ -374,7 +377,7 @@ class Error(Message, kw_only=True):
     detail: str
     # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
     # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON,
-    # UNRECORDED_REASON and STORE_FULL_REASON.
+    # UNRECORDED_REASON, STORE_FULL_REASON and SHUTTING_DOWN_REASON.
     reason: str = ""
 
 

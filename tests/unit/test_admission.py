@@ -182,3 +182,18 @@ async def test_an_order_waits_for_a_slot_while_its_deadline_leaves_time_for_an_a
     assert cap.patience_s(500) == pytest.approx(patience_ms / 1000)
     fixed = ConcurrencyLimit(ceiling=10, target_ms=0, floor=1)
     assert fixed.patience_s(500) == pytest.approx(0.125)  # a fixed cap: a quarter always
+
+
+async def test_a_closed_limit_lets_the_orders_in_line_go_and_gives_no_slot() -> None:
+    """The exchange is stopping: those in line are answered at once (not as refused for
+    load), newcomers find no slot, and the auctions under way still give theirs back."""
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    assert cap.try_acquire()
+    waiter = asyncio.ensure_future(cap.acquire(within_s=60))
+    await wait_until(lambda: cap.waiting == 1)
+    cap.close()
+    assert await waiter is False and cap.waiting == 0
+    assert not cap.try_acquire() and not await cap.acquire(within_s=60)
+    assert cap.refused == 0
+    cap.release(None)
+    assert cap.inflight == 0

@@ -9,6 +9,7 @@ from bourse.auction.broker import RefusalKind, Refused
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (
     OVERLOADED_REASON,
+    SHUTTING_DOWN_REASON,
     STORE_FULL_REASON,
     UNRECORDED_REASON,
     Error,
@@ -24,6 +25,7 @@ from bourse.wire.messages import (
         ("cannot_run", "internal", ""),
         ("store_full", "internal", STORE_FULL_REASON),
         ("unrecorded", "internal", UNRECORDED_REASON),
+        ("shutting_down", "internal", SHUTTING_DOWN_REASON),
     ],
 )
 def test_each_refusal_travels_as_an_error(kind: RefusalKind, code: ErrorCode, reason: str) -> None:
