@@ -10,6 +10,7 @@ import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
+from bourse.auction.room import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_S, ClaimLimits
 from bourse.nats.connection import shutdown, stats_of
 from bourse.runtime import logs
 from bourse.runtime.cli import (
@@ -83,6 +84,23 @@ def serve(
             "JetStream. --no-claims: per-process deduplication only.",
         ),
     ] = True,
+    claims_window_s: Annotated[
+        float,
+        typer.Option(
+            min=1,
+            help="Age limit of the order claims' bucket, if this exchange creates it: how "
+            "long a retry is answered from its claim (docs/protocol.md §5.3c).",
+        ),
+    ] = DEFAULT_WINDOW_S,
+    claims_max_bytes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="Byte limit of the order claims' bucket, if this exchange creates it: "
+            "600 bytes x orders a second x --claims-window-s, and 5% more "
+            "(docs/operations.md: sizing the order claims).",
+        ),
+    ] = DEFAULT_MAX_BYTES,
     prompt_offers: Annotated[
         bool,
         typer.Option(
@@ -151,6 +169,7 @@ def serve(
                 target_auction_ms=target_auction_ms,
                 metrics=metrics,
                 claims=claims,
+                claim_limits=ClaimLimits(claims_window_s, claims_max_bytes),
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""

@@ -5,7 +5,8 @@
 - ``<root>.machine.<verb>``: routes to ``<root>.worker.<id>.machine.<verb>`` by the worker
   id embedded in the machine id (or ListMachines.worker_id) and relays the worker's reply.
 - ``<root>.reclaim.<worker_id>``: ReclaimCheck -> the order claims' verdict on each of the
-  worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d).
+  worker's reserved machines (keep, orphan, wait) -> ReclaimVerdicts (docs/protocol.md §5.3d;
+  exchange/reclaim.py).
 - ``<root>.tenant.<name>.order.<region>`` and ``<root>.tenant.<name>.machine.<verb>``: the
   same for tenant ``name`` (only its user may publish there): its order ids are scoped
   ``<name>:<id>``, its verbs reach only its machines, its listings show only them
@@ -14,6 +15,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections import Counter
 
@@ -29,9 +31,10 @@ from bourse.auction.admission import DEFAULT_TARGET_MS, adaptive_limit
 from bourse.auction.broker import Broker, Refused
 from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.auction.room import ClaimLimits
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
-from bourse.runtime.metrics import AdmissionView, ExchangeMetrics
+from bourse.runtime.metrics import AdmissionView, ClaimsView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
@@ -47,8 +50,6 @@ from bourse.wire.messages import (
     Placed,
     PlaceOrder,
     ReclaimCheck,
-    ReclaimVerdict,
-    ReclaimVerdicts,
     Unfilled,
     now_ms,
     worker_of_machine,
@@ -56,6 +57,7 @@ from bourse.wire.messages import (
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 from bourse.wire.tenancy import own_machines, owns, scoped_order, unscoped
+from exchange.reclaim import ReclaimDesk
 
 log = structlog.get_logger("bourse.exchange")
 
@@ -64,6 +66,9 @@ MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
 # and the whole stop, so SIGTERM ends the process within 2 s.
 HANDLERS_S = 0.8
 STOP_S = 1.5
+# How long the stop waits for the orders queued here to be answered (a round trip to the
+# server, then the queue refused: a NATS that does not answer must not eat the stop).
+DRAIN_S = 0.2
 
 
 class ExchangeService:
@@ -81,13 +86,21 @@ class ExchangeService:
         metrics: ExchangeMetrics | None = None,
         claims: bool = True,
         claim_store: ClaimStore | None = None,
+        claim_limits: ClaimLimits = ClaimLimits(),
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
         # ``claim_store``: an open claims bucket to use instead of opening one (embedding,
-        # and tests that put a faulty bucket under the exchange)
+        # and tests that put a faulty bucket under the exchange); ``claim_limits``: those
+        # of the bucket, if this exchange creates it (docs/operations.md)
         self.auctioneer = Auctioneer(
-            nc, self.subjects, auction, trust, claims=claims, claim_store=claim_store
+            nc,
+            self.subjects,
+            auction,
+            trust,
+            claims=claims,
+            claim_store=claim_store,
+            claim_limits=claim_limits,
         )
         self.regions = regions or None
         self.max_order_backlog = max_order_backlog
@@ -96,12 +109,15 @@ class ExchangeService:
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
         # Admission + auction: the same broker a direct-mode buyer runs.
         self.broker = Broker(self.auctioneer, self.admission)
+        self.reclaims = ReclaimDesk(nc, self.subjects, self.auctioneer.claims)
         self._orders: Subscription | None = None
+        self._order_subs: list[Subscription] = []  # drained at the stop: every order answered
         self._subs: list[Subscription] = []
         self.metrics = metrics
         if metrics is not None:
             self.auctioneer.on_finished = metrics.offers
             metrics.watch_admission(self._admission_view)
+            metrics.watch_claims(self._claims_view)
             metrics.watch_replies("exchange", self._reply_counts)
             for region in sorted(self.regions or ()):  # their series exist from the start
                 metrics.region(region)
@@ -128,15 +144,15 @@ class ExchangeService:
         self._orders = await self.nc.subscribe(
             s.order_all, queue=EXCHANGE_QUEUE, cb=g(self._on_order)
         )
-        self._subs.append(self._orders)
-        self._subs.append(
-            await self.nc.subscribe(s.machine_all, queue=EXCHANGE_QUEUE, cb=g(self._on_machine))
-        )
-        self._subs.append(
-            await self.nc.subscribe(s.reclaim_all, queue=EXCHANGE_QUEUE, cb=g(self._on_reclaim))
+        self._order_subs.append(self._orders)
+        self._order_subs.append(
+            await self.nc.subscribe(
+                s.tenant_order_all, queue=EXCHANGE_QUEUE, cb=g(self._on_tenant_order)
+            )
         )
         for subject, cb in (
-            (s.tenant_order_all, self._on_tenant_order),
+            (s.machine_all, self._on_machine),
+            (s.reclaim_all, self._on_reclaim),
             (s.tenant_machine_all, self._on_tenant_machine),
         ):
             self._subs.append(await self.nc.subscribe(subject, queue=EXCHANGE_QUEUE, cb=g(cb)))
@@ -144,11 +160,21 @@ class ExchangeService:
         log.info("exchange_started", regions=sorted(self.regions) if self.regions else "any")
 
     async def _stop(self) -> None:
-        """Stop taking orders, let the ones under way finish (bounded: a stop must not wait
-        for a 30 s deadline; an auction cut short releases its holds on the way out)."""
-        for sub in self._subs:
-            with contextlib.suppress(Exception):
+        """Stop taking orders and answer every one that came: those waiting for a slot or
+        still queued here are refused ``shutting_down`` at once (the order subscriptions
+        are drained: the server sends the rest to the other exchanges of the queue group),
+        the auctions under way may finish within ``HANDLERS_S`` (a stop must not wait for
+        a 30 s deadline) and are refused so if cut short (releasing their holds on the way
+        out)."""
+        self.broker.stop()
+        if self.nc.is_connected:  # (nats-py's drain writes to the socket even while away)
+            for sub in self._order_subs:
+                with anyio.move_on_after(DRAIN_S), contextlib.suppress(Exception):
+                    await sub.drain()
+        for sub in [*self._order_subs, *self._subs]:
+            with contextlib.suppress(Exception):  # a drained one is gone already
                 await sub.unsubscribe()
+        self._order_subs.clear()
         self._subs.clear()
         await self.responder.finish(HANDLERS_S)
         await self.auctioneer.close()
@@ -180,33 +206,36 @@ class ExchangeService:
             raise BadMessage(
                 f"unknown region {region!r}: this exchange serves {sorted(self.regions)}"
             )
+        if self.broker.stopping:  # queued when the stop came: answered, not dropped
+            await self._refuse(msg, region, self.broker.shutting_down())
+            return
         backlog = self._orders.pending_msgs if self._orders is not None else 0
         if backlog > self.max_order_backlog:
             # Refusing at once is the cheap, honest answer: an auction started now would
             # run on an order that has already waited behind the queue.
-            if self.metrics is not None:
-                self.metrics.refused(region, "overloaded")
-            await self._overloaded(msg, backlog)
+            await self._refuse(msg, region, self.broker.overloaded(backlog))
             return
         if tenant is not None:
             order = scoped_order(tenant, order)
         self.responder.spawn(msg, self._place(msg, order, tenant))
 
-    async def _overloaded(self, msg: Msg, backlog: int = 0) -> None:
-        await self._refuse(msg, self.broker.overloaded(backlog))
-
-    async def _refuse(self, msg: Msg, refusal: Refused) -> None:
+    async def _refuse(self, msg: Msg, region: str, refusal: Refused) -> None:
+        if self.metrics is not None:
+            self.metrics.refused(region, refusal.kind)
         if refusal.kind == "overloaded":
             self.responder.counts["shed"] += 1
         err = refusal.error()
         await self.responder.error(msg, err.code, err.detail, reason=err.reason)
 
     async def _place(self, msg: Msg, order: PlaceOrder, tenant: str | None = None) -> None:
-        outcome = await self.broker.place(order)
+        try:
+            outcome = await self.broker.place(order)
+        except asyncio.CancelledError:  # the stop cut its auction short: say so, then go
+            with contextlib.suppress(Exception):
+                await self._refuse(msg, order.region, self.broker.shutting_down())
+            raise
         if isinstance(outcome, Refused):
-            if self.metrics is not None:
-                self.metrics.refused(order.region, outcome.kind)
-            await self._refuse(msg, outcome)
+            await self._refuse(msg, order.region, outcome)
         else:
             await self._answer(msg, order, outcome, tenant)
 
@@ -250,6 +279,10 @@ class ExchangeService:
     def _admission_view(self) -> AdmissionView:
         a = self.admission
         return AdmissionView(a.limit, a.inflight, a.waiting, a.refused)
+
+    def _claims_view(self) -> ClaimsView:
+        room = self.auctioneer.bucket.room
+        return ClaimsView(room.stored, room.max_bytes, bool(room.full))
 
     async def _on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]
@@ -360,29 +393,9 @@ class ExchangeService:
         self.responder.spawn(msg, self._reclaim(msg, check))
 
     async def _reclaim(self, msg: Msg, check: ReclaimCheck) -> None:
-        store = await self.auctioneer.claims()
-        verdicts = []
-        for m in check.machines:
-            if store is None:
-                verdicts.append(
-                    ReclaimVerdict(machine_id=m.machine_id, verdict="keep", detail="no claims")
-                )
-                continue
-            v = await store.judge(m)
-            if v.verdict != "wait":
-                log.info(
-                    "reclaim_verdict",
-                    worker_id=m.worker_id,
-                    machine_id=m.machine_id,
-                    order_id=m.order_id,
-                    verdict=v.verdict,
-                    detail=v.detail,
-                )
-            verdicts.append(
-                ReclaimVerdict(machine_id=m.machine_id, verdict=v.verdict, detail=v.detail)
-            )
+        verdicts = await self.reclaims.verdicts(check)
         self.responder.counts["reclaim_checks"] += 1
-        await self.responder.reply(msg, ReclaimVerdicts(verdicts=verdicts))
+        await self.responder.reply(msg, verdicts)
 
 
 def _list_worker(msg: Msg) -> str:

@@ -13,11 +13,13 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
-from bourse.auction.admission import WAIT_SHARE, ConcurrencyLimit, overloaded_detail
+from bourse.auction.admission import ConcurrencyLimit, overloaded_detail
 from bourse.auction.driver import Auctioneer
-from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.wire.messages import (
     OVERLOADED_REASON,
+    SHUTTING_DOWN_REASON,
+    STORE_FULL_REASON,
     UNRECORDED_REASON,
     Error,
     ErrorCode,
@@ -26,7 +28,9 @@ from bourse.wire.messages import (
     Unfilled,
 )
 
-RefusalKind = Literal["overloaded", "conflicting_order", "cannot_run", "unrecorded"]
+RefusalKind = Literal[
+    "overloaded", "conflicting_order", "cannot_run", "store_full", "unrecorded", "shutting_down"
+]
 
 # How each refusal travels as an Error: the code (v1's fixed set) and, for overload, the
 # Error.reason that tells it apart from other internal errors without reading the detail.
@@ -34,6 +38,8 @@ _WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
     "overloaded": ("internal", OVERLOADED_REASON),
     "conflicting_order": ("bad_request", ""),
     "cannot_run": ("internal", ""),
+    "store_full": ("internal", STORE_FULL_REASON),
+    "shutting_down": ("internal", SHUTTING_DOWN_REASON),
     "unrecorded": ("internal", UNRECORDED_REASON),
 }
 
@@ -45,10 +51,13 @@ class Refused:
     Nothing was bid, nothing is held: ``overloaded``, no admission slot in time (or the
     exchange's order backlog is full); ``conflicting_order``, its id is being placed for a
     different order; ``cannot_run``, the auction could not start (not connected to NATS,
-    or its claim could not be written).
+    or its claim could not be written); ``store_full``, the order claims' bucket takes no
+    new order (JetStream's storage for it is used up).
     ``unrecorded``: a machine was placed but the order's claim could not be made to name it;
     the order is to be sent again under the same id, which is answered with its one machine
-    (docs/protocol.md §5.3c)."""
+    (docs/protocol.md §5.3c). ``shutting_down``: the broker stopped before the order had an
+    outcome; sent again under the same id, it is answered with its machine if one was
+    placed."""
 
     kind: RefusalKind
     detail: str
@@ -61,6 +70,12 @@ class Refused:
 
 Outcome = Placed | Unfilled | Refused
 
+SHUTTING_DOWN = (
+    "the exchange is stopping and gave this order no outcome: send it again with the same "
+    "order id (as a retry), which is answered with its machine if one was placed "
+    "(docs/protocol.md §5.5)"
+)
+
 
 class Broker:
     """Places orders: waits for an admission slot (when ``admission`` is set), runs the
@@ -69,9 +84,12 @@ class Broker:
     def __init__(self, auctioneer: Auctioneer, admission: ConcurrencyLimit | None = None) -> None:
         self.auctioneer = auctioneer
         self.admission = admission
+        self.stopping = False
 
     async def place(self, order: PlaceOrder) -> Outcome:
         """Run one immediate-or-cancel order."""
+        if self.stopping:
+            return self.shutting_down()
         try:
             if self.admission is None:
                 return await self.auctioneer.run(order)
@@ -80,8 +98,22 @@ class Broker:
             return Refused("unrecorded", str(exc))
         except ConflictingOrder as exc:
             return Refused("conflicting_order", str(exc))
+        except StoreFull as exc:
+            return Refused("store_full", str(exc))
         except AuctionError as exc:
             return Refused("cannot_run", str(exc))
+
+    def stop(self) -> None:
+        """Take no order from now on: new ones and those waiting for a slot are refused
+        ``shutting_down`` at once (the auctions under way are the caller's to let finish)."""
+        self.stopping = True
+        if self.admission is not None:
+            self.admission.close()
+
+    @staticmethod
+    def shutting_down() -> Refused:
+        """The refusal for an order the stop left without an outcome."""
+        return Refused("shutting_down", SHUTTING_DOWN)
 
     def overloaded(self, backlog: int = 0) -> Refused:
         """The refusal for an order that finds no slot, or ``backlog`` orders queued ahead."""
@@ -93,12 +125,12 @@ class Broker:
         await self.auctioneer.close()
 
     async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
-        """Past the limit an order waits its turn for a share of its deadline (an auction
-        started now would slow every one under way); the auction gets what is left, and
-        what it says about load adapts the limit (bourse/auction/admission.py)."""
+        """Past the limit an order waits its turn while its deadline leaves time for an
+        auction (one started now would slow every one under way); the auction gets what is
+        left, and what it says about load adapts the limit (bourse/auction/admission.py)."""
         t0 = time.monotonic()
-        if not await limit.acquire(order.deadline_ms * WAIT_SHARE / 1000):
-            return self.overloaded()
+        if not await limit.acquire(limit.patience_s(order.deadline_ms)):
+            return self.shutting_down() if self.stopping else self.overloaded()
         started = time.monotonic()
         load_ms: float | None = None
         try:

@@ -16,7 +16,8 @@ Events in (methods):
 - ``removed()``: a remove answered (a wrong revision is not an error: the taker owns it).
 - ``changed()``: a wait for the claim to change ended (changed or not: it is read again).
 - ``woke()``: a back-off ended.
-- ``failed(error)``: the last KV request failed (a timeout, no responders, an API error).
+- ``failed(error, no_room)``: the last KV request failed (a timeout, no responders, an API
+  error; ``no_room``: JetStream refused it for room, bourse/auction/room.py).
 - ``ended(result)``: the auction ended with an outcome.
 - ``refused(detail)``: the auction refused the order (its id names another order's machine).
 
@@ -26,7 +27,8 @@ Decisions out: ``OpenClaims``, ``ReadClaim``, ``WriteClaim``, ``RemoveClaim``,
 ``RunUnclaimed`` (no claims on this server: the auction's outcome is the order's),
 ``Finish`` (``Placed``, adopted from the claim or recorded in it; ``Unfilled``),
 ``Refuse`` (ConflictingOrder), ``Unavailable`` (AuctionError: the claim could not be
-written, nothing was placed) and ``Unrecorded`` (UnrecordedPlacement: a machine was placed
+written, nothing was placed), ``NoRoom`` (StoreFull: the claims bucket takes no new order,
+nothing was placed) and ``Unrecorded`` (UnrecordedPlacement: a machine was placed
 that the claim could not be made to name). ``Log`` (a structlog event with ``order_id``
 and ``region`` bound) may come before any of them.
 """
@@ -51,6 +53,7 @@ from bourse.auction.claims import (
     Wait,
     decide,
     fingerprint,
+    order_shape,
 )
 from bourse.auction.core import AuctionConfig, AuctionStateError, Finish, Log, Refuse
 from bourse.wire.messages import Placed, PlaceOrder, Unfilled, now_ms
@@ -138,6 +141,15 @@ class Unavailable(msgspec.Struct, frozen=True):
     detail: str
 
 
+class NoRoom(msgspec.Struct, frozen=True):
+    """The claims bucket takes no new order (``why``): refuse it, nothing was placed
+    (StoreFull). ``refused``: JetStream refused this order's write for room (then the
+    bucket takes no new order for a while, bourse/auction/room.py)."""
+
+    why: str
+    refused: bool = False
+
+
 class Unrecorded(msgspec.Struct, frozen=True):
     """``placed`` was placed but the claim could not be made to name it (``why``): the
     buyer is not told Placed (UnrecordedPlacement)."""
@@ -161,6 +173,7 @@ ClaimStep = (
     | Finish
     | Refuse
     | Unavailable
+    | NoRoom
     | Unrecorded
     | Log
 )
@@ -186,14 +199,16 @@ class Claiming:
     """One order's way through its claim: find (or create) the claim, run the auction under
     it, record the outcome. ``auction_id`` names the claim's holder and the auction's bids;
     ``spent_ms``: time the order already waited (admission); ``opened``: whether the
-    claims bucket is open already (else it is opened first); ``clock``: the system's
-    unless given."""
+    claims bucket is open already (else it is opened first); ``full``: why the bucket takes
+    no new order ("" while it does: an order whose id is claimed already is still answered
+    from its claim); ``clock``: the system's unless given."""
 
     __slots__ = (
         "_backoff",
         "_decision",
         "_found",
         "_fp",
+        "_full",
         "_grace_ms",
         "_held",
         "_looked",
@@ -202,6 +217,7 @@ class Claiming:
         "_outcome",
         "_refusal",
         "_result",
+        "_shape",
         "_spent_at_claim",
         "_until_ms",
         "auction_id",
@@ -221,6 +237,7 @@ class Claiming:
         *,
         spent_ms: float = 0.0,
         opened: bool = True,
+        full: str = "",
         clock: Clock | None = None,
     ) -> None:
         self.order = order
@@ -231,9 +248,11 @@ class Claiming:
         self.spent_ms = spent_ms
         self.deadline = self.t0 + max(1.0, order.deadline_ms - spent_ms) / 1000.0
         self._fp = fingerprint(order)
+        self._shape = order_shape(order)  # kept in the claim: a reclaim check goes by it
         # the claim outlives the deadline as the auction's holds do
         self._grace_ms = int(config.commit_grace_ms) + config.hold_margin_ms
         self._opened = opened
+        self._full = full
         self._looked = False  # read at least once (else: created blind)
         self._found: Claim | None = None  # the claim as last read
         self._decision: ClaimDecision = Create()
@@ -303,8 +322,10 @@ class Claiming:
         self._expect("pausing")
         return self._look()
 
-    def failed(self, error: str) -> list[ClaimStep]:
-        """The last KV request failed (``error`` says how)."""
+    def failed(self, error: str, no_room: bool = False) -> list[ClaimStep]:
+        """The last KV request failed (``error`` says how; ``no_room``: refused for room)."""
+        if no_room and self.phase in ("opening", "creating"):
+            return self._end(NoRoom(error, refused=True))
         if self.phase in ("opening", "reading", "creating", "waiting"):
             return self._pause(error)
         if self.phase in ("recording", "confirming"):
@@ -350,7 +371,7 @@ class Claiming:
         if not self._opened:
             self.phase = "opening"
             return [OpenClaims()]
-        if self._looked:
+        if self._looked or self._full:  # a full bucket: the id may be answered from it
             self.phase = "reading"
             return [ReadClaim()]
         self._looked = True
@@ -375,6 +396,8 @@ class Claiming:
             self.phase = "waiting"
             until = min(self.deadline, now + (d.until_ms - wall) / 1000.0)
             return [WaitForChange(revision, until)]
+        if self._full and not own:  # a new auction: its outcome may find no room
+            return self._end(NoRoom(self._full))
         self._decision, self._spent_at_claim = d, spent
         self._until_ms = wall + int((self.deadline - now) * 1000.0) + self._grace_ms
         self._mine = Claim(
@@ -382,6 +405,7 @@ class Claiming:
             auction_id=self.auction_id,
             fingerprint=self._fp,
             until_ms=self._until_ms,
+            shape=self._shape,
         )
         if own:  # our own write, whose answer was lost
             return self._run(revision)

@@ -17,7 +17,8 @@ A claim of an unfilled order is deleted, unless a commit was tried: then a worke
 a machine whose abort was lost, and the claim says ``unfilled`` (the buyer was told so):
 the next attempt takes it over at once as a retry and adopts that machine; if none comes,
 the worker reclaims it. A placed claim lives for the bucket's age limit, the documented
-idempotency window (docs/protocol.md §5.3c). Without JetStream there are no claims and
+idempotency window (docs/protocol.md §5.3c); the bucket's bytes are bounded too, and a full
+one takes no new order (``bourse.auction.room``). Without JetStream there are no claims and
 duplicates are deduplicated as before (per process, and by the workers).
 
 **Reclaiming** (docs/protocol.md §5.3d): a worker asks, for each machine of its own still
@@ -26,7 +27,11 @@ answer: keep it (the claim names it, or there is no claim to go by), destroy it 
 (the claim names another machine, or the buyer was told ``unfilled``: the claim then
 becomes ``reclaimed`` first, so the id is free and a re-check is idempotent), wait (an
 auction for the order is live), or adopt it (the claim's auction died without an outcome:
-the claim becomes ``placed`` with this machine, so a retry gets it).
+the claim becomes ``placed`` with this machine, so a retry gets it). A verdict that writes
+the claim takes the worker's word only once its region vouches for the machine
+(``vouched``: listed by that worker in the order's region, reserved, for the order, of its
+shape); otherwise it is refused (wait), so no supplier makes an order adopt a machine it
+made up.
 
 ``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out; an
 order's whole way through its claim is ``bourse.auction.claiming.Claiming``);
@@ -41,6 +46,7 @@ import contextlib
 import hashlib
 import math
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,17 +59,23 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
+from bourse.auction.room import FULL, ROOM_LOOK_S, ClaimLimits, Room
 from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import encode
-from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
+from bourse.wire.limits import MILLIS_PER_CPU
+from bourse.wire.messages import (
+    Machine,
+    Placed,
+    PlaceOrder,
+    ReclaimVerdictKind,
+    Resources,
+    now_ms,
+)
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.claims")
 
-# The idempotency window: how long a placed order's claim (and so Placed{existing} at once
-# for a retry) lives. Past it, a retry is deduplicated by the workers alone, as without
-# claims. Documented in docs/protocol.md §5.3c.
-DEFAULT_WINDOW_S = 24 * 3600.0
 # Past a running claim's end, how long a duplicate still waits before taking it over: the
 # owner may be writing its outcome right now.
 TAKEOVER_SLACK_MS = 250
@@ -96,15 +108,46 @@ class Claim(msgspec.Struct, frozen=True, kw_only=True):
     until_ms: int  # wall clock: the auction's end, deadline and commit grace included
     placed: Placed | None = None
     reclaimed: str = ""  # state reclaimed: the orphan machine a worker destroyed
+    shape: str = ""  # what a machine of the order shows (``shape``): "" from older writers
 
 
 def fingerprint(order: PlaceOrder) -> str:
     """What makes two orders "the same order": what is placed (region, resources, image,
-    constraints, metadata). How it is auctioned (deadline, min_score, exclude_workers, the
-    retry hint) may differ between attempts: a retry that excludes the machine's worker
-    still gets that machine (I3 outranks exclude_workers, as without claims)."""
-    what = (order.region, order.resources, order.image, order.constraints, order.metadata)
-    return hashlib.blake2b(msgspec.json.encode(what), digest_size=12).hexdigest()
+    constraints, metadata), in one canonical form: maps sorted by key, the CPU amount in
+    its one wire form (``cpus: 1`` and ``cpus: 1, cpu_millis: 1000`` are one order). How it
+    is auctioned (deadline, min_score, exclude_workers, the retry hint) may differ between
+    attempts: a retry that excludes the machine's worker still gets that machine (I3
+    outranks exclude_workers, as without claims). An order already in that form (sorted
+    maps, ``cpu_millis`` only beside a fraction) has the digest it always had."""
+    return _digest(
+        order.region, canonical(order.resources), order.image, order.constraints, order.metadata
+    )
+
+
+def order_shape(order: PlaceOrder) -> str:
+    """The shape of ``order``'s machine (``shape``)."""
+    return shape(order.region, order.resources, order.image, order.metadata)
+
+
+def shape(region: str, resources: Resources, image: str, metadata: dict[str, str]) -> str:
+    """What a machine placed for an order shows of it (its region, resources, image and
+    metadata: the fingerprint less the constraints, which a machine does not carry), as a
+    digest in the fingerprint's canonical form."""
+    return _digest(region, canonical(resources), image, metadata)
+
+
+def canonical(r: Resources) -> Resources:
+    """``r`` in its one wire form: ``cpu_millis`` only when the CPU amount is not whole."""
+    if r.cpu_millis and r.cpu_millis % MILLIS_PER_CPU == 0:
+        return msgspec.structs.replace(r, cpu_millis=0)
+    return r
+
+
+def _digest(*what: object) -> str:
+    """The lowercase hex BLAKE2b digest (12 bytes) of ``what`` as compact JSON, maps
+    sorted by key (docs/protocol.md §5.3c)."""
+    data = msgspec.json.encode(what, order="deterministic")
+    return hashlib.blake2b(data, digest_size=12).hexdigest()
 
 
 _KEY = str.maketrans({":": "=", ".": "/"})
@@ -184,11 +227,40 @@ WAIT: ReclaimVerdictKind = "wait"  # an auction for the order is live: ask again
 @dataclass(frozen=True, slots=True)
 class Verdict:
     """What a worker does with a machine it asked about; ``write``: the claim to store
-    first (revision-checked), when the verdict takes effect only once it is written."""
+    first (revision-checked), when the verdict takes effect only once it is written;
+    ``refused``: the worker's word for the machine did not hold (``vouched``)."""
 
     verdict: ReclaimVerdictKind
     detail: str
     write: Claim | None = None
+    refused: bool = False
+
+
+def vouched(claim: Claim, asked: Placed, shown: Machine | None) -> str:
+    """Why the worker's word for ``asked`` (its reserved machine, which a verdict would
+    make the order's or reclaim) does not hold, or "" when it does. ``shown``: that machine
+    as the worker listed it on its region's machines subject (``machines.<asked.region>``,
+    which only the suppliers of that region hear), None if it did not. It must be the
+    worker's, reserved (the listing asks for no other), for the order, and of the shape
+    the claim keeps, in the region it was listed in: a supplier of another region cannot
+    answer there, and a machine of another order, size, image or region does not match. A
+    claim without a shape (an older writer's) has nothing to check it against."""
+    if not claim.shape:
+        return ""
+    mid = asked.machine_id
+    if shown is None or shown.worker_id != asked.worker_id or shown.machine_id != mid:
+        return (
+            f"machine {mid} is not listed reserved by worker {asked.worker_id!r} in region "
+            f"{asked.region!r}"
+        )
+    if shown.order_id != asked.order_id:
+        return f"machine {mid} was placed for order {shown.order_id!r}"
+    if shape(asked.region, shown.resources, shown.image, shown.metadata) != claim.shape:
+        return (
+            f"machine {mid} in region {asked.region!r} is not the order's (its region, "
+            "resources, image or metadata differ)"
+        )
+    return ""
 
 
 def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
@@ -213,6 +285,10 @@ def judge(claim: Claim | None, machine: Placed, now_ms: int) -> Verdict:
 
 
 # -- the KV shell --------------------------------------------------------------------------
+
+# Why a worker's word for its machine does not hold against the order's claim ("": it
+# does): ``vouched`` over what the machine's region lists (the exchange's reclaim desk).
+Vouch = Callable[[Claim, Placed], Awaitable[str]]
 
 _decoder = msgspec.json.Decoder(Claim)
 
@@ -248,13 +324,14 @@ class ClaimStore:
         cls,
         nc: NATS,
         subjects: Subjects,
-        window_s: float = DEFAULT_WINDOW_S,
+        limits: ClaimLimits = ClaimLimits(),
         detect_timeout_s: float = DETECT_TIMEOUT_S,
     ) -> ClaimStore | None:
-        """The bucket (created if missing; R3 on a cluster of 3 or more), or None when the
-        server has no JetStream (then there are no claims). A JetStream that fails to
-        give the bucket (a cluster electing its leader, no quorum) raises: that is an
-        outage of the claims, not their absence."""
+        """The bucket (created with ``limits`` if missing; R3 on a cluster of 3 or more), or
+        None when the server has no JetStream (then there are no claims). A JetStream that
+        fails to give the bucket (a cluster electing its leader, no quorum, no room for its
+        byte limit) raises: that is an outage of the claims, not their absence. An existing
+        bucket keeps its own limits (``ClaimBucket`` says what they are)."""
         if not await _has_jetstream(nc, detect_timeout_s):
             return None
         name = claims_bucket_name(subjects.prefix)
@@ -265,7 +342,8 @@ class ClaimStore:
             config = KeyValueConfig(
                 bucket=name,
                 history=1,
-                ttl=window_s,
+                ttl=limits.window_s,
+                max_bytes=limits.max_bytes,
                 storage=StorageType.FILE,
                 replicas=_replicas(nc),
                 description="Bourse order claims (docs/protocol.md §5.3c)",
@@ -275,10 +353,22 @@ class ClaimStore:
             except nats.js.errors.BadRequestError:
                 kv = await js.key_value(name)  # another process created it first
             else:
-                log.info("claims_bucket_created", bucket=name, replicas=config.replicas)
+                log.info(
+                    "claims_bucket_created",
+                    bucket=name,
+                    replicas=config.replicas,
+                    window_s=limits.window_s,
+                    max_bytes=limits.max_bytes,
+                )
                 if config.replicas > 1:
                     await _leader_elected(js, f"KV_{name}")
         return cls(kv, name, nc)
+
+    async def fill(self) -> tuple[int, int, float]:
+        """The bucket's bytes, its byte limit (-1: none) and its age limit in seconds."""
+        info = await self.nc.jetstream(timeout=KV_TIMEOUT_S).stream_info(f"KV_{self.name}")
+        max_bytes = info.config.max_bytes
+        return info.state.bytes, -1 if max_bytes is None else max_bytes, info.config.max_age or 0.0
 
     async def get(self, order_id: str) -> tuple[Claim | None, int]:
         """The claim and its revision (None, last revision when absent or deleted)."""
@@ -315,14 +405,19 @@ class ClaimStore:
         with contextlib.suppress(nats.js.errors.BadRequestError):
             await self.kv.delete(key_of(order_id), last=last)
 
-    async def judge(self, machine: Placed, tries: int = 4) -> Verdict:
+    async def judge(self, machine: Placed, vouch: Vouch, tries: int = 4) -> Verdict:
         """The verdict on a worker's reserved ``machine`` (``judge``), its claim written
-        first when the verdict needs it; a lost race to the claim reads it again."""
+        first when the verdict needs it, and only if ``vouch`` finds the worker's word
+        holds (else refused: wait); a lost race to the claim reads it again."""
         for _ in range(tries):
             claim, revision = await self.get(machine.order_id)
             verdict = judge(claim, machine, now_ms())
-            if verdict.write is None:
+            if claim is None or verdict.write is None:
                 return verdict
+            why = await vouch(claim, machine)
+            if why:
+                what = "adopted" if verdict.write.state == "placed" else "reclaimed"
+                return Verdict(WAIT, f"not {what}: {why}", refused=True)
             if await self.put(machine.order_id, verdict.write, revision) is not None:
                 return verdict
         return Verdict(WAIT, "the order's claim keeps changing")
@@ -352,7 +447,11 @@ class ClaimBucket:
     """The claims bucket of one connection, opened at the first need: ``store`` once open;
     None where the server has no JetStream (looked for again every ``CLAIMS_RETRY_S``: a
     JetStream cluster still electing its leader must not turn claims off for good) or
-    where claims are off (``enabled`` False: per-process deduplication only)."""
+    where claims are off (``enabled`` False: per-process deduplication only).
+
+    ``room`` says whether it takes new orders: its fill is read at most every
+    ``ROOM_LOOK_S`` (``look``), and a write refused for room refuses new orders for as
+    long (``refused``). ``close`` ends the look under way."""
 
     def __init__(
         self,
@@ -360,14 +459,90 @@ class ClaimBucket:
         subjects: Subjects,
         enabled: bool = True,
         store: ClaimStore | None = None,
+        limits: ClaimLimits = ClaimLimits(),
     ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.enabled = enabled
         self.store = store  # an open bucket to use (tests inject a faulty one)
+        self.limits = limits  # of a bucket this process creates
+        self.room = Room()
         self._checked = store is not None  # tried once (and said so if there are none)
         self._next_try = 0.0  # monotonic: when to try to open the bucket again
         self._lock = asyncio.Lock()
+        self._looks = TaskSet("claims.room")
+        self._limits_said = False  # what the bucket's limits hold: said once
+
+    async def look(self) -> None:
+        """Read the open bucket's fill if it is time (one look at a time): in the
+        background while it takes new orders (they go on with what the last look found);
+        at once while it is full, so the first order after room came back is taken."""
+        store, now = self.store, time.monotonic()
+        if store is None or not self.room.due(now):
+            return
+        self.room.next_look = now + ROOM_LOOK_S  # one look at a time
+        if self.room.full:
+            await self._look(store)
+        else:
+            self._looks.spawn(self._look(store))
+
+    def admit(self) -> str:
+        """A new order asks to create its claim: why the bucket takes it not ("": it does,
+        and it is counted until ``ended``)."""
+        self._said(self.room.admit(time.monotonic()))
+        return self.room.full
+
+    def ended(self) -> None:
+        """An order ``admit`` took ended."""
+        self.room.ended()
+
+    def refused(self, why: str) -> None:
+        """JetStream refused a claim's write (or the bucket) for room: ``why``."""
+        self._said(self.room.refused(why, time.monotonic()))
+
+    async def close(self) -> None:
+        """End the look under way, if any."""
+        await self._looks.finish(0)
+
+    async def _look(self, store: ClaimStore) -> None:
+        try:
+            stored, max_bytes, max_age_s = await store.fill()
+        except KV_ERRORS as exc:  # the next look tries again
+            log.debug("claims_fill_unknown", bucket=store.name, error=str(exc))
+            return
+        if not self._limits_said:
+            self._limits_said = True
+            self._say_limits(store.name, max_bytes, max_age_s)
+        self._said(self.room.looked(stored, max_bytes, time.monotonic()))
+
+    def _say_limits(self, bucket: str, max_bytes: int, max_age_s: float) -> None:
+        """Say once what the bucket's limits hold; warn about a bucket without them (made
+        before they were set), with the command that sets this process's."""
+        if max_bytes > 0 and max_age_s > 0:
+            rate = round(ClaimLimits(max_age_s, max_bytes).covers())
+            log.info(
+                "claims_limits",
+                bucket=bucket,
+                window_s=max_age_s,
+                max_bytes=max_bytes,
+                orders_per_s=rate,
+            )
+            return
+        want = self.limits
+        log.warning(
+            "claims_bucket_unbounded",
+            bucket=bucket,
+            window_s=max_age_s,
+            max_bytes=max_bytes,
+            fix=f"nats stream edit KV_{bucket} --max-age {want.window_s:g}s "
+            f"--max-bytes {want.max_bytes} (docs/operations.md)",
+        )
+
+    def _said(self, event: str | None) -> None:
+        if event == FULL:
+            log.error(event, detail=self.room.full, stored=self.room.stored)
+        elif event is not None:
+            log.info(event, stored=self.room.stored, max_bytes=self.room.max_bytes)
 
     async def open(self) -> ClaimStore | None:
         """The bucket, opened if it is time to try (None: no JetStream, or off). Raises a
@@ -388,7 +563,9 @@ class ClaimBucket:
         # is kept short: a core-only server answers at once anyway
         wait_s = CLAIMS_RETRY_DETECT_S if self._checked else DETECT_TIMEOUT_S
         try:
-            self.store = await ClaimStore.open(self.nc, self.subjects, detect_timeout_s=wait_s)
+            self.store = await ClaimStore.open(
+                self.nc, self.subjects, self.limits, detect_timeout_s=wait_s
+            )
         except KV_ERRORS:
             self._checked = True  # JetStream is there: the bucket failed, try again
             raise

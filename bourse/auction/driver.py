@@ -33,6 +33,7 @@ from bourse.auction.claiming import (
     Claiming,
     ClaimRequest,
     ClaimStep,
+    NoRoom,
     OpenClaims,
     ReadClaim,
     RemoveClaim,
@@ -63,9 +64,10 @@ from bourse.auction.core import (
     VerifyMachine,
     WakeAt,
 )
-from bourse.auction.errors import AuctionError, ConflictingOrder, UnrecordedPlacement
+from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.auction.inbox import Inbox, Mailbox, no_responders, reply_shard, shard_token
 from bourse.auction.responders import Responders
+from bourse.auction.room import ClaimLimits, no_room, store_full_detail
 from bourse.errors import BourseError
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
@@ -89,6 +91,7 @@ __all__ = [
     "AuctionError",
     "Auctioneer",
     "ConflictingOrder",
+    "StoreFull",
     "UnrecordedPlacement",
 ]
 
@@ -115,6 +118,7 @@ class Auctioneer:
         trust: TrustStore | None = None,
         claims: bool = True,
         claim_store: ClaimStore | None = None,
+        claim_limits: ClaimLimits = ClaimLimits(),
     ) -> None:
         self.nc = nc
         self.trust = trust
@@ -124,8 +128,9 @@ class Auctioneer:
         self.config = config or AuctionConfig()
         # Order claims in JetStream KV: on when the server has JetStream, found out at the
         # first order; ``claims`` False: never (per-process deduplication only).
-        # ``claim_store``: an open bucket to use (tests put a faulty one under it).
-        self.bucket = ClaimBucket(nc, self.subjects, claims, claim_store)
+        # ``claim_store``: an open bucket to use (tests put a faulty one under it);
+        # ``claim_limits``: the limits of a bucket this process creates.
+        self.bucket = ClaimBucket(nc, self.subjects, claims, claim_store, claim_limits)
         self._inflight: dict[str, tuple[PlaceOrder, asyncio.Future[Placed | Unfilled]]] = {}
         self.inbox = Inbox(nc, self.subjects)
         # Told (region, offers received) as each auction ends: the exchange's metrics.
@@ -175,6 +180,7 @@ class Auctioneer:
     async def close(self) -> None:
         await self.batches.close()
         await self.inbox.close()
+        await self.bucket.close()
 
     def batching(self, region: str) -> bool:
         """Bids and releases to ``region`` go in batches (§4.4.4): every supplier process
@@ -213,10 +219,14 @@ class Auctioneer:
             with contextlib.suppress(*KV_ERRORS):
                 await self.bucket.open()
         opened = self.bucket.store is not None
-        claim = Claiming(order, self.config, str(ULID()), spent_ms=spent_ms, opened=opened)
+        await self.bucket.look()
         olog = log.bind(order_id=order.order_id, region=order.region)
         later: list[str] = []  # the auction's region release, once the outcome is recorded
+        full = self.bucket.admit()
         try:
+            claim = Claiming(
+                order, self.config, str(ULID()), spent_ms=spent_ms, opened=opened, full=full
+            )
             todo = deque(claim.start())
             while True:  # the most frequent steps first: this runs for every order
                 d = todo.popleft()
@@ -233,9 +243,15 @@ class Auctioneer:
                     todo.extend(claim.woke())
                 elif isinstance(d, RunUnclaimed):  # no claims on this server
                     return await self._run(order, d.spent_ms, olog=olog)
+                elif isinstance(d, NoRoom):
+                    if d.refused:
+                        self.bucket.refused(d.why)
+                    raise StoreFull(store_full_detail(d.why))
                 else:
                     raise _refusal(d)
         finally:
+            if not full:
+                self.bucket.ended()
             while later:
                 await self._release(order, later.pop())
 
@@ -266,7 +282,7 @@ class Auctioneer:
             await store.changed(order_id, d.revision, d.until - time.monotonic())
             return claim.changed()
         except KV_ERRORS as exc:
-            return claim.failed(str(exc) or type(exc).__name__)
+            return claim.failed(str(exc) or type(exc).__name__, no_room(exc))
 
     async def _run(
         self,

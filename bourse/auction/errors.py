@@ -1,13 +1,13 @@
 """What running an order can raise: the auction could not run, the order id names another
-order, or a machine was placed that the order's claim does not name. ``Broker.place``
-turns each into a typed refusal (bourse/auction/broker.py)."""
+order, the order claims' store is full, or a machine was placed that the order's claim does
+not name. ``Broker.place`` turns each into a typed refusal (bourse/auction/broker.py)."""
 
 from __future__ import annotations
 
 from bourse.errors import BourseError
 from bourse.wire.messages import Placed
 
-__all__ = ["AuctionError", "ConflictingOrder", "UnrecordedPlacement"]
+__all__ = ["AuctionError", "ConflictingOrder", "StoreFull", "UnrecordedPlacement"]
 
 
 class AuctionError(BourseError, RuntimeError):
@@ -32,3 +32,8 @@ class UnrecordedPlacement(BourseError, RuntimeError):
 
 class ConflictingOrder(BourseError, ValueError):
     """The order id is the idempotency key: reusing it for a different order is an error."""
+
+
+class StoreFull(BourseError, RuntimeError):
+    """The order claims' bucket takes no new order (its bytes, or JetStream's store, are used
+    up): nothing was placed; the order may be sent again later (bourse/auction/room.py)."""

@@ -142,7 +142,7 @@ async def _fill(
     yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
     deploy (a retry of it is idempotent); with a random suffix once the app has had
     machines, so a refilled slot never reuses the id of a machine it replaces (an order id
-    is kept for 24 h, §5.3c: the old id would hand back the old machine)."""
+    is kept for the idempotency window, §5.3c: the old id would hand back the old machine)."""
     suffix = "" if fresh else "." + secrets.token_hex(4)
     for region in regions:
         order = PlaceOrder(

@@ -9,9 +9,11 @@ Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox 
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
   machine: it lists through the exchange (bourse/wire/tenancy.py).
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
-  ``R.event.*.exchange.unfilled`` (order outcomes); subscribe ``R.order.*``, ``R.machine.*``,
-  ``R.reclaim.*`` and the tenants' subjects only in the queue group ``exchange``; answers
-  buyers and suppliers: it may publish into their inboxes (and its own).
+  ``R.machines.*`` (a region's listing of a worker's reserved machines, which vouches for a
+  reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes); subscribe
+  ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects only in the
+  queue group ``exchange``; answers buyers and suppliers: it may publish into their inboxes
+  (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>``, ``R.machines.<region>``, ``R.status`` and
@@ -228,6 +230,7 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             s.commit("*"),
             s.release("*"),
             s.worker_machine("*", "*"),
+            s.machines("*"),  # a region vouches for a machine a worker reclaims (§5.3d)
             s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
             *_claims_api(s),
             *_inboxes(inbox, answers),

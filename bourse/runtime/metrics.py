@@ -183,7 +183,8 @@ class ExchangeMetrics(Metrics):
         self.orders = Counter(
             "bourse_orders",
             "Orders answered, by region, outcome (placed, unfilled, refused) and reason "
-            "(the Unfilled reason, or the refusal: overloaded, conflicting_order, cannot_run).",
+            "(the Unfilled reason, or the refusal: overloaded, conflicting_order, cannot_run, "
+            "store_full, unrecorded, shutting_down).",
             ["region", "outcome", "reason"],
             registry=r,
         )
@@ -247,12 +248,25 @@ class ExchangeMetrics(Metrics):
         """Expose the adaptive admission limit and the auctions in flight and waiting."""
         self.registry.register(_AdmissionCollector(admission))
 
+    def watch_claims(self, claims: Callable[[], ClaimsView]) -> None:
+        """Expose the order claims' bucket: its bytes, its limit, whether it is full."""
+        self.registry.register(_ClaimsCollector(claims))
+
 
 class AdmissionView(NamedTuple):
     limit: float
     inflight: int
     waiting: int
     refused: int
+
+
+class ClaimsView(NamedTuple):
+    """The order claims' bucket as its last look found it (-1: not known, or no limit);
+    ``full``: new orders are refused (``store_full``) for want of room."""
+
+    stored: int
+    max_bytes: int
+    full: bool
 
 
 class WorkerSample(NamedTuple):
@@ -372,6 +386,23 @@ class _AdmissionCollector(Collector):
         )
         refused.add_metric([], a.refused)
         yield refused
+
+
+class _ClaimsCollector(Collector):
+    def __init__(self, claims: Callable[[], ClaimsView]) -> None:
+        self.claims = claims
+
+    def collect(self) -> Iterator[Metric]:
+        c = self.claims()
+        yield _gauge("bourse_claims_bytes", "Bytes in the order claims' bucket.", c.stored)
+        yield _gauge(
+            "bourse_claims_max_bytes", "The order claims' bucket's byte limit.", c.max_bytes
+        )
+        yield _gauge(
+            "bourse_claims_full",
+            "1 while new orders are refused (store_full) for want of room for claims.",
+            float(c.full),
+        )
 
 
 class _WorkerCollector(Collector):

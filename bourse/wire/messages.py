@@ -364,14 +364,20 @@ OVERLOADED_REASON = "overloaded"
 # A machine was placed but the order's claim could not name it: send the order again under
 # the same id (docs/protocol.md §5.3c).
 UNRECORDED_REASON = "unrecorded"
+# The order claims' store is full: nothing was placed; send the order again later under the
+# same id (docs/protocol.md §5.3c).
+STORE_FULL_REASON = "store_full"
+# The exchange stopped before the order had an outcome: send it again under the same id
+# (docs/protocol.md §5.5).
+SHUTTING_DOWN_REASON = "shutting_down"
 
 
 class Error(Message, kw_only=True):
     code: ErrorCode
     detail: str
     # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
-    # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON and
-    # UNRECORDED_REASON.
+    # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON,
+    # UNRECORDED_REASON, STORE_FULL_REASON and SHUTTING_DOWN_REASON.
     reason: str = ""
 
 

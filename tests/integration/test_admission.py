@@ -90,3 +90,25 @@ async def test_time_spent_waiting_for_a_slot_comes_off_the_auctions_deadline(
         assert isinstance(full, Unfilled) and full.elapsed_ms >= 100
     finally:
         await auctioneer.close()
+
+
+async def test_a_burst_on_an_idle_fleet_with_room_is_placed_not_refused(market: Market) -> None:
+    """200 orders at once through one exchange (the limit starts at 64), on an idle fleet
+    with room for every one of them: admission refuses none as overloaded (the orders in
+    line wait while their deadline leaves time for an auction), and every one is placed."""
+    await market.host(*(worker(f"mad-{i}", cpus=64, memory_mb=1 << 16) for i in range(4)))
+    svc = await market.exchange()
+    buyers = [await market.client() for _ in range(4)]
+
+    async def place(i: int) -> Placed | Unfilled | ClientError:
+        try:
+            return await buyers[i % 4].place(order(order_id=f"burst-{i}"))
+        except ClientError as exc:
+            return exc
+
+    results = await asyncio.gather(*(place(i) for i in range(200)))
+    refused = [r for r in results if isinstance(r, ClientError)]
+    assert not refused, f"{len(refused)} refused, e.g. {refused[0]}"
+    assert svc.admission.refused == 0
+    unplaced = [r for r in results if not isinstance(r, Placed)]
+    assert not unplaced, unplaced[:3]

@@ -20,7 +20,7 @@ from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, Placed, PlaceOrder, Unfilled
+from bourse.wire.messages import Bid, Placed, PlaceOrder, Resources, Unfilled
 from bourse.wire.subjects import Subjects
 from tests.market import Market, order, outcome_trail, worker
 
@@ -113,6 +113,36 @@ async def test_a_retry_of_a_placed_order_is_answered_from_its_claim(market: Mark
     assert isinstance(marker, Placed)
     await nc.flush()
     assert "marker" in bids and "again" not in bids  # ...while the retries sent none
+
+
+async def test_one_order_written_two_ways_is_one_order(market: Market) -> None:
+    """`--meta a=1 --meta b=2` then `--meta b=2 --meta a=1` under one order id, its
+    constraints in another order too and its one CPU written with cpu_millis: the same
+    order, answered with its one machine from the claim (not refused as another order)."""
+    await market.host(worker("a", labels={"disk": "ssd", "zone": "z1"}))
+    await market.exchange()
+    client = await market.client()
+    first = await client.place(
+        order(
+            order_id="written-twice",
+            metadata={"a": "1", "b": "2"},
+            constraints={"disk": "ssd", "zone": "z1"},
+        )
+    )
+    assert isinstance(first, Placed)
+    again = await client.place(
+        msgspec.structs.replace(
+            order(
+                order_id="written-twice",
+                metadata={"b": "2", "a": "1"},
+                constraints={"zone": "z1", "disk": "ssd"},
+                retry=True,
+            ),
+            resources=Resources(cpus=1, cpu_millis=1000, memory_mb=256),
+        )
+    )
+    assert isinstance(again, Placed) and again.existing
+    assert again.machine_id == first.machine_id
 
 
 async def test_a_new_order_with_an_id_does_not_wait_out_the_retry_window(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import msgspec
 
-from bourse.auction.claims import Claim, ClaimStore, fingerprint
+from bourse.auction.claims import Claim, ClaimState, ClaimStore, fingerprint, order_shape
 from bourse.client import BourseClient
 from bourse.wire.messages import Machine, Offer, Placed, PlaceOrder, Unfilled, now_ms
 from bourse.wire.resources import ZERO
@@ -31,12 +31,15 @@ async def _store(market: Market) -> ClaimStore:
     return store
 
 
-async def _claim(store: ClaimStore, o: PlaceOrder, state: str, **kw: object) -> None:
+async def _claim(store: ClaimStore, o: PlaceOrder, state: ClaimState, **kw: object) -> None:
     """Write the order's claim as an auction would have left it."""
     until = kw.pop("until_ms", now_ms())
-    c = msgspec.convert(
-        {"state": state, "auction_id": "A-dead", "fingerprint": fingerprint(o), "until_ms": until},
-        Claim,
+    c = Claim(
+        state=state,
+        auction_id="A-dead",
+        fingerprint=fingerprint(o),
+        until_ms=until,
+        shape=order_shape(o),
     )
     _, revision = await store.get(o.order_id)
     assert await store.put(o.order_id, msgspec.structs.replace(c, **kw), revision) is not None

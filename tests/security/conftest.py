@@ -115,3 +115,17 @@ async def secured(secured_server: EmbeddedNats, auth_files: AuthFiles) -> AsyncI
         yield s
     finally:
         await s.close()
+
+
+@pytest.fixture
+async def secured_js(auth_files: AuthFiles, tmp_path: Path) -> AsyncIterator[Secured]:
+    """``secured`` with JetStream on (order claims)."""
+    srv = EmbeddedNats(
+        workdir=tmp_path / "nats-js", config=auth_files.server_conf, jetstream=True
+    ).start()
+    s = Secured(srv, auth_files, Subjects(PREFIX))
+    try:
+        yield s
+    finally:
+        await s.close()
+        srv.stop()

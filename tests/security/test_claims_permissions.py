@@ -6,28 +6,11 @@ auction under auth, cannot write one."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import pytest
 
 from bourse.auction.claims import Claim, ClaimStore
-from bourse.nats.embedded import EmbeddedNats
-from bourse.wire.subjects import Subjects
-from tests.security.conftest import PREFIX, AuthFiles, Secured
-
-
-@pytest.fixture
-async def secured_js(auth_files: AuthFiles, tmp_path: Path) -> AsyncIterator[Secured]:
-    srv = EmbeddedNats(
-        workdir=tmp_path / "nats-js", config=auth_files.server_conf, jetstream=True
-    ).start()
-    s = Secured(srv, auth_files, Subjects(PREFIX))
-    try:
-        yield s
-    finally:
-        await s.close()
-        srv.stop()
+from tests.security.conftest import PREFIX, Secured
 
 
 def claim(auction: str) -> Claim:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -57,9 +58,12 @@ def test_fast_auctions_open_one_slot_per_round() -> None:
     assert 10.9 < cap.limit < 11.0
 
 
-def test_a_slow_average_cuts_once_per_target_interval() -> None:
+def test_a_slow_average_cuts_once_per_round() -> None:
+    """A cut, then none until an auction admitted since the cut ends slow: those under way
+    were admitted under the old limit (one cut per congestion event, however long the
+    auctions of a burst take)."""
     cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=50, decrease=0.8)
-    for _ in range(5):
+    for _ in range(8):
         cap.try_acquire()
     for _ in range(5):  # the average passes 25 ms at the 4th; the same event: one cut
         cap.release(elapsed_ms=80, now=1000.0)
@@ -67,8 +71,9 @@ def test_a_slow_average_cuts_once_per_target_interval() -> None:
     assert cap.cuts == 1 and 40.0 < cap.limit < 40.1
     assert cap.avg_ms is not None and cap.avg_ms > 25
     before = cap.limit
-    cap.try_acquire()
-    cap.release(elapsed_ms=80, now=1000.026)  # the next interval: cut again
+    cap.release(elapsed_ms=200, now=1000.1)  # admitted before the cut: no second cut
+    assert (cap.limit, cap.cuts) == (before, 1)
+    cap.release(elapsed_ms=80, now=1000.1)  # admitted after it, and still slow: cut again
     assert cap.limit == pytest.approx(before * 0.8) and cap.cuts == 2
 
 
@@ -89,7 +94,7 @@ def test_outcomes_that_say_nothing_about_load_only_free_their_slot() -> None:
 
 
 def test_the_limit_stays_between_floor_and_ceiling() -> None:
-    cap = ConcurrencyLimit(ceiling=12, target_ms=25, floor=4, initial=64)
+    cap = ConcurrencyLimit(ceiling=12, target_ms=25, floor=4, initial=64, restart_s=math.inf)
     assert cap.limit == 12  # the initial value is clamped too
     for i in range(50):
         cap.try_acquire()
@@ -140,3 +145,55 @@ async def test_a_waiter_cancelled_after_being_handed_a_slot_gives_it_back() -> N
     else:
         assert isinstance(got, asyncio.CancelledError)
     assert cap.inflight == 0 and cap.try_acquire()  # no slot was lost either way
+
+
+def test_a_limit_cut_by_a_past_burst_starts_again_once_no_order_has_waited() -> None:
+    """What a burst taught the limit is stale once the market is idle: the next burst
+    finds the start value, not the cuts of the last one."""
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=20, restart_s=0.0)
+    for _ in range(20):
+        assert cap.try_acquire()
+    assert not cap.try_acquire()  # the burst: an order waits
+    for i in range(20):  # its auctions were slow: cut once
+        cap.release(elapsed_ms=200, now=10.0 + i / 1000)
+    assert cap.cuts == 1 and 16.0 < cap.limit < 16.1  # one +1/limit before the average crossed
+    assert cap.try_acquire()  # no order has waited for restart_s (0 here): 20 again
+    assert (cap.limit, cap.avg_ms) == (20, None)
+
+
+@pytest.mark.parametrize(
+    ("avg_ms", "refused", "patience_ms"),
+    [
+        pytest.param(None, False, 475, id="idle: all but the target's time for the auction"),
+        pytest.param(100.0, False, 400, id="a burst: all but an average auction's time"),
+        pytest.param(450.0, False, 125, id="slow auctions: never less than a quarter"),
+        pytest.param(None, True, 125, id="an order refused lately: overload, a quarter"),
+    ],
+)
+async def test_an_order_waits_for_a_slot_while_its_deadline_leaves_time_for_an_auction(
+    avg_ms: float | None, refused: bool, patience_ms: float
+) -> None:
+    cap = ConcurrencyLimit(ceiling=100, target_ms=25, floor=4, initial=4)
+    cap.avg_ms = avg_ms
+    if refused:
+        while cap.try_acquire():
+            pass
+        assert not await cap.acquire(within_s=0)
+    assert cap.patience_s(500) == pytest.approx(patience_ms / 1000)
+    fixed = ConcurrencyLimit(ceiling=10, target_ms=0, floor=1)
+    assert fixed.patience_s(500) == pytest.approx(0.125)  # a fixed cap: a quarter always
+
+
+async def test_a_closed_limit_lets_the_orders_in_line_go_and_gives_no_slot() -> None:
+    """The exchange is stopping: those in line are answered at once (not as refused for
+    load), newcomers find no slot, and the auctions under way still give theirs back."""
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
+    assert cap.try_acquire()
+    waiter = asyncio.ensure_future(cap.acquire(within_s=60))
+    await wait_until(lambda: cap.waiting == 1)
+    cap.close()
+    assert await waiter is False and cap.waiting == 0
+    assert not cap.try_acquire() and not await cap.acquire(within_s=60)
+    assert cap.refused == 0
+    cap.release(None)
+    assert cap.inflight == 0

@@ -7,7 +7,14 @@ import pytest
 
 from bourse.auction.broker import RefusalKind, Refused
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import OVERLOADED_REASON, UNRECORDED_REASON, Error, ErrorCode
+from bourse.wire.messages import (
+    OVERLOADED_REASON,
+    SHUTTING_DOWN_REASON,
+    STORE_FULL_REASON,
+    UNRECORDED_REASON,
+    Error,
+    ErrorCode,
+)
 
 
 @pytest.mark.parametrize(
@@ -16,7 +23,9 @@ from bourse.wire.messages import OVERLOADED_REASON, UNRECORDED_REASON, Error, Er
         ("overloaded", "internal", OVERLOADED_REASON),
         ("conflicting_order", "bad_request", ""),
         ("cannot_run", "internal", ""),
+        ("store_full", "internal", STORE_FULL_REASON),
         ("unrecorded", "internal", UNRECORDED_REASON),
+        ("shutting_down", "internal", SHUTTING_DOWN_REASON),
     ],
 )
 def test_each_refusal_travels_as_an_error(kind: RefusalKind, code: ErrorCode, reason: str) -> None:

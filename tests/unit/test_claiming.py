@@ -17,6 +17,7 @@ from bourse.auction.claiming import (
     Claiming,
     ClaimStep,
     Clock,
+    NoRoom,
     OpenClaims,
     ReadClaim,
     RemoveClaim,
@@ -28,7 +29,13 @@ from bourse.auction.claiming import (
     WriteClaim,
     waited_out,
 )
-from bourse.auction.claims import KV_TIMEOUT_S, TAKEOVER_SLACK_MS, Claim, fingerprint
+from bourse.auction.claims import (
+    KV_TIMEOUT_S,
+    TAKEOVER_SLACK_MS,
+    Claim,
+    fingerprint,
+    order_shape,
+)
 from bourse.auction.core import AuctionConfig, AuctionStateError, Finish, Log, Refuse
 from bourse.wire.messages import Placed, PlaceOrder, Resources, Unfilled
 
@@ -39,6 +46,7 @@ ORDER = PlaceOrder(
     order_id="o-1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
 )
 FP = fingerprint(ORDER)
+SHAPE = order_shape(ORDER)
 GRACE_MS = 250  # AuctionConfig's commit_grace_ms + hold_margin_ms
 UNTIL = W0 + 500 + GRACE_MS  # our claim's end, written at W0 (deadline 500 ms)
 PLACED = Placed(
@@ -53,7 +61,7 @@ PLACED = Placed(
 
 
 def claim(auction_id: str = AID, until_ms: int = UNTIL, **kw: Any) -> Claim:
-    fields: dict[str, Any] = {"state": "auctioning", "fingerprint": FP, **kw}
+    fields: dict[str, Any] = {"state": "auctioning", "fingerprint": FP, "shape": SHAPE, **kw}
     return Claim(auction_id=auction_id, until_ms=until_ms, **fields)
 
 
@@ -406,6 +414,79 @@ def test_a_retry_on_a_fresh_claim_commits_at_once() -> None:
 )
 def test_a_bucket_not_open_yet_is_opened_first(steps: list[Step]) -> None:
     play(steps, opened=False)
+
+
+FULL = "the order claims' bucket holds 97 of its 100 bytes"
+
+
+@pytest.mark.parametrize(
+    ("steps", "opened"),
+    [
+        pytest.param(
+            [
+                (("start",), [WriteClaim(MINE, 0)]),
+                (("failed", "max bytes", True), [NoRoom("max bytes", refused=True)]),
+            ],
+            True,
+            id="the create refused for room: refused at once, no back-off to the deadline",
+        ),
+        pytest.param(
+            [
+                (("start",), [OpenClaims()]),
+                (("failed", "no storage", True), [NoRoom("no storage", refused=True)]),
+            ],
+            False,
+            id="a bucket that cannot be made for room: refused at once",
+        ),
+        pytest.param(
+            [
+                *CREATED,
+                (("ended", PLACED), [outcome_write(placed_claim(), 7)]),
+                (("failed", "max bytes", True), [failed("max bytes"), BackOff(T0 + 0.05)]),
+            ],
+            True,
+            id="an outcome refused for room is tried again while the claim is the auction's",
+        ),
+    ],
+)
+def test_a_write_refused_for_room(steps: list[Step], opened: bool) -> None:
+    play(steps, opened=opened)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", None, 0), [NoRoom(FULL)])],
+            id="a new order id: refused (the claim is read first, not created blind)",
+        ),
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", DEAD, 3), [NoRoom(FULL)])],
+            id="a dead auction's claim is not taken over",
+        ),
+        pytest.param(
+            [
+                (("start",), [ReadClaim()]),
+                (
+                    ("read", ELSEWHERE, 3),
+                    [
+                        Log("info", "order_adopted", {"machine_id": "a~M1"}),
+                        Finish(msgspec.structs.replace(PLACED, existing=True, elapsed_ms=0.0)),
+                    ],
+                ),
+            ],
+            id="a placed order is answered from its claim",
+        ),
+        pytest.param(
+            [(("start",), [ReadClaim()]), (("read", LIVE, 3), [WaitForChange(3, T0 + 0.5)])],
+            id="a duplicate waits for the live auction",
+        ),
+    ],
+)
+def test_a_full_bucket_takes_no_new_auction(steps: list[Step]) -> None:
+    """A new auction's outcome might find no room: the order is refused (store_full),
+    nothing placed. What needs no new claim goes on."""
+    play(steps, full=FULL)
 
 
 @pytest.mark.parametrize(

@@ -22,10 +22,12 @@ from bourse.auction.claims import (
     fingerprint,
     judge,
     key_of,
+    order_shape,
     put_result,
+    vouched,
 )
 from bourse.nats.jetstream import claims_bucket_name
-from bourse.wire.messages import OrderId, Placed, PlaceOrder, Resources
+from bourse.wire.messages import Machine, OrderId, Placed, PlaceOrder, Resources
 
 ORDER = PlaceOrder(
     order_id="o-1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
@@ -107,6 +109,61 @@ def test_a_different_order_under_the_same_id_is_a_conflict(state: ClaimState) ->
 )
 def test_the_fingerprint_is_what_is_placed(change: dict[str, object], same: bool) -> None:
     assert (fingerprint(msgspec.structs.replace(ORDER, **change)) == FP) is same
+
+
+def same_order(**fields: object) -> PlaceOrder:
+    return msgspec.structs.replace(ORDER, **fields)
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        pytest.param(
+            same_order(metadata={"a": "1", "b": "2"}),
+            same_order(metadata={"b": "2", "a": "1"}),
+            id="metadata in another order (--meta a=1 --meta b=2, then b=2 a=1)",
+        ),
+        pytest.param(
+            same_order(constraints={"disk": "ssd", "zone": "a"}),
+            same_order(constraints={"zone": "a", "disk": "ssd"}),
+            id="constraints in another order",
+        ),
+        pytest.param(
+            same_order(resources=Resources(cpus=1, memory_mb=64)),
+            same_order(resources=Resources(cpus=1, cpu_millis=1000, memory_mb=64)),
+            id="one CPU with and without cpu_millis",
+        ),
+        pytest.param(
+            same_order(resources=Resources(cpus=3, memory_mb=64)),
+            same_order(resources=Resources(cpus=3, cpu_millis=3000, memory_mb=64)),
+            id="three CPUs with and without cpu_millis",
+        ),
+    ],
+)
+def test_one_order_has_one_fingerprint(one: PlaceOrder, other: PlaceOrder) -> None:
+    assert fingerprint(one) == fingerprint(other)
+
+
+@pytest.mark.parametrize(
+    ("order", "digest"),
+    [
+        (ORDER, "177ab0f5c0c4fe9a357cece5"),
+        (
+            same_order(
+                resources=Resources(cpus=1, cpu_millis=500, memory_mb=64, disk_mb=10, gpus=1),
+                constraints={"disk": "ssd", "zone": "a"},
+                metadata={"app": "x", "é": "ü"},
+            ),
+            "97fa9d6c732bcdb081f1696e",
+        ),
+    ],
+)
+def test_an_order_already_in_canonical_form_keeps_its_fingerprint(
+    order: PlaceOrder, digest: str
+) -> None:
+    """Claims written before the canonical form stay valid for such orders (a rolling
+    upgrade): sorted maps, cpus whole or cpu_millis beside its rounded-up cpus."""
+    assert fingerprint(order) == digest
 
 
 def test_names() -> None:
@@ -223,3 +280,85 @@ def test_the_answer_to_a_claim_write_sent_apart(
             put_result(data, headers)
     else:
         assert put_result(data, headers) == expected
+
+
+# -- whether a worker's word for its machine holds (vouched) --------------------------------
+
+SHAPED = msgspec.structs.replace(claim(until=NOW - 10**6), shape=order_shape(ORDER))
+LISTED = Machine(
+    machine_id="a~M1",
+    order_id="o-1",
+    worker_id="a",
+    region="mad",
+    state="reserved",
+    resources=ORDER.resources,
+    image=ORDER.image,
+)
+
+
+def not_the_orders(region: str) -> str:
+    return (
+        f"machine a~M1 in region {region!r} is not the order's (its region, resources, image "
+        "or metadata differ)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("asked", "shown", "why"),
+    [
+        pytest.param(MINE, LISTED, "", id="listed by its worker in the order's region: holds"),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(
+                LISTED, resources=Resources(cpus=1, cpu_millis=1000, memory_mb=64)
+            ),
+            "",
+            id="its resources written the other way: the same order",
+        ),
+        pytest.param(
+            MINE,
+            None,
+            "machine a~M1 is not listed reserved by worker 'a' in region 'mad'",
+            id="not listed (made up, or nobody of that region answers for the worker)",
+        ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, worker_id="b"),
+            "machine a~M1 is not listed reserved by worker 'a' in region 'mad'",
+            id="listed by another worker",
+        ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, order_id="o-2"),
+            "machine a~M1 was placed for order 'o-2'",
+            id="another order's machine",
+        ),
+        pytest.param(
+            msgspec.structs.replace(MINE, region="fra"),
+            msgspec.structs.replace(LISTED, region="mad"),
+            not_the_orders("fra"),
+            id="listed in another region, whatever region the listing says",
+        ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, image="api"),
+            not_the_orders("mad"),
+            id="another image",
+        ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, metadata={"app": "x"}),
+            not_the_orders("mad"),
+            id="other metadata",
+        ),
+    ],
+)
+def test_a_workers_word_for_its_machine_holds_only_as_its_region_lists_it(
+    asked: Placed, shown: Machine | None, why: str
+) -> None:
+    assert vouched(SHAPED, asked, shown) == why
+
+
+def test_a_claim_without_a_shape_takes_the_workers_word() -> None:
+    """Written by an exchange that kept no shape: nothing to check the machine against."""
+    assert vouched(claim(until=NOW - 10**6), MINE, None) == ""

@@ -1,0 +1,115 @@
+"""The exchange's reclaim desk (docs/protocol.md §5.3d): the order claims' verdict on each
+machine a worker asks about (keep, orphan, wait).
+
+A verdict that changes a claim (adopting a dead auction's machine, reclaiming an unfilled
+order's orphan) takes the worker's word only once the machine's region vouches for it: the
+desk asks ``<root>.machines.<region>`` for the worker's reserved machines (only the
+suppliers of that region hear it; under ``bourse auth init`` only they may subscribe) and
+checks the machine there against the claim (``bourse.auction.claims.vouched``). Otherwise
+the verdict is refused (wait) and logged: a supplier cannot make an order adopt a machine
+it made up, nor another region's order adopt its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import time
+from collections.abc import Awaitable, Callable
+
+import nats.errors
+import structlog
+from nats.aio.client import Client as NATS
+
+from bourse.auction.claims import Claim, ClaimStore, vouched
+from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.messages import (
+    ListMachines,
+    Machine,
+    MachinePage,
+    Placed,
+    ReclaimCheck,
+    ReclaimVerdict,
+    ReclaimVerdicts,
+)
+from bourse.wire.subjects import Subjects
+
+log = structlog.get_logger("bourse.exchange")
+
+# How long the region's listings of one check's machines may take in all: within the
+# worker's own wait for its verdicts (2 s), beside the claims' reads.
+LISTING_TIMEOUT_S = 1.0
+
+
+class ReclaimDesk:
+    """Verdicts on a worker's reserved machines, from the order claims (``claims()``: the
+    bucket, None without claims) and what the machines' regions list."""
+
+    def __init__(
+        self, nc: NATS, subjects: Subjects, claims: Callable[[], Awaitable[ClaimStore | None]]
+    ) -> None:
+        self.nc = nc
+        self.subjects = subjects
+        self.claims = claims
+
+    async def verdicts(self, check: ReclaimCheck) -> ReclaimVerdicts:
+        """One verdict per machine of ``check`` (every one the asking worker's)."""
+        store = await self.claims()
+        if store is None:
+            return ReclaimVerdicts(
+                verdicts=[
+                    ReclaimVerdict(machine_id=m.machine_id, verdict="keep", detail="no claims")
+                    for m in check.machines
+                ]
+            )
+        # what the regions listed of this worker, by (region, machine id); the listings of
+        # one check wait LISTING_TIMEOUT_S in all, however many machines it names
+        listed: dict[tuple[str, str], Machine] = {}
+        until = time.monotonic() + LISTING_TIMEOUT_S
+
+        async def vouch(claim: Claim, machine: Placed) -> str:
+            key = (machine.region, machine.machine_id)
+            if key not in listed and time.monotonic() < until:
+                await self._gather(machine, listed, until)
+            return vouched(claim, machine, listed.get(key))
+
+        verdicts = []
+        for m in check.machines:
+            v = await store.judge(m, vouch)
+            said = log.bind(worker_id=m.worker_id, machine_id=m.machine_id, order_id=m.order_id)
+            if v.refused:
+                said.warning("reclaim_refused", detail=v.detail)
+            elif v.verdict != "wait":
+                said.info("reclaim_verdict", verdict=v.verdict, detail=v.detail)
+            verdicts.append(
+                ReclaimVerdict(machine_id=m.machine_id, verdict=v.verdict, detail=v.detail)
+            )
+        return ReclaimVerdicts(verdicts=verdicts)
+
+    async def _gather(
+        self, machine: Placed, listed: dict[tuple[str, str], Machine], until: float
+    ) -> None:
+        """Ask ``machine``'s region for its worker's reserved machines and add what that
+        worker lists there to ``listed``, until ``machine`` is among them or ``until``. No
+        page is taken as the answer's last: any supplier of the region hears the request
+        and could send one, so only the machine's turning up ends the wait early."""
+        region, worker_id = machine.region, machine.worker_id
+        # a reply subject no other user can guess (a supplier may publish into our inboxes)
+        inbox = f"{self.nc.new_inbox()}.{secrets.token_hex(16)}"
+        sub = await self.nc.subscribe(inbox)
+        try:
+            ask = ListMachines(worker_id=worker_id, states=["reserved"])
+            await self.nc.publish(self.subjects.machines(region), encode(ask), reply=inbox)
+            while (region, machine.machine_id) not in listed:
+                msg = await sub.next_msg(timeout=max(0.001, until - time.monotonic()))
+                if msg.headers and msg.headers.get("Status") == "503":
+                    return  # nobody serves the region's machines subject
+                page = decode(msg.data, MachinePage)
+                if page.worker_id == worker_id and page.region == region:
+                    listed.update(((region, m.machine_id), m) for m in page.machines)
+        except (TimeoutError, nats.errors.Error, BadMessage) as exc:
+            said = log.bind(region=region, worker_id=worker_id, machine_id=machine.machine_id)
+            said.info("reclaim_machine_unlisted", error=repr(exc))
+        finally:
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
