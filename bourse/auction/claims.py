@@ -243,8 +243,10 @@ def vouched(claim: Claim, asked: Placed, shown: Machine | None) -> str:
     which only the suppliers of that region hear), None if it did not. It must be the
     worker's, reserved (the listing asks for no other), for the order, and of the shape
     the claim keeps, in the region it was listed in: a supplier of another region cannot
-    answer there, and a machine of another order, size, image or region does not match. A
-    claim without a shape (an older writer's) has nothing to check it against."""
+    answer there, and a machine of another order, size, image or region does not match;
+    where the worker records the machine's constraints, they must be the order's too (the
+    claim's whole fingerprint). A claim without a shape (an older writer's) has nothing to
+    check it against."""
     if not claim.shape:
         return ""
     mid = asked.machine_id
@@ -260,6 +262,10 @@ def vouched(claim: Claim, asked: Placed, shown: Machine | None) -> str:
             f"machine {mid} in region {asked.region!r} is not the order's (its region, "
             "resources, image or metadata differ)"
         )
+    if shown.constraints is not None and claim.fingerprint != _digest(
+        asked.region, canonical(shown.resources), shown.image, shown.constraints, shown.metadata
+    ):  # a worker that records them: the whole order, its constraints too
+        return f"machine {mid} in region {asked.region!r} was placed under other constraints"
     return ""
 
 

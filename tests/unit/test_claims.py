@@ -351,6 +351,18 @@ def not_the_orders(region: str) -> str:
             not_the_orders("mad"),
             id="other metadata",
         ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, constraints={}),
+            "",
+            id="recorded constraints: the order's (none)",
+        ),
+        pytest.param(
+            MINE,
+            msgspec.structs.replace(LISTED, constraints={"disk": "ssd"}),
+            "machine a~M1 in region 'mad' was placed under other constraints",
+            id="recorded constraints: not the order's",
+        ),
     ],
 )
 def test_a_workers_word_for_its_machine_holds_only_as_its_region_lists_it(
