@@ -44,6 +44,10 @@ ORDER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}\Z"
 ORDER_ID_MAX = 128  # the pattern's length bound
 MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}\Z"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
+# An OCI content digest (sha256 only), or "" where none is known (a catalog image).
+DIGEST_PATTERN = r"^(sha256:[0-9a-f]{64})?\Z"
+MAX_LAYERS = 128  # layers of one image a bid may list
+MAX_LAYER_BYTES = 1 << 40  # 1 TiB: one layer's size
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"
 MACHINE_ID_SEPARATOR = "~"

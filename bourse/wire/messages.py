@@ -17,6 +17,7 @@ from ulid import ULID
 
 from bourse.wire.limits import (
     DEFAULT_DEADLINE_MS,
+    DIGEST_PATTERN,
     ID_PATTERN,
     IMAGE_PATTERN,
     LABEL_KEY_PATTERN,
@@ -31,6 +32,8 @@ from bourse.wire.limits import (
     MAX_DISK_MB,
     MAX_GPUS,
     MAX_HOLD_MS,
+    MAX_LAYER_BYTES,
+    MAX_LAYERS,
     MAX_MEMORY_MB,
     MAX_SUBJECT,
     MILLIS_PER_CPU,
@@ -44,6 +47,9 @@ OptionalWorkerId = Annotated[str, msgspec.Meta(pattern=r"^([a-z0-9][a-z0-9-]{0,6
 OrderId = Annotated[str, msgspec.Meta(pattern=ORDER_ID_PATTERN)]
 MachineId = Annotated[str, msgspec.Meta(pattern=MACHINE_ID_PATTERN)]
 Image = Annotated[str, msgspec.Meta(pattern=IMAGE_PATTERN)]
+# The manifest digest an image reference resolved to (``sha256:<hex>``), or "" (a name that
+# no image store knows: a worker's catalog image).
+Digest = Annotated[str, msgspec.Meta(pattern=DIGEST_PATTERN)]
 LabelKey = Annotated[str, msgspec.Meta(pattern=LABEL_KEY_PATTERN)]
 LabelValue = Annotated[str, msgspec.Meta(pattern=LABEL_VALUE_PATTERN)]
 Labels = Annotated[dict[LabelKey, LabelValue], msgspec.Meta(max_length=64)]
@@ -148,6 +154,16 @@ class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             check_cpu_millis(self.cpus, self.cpu_millis)
 
 
+class Layer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One layer of an image, as its manifest lists it: what a worker lacking it pulls."""
+
+    digest: Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}\Z")]
+    size: Annotated[int, msgspec.Meta(ge=0, le=MAX_LAYER_BYTES)]
+
+
+Layers = Annotated[list[Layer], msgspec.Meta(max_length=MAX_LAYERS)]
+
+
 class Message(msgspec.Struct, tag_field="type", tag=True, kw_only=True, gc=False):
     """Base of every wire message: tagged by ``type`` = class name.
 
@@ -199,6 +215,11 @@ class Bid(Message, kw_only=True):
     # commits the best offer once every process it knows in the region has answered, else
     # when the best offer's delay has passed (docs/protocol.md §4.4.3).
     prompt_offers: bool = False
+    # The image's content, resolved where the order entered (§4.3a): its manifest digest and
+    # its layers, so a worker prices the bytes it lacks without asking anyone. Both empty for
+    # a name no image store knows (a worker's catalog image).
+    image_digest: Digest = ""
+    layers: Layers = []
 
 
 class Offer(Message, kw_only=True):
@@ -267,6 +288,8 @@ class Commit(Message, kw_only=True):
     # the auction sends no region release.
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
     release_others: bool = False
+    # The content the machine runs (the Bid's image_digest): "" for a catalog image.
+    image_digest: Digest = ""
 
 
 class Placed(Message, kw_only=True):
@@ -281,6 +304,8 @@ class Placed(Message, kw_only=True):
     # reply re-reports a machine that an earlier attempt with the same order id created.
     subscores: dict[str, float] = {}
     existing: bool = False
+    # The content the machine runs: "" for a catalog image.
+    image_digest: Digest = ""
 
     # The three ways a Placed is made, in one home (docs/protocol.md §4.7).
     @classmethod
@@ -305,6 +330,7 @@ class Placed(Message, kw_only=True):
             elapsed_ms=elapsed_ms,
             subscores=subscores or {},
             existing=existing,
+            image_digest=m.image_digest,
         )
 
     @classmethod
@@ -321,6 +347,7 @@ class Placed(Message, kw_only=True):
             elapsed_ms=elapsed_ms,
             subscores=offer.subscores,
             existing=reply.existing,
+            image_digest=reply.image_digest,
         )
 
     @classmethod
@@ -442,6 +469,11 @@ class WorkerStatus(Message, kw_only=True):
     drain_reason: str = ""
     # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
     confinement: Confinement = ""
+    # Its image cache (§6.10): bytes used on disk and its budget, and the manifest digests
+    # of the images it holds unpacked (0 / [] from a worker without one).
+    cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cache_budget_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    image_digests: Annotated[list[Digest], msgspec.Meta(max_length=4096)] = []
 
 
 class MachineRequest(Message, kw_only=True):
@@ -512,6 +544,9 @@ class Machine(Message, kw_only=True):
     # metadata: what makes an order id's second order the same order, §5.3); None from a
     # worker that does not record them.
     constraints: Labels | None = None
+    # The content it runs (the manifest digest it was placed with; a tag moved later does
+    # not change it): "" for a catalog image.
+    image_digest: Digest = ""
 
 
 class MachineList(Message, kw_only=True):
@@ -556,6 +591,11 @@ class Event(Message, kw_only=True):
     order_id: str = ""
     machine_id: str = ""
     detail: str = ""
+    # The content concerned (placed, pulled, started ...): "" for a catalog image.
+    image_digest: Digest = ""
+    # A pull (kind "pulled"): the bytes fetched from the store and the seconds it took.
+    bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
 # -- "why not": explain an order on every worker (added in v1, docs/protocol.md §4.15) ---------
@@ -580,6 +620,9 @@ class ExplainRequest(Message, kw_only=True):
     image: Image
     constraints: Labels = {}
     exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
+    # As in a Bid: the image's content, resolved where the request entered.
+    image_digest: Digest = ""
+    layers: Layers = []
 
 
 class Reason(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
