@@ -121,7 +121,7 @@ def place(
     else:
         render.outcome(r)
         if machine is not None:
-            render.console.print(f"  machine {machine.machine_id} is {machine.state}")
+            typer.echo(render.visible(f"  machine {machine.machine_id} is {machine.state}"))
         if why is not None:
             _show_dry_run(why)
     if not isinstance(r, Placed):

@@ -123,7 +123,7 @@ def _show_demo(done: DemoRun, on_users_market: bool) -> None:
         f"{done.cleanup.destroyed} of them; --keep leaves them in place"
     )
     for machine_id, why in done.cleanup.failed.items():
-        say(f"[red]not destroyed: {machine_id}: {why}[/]")
+        say(f"[red]not destroyed: {render.safe(machine_id)}: {render.safe(why)}[/]")
 
 
 def _outcome_table(outcomes: Sequence[tuple[str, Placed | Unfilled]]) -> Table:
@@ -135,13 +135,13 @@ def _outcome_table(outcomes: Sequence[tuple[str, Placed | Unfilled]]) -> Table:
             t.add_row(
                 name,
                 "existing" if r.existing else "placed",
-                r.worker_id,
+                render.safe(r.worker_id),
                 f"{r.score:.3f}",
                 "yes" if r.image_cached else "no",
                 f"{r.elapsed_ms:.1f}",
             )
         else:
-            t.add_row(name, "unfilled", r.reason, "", "", f"{r.elapsed_ms:.1f}")
+            t.add_row(name, "unfilled", render.safe(r.reason), "", "", f"{r.elapsed_ms:.1f}")
     return t
 
 
