@@ -325,7 +325,8 @@ def parse_worker_flag(value: str) -> tuple[str, str]:
 
 
 def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
-    """Every worker id in exactly one supplier, every supplier name once."""
+    """Every worker id in exactly one supplier, every supplier name once, and no worker
+    named as the exchange's reserved event token."""
     owner: dict[str, str] = {}
     names: set[str] = set()
     for sup in suppliers:
@@ -337,6 +338,11 @@ def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
         if not sup.workers:
             raise AuthError(f"supplier {sup.name!r} hosts no worker")
         for wid, _ in sup.workers:
+            if wid == EXCHANGE_EVENT_WORKER:
+                raise AuthError(
+                    f"worker id {wid!r} is reserved: the exchange publishes order outcomes "
+                    "under it (docs/protocol.md §6.9); name the worker otherwise"
+                )
             if wid in owner:
                 raise AuthError(
                     f"worker {wid!r} is in both supplier {owner[wid]!r} and {sup.name!r}: "

@@ -97,6 +97,11 @@ async def test_auth_init_bad_input(tmp_path: Path) -> None:
     assert code == 1 and "invalid buyer name 'Alice'" in err
     code, _, err = await run(*base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
     assert code == 1 and "buyer 'a' is given twice" in err
+    # the exchange's reserved event token: a supplier key for it could publish `unfilled`
+    # outcomes as the exchange (and events no worker of that name could have)
+    code, _, err = await run(*base, "--worker", "exchange=mad")
+    assert code == 1 and "worker id 'exchange' is reserved" in err, err
+    assert not (tmp_path / "a" / "auth.conf").exists()
 
 
 async def test_programs_name_a_bad_credentials_trust_or_tls_file(tmp_path: Path) -> None:
