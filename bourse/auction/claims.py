@@ -461,8 +461,9 @@ async def _leader_elected(js: JetStreamContext, stream: str, within_s: float = 5
 
 
 def _replicas(nc: NATS) -> int:
-    """R3 where the server is one of a cluster of 3 or more (a claim survives a node), else 1."""
+    """R3 where the server is one of a cluster of 3 or more (a claim survives a node), else 1.
+    The cluster's servers are the client's pool (the URLs given and those the servers
+    announced since): the connect-time INFO lists only the servers up at that moment."""
     info = getattr(nc, "_server_info", {}) or {}
-    servers = set(info.get("connect_urls") or [])
-    servers.add(f"{info.get('host')}:{info.get('port')}")
+    servers = {(u.hostname, u.port) for u in nc.servers}
     return 3 if info.get("cluster") and len(servers) >= 3 else 1
