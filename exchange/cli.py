@@ -11,6 +11,7 @@ import typer
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
 from bourse.nats.connection import shutdown, stats_of
+from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
@@ -19,6 +20,7 @@ from bourse.runtime.cli import (
     LogLevelOpt,
     MetricsAddrOpt,
     NatsOpt,
+    NoJetStreamOpt,
     PrefixOpt,
     TlsCaOpt,
     TlsCertOpt,
@@ -48,6 +50,7 @@ def serve(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
+    no_jetstream: NoJetStreamOpt = False,
     regions: Annotated[
         str, typer.Option(help="Comma-separated regions to serve; others get an Error.")
     ] = "",
@@ -137,6 +140,7 @@ def serve(
     async def main() -> None:
         nc = await conn.connect(name or "bourse-exchange")
         try:
+            jetstream = await jetstream_mode(nc, "exchange serve", off=no_jetstream)
             metrics = ExchangeMetrics() if metrics_at is not None else None
             if metrics is not None:
                 metrics.watch_connection(stats_of(nc))
@@ -151,6 +155,7 @@ def serve(
                 target_auction_ms=target_auction_ms,
                 metrics=metrics,
                 claims=claims,
+                jetstream=jetstream,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -163,7 +168,7 @@ def serve(
                 await tasks.start(svc.run)
                 settle_heap()
                 where = nc.connected_url.netloc if nc.connected_url else conn.urls
-                typer.echo(f"exchange ready on {where}{serving}")
+                typer.echo(f"exchange ready on {where}{degraded(jetstream)}{serving}")
         finally:
             await shutdown(nc)
 

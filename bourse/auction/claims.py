@@ -53,7 +53,7 @@ from nats.js import JetStreamContext
 from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
-from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
+from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, replicas_for
 from bourse.wire.codec import encode
 from bourse.wire.messages import Placed, PlaceOrder, ReclaimVerdictKind, now_ms
 from bourse.wire.subjects import Subjects
@@ -267,7 +267,7 @@ class ClaimStore:
                 history=1,
                 ttl=window_s,
                 storage=StorageType.FILE,
-                replicas=_replicas(nc),
+                replicas=replicas_for(nc),
                 description="Bourse order claims (docs/protocol.md §5.3c)",
             )
             try:
@@ -458,12 +458,3 @@ async def _leader_elected(js: JetStreamContext, stream: str, within_s: float = 5
         if info.cluster is not None and info.cluster.leader:
             return
         await asyncio.sleep(0.05)  # polling the server's own view, bounded above
-
-
-def _replicas(nc: NATS) -> int:
-    """R3 where the server is one of a cluster of 3 or more (a claim survives a node), else 1.
-    The cluster's servers are the client's pool (the URLs given and those the servers
-    announced since): the connect-time INFO lists only the servers up at that moment."""
-    info = getattr(nc, "_server_info", {}) or {}
-    servers = {(u.hostname, u.port) for u in nc.servers}
-    return 3 if info.get("cluster") and len(servers) >= 3 else 1

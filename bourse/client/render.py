@@ -156,7 +156,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "confined"):
+    for col in ("images", "labels", "state", "confined", "jetstream"):
         t.add_column(col)
     for s in statuses:
         t.add_row(
@@ -170,6 +170,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             safe(",".join(f"{k}={v}" for k, v in s.labels.items())),
             "draining" if s.draining else "ok",
             safe(s.confinement or "-"),  # "" from a worker older than the field
+            "on" if s.jetstream else "[yellow]off[/]",
         )
     return t
 

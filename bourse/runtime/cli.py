@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from bourse.errors import BourseError
 from bourse.nats.auth import read_credentials
 from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
+from bourse.nats.jetstream import DEGRADED, NO_JETSTREAM_FLAG
 from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Labels
@@ -106,6 +107,16 @@ CredsOpt = Annotated[
         envvar=ENV_CREDS,
         metavar="FILE",
         help="NATS credentials: an nkey seed file (from `bourse auth init`) or a JWT .creds file.",
+    ),
+]
+# One meaning everywhere (exchange serve, supplier run, buyer --direct, bourse up/demo/
+# loadtest): run without JetStream. Without it a program refuses a server that has none.
+NoJetStreamOpt = Annotated[
+    bool,
+    typer.Option(
+        NO_JETSTREAM_FLAG,
+        help=f"Run without JetStream, the degraded mode ({DEGRADED}); without this flag a "
+        "NATS server with no JetStream is refused.",
     ),
 ]
 TlsCaOpt = Annotated[

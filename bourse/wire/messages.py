@@ -436,6 +436,9 @@ class WorkerStatus(Message, kw_only=True):
     drain_reason: str = ""
     # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
     confinement: Confinement = ""
+    # Added in v1: False when its supplier runs without JetStream (``--no-jetstream``, the
+    # degraded mode: its events at most once); True from older workers, which do not say.
+    jetstream: bool = True
 
 
 class MachineRequest(Message, kw_only=True):
