@@ -139,16 +139,17 @@ def test_random_ports_are_fine_where_no_other_server_needs_them() -> None:
 
 
 def test_every_server_the_command_writes_runs_jetstream_with_its_own_store(tmp_path: Path) -> None:
-    """The documented production set-up: JetStream on every server (each its own store)."""
+    """The documented production set-up, with no JetStream option given: JetStream on every
+    server, each its own store."""
     out = subprocess.run(
         [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
-         "--cluster", "eu=10.0.1.1,10.0.1.2,10.0.1.3", "--jetstream-dir", "/srv/js"],
+         "--cluster", "eu=10.0.1.1,10.0.1.2,10.0.1.3"],
         capture_output=True, text=True,
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     for i in (1, 2, 3):
         text = (tmp_path / f"eu-{i}.conf").read_text()
-        assert f'jetstream {{\n  store_dir: "/srv/js/eu-{i}"\n}}\n' in text
+        assert f'jetstream {{\n  store_dir: "/var/lib/nats/jetstream/eu-{i}"\n}}\n' in text
         assert "disabled" not in text
 
 
