@@ -82,7 +82,7 @@ def deploy(
             restart=restart or "",
         )
 
-    d = with_client(ctx, go, direct=direct)
+    d = with_client(ctx, go, direct=direct, places=True)
     if session(ctx).json:
         session(ctx).echo_json(render.deployment_json(d))
     else:
@@ -137,7 +137,7 @@ def failover(
         )
 
     try:
-        f = with_client(ctx, go, direct=direct)
+        f = with_client(ctx, go, direct=direct, places=True)
     except ClientError as exc:
         if exc.code != "unfilled":
             raise

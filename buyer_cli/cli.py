@@ -2,8 +2,8 @@
 bourse.client, one module per topic (orders, apps, machines, fleet, watch); this one is the
 app: the common options and where every command is registered.
 
-The common options (--nats, --creds, --tls-*, --prefix, --json) go before the command or
-after it; ``--json`` prints one JSON object per command (README.md lists the shapes).
+The common options (--nats, --creds, --tls-*, --prefix, --json, --no-jetstream) go before
+the command or after it; ``--json`` prints one JSON object per command (README.md lists the shapes).
 Exit codes: 0 placed / ok, 2 unfilled, 1 error (one ``error: …`` line on stderr, and with
 --json one ``{"error": …}`` object on stdout).
 """
@@ -17,6 +17,7 @@ from bourse.runtime.cli import (
     CredsOpt,
     JsonOpt,
     NatsOpt,
+    NoJetStreamOpt,
     PrefixOpt,
     TlsCaOpt,
     TlsCertOpt,
@@ -45,9 +46,10 @@ def _options(
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
     json: JsonOpt = False,
+    no_jetstream: NoJetStreamOpt = False,
 ) -> None:
     """Bourse buyer: place machine orders on the market."""
-    ctx.obj = Session(nats, creds, tls_ca, tls_cert, tls_key, prefix, json)
+    ctx.obj = Session(nats, creds, tls_ca, tls_cert, tls_key, prefix, json, no_jetstream)
 
 
 app.command()(orders.place)

@@ -122,7 +122,7 @@ def _listing_problems(got: Listing, regions: list[str]) -> None:
         more = f" and {len(got.missing) - 10} more" if len(got.missing) > 10 else ""
         problems.append(f"incomplete: no (whole) answer from worker(s) {shown}{more}")
     for p in problems:
-        typer.echo(p, err=True)
+        typer.echo(render.visible(p), err=True)
     if problems:
         raise typer.Exit(EXIT_UNFILLED)
 

@@ -112,7 +112,7 @@ def place(
         why = await c.explain(order) if explain else None
         return await c.reasons(order, r, why), None, why
 
-    r, machine, why = with_client(ctx, go, direct=direct)
+    r, machine, why = with_client(ctx, go, direct=direct, places=True)
     if session(ctx).json:
         outcome = "placed" if isinstance(r, Placed) else "unfilled"
         session(ctx).echo_json(
@@ -121,7 +121,7 @@ def place(
     else:
         render.outcome(r)
         if machine is not None:
-            render.console.print(f"  machine {machine.machine_id} is {machine.state}")
+            typer.echo(render.visible(f"  machine {machine.machine_id} is {machine.state}"))
         if why is not None:
             _show_dry_run(why)
     if not isinstance(r, Placed):

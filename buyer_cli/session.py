@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.client import BourseClient, ClientError, render
 from bourse.nats.auth import tenant_of
+from bourse.nats.jetstream import jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import Connection
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
@@ -34,6 +35,7 @@ class Session:
     tls_key: str | None = None
     prefix: str = DEFAULT_PREFIX
     json: bool = False
+    no_jetstream: bool = False  # --direct orders: auctions without claims (the degraded mode)
     _connection: Connection | None = field(default=None, init=False, repr=False)
 
     def connection(self) -> Connection:
@@ -75,21 +77,32 @@ def session(ctx: typer.Context) -> Session:
 
 
 def with_client(
-    ctx: typer.Context, fn: Callable[[BourseClient], Awaitable[T]], *, direct: bool = False
+    ctx: typer.Context,
+    fn: Callable[[BourseClient], Awaitable[T]],
+    *,
+    direct: bool = False,
+    places: bool = False,
 ) -> T:
     """Run ``fn`` on a client of the invocation's market (``direct``: auctions and machine
-    requests without the exchange) and close it; its errors go on to the app's one line."""
+    requests without the exchange) and close it; its errors go on to the app's one line.
+    ``places``: ``fn`` places orders, so in direct mode it runs auctions, whose claims need
+    JetStream (refused without it, unless --no-jetstream)."""
     s = session(ctx)
     tenant = s.tenant()
     logs.configure("warning")
 
     async def main() -> T:
         nc = await s.connect("bourse-buyer")
-        client = BourseClient(nc, s.subjects, direct=direct, tenant=tenant)
         try:
-            return await fn(client)
+            claims = True
+            if direct and places:
+                claims = await jetstream_mode(nc, "buyer --direct", off=s.no_jetstream)
+            client = BourseClient(nc, s.subjects, direct=direct, tenant=tenant, claims=claims)
+            try:
+                return await fn(client)
+            finally:
+                await client.close()
         finally:
-            await client.close()
             await nc.drain()
 
     return asyncio.run(main())

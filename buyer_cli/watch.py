@@ -77,7 +77,7 @@ async def _watch(
     """Print events until ``count`` were printed (0: until cancelled: Ctrl-C, SIGTERM)."""
 
     def unreadable(subject: str, exc: BadMessage) -> None:
-        typer.echo(f"(unreadable event on {subject}: {exc})", err=True)
+        typer.echo(render.visible(f"(unreadable event on {subject}: {exc})"), err=True)
 
     region, worker, kind = filters
     seen = 0

@@ -12,6 +12,7 @@ from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.driver import AuctionConfig
 from bourse.auction.room import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_S, ClaimLimits
 from bourse.nats.connection import shutdown, stats_of
+from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
@@ -20,6 +21,7 @@ from bourse.runtime.cli import (
     LogLevelOpt,
     MetricsAddrOpt,
     NatsOpt,
+    NoJetStreamOpt,
     PrefixOpt,
     TlsCaOpt,
     TlsCertOpt,
@@ -49,6 +51,7 @@ def serve(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
+    no_jetstream: NoJetStreamOpt = False,
     regions: Annotated[
         str, typer.Option(help="Comma-separated regions to serve; others get an Error.")
     ] = "",
@@ -155,6 +158,7 @@ def serve(
     async def main() -> None:
         nc = await conn.connect(name or "bourse-exchange")
         try:
+            jetstream = await jetstream_mode(nc, "exchange serve", off=no_jetstream)
             metrics = ExchangeMetrics() if metrics_at is not None else None
             if metrics is not None:
                 metrics.watch_connection(stats_of(nc))
@@ -170,6 +174,7 @@ def serve(
                 metrics=metrics,
                 claims=claims,
                 claim_limits=ClaimLimits(claims_window_s, claims_max_bytes),
+                jetstream=jetstream,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -182,7 +187,7 @@ def serve(
                 await tasks.start(svc.run)
                 settle_heap()
                 where = nc.connected_url.netloc if nc.connected_url else conn.urls
-                typer.echo(f"exchange ready on {where}{serving}")
+                typer.echo(f"exchange ready on {where}{degraded(jetstream)}{serving}")
         finally:
             await shutdown(nc)
 

@@ -33,6 +33,7 @@ from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.auction.room import ClaimLimits
 from bourse.nats.connection import flush_all
+from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import AdmissionView, ClaimsView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
@@ -87,9 +88,12 @@ class ExchangeService:
         claims: bool = True,
         claim_store: ClaimStore | None = None,
         claim_limits: ClaimLimits = ClaimLimits(),
+        jetstream: bool = True,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
+        # ``jetstream`` False: the degraded mode (--no-jetstream): no claims, no event stream.
+        self.jetstream = jetstream
         # ``claim_store``: an open claims bucket to use instead of opening one (embedding,
         # and tests that put a faulty bucket under the exchange); ``claim_limits``: those
         # of the bucket, if this exchange creates it (docs/operations.md)
@@ -98,7 +102,7 @@ class ExchangeService:
             self.subjects,
             auction,
             trust,
-            claims=claims,
+            claims=claims and jetstream,
             claim_store=claim_store,
             claim_limits=claim_limits,
         )
@@ -125,11 +129,15 @@ class ExchangeService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled: subscribe, say ``started``, serve; then, shielded and
-        bounded: unsubscribe, let the auctions under way finish (their holds released),
-        close the auctioneer. Auctions and relays run in the responder's tasks, which the
-        stop ends."""
+        """Serve until cancelled: make the event stream if it is missing (with JetStream),
+        subscribe, say ``started``, serve; then, shielded and bounded: unsubscribe, let the
+        auctions under way finish (their holds released), close the auctioneer. Auctions and
+        relays run in the responder's tasks, which the stop ends."""
         self.responder = Responder(self.nc, "exchange")
+        if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
+            await ensure_stream(
+                self.nc.jetstream(), EventStream.of(self.subjects, replicas=replicas_for(self.nc))
+            )
         try:
             await self._subscribe()
             task_status.started()

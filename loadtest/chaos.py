@@ -223,7 +223,7 @@ class ChaosRun:
         fresh_run_dir(self.root)  # a soak into an earlier one's directory audits only its own
         if self.nats_nodes > 1:
             # JetStream on, as in production: claims (R3), durable events
-            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes}, jetstream=True)
+            self.cluster = Supercluster(self.root / "nats", {"c": self.nats_nodes})
             await anyio.to_thread.run_sync(self.cluster.start)
             urls = self.cluster.urls("c")  # every program gets every URL: it can fail over
         else:

@@ -25,6 +25,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
+from bourse.nats.jetstream import NO_JETSTREAM_FLAG
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.messages import Machine, Placed, Unfilled, WorkerStatus
@@ -232,6 +233,7 @@ def fleet_specs(
     (another cluster of a supercluster), the exchanges to ``urls``."""
     workers = fleet(profile)
     tail = ["--prefix", subjects.prefix, "--log-level", log_level]
+    tail += [] if profile.jetstream else [NO_JETSTREAM_FLAG]  # a server without it
     supplier_common = ["--nats", ",".join(supplier_urls or urls), *tail]
     common = ["--nats", ",".join(urls), *tail]
     specs: list[Spec] = []

@@ -82,4 +82,10 @@ def init(
         typer.echo(f"wrote {t.conf}: CA {t.ca}, server certificate for {', '.join(hosts)}")
         if tls_clients:
             typer.echo(f"  client certificates in {t.ca.parent} (the server requires one)")
-    typer.echo(f"run: nats-server -c {files.server_conf}")
+    # JetStream on: the market needs it (order claims, durable events)
+    typer.echo(f"run: nats-server -c {files.server_conf} -js -sd {out / 'jetstream'}")
+    typer.echo(
+        f"then, once: bourse jetstream init --creds {files.seed_file('operator')} "
+        "--nats nats://HOST:4222 (the market's streams and buckets; an exchange's start makes "
+        "those it needs too)"
+    )

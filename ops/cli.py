@@ -25,7 +25,14 @@ from rich.table import Table
 from bourse.client import render
 from bourse.nats.connection import split_urls
 from bourse.runtime import logs
-from bourse.runtime.cli import BourseGroup, OwnServerNatsOpt, PrefixOpt, cli_main, json_flag
+from bourse.runtime.cli import (
+    BourseGroup,
+    NoJetStreamOpt,
+    OwnServerNatsOpt,
+    PrefixOpt,
+    cli_main,
+    json_flag,
+)
 from bourse.runtime.metrics import DEFAULT_PORT, parse_addr
 from bourse.runtime.statedir import lock_state_dir
 from bourse.runtime.supervise import run
@@ -33,6 +40,7 @@ from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from ops.auth_cli import auth_app
 from ops.demo import DEMO_APP
+from ops.jetstream import jetstream_app
 from ops.loadtest_cli import loadtest
 from ops.market import DemoRun, run_demo, run_up
 from ops.nats_config import nats_config
@@ -43,6 +51,7 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(auth_app, name="auth")
+app.add_typer(jetstream_app, name="jetstream")
 
 
 @app.callback()
@@ -63,6 +72,7 @@ def demo(
         typer.Option(help="Keep the suppliers' state and logs here (default: a temp dir)."),
     ] = None,
     burst: Annotated[int, typer.Option(min=0, help="Concurrent orders in the burst.")] = 200,
+    no_jetstream: NoJetStreamOpt = False,
     json: Annotated[bool, json_flag("Print the outcomes as JSON.")] = False,
     keep_machines: Annotated[
         bool,
@@ -82,7 +92,9 @@ def demo(
     tidy = bool(urls) and not keep_machines  # the user's market: leave it as it was
     say = (lambda *_: None) if json else render.console.print
     try:
-        done = run(lambda: run_demo(urls, Subjects(prefix), root, burst, tidy, say))
+        done = run(
+            lambda: run_demo(urls, Subjects(prefix), root, burst, tidy, say, not no_jetstream)
+        )
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)
@@ -123,7 +135,7 @@ def _show_demo(done: DemoRun, on_users_market: bool) -> None:
         f"{done.cleanup.destroyed} of them; --keep leaves them in place"
     )
     for machine_id, why in done.cleanup.failed.items():
-        say(f"[red]not destroyed: {machine_id}: {why}[/]")
+        say(f"[red]not destroyed: {render.safe(machine_id)}: {render.safe(why)}[/]")
 
 
 def _outcome_table(outcomes: Sequence[tuple[str, Placed | Unfilled]]) -> Table:
@@ -135,13 +147,13 @@ def _outcome_table(outcomes: Sequence[tuple[str, Placed | Unfilled]]) -> Table:
             t.add_row(
                 name,
                 "existing" if r.existing else "placed",
-                r.worker_id,
+                render.safe(r.worker_id),
                 f"{r.score:.3f}",
                 "yes" if r.image_cached else "no",
                 f"{r.elapsed_ms:.1f}",
             )
         else:
-            t.add_row(name, "unfilled", r.reason, "", "", f"{r.elapsed_ms:.1f}")
+            t.add_row(name, "unfilled", render.safe(r.reason), "", "", f"{r.elapsed_ms:.1f}")
     return t
 
 
@@ -162,6 +174,7 @@ def up(
             "the next free port (port 0: any free ones); '' or off: none.",
         ),
     ] = f"127.0.0.1:{DEFAULT_PORT}",
+    no_jetstream: NoJetStreamOpt = False,
 ) -> None:
     """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
     logs.configure("warning")
@@ -169,7 +182,15 @@ def up(
     urls = split_urls(nats, from_env=False)
     with lock_state_dir(data_dir):  # one `up` per state directory
         run(
-            lambda: run_up(urls, Subjects(prefix), data_dir, port, render.console.print, metrics_at)
+            lambda: run_up(
+                urls,
+                Subjects(prefix),
+                data_dir,
+                port,
+                render.console.print,
+                metrics_at,
+                not no_jetstream,
+            )
         )
 
 

@@ -84,7 +84,8 @@ def loadtest(
         bool | None,
         typer.Option(
             "--jetstream/--no-jetstream",
-            help="The embedded nats-server runs JetStream; off: core NATS only (no claims,"
+            help="--no-jetstream: the run without JetStream, the degraded mode: its embedded "
+            "nats-server core NATS only, every program started with --no-jetstream (no claims,"
             " events at most once), to measure what durability costs.",
             show_default=False,
         ),

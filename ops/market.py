@@ -14,8 +14,9 @@ import anyio
 from ulid import ULID
 
 from bourse.client import BourseClient
-from bourse.nats.connection import connect
+from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
+from bourse.nats.jetstream import NO_JETSTREAM_FLAG, jetstream_mode
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.runtime.metrics import format_addr, free_port
 from bourse.wire.messages import Placed, Unfilled, WorkerStatus
@@ -59,11 +60,14 @@ async def start_market(
     root: Path,
     say: Say,
     metrics_at: tuple[str, int] | None = None,
+    jetstream: bool = True,
 ) -> list[Program]:
     """One exchange process and supplier processes (one per demo region); each serves its
-    metrics on its own port of ``metrics_at`` (the exchange on its port) when given."""
+    metrics on its own port of ``metrics_at`` (the exchange on its port) when given;
+    ``jetstream`` False: each runs in the degraded mode (--no-jetstream)."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
+    common += [] if jetstream else [NO_JETSTREAM_FLAG]
     fleets = write_fleet_files(root / "config")
     addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets)))
     exchange_addr = next(addrs)
@@ -115,22 +119,51 @@ class DemoRun:
     cleanup: Cleanup | None
 
 
+async def check_jetstream(
+    urls: list[str], program: str, jetstream: bool, *, wait: bool = False
+) -> None:
+    """Refuse a server given with --nats that has no JetStream (JetStreamMissing, one
+    line), unless ``jetstream`` is False (--no-jetstream): then the warning says so.
+    ``wait``: until the server is reachable (as the programs ``up`` starts would), else one
+    clear error if it is not."""
+    try:
+        nc = await connect(urls, name=program, service=wait)
+    except Exception as exc:  # nats-py's own errors, OSError, TimeoutError: all one line
+        raise NatsServerError(
+            f"cannot connect to NATS at {', '.join(urls)}: {exc or type(exc).__name__}"
+        ) from None
+    try:
+        await jetstream_mode(nc, program, off=not jetstream)
+    finally:
+        await shutdown(nc)
+
+
 async def run_demo(
-    urls: list[str], subjects: Subjects, root: Path, burst: int, tidy: bool, say: Say
+    urls: list[str],
+    subjects: Subjects,
+    root: Path,
+    burst: int,
+    tidy: bool,
+    say: Say,
+    jetstream: bool = True,
 ) -> DemoRun:
     """The scripted orders and a burst of ``burst`` on the market at ``urls``, or (none
     given) on a demo market started under ``root`` and stopped after; ``tidy``: destroy
-    what the demo placed, even when interrupted."""
+    what the demo placed, even when interrupted; ``jetstream`` False: without JetStream
+    (the degraded mode, --no-jetstream)."""
     server = None
     programs: list[Program] = []
     try:
         if urls:
+            await check_jetstream(urls, "bourse demo", jetstream)
             say(f"placing orders on the market at {', '.join(urls)}")
         else:
-            server = EmbeddedNats(workdir=root / "nats", tie_to_parent=True).start()
+            server = EmbeddedNats(
+                workdir=root / "nats", tie_to_parent=True, jetstream=jetstream
+            ).start()
             urls = [server.url]
             say(f"embedded nats-server on {server.url}")
-            programs = await start_market(urls, subjects, root, say)
+            programs = await start_market(urls, subjects, root, say, jetstream=jetstream)
             say("exchange ready; placing orders\n")
         return await _place_demo(urls, subjects, burst, tidy)
     finally:
@@ -167,23 +200,28 @@ async def run_up(
     port: int,
     say: Say,
     metrics_at: tuple[str, int] | None = None,
+    jetstream: bool = True,
 ) -> None:
     """The demo market until cancelled (SIGINT/SIGTERM), on the NATS at ``urls`` or an
-    embedded one on ``port``; its programs stop on the way out."""
+    embedded one on ``port``; its programs stop on the way out. ``jetstream`` False:
+    without JetStream (the degraded mode, --no-jetstream)."""
     server = None
     if not urls:
         if port > 0 and _port_busy(port):
             raise NatsServerError(
                 f"port {port} is in use: pass --port -1 for a free one, or --nats URL"
             )
-        server = EmbeddedNats(workdir=root / "nats", port=port, tie_to_parent=True).start()
+        server = EmbeddedNats(
+            workdir=root / "nats", port=port, tie_to_parent=True, jetstream=jetstream
+        ).start()
         urls = [server.url]
         say(f"embedded nats-server on {server.url} (log: {server.log_path})")
     else:
+        await check_jetstream(urls, "bourse up", jetstream, wait=True)
         say(f"using the NATS server at {', '.join(urls)} (--nats)")
     programs: list[Program] = []
     try:
-        programs = await start_market(urls, subjects, root, say, metrics_at)
+        programs = await start_market(urls, subjects, root, say, metrics_at, jetstream)
         for p in programs:
             if metrics_url(p):
                 say(f"metrics of {p.name}: {metrics_url(p)}")

@@ -42,8 +42,13 @@ def nats_config(
     tls_ca: Annotated[str | None, typer.Option(help="Client TLS: the CA to verify with.")] = None,
     tls_verify: Annotated[bool, typer.Option(help="Require client certificates.")] = False,
     jetstream_dir: Annotated[
-        str | None, typer.Option(help="Turn JetStream on, storing under DIR/<server>.")
-    ] = None,
+        str,
+        typer.Option(
+            metavar="DIR",
+            help="JetStream's store, under DIR/<server> (every server runs JetStream: the "
+            "market needs it).",
+        ),
+    ] = natsconf.DEFAULT_JETSTREAM_DIR,
 ) -> None:
     """Write nats-server configs: one server, a cluster (routes) or a supercluster (gateways)."""
     if (tls_cert is None) != (tls_key is None):

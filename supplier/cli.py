@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import AuthError, signing_seed
 from bourse.nats.connection import shutdown, stats_of
+from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
@@ -20,6 +21,7 @@ from bourse.runtime.cli import (
     LogLevelOpt,
     MetricsAddrOpt,
     NatsOpt,
+    NoJetStreamOpt,
     PrefixOpt,
     TlsCaOpt,
     TlsCertOpt,
@@ -178,6 +180,7 @@ def run_cmd(
     tls_cert: TlsCertOpt = None,
     tls_key: TlsKeyOpt = None,
     prefix: PrefixOpt = DEFAULT_PREFIX,
+    no_jetstream: NoJetStreamOpt = False,
     metrics_addr: MetricsAddrOpt = "",
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
@@ -235,6 +238,7 @@ def run_cmd(
             name = f"bourse-supplier:{workers[0].worker_id}"
             nc = await conn.connect(name)
             try:
+                options["jetstream"] = await jetstream_mode(nc, "supplier run", off=no_jetstream)
                 await _serve(nc, workers, store, subjects, state_dir, options, metrics_at)
             finally:
                 await shutdown(nc)
@@ -279,7 +283,10 @@ async def _serve(
             tasks.cancel_scope.cancel()
         else:
             settle_heap()
-            typer.echo(f"supplier ready: {len(workers)} worker(s), data in {data_dir}{serving}")
+            typer.echo(
+                f"supplier ready: {len(workers)} worker(s), data in {data_dir}"
+                f"{degraded(host.jetstream)}{serving}"
+            )
     if refused is not None:
         fail(str(refused))
 

@@ -32,7 +32,6 @@ from nats.aio.subscription import Subscription
 from bourse.errors import BourseError
 from bourse.nats.auth import is_inbox
 from bourse.nats.connection import flush_all
-from bourse.nats.jetstream import EventStream
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.supervise import cleanup_scope
@@ -101,7 +100,7 @@ class SupplierHost:
         max_bid_backlog: int = DEFAULT_MAX_BID_BACKLOG,
         signer: OfferSigner | None = None,
         quote_sample: int = DEFAULT_QUOTE_SAMPLE,
-        event_stream: EventStream | None = None,
+        jetstream: bool = True,
         metrics: SupplierMetrics | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
         reclaim_every_s: float | None = None,
@@ -137,8 +136,10 @@ class SupplierHost:
         self._subs: list[Subscription] = []
         self.outbox = Outbox(nc)  # delayed bid replies and hold_expired, no task each
         self.replies = Replies(self.desk, self.outbox, signer, self.responder_id)
-        # Events of committed changes, exactly once from the store's outbox table.
-        self.events = EventOutbox(nc, store, self.subjects, event_stream)
+        # Events of committed changes, exactly once from the store's outbox table (with
+        # JetStream; at most once in the degraded mode, ``jetstream`` False).
+        self.jetstream = jetstream
+        self.events = EventOutbox(nc, store, self.subjects, durable=jetstream)
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
@@ -151,6 +152,7 @@ class SupplierHost:
             )
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
+            metrics.watch_event_stream(lambda: self.events.stream_missing)
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
 
@@ -384,7 +386,10 @@ class SupplierHost:
         if msg.data.strip():
             decode(msg.data, StatusRequest)
         for w in self._reached(msg, self.subjects.status_every):
-            await self.responder.reply(msg, w.status())
+            status = w.status()
+            if not self.jetstream:  # the degraded mode, said in every worker's status
+                status = msgspec.structs.replace(status, jetstream=False)
+            await self.responder.reply(msg, status)
 
     async def _on_explain(self, msg: Msg) -> None:
         """Why not (docs/protocol.md §4.15): the desk's verdict of EVERY worker of the

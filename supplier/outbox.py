@@ -19,11 +19,13 @@ from collections import deque
 
 import anyio
 import anyio.abc
+import nats.errors
+import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.js.api import PubAck
 
-from bourse.nats.jetstream import HEADER_MSG_ID, EventStream, ensure_stream, jetstream_available
+from bourse.nats.jetstream import DEGRADED, HEADER_MSG_ID, NO_JETSTREAM_FLAG, stream_name
 from bourse.wire.subjects import Subjects
 from supplier.store import OutboxRow, Store
 
@@ -92,31 +94,39 @@ AT_MOST_ONCE_KINDS = frozenset({"hold_expired"})
 EVENT_BATCH = 512
 ACK_TIMEOUT_S = 5.0
 RETRY_S = 0.5
+# While no stream takes the events, a round is tried again after twice the last wait, up to
+# this: the stream comes with an exchange's start or the operator's set-up.
+MISSING_RETRY_MAX_S = 5.0
+# What makes the stream (said in the log line of a supplier whose events wait for it).
+STREAM_FIX = "start an exchange (it makes the stream) or run `bourse jetstream init`"
 
 
 class EventOutbox:
     """Publishes the store's outbox rows, in order, exactly once.
 
     Each row is an event written in the same SQLite transaction as the state change it
-    reports (supplier/store.py). With JetStream, a row is published with its
-    ``Nats-Msg-Id`` (``OutboxRow.msg_id``) and deleted only after the stream's ack; a row
+    reports (supplier/store.py). With JetStream (``durable``), a row is published with
+    its ``Nats-Msg-Id`` (``OutboxRow.msg_id``) and deleted only after the stream's ack; a row
     whose ack was lost (a timeout, a reconnect, kill -9) is published again and the stream
-    drops it as a duplicate. Without JetStream (detected once at start, said once in the
-    log) rows go out as plain publishes, at-most-once as before, and are deleted at once.
+    drops it as a duplicate. The supplier makes no stream: while none takes its events (the
+    exchange has not started, or the operator has not set it up) the rows wait in the
+    table, said once in the log and by ``stream_missing``, and go out once it is there. In
+    the degraded mode (``--no-jetstream``) rows go out as plain publishes, at-most-once, and
+    are deleted at once.
 
     The pump runs shielded in the host's task group, like :class:`Outbox`, so the events of
     a stop still go out; what :meth:`close` cannot send in its bound stays in the table for
     the next start.
     """
 
-    def __init__(
-        self, nc: NATS, store: Store, subjects: Subjects, stream: EventStream | None = None
-    ) -> None:
+    def __init__(self, nc: NATS, store: Store, subjects: Subjects, durable: bool = True) -> None:
         self.nc = nc
         self.store = store
         self.subjects = subjects
-        self.stream = stream or EventStream.of(subjects)
-        self.durable = False  # JetStream found and the stream takes our subjects
+        self.stream = stream_name(subjects.prefix)
+        self.durable = durable
+        self.stream_missing = False  # events wait: no stream takes them
+        self._missing_wait_s = RETRY_S
         self._queue: deque[OutboxRow] = deque()
         self._ready = asyncio.Event()
         self._closing = False
@@ -132,17 +142,16 @@ class EventOutbox:
         return len(self._queue)
 
     async def start(self) -> None:
-        """Detect JetStream, create the stream, load what the last run left unpublished.
-        Called before any write of this run (the host's start), so rows stay in order."""
-        if await jetstream_available(self.nc):
-            self.durable = await ensure_stream(self.nc.jetstream(), self.stream)
+        """Look the stream up (durable), load what the last run left unpublished. Called
+        before any write of this run (the host's start), so rows stay in order."""
         if not self.durable:
             log.warning(
                 "events_at_most_once",
-                reason="the NATS server has no JetStream (or the event stream does not take "
-                "our subjects): events are plain publishes, a consumer that is away misses them",
-                stream=self.stream.name,
+                reason=f"{NO_JETSTREAM_FLAG}: events are plain publishes, a consumer that is "
+                f"away misses them ({DEGRADED})",
             )
+        elif not await self._stream_found():
+            self._missing()
         left = self.store.pending_events()
         if left:
             log.info("outbox_resumed", events=len(left), first=left[0].msg_id)
@@ -177,9 +186,49 @@ class EventOutbox:
                             if self._closing:
                                 return  # the rest waits in the table for the next start
                             self.retries += 1
-                            await anyio.sleep(RETRY_S)
+                            await anyio.sleep(self._retry_s())
         finally:
             self._done.set()
+
+    async def _stream_found(self) -> bool:
+        """Whether the event stream is there (one request; an unclear answer counts as
+        there: the pump finds out)."""
+        try:
+            await self.nc.jetstream().stream_info(self.stream)
+        except nats.js.errors.NotFoundError:
+            return False
+        except (nats.errors.Error, nats.js.errors.Error) as exc:
+            log.warning("event_stream_not_checked", stream=self.stream, error=repr(exc))
+        return True
+
+    def _missing(self) -> None:
+        """No stream takes our events: say it once, until they are stored again."""
+        if not self.stream_missing:
+            self.stream_missing = True
+            log.warning(
+                "event_stream_missing",
+                stream=self.stream,
+                waiting=len(self._queue),
+                detail="events wait in the outbox, nothing is lost, until the stream takes "
+                f"them: {STREAM_FIX}",
+            )
+
+    def _found(self) -> None:
+        if self.stream_missing:
+            self.stream_missing = False
+            log.info("event_stream_found", stream=self.stream, waiting=len(self._queue))
+        self._missing_wait_s = RETRY_S
+
+    def _retry_s(self) -> float:
+        """How long before the next round: RETRY_S, or, while no stream takes the events,
+        twice the last wait up to MISSING_RETRY_MAX_S."""
+        if not self.stream_missing:
+            return RETRY_S
+        wait, self._missing_wait_s = (
+            self._missing_wait_s,
+            min(2 * self._missing_wait_s, MISSING_RETRY_MAX_S),
+        )
+        return wait
 
     def _subject(self, row: OutboxRow) -> str:
         return self.subjects.event(row.region, row.worker_id, row.kind)
@@ -213,9 +262,14 @@ class EventOutbox:
                 break
             done += 1
             self.duplicates += fut.result().duplicate or 0
+        if done:
+            self._found()
         for fut in futures[done:]:
             if fut.done() and not fut.cancelled() and fut.exception() is not None:
-                log.warning("event_not_acked", error=repr(fut.exception()))
+                if isinstance(fut.exception(), nats.js.errors.NoStreamResponseError):
+                    self._missing()  # no stream takes the subject
+                else:
+                    log.warning("event_not_acked", error=repr(fut.exception()))
                 break
         for fut in futures:
             fut.cancel()  # no-op when done; else frees its slot in the client's window

@@ -5,6 +5,7 @@ isolation, with stdout and stderr apart. No subprocess: a test that needs the re
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 from collections.abc import Mapping
@@ -67,3 +68,24 @@ async def buyer(
         return await anyio.to_thread.run_sync(lambda: run_cli(buyer_app, *argv, env=environ))
     finally:
         structlog.configure(**config)
+
+
+async def run_module(*args: str, timeout_s: float = 60.0) -> tuple[int, str, str]:
+    """``python -m args...`` as a real process: its exit code, stdout and stderr. One that
+    has not ended within ``timeout_s`` (a program that serves instead of refusing) is
+    killed, never left behind, and the timeout raised."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        *args,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
+    except TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()

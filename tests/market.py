@@ -26,10 +26,12 @@ from bourse.auction.claims import Claim
 from bourse.auction.driver import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
+from bourse.nats.jetstream import EventStream
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
+from ops.jetstream import set_up
 from supplier.config import WorkerConfig
 from supplier.host import SupplierHost
 from supplier.store import Store
@@ -141,9 +143,12 @@ class Market:
         self.hosts.append(host)
         return host
 
-    async def exchange(self, **auction: Any) -> ExchangeService:
+    async def exchange(self, jetstream: bool = True, **auction: Any) -> ExchangeService:
         svc = ExchangeService(
-            await self.connect("exchange"), self.subjects, auction=AuctionConfig(**auction)
+            await self.connect("exchange"),
+            self.subjects,
+            auction=AuctionConfig(**auction),
+            jetstream=jetstream,
         )
         await self.serve(svc)
         self.exchanges.append(svc)
@@ -161,6 +166,12 @@ class Market:
         )
         self.clients.append(c)
         return c
+
+    async def jetstream_init(self) -> None:
+        """The operator's set-up (``bourse jetstream init``): the market's streams and
+        buckets, for a market whose events must be stored before an exchange starts."""
+        nc = await self.connect("operator")
+        await set_up(nc, self.subjects, EventStream.of(self.subjects), replicas=1)
 
     def violations(self) -> list[str]:
         return [v for h in self.hosts for v in h.check_invariants()]

@@ -60,7 +60,7 @@ from nats.js.api import KeyValueConfig, StorageType
 from nats.js.kv import KeyValue
 
 from bourse.auction.room import FULL, ROOM_LOOK_S, ClaimLimits, Room
-from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name
+from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, replicas_for
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import encode
 from bourse.wire.limits import MILLIS_PER_CPU
@@ -351,7 +351,7 @@ class ClaimStore:
                 ttl=limits.window_s,
                 max_bytes=limits.max_bytes,
                 storage=StorageType.FILE,
-                replicas=_replicas(nc),
+                replicas=replicas_for(nc),
                 description="Bourse order claims (docs/protocol.md §5.3c)",
             )
             try:
@@ -641,11 +641,3 @@ async def _leader_elected(js: JetStreamContext, stream: str, within_s: float = 5
         if info.cluster is not None and info.cluster.leader:
             return
         await asyncio.sleep(0.05)  # polling the server's own view, bounded above
-
-
-def _replicas(nc: NATS) -> int:
-    """R3 where the server is one of a cluster of 3 or more (a claim survives a node), else 1."""
-    info = getattr(nc, "_server_info", {}) or {}
-    servers = set(info.get("connect_urls") or [])
-    servers.add(f"{info.get('host')}:{info.get('port')}")
-    return 3 if info.get("cluster") and len(servers) >= 3 else 1

@@ -2,15 +2,23 @@
 
 Ids are never cut: on a terminal the id columns keep their full width (the other columns
 wrap); when stdout is not a terminal (a pipe, a file, a test) a table is printed as plain
-aligned columns, as wide as its cells, so any id can be copied from it."""
+aligned columns, as wide as its cells, so any id can be copied from it.
+
+Text that came over the wire (a buyer's metadata, a worker's labels, ids, details relayed
+from a worker) is shown through :func:`visible`: a control character in it is written as
+an escape, so it can neither act on the terminal (clear it, move the cursor) nor start a
+line of its own in a pipe (a forged row). JSON carries the text exactly. A machine's own
+output (``machines logs``) is printed as the machine printed it."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -35,6 +43,33 @@ console = Console(soft_wrap=True)
 # column (ids, numbers, states) is shown whole or the table is printed plain.
 WRAP_COLUMNS = frozenset({"why", "note", "images", "labels"})
 WRAP_MIN = 12
+
+
+# What a terminal acts on rather than shows: C0 controls (newline, tab, ESC among them), DEL,
+# C1 controls (U+0080-U+009F: CSI among them), the Unicode line and paragraph separators, and
+# the bidirectional overrides and isolates (they reorder what is shown around them).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escaped(match: re.Match[str]) -> str:
+    c = match.group()
+    if c in _NAMED:
+        return _NAMED[c]
+    return f"\\x{ord(c):02x}" if ord(c) <= 0xFF else f"\\u{ord(c):04x}"
+
+
+def visible(text: str) -> str:
+    """``text`` as a table cell or a line of plain output may show it: every control
+    character written as a visible escape (``\\x1b``, ``\\n``, ``\\t``, ``\\u202e``),
+    everything else as it is. Every table and plain line shows wire text through this."""
+    return _CONTROL.sub(_escaped, text)
+
+
+def safe(text: object) -> str:
+    """Wire text inside rich markup (a table cell, a printed line): :func:`visible`, and a
+    ``[`` in it taken literally rather than as a style."""
+    return escape(visible(str(text)))
 
 
 def show(table: Table) -> None:
@@ -98,20 +133,21 @@ def as_json(obj: object) -> str:
 
 
 def subscores(s: dict[str, float]) -> str:
-    return " ".join(f"{k}={v:g}" for k, v in s.items())
+    return " ".join(f"{safe(k)}={v:g}" for k, v in s.items())
 
 
 def outcome(r: Placed | Unfilled) -> None:
     if isinstance(r, Placed):
         again = " (existing machine for this order id)" if r.existing else ""
         console.print(
-            f"[green]placed[/] {r.machine_id} on [bold]{r.worker_id}[/] ({r.region}){again}\n"
+            f"[green]placed[/] {safe(r.machine_id)} on [bold]{safe(r.worker_id)}[/] "
+            f"({safe(r.region)}){again}\n"
             f"  score {r.score:.3f}  {subscores(r.subscores)}\n"
             f"  image cached: {'yes' if r.image_cached else 'no'}   elapsed {r.elapsed_ms:.1f} ms"
         )
     else:
         console.print(
-            f"[yellow]unfilled[/] ({r.reason}) in {r.region}: {r.detail}\n"
+            f"[yellow]unfilled[/] ({safe(r.reason)}) in {safe(r.region)}: {safe(r.detail)}\n"
             f"  offers {r.offers}, commits tried {r.commits_tried}, elapsed {r.elapsed_ms:.1f} ms"
         )
 
@@ -120,20 +156,21 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "confined"):
+    for col in ("images", "labels", "state", "confined", "jetstream"):
         t.add_column(col)
     for s in statuses:
         t.add_row(
-            s.region,
-            s.worker_id,
+            safe(s.region),
+            safe(s.worker_id),
             f"{_cpus(s.committed)}/{_cpus(s.capacity)}",
             f"{s.committed.memory_mb}/{s.capacity.memory_mb}",
             _cpus(s.held),
             str(s.machines),
-            ",".join(s.images),
-            ",".join(f"{k}={v}" for k, v in s.labels.items()),
+            safe(",".join(s.images)),
+            safe(",".join(f"{k}={v}" for k, v in s.labels.items())),
             "draining" if s.draining else "ok",
-            s.confinement or "-",  # "" from a worker older than the field
+            safe(s.confinement or "-"),  # "" from a worker older than the field
+            "on" if s.jetstream else "[yellow]off[/]",
         )
     return t
 
@@ -144,12 +181,12 @@ def machines(ms: Iterable[Machine]) -> Table:
         t.add_column(col)
     for m in ms:
         t.add_row(
-            m.machine_id,
-            m.order_id,
-            m.state,
+            safe(m.machine_id),
+            safe(m.order_id),
+            safe(m.state),
             _cpus(m.resources),
             str(m.resources.memory_mb),
-            m.image,
+            safe(m.image),
             f"{m.score:.3f}",
         )
     return t
@@ -177,21 +214,21 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
     t.add_column("app")
     for m in ms:
         t.add_row(
-            m.machine_id,
-            m.worker_id,
-            m.region,
-            m.state,
+            safe(m.machine_id),
+            safe(m.worker_id),
+            safe(m.region),
+            safe(m.state),
             format_cpus(millis_of(m.resources)),
             str(m.resources.memory_mb),
-            m.image,
+            safe(m.image),
             age(m.created_at_ms, now),
-            m.metadata.get("app", "-"),
+            safe(m.metadata.get("app", "-")),
         )
     return t
 
 
 def deployment(d: Deployment) -> Table:
-    t = Table(title=f"app {d.app}")
+    t = Table(title=f"app {safe(d.app)}")
     for col in ("slot", "machine", "region", "worker", "state", "note"):
         t.add_column(col)
     for s in d.slots:
@@ -204,10 +241,17 @@ def deployment(d: Deployment) -> Table:
                 if s.placed
                 else ""
             )
-            t.add_row(s.name, m.machine_id, m.region, m.worker_id, m.state, note)
+            t.add_row(
+                safe(s.name),
+                safe(m.machine_id),
+                safe(m.region),
+                safe(m.worker_id),
+                safe(m.state),
+                note,
+            )
         else:
             why = "; ".join(u.detail or f"{u.region}: {u.reason}" for u in s.unfilled)
-            t.add_row(s.name, "-", "-", "-", "[yellow]unfilled[/]", why)
+            t.add_row(safe(s.name), "-", "-", "-", "[yellow]unfilled[/]", safe(why))
     return t
 
 
@@ -246,19 +290,25 @@ def failover_json(app: str, machine_id: str, f: Failover | None) -> dict[str, ob
 
 def failover_lines(f: Failover) -> list[str]:
     m = f.started
-    lines = [f"started spare {m.machine_id} on {m.worker_id} ({m.region}) in place of {f.replaced}"]
+    lines = [
+        f"started spare {safe(m.machine_id)} on {safe(m.worker_id)} ({safe(m.region)}) "
+        f"in place of {safe(f.replaced)}"
+    ]
     if f.stopped is not None:
-        lines.append(f"stopped {f.stopped.machine_id} (its worker still answers: --force)")
+        lines.append(f"stopped {safe(f.stopped.machine_id)} (its worker still answers: --force)")
     spare = f.refill.machine
     if spare is not None:
-        lines.append(f"new spare {spare.machine_id} on {spare.worker_id} ({spare.region})")
+        lines.append(
+            f"new spare {safe(spare.machine_id)} on {safe(spare.worker_id)} ({safe(spare.region)})"
+        )
     else:
         why = "; ".join(u.detail for u in f.refill.unfilled) or "no region to place it in"
-        lines.append(f"[yellow]no new spare[/]: {why}")
+        lines.append(f"[yellow]no new spare[/]: {safe(why)}")
     return lines
 
 
 def event_line(e: Event) -> str:
+    """One event as a plain line (no markup)."""
     at = time.strftime("%H:%M:%S", time.localtime(e.at_ms / 1000)) + f".{e.at_ms % 1000:03d}"
     parts = [at, f"{e.kind:<12}", e.region, e.worker_id]
     if e.machine_id:
@@ -267,7 +317,7 @@ def event_line(e: Event) -> str:
         parts.append(f"order={e.order_id}")
     if e.detail:
         parts.append(e.detail)
-    return "  ".join(parts)
+    return visible("  ".join(parts))
 
 
 _VERDICTS = {
@@ -282,21 +332,21 @@ _VERDICTS = {
 def dry_run(d: DryRun) -> Table:
     """Every worker of the region: the would-be winner first, then offers by score, waits,
     declines grouped by reason, no answers (the order of DryRun.verdicts)."""
-    t = Table(title=f"dry run: order {d.order_id} in {d.region}")
+    t = Table(title=f"dry run: order {safe(d.order_id)} in {safe(d.region)}")
     for col in ("worker", "verdict", "score"):
         t.add_column(col, no_wrap=True)
     t.add_column("why")
     for v in d.verdicts:
         label = "[green]would win[/]" if v.worker_id == d.winner else _VERDICTS[v.verdict]
         scored = v.verdict in ("existing", "offer", "wait")
-        t.add_row(v.worker_id, label, f"{v.score:.3f}" if scored else "-", _why(v))
+        t.add_row(safe(v.worker_id), label, f"{v.score:.3f}" if scored else "-", _why(v))
     return t
 
 
 def _why(v: WorkerVerdict) -> str:
-    lines = [r.detail for r in v.reasons]
+    lines = [safe(r.detail) for r in v.reasons]
     if v.verdict == "existing":
-        lines.insert(0, f"machine {v.machine_id} was placed here for this order id")
+        lines.insert(0, f"machine {safe(v.machine_id)} was placed here for this order id")
     elif v.verdict in ("offer", "wait"):
         lines.insert(0, subscores(v.subscores))
     elif v.verdict == "no_answer":
@@ -313,7 +363,9 @@ def dry_run_summary(d: DryRun) -> str:
         f"{n} {_VERDICTS[k].removeprefix('[dim]').removesuffix('[/]')}" for k, n in counts.items()
     ]
     where = (
-        f"would place on [bold]{d.winner}[/]" if d.winner else "[yellow]no worker would take it[/]"
+        f"would place on [bold]{safe(d.winner)}[/]"
+        if d.winner
+        else "[yellow]no worker would take it[/]"
     )
     partial = "" if d.complete else " (deadline reached: the list may be partial)"
     return f"{where}; {', '.join(parts) or 'no workers'}; {d.elapsed_ms:.1f} ms{partial}"

@@ -2,8 +2,12 @@
 and the nats-server ``authorization`` block that enforces them (``bourse auth init``).
 
 Roles (``R`` is ``<prefix>.v1``; every user may also subscribe to its own inbox prefix
-``_INBOX.<its public nkey>``, so no user can read another user's replies):
+``_INBOX.<its public nkey>``, so no user can read another user's replies). What each may do
+with the market's JetStream (streams, buckets, consumers) is one table,
+bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/permtable.py.
 
+- ``operator``: the market's JetStream set-up (``bourse jetstream init``, limits, image
+  pushes): no market subject.
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
@@ -48,18 +52,16 @@ from typing import Any
 import nkeys
 
 from bourse.errors import BourseError
-from bourse.nats.jetstream import claims_bucket_name, stream_name
+from bourse.nats import grants
+from bourse.nats.grants import ROLE_BUYER, ROLE_EXCHANGE, ROLE_OPERATOR, ROLE_SUPPLIER, ROLE_TENANT
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, UNFILLED_EVENT
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects, is_valid_id
 
-ROLE_BUYER = "buyer"
-ROLE_EXCHANGE = "exchange"
-ROLE_SUPPLIER = "supplier"
-# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): it orders and acts
-# on machines only under ``R.tenant.NAME.``, so the exchange knows who asks and lets it
-# reach only its own machines (bourse/wire/tenancy.py). The shared ``buyer`` user acts on
-# every machine and reads every event: an operator key.
-ROLE_TENANT = "tenant"
+# A tenant (``auth init --buyer NAME``, user ``buyer:NAME``) orders and acts on machines
+# only under ``R.tenant.NAME.``, so the exchange knows who asks and lets it reach only its
+# own machines (bourse/wire/tenancy.py). The shared ``buyer`` user acts on every machine and
+# reads every event: a key for operators.
+__all__ = ["ROLE_BUYER", "ROLE_EXCHANGE", "ROLE_OPERATOR", "ROLE_SUPPLIER", "ROLE_TENANT"]
 # The line of a tenant's seed file that names the tenant (seed readers skip ``#`` lines).
 TENANT_LINE = "# bourse tenant: "
 INBOX_ROOT = "_INBOX"
@@ -134,7 +136,7 @@ class SupplierSpec:
 
 @dataclass(frozen=True, slots=True)
 class User:
-    name: str  # "buyer", "buyer:<tenant>", "exchange", "supplier:<name>"
+    name: str  # "operator", "buyer", "buyer:<tenant>", "exchange", "supplier:<name>"
     role: str
     seed: str = field(repr=False)
     workers: tuple[tuple[str, str], ...] = ()
@@ -152,39 +154,10 @@ class User:
         return self.name.partition(":")[2] if self.role == ROLE_TENANT else ""
 
 
-def _event_stream_api(s: Subjects, *, manage: bool) -> tuple[str, ...]:
-    """The JetStream API requests on the market's event stream (docs/protocol.md §8.1): a
-    supplier detects JetStream and creates or checks the stream (``manage``); a buyer
-    replays it (``watch --since``) through an ordered consumer, whose flow control it
-    answers. On a server without JetStream these requests simply find no responder."""
-    stream = stream_name(s.prefix)
-    api = ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{stream}"]
-    if manage:
-        return (*api, f"$JS.API.STREAM.CREATE.{stream}", f"$JS.API.STREAM.UPDATE.{stream}")
-    consumers = [f"$JS.API.CONSUMER.{verb}.{stream}.>" for verb in ("CREATE", "DELETE", "INFO")]
-    return (*api, f"$JS.API.CONSUMER.CREATE.{stream}", *consumers, f"$JS.FC.{stream}.>")
-
-
-def _claims_api(s: Subjects) -> tuple[str, ...]:
-    """The order-claims bucket (docs/protocol.md §5.3c), for the exchange, which runs the
-    auctions (a buyer may not bid, so it runs none under auth): detect JetStream, create or
-    look up the bucket, read a claim (direct or stream get), write one
-    (``$KV.<bucket>.<key>``), and watch one (an ordered consumer and its flow control)."""
-    bucket = claims_bucket_name(s.prefix)
-    stream = f"KV_{bucket}"
-    return (
-        "$JS.API.INFO",
-        f"$JS.API.STREAM.INFO.{stream}",
-        f"$JS.API.STREAM.CREATE.{stream}",
-        f"$JS.API.DIRECT.GET.{stream}.>",
-        f"$JS.API.STREAM.MSG.GET.{stream}",
-        f"$KV.{bucket}.>",
-        f"$JS.API.CONSUMER.CREATE.{stream}",
-        f"$JS.API.CONSUMER.CREATE.{stream}.>",
-        f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.DELETE.{stream}.>",
-        f"$JS.FC.{stream}.>",
-    )
+def operator_permissions(s: Subjects, inbox: str) -> Permissions:
+    """The market's JetStream set-up: its streams and buckets, their limits and consumers
+    (grants.py), and no market subject: it neither orders nor serves."""
+    return Permissions(publish=grants.allows(ROLE_OPERATOR, s.prefix), subscribe=(f"{inbox}.>",))
 
 
 def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
@@ -197,7 +170,7 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.explain("*"),
             s.machines("*"),  # every machine of a region (§4.17): the operator's view
             s.machines_every,
-            *_event_stream_api(s, manage=False),
+            *grants.allows(ROLE_BUYER, s.prefix),
         ),
         subscribe=(s.events(), f"{inbox}.>"),
     )
@@ -232,7 +205,7 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             s.worker_machine("*", "*"),
             s.machines("*"),  # a region vouches for a machine a worker reclaims (§5.3d)
             s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
-            *_claims_api(s),
+            *grants.allows(ROLE_EXCHANGE, s.prefix),
             *_inboxes(inbox, answers),
         ),
         subscribe=(
@@ -264,7 +237,7 @@ def supplier_permissions(
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
-    pub += _event_stream_api(s, manage=True)
+    pub += grants.allows(ROLE_SUPPLIER, s.prefix)
     pub += _inboxes(inbox, answers)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub))
 
@@ -276,6 +249,8 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     buyers = [inbox_prefix_for(u.public_key) for u in users if u.role in (ROLE_BUYER, ROLE_TENANT)]
     exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
     suppliers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_SUPPLIER]
+    if user.role == ROLE_OPERATOR:
+        return operator_permissions(s, inbox)
     if user.role == ROLE_BUYER:
         return buyer_permissions(s, inbox)
     if user.role == ROLE_TENANT:
@@ -328,7 +303,8 @@ def parse_worker_flag(value: str) -> tuple[str, str]:
 
 
 def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
-    """Every worker id in exactly one supplier, every supplier name once."""
+    """Every worker id in exactly one supplier, every supplier name once, and no worker
+    named as the exchange's reserved event token."""
     owner: dict[str, str] = {}
     names: set[str] = set()
     for sup in suppliers:
@@ -340,6 +316,11 @@ def check_suppliers(suppliers: Sequence[SupplierSpec]) -> None:
         if not sup.workers:
             raise AuthError(f"supplier {sup.name!r} hosts no worker")
         for wid, _ in sup.workers:
+            if wid == EXCHANGE_EVENT_WORKER:
+                raise AuthError(
+                    f"worker id {wid!r} is reserved: the exchange publishes order outcomes "
+                    "under it (docs/protocol.md §6.9); name the worker otherwise"
+                )
             if wid in owner:
                 raise AuthError(
                     f"worker {wid!r} is in both supplier {owner[wid]!r} and {sup.name!r}: "
@@ -417,7 +398,11 @@ def write_auth_dir(
             f"{auth_conf} exists: pass --force to replace every key (running programs holding "
             "the old keys will be locked out)"
         )
-    users = [User("buyer", ROLE_BUYER, new_seed()), User("exchange", ROLE_EXCHANGE, new_seed())]
+    users = [
+        User("operator", ROLE_OPERATOR, new_seed()),
+        User("buyer", ROLE_BUYER, new_seed()),
+        User("exchange", ROLE_EXCHANGE, new_seed()),
+    ]
     users += [User(f"buyer:{name}", ROLE_TENANT, new_seed()) for name in buyers]
     users += [
         User(f"supplier:{s.name}", ROLE_SUPPLIER, new_seed(), tuple(s.workers)) for s in suppliers

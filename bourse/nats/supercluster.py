@@ -47,14 +47,13 @@ def loopback_topology(layout: dict[str, int]) -> Topology:
 
 
 class Supercluster:
-    def __init__(self, root: Path, layout: dict[str, int], *, jetstream: bool = False) -> None:
-        """``jetstream``: every server runs JetStream (its store under ``root``); the
+    def __init__(self, root: Path, layout: dict[str, int]) -> None:
+        """Every server runs JetStream (its store under ``root``), as the market needs; the
         supercluster is ready only once each cluster has elected its meta leader."""
         self.root = root
-        topo = loopback_topology(layout)
-        if jetstream:
-            topo = dataclasses.replace(topo, jetstream_dir=str(root / "jetstream"))
-        self.topology = topo
+        self.topology = dataclasses.replace(
+            loopback_topology(layout), jetstream_dir=str(root / "jetstream")
+        )
         self.servers: dict[str, EmbeddedNats] = {}
 
     def urls(self, cluster: str) -> list[str]:
@@ -142,7 +141,7 @@ class Supercluster:
             *(f"{server.name}: route to {r}" for r in sorted(want_routes - routes)),
             *(f"{server.name}: gateway to {g}" for g in sorted(others - out)),
         ]
-        if self.topology.jetstream_dir is not None and len(cluster.servers) > 1:
+        if len(cluster.servers) > 1:
             meta = self.monitor(server.name, "jsz").get("meta_cluster") or {}
             if not meta.get("leader"):
                 missing.append(f"{server.name}: JetStream meta leader")

@@ -21,6 +21,7 @@ from typer.core import TyperGroup
 from bourse.errors import BourseError
 from bourse.nats.auth import read_credentials
 from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
+from bourse.nats.jetstream import DEGRADED, NO_JETSTREAM_FLAG
 from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Labels
@@ -106,6 +107,16 @@ CredsOpt = Annotated[
         envvar=ENV_CREDS,
         metavar="FILE",
         help="NATS credentials: an nkey seed file (from `bourse auth init`) or a JWT .creds file.",
+    ),
+]
+# One meaning everywhere (exchange serve, supplier run, buyer --direct, bourse up/demo/
+# loadtest): run without JetStream. Without it a program refuses a server that has none.
+NoJetStreamOpt = Annotated[
+    bool,
+    typer.Option(
+        NO_JETSTREAM_FLAG,
+        help=f"Run without JetStream, the degraded mode ({DEGRADED}); without this flag a "
+        "NATS server with no JetStream is refused.",
     ),
 ]
 TlsCaOpt = Annotated[
@@ -249,9 +260,18 @@ class Failed(typer.Exit):
 
 def fail(message: str, code: int = 1) -> NoReturn:
     """One clear line on stderr and a non-zero exit (and, under a BourseGroup with --json,
-    one JSON object on stdout)."""
-    typer.echo(f"error: {message}", err=True)
+    one JSON object on stdout, with the message exact)."""
+    _error_line(message)
     raise Failed(message, code)
+
+
+def _error_line(message: str) -> None:
+    """``error: <message>`` on stderr, its control characters visible: a message may carry
+    a worker's or a buyer's text (render.visible)."""
+    # the client's rendering module is imported only when there is an error to show
+    from bourse.client.render import visible
+
+    typer.echo(f"error: {visible(message)}", err=True)
 
 
 def error_fields(ctx: typer.Context, **fields: object) -> None:
@@ -334,13 +354,13 @@ def cli_main(app: typer.Typer, args: Sequence[str] | None = None) -> NoReturn:
         message = exc.format_message()  # type: ignore[attr-defined]  # click/typer usage errors have it
         if not message:  # no arguments: the help was shown, which is what was asked for
             sys.exit(0)
-        typer.echo(f"error: {message}", err=True)
+        _error_line(message)
         ctx = getattr(exc, "ctx", None)
         if ctx is not None and ctx.meta.get(JSON_MODE):
             typer.echo(_error_json(ctx.meta, message))
         sys.exit(1)
     except BourseError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        _error_line(str(exc))
         sys.exit(1)
     except _ABORTS:
         sys.exit(130)

@@ -304,10 +304,18 @@ class SupplierMetrics(Metrics):
         """Expose ``backlog()`` as ``bourse_outbox_backlog{outbox=name}``."""
         self.registry.register(_GaugeCollector("bourse_outbox_backlog", _OUTBOX_DOC, name, backlog))
 
+    def watch_event_stream(self, missing: Callable[[], bool]) -> None:
+        """Expose ``missing()`` as ``bourse_event_stream_missing`` (1 or 0)."""
+        self.registry.register(_FlagCollector("bourse_event_stream_missing", _MISSING_DOC, missing))
+
 
 _OUTBOX_DOC = (
     "Messages waiting in an outbox to be published (publish: the host's send queue; "
     "events: committed events not yet acknowledged by the event stream)."
+)
+_MISSING_DOC = (
+    "1 while no JetStream stream takes this supplier's events: they wait in its outbox "
+    '(bourse_outbox_backlog{outbox="events"}) until the stream is made.'
 )
 
 
@@ -457,6 +465,16 @@ class _GaugeCollector(Collector):
         family = GaugeMetricFamily(self.name, self.doc, labels=["outbox"])
         family.add_metric([self.label], self.value())
         yield family
+
+
+class _FlagCollector(Collector):
+    def __init__(self, name: str, doc: str, value: Callable[[], bool]) -> None:
+        self.name = name
+        self.doc = doc
+        self.value = value
+
+    def collect(self) -> Iterator[Metric]:
+        yield _gauge(self.name, self.doc, 1 if self.value() else 0)
 
 
 def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:

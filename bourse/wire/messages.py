@@ -469,6 +469,9 @@ class WorkerStatus(Message, kw_only=True):
     drain_reason: str = ""
     # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
     confinement: Confinement = ""
+    # False when its supplier runs without JetStream (``--no-jetstream``, the
+    # degraded mode: its events at most once); True from older workers, which do not say.
+    jetstream: bool = True
     # Its image cache (§6.10): bytes used on disk and its budget, and the manifest digests
     # of the images it holds unpacked (0 / [] from a worker without one).
     cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0

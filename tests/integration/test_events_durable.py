@@ -17,12 +17,14 @@ import anyio
 import pytest
 import structlog
 from nats.aio.msg import Msg
+from prometheus_client.parser import text_string_to_metric_families
 
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.client.events import EventFeed, Since, StreamedEvent
 from bourse.nats.embedded import EmbeddedNats
-from bourse.nats.jetstream import stream_name
+from bourse.nats.jetstream import EVENT_BYTES, EVENTS_PER_ORDER, stream_name
 from bourse.runtime.launcher import Program, start_program
+from bourse.runtime.metrics import SupplierMetrics
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed
 from bourse.wire.subjects import Subjects
@@ -158,6 +160,7 @@ async def test_supplier_killed_mid_burst_publishes_every_committed_event_once(
             "supplier", *args, log_path=tmp_path / log, ready="supplier ready"
         )
 
+    await market.jetstream_init()  # no exchange here to make the event stream
     proc = await supplier("s1.log")
     client = await market.client(direct=True)
     placed = 0
@@ -217,8 +220,9 @@ async def test_without_jetstream_events_flow_at_most_once_and_it_is_said_once(
 ) -> None:
     market = core_only
     with structlog.testing.capture_logs() as logs:
-        await market.host(*(worker(f"mad-{i}", cpus=32, memory_mb=32 * 256) for i in (1, 2)))
-        await market.exchange()
+        fleet = (worker(f"mad-{i}", cpus=32, memory_mb=32 * 256) for i in (1, 2))
+        await market.host(*fleet, jetstream=False)  # the degraded mode: --no-jetstream
+        await market.exchange(jetstream=False)
         spy = await market.connect("spy")
         got: list[Event] = []
 
@@ -287,3 +291,55 @@ async def test_buyer_watch_since_replays_with_stream_sequences(market: Market) -
     ]
     code, _, err = await _buyer(market, "watch", "--since", "yesterday")
     assert code == 1 and "error: --since 'yesterday': expected a stream sequence" in err
+
+
+def _gauge(metrics: SupplierMetrics, name: str) -> float:
+    text, _ = metrics.render()
+    [sample] = [
+        s
+        for family in text_string_to_metric_families(text.decode())
+        for s in family.samples
+        if s.name == name
+    ]
+    return sample.value
+
+
+async def test_events_wait_in_the_outbox_until_the_stream_is_made(market: Market) -> None:
+    """A supplier makes no stream: started before any exchange (or the operator's set-up),
+    its events wait in its outbox, said once in the log and by a metric, and are stored,
+    every one, once the exchange's start has made the stream."""
+    metrics = SupplierMetrics()
+    with structlog.testing.capture_logs() as logs:
+        host = await market.host(worker("mad-1", cpus=64, memory_mb=64 * 256), metrics=metrics)
+        client = await market.client(direct=True)
+        placed = await _place_many(client, "mad", 5)
+        await wait_until(lambda: host.events.stream_missing)
+        assert _gauge(metrics, "bourse_event_stream_missing") == 1
+        assert host.events.backlog >= 5  # placed, each waiting
+
+        await market.exchange()  # its start makes the stream
+        await wait_until(lambda: host.events.backlog == 0, 15)
+    assert not host.events.stream_missing and _gauge(metrics, "bourse_event_stream_missing") == 0
+    told = ("event_stream_missing", "event_stream_created", "event_stream_found")
+    assert [e["event"] for e in logs if e["event"] in told] == list(told)
+    nc = await market.connect("watcher")
+    async with EventFeed(nc, market.subjects, kind="placed", since=Since()) as feed:
+        stored = await _collect(feed, 5)
+    assert sorted(e.event.machine_id for e in stored) == sorted(p.machine_id for p in placed)
+
+
+async def test_a_stored_event_takes_no_more_than_the_sizing_rule_says(market: Market) -> None:
+    """EVENT_BYTES (the rule's bytes per event) against the stream's own count: machines
+    placed, started, stopped and destroyed on a real supplier."""
+    host = await market.host(worker("mad-1", cpus=64, memory_mb=64 * 256))
+    await market.jetstream_init()
+    client = await market.client(direct=True)
+    placed = await _place_many(client, "mad", 20)
+    for p in placed:
+        for verb in ("start", "stop", "destroy"):
+            await client.machine(verb, p.machine_id)
+    await wait_until(lambda: host.events.backlog == 0, 15)
+    nc = await market.connect("sizer")
+    info = await nc.jetstream().stream_info(stream_name(market.subjects.prefix))
+    assert info.state.messages >= 20 * EVENTS_PER_ORDER
+    assert info.state.bytes / info.state.messages <= EVENT_BYTES

@@ -329,10 +329,8 @@ async def test_up_reconnecting(tmp_path: Path) -> None:
 async def test_up_never_connected(tmp_path: Path) -> None:
     args = up_args(tmp_path, "--nats", dead_url())
     async with program("ops.cli", *args, log_path=tmp_path / "up.log") as up:
-        logs = tmp_path / "up" / "logs"
-        await wait_until(
-            lambda: any("nats_error" in f.read_text() for f in logs.glob("*.log")), READY_S
-        )
+        # up itself waits for the server (to ask it for JetStream) before its programs start
+        await up.logged("nats_error")
         children = children_of(up.proc.pid)
         code, elapsed = await up.stop()
         assert_stopped(code, elapsed, up.log)

@@ -1,14 +1,15 @@
 """A secured market: keys from exchange/auth.py (what `bourse auth init` writes), a real
 nats-server started with the generated config, and connections as each role.
 
-Users: buyer (the shared, operator's key), buyer:alice and buyer:bob (tenants), exchange,
-supplier:mad-1 and supplier:mad-2 (one worker each), and supplier:fleet-fra (a fleet user
-covering fra-1 and fra-2).
+Users: operator (the market's JetStream set-up), buyer (the shared buyer key), buyer:alice and
+buyer:bob (tenants), exchange, supplier:mad-1 and supplier:mad-2 (one worker each), and
+supplier:fleet-fra (a fleet user covering fra-1 and fra-2). The server runs JetStream.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,6 +64,16 @@ class Violations:
     def none_yet(self) -> bool:
         return self.queue.empty()
 
+    def denied(self) -> set[str]:
+        """The subjects of the violations queued so far (lower case, as nats-py says them);
+        await a round trip first (flush_all): the server reports a violation before it."""
+        out = set()
+        while not self.queue.empty():
+            found = re.search(r'publish to "([^"]+)"', self.queue.get_nowait())
+            if found:
+                out.add(found.group(1))
+        return out
+
 
 @dataclass
 class Secured:
@@ -103,7 +114,10 @@ def auth_files(tmp_path: Path) -> AuthFiles:
 
 @pytest.fixture
 def secured_server(auth_files: AuthFiles, tmp_path: Path) -> Iterator[EmbeddedNats]:
-    srv = EmbeddedNats(workdir=tmp_path / "nats", config=auth_files.server_conf).start()
+    # JetStream on, as the market requires (and as `auth init`'s run line starts it)
+    srv = EmbeddedNats(
+        workdir=tmp_path / "nats", config=auth_files.server_conf, jetstream=True
+    ).start()
     yield srv
     srv.stop()
 

@@ -3,28 +3,16 @@ trust and TLS files (one clear error line, exit 1)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
+import shlex
 from pathlib import Path
 
 from bourse.nats.auth import public_key_of, read_seed_file, tenant_of
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.jetstream import jetstream_available
+from tests.cli import run_module
 from tests.security.conftest import FLEET_FRA
-
-
-async def run(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        *args,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> None:
@@ -32,16 +20,19 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     fleet.write_text(FLEET_FRA)
     out = tmp_path / "auth"
     init = ("ops.cli", "auth", "init", "--out", str(out), "--fleet", str(fleet))
-    code, stdout, err = await run(
+    code, stdout, err = await run_module(
         *init, "--worker", "mad-1=mad", "--buyer", "alice", "--tls", "--tls-clients"
     )
     assert code == 0, err
-    assert "supplier:fleet-fra" in stdout and "run: nats-server -c" in stdout
+    assert "supplier:fleet-fra" in stdout
+    assert f"run: nats-server -c {out / 'server.conf'} -js -sd {out / 'jetstream'}\n" in stdout
+    assert f"bourse jetstream init --creds {out / 'operator.nk'} " in stdout
     seeds = {p.name: p for p in out.glob("*.nk")}
     assert sorted(seeds) == [
         "buyer-alice.nk",
         "buyer.nk",
         "exchange.nk",
+        "operator.nk",
         "supplier-fleet-fra.nk",
         "supplier-mad-1.nk",
     ]
@@ -61,8 +52,11 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     assert (out / "server.conf").read_text().count("include") == 2
     assert (out / "tls" / "supplier-fleet-fra-key.pem").stat().st_mode & 0o777 == 0o600
 
-    # the generated server config runs, and the fleet's user connects over mutual TLS
-    with EmbeddedNats(workdir=tmp_path / "nats", config=out / "server.conf") as srv:
+    # the printed run line starts a server with JetStream, and the fleet's user connects
+    # over mutual TLS
+    [run_line] = [ln for ln in stdout.splitlines() if ln.startswith("run: nats-server ")]
+    run_args = shlex.split(run_line)[2:]
+    with EmbeddedNats(workdir=tmp_path / "nats", extra_args=run_args, jetstream=False) as srv:
         nc = await connect(
             srv.url,
             name="fleet",
@@ -73,12 +67,13 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
             tls_key=str(out / "tls" / "supplier-fleet-fra-key.pem"),
         )
         await flush_all(nc)
+        assert await jetstream_available(nc)
         await nc.close()
 
     old_buyer = public_key_of(seeds["buyer.nk"].read_text())
-    code, _, err = await run(*init)
+    code, _, err = await run_module(*init)
     assert code == 1 and "auth.conf exists: pass --force" in err
-    code, _, _ = await run(*init, "--force")
+    code, _, _ = await run_module(*init, "--force")
     assert code == 0
     new_conf = (out / "auth.conf").read_text()
     assert old_buyer not in new_conf
@@ -87,32 +82,39 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
 
 async def test_auth_init_bad_input(tmp_path: Path) -> None:
     base = ("ops.cli", "auth", "init", "--out", str(tmp_path / "a"))
-    code, _, err = await run(*base, "--worker", "mad-1")
+    code, _, err = await run_module(*base, "--worker", "mad-1")
     assert code == 1 and "--worker 'mad-1' must look like WORKER_ID=REGION" in err
-    code, _, err = await run(*base, "--worker", "mad-1=mad", "--worker", "mad-1=fra")
+    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--worker", "mad-1=fra")
     assert code == 1 and "two suppliers are named 'mad-1'" in err
-    code, _, err = await run(*base)
+    code, _, err = await run_module(*base)
     assert code == 1 and "no supplier given" in err
-    code, _, err = await run(*base, "--worker", "mad-1=mad", "--buyer", "Alice")
+    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--buyer", "Alice")
     assert code == 1 and "invalid buyer name 'Alice'" in err
-    code, _, err = await run(*base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
+    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
     assert code == 1 and "buyer 'a' is given twice" in err
+    # the exchange's reserved event token: a supplier key for it could publish `unfilled`
+    # outcomes as the exchange (and events no worker of that name could have)
+    code, _, err = await run_module(*base, "--worker", "exchange=mad")
+    assert code == 1 and "worker id 'exchange' is reserved" in err, err
+    assert not (tmp_path / "a" / "auth.conf").exists()
 
 
 async def test_programs_name_a_bad_credentials_trust_or_tls_file(tmp_path: Path) -> None:
     junk = tmp_path / "junk.creds"
     junk.write_text("not a key\n")
     nats = ("--nats", "nats://127.0.0.1:1")
-    code, _, err = await run("exchange", "serve", *nats, "--creds", str(junk))
+    code, _, err = await run_module("exchange", "serve", *nats, "--creds", str(junk))
     assert code == 1
     assert err.strip() == (
         f"error: credentials file {junk} is neither a NATS .creds file (with a user JWT) nor "
         "an nkey seed file (one line starting with SU)"
     )
-    code, _, err = await run("exchange", "serve", *nats, "--trust", str(tmp_path / "nope"))
+    code, _, err = await run_module("exchange", "serve", *nats, "--trust", str(tmp_path / "nope"))
     assert code == 1 and f"cannot read trust file {tmp_path / 'nope'}" in err
     sup = ("supplier", "run", "--worker-id", "w", "--region", "r", "--cpus", "1")
-    code, _, err = await run(*sup, "--memory-mb", "1", *nats, "--tls-cert", str(junk))
+    code, _, err = await run_module(*sup, "--memory-mb", "1", *nats, "--tls-cert", str(junk))
     assert code == 1 and "--tls-cert and --tls-key go together" in err
-    code, _, err = await run("buyer_cli", "--tls-ca", str(junk), "fleet", "--region", "mad", *nats)
+    code, _, err = await run_module(
+        "buyer_cli", "--tls-ca", str(junk), "fleet", "--region", "mad", *nats
+    )
     assert code == 1 and f"cannot use CA file {junk}" in err

@@ -18,9 +18,9 @@ def claim(auction: str) -> Claim:
 
 
 @pytest.mark.parametrize("user", ["exchange"])
-async def test_who_runs_auctions_can_use_the_claims(secured_js: Secured, user: str) -> None:
-    nc, violations = await secured_js.connect(user)
-    store = await ClaimStore.open(nc, secured_js.subjects)
+async def test_who_runs_auctions_can_use_the_claims(secured: Secured, user: str) -> None:
+    nc, violations = await secured.connect(user)
+    store = await ClaimStore.open(nc, secured.subjects)
     assert store is not None, "the claims bucket could not be opened"
     key = f"perm-{user}"
     first = await store.put(key, claim("A"), 0)
@@ -37,9 +37,9 @@ async def test_who_runs_auctions_can_use_the_claims(secured_js: Secured, user: s
 
 
 @pytest.mark.parametrize("user", ["supplier:mad-1", "buyer"])
-async def test_who_runs_no_auction_cannot_write_a_claim(secured_js: Secured, user: str) -> None:
-    owner, _ = await secured_js.connect("exchange")
-    assert await ClaimStore.open(owner, secured_js.subjects) is not None  # the bucket exists
-    nc, violations = await secured_js.connect(user)
+async def test_who_runs_no_auction_cannot_write_a_claim(secured: Secured, user: str) -> None:
+    owner, _ = await secured.connect("exchange")
+    assert await ClaimStore.open(owner, secured.subjects) is not None  # the bucket exists
+    nc, violations = await secured.connect(user)
     await nc.publish(f"$KV.{PREFIX.upper()}_ORDERS.forged", b"{}")
     assert "permissions violation" in await violations.next()

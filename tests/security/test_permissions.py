@@ -13,7 +13,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bourse.nats.auth import inbox_prefix_for, new_seed, public_key_of
+from bourse.nats.auth import inbox_prefix_for, new_seed, public_key_of, read_seed_file
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
@@ -150,7 +150,7 @@ async def test_supplier_cannot_bid_commit_or_order(secured: Secured) -> None:
 async def test_no_user_can_read_another_users_replies(secured: Secured) -> None:
     buyer, v = await secured.connect("buyer")
     # its connection uses its own inbox prefix, the only one it may subscribe to
-    own = inbox_prefix_for(public_key_of(secured.files.users[0].seed))
+    own = inbox_prefix_for(public_key_of(read_seed_file(secured.creds("buyer"))))
     assert buyer.new_inbox().startswith(own + ".")
     await buyer.subscribe(f"{own}.x")
     await flush_all(buyer)
@@ -158,7 +158,7 @@ async def test_no_user_can_read_another_users_replies(secured: Secured) -> None:
     await buyer.subscribe("_INBOX.>")
     # (nats-py lowercases the server's error text)
     assert 'subscription to "_inbox.>"' in await v.next()
-    exchange_key = public_key_of(secured.files.users[1].seed)
+    exchange_key = public_key_of(read_seed_file(secured.creds("exchange")))
     await buyer.subscribe(f"{inbox_prefix_for(exchange_key)}.>")
     assert "subscription to" in await v.next()
 

@@ -88,7 +88,7 @@ def test_tls_files_and_their_errors(tmp_path: Path) -> None:
 async def tls_market(tmp_path: Path) -> AsyncIterator[tuple[Secured, TlsFiles]]:
     files = make_auth_dir(tmp_path / "auth", extra_includes=[TLS_CONF])
     tls = write_tls_dir(tmp_path / "auth")
-    srv = EmbeddedNats(workdir=tmp_path / "nats", config=files.server_conf).start()
+    srv = EmbeddedNats(workdir=tmp_path / "nats", config=files.server_conf, jetstream=True).start()
     secured = Secured(srv, files, Subjects(PREFIX))
     try:
         yield secured, tls

@@ -98,6 +98,9 @@ def test_nats_servers_run_the_generated_config_they_mount(name: str, tmp_path: P
     for other in NATS:
         if other != name:
             assert f"nats-route://{other}:6222" in text
+    # JetStream on, its store on a volume of the server's own
+    store = re.search(r'^  store_dir: "(.*)/' + name + '"$', text, re.M)
+    assert store and mounts(service)[store[1]] in COMPOSE["volumes"], name
     include = re.search(r'^include "(.*)"$', text, re.M)
     assert include and mounts(service)[include[1]] == f"{SECRETS}auth.conf"
     ports = {p.split(":")[1] for p in service["ports"]}

@@ -26,7 +26,7 @@ def quoted_commands(doc: str) -> list[list[str]]:
             "deploy.md",
             ["eu-1.conf", "eu-2.conf", "eu-3.conf", "us-1.conf", "us-2.conf", "us-3.conf"],
         ),
-        ("performance.md", ["a-1.conf", "b-1.conf"]),
+        ("performance.md", ["a-1.conf", "a-2.conf", "b-1.conf"]),
     ],
 )
 def test_nats_config_commands_in_the_docs_work(doc: str, files: list[str], tmp_path: Path) -> None:

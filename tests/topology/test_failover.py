@@ -13,7 +13,7 @@ from bourse.nats.connection import connect, shutdown
 from bourse.nats.supercluster import Supercluster
 from bourse.wire.messages import Placed
 from bourse.wire.subjects import Subjects
-from tests.market import order
+from tests.market import order, wait_until
 from tests.topology.programs import exchange, supplier
 
 PREFIX = "fo"
@@ -25,13 +25,19 @@ async def test_killing_the_server_under_exchange_and_supplier_fails_them_over(
 ) -> None:
     sc = Supercluster(tmp_path / "sc", {"a": 3, "b": 1})
     # Only a-1 of cluster a runs when the programs connect (with all three URLs), so both
-    # land on it; then a-2 and a-3 join, and a-1 is the one killed.
+    # land on it; then a-2 and a-3 join (JetStream has its quorum: the programs, which
+    # waited for it, are ready), and a-1 is the one killed.
     sc.start(only=["a-1", "b-1"])
     programs = []
+    starting = [
+        asyncio.ensure_future(supplier(sc.urls("a"), PREFIX, tmp_path, "mad-1", "mad", 4)),
+        asyncio.ensure_future(exchange(sc.urls("a"), PREFIX, tmp_path, "exchange-a")),
+    ]
     try:
-        programs.append(await supplier(sc.urls("a"), PREFIX, tmp_path, "mad-1", "mad", 4))
-        programs.append(await exchange(sc.urls("a"), PREFIX, tmp_path, "exchange-a"))
+        names = {"bourse-supplier:mad-1", "exchange-a"}
+        await wait_until(lambda: names <= set(sc.connections("a-1")), 30)
         sc.start()
+        programs += [await p for p in starting]
         assert sc.server_of("bourse-supplier:mad-1") == sc.server_of("exchange-a") == "a-1"
         nc = await connect(sc.urls("b"), name="buyer-b", service=False)
         buyer = BourseClient(nc, Subjects(PREFIX))
@@ -53,6 +59,9 @@ async def test_killing_the_server_under_exchange_and_supplier_fails_them_over(
         finally:
             await shutdown(nc)
     finally:
+        for task in starting:  # one still starting is killed (start_program's own cleanup)
+            task.cancel()
+        await asyncio.gather(*starting, return_exceptions=True)
         for p in reversed(programs):
             assert await p.stop() == 0, p.log
         sc.stop()

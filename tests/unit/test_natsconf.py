@@ -1,4 +1,4 @@
-"""Config generation for single servers, clusters and superclusters (exchange/natsconf.py),
+"""Config generation for single servers, clusters and superclusters (bourse/nats/serverconf.py),
 checked against the text it must produce and against nats-server's own config check."""
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def test_single_server_has_no_cluster_nor_gateway_block() -> None:
         "server_name: solo-1\n"
         "listen: 127.0.0.1:4222\n"
         "http: 127.0.0.1:8222\n"
-        "jetstream: disabled\n"
+        "jetstream {\n"
+        '  store_dir: "/var/lib/nats/jetstream/solo-1"\n'
+        "}\n"
     }
 
 
@@ -59,6 +61,10 @@ def test_supercluster_routes_to_the_others_and_lists_every_gateway() -> None:
     # a one-server cluster needs no routes, but joins the gateways under its cluster's name
     assert "cluster {" not in files["w1.conf"]
     assert "gateway {\n  name: west\n" in files["w1.conf"] and gateways in files["w1.conf"]
+    # JetStream runs on every server but there, where nats-server refuses it (no routes):
+    # its clients use east's across the gateway
+    assert 'jetstream {\n  store_dir: "/var/lib/nats/jetstream/east-2"\n}\n' in east2
+    assert files["w1.conf"].endswith("jetstream: disabled\n")
 
 
 def test_include_tls_and_jetstream_blocks() -> None:
@@ -68,7 +74,7 @@ def test_include_tls_and_jetstream_blocks() -> None:
         tls=Tls("/tls/server.pem", "/tls/server-key.pem", "/tls/ca.pem", verify=True),
         jetstream_dir="/data/js",
     )
-    text = render(topo)["w1.conf"]
+    text = render(topo)["east-1.conf"]
     assert text.endswith(
         "tls {\n"
         '  cert_file: "/tls/server.pem"\n'
@@ -77,7 +83,7 @@ def test_include_tls_and_jetstream_blocks() -> None:
         "  verify: true\n"
         "}\n"
         "jetstream {\n"
-        '  store_dir: "/data/js/w1"\n'
+        '  store_dir: "/data/js/east-1"\n'
         "}\n"
         'include "/secrets/auth.conf"\n'
     )
@@ -117,6 +123,7 @@ def test_parse_cluster_names_servers_when_asked() -> None:
         (["e=a,b"], Ports(cluster=-1), "cluster port -1 of server 'e-1' is invalid: the other"),
         (["e=a", "w=b"], Ports(gateway=70000), "gateway port 70000 of server 'e-1' is invalid"),
         (["e=a"], Ports(client=0), "client port 0 of server 'e-1' is invalid: use 1..65535"),
+        (["e=a", "w=b"], Ports(), "no cluster of this supercluster can run JetStream"),
     ],
 )
 def test_bad_topologies_are_refused_naming_the_problem(
@@ -129,6 +136,21 @@ def test_bad_topologies_are_refused_naming_the_problem(
 def test_random_ports_are_fine_where_no_other_server_needs_them() -> None:
     # one server alone: client, route and gateway ports are nobody else's business
     render(Topology(clusters=plan(["e=a"], Ports(client=-1, cluster=-1, gateway=-1, http=-1))))
+
+
+def test_every_server_the_command_writes_runs_jetstream_with_its_own_store(tmp_path: Path) -> None:
+    """The documented production set-up, with no JetStream option given: JetStream on every
+    server, each its own store."""
+    out = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
+         "--cluster", "eu=10.0.1.1,10.0.1.2,10.0.1.3"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    for i in (1, 2, 3):
+        text = (tmp_path / f"eu-{i}.conf").read_text()
+        assert f'jetstream {{\n  store_dir: "/var/lib/nats/jetstream/eu-{i}"\n}}\n' in text
+        assert "disabled" not in text
 
 
 def test_bad_paths_and_tls_are_refused() -> None:
@@ -146,6 +168,7 @@ def test_nats_server_accepts_every_generated_config(tmp_path: Path) -> None:
             *plan(["b=h4"]),
         ),
         include="auth.conf",  # relative to the config file, as nats-server resolves it
+        jetstream_dir=str(tmp_path / "jetstream"),
     )
     for name, text in render(topo).items():
         (tmp_path / name).write_text(text)

@@ -1,15 +1,20 @@
-"""Tables as plain aligned columns (stdout not a terminal): nothing cut, markup gone."""
+"""Tables as plain aligned columns (stdout not a terminal): nothing cut, markup gone; text
+from the wire shown with its control characters escaped, and exact in JSON."""
 
 from __future__ import annotations
 
 import io
 
+import msgspec
 import pytest
+import typer
 from rich.console import Console
 from rich.table import Table
 
 from bourse.client import render
 from bourse.client.render import plain
+from bourse.runtime.cli import fail
+from bourse.wire.messages import Machine, Resources
 
 LONG_ID = "mad-1~01M83KAXYZXYZXYZXYZXYZXYZ0"
 
@@ -81,3 +86,59 @@ def test_fleet_and_machines_show_fractional_cpus_as_people_write_them() -> None:
     )
     [_head, row] = plain(render.machines([m]))
     assert row.split()[3] == "0.25"
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        ("plain text, é, 名前, 🚀", "plain text, é, 名前, 🚀"),
+        ("\x1b[2J\x1b[H", "\\x1b[2J\\x1b[H"),  # clear the screen, cursor home
+        ("a\nb\r\tc", "a\\nb\\r\\tc"),
+        ("\x00\x07\x08\x7f", "\\x00\\x07\\x08\\x7f"),  # NUL, bell, backspace, DEL
+        ("\x9b2J\x85", "\\x9b2J\\x85"),  # C1: CSI, next line
+        ("\u202egnp.exe\u2028x\u2066", "\\u202egnp.exe\\u2028x\\u2066"),  # bidi, separators
+    ],
+)
+def test_visible_writes_every_control_character_as_an_escape(text: str, shown: str) -> None:
+    assert render.visible(text) == shown
+
+
+def _listed(app: str) -> Machine:
+    return Machine(
+        machine_id="mad-1~01ABC",
+        order_id="o1",
+        worker_id="mad-1",
+        region="mad",
+        state="started",
+        resources=Resources(cpus=1, memory_mb=256),
+        image="web",
+        score=0.5,
+        created_at_ms=1,
+        updated_at_ms=1,
+        metadata={"app": app},
+    )
+
+
+FORGED = "\x1b[2J\x1b[Hshop\nmad-9~01FORGED  mad-9  mad  started"
+
+
+def test_text_from_the_wire_cannot_forge_a_row_or_reach_the_terminal() -> None:
+    lines = plain(render.machine_listing([_listed(FORGED)], now=2))
+    assert len(lines) == 2  # the header and the one machine: no forged row
+    assert "\x1b" not in "".join(lines) and "\\x1b[2J\\x1b[Hshop\\nmad-9~01FORGED" in lines[1]
+    assert [line.split()[0] for line in lines[1:]] == ["mad-1~01ABC"]  # awk '{print $1}'
+    # JSON keeps the text exactly
+    assert msgspec.json.decode(render.as_json(_listed(FORGED)))["metadata"]["app"] == FORGED
+
+
+def test_markup_in_wire_text_is_shown_as_written() -> None:
+    [_head, row] = plain(render.machine_listing([_listed("[/][bold]x[/bold]")], now=2))
+    assert row.endswith("[/][bold]x[/bold]")
+
+
+def test_an_error_line_shows_control_characters_and_json_keeps_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(typer.Exit):
+        fail("worker says: \x1b[31mred\nerror: forged")
+    assert capsys.readouterr().err == "error: worker says: \\x1b[31mred\\nerror: forged\n"

@@ -1,0 +1,209 @@
+"""Who may do what with the market's JetStream, as ONE table (:data:`GRANTS`): the server
+config grants each verb's API subjects from it (bourse/nats/auth.py), docs/security.md
+shows it (bourse/nats/permtable.py renders it), and tests/security/test_jetstream_grants.py
+finds the same table again in the generated config and, verb by verb, on a live server.
+
+Deny by default: a role may use a verb on a stream or bucket only where the table says so,
+and no role may use JetStream on anything else (another stream, the account's listing).
+Streams, buckets and their limits are made by the operator's set-up (``bourse jetstream
+init``) or by the exchange at its start; no supplier, buyer or tenant key can create,
+change, delete or purge one, or touch a consumer it did not make.
+
+The resources of a market (names from bourse/nats/jetstream.py, one to one with the subject
+prefix): the event stream ``<PREFIX>_EVENTS``, the order-claims KV bucket
+``<PREFIX>_ORDERS``, the image store's Object Store ``<PREFIX>_IMAGES`` and its tag KV
+bucket ``<PREFIX>_IMAGE_TAGS``; and the account (JetStream as a whole).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bourse.nats.jetstream import claims_bucket_name, prefix_token, stream_name
+
+ROLE_OPERATOR = "operator"
+ROLE_BUYER = "buyer"
+ROLE_EXCHANGE = "exchange"
+ROLE_SUPPLIER = "supplier"
+# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): bourse/nats/auth.py.
+ROLE_TENANT = "tenant"
+ROLES = (ROLE_OPERATOR, ROLE_EXCHANGE, ROLE_SUPPLIER, ROLE_BUYER, ROLE_TENANT)
+
+API = "$JS.API"
+# A name the probes use where a verb's subject takes one (a consumer, a key, a stream that
+# is none of the market's).
+PROBE = "PROBE"
+
+
+@dataclass(frozen=True, slots=True)
+class Resource:
+    """A stream or bucket of the market (``kind``: stream, kv, objects), or the account."""
+
+    key: str
+    title: str
+    kind: str
+    bucket: Callable[[str], str]  # prefix -> the stream's or bucket's name
+
+    def stream(self, prefix: str) -> str:
+        """The JetStream stream behind it (a bucket's is prefixed ``KV_`` or ``OBJ_``)."""
+        name = self.bucket(prefix)
+        return {"kv": f"KV_{name}", "objects": f"OBJ_{name}"}.get(self.kind, name)
+
+    def data(self, prefix: str) -> str:
+        """The subjects its entries are written to (a bucket's), "" for a stream."""
+        name = self.bucket(prefix)
+        return {"kv": f"$KV.{name}", "objects": f"$O.{name}"}.get(self.kind, "")
+
+
+EVENTS = Resource("events", "event stream", "stream", stream_name)
+CLAIMS = Resource("claims", "order claims", "kv", claims_bucket_name)
+IMAGES = Resource("images", "image blobs", "objects", lambda p: f"{prefix_token(p)}_IMAGES")
+IMAGE_TAGS = Resource("tags", "image tags", "kv", lambda p: f"{prefix_token(p)}_IMAGE_TAGS")
+ACCOUNT = Resource("account", "account", "account", lambda p: "")
+RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, ACCOUNT)
+
+
+@dataclass(frozen=True, slots=True)
+class Verb:
+    """One thing a key may do with a resource: what the docs call it, and its API subjects
+    for a resource's stream ``s`` and data prefix ``d`` (the grants, with wildcards). The
+    tests try it by publishing its :meth:`probes`."""
+
+    name: str
+    what: str
+    kinds: frozenset[str]
+    allows: Callable[[str, str], tuple[str, ...]]
+    # subjects tried besides the grants' own (each ``>`` made a concrete token)
+    more: Callable[[str, str], tuple[str, ...]] = lambda s, d: ()
+
+    def probes(self, s: str, d: str) -> tuple[str, ...]:
+        """Concrete subjects a client publishes to use the verb."""
+        return tuple(a.replace(">", PROBE) for a in self.allows(s, d)) + self.more(s, d)
+
+
+def _stream_op(op: str, what: str) -> Verb:
+    return Verb(op.lower(), what, MARKET, lambda s, d: (f"{API}.STREAM.{op}.{s}",))
+
+
+MARKET = frozenset({"stream", "kv", "objects"})
+BUCKETS = frozenset({"kv", "objects"})
+INFO = _stream_op("INFO", "look it up: its settings and state")
+CREATE = _stream_op("CREATE", "make it, with its limits")
+UPDATE = _stream_op("UPDATE", "change its subjects or limits")
+DELETE = _stream_op("DELETE", "delete it, and all it holds")
+PURGE = _stream_op("PURGE", "empty it (an object store's delete of one object is one)")
+READ = Verb(
+    "read",
+    "get a message or a key",
+    MARKET,
+    lambda s, d: (f"{API}.DIRECT.GET.{s}", f"{API}.DIRECT.GET.{s}.>", f"{API}.STREAM.MSG.GET.{s}"),
+)
+ERASE = Verb(
+    "erase", "remove one stored message", MARKET, lambda s, d: (f"{API}.STREAM.MSG.DELETE.{s}",)
+)
+WRITE = Verb(
+    "write",
+    "put or delete a key, put an object (a KV delete is a put of a marker)",
+    BUCKETS,
+    lambda s, d: (f"{d}.>",),
+    lambda s, d: (f"{d}.M.{PROBE}", f"{d}.C.{PROBE}"),  # an object's meta and chunks
+)
+REPLAY = Verb(
+    "replay",
+    "read it from a sequence or a time, then follow (an ordered consumer of its own)",
+    MARKET,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}", f"$JS.FC.{s}.>"),
+)
+CONSUMERS = Verb(
+    "consumers",
+    "make, change, look up, list and delete named and durable consumers",
+    MARKET,
+    lambda s, d: (
+        f"{API}.CONSUMER.CREATE.{s}.>",
+        f"{API}.CONSUMER.DURABLE.CREATE.{s}.>",
+        f"{API}.CONSUMER.DELETE.{s}.>",
+        f"{API}.CONSUMER.INFO.{s}.>",
+        f"{API}.CONSUMER.LIST.{s}",
+        f"{API}.CONSUMER.NAMES.{s}",
+    ),
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.{PROBE}.{PROBE}",),  # named, with a filter
+)
+PULL = Verb(
+    "pull",
+    "take and acknowledge messages of a durable consumer",
+    MARKET,
+    lambda s, d: (f"{API}.CONSUMER.MSG.NEXT.{s}.>", f"$JS.ACK.{s}.>"),
+)
+DETECT = Verb(
+    "detect",
+    "ask whether the server has JetStream, and the account's usage",
+    frozenset({"account"}),
+    lambda s, d: (f"{API}.INFO",),
+)
+OTHERS = Verb(
+    "others",
+    "list the account's streams, or make, change or delete one that is none of the market's "
+    "(no role may)",
+    frozenset({"account"}),
+    lambda s, d: (),
+    lambda s, d: (
+        f"{API}.STREAM.NAMES",
+        f"{API}.STREAM.LIST",
+        f"{API}.STREAM.CREATE.{PROBE}",
+        f"{API}.STREAM.UPDATE.{PROBE}",
+        f"{API}.STREAM.DELETE.{PROBE}",
+    ),
+)
+VERBS: tuple[Verb, ...] = (INFO, CREATE, UPDATE, DELETE, PURGE, READ, ERASE, WRITE, REPLAY)
+VERBS += (CONSUMERS, PULL, DETECT, OTHERS)
+
+
+def applies(verb: Verb, resource: Resource) -> bool:
+    return resource.kind in verb.kinds
+
+
+def _all(resource: Resource) -> frozenset[str]:
+    return frozenset(v.name for v in VERBS if applies(v, resource) and v is not OTHERS)
+
+
+def _of(*verbs: Verb) -> frozenset[str]:
+    return frozenset(v.name for v in verbs)
+
+
+# THE table: role -> resource key -> the verbs it may use there (absent: none).
+GRANTS: dict[str, dict[str, frozenset[str]]] = {
+    # the market's set-up (``bourse jetstream init``, ``nats stream edit``), image pushes
+    ROLE_OPERATOR: {r.key: _all(r) for r in RESOURCES},
+    # makes the event stream and the claims bucket at its start; runs the auctions' claims
+    ROLE_EXCHANGE: {
+        EVENTS.key: _of(INFO, CREATE),
+        CLAIMS.key: _of(INFO, CREATE, READ, WRITE),
+        ACCOUNT.key: _of(DETECT),
+    },
+    # checks the event stream is there (its events: the subject table); reads images
+    ROLE_SUPPLIER: {
+        EVENTS.key: _of(INFO),
+        IMAGES.key: _of(INFO, READ, REPLAY),
+        IMAGE_TAGS.key: _of(INFO, READ, REPLAY),
+        ACCOUNT.key: _of(DETECT),
+    },
+    # replays events (``buyer watch --since``)
+    ROLE_BUYER: {EVENTS.key: _of(INFO, REPLAY), ACCOUNT.key: _of(DETECT)},
+    ROLE_TENANT: {},
+}
+
+
+def granted(role: str, resource: Resource) -> frozenset[str]:
+    """The verbs ``role`` may use on ``resource``."""
+    return GRANTS[role].get(resource.key, frozenset())
+
+
+def allows(role: str, prefix: str) -> tuple[str, ...]:
+    """The publish allows of ``role``'s JetStream grants for a market's ``prefix``."""
+    out: list[str] = []
+    for r in RESOURCES:
+        for v in VERBS:
+            if v.name in granted(role, r):
+                out += v.allows(r.stream(prefix), r.data(prefix))
+    return tuple(dict.fromkeys(out))

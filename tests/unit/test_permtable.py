@@ -1,0 +1,40 @@
+"""The permission tables in the docs are the ones the server config is generated from
+(bourse/nats/permtable.py renders them; regenerate with ``python -m bourse.nats.permtable
+docs/security.md docs/protocol.md``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bourse.nats import grants, permtable
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("doc", "tables"),
+    [("security.md", {"subjects", "jetstream", "verbs"}), ("protocol.md", {"subjects"})],
+)
+def test_the_docs_show_the_tables_as_generated(doc: str, tables: set[str]) -> None:
+    text = (ROOT / "docs" / doc).read_text()
+    assert {m.group("name") for m in permtable._BLOCK.finditer(text)} == tables
+    assert permtable.rewrite(text) == text, (
+        f"docs/{doc} differs from the generated permission tables: run "
+        "python -m bourse.nats.permtable docs/security.md docs/protocol.md"
+    )
+
+
+def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket() -> None:
+    """Deny by default: the exchange may only make what is missing; no supplier, buyer or
+    tenant may make, change or empty anything, nor use a consumer it did not make."""
+    admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
+    for role in grants.ROLES:
+        used = {v for r in grants.RESOURCES for v in grants.granted(role, r)}
+        if role == grants.ROLE_OPERATOR:
+            assert admin - {"others"} <= used and "others" not in used
+        elif role == grants.ROLE_EXCHANGE:
+            assert not used & admin
+        else:
+            assert not used & (admin | {"create", "write"}), role
