@@ -33,9 +33,10 @@ log = structlog.get_logger("bourse.jetstream")
 
 # The event stream's sizing rule (docs/operations.md): what it must hold is the bytes of one
 # stored event x events per order x orders per second x the window it keeps them.
-# One event as stored: ~185 B of JSON plus its subject, its Nats-Msg-Id header and the
-# store's record (305 B measured for placed/started/stopped/destroyed), with room to spare.
-EVENT_BYTES = 320
+# One event as stored: ~230 B of JSON plus its subject, its Nats-Msg-Id header and the
+# store's record (335 B measured for placed/started/stopped/destroyed of a catalog image),
+# and room for an image's digest (~90 B more on an event of a pushed image).
+EVENT_BYTES = 420
 EVENTS_PER_ORDER = 4  # a machine's life: placed, started, stopped, destroyed
 GIB = 1024**3
 
@@ -45,7 +46,7 @@ def event_stream_bytes(orders_per_s: float, window_s: float) -> int:
     return math.ceil(EVENT_BYTES * EVENTS_PER_ORDER * orders_per_s * window_s)
 
 
-# The defaults (docs/protocol.md §8.1): the rule for a week at one order a second (774 MB),
+# The defaults (docs/protocol.md §8.1): the rule for a week at one order a second (1.02 GB),
 # rounded up to a GiB; oldest dropped first past either limit.
 DEFAULT_ORDERS_PER_S = 1.0
 DEFAULT_MAX_AGE_S = 7 * 24 * 3600.0

@@ -110,6 +110,7 @@ async def test_a_worker_on_a_fresh_data_dir_gets_every_new_event_stored(
     must still be new to the stream, or it drops them as duplicates (a live watcher sees
     them, a replay never would)."""
     data_dir = tmp_path / "fresh-1"
+    await market.jetstream_init()  # the operator's set-up makes the event stream
     client = await market.client(direct=True)
 
     async def place(ids: range) -> list[Placed]:

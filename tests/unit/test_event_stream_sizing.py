@@ -15,11 +15,11 @@ DAY_S = 86400.0
 @pytest.mark.parametrize(
     ("orders_per_s", "window_s", "stored"),
     [
-        (1, 7 * DAY_S, 774_144_000),  # the default: 1 GiB holds it
-        (10, 7 * DAY_S, 7_741_440_000),
-        (100, DAY_S, 11_059_200_000),
-        (3000, 3600, 13_824_000_000),
-        (3000, 7 * DAY_S, 2_322_432_000_000),
+        (1, 7 * DAY_S, 1_016_064_000),  # the default: 1 GiB holds it
+        (10, 7 * DAY_S, 10_160_640_000),
+        (100, DAY_S, 14_515_200_000),
+        (3000, 3600, 18_144_000_000),
+        (3000, 7 * DAY_S, 3_048_192_000_000),
     ],
 )
 def test_the_rule_gives_the_documented_figures(
