@@ -14,6 +14,9 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.subjects import Subjects
 from tests.market import Market
 
+# pytester: the unit tests check their own boundary by running a test session in process
+pytest_plugins = ("pytester",)
+
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:
