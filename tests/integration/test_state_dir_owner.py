@@ -18,6 +18,7 @@ from tests.integration.test_signals import (
     supplier_args,
     up_args,
 )
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 
 
 async def second_run(*args: str) -> tuple[int, str]:
@@ -59,6 +60,7 @@ async def test_a_second_supplier_on_one_data_dir_exits_at_once(
         await after.ready("supplier ready")
 
 
+@ONE_DEMO_FLEET_AT_A_TIME
 async def test_a_second_up_on_one_data_dir_exits_at_once(tmp_path: Path) -> None:
     async with program(
         "ops.cli", *up_args(tmp_path, "--port", "-1"), log_path=tmp_path / "up.log"

@@ -11,7 +11,13 @@ from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import order, wait_until
+
+pytestmark = ONE_DEMO_FLEET_AT_A_TIME
+
+# Metrics on free ports: `up`'s 9464 and up may be another test's at the same moment.
+FREE_METRICS = ("--metrics-addr", "127.0.0.1:0")
 
 
 async def _up(data_dir: Path) -> tuple[Program, str]:
@@ -22,6 +28,7 @@ async def _up(data_dir: Path) -> tuple[Program, str]:
         "-1",
         "--data-dir",
         str(data_dir),
+        *FREE_METRICS,
         log_path=data_dir.parent / "up.log",
         ready="BOURSE_NATS_URL=",
     )
@@ -83,7 +90,7 @@ async def test_up_never_picks_up_bourse_nats_url(tmp_path: Path) -> None:
     dead = "nats://127.0.0.1:1"
     up = await start_program(
         "ops.cli",
-        *("up", "--port", "-1", "--data-dir", str(tmp_path / "up")),
+        *("up", "--port", "-1", "--data-dir", str(tmp_path / "up"), *FREE_METRICS),
         log_path=tmp_path / "up.log",
         ready="BOURSE_NATS_URL=",
         env={"BOURSE_NATS_URL": dead},

@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 from bourse.runtime.launcher import start_program, stop_all
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
+
+pytestmark = ONE_DEMO_FLEET_AT_A_TIME
 
 ID = r"[a-z0-9-]+~[0-9A-Z]+"
 
@@ -47,6 +50,8 @@ async def test_the_readme_walk_through_works_as_written(tmp_path: Path) -> None:
     up = await start_program(
         "ops.cli",
         *("up", "--port", "-1", "--data-dir", str(tmp_path / "up")),
+        # metrics on free ports: `up`'s 9464 and up may be another test's at the same moment
+        *("--metrics-addr", "127.0.0.1:0"),
         log_path=tmp_path / "up.log",
         ready="BOURSE_NATS_URL=",
     )
