@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from ops.cli import app as bourse
 from tests.cli import run_cli
 
 
+@pytest.mark.slow
 def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     cmd = [

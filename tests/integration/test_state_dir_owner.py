@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.nats.embedded import EmbeddedNats
 from tests.integration.test_signals import (
     READY_S,
@@ -60,6 +62,7 @@ async def test_a_second_supplier_on_one_data_dir_exits_at_once(
         await after.ready("supplier ready")
 
 
+@pytest.mark.slow
 @ONE_DEMO_FLEET_AT_A_TIME
 async def test_a_second_up_on_one_data_dir_exits_at_once(tmp_path: Path) -> None:
     async with program(

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
@@ -35,6 +37,7 @@ async def _up(data_dir: Path) -> tuple[Program, str]:
     return up, up.ready_line.split("=", 1)[1]
 
 
+@pytest.mark.slow
 async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
     tmp_path: Path,
 ) -> None:

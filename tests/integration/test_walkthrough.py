@@ -11,6 +11,8 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.runtime.launcher import start_program, stop_all
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 
@@ -46,6 +48,7 @@ def rows(out: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[1:] if line.strip()]
 
 
+@pytest.mark.slow
 async def test_the_readme_walk_through_works_as_written(tmp_path: Path) -> None:
     up = await start_program(
         "ops.cli",
