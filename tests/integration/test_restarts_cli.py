@@ -120,6 +120,8 @@ async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Marke
     mid = out.split("placed ")[1].split()[0]
     d = host.workers[MAD_1].driver
     assert isinstance(d, ProcessDriver)
+    log = d.log_path(mid)  # the tail the follow starts with has the program's first line
+    await wait_until(lambda: log.exists() and "web up" in log.read_text())
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
