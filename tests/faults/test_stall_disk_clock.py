@@ -182,11 +182,13 @@ async def test_clock_skew_changes_nothing(tmp_path: Path) -> None:
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # wall clocks drift; monotonic is local
         }
 
-    # A generous deadline (holds and the settling wait follow it): what is under test is that
-    # skewed wall clocks break nothing (a hold or deadline read from the wall clock would fail
-    # orders wholesale), not that a 2-core machine running six processes never stalls 500 ms.
+    # A generous deadline (holds and the settling wait follow it) and quiet window: what is
+    # under test is that skewed wall clocks break nothing (a hold or deadline read from the
+    # wall clock would fail orders wholesale), not that a 2-core machine running six
+    # processes (each slowed by libfaketime) never stalls 500 ms, nor answers a bid within
+    # the default 100 ms of silence that ends an auction without offers (Unfilled no_offers).
     run = ChaosRun(
-        msgspec.structs.replace(FLEET, deadline_ms=2000),
+        msgspec.structs.replace(FLEET, deadline_ms=2000, exchange_quiet_ms=1000),
         tmp_path / "run",
         supplier_env={0: skew("+2h"), 1: skew("-3h"), 2: skew("+1d")},
         exchange_env=skew("-45m"),

@@ -198,7 +198,8 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) 
     p = resolve_profile(
         "smoke",
         None,
-        {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77, "reclaim_after_s": 1.5},
+        {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77, "reclaim_after_s": 1.5}
+        | {"exchange_quiet_ms": 250.0},
     )
     sup = supplier_args(p, tmp_path / "f.json", tmp_path / "d", ["--nats", "x"])
     ex = exchange_args(p, ["--nats", "x"])
@@ -206,6 +207,7 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) 
     assert sup[sup.index("--reclaim-after-s") + 1] == "1.5"
     assert ex[ex.index("--bid-shards") + 1] == "8" and ex[ex.index("--bid-sample") + 1] == "3"
     assert ex[ex.index("--max-inflight") + 1] == "77"
+    assert ex[ex.index("--quiet-ms") + 1] == "250.0"
     # and the programs accept them
     from typer.testing import CliRunner
 
