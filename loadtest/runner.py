@@ -175,6 +175,7 @@ def exchange_args(profile: Profile, common: list[str]) -> list[str]:
         "--bid-sample", str(profile.bid_sample),
         "--max-inflight", str(profile.exchange_max_inflight),
         "--target-auction-ms", str(profile.exchange_target_ms),
+        "--quiet-ms", str(profile.exchange_quiet_ms),
         "--claims" if profile.claims else "--no-claims",
         "--prompt-offers" if profile.prompt_offers else "--no-prompt-offers",
         "--batches" if profile.batches else "--no-batches",

@@ -16,6 +16,7 @@ from typing import Any, Literal
 import msgspec
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
+from bourse.auction.core import AuctionConfig
 from bourse.wire.messages import PlaceOrder
 from bourse.wire.resources import parse_cpus, resources, wire_cpus
 from supplier import DEFAULT_MAX_OFFERS, DEFAULT_QUOTE_SAMPLE, DEFAULT_RECLAIM_AFTER_S
@@ -69,6 +70,8 @@ class Profile(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     quote_sample: int = DEFAULT_QUOTE_SAMPLE  # a big host prices a sample (candidates.py)
     exchange_max_inflight: int = 10_000  # auctions one exchange runs at once (admission)
     exchange_target_ms: float = DEFAULT_TARGET_MS  # adaptive admission target (0: fixed)
+    # the exchanges' quiet window: an auction without an offer ends after this much silence
+    exchange_quiet_ms: float = AuctionConfig().quiet_ms
     claims: bool = True  # order claims in JetStream KV (exchanges and the direct generator)
     # the embedded nats-server with JetStream; off: core NATS only, so no claims and events
     # at most once (what durability costs); only for the embedded server of a plain run

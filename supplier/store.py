@@ -292,12 +292,14 @@ class Store:
                 batch = [item for item in batch if item[0] is not _PROBE]
                 self._probe(conn, probes)
             if batch:
-                self._write_batch(conn, batch, forget)
-            elif forget:
-                self._forget(conn, forget)
+                more = self._write_batch(conn, batch, forget)
+            else:
+                if forget:
+                    self._forget(conn, forget)
+                more = not self._queue.empty()
             if stop:
                 break
-            busy = len(batch) > 1 or not self._queue.empty()
+            busy = len(batch) > 1 or more
         if conn is not None:
             conn.close()
         # Writes that raced with close(): tell their waiters instead of leaving them hanging.
@@ -313,7 +315,9 @@ class Store:
 
     def _write_batch(
         self, conn: sqlite3.Connection | None, batch: list[_Queued], forget: Sequence[int] = ()
-    ) -> None:
+    ) -> bool:
+        """Write one group and tell its waiters; whether more was queued meanwhile, looked
+        at before they are told (a write one of them queues at once is no company)."""
         try:
             if conn is None:
                 raise sqlite3.OperationalError("database could not be opened")
@@ -327,20 +331,24 @@ class Store:
             if rows and self.on_events is not None:
                 # before the waiters: an event is queued before the reply that announces it
                 batch[0][2].call_soon_threadsafe(self.on_events, rows)
+            more = not self._queue.empty()
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, None)
+            return more
         except sqlite3.Error as exc:
             # A failed group: retry each change alone so one bad change spoils no other.
             if len(batch) > 1 and conn is not None:
                 for item in batch:
                     self._write_batch(conn, [item])
                 self._forget(conn, forget)
-                return
+                return True  # several writes: busy whatever came meanwhile
             err = StoreError(f"write to {self.path} failed: {exc}")
             if _is_storage_fault(exc):
                 self.failure = str(exc)
+            more = not self._queue.empty()
             for _, fut, loop in batch:
                 loop.call_soon_threadsafe(_resolve, fut, err)
+            return more
 
     def _check_identity(self) -> None:
         try:

@@ -37,9 +37,10 @@ class _Routed:
 def run_cli(
     app: typer.Typer, *args: str, env: Mapping[str, str | None] | None = None
 ) -> tuple[int, str, str]:
-    """``app``'s console script with ``args``: its exit code, stdout and stderr."""
+    """``app``'s console script with ``args``: its exit code, stdout and stderr. Logging
+    is left as it was (a program configures it for the whole process)."""
     code: object = None
-    before = sys.stdout, sys.stderr
+    before, logging = (sys.stdout, sys.stderr), structlog.get_config()
     with CliRunner().isolation(env=env) as (out, err, _):
         sys.stdout, sys.stderr = _Routed(sys.stdout, before[0]), _Routed(sys.stderr, before[1])
         try:
@@ -49,6 +50,7 @@ def run_cli(
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            structlog.configure(**logging)
         stdout, stderr = out.getvalue().decode(), err.getvalue().decode()
     assert isinstance(code, int), code
     return code, stdout, stderr

@@ -14,6 +14,10 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.subjects import Subjects
 from tests.market import Market
 
+# pytester: the unit tests check their own boundary by running a test session in process;
+# tests.isolation: what lets tests share the host (its fixtures)
+pytest_plugins = ("pytester", "tests.isolation")
+
 
 @pytest.fixture(scope="session")
 def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNats]:

@@ -6,11 +6,14 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from loadtest.chaos import ChaosRun
 from loadtest.workload import trace
 from tests.faults.conftest import FLEET, ONE_SECOND_OF_LOAD, strike_during_load
 
 
+@pytest.mark.slow
 async def test_killing_a_cluster_node_under_load(tmp_path: Path) -> None:
     async with ChaosRun(FLEET, tmp_path / "run", nats_nodes=3) as run:
         cluster = run.cluster

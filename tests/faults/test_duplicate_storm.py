@@ -16,6 +16,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import anyio
+import pytest
 
 from bourse.client import BourseClient, ClientError
 from bourse.client.events import EventFeed, Since
@@ -46,6 +47,7 @@ STORM = Profile(
 RECLAIM_BOUND_S = STORM.reclaim_after_s * 1.5 + 5.0
 
 
+@pytest.mark.slow
 async def test_a_duplicate_storm_through_faults_places_one_machine_per_id(
     tmp_path: Path,
 ) -> None:

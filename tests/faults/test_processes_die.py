@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import pytest
 
 from bourse.wire.messages import Placed
 from loadtest.chaos import ChaosRun
@@ -19,6 +20,7 @@ from tests.faults.conftest import (
 )
 
 
+@pytest.mark.slow
 async def test_supplier_kill9_under_load(chaos: ChaosRun) -> None:
     victim = workers_of(chaos, 0)
     orders = trace(chaos.p, "ks")
@@ -41,6 +43,7 @@ async def test_supplier_kill9_under_load(chaos: ChaosRun) -> None:
     assert result.machines >= chaos.stats.placed  # I2 checked machine by machine in audit
 
 
+@pytest.mark.slow
 async def test_exchange_kill9_under_load(chaos: ChaosRun) -> None:
     orders = trace(chaos.p, "kx")
     kill = strike_during_load(
@@ -70,6 +73,7 @@ async def test_exchange_kill9_under_load(chaos: ChaosRun) -> None:
     assert result.violations == []
 
 
+@pytest.mark.slow
 async def test_nats_restart_under_load(chaos: ChaosRun) -> None:
     orders = trace(chaos.p, "kn")
     restart = strike_during_load(chaos, ONE_SECOND_OF_LOAD, lambda: chaos.restart_nats(down_s=0.5))

@@ -7,7 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 
+from ops.cli import app as bourse
+from tests.cli import run_cli
+
+
+@pytest.mark.slow
 def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
     out = tmp_path / "soak"
     cmd = [
@@ -41,7 +47,6 @@ def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
 
 
 def test_soak_refuses_an_external_nats() -> None:
-    cmd = [sys.executable, "-m", "ops.cli", "loadtest", "--soak", "5", "--nats", "x"]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert done.returncode == 1
-    assert "--soak starts (and restarts) its own nats-server" in done.stderr + done.stdout
+    code, out, err = run_cli(bourse, "loadtest", "--soak", "5", "--nats", "x")
+    assert code == 1
+    assert "--soak starts (and restarts) its own nats-server" in err + out

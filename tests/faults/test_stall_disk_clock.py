@@ -12,6 +12,7 @@ from pathlib import Path
 
 import libfaketime
 import msgspec
+import pytest
 import structlog
 
 from bourse.nats.connection import STATS, connect, shutdown
@@ -53,6 +54,7 @@ async def _status_of(run: ChaosRun, workers: set[str]) -> list[WorkerStatus]:
     return [s for s in await run.direct.status(run.p.region_names()[0]) if s.worker_id in workers]
 
 
+@pytest.mark.slow
 async def test_stalled_supplier_does_not_stall_the_auction(chaos: ChaosRun) -> None:
     """SIGSTOP one supplier process for 2 s under load: auctions still end by their
     deadline, the others keep placing, and the stale bids it answers on waking are
@@ -97,6 +99,7 @@ async def test_slow_consumer_is_counted_and_logged(nats_server: EmbeddedNats) ->
     assert len(lines) < 5  # rate-limited, not one line per dropped message
 
 
+@pytest.mark.slow
 async def test_full_disk_drains_then_resumes(chaos: ChaosRun) -> None:
     """The state file of supplier 0 is filled to its cap from outside: its next commit
     fails, every worker of that process drains (stops offering) with a clear log line,
@@ -165,6 +168,7 @@ async def test_removed_data_dir_drains_for_good(chaos: ChaosRun) -> None:
     assert placed_on_victim == []  # a commit that could not be stored was never Placed
 
 
+@pytest.mark.slow
 async def test_clock_skew_changes_nothing(tmp_path: Path) -> None:
     """Suppliers whose wall clocks are hours apart (libfaketime, a real LD_PRELOAD on the
     real processes) and an exchange skewed too: holds and deadlines use durations on each
@@ -178,11 +182,13 @@ async def test_clock_skew_changes_nothing(tmp_path: Path) -> None:
             "FAKETIME_DONT_FAKE_MONOTONIC": "1",  # wall clocks drift; monotonic is local
         }
 
-    # A generous deadline (holds and the settling wait follow it): what is under test is that
-    # skewed wall clocks break nothing (a hold or deadline read from the wall clock would fail
-    # orders wholesale), not that a 2-core machine running six processes never stalls 500 ms.
+    # A generous deadline (holds and the settling wait follow it) and quiet window: what is
+    # under test is that skewed wall clocks break nothing (a hold or deadline read from the
+    # wall clock would fail orders wholesale), not that a 2-core machine running six
+    # processes (each slowed by libfaketime) never stalls 500 ms, nor answers a bid within
+    # the default 100 ms of silence that ends an auction without offers (Unfilled no_offers).
     run = ChaosRun(
-        msgspec.structs.replace(FLEET, deadline_ms=2000),
+        msgspec.structs.replace(FLEET, deadline_ms=2000, exchange_quiet_ms=1000),
         tmp_path / "run",
         supplier_env={0: skew("+2h"), 1: skew("-3h"), 2: skew("+1d")},
         exchange_env=skew("-45m"),

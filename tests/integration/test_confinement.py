@@ -20,6 +20,7 @@ from bourse.wire.subjects import Subjects
 from supplier.config import ConfigError, WorkerConfig, check_workers
 from supplier.drivers.confine import CGROUP_MECHANISMS, Confiner, owner_of
 from supplier.drivers.process import ProcessDriver
+from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
@@ -48,6 +49,7 @@ CATALOG = {
     "bomb": {"command": BOMB, "stop_grace_s": 0.5},
 }
 PIDS_MAX = 32
+C1, K1 = own_worker_id("c1"), own_worker_id("k1")  # their cgroups are the host's
 
 
 def _cgroups_or_skip() -> str:
@@ -61,11 +63,11 @@ def _cgroups_or_skip() -> str:
     return c.mechanism
 
 
-def _worker(wid: str = "c1", **extra: object) -> WorkerConfig:
+def _worker(wid: str = C1, **extra: object) -> WorkerConfig:
     return worker(wid, driver="process", catalog=CATALOG, pids_max=PIDS_MAX, **extra)
 
 
-def _driver(market: Market, wid: str = "c1") -> ProcessDriver:
+def _driver(market: Market, wid: str = C1) -> ProcessDriver:
     d = market.hosts[0].workers[wid].driver
     assert isinstance(d, ProcessDriver)
     return d
@@ -110,7 +112,7 @@ async def test_a_machine_past_its_memory_is_killed_and_recorded_failed_oom(
     await spy.subscribe(market.subjects.events(kind="failed"), cb=on_event)
     await spy.flush()
     m = await _started(market, "hog", memory_mb=64)
-    w = host.workers["c1"]
+    w = host.workers[C1]
     await wait_until(lambda: w.machines[m.machine_id].state == "failed", timeout_s=10)
     await wait_until(lambda: bool(events))
     got = w.machines[m.machine_id]
@@ -119,7 +121,7 @@ async def test_a_machine_past_its_memory_is_killed_and_recorded_failed_oom(
     assert (got.last_exit.reason, got.last_exit.signal) == ("oom", 9)
     assert events[0].machine_id == m.machine_id
     assert events[0].detail == "oom: killed at its memory limit"
-    ops = [(op, st) for _, op, _, mid, st in w.store.oplog("c1") if mid == m.machine_id]
+    ops = [(op, st) for _, op, _, mid, st in w.store.oplog(C1) if mid == m.machine_id]
     assert ops[-1] == ("failed", "failed")  # durable, like any transition
     assert "survived" not in _driver(market).log_path(m.machine_id).read_text()
     # a client sees it too, and a stop of a failed machine has nothing to do
@@ -184,7 +186,7 @@ async def test_status_says_the_confinement_and_tiny_memory_is_declined(market: M
     r = await buyer.place(order(image="web", memory_mb=3))
     assert isinstance(r, Unfilled) and r.reason == "no_offers", r
     why = await buyer.explain(order(image="web", memory_mb=3))
-    [verdict] = [v for v in why.verdicts if v.worker_id == "c1"]
+    [verdict] = [v for v in why.verdicts if v.worker_id == C1]
     assert [x.code for x in verdict.reasons] == ["too_small_to_confine"]
     assert "below the 4 MiB" in verdict.reasons[0].detail
 
@@ -195,7 +197,7 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     _cgroups_or_skip()
     fleet = tmp_path / "fleet.json"
     cfg = {
-        "worker_id": "k1",
+        "worker_id": K1,
         "region": "mad",
         "capacity": {"cpus": 4, "memory_mb": 4096},
         "driver": "process",
@@ -209,7 +211,7 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     r = await buyer.place(order())
     assert isinstance(r, Placed)
     assert (await buyer.machine("start", r.machine_id)).state == "started"
-    log_file = tmp_path / "data" / "machines" / "k1" / f"{r.machine_id}.log"
+    log_file = tmp_path / "data" / "machines" / K1 / f"{r.machine_id}.log"
 
     def pid_of_run(n: int) -> int:
         return int(log_file.read_text().split("(pid ")[n].split(")")[0])
@@ -217,7 +219,7 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     await wait_until(lambda: log_file.exists() and "web up" in log_file.read_text())
     first = _in_cgroups(pid_of_run(1))
     owner = owner_of(tmp_path / "data")
-    leaf = f"/bourse/{owner}/k1/{r.machine_id}"
+    leaf = f"/bourse/{owner}/{K1}/{r.machine_id}"
     assert all(first[c].endswith(leaf) for c in first if c in ("cpu", "memory", "pids")), first
 
     sup.kill9()
@@ -233,7 +235,7 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     finally:
         assert await sup.stop() == 0
     # a supplier's stop removes its (empty) cgroups: the machine's and the worker's
-    c, _ = Confiner.probe("auto", "k1", owner=owner)
+    c, _ = Confiner.probe("auto", K1, owner=owner)
     assert c.bases and not any(b.exists() for b in c.bases.values())
     assert not any(b.parent.exists() for b in c.bases.values())  # nor the supplier's
 
@@ -259,11 +261,11 @@ async def test_a_supplier_of_another_market_with_the_same_worker_id_kills_no_mac
         await _up(market, m)
         await _up(other, theirs)
         mine, its = _in_cgroups(pid), _in_cgroups(_driver(other).pid(theirs.machine_id) or 0)
-        assert mine["memory"].endswith(f"/c1/{m.machine_id}")
-        assert its["memory"].endswith(f"/c1/{theirs.machine_id}")
+        assert mine["memory"].endswith(f"/{C1}/{m.machine_id}")
+        assert its["memory"].endswith(f"/{C1}/{theirs.machine_id}")
         assert mine["memory"].rsplit("/", 2)[0] != its["memory"].rsplit("/", 2)[0]
     assert _running(pid)
-    assert market.hosts[0].workers["c1"].machines[m.machine_id].state == "started"
+    assert market.hosts[0].workers[C1].machines[m.machine_id].state == "started"
 
 
 async def _up(market: Market, m: Machine) -> None:

@@ -13,7 +13,10 @@ import anyio
 from bourse.client import BourseClient
 from bourse.wire.messages import Machine, Placed
 from ops.demo import DEMO_FLEET
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import Market, order, worker
+
+pytestmark = ONE_DEMO_FLEET_AT_A_TIME
 
 
 def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> None:

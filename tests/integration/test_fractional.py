@@ -86,6 +86,7 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
     assert "0.75/1" in row.split()
 
 
+@pytest.mark.slow
 async def test_a_half_cpu_burner_is_held_to_half_a_core(market: Market) -> None:
     d, mid, share = await _burner_share(market, 500, used_ns=20_000_000)
     print(f"0.5-CPU burner used {share:.3f} cores (cgroup usage counter)")

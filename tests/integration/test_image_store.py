@@ -214,6 +214,7 @@ async def test_without_jetstream_the_store_says_so(tmp_path: Path) -> None:
             await nc.close()
 
 
+@pytest.mark.slow
 async def test_a_100_mb_image_is_pushed_and_pulled(
     store: ImageStore, tmp_path: Path, record_property: pytest.RecordProperty
 ) -> None:

@@ -17,16 +17,18 @@ from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from supplier.config import WorkerConfig
 from supplier.drivers.process import ProcessDriver
+from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+P1, K1 = own_worker_id("p1"), own_worker_id("k1")  # their cgroups are the host's
 
 
 def _py(code: str) -> list[str]:
     return ["{python}", "-c", code]
 
 
-def process_worker(wid: str = "p1", **catalog: dict[str, object]) -> WorkerConfig:
+def process_worker(wid: str = P1, **catalog: dict[str, object]) -> WorkerConfig:
     return worker(wid, driver="process", catalog=catalog or {"web": {"command": HEARTBEAT}})
 
 
@@ -37,7 +39,7 @@ async def _placed_and_started(market: Market, image: str = "web", **meta: str) -
     return await buyer.machine("start", r.machine_id)
 
 
-def _driver(market: Market, wid: str = "p1") -> ProcessDriver:
+def _driver(market: Market, wid: str = P1) -> ProcessDriver:
     d = market.hosts[0].workers[wid].driver
     assert isinstance(d, ProcessDriver)
     return d
@@ -118,7 +120,7 @@ async def test_on_failure_restarts_with_backoff_until_it_stays_up(
         lambda: counter.exists() and counter.read_text() == "3" and d.is_running(m.machine_id)
     )
     assert d.restarts(m.machine_id) == 2
-    assert market.hosts[0].workers["p1"].machines[m.machine_id].state == "started"
+    assert market.hosts[0].workers[P1].machines[m.machine_id].state == "started"
 
 
 async def test_restart_policy_no_records_the_exit_as_stopped(market: Market) -> None:
@@ -133,11 +135,11 @@ async def test_restart_policy_no_records_the_exit_as_stopped(market: Market) -> 
     await spy.subscribe(market.subjects.events(kind="stopped"), cb=on_event)
     await spy.flush()
     m = await _placed_and_started(market)
-    w = market.hosts[0].workers["p1"]
+    w = market.hosts[0].workers[P1]
     await wait_until(lambda: w.machines[m.machine_id].state == "stopped")
     await wait_until(lambda: bool(events))
     assert events[0].machine_id == m.machine_id and events[0].detail == "exited with code 3"
-    ops = [(op, state) for _, op, _, mid, state in w.store.oplog("p1") if mid == m.machine_id]
+    ops = [(op, state) for _, op, _, mid, state in w.store.oplog(P1) if mid == m.machine_id]
     assert ops[-1] == ("exited", "stopped")
 
 
@@ -199,7 +201,7 @@ async def test_running_machines_come_back_after_kill_9_of_the_supplier(
             {
                 "worker": [
                     {
-                        "worker_id": "k1",
+                        "worker_id": K1,
                         "region": "mad",
                         "capacity": {"cpus": 4, "memory_mb": 4096},
                         "driver": "process",
@@ -225,12 +227,12 @@ async def test_running_machines_come_back_after_kill_9_of_the_supplier(
     r = await buyer.place(order())
     assert isinstance(r, Placed)
     start_reply = await buyer.nc.request(
-        market.subjects.worker_machine("k1", "start"),
+        market.subjects.worker_machine(K1, "start"),
         json.dumps({"machine_id": r.machine_id}).encode(),
         timeout=10,
     )
     assert decode(start_reply.data, Machine).state == "started"
-    log_file = tmp_path / "data" / "machines" / "k1" / f"{r.machine_id}.log"
+    log_file = tmp_path / "data" / "machines" / K1 / f"{r.machine_id}.log"
     await wait_until(lambda: log_file.exists() and "web up" in log_file.read_text())
     pid = int(log_file.read_text().split("(pid ")[1].split(")")[0])
 
@@ -243,7 +245,7 @@ async def test_running_machines_come_back_after_kill_9_of_the_supplier(
         await wait_until(lambda: log_file.read_text().count("web up") == 2)
         new_pid = int(log_file.read_text().rsplit("(pid ", 1)[1].split(")")[0])
         assert new_pid != pid and _alive(new_pid)
-        listed = await buyer.machines("k1")
+        listed = await buyer.machines(K1)
         assert [m.state for m in listed.machines] == ["started"]
     finally:
         assert await sup.stop() == 0

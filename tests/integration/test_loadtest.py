@@ -18,6 +18,7 @@ from loadtest.harness import run_loadtest
 from loadtest.workload import SCENARIOS, Shape, trace
 
 
+@pytest.mark.slow
 async def test_smoke_run_reports_every_figure_and_no_violations(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
@@ -154,6 +155,7 @@ def _table_text(rep: dict[str, Any]) -> str:
     return console.export_text()
 
 
+@pytest.mark.slow
 async def test_a_run_of_fractional_cpus_keeps_every_invariant(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:

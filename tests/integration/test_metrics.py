@@ -8,7 +8,6 @@ line, SIGTERM stopping the endpoint); the address parser and its one-line errors
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 import time
 import urllib.error
@@ -29,10 +28,12 @@ from bourse.runtime.metrics import (
     parse_addr,
 )
 from bourse.wire.messages import Placed, Unfilled
+from exchange.cli import app as exchange
 from exchange.service import ExchangeService
 from supplier.host import SupplierHost
 from supplier.ledger import Hold
 from supplier.store import Store
+from tests.cli import run_cli
 from tests.market import Market, order, wait_until, worker
 
 MIB = 1024 * 1024
@@ -257,14 +258,9 @@ BAD_ADDR = ("--metrics-addr", "nope")
 
 
 def test_bad_metrics_addr_is_one_line_error() -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "exchange", "serve", "--nats", "nats://127.0.0.1:1", *BAD_ADDR],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [
+    code, _, err = run_cli(exchange, "serve", "--nats", "nats://127.0.0.1:1", *BAD_ADDR)
+    assert code == 1
+    assert err.strip().splitlines() == [
         "error: --metrics-addr 'nope': expected HOST:PORT (e.g. 127.0.0.1:9464, port 0 for any "
         "free one) or 'off'"
     ]

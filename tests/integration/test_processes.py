@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import sys
 from pathlib import Path
 
 from bourse.runtime.launcher import Program
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.messages import Placed
+from supplier.cli import app as supplier
+from tests.cli import run_cli
 from tests.market import Market, order
 
 SUPPLIER_ARGS = (
@@ -99,30 +100,14 @@ async def test_exchange_and_supplier_processes_serve_orders_and_machine_verbs(
     assert "order_id=" in sup.log and "machine_placed" in sup.log
 
 
-async def test_supplier_refuses_bad_flags_with_one_clear_line(tmp_path: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "supplier",
-        "run",
-        "--worker-id",
-        "Bad_Id",
-        "--region",
-        "x",
-        "--cpus",
-        "1",
-        "--memory-mb",
-        "1",
-        "--nats",
-        "nats://127.0.0.1:1",
-        "--data-dir",
-        str(tmp_path),
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+def test_supplier_refuses_bad_flags_with_one_clear_line(tmp_path: Path) -> None:
+    code, _, err = run_cli(
+        supplier,
+        *("run", "--worker-id", "Bad_Id", "--region", "x", "--cpus", "1", "--memory-mb", "1"),
+        *("--nats", "nats://127.0.0.1:1", "--data-dir", str(tmp_path)),
     )
-    _, err = await proc.communicate()
-    assert proc.returncode == 1
-    assert "invalid worker" in err.decode() and "$.worker_id" in err.decode()
+    assert code == 1
+    assert "invalid worker" in err and "$.worker_id" in err
 
 
 async def test_supplier_stops_promptly_on_sigterm_even_when_nats_is_gone(tmp_path: Path) -> None:

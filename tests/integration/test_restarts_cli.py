@@ -20,13 +20,15 @@ from supplier.drivers.output import CUT_AFTER, CUT_BEFORE
 from supplier.drivers.process import ProcessDriver
 from supplier.machines import MAX_LOG_BYTES
 from tests.cli import buyer
+from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
 CRASH = ["{python}", "-c", "import sys; print('crashing', flush=True); sys.exit(1)"]
+MAD_1, MAD_2 = own_worker_id("mad-1"), own_worker_id("mad-2")  # their cgroups: the host's
 
 
-def _worker(wid: str = "mad-1") -> WorkerConfig:
+def _worker(wid: str = MAD_1) -> WorkerConfig:
     catalog = {"web": {"command": HEARTBEAT}, "crash": {"command": CRASH}}
     return worker(wid, driver="process", catalog=catalog)
 
@@ -80,7 +82,7 @@ async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
 
 
 async def test_restart_flag_is_checked_and_deploy_sends_it(market: Market) -> None:
-    await market.host(_worker("mad-1"), _worker("mad-2"))
+    await market.host(_worker(MAD_1), _worker(MAD_2))
     await market.exchange()
     code, out, err = await buyer(market, *_place("web", "--restart", "sometimes"))
     assert code == 1 and out == ""
@@ -118,8 +120,10 @@ async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Marke
     code, out, err = await buyer(market, *_place("web", "--start"))
     assert code == 0, err
     mid = out.split("placed ")[1].split()[0]
-    d = host.workers["mad-1"].driver
+    d = host.workers[MAD_1].driver
     assert isinstance(d, ProcessDriver)
+    log = d.log_path(mid)  # the tail the follow starts with has the program's first line
+    await wait_until(lambda: log.exists() and "web up" in log.read_text())
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",

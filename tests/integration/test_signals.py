@@ -24,6 +24,7 @@ import pytest
 
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.messages import Placed
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import Market, order, wait_until, worker
 
 STOP_BOUND_S = 2.0
@@ -295,9 +296,11 @@ async def test_supplier_never_connected(market: Market, tmp_path: Path) -> None:
 
 # -- bourse up ------------------------------------------------------------------------------------
 def up_args(tmp_path: Path, *extra: str) -> list[str]:
-    return ["up", "--data-dir", str(tmp_path / "up"), *extra]
+    # metrics on free ports: `up`'s 9464 and up may be another test's at the same moment
+    return ["up", "--data-dir", str(tmp_path / "up"), "--metrics-addr", "127.0.0.1:0", *extra]
 
 
+@ONE_DEMO_FLEET_AT_A_TIME
 async def test_up_idle(tmp_path: Path) -> None:
     async with program(
         "ops.cli", *up_args(tmp_path, "--port", "-1"), log_path=tmp_path / "up.log"
@@ -310,6 +313,7 @@ async def test_up_idle(tmp_path: Path) -> None:
         assert_gone(children)
 
 
+@ONE_DEMO_FLEET_AT_A_TIME
 async def test_up_reconnecting(tmp_path: Path) -> None:
     srv = EmbeddedNats(workdir=tmp_path / "nats").start()
     try:
@@ -326,6 +330,7 @@ async def test_up_reconnecting(tmp_path: Path) -> None:
         srv.stop()
 
 
+@ONE_DEMO_FLEET_AT_A_TIME
 async def test_up_never_connected(tmp_path: Path) -> None:
     args = up_args(tmp_path, "--nats", dead_url())
     async with program("ops.cli", *args, log_path=tmp_path / "up.log") as up:

@@ -9,6 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.nats.embedded import EmbeddedNats
 from tests.integration.test_signals import (
     READY_S,
@@ -18,6 +20,7 @@ from tests.integration.test_signals import (
     supplier_args,
     up_args,
 )
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 
 
 async def second_run(*args: str) -> tuple[int, str]:
@@ -59,6 +62,8 @@ async def test_a_second_supplier_on_one_data_dir_exits_at_once(
         await after.ready("supplier ready")
 
 
+@pytest.mark.slow
+@ONE_DEMO_FLEET_AT_A_TIME
 async def test_a_second_up_on_one_data_dir_exits_at_once(tmp_path: Path) -> None:
     async with program(
         "ops.cli", *up_args(tmp_path, "--port", "-1"), log_path=tmp_path / "up.log"

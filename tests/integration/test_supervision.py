@@ -12,9 +12,11 @@ from bourse.wire.messages import Machine, Placed
 from supplier.config import WorkerConfig
 from supplier.drivers.process import ProcessDriver
 from supplier.host import STOP_S
+from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+P1 = own_worker_id("p1")  # its cgroups are the host's
 # Ignores SIGTERM, and its grace outlasts the host's whole stop: the driver's end kills it.
 STUBBORN = [
     "{python}",
@@ -32,7 +34,7 @@ def _worker() -> WorkerConfig:
         "stubborn": {"command": STUBBORN, "stop_grace_s": 30},
         "flap": {"command": FLAPPING, "restart": "always"},
     }
-    return worker("p1", cpus=8, memory_mb=8192, driver="process", catalog=catalog)
+    return worker(P1, cpus=8, memory_mb=8192, driver="process", catalog=catalog)
 
 
 def _alive(pid: int) -> bool:
@@ -75,7 +77,7 @@ async def test_a_stopped_host_leaves_no_machine_process_and_no_supervisor(
     host = await market.host(_worker())
     await market.exchange()
     buyer = await market.client()
-    d = host.workers["p1"].driver
+    d = host.workers[P1].driver
     assert isinstance(d, ProcessDriver)
 
     started: list[Machine] = []
@@ -104,5 +106,5 @@ async def test_a_stopped_host_leaves_no_machine_process_and_no_supervisor(
     assert not d.is_running(web.machine_id) and not d.is_running(stubborn.machine_id)
     assert took < STOP_S + 1.0  # the stubborn one's 30 s grace did not hold the stop up
     # their recorded state still says started: a restart of the supplier resumes them
-    w = host.workers["p1"]
+    w = host.workers[P1]
     assert [w.machines[m.machine_id].state for m in started] == ["started"] * 3

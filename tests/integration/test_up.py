@@ -7,11 +7,19 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import order, wait_until
+
+pytestmark = ONE_DEMO_FLEET_AT_A_TIME
+
+# Metrics on free ports: `up`'s 9464 and up may be another test's at the same moment.
+FREE_METRICS = ("--metrics-addr", "127.0.0.1:0")
 
 
 async def _up(data_dir: Path) -> tuple[Program, str]:
@@ -22,12 +30,14 @@ async def _up(data_dir: Path) -> tuple[Program, str]:
         "-1",
         "--data-dir",
         str(data_dir),
+        *FREE_METRICS,
         log_path=data_dir.parent / "up.log",
         ready="BOURSE_NATS_URL=",
     )
     return up, up.ready_line.split("=", 1)[1]
 
 
+@pytest.mark.slow
 async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
     tmp_path: Path,
 ) -> None:
@@ -83,7 +93,7 @@ async def test_up_never_picks_up_bourse_nats_url(tmp_path: Path) -> None:
     dead = "nats://127.0.0.1:1"
     up = await start_program(
         "ops.cli",
-        *("up", "--port", "-1", "--data-dir", str(tmp_path / "up")),
+        *("up", "--port", "-1", "--data-dir", str(tmp_path / "up"), *FREE_METRICS),
         log_path=tmp_path / "up.log",
         ready="BOURSE_NATS_URL=",
         env={"BOURSE_NATS_URL": dead},

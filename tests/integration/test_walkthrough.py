@@ -11,7 +11,12 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.runtime.launcher import start_program, stop_all
+from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
+
+pytestmark = ONE_DEMO_FLEET_AT_A_TIME
 
 ID = r"[a-z0-9-]+~[0-9A-Z]+"
 
@@ -43,10 +48,13 @@ def rows(out: str) -> list[list[str]]:
     return [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()[1:] if line.strip()]
 
 
+@pytest.mark.slow
 async def test_the_readme_walk_through_works_as_written(tmp_path: Path) -> None:
     up = await start_program(
         "ops.cli",
         *("up", "--port", "-1", "--data-dir", str(tmp_path / "up")),
+        # metrics on free ports: `up`'s 9464 and up may be another test's at the same moment
+        *("--metrics-addr", "127.0.0.1:0"),
         log_path=tmp_path / "up.log",
         ready="BOURSE_NATS_URL=",
     )

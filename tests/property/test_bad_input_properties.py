@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -71,6 +72,7 @@ def run_property(harness: Harness, cases: st.SearchStrategy[Case]) -> int:
     return harness.sent - sent
 
 
+@pytest.mark.slow
 def test_wrongly_typed_out_of_range_and_missing_fields(harness: Harness) -> None:
     assert run_property(harness, structured_cases) >= 1000
 

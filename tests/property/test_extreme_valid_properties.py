@@ -16,6 +16,7 @@ from itertools import count
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -154,6 +155,7 @@ def surely_fits(body: dict[str, Any]) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_valid_extreme_orders_are_placed_or_unfilled_and_leave_no_hold(harness: Harness) -> None:
     before = harness.snapshot()
 

@@ -223,14 +223,18 @@ async def test_an_order_id_reused_for_another_order_does_not_return_the_first_ma
     secured: Secured, tmp_path: Path
 ) -> None:
     """With the buyer's key and a victim's order id (no claims here: the server has no
-    JetStream), an order for another image is refused naming the mismatch instead of being
-    answered with the victim's machine; the market keeps serving."""
+    JetStream), an order for another image, aimed at the victim's worker, is refused naming
+    the mismatch instead of being answered with the victim's machine; the market keeps
+    serving. Aimed (the other worker excluded), as an attacker after the machine would:
+    otherwise the other worker's fresh offer may be committed before the victim's worker
+    answers (the thief then gets a machine of its own, never the victim's)."""
     async with mad_market(secured, tmp_path) as m:
-        victim = await place(m, "victim-order")
+        victim = await place(m, "victim-order", exclude_workers=["mad-2"])
         attacker, violations = await secured.connect("buyer")
         thief = BourseClient(attacker, secured.subjects)
+        stolen = order(region="mad", order_id="victim-order", image="db", exclude_workers=["mad-2"])
         with pytest.raises(ClientError) as err:
-            await thief.place(order(region="mad", order_id="victim-order", image="db"))
+            await thief.place(stolen)
         assert err.value.code == "bad_request"
         assert f"placed as machine {victim.machine_id} for a different order" in str(err.value)
         assert "image 'web', not 'db'" in str(err.value)

@@ -11,7 +11,8 @@ from bourse.nats.auth import public_key_of, read_seed_file, tenant_of
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.jetstream import jetstream_available
-from tests.cli import run_module
+from ops.cli import app as bourse
+from tests.cli import run_cli, run_module
 from tests.security.conftest import FLEET_FRA
 
 
@@ -80,21 +81,21 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     assert public_key_of(seeds["buyer.nk"].read_text()) in new_conf
 
 
-async def test_auth_init_bad_input(tmp_path: Path) -> None:
-    base = ("ops.cli", "auth", "init", "--out", str(tmp_path / "a"))
-    code, _, err = await run_module(*base, "--worker", "mad-1")
+def test_auth_init_bad_input(tmp_path: Path) -> None:
+    base = ("auth", "init", "--out", str(tmp_path / "a"))
+    code, _, err = run_cli(bourse, *base, "--worker", "mad-1")
     assert code == 1 and "--worker 'mad-1' must look like WORKER_ID=REGION" in err
-    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--worker", "mad-1=fra")
+    code, _, err = run_cli(bourse, *base, "--worker", "mad-1=mad", "--worker", "mad-1=fra")
     assert code == 1 and "two suppliers are named 'mad-1'" in err
-    code, _, err = await run_module(*base)
+    code, _, err = run_cli(bourse, *base)
     assert code == 1 and "no supplier given" in err
-    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--buyer", "Alice")
+    code, _, err = run_cli(bourse, *base, "--worker", "mad-1=mad", "--buyer", "Alice")
     assert code == 1 and "invalid buyer name 'Alice'" in err
-    code, _, err = await run_module(*base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
+    code, _, err = run_cli(bourse, *base, "--worker", "mad-1=mad", "--buyer", "a", "--buyer", "a")
     assert code == 1 and "buyer 'a' is given twice" in err
     # the exchange's reserved event token: a supplier key for it could publish `unfilled`
     # outcomes as the exchange (and events no worker of that name could have)
-    code, _, err = await run_module(*base, "--worker", "exchange=mad")
+    code, _, err = run_cli(bourse, *base, "--worker", "exchange=mad")
     assert code == 1 and "worker id 'exchange' is reserved" in err, err
     assert not (tmp_path / "a" / "auth.conf").exists()
 

@@ -8,6 +8,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 from bourse.client import BourseClient
 from bourse.nats.auth import tenant_of
 from bourse.runtime.launcher import Program, start_program
@@ -83,6 +85,7 @@ async def test_orders_placed_with_every_program_on_its_own_credentials(
         assert "offer_unverified" not in p.log, p.log
 
 
+@pytest.mark.slow
 async def test_a_tenant_key_from_auth_init_places_and_keeps_its_machines_its_own(
     secured: Secured, tmp_path: Path
 ) -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from ops.cli import app as bourse
+from tests.cli import run_cli
 from tests.topology.programs import ROOT
 
 
@@ -32,10 +32,8 @@ def quoted_commands(doc: str) -> list[list[str]]:
 def test_nats_config_commands_in_the_docs_work(doc: str, files: list[str], tmp_path: Path) -> None:
     [cmd] = quoted_commands(doc)
     cmd[cmd.index("--out") + 1] = str(tmp_path)
-    run = subprocess.run(
-        [sys.executable, "-m", "ops.cli", *cmd[1:]], capture_output=True, text=True
-    )
-    assert run.returncode == 0, run.stderr
+    code, _, err = run_cli(bourse, *cmd[1:])
+    assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == files
 
 

@@ -3,9 +3,6 @@ the generator and the exchanges on another (--nats)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import msgspec
@@ -20,6 +17,7 @@ from loadtest.harness import run_loadtest
 from loadtest.runner import start_fleet
 from loadtest.workload import SCENARIOS
 from ops import cli as bourse
+from tests.cli import run_cli
 
 TINY = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=1.0, lifetime_s=0.5, rate=20)
 
@@ -56,16 +54,12 @@ async def test_a_run_across_the_gateway_places_and_checks_the_invariants(
 
 
 def test_supplier_nats_without_nats_is_refused() -> None:
-    env = {k: v for k, v in os.environ.items() if k != "BOURSE_NATS_URL"}
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "loadtest", "--supplier-nats",
-         "nats://127.0.0.1:4222"],
-        capture_output=True, text=True, env=env,
+    code, _, err = run_cli(
+        bourse.app, "loadtest", "--supplier-nats", "nats://127.0.0.1:4222",
+        env={"BOURSE_NATS_URL": None},
     )  # fmt: skip
-    assert out.returncode == 1
-    assert (
-        out.stderr == "error: --supplier-nats needs --nats: the generator and exchanges' cluster\n"
-    )
+    assert code == 1
+    assert err == "error: --supplier-nats needs --nats: the generator and exchanges' cluster\n"
 
 
 def test_supplier_nats_reaches_the_run_as_the_suppliers_urls(

@@ -1,6 +1,6 @@
 """The CLIs' argument handling and error lines, in this process through typer's runner (no
-NATS needed: bad input is refused before any connection, and nothing listens where a test
-points one)."""
+NATS needed: bad input is refused before any connection; the connection errors are in
+tests/integration/test_cli_connect.py)."""
 
 from __future__ import annotations
 
@@ -204,38 +204,6 @@ def test_an_error_is_one_line_and_with_json_one_object(args: list[str], message:
     assert (code, out) == (1, "")
 
 
-def test_failover_json_keeps_its_keys_on_an_error() -> None:
-    mid = "mad-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B"
-    args = ["failover", "--app", "web", "--machine", mid, "--region", "mad", *NO_NATS, "--json"]
-    code, out, err = run_cli(buyer, *args)
-    assert code == 1 and err.startswith("error: cannot connect to NATS at nats://127.0.0.1:1")
-    assert json.loads(out) == {
-        "app": "web",
-        "replaced": mid,
-        "started": None,
-        "stopped": None,
-        "spare": None,
-        "spare_unfilled": [],
-        "error": err.removeprefix("error: ").strip(),
-    }
-
-
-def test_the_common_options_go_before_or_after_the_command() -> None:
-    """--nats before the command, after it (which wins), and from the environment; the
-    connection error names the server that was used."""
-    one, two, env = "nats://127.0.0.1:1", "nats://127.0.0.1:2", "nats://127.0.0.1:3"
-    for args, used in [
-        (["--nats", one, "fleet"], one),
-        (["fleet", "--nats", one], one),
-        (["--nats", one, "fleet", "--nats", two], two),
-        (["fleet"], env),
-        (["--nats", one, "machines", "list"], one),
-        (["machines", "--nats", one, "list", "--nats", two], two),
-    ]:
-        code, _, err = run_cli(buyer, *args, env={"BOURSE_NATS_URL": env})
-        assert (code, err.split(": ")[1]) == (1, f"cannot connect to NATS at {used}"), args
-
-
 def _program(body: Callable[[], None]) -> typer.Typer:
     """A program of one command, ``go``, that runs ``body``."""
     app = typer.Typer(cls=BourseGroup)
@@ -313,14 +281,6 @@ def test_a_bad_cpus_is_one_line_naming_the_flag(program: str, value: str, why: s
     code, out, err = run_cli(app, *args, "--cpus", value, *NO_NATS)
     assert (code, out) == (1, "")
     assert err == f"error: Invalid value for '--cpus': {why}\n"
-
-
-def test_fractional_cpus_are_accepted() -> None:
-    # No server: the order is built (and checked) before connecting, so a valid 0.5 or
-    # 250m gets as far as the connection (the integration tests place them for real).
-    for value in ("0.5", "250m", "2"):
-        result = runner.invoke(buyer, ["place", *PLACE[1:4], value, *PLACE[5:], *NO_NATS])
-        assert "cannot connect to NATS" in result.output, result.output
 
 
 def test_a_fleet_file_may_sell_fractional_cpus(tmp_path: Path) -> None:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import pairwise
 from pathlib import Path
 
 import msgspec
 import pytest
+import structlog
 
 from bourse.wire.messages import PlaceOrder, Resources
 from loadtest.oracle import run_oracle
 from loadtest.workload import SCENARIOS, Profile, Shape, TraceOrder, fleet, trace
+
+
+@pytest.fixture(autouse=True)
+def _restore_logging() -> Iterator[None]:
+    """`bourse loadtest` configures logging for the whole process (a refused run raises
+    the level to warning or error): left so, it would empty later tests' captured logs."""
+    config = structlog.get_config()
+    yield
+    structlog.configure(**config)
 
 
 def test_same_seed_same_trace_and_fleet_other_seed_other_trace() -> None:
@@ -103,7 +114,6 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     # Guards against a CLI flag that is accepted and silently dropped (it happened).
-    import structlog
     from typer.testing import CliRunner
 
     import loadtest.harness
@@ -151,7 +161,6 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     result = CliRunner().invoke(
         bourse.app, ["loadtest", *args, "--tap", "--json", "--out", str(tmp_path)]
     )
-    structlog.reset_defaults()
     assert result.exit_code == 0, result.output
     [profile] = got
     assert {field: getattr(profile, field) for field, _ in flags.values()} == dict(flags.values())
@@ -189,7 +198,8 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) 
     p = resolve_profile(
         "smoke",
         None,
-        {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77, "reclaim_after_s": 1.5},
+        {"bid_shards": 8, "bid_sample": 3, "exchange_max_inflight": 77, "reclaim_after_s": 1.5}
+        | {"exchange_quiet_ms": 250.0},
     )
     sup = supplier_args(p, tmp_path / "f.json", tmp_path / "d", ["--nats", "x"])
     ex = exchange_args(p, ["--nats", "x"])
@@ -197,6 +207,7 @@ def test_the_run_passes_sampling_and_admission_to_its_processes(tmp_path: Path) 
     assert sup[sup.index("--reclaim-after-s") + 1] == "1.5"
     assert ex[ex.index("--bid-shards") + 1] == "8" and ex[ex.index("--bid-sample") + 1] == "3"
     assert ex[ex.index("--max-inflight") + 1] == "77"
+    assert ex[ex.index("--quiet-ms") + 1] == "250.0"
     # and the programs accept them
     from typer.testing import CliRunner
 

@@ -1,21 +1,17 @@
 """Config generation for single servers, clusters and superclusters (bourse/nats/serverconf.py),
-checked against the text it must produce and against nats-server's own config check."""
+checked against the text it must produce (nats-server's own config check:
+tests/integration/test_natsconf.py)."""
 
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from bourse.nats.embedded import find_nats_server
 from bourse.nats.serverconf import (
-    Cluster,
     Ports,
-    Server,
     Tls,
     Topology,
     TopologyError,
@@ -24,6 +20,8 @@ from bourse.nats.serverconf import (
     plan,
     render,
 )
+from ops.cli import app as bourse
+from tests.cli import run_cli
 
 
 def supercluster() -> Topology:
@@ -141,12 +139,10 @@ def test_random_ports_are_fine_where_no_other_server_needs_them() -> None:
 def test_every_server_the_command_writes_runs_jetstream_with_its_own_store(tmp_path: Path) -> None:
     """The documented production set-up, with no JetStream option given: JetStream on every
     server, each its own store."""
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
-         "--cluster", "eu=10.0.1.1,10.0.1.2,10.0.1.3"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    code, _, err = run_cli(
+        bourse, "nats-config", "--out", str(tmp_path), "--cluster", "eu=10.0.1.1,10.0.1.2,10.0.1.3"
+    )
+    assert code == 0, err
     for i in (1, 2, 3):
         text = (tmp_path / f"eu-{i}.conf").read_text()
         assert f'jetstream {{\n  store_dir: "/var/lib/nats/jetstream/eu-{i}"\n}}\n' in text
@@ -160,45 +156,21 @@ def test_bad_paths_and_tls_are_refused() -> None:
         render(replace(supercluster(), tls=Tls("c.pem", "k.pem", verify=True)))
 
 
-def test_nats_server_accepts_every_generated_config(tmp_path: Path) -> None:
-    (tmp_path / "auth.conf").write_text("authorization {\n  users = [{user: a, password: b}]\n}\n")
-    topo = Topology(
-        clusters=(
-            Cluster("a", (Server("a1", "h1"), Server("a2", "h2"), Server("a3", "h3"))),
-            *plan(["b=h4"]),
-        ),
-        include="auth.conf",  # relative to the config file, as nats-server resolves it
-        jetstream_dir=str(tmp_path / "jetstream"),
-    )
-    for name, text in render(topo).items():
-        (tmp_path / name).write_text(text)
-        check = subprocess.run(
-            [find_nats_server(), "-c", str(tmp_path / name), "-t"], capture_output=True, text=True
-        )
-        assert check.returncode == 0, check.stderr
-        assert "is valid" in check.stdout + check.stderr
-
-
 def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
-         "--cluster", "east=nats-1,nats-2", "--cluster", "west=nats-3", "--http-port", "0"],
-        capture_output=True, text=True,
+    code, out, err = run_cli(
+        bourse, "nats-config", "--out", str(tmp_path),
+        "--cluster", "east=nats-1,nats-2", "--cluster", "west=nats-3", "--http-port", "0",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    assert code == 0, err
     assert sorted(p.name for p in tmp_path.iterdir()) == [
         "east-1.conf",
         "east-2.conf",
         "west-1.conf",
     ]
     assert "http:" not in (tmp_path / "west-1.conf").read_text()
-    assert "cluster east: --nats nats://nats-1:4222,nats://nats-2:4222" in out.stdout
-    again = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path),
-         "--cluster", "east=nats-1"],
-        capture_output=True, text=True,
-    )  # fmt: skip
-    assert f"note: {tmp_path} also holds east-2.conf, west-1.conf, not part of" in again.stdout
+    assert "cluster east: --nats nats://nats-1:4222,nats://nats-2:4222" in out
+    _, again, _ = run_cli(bourse, "nats-config", "--out", str(tmp_path), "--cluster", "east=nats-1")
+    assert f"note: {tmp_path} also holds east-2.conf, west-1.conf, not part of" in again
 
 
 @pytest.mark.parametrize(
@@ -210,11 +182,7 @@ def test_command_writes_the_files_and_prints_the_urls(tmp_path: Path) -> None:
     ],
 )
 def test_command_refuses_bad_input_in_one_line(tmp_path: Path, args: list[str], error: str) -> None:
-    out = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "nats-config", "--out", str(tmp_path), *args],
-        capture_output=True,
-        text=True,
-    )
-    assert out.returncode == 1
-    assert out.stderr.startswith(error) and out.stderr.count("\n") == 1
+    code, _, err = run_cli(bourse, "nats-config", "--out", str(tmp_path), *args)
+    assert code == 1
+    assert err.startswith(error) and err.count("\n") == 1
     assert list(tmp_path.iterdir()) == []

@@ -389,8 +389,9 @@ def test_a_cap_below_one_mib_is_refused(db: Path) -> None:
         Store(db, max_db_mb=0)
 
 
+@pytest.mark.timeout(5)  # a linger would show as a 10 s stall, past this
 async def test_an_idle_store_writes_each_lone_write_at_once(db: Path) -> None:
-    s = Store(db, linger_ms=10_000)  # a linger would show as a 10 s stall (the test times out)
+    s = Store(db, linger_ms=10_000)
     try:
         for i in range(5):
             await s.write(Op("place", machine(f"order-{i}", i)))
