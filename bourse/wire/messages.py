@@ -68,12 +68,12 @@ UnfilledReason = Literal[
 ]
 RejectReason = Literal["no_hold", "hold_expired", "insufficient", "draining"]
 ErrorCode = Literal["bad_request", "unknown_subject", "internal"]
-# "failed" added in v1 (additive): a process killed at its memory limit or by a signal.
+# "failed": a process killed at its memory limit or by a signal.
 MachineState = Literal[
     "reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed"
 ]
-MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")  # logs: added in v1
-# "failed" and "restarted" added in v1 (additive, docs/protocol.md §6.9).
+MACHINE_VERBS = ("get", "list", "start", "stop", "destroy", "logs")
+# Every kind of event (docs/protocol.md §6.9).
 EVENT_KINDS = (
     "placed",
     "started",
@@ -84,9 +84,9 @@ EVENT_KINDS = (
     "hold_expired",
     "pulled",
 )
-# Added in v1: how a worker confines its machines (docs/protocol.md §4.12); "" = not said.
+# How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
-# Added in v1: an order outcome the exchange publishes (no worker has a change to report);
+# An order outcome the exchange publishes (no worker has a change to report);
 # its Event's worker_id is EXCHANGE_EVENT_WORKER, reserved for it (docs/protocol.md §6.9).
 UNFILLED_EVENT = "unfilled"
 EXCHANGE_EVENT_WORKER = "exchange"
@@ -111,7 +111,7 @@ def worker_of_machine(machine_id: str) -> str:
 
 
 def check_cpu_millis(cpus: int, cpu_millis: int) -> None:
-    """``cpu_millis`` (added in v1, §4.1), when present (non-zero), is the CPU amount in
+    """``cpu_millis`` (§4.1), when present (non-zero), is the CPU amount in
     millicores and ``cpus`` must be it rounded up to whole CPUs: a receiver that reads only
     ``cpus`` then never counts less than was asked. A message where the two disagree is
     refused (bad_request naming ``cpu_millis``) rather than read two ways by two peers."""
@@ -124,7 +124,7 @@ def check_cpu_millis(cpus: int, cpu_millis: int) -> None:
 
 class Resources(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """An amount of every resource a worker sells. Memory and disk in MiB. CPU: ``cpus``
-    whole, or, added in v1, ``cpu_millis`` (1000 = one CPU; 0 = absent) beside ``cpus``
+    whole, or ``cpu_millis`` (1000 = one CPU; 0 = absent) beside ``cpus``
     rounded up, e.g. half a CPU is ``cpus: 1, cpu_millis: 500`` (docs/protocol.md §4.1).
     Read it with bourse/wire/resources.py's ``vec``, never ``cpus`` alone."""
 
@@ -141,7 +141,7 @@ class Resources(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Like Resources but may be zero everywhere: committed or held totals, capacities.
-    ``cpu_millis`` as in Resources (added in v1; present when the amount is not whole)."""
+    ``cpu_millis`` as in Resources (present when the amount is not whole)."""
 
     cpus: Annotated[int, msgspec.Meta(ge=0)] = 0
     memory_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -182,7 +182,7 @@ class PlaceOrder(Message, kw_only=True):
     min_score: Score = 0.0
     deadline_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_DEADLINE_MS)] = DEFAULT_DEADLINE_MS
     metadata: Metadata = {}
-    # Added in v1: this order id may have been placed before (a retry after an error or a
+    # This order id may have been placed before (a retry after an error or a
     # lost reply). The auction then gathers offers for its quiet window before committing a
     # NEW machine, so the worker that already has one can answer first (I3).
     retry: bool = False
@@ -196,19 +196,19 @@ class Bid(Message, kw_only=True):
     constraints: Labels = {}
     exclude_workers: Annotated[list[WorkerId], msgspec.Meta(max_length=1024)] = []
     hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)]
-    # Added in v1: unique per auction run, so a Release from one run never drops the hold
+    # Unique per auction run, so a Release from one run never drops the hold
     # of a retry of the same order, and a bid that arrives after its own release is ignored.
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
-    # Added in v1: a worker whose free capacity is only taken by other orders' HOLDS (not by
+    # A worker whose free capacity is only taken by other orders' HOLDS (not by
     # committed machines) may keep the bid up to wait_ms and answer as soon as a hold is
     # released. 0 = answer now or stay silent. This keeps concurrent orders from starving
     # each other when every order holds on every fitting worker.
     wait_ms: Annotated[int, msgspec.Meta(ge=0, le=MAX_DEADLINE_MS)] = 0
-    # Added in v1: the auction takes an ``Offers`` message (several offers in one reply); a
+    # The auction takes an ``Offers`` message (several offers in one reply); a
     # supplier process may then answer with one message for all its offers. Without it (an
     # older auction), every offer is an ``Offer`` message of its own.
     batch_offers: bool = False
-    # Added in v1, only with ``batch_offers``: the auction ranks the offers itself. A
+    # Only with ``batch_offers``: the auction ranks the offers itself. A
     # supplier process answers at once, without its score-spread delays, with ONE Offers
     # message naming itself (``responder``) and giving each offer the delay it would have
     # waited (``delay_ms``), or an empty Offers when it has nothing to offer now. The auction
@@ -230,16 +230,16 @@ class Offer(Message, kw_only=True):
     subscores: dict[str, float] = {}
     image_cached: bool = False
     hold_expires_at_ms: Millis = 0
-    # Added in v1: set when this worker already runs a machine for this order id, so a
+    # Set when this worker already runs a machine for this order id, so a
     # retried order is answered with the machine it already has (I3).
     machine_id: MachineId | None = None
-    # Added in v1 (signed offers, docs/security.md): the bid's auction_id, echoed so the
+    # The bid's auction_id, echoed so the
     # signature binds the offer to one auction run; the signer's public user nkey (U...);
     # the ed25519 signature (base64url, no padding) of exchange/signing.offer_signing_bytes.
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
     signer: Annotated[str, msgspec.Meta(max_length=64)] = ""
     sig: Annotated[str, msgspec.Meta(max_length=128)] = ""
-    # Added in v1, only in an Offers answering a Bid with ``prompt_offers``: the score-spread
+    # Only in an Offers answering a Bid with ``prompt_offers``: the score-spread
     # delay the worker would have waited before sending this offer alone (ms). The auction
     # takes the offer as if it had arrived that much later unless every known process has
     # answered. A ranking hint: not signed.
@@ -247,26 +247,26 @@ class Offer(Message, kw_only=True):
 
 
 class Offers(Message, kw_only=True):
-    """Added in v1, sent only in answer to a Bid with ``batch_offers``: the offers of one
+    """Sent only in answer to a Bid with ``batch_offers``: the offers of one
     supplier process for the bid, in one message, each an ``Offer`` as it would be sent
     alone (signed on its own, checked on its own: foreign ones are dropped one by one). It
     goes out at its best offer's delay; for a Bid with ``prompt_offers``, at once, with
     ``responder`` set, and empty when the process has nothing to offer."""
 
     offers: Annotated[list[Offer], msgspec.Meta(max_length=MAX_BATCH_OFFERS)]
-    # Added in v1, with ``prompt_offers``: the answering supplier process (an id it picks at
+    # With ``prompt_offers``: the answering supplier process (an id it picks at
     # start, unique among the region's processes), so the auction knows who has answered.
     responder: Annotated[str, msgspec.Meta(max_length=64)] = ""
-    # Added in v1, with ``prompt_offers``: the bid's auction_id, echoed (an empty answer has
+    # With ``prompt_offers``: the bid's auction_id, echoed (an empty answer has
     # no offer to carry it; an ``Answers`` message is routed by it).
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
-    # Added in v1: this process also takes ``Batch`` messages (§4.4.4) on its regions'
+    # This process also takes ``Batch`` messages (§4.4.4) on its regions'
     # ``<root>.bid.<region>.batch``.
     batches: bool = False
 
 
 class Waiting(Message, kw_only=True):
-    """Added in v1, sent only in answer to a Bid with ``wait_ms > 0``: this worker cannot offer
+    """Sent only in answer to a Bid with ``wait_ms > 0``: this worker cannot offer
     now only because other orders HOLD its capacity; it will send an Offer within ``wait_ms``
     if they are released. A later Waiting with ``wait_ms = 0`` withdraws (the capacity went to
     committed machines). The auction keeps listening while a worker waits."""
@@ -283,7 +283,7 @@ class Commit(Message, kw_only=True):
     resources: Resources
     image: Image
     metadata: Metadata = {}
-    # Added in v1 (§4.6): the auction's id, and "once placed, drop this order's other holds
+    # The auction's id, and "once placed, drop this order's other holds
     # of that auction in your process yourself": every offer came from this process, so
     # the auction sends no region release.
     auction_id: Annotated[str, msgspec.Meta(max_length=64)] = ""
@@ -300,7 +300,7 @@ class Placed(Message, kw_only=True):
     score: Score
     image_cached: bool
     elapsed_ms: Annotated[float, msgspec.Meta(ge=0)]
-    # Added in v1: why this worker won (the winning offer's subscores), and whether this
+    # Why this worker won (the winning offer's subscores), and whether this
     # reply re-reports a machine that an earlier attempt with the same order id created.
     subscores: dict[str, float] = {}
     existing: bool = False
@@ -402,7 +402,7 @@ SHUTTING_DOWN_REASON = "shutting_down"
 class Error(Message, kw_only=True):
     code: ErrorCode
     detail: str
-    # Added in v1: a machine-readable refinement of ``code`` (a free string, so a peer that
+    # A machine-readable refinement of ``code`` (a free string, so a peer that
     # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON,
     # UNRECORDED_REASON, STORE_FULL_REASON and SHUTTING_DOWN_REASON.
     reason: str = ""
@@ -416,7 +416,7 @@ class BatchBid(msgspec.Struct, kw_only=True, gc=False):
 
 
 class Batch(Message, kw_only=True):
-    """Added in v1 (§4.4.4): the bids and region releases one auction process sent to one
+    """The bids and region releases one auction process sent to one
     region in the same instant, in one message on ``<root>.bid.<region>.batch``, to the
     supplier processes that said they take it (``Offers.batches``). Each bid is answered
     as if it had come alone to its ``reply``; a process may instead send its prompt answers
@@ -428,7 +428,7 @@ class Batch(Message, kw_only=True):
 
 
 class Answers(Message, kw_only=True):
-    """Added in v1 (§4.4.4): one supplier process's prompt answers (``Offers`` with
+    """One supplier process's prompt answers (``Offers`` with
     ``auction_id``) to the bids of one ``Batch``, sent to its ``answers_to``."""
 
     answers: Annotated[list[Offers], msgspec.Meta(max_length=MAX_BATCH_ITEMS)]
@@ -438,7 +438,7 @@ class Release(Message, kw_only=True):
     """Drop the hold for an order. On a worker's subject ``worker_id`` is that worker; on a
     region's release subject it is empty and every worker of the region drops its hold.
 
-    ``abort_commit`` (added in v1): the auction gave up waiting for this worker's commit
+    ``abort_commit``: the auction gave up waiting for this worker's commit
     reply; if the commit went through, the worker destroys that never-started machine so
     the ``Unfilled`` the buyer saw stays true (I4).
     """
@@ -463,11 +463,11 @@ class WorkerStatus(Message, kw_only=True):
     images: list[str]
     machines: Annotated[int, msgspec.Meta(ge=0)]
     draining: bool
-    holds: Annotated[int, msgspec.Meta(ge=0)] = 0  # added in v1: number of live holds
-    # Added in v1: why the worker is draining ("configured", "store: database or disk is
+    holds: Annotated[int, msgspec.Meta(ge=0)] = 0  # number of live holds
+    # Why the worker is draining ("configured", "store: database or disk is
     # full", ...); "" when it is not.
     drain_reason: str = ""
-    # Added in v1: how its machines are held to what was sold (§4.12); "" from older workers.
+    # How its machines are held to what was sold (§4.12); "" from older workers.
     confinement: Confinement = ""
     # False when its supplier runs without JetStream (``--no-jetstream``, the
     # degraded mode: its events at most once); True from older workers, which do not say.
@@ -483,8 +483,8 @@ class MachineRequest(Message, kw_only=True):
     """Body of machine.get / start / stop / destroy / logs."""
 
     machine_id: MachineId
-    tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # added in v1: logs only
-    # Added in v1, logs only: a byte offset from a previous MachineLogs.end; the reply then
+    tail: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 100  # logs only
+    # Logs only: a byte offset from a previous MachineLogs.end; the reply then
     # holds the complete lines after it (``buyer machines logs --follow``); -1: the tail.
     since: Annotated[int, msgspec.Meta(ge=-1)] = -1
 
@@ -492,23 +492,23 @@ class MachineRequest(Message, kw_only=True):
 class ListMachines(Message, kw_only=True):
     """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask.
 
-    Added in v1 (docs/protocol.md §4.17): the same body asks every worker of a region (or of
+    The same body asks every worker of a region (or of
     every region) on ``<prefix>.v1.machines[.<region>]``, where ``worker_id`` "" means every
     worker the subject reaches; the filters below are applied by the worker; ``cursor``
     pages a worker's own ``machine.list``."""
 
     worker_id: OptionalWorkerId = ""
     include_destroyed: bool = False
-    # Added in v1: only machines in one of these states ([]: every state; "destroyed" here
+    # Only machines in one of these states ([]: every state; "destroyed" here
     # lists destroyed machines even without include_destroyed).
     states: Annotated[list[MachineState], msgspec.Meta(max_length=8)] = []
-    # Added in v1: only machines whose metadata has app=<app> ("": any). Shorthand for
+    # Only machines whose metadata has app=<app> ("": any). Shorthand for
     # labels={"app": ...}: a deploy's machines carry their app's name there.
     app: Annotated[str, msgspec.Meta(max_length=1024)] = ""
-    # Added in v1: only machines whose METADATA has every key=value given. An order's
+    # Only machines whose METADATA has every key=value given. An order's
     # constraints (worker labels) are not stored on its machine; its metadata is.
     labels: Metadata = {}
-    # Added in v1, machine.list only: None = the whole list in one reply (as before; it may
+    # machine.list only: None = the whole list in one reply (as before; it may
     # exceed max_payload); a string = one page, of the machines whose id sorts after it
     # ("" for the first page), under a byte budget; MachineList.next_cursor says what to
     # send for the next one.
@@ -516,7 +516,7 @@ class ListMachines(Message, kw_only=True):
 
 
 class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
-    """Added in v1 (nested in Machine, no ``type``): how the machine's process last ended."""
+    """How the machine's process last ended."""
 
     reason: Literal["exit", "signal", "oom"]
     code: int | None = None  # reason "exit": the exit code
@@ -536,10 +536,10 @@ class Machine(Message, kw_only=True):
     score: Score = 0.0
     created_at_ms: Millis = 0
     updated_at_ms: Millis = 0
-    # Added in v1: destroyed because the auction gave up on its commit (Release.abort_commit);
+    # Destroyed because the auction gave up on its commit (Release.abort_commit);
     # such a machine does not hold its order id, so the order can be retried.
     aborted: bool = False
-    # Added in v1: how its process last ended (None: it never ended), and how many times
+    # How its process last ended (None: it never ended), and how many times
     # the driver restarted it under its restart policy.
     last_exit: LastExit | None = None
     restarts: Annotated[int, msgspec.Meta(ge=0)] = 0
@@ -555,13 +555,13 @@ class Machine(Message, kw_only=True):
 class MachineList(Message, kw_only=True):
     worker_id: WorkerId
     machines: list[Machine]
-    # Added in v1: a paged list (ListMachines.cursor set) that has more: the cursor of the
+    # A paged list (ListMachines.cursor set) that has more: the cursor of the
     # next page. None: this was the last page (or the list was not paged).
     next_cursor: str | None = None
 
 
 class MachinePage(Message, kw_only=True):
-    """Added in v1 (docs/protocol.md §4.17): one page of one worker's machines, in answer to
+    """One page of one worker's machines, in answer to
     a ListMachines on ``<prefix>.v1.machines[.<region>]``. Every worker reached answers with
     pages 1..``pages`` (``last`` on the last), at least one even when nothing matches, each
     at most 60 KiB unless a single machine is larger (then it is alone on its page)."""
@@ -575,13 +575,13 @@ class MachinePage(Message, kw_only=True):
 
 
 class MachineLogs(Message, kw_only=True):
-    """Added in v1: reply to machine.logs, the last lines of the machine's output (the
+    """Reply to machine.logs, the last lines of the machine's output (the
     process driver's log file; the sim driver has none)."""
 
     machine_id: MachineId
     lines: list[str]
     truncated: bool = False  # older lines (or over-long ones) were left out
-    # Added in v1: the log's byte offset just past the last complete line read (pass it as
+    # The log's byte offset just past the last complete line read (pass it as
     # MachineRequest.since to get what follows); None from a worker older than the field.
     end: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
@@ -601,7 +601,7 @@ class Event(Message, kw_only=True):
     seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.0
 
 
-# -- "why not": explain an order on every worker (added in v1, docs/protocol.md §4.15) ---------
+# -- "why not": explain an order on every worker (§4.15) ---------
 # A worker's answer to an ExplainRequest: it would offer (with its score), it already has a
 # machine for the order, it would wait (only holds are in the way), or it declines. The
 # client adds "no_answer" for a worker it knows (from status) that sent no verdict: a
@@ -613,7 +613,7 @@ EXPLAIN_PAGE_BYTES = 60 * 1024
 
 
 class ExplainRequest(Message, kw_only=True):
-    """Added in v1: "where would this order go, and why not elsewhere?" Scatter-gather on
+    """ "Where would this order go, and why not elsewhere?" Scatter-gather on
     ``<prefix>.v1.explain.<region>``; every supplier answers for EVERY worker of the region
     (no sample), holding nothing. The order's fields as in a Bid, without ``hold_ms``."""
 
@@ -663,7 +663,7 @@ class WorkerVerdict(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
 
 
 class Explanation(Message, kw_only=True):
-    """Added in v1: one page of a supplier process's answer to an ExplainRequest. A process
+    """One page of a supplier process's answer to an ExplainRequest. A process
     sends its verdicts in pages of at most EXPLAIN_PAGE_BYTES each; ``responder`` (random
     per answer) groups the pages of one process, ``page`` counts from 1 to ``pages`` and
     ``last`` is true on page ``pages``."""
@@ -683,7 +683,7 @@ ReclaimVerdictKind = Literal["keep", "orphan", "wait"]
 
 
 class ReclaimCheck(Message, kw_only=True):
-    """Added in v1 (docs/protocol.md §5.3d): a worker asks whether its machines still
+    """A worker asks whether its machines still
     ``reserved`` a while after their commit are their orders' machines. Request on
     ``<prefix>.v1.reclaim.<worker_id>`` (exchange queue group); each machine as the
     ``Placed`` that reports it (every one of the worker's own)."""
@@ -702,7 +702,7 @@ class ReclaimVerdict(msgspec.Struct, kw_only=True, gc=False):
 
 
 class ReclaimVerdicts(Message, kw_only=True):
-    """Added in v1: the reply to a ReclaimCheck, one verdict per machine asked about."""
+    """The reply to a ReclaimCheck, one verdict per machine asked about."""
 
     verdicts: list[ReclaimVerdict]
 
@@ -713,5 +713,5 @@ OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
 MachineReply = Machine | MachineList | MachineLogs | Error
 ExplainReply = Explanation | Error
-MachinesReply = MachinePage | Error  # added in v1: machines.<region>
+MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error

@@ -64,23 +64,23 @@ class Subjects:
         return f"{self.root}.bid.{region}"
 
     def bid_shard(self, region: str, shard: int) -> str:
-        """Added in v1 (sampled bidding): the workers of one shard of a region."""
+        """The workers of one shard of a region."""
         return f"{self.root}.bid.{region}.{shard}"
 
     def bid_batch(self, region: str) -> str:
-        """Added in v1 (§4.4.4): Batch messages (several bids and releases) to the supplier
+        """Batch messages (several bids and releases) to the supplier
         processes of a region that take them."""
         return f"{self.root}.bid.{region}.batch"
 
     def region_release(self, region: str) -> str:
-        """Added in v1: one publish drops every worker's hold for an order in the region."""
+        """One publish drops every worker's hold for an order in the region."""
         return f"{self.root}.release.{region}"
 
     def status(self, region: str) -> str:
         return f"{self.root}.status.{region}"
 
     def reclaim(self, worker_id: str) -> str:
-        """Added in v1: a worker asks the exchange about its reserved machines (§5.3d)."""
+        """A worker asks the exchange about its reserved machines (§5.3d)."""
         return f"{self.root}.reclaim.{worker_id}"
 
     @property
@@ -89,21 +89,21 @@ class Subjects:
 
     @property
     def status_every(self) -> str:
-        """Added in v1: status of every worker of every region (``buyer fleet`` with no
+        """Status of every worker of every region (``buyer fleet`` with no
         region), answered by every supplier for all its workers."""
         return f"{self.root}.status"
 
     def explain(self, region: str) -> str:
-        """Added in v1: "why not" for an order, answered by every worker of the region."""
+        """ "Why not" for an order, answered by every worker of the region."""
         return f"{self.root}.explain.{region}"
 
     def machines(self, region: str) -> str:
-        """Added in v1: every machine of every worker of the region, in pages (§4.17)."""
+        """Every machine of every worker of the region, in pages (§4.17)."""
         return f"{self.root}.machines.{region}"
 
     @property
     def machines_every(self) -> str:
-        """Added in v1: every machine of every worker of every region, in pages (§4.17)."""
+        """Every machine of every worker of every region, in pages (§4.17)."""
         return f"{self.root}.machines"
 
     # -- one worker ---------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class Subjects:
     def machine_all(self) -> str:
         return f"{self.root}.machine.*"
 
-    # -- one tenant's orders and machines (added in v1, issue 17) ------------------------------
+    # -- one tenant's orders and machines ------------------------------
     # Only the tenant's own user may publish under R.tenant.<name>., so the exchange takes
     # the tenant's identity from the subject: the server attests it (docs/security.md).
     def tenant_order(self, tenant: str, region: str) -> str:

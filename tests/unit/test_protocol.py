@@ -317,7 +317,7 @@ def test_union_rejects_type_not_in_union() -> None:
 def test_bid_reply_union() -> None:
     offer, offers, waiting = SAMPLES[2], SAMPLES[-2], SAMPLES[-1]
     assert decode(encode(offer), BidReply) == offer
-    assert isinstance(offers, Offers)  # one process's offers in one message (added in v1)
+    assert isinstance(offers, Offers)  # one process's offers in one message
     assert decode(encode(offers), BidReply) == offers
     assert decode(encode(waiting), BidReply) == waiting
     withdraw = json.loads(encode(waiting))
