@@ -159,6 +159,30 @@ async def test_a_start_that_comes_during_the_background_pull_waits_for_it_and_re
     assert sorted(e.bytes for e in pulled) in ([info.layers[0].size], [0, info.layers[0].size])
 
 
+async def test_a_restart_finds_the_cache_as_it_was_and_pins_what_its_machines_use(
+    market: Market, store: ImageStore, tmp_path: Path
+) -> None:
+    info = await push_app(store, tmp_path, 1 << 20)
+    data_dir = tmp_path / "supplier"
+    first = await market.host(image_worker("w1"), data_dir=data_dir)
+    buyer = await market.client(direct=True)
+    spare = await place(buyer.nc, market.subjects, info, "o1")  # reserved: a deploy's spare
+    before = first.workers["w1"].images.content
+    assert before is not None
+    await wait_until(lambda: before.root(info.digest) is not None)
+    used = before.stats().used_bytes
+    await market.stop(first)
+
+    again = await market.host(image_worker("w1"), data_dir=data_dir)
+    content = again.workers["w1"].images.content
+    assert content is not None and content.root(info.digest) is not None
+    assert (content.stats().used_bytes, content.stats().pulls) == (used, 0)
+    assert content._pins[info.digest] == 1  # the spare's pin, from its load on (no eviction)
+    assert again.workers["w1"].status().image_digests == [info.digest]
+    assert (await buyer.machine("start", spare.machine_id)).state == "started"
+    assert content.stats().pulls == 0  # nothing fetched again
+
+
 async def test_a_workers_image_cache_and_pulls_are_scraped(
     market: Market, store: ImageStore, tmp_path: Path
 ) -> None:
