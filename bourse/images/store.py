@@ -190,14 +190,25 @@ class ImageStore:
         self.chunk_bytes = CHUNK_BYTES
 
     @classmethod
-    async def open(cls, nc: NATS, prefix: str = DEFAULT_PREFIX, *, replicas: int = 1) -> ImageStore:
+    async def open(
+        cls, nc: NATS, prefix: str = DEFAULT_PREFIX, *, replicas: int = 1, create: bool = True
+    ) -> ImageStore:
         """The store of ``prefix``, its buckets made if missing (with ``replicas``; an
-        existing bucket keeps its own settings). ``StoreUnavailable`` without JetStream."""
+        existing bucket keeps its own settings). ``StoreUnavailable`` without JetStream.
+        ``create=False`` (a reader: a supplier) makes nothing: ``ImageNotFound`` while the
+        buckets are missing (nothing was pushed yet)."""
         blobs, tags = bucket_names(prefix)
         js = nc.jetstream(timeout=API_TIMEOUT_S)
         try:
-            objects = await _object_store(js, blobs, replicas)
-            kv = await _tag_bucket(js, tags, replicas)
+            if create:
+                objects = await _object_store(js, blobs, replicas)
+                kv = await _tag_bucket(js, tags, replicas)
+            else:
+                objects, kv = await js.object_store(blobs), await js.key_value(tags)
+        except nats.js.errors.BucketNotFoundError:
+            raise ImageNotFound(
+                f"no image store yet (buckets {blobs}, {tags}): push an image"
+            ) from None
         except nats.errors.NoRespondersError:
             raise StoreUnavailable(_NO_JETSTREAM) from None
         except nats.js.errors.APIError as exc:

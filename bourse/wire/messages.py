@@ -522,6 +522,8 @@ class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     code: int | None = None  # reason "exit": the exit code
     signal: int | None = None  # reason "signal" / "oom": the signal that killed it (9: oom)
     at_ms: Millis = 0
+    # Why a start ended before its command ran (code 125), e.g. "pull_failed: ..." (§6.8).
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
 class Machine(Message, kw_only=True):
