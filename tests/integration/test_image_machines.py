@@ -50,6 +50,7 @@ async def push_app(store: ImageStore, tmp_path: Path, blob_bytes: int) -> ImageI
 
 @pytest.fixture
 async def store(market: Market) -> AsyncIterator[ImageStore]:
+    await market.jetstream_init()  # the operator's set-up: the event stream, the buckets
     yield await ImageStore.open(await market.connect("images"), market.subjects.prefix)
 
 

@@ -40,6 +40,7 @@ def image_worker(wid: str = "w1", **extra: object) -> WorkerConfig:
 
 @pytest.fixture
 async def store(market: Market) -> AsyncIterator[ImageStore]:
+    await market.jetstream_init()  # the operator's set-up: the event stream, the buckets
     yield await ImageStore.open(await market.connect("images"), market.subjects.prefix)
 
 
