@@ -1,4 +1,4 @@
-"""``buyer fleet``: every worker's capacity, commitments, holds and images."""
+"""``buyer fleet``: every worker's capacity, commitments, holds, image cache and images."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def fleet(
         typer.Option(metavar="REGION", help="A region to ask (repeatable; default: every region)."),
     ] = None,
 ) -> None:
-    """Every worker's capacity, commitments, holds and images (status scatter-gather), in
-    every region or those given. Exit 2 when a region asked for (or, with none given, any
-    region) has no worker that answers."""
+    """Every worker's capacity, commitments, holds, image cache (bytes used / budget) and
+    images (status scatter-gather), in every region or those given. Exit 2 when a region
+    asked for (or, with none given, any region) has no worker that answers."""
 
     async def go(c: BourseClient) -> list[WorkerStatus]:
         if not region:

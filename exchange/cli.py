@@ -100,7 +100,7 @@ def serve(
         typer.Option(
             min=1,
             help="Byte limit of the order claims' bucket, if this exchange creates it: "
-            "600 bytes x orders a second x --claims-window-s, and 5% more "
+            "800 bytes x orders a second x --claims-window-s, and 5% more "
             "(docs/operations.md: sizing the order claims).",
         ),
     ] = DEFAULT_MAX_BYTES,

@@ -17,7 +17,7 @@ import msgspec
 
 from bourse.wire.resources import ZERO, Vec, add, leq, sub, vec
 from loadtest.workload import Profile, TraceOrder, fleet, image_sizes
-from supplier import ImageCache, Pricer, WorkerConfig
+from supplier import CatalogCache, Pricer, WorkerConfig
 
 
 @dataclass
@@ -44,7 +44,7 @@ class _W:
         self.capacity = vec(cfg.capacity)
         self.used: Vec = ZERO
         self.pricer = Pricer(cfg.pricing)
-        self.cache = ImageCache(cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, 0))
+        self.cache = CatalogCache(cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, 0))
         self.in_use: Counter[str] = Counter()
 
     def uses(self, image: str) -> bool:

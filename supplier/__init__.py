@@ -8,9 +8,12 @@ never from its modules. What it offers:
   ``PricingConfig``, ``load_fleet(path)`` (TOML or JSON, raising ``ConfigError``) and
   ``check_workers(workers)`` (ids unique, each worker valid);
 - the default price function: ``Pricer(PricingConfig)``, the very one a worker quotes
-  with, so a simulator or an oracle scores placements exactly as the suppliers do;
-- the image cache model a simulator replays: ``ImageCache`` (LRU within a budget, never
-  evicting an image in use);
+  with, so a simulator or an oracle scores placements exactly as the suppliers do; its
+  image term for an image named by content: ``image_term(pull_s, half_s)`` (expected pull
+  seconds to a term in (0, 1]) and ``ImageCost`` (what a worker's image costs it: bytes it
+  lacks, seconds to pull them), which ``Pricer.price`` takes;
+- the catalog's image cache model a simulator replays: ``CatalogCache`` (LRU of names
+  within a budget, never evicting an image in use);
 - the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
   bid), ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid) and
   ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d).
@@ -21,19 +24,21 @@ Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is load
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
-from supplier.images import ImageCache
-from supplier.pricing import Pricer, PricingConfig
+from supplier.images import CatalogCache
+from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 
 __all__ = [
     "DEFAULT_MAX_OFFERS",
     "DEFAULT_QUOTE_SAMPLE",
     "DEFAULT_RECLAIM_AFTER_S",
+    "CatalogCache",
     "ConfigError",
-    "ImageCache",
+    "ImageCost",
     "Pricer",
     "PricingConfig",
     "WorkerConfig",
     "check_workers",
+    "image_term",
     "load_fleet",
 ]

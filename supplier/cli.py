@@ -98,7 +98,8 @@ def run_cmd(
     image: Annotated[list[str] | None, typer.Option(help="A cached image (repeatable).")] = None,
     preset: Annotated[str, typer.Option(help="Utility preset: spread or binpack.")] = "spread",
     image_weight: Annotated[
-        float, typer.Option(min=0, max=1, help="Score weight of a cached image (0-1).")
+        float,
+        typer.Option(min=0, max=1, help="Score weight of the image term, what a pull costs (0-1)."),
     ] = 0.3,
     spread_ms: Annotated[
         float, typer.Option(min=0, max=1000, help="Offer delay spread, ms (better scores first).")

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Container
 from typing import Protocol
 
 import structlog
@@ -43,7 +42,7 @@ from bourse.wire.messages import (
 from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
-from supplier.machines import Machines
+from supplier.machines import EventFn, Machines
 from supplier.store import Op, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
@@ -71,9 +70,8 @@ class CommitWorker(Placements, Protocol):
         """Where a machine is written before ``Placed`` is sent (I2)."""
         ...
 
-    @property
-    def images(self) -> Container[str]:
-        """The worker's image cache (``Placed.image_cached``)."""
+    def has_image(self, m: Machine) -> bool:
+        """Whether ``m``'s image is here (``Placed.image_cached``)."""
         ...
 
     @property
@@ -97,8 +95,9 @@ class CommitWorker(Placements, Protocol):
         """Committed machines grew by a whole hold (waiting bids may be hopeless)."""
         ...
 
-    def event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> Event:
-        """An event of the worker, to be written with the change it reports."""
+    @property
+    def event(self) -> EventFn:
+        """Makes an event of the worker, to be written with the change it reports."""
         ...
 
     def emit(self, event: Event) -> None:
@@ -195,6 +194,7 @@ class CommitDesk:
             state="reserved",
             resources=c.resources,
             image=c.image,
+            image_digest=c.image_digest,
             metadata=dict(c.metadata),
             score=h.score,
             created_at_ms=at,
@@ -205,7 +205,9 @@ class CommitDesk:
     async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:
         """Row 7: durable first, then the ledger, the machine map, the log and the event."""
         w = self.w
-        placed = w.event("placed", machine.order_id, machine.machine_id, "")
+        placed = w.event(
+            "placed", machine.order_id, machine.machine_id, image_digest=machine.image_digest
+        )
         try:
             await w.store.write(Op("place", machine, events=(placed,)))
         except StoreError as exc:
@@ -237,7 +239,7 @@ class CommitDesk:
     ) -> Placed:
         return Placed.of_machine(
             m,
-            image_cached=m.image in self.w.images,
+            image_cached=self.w.has_image(m),
             elapsed_ms=round((time.perf_counter() - t0) * 1000.0, 3),
             subscores=subscores,
             existing=existing,

@@ -22,7 +22,8 @@ then the chain of checks (supplier/feasible.py), once:
                                         unless it is being reclaimed (RECLAIMING)
     any other reason in the chain    -> silent with it (COMMITTING, DRAINING, EXCLUDED,
                                         CONSTRAINT_MISMATCH, INSUFFICIENT, BLOCKED when
-                                        only holds are in the way, CANNOT_RUN, TOO_SMALL)
+                                        only holds are in the way, CANNOT_RUN, TOO_SMALL,
+                                        IMAGE_TOO_BIG)
     otherwise                        -> a Quote (a score; nothing held yet)
 
 then across the candidates: the best ``max_offers`` quotes hold and offer (delay
@@ -41,7 +42,7 @@ subscores it would offer with; :func:`explanation_pages` cuts them into reply pa
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Container, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Generic, Literal, Protocol, TypeVar
 
@@ -75,7 +76,7 @@ from supplier.feasible import (
     first_failure,
 )
 from supplier.ledger import Hold
-from supplier.pricing import Pricer
+from supplier.pricing import ImageCost, Pricer
 
 __all__ = [
     "DEFAULT_MAX_OFFERS",
@@ -169,8 +170,6 @@ class Seat(WorkerView, Protocol):
     @property
     def pricer(self) -> Pricer: ...
     @property
-    def images(self) -> Container[str]: ...
-    @property
     def waiting(self) -> WaitingBids: ...
     @property
     def max_hold_ms(self) -> int:
@@ -179,6 +178,14 @@ class Seat(WorkerView, Protocol):
 
     def machine_for(self, order_id: str) -> Machine | None:
         """The machine this worker placed for the order (not aborted), if any."""
+        ...
+
+    def image_cost(self, order: OrderLike) -> ImageCost:
+        """What starting the order's image costs this worker (supplier/images.py)."""
+        ...
+
+    def has_image(self, m: Machine) -> bool:
+        """Whether ``m``'s image is here (an offer's and a Placed's ``image_cached``)."""
         ...
 
     def hand_out(self, order_id: str) -> None:
@@ -197,11 +204,11 @@ S = TypeVar("S", bound=Seat)
 class Quote:
     """A worker's price for a bid, before anything is held."""
 
-    __slots__ = ("cached", "score", "want")
+    __slots__ = ("image", "score", "want")
 
-    def __init__(self, score: float, cached: bool, want: Vec) -> None:
+    def __init__(self, score: float, image: ImageCost, want: Vec) -> None:
         self.score = score
-        self.cached = cached
+        self.image = image
         self.want = want
 
 
@@ -322,8 +329,9 @@ class Desk(Generic[S]):
         ans: Answer[S] = Answer()
         quotes: list[tuple[float, int, S, Quote]] = []
         blocked: list[S] = []
+        image = bid.image_digest or bid.image  # the image index's key (supplier/images.py)
         workers = group.candidates(
-            bid.order_id, bid.image, self.owners.get(bid.order_id), self.quote_sample
+            bid.order_id, image, self.owners.get(bid.order_id), self.quote_sample
         )
         want = vec(bid.resources)
         self._quote_all(bid, want, inbox, now, workers, quotes, blocked, ans)
@@ -482,7 +490,7 @@ class Desk(Generic[S]):
             worker_id=w.worker_id,
             region=w.region,
             score=m.score,
-            image_cached=m.image in w.images,
+            image_cached=w.has_image(m),
             machine_id=m.machine_id,
             auction_id=bid.auction_id,
         )
@@ -495,9 +503,9 @@ class Desk(Generic[S]):
         reason = first_failure(checks, w, bid, want, ledger.free)
         if reason is not None:
             return reason
-        cached = bid.image in w.images
-        score, _ = w.pricer.price(ledger.capacity, ledger.used, want, cached, False)
-        return Quote(score, cached, want)
+        image = w.image_cost(bid)
+        score, _ = w.pricer.price(ledger.capacity, ledger.used, want, image, False)
+        return Quote(score, image, want)
 
     def _hold(self, w: S, bid: Bid, inbox: str, now: float, q: Quote, ans: Answer[S]) -> None:
         replaced = ans.replaced.get(w.worker_id)
@@ -515,7 +523,7 @@ class Desk(Generic[S]):
         workers actually offered, are the subscores worked out. ``replaced``: another
         auction's live hold for the order that this bid took the place of."""
         ledger = w.ledger
-        _, subscores = w.pricer.price(ledger.capacity, ledger.used, q.want, q.cached)
+        _, subscores = w.pricer.price(ledger.capacity, ledger.used, q.want, q.image)
         hold_ms = min(bid.hold_ms, w.max_hold_ms)  # the supplier bounds holds, not the bid
         hold = Hold(
             bid.order_id,
@@ -523,7 +531,7 @@ class Desk(Generic[S]):
             now + hold_ms / 1000.0,
             q.score,
             subscores,
-            q.cached,
+            q.image.cached,
             bid.auction_id,
             replaced,
             bid.constraints,
@@ -536,7 +544,7 @@ class Desk(Generic[S]):
             region=w.region,
             score=q.score,
             subscores=subscores,
-            image_cached=q.cached,
+            image_cached=q.image.cached,
             hold_expires_at_ms=self.wall_ms() + hold_ms,
             auction_id=bid.auction_id,
         )
@@ -561,9 +569,10 @@ class Desk(Generic[S]):
     @staticmethod
     def verdict(w: S, order: OrderLike, now: float) -> WorkerVerdict:
         """One worker's verdict: ``existing`` (a machine for the order is there), ``offer``
-        (score and subscores as the Offer would carry them; a not-cached image is noted with
-        what the image term costs), ``wait`` (only other orders' holds are in the way) or
-        ``decline`` with every reason, in the chain's order, numbers in each ``detail``."""
+        (score and subscores as the Offer would carry them; an image not here is noted with
+        what the image term costs: for a content image, the bytes and seconds of its pull),
+        ``wait`` (only other orders' holds are in the way) or ``decline`` with every reason,
+        in the chain's order, numbers in each ``detail``."""
         wid = w.worker_id
         want = vec(order.resources)
         why: list[Reason] = []
@@ -575,7 +584,7 @@ class Desk(Generic[S]):
                 worker_id=wid,
                 verdict="existing",
                 score=m.score,
-                image_cached=m.image in w.images,
+                image_cached=w.has_image(m),
                 machine_id=m.machine_id,
             )
         if reason is not None:
@@ -585,18 +594,18 @@ class Desk(Generic[S]):
         reasons = every_failure(FEASIBLE, w, order, want, free)
         if any(r.code != BLOCKED for r in reasons):
             return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
-        cached = order.image in w.images
+        image = w.image_cost(order)
         # a worker that would wait is priced as once the holds in its way are gone
         used = sub(ledger.capacity, free) if not reasons else ledger.committed
-        score, subscores = w.pricer.price(ledger.capacity, used, want, cached)
-        if not cached:
-            reasons.append(_not_cached(w.pricer, order.image, score))
+        score, subscores = w.pricer.price(ledger.capacity, used, want, image)
+        if not image.cached:
+            reasons.append(_not_cached(w.pricer, order.image, image, score))
         return WorkerVerdict(
             worker_id=wid,
             verdict="wait" if reasons and reasons[0].code == BLOCKED else "offer",
             score=score,
             subscores=subscores,
-            image_cached=cached,
+            image_cached=image.cached,
             reasons=reasons,
         )
 
@@ -678,14 +687,21 @@ def _forget(
         memory.popitem(last=False)
 
 
-def _not_cached(pricer: Pricer, image: str, score: float) -> Reason:
-    """The image term's price effect: a cached image would add ``image_weight``."""
-    cost = pricer.image_weight
+def _not_cached(pricer: Pricer, image: str, cost: ImageCost, score: float) -> Reason:
+    """The image term's price effect: what the score forgoes against a cached image
+    (``image_weight`` for a catalog image; for a content image, its share lost to the pull,
+    whose bytes and expected seconds the detail says)."""
+    forgone = round(pricer.image_weight * (1.0 - pricer.image(cost)), 6)
+    cached = min(1.0, round(score + forgone, 6))
+    if cost.content:
+        lacks = f"lacks {cost.pull_bytes} bytes here (a pull of about {cost.pull_s:.3g} s)"
+    else:
+        lacks = "not cached"
     return Reason(
         code=IMAGE_NOT_CACHED,
-        detail=f"image {image!r} not cached: the image term costs {cost:g} "
-        f"(score {score:g}, {min(1.0, round(score + cost, 6)):g} if cached)",
-        cost=cost,
+        detail=f"image {image!r} {lacks}: the image term costs {forgone:g} "
+        f"(score {score:g}, {cached:g} if cached)",
+        cost=forgone,
     )
 
 

@@ -26,7 +26,7 @@ from collections.abc import Callable, Container, Mapping, Sequence
 from typing import Protocol
 
 from bourse.wire.limits import MILLIS_PER_CPU
-from bourse.wire.messages import Reason, Resources
+from bourse.wire.messages import Layer, Reason, Resources
 from bourse.wire.resources import CPU, RESOURCES, Vec, format_value, leq
 from supplier.ledger import Ledger
 
@@ -40,6 +40,7 @@ __all__ = [
     "EXCLUDED",
     "EXISTING",
     "FEASIBLE",
+    "IMAGE_TOO_BIG",
     "INSUFFICIENT",
     "RECLAIMING",
     "STANDING",
@@ -65,6 +66,7 @@ INSUFFICIENT = "insufficient"  # committed machines take what the order needs
 BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way: a bid may wait
 CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the order's image
 TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
+IMAGE_TOO_BIG = "image_too_big"  # a pull of the image could never fit the worker's cache
 
 
 class Placements(Protocol):
@@ -94,12 +96,16 @@ class WorkerView(Placements, Protocol):
     def drain_reason(self) -> str: ...
     @property
     def ledger(self) -> Ledger: ...
-    def can_run(self, image: str) -> bool:
-        """Whether the worker's driver can run the image at all."""
+    def unrunnable(self, order: OrderLike) -> str:
+        """Why the worker cannot run the order's image at all, or "" (it can)."""
         ...
 
     def unconfinable(self, r: Resources) -> str:
         """Why the worker's driver cannot confine a machine of ``r``, or "" (it can)."""
+        ...
+
+    def image_too_big(self, order: OrderLike) -> str:
+        """Why a pull of the order's image could never fit the worker's cache, or ""."""
         ...
 
 
@@ -112,6 +118,10 @@ class OrderLike(Protocol):
     def resources(self) -> Resources: ...
     @property
     def image(self) -> str: ...
+    @property
+    def image_digest(self) -> str: ...
+    @property
+    def layers(self) -> Sequence[Layer]: ...
     @property
     def constraints(self) -> Mapping[str, str]: ...
     @property
@@ -234,11 +244,13 @@ def fits(
 def runnable(
     w: WorkerView, order: OrderLike, want: Vec, free: Vec, why: list[Reason] | None
 ) -> str | None:
-    """The worker's driver can run the order's image."""
-    if w.can_run(order.image):
+    """The worker can run the order's image: a catalog image its driver knows, a content
+    image with a store to pull it from (or already here)."""
+    cannot = w.unrunnable(order)
+    if not cannot:
         return None
     if why is not None:
-        why.append(Reason(code=CANNOT_RUN, detail=f"the driver cannot run image {order.image!r}"))
+        why.append(Reason(code=CANNOT_RUN, detail=cannot))
     return CANNOT_RUN
 
 
@@ -252,6 +264,18 @@ def confinable(
     if why is not None:
         why.append(Reason(code=TOO_SMALL, detail=small))
     return TOO_SMALL
+
+
+def image_fits(
+    w: WorkerView, order: OrderLike, want: Vec, free: Vec, why: list[Reason] | None
+) -> str | None:
+    """A pull of the order's image could fit the worker's image cache at all."""
+    big = w.image_too_big(order)
+    if not big:
+        return None
+    if why is not None:
+        why.append(Reason(code=IMAGE_TOO_BIG, detail=big))
+    return IMAGE_TOO_BIG
 
 
 # The chain. Why each check sits where it does:
@@ -268,6 +292,9 @@ CHECKS: tuple[Check, ...] = (
     # The driver's checks: a method call each, spared for workers refused already.
     runnable,
     confinable,
+    # The image cache's: a sum over the image's layers (content images only); a worker
+    # that could never hold the image declines, whatever its free capacity.
+    image_fits,
     # Capacity last: the only refusal a bid may wait out (BLOCKED), so it is reached only
     # when nothing else refuses (a bid never waits for a worker that could not take it).
     fits,

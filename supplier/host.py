@@ -58,7 +58,7 @@ from bourse.wire.subjects import Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
-from supplier.images import ImageListener
+from supplier.images import ImageListener, StoreSource
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
@@ -120,6 +120,8 @@ class SupplierHost:
         self.store = store
         self.workers: dict[str, Worker] = {}
         self.by_region: dict[str, list[Worker]] = {}
+        # The market's image store, which the workers' content caches pull from (read only).
+        self.images = StoreSource(nc, self.subjects.prefix)
         for cfg in workers:
             w = Worker(
                 cfg,
@@ -129,6 +131,7 @@ class SupplierHost:
                 on_grew=self._grew,
                 on_image=self._image_listener(cfg.worker_id),
                 reclaim_after_s=reclaim_after_s,
+                source=self.images,
             )
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
@@ -155,6 +158,8 @@ class SupplierHost:
             metrics.watch_event_stream(lambda: self.events.stream_missing)
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
+            for w in self.workers.values():
+                w.keeper.on_pull = metrics.image_pull.observe
 
     def _reply_counts(self) -> Counter[str]:
         responder = getattr(self, "responder", None)  # made by run()
@@ -194,6 +199,7 @@ class SupplierHost:
                 tasks.cancel_scope.cancel()  # the upkeep: nothing left to do
 
     async def _start(self, tasks: anyio.abc.TaskGroup) -> None:
+        await self.images.start()  # before a bid may ask whether a digest can be pulled
         for w in self.workers.values():
             await tasks.start(w.keeper.run)  # before anything may start or abort a machine
             w.recover()

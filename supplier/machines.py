@@ -7,6 +7,17 @@ op log before it is reported.
 
 Each machine has its own lock, so a slow pull on one machine never delays another.
 
+A machine of a content image (``image_digest``, supplier/images.py) pins its digest in the
+worker's content cache from its commit (or its load after a restart, before anything can
+evict) until its destroy. Right after its commit it pulls its image in the background, so
+a reserved machine (a deploy's spare) starts without waiting for a pull; a start that comes
+meanwhile waits for that pull and reports it. Every start records a ``pulled`` event with
+the bytes it fetched (0 when the image was here) and the seconds; a background pull that
+no start waited for records its own. A pull that fails fails the start: the machine is
+``failed``, its last exit (code 125) and event say ``pull_failed: <why>``, the cache keeps
+nothing half made, and the next start (or, for a machine whose order asked for
+``restart: on-failure|always``, the worker itself after a backoff) pulls again.
+
 What happened while the store refused writes is not lost: a process that ended for good, or
 a stop or destroy whose process is already gone, is kept as an unrecorded fact and written
 once the store takes writes again (:meth:`Machines.record_facts`, on the store probe's
@@ -23,29 +34,54 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 import anyio.abc
 import msgspec
 import structlog
 
+from bourse.images.cache import Pulled
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.messages import Error, Event, LastExit, Machine, MachineLogs, now_ms
-from supplier.drivers import Driver, DriverError
+from supplier.drivers import Driver, DriverError, ImageRun
 from supplier.drivers.confine import Exit
-from supplier.images import ImageCache
+from supplier.images import PullFailed, WorkerImages
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
 from supplier.store import Op, Store, StoreError
 
-# Builds an event (kind, order id, machine id, detail); it is written with the change it
-# reports (the store's outbox: exactly-once publishing), then announced.
-EventFn = Callable[[str, str, str, str], Event]
+
+class EventFn(Protocol):
+    """Builds an event (kind, order id, machine id, detail, the image's digest, a pull's
+    bytes and seconds); it is written with the change it reports (the store's outbox:
+    exactly-once publishing), then announced."""
+
+    def __call__(
+        self,
+        kind: str,
+        order_id: str = "",
+        machine_id: str = "",
+        detail: str = "",
+        *,
+        image_digest: str = "",
+        pulled: tuple[int, float] = (0, 0.0),
+    ) -> Event: ...
+
+
 # Told about an event once its change is durable.
 AnnounceFn = Callable[[Event], None]
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
 # How long a stop waits for the lifecycle work under way (a store write each) to finish.
 LIFECYCLE_S = 5.0
+# A start that ended before its command ran (its image could not be pulled): the exit code
+# runtimes give to their own failures (the exec wrapper's, when it cannot confine).
+START_FAILED_CODE = 125
+PULL_FAILED = "pull_failed"
+# A machine whose order asks to be restarted pulls again after a failed pull: first after
+# this long, doubling up to the most.
+PULL_RETRY_FIRST_S = 1.0
+PULL_RETRY_MAX_S = 60.0
+MAX_EXIT_DETAIL = 1024  # LastExit.detail's bound on the wire
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +103,33 @@ def last_exit(how: Exit) -> LastExit:
     return LastExit(reason=how.reason, code=how.code, signal=how.signal, at_ms=now_ms())
 
 
+def pull_failed(why: str) -> str:
+    """A failed pull as a machine's event and last exit say it, within the wire's bound."""
+    return f"{PULL_FAILED}: {why}"[:MAX_EXIT_DETAIL]
+
+
+@dataclass(slots=True)
+class _Prefetch:
+    """A machine's background pull after its commit; a start that comes meanwhile takes it
+    (waits for it and reports it)."""
+
+    done: anyio.Event = field(default_factory=anyio.Event)
+    got: Pulled | None = None
+    error: PullFailed | None = None
+    taken: bool = False
+
+
+def _unobserved(seconds: float) -> None:
+    """No metrics (a worker driven alone, or a supplier without --metrics-addr)."""
+
+
 class Machines:
     def __init__(
         self,
         worker_id: str,
         store: Store,
         driver: Driver,
-        images: ImageCache,
+        images: WorkerImages,
         event: EventFn,
         announce: AnnounceFn,
         on_destroyed: Callable[[Machine], None],
@@ -97,6 +153,11 @@ class Machines:
         self._closing = False
         # machine id -> what happened to it that the store has not recorded yet
         self.facts: dict[str, Fact] = {}
+        self._prefetches: dict[str, _Prefetch] = {}  # machine id -> its background pull
+        self._retries: dict[str, int] = {}  # machine id -> failed pulls in a row (backoff)
+        # run()'s: background pulls and pull retries, which close() cuts short
+        self._timers: anyio.abc.TaskGroup | None = None
+        self.on_pull: Callable[[float], None] = _unobserved  # a pull's seconds (metrics)
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
     def lock(self, machine_id: str) -> asyncio.Lock:
@@ -106,18 +167,38 @@ class Machines:
         return lk
 
     def load(self) -> list[Machine]:
+        """The machines of the store; each live one pins its image again before anything
+        may evict it."""
         ms = self.store.load_machines(self.worker_id)
         for m in ms:
             self.by_id[m.machine_id] = m
             if not m.aborted:
                 self.by_order[m.order_id] = m.machine_id
+            if m.state != "destroyed":
+                self.images.pin(m)
         return ms
 
     def live(self) -> int:
         return sum(1 for m in self.by_id.values() if m.state != "destroyed")
 
     def in_use(self, image: str) -> bool:
-        return any(m.image == image and m.state in SHOULD_RUN for m in self.by_id.values())
+        """Whether a running machine uses the catalog LRU's entry ``image``."""
+        key = self.images.key
+        return any(key(m) == image and m.state in SHOULD_RUN for m in self.by_id.values())
+
+    def _event(
+        self, kind: str, m: Machine, detail: str = "", pulled: tuple[int, float] = (0, 0.0)
+    ) -> Event:
+        """An event of ``m`` (with its image's digest)."""
+        return self.event(
+            kind, m.order_id, m.machine_id, detail, image_digest=m.image_digest, pulled=pulled
+        )
+
+    def _gone(self, m: Machine) -> None:
+        """``m`` was destroyed: its image may go, its resources go back to the market."""
+        self.images.unpin(m)
+        self._retries.pop(m.machine_id, None)
+        self.on_destroyed(m)
 
     def get(self, machine_id: str) -> Machine | Error:
         m = self.by_id.get(machine_id)
@@ -128,9 +209,85 @@ class Machines:
         return m
 
     def added(self, m: Machine) -> None:
-        """A commit placed ``m`` (already durable)."""
+        """A commit placed ``m`` (already durable): it pins its image and, if that is not
+        here, pulls it in the background."""
         self.by_id[m.machine_id] = m
         self.by_order[m.order_id] = m.machine_id
+        self.images.pin(m)
+        self._prefetch(m)
+
+    def _prefetch(self, m: Machine) -> None:
+        """Pull ``m``'s content image in the background unless it is here (or being pulled
+        for it, or the worker is not running its lifecycle work)."""
+        if (
+            not m.image_digest
+            or self.images.content is None
+            or self.images.has(m)
+            or m.machine_id in self._prefetches
+            or not self._running
+            or self._closing
+        ):
+            return
+        pending = self._prefetches[m.machine_id] = _Prefetch()
+        # beside the lifecycle work, not in it: a stop cuts a pull short at once
+        assert self._timers is not None  # run() is under way
+        self._timers.start_soon(self._logged, self._prefetched(m, pending))
+
+    async def _prefetched(self, m: Machine, pending: _Prefetch) -> None:
+        try:
+            pending.got = await self._pull_now(m)
+        except PullFailed as exc:
+            pending.error = exc
+        finally:
+            del self._prefetches[m.machine_id]
+            pending.done.set()
+        if pending.taken:
+            return  # a start waited for it: the start reports it
+        if pending.error is not None:
+            self.log.warning(
+                "image_prefetch_failed",
+                machine_id=m.machine_id,
+                image_digest=m.image_digest,
+                error=str(pending.error),
+            )
+        elif pending.got is not None:
+            await self._report_pull(m.machine_id, pending.got)
+
+    async def _report_pull(self, machine_id: str, got: Pulled) -> None:
+        """Record a background pull that no start waited for (its machine as it is now)."""
+        async with self.lock(machine_id):
+            m = self.by_id[machine_id]
+            if m.state == "destroyed":
+                return
+            ev = self._pulled_event(m, got)
+            try:
+                await self._record(m, m.state, "pulled", ev.detail, (ev,))
+            except StoreError as exc:
+                self.on_store_error(str(exc))
+
+    def _pulled_event(self, m: Machine, got: Pulled) -> Event:
+        detail = f"{m.image} ({m.image_digest}): {got.bytes} bytes in {got.seconds:.3f}s"
+        return self._event("pulled", m, detail, (got.bytes, got.seconds))
+
+    async def _pull_now(self, m: Machine) -> Pulled:
+        got = await self.images.pull(m)
+        if got.bytes:
+            self.on_pull(got.seconds)
+        return got
+
+    async def _pull(self, m: Machine) -> Pulled:
+        """``m``'s image made ready for its start: its background pull's, if one is under
+        way (this start then reports it), else a pull now."""
+        pending = self._prefetches.get(m.machine_id)
+        if pending is None:
+            return await self._pull_now(m)
+        pending.taken = True
+        await pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        if pending.got is None:  # the background pull was cut short: pull now
+            return await self._pull_now(m)
+        return pending.got
 
     async def _record(
         self,
@@ -184,7 +341,7 @@ class Machines:
                     return
                 del self.facts[machine_id]
                 if new.state == "destroyed":
-                    self.on_destroyed(new)
+                    self._gone(new)
             self.log.warning("machine_change_recorded", machine_id=machine_id, op=fact.op)
 
     # -- verbs ------------------------------------------------------------------------------------
@@ -224,36 +381,77 @@ class Machines:
             await self.driver.stop(m)
         else:
             await self.driver.destroy(m)
-        done = self.event(EVENT_OF[verb], m.order_id, m.machine_id, "")
+        done = self._event(EVENT_OF[verb], m)
         m = await self._record_fact(m, Fact(m.state, to, verb, events=(done,)))
         if to == "destroyed":
-            self.on_destroyed(m)
+            self._gone(m)
         return m
 
     async def _start(self, m: Machine, resumed: bool = False) -> Machine:
-        """Pull if needed, run, record started; a failure records stopped and re-raises.
-        A pull's event is written with the record that follows it (started or stopped)."""
+        """Pull if needed, run, record started; a failure records stopped (failed when the
+        image could not be pulled) and re-raises as a DriverError. A pull's event is written
+        with the record that follows it."""
         pulled: tuple[Event, ...] = ()
+        run: ImageRun | None = None
         try:
-            if m.image not in self.images:
-                seconds = await self.driver.pull(m.image)
-                evicted = self.images.add(m.image, self.in_use)
-                detail = f"{m.image} in {seconds:.3f}s"
-                pulled = (self.event("pulled", m.order_id, m.machine_id, detail),)
-                if evicted:
-                    self.log.info("images_evicted", images=evicted, for_image=m.image)
+            if m.image_digest and self.images.content is not None:
+                got = await self._pull(m)
+                pulled = (self._pulled_event(m, got),)
+                run = ImageRun(got.root, got.run)
             else:
-                self.images.touch(m.image)
-            await self.driver.start(m)
+                pulled = await self._catalog_pull(m)
+            await self.driver.start(m, run)
+        except PullFailed as exc:
+            await self._pull_failed(m, str(exc))
+            raise DriverError(pull_failed(str(exc))) from None
         except DriverError as exc:
-            stopped = self.event("stopped", m.order_id, m.machine_id, f"start failed: {exc}")
+            stopped = self._event("stopped", m, f"start failed: {exc}")
             await self._record(m, "stopped", "start_failed", str(exc), (*pulled, stopped))
             raise
-        started = self.event("started", m.order_id, m.machine_id, "resumed" if resumed else "")
+        self._retries.pop(m.machine_id, None)
+        started = self._event("started", m, "resumed" if resumed else "")
         # A machine already started before a restart is recorded as resumed: its event is a
         # committed change like any other (the op log says when the supplier resumed it).
         op = "start" if m.state != "started" else "resume"
         return await self._record(m, "started", op, events=(*pulled, started))
+
+    async def _catalog_pull(self, m: Machine) -> tuple[Event, ...]:
+        """A catalog image (or a sim worker's content image) into the catalog's LRU: its
+        ``pulled`` event when it was not there."""
+        key, catalog = self.images.key(m), self.images.catalog
+        if key in catalog:
+            catalog.touch(key)
+            return ()
+        size, seconds = await self.driver.pull(key)
+        evicted = catalog.add(key, self.in_use)
+        if evicted:
+            self.log.info("images_evicted", images=evicted, for_image=key)
+        return (self._event("pulled", m, f"{m.image} in {seconds:.3f}s", (size, seconds)),)
+
+    async def _pull_failed(self, m: Machine, why: str) -> None:
+        """Record a start whose image could not be pulled: ``failed``, its last exit and
+        event saying why; a machine whose order asks to be restarted tries again later."""
+        detail = pull_failed(why)
+        how = LastExit(reason="exit", code=START_FAILED_CODE, at_ms=now_ms(), detail=detail)
+        ev = self._event("failed", m, detail)
+        await self._record(m, "failed", PULL_FAILED, why, (ev,), last_exit=how)
+        self.log.warning(
+            "machine_pull_failed", machine_id=m.machine_id, image_digest=m.image_digest, error=why
+        )
+        if m.metadata.get("restart") in ("on-failure", "always") and self._timers is not None:
+            tries = self._retries[m.machine_id] = self._retries.get(m.machine_id, 0) + 1
+            delay = min(PULL_RETRY_FIRST_S * 2 ** (tries - 1), PULL_RETRY_MAX_S)
+            self._timers.start_soon(self._logged, self._retry_pull(m.machine_id, delay))
+
+    async def _retry_pull(self, machine_id: str, delay_s: float) -> None:
+        """Start a machine again after a failed pull, unless something else moved it."""
+        await anyio.sleep(delay_s)  # the restart policy's backoff, not a synchronisation
+        m = self.by_id.get(machine_id)
+        if m is None or m.state != "failed" or m.last_exit is None:
+            return
+        if m.last_exit.detail.startswith(PULL_FAILED):
+            self.log.info("machine_pull_retry", machine_id=machine_id, after_s=delay_s)
+            await self.transition("start", machine_id)
 
     async def abort(self, m: Machine) -> None:
         """The auction gave up on this commit: undo it so its Unfilled stays true (I4)."""
@@ -272,16 +470,10 @@ class Machines:
             m = self.by_id[m.machine_id]
             if m.state != "reserved":
                 return
-            gone = await self._record(
-                m,
-                "destroyed",
-                op,
-                detail,
-                (self.event("destroyed", m.order_id, m.machine_id, event_detail),),
-                aborted=True,
-            )
+            ev = self._event("destroyed", m, event_detail)
+            gone = await self._record(m, "destroyed", op, detail, (ev,), aborted=True)
             self.by_order.pop(m.order_id, None)
-            self.on_destroyed(gone)
+            self._gone(gone)
         self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
 
     async def run(
@@ -294,11 +486,13 @@ class Machines:
             with anyio.CancelScope(shield=True) as self._scope:
                 async with anyio.create_task_group() as tasks:
                     await tasks.start(self.driver.run)
+                    self._timers = tasks
                     self._running = True
                     task_status.started()
                     await anyio.sleep_forever()  # until close() cancels the scope
         finally:
             self._running = False
+            self._timers = None
             with anyio.CancelScope(shield=True):  # what close() did not wait for ends here
                 await self._work.finish(0)
 
@@ -336,7 +530,7 @@ class Machines:
                 return
             detail = how.describe()
             state, op = ("failed", "failed") if how.failed else ("stopped", "exited")
-            ev = self.event(state, m.order_id, machine_id, detail)
+            ev = self._event(state, m, detail)
             ended = Fact("started", state, op, detail, (ev,), {"last_exit": last_exit(how)})
             try:
                 await self._record_fact(m, ended)
@@ -350,7 +544,7 @@ class Machines:
             if m is None or m.state != "started":
                 return
             detail = f"{how.describe()}; restart {restarts}"
-            ev = self.event("restarted", m.order_id, machine_id, detail)
+            ev = self._event("restarted", m, detail)
             try:
                 await self._record(
                     m,
@@ -366,7 +560,7 @@ class Machines:
 
     async def resume(self) -> None:
         """After a restart: machines that should run are started again; half-done stops
-        are finished."""
+        are finished; reserved machines pull their image in the background again."""
         for m in list(self.by_id.values()):
             async with self.lock(m.machine_id):
                 try:
@@ -374,6 +568,8 @@ class Machines:
                         await self._start(m, resumed=True)
                     elif m.state == "stopping":
                         await self._record(m, "stopped", "stop")
+                    elif m.state == "reserved":
+                        self._prefetch(m)
                 except (DriverError, StoreError) as exc:
                     self.log.error("machine_resume_failed", machine_id=m.machine_id, error=str(exc))
 

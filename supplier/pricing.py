@@ -4,16 +4,24 @@
     utilization  -> u_r after placement, per resource the order asks for
     utility      -> f_r(u_r), piecewise-linear curves (preset spread / binpack, overridable)
     combine      -> weighted mean of f_r(u_r) = "utility"
-    image term   -> score = (1 - image_weight) * utility + image_weight * cached
+    image term   -> score = (1 - image_weight) * utility + image_weight * image
+
+The image term says what starting the image costs the worker. An image named by content
+(a digest, docs/protocol.md §4.3a) costs its expected pull time: the bytes of its layers the
+worker lacks (shared layers once) over the worker's measured pull throughput, mapped by
+:func:`image_term` (1 when nothing is lacking, 1/2 at ``image_half_s``). A catalog image
+(a name the worker's config maps to a command) is 1 when cached, else 0.
 
 Every stage contributes a named subscore so an Offer (and the Placed it turns into) explains
-itself: {"cpus": .., "memory_mb": .., "utility": .., "image": ..}.
+itself: {"cpus": .., "memory_mb": .., "utility": .., "image": ..}, and for a content image
+"pull_bytes" and "pull_s" (expected seconds).
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 from typing import Annotated, Literal
 
@@ -29,6 +37,9 @@ PRESET_CURVES: dict[str, tuple[tuple[float, float], ...]] = {
     "spread": ((0.0, 1.0), (1.0, 0.0)),  # prefer emptier workers
     "binpack": ((0.0, 0.0), (1.0, 1.0)),  # prefer fuller workers
 }
+
+# The expected pull time at which a content image's term is one half (pricing.image_half_s).
+DEFAULT_IMAGE_HALF_S = 10.0
 
 
 Preset = Literal["spread", "binpack"]
@@ -47,7 +58,30 @@ class PricingConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     curves: dict[str, CurvePoints] = {}  # per resource, overriding the preset's curve
     weights: dict[str, Annotated[float, msgspec.Meta(ge=0)]] = {}
     image_weight: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.3
+    image_half_s: Annotated[float, msgspec.Meta(gt=0, le=86400)] = DEFAULT_IMAGE_HALF_S
     spread_ms: Annotated[float, msgspec.Meta(ge=0, le=1000)] = 4.0
+
+
+def image_term(pull_s: float, half_s: float = DEFAULT_IMAGE_HALF_S) -> float:
+    """A content image's term from its expected pull seconds: ``1 / (1 + pull_s / half_s)``;
+    1.0 when nothing is to be pulled, 0.5 at ``half_s``, towards 0 as the pull grows."""
+    return 1.0 / (1.0 + max(0.0, pull_s) / half_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageCost:
+    """What starting an order's image costs a worker. ``content``: an image named by digest,
+    priced by ``pull_bytes`` (its layers the worker lacks) and ``pull_s`` (those bytes over
+    the worker's pull throughput); else a catalog image, cached or not."""
+
+    cached: bool
+    content: bool = False
+    pull_bytes: int = 0
+    pull_s: float = 0.0
+
+
+CACHED = ImageCost(True)
+NOT_CACHED = ImageCost(False)
 
 
 class Curve:
@@ -82,7 +116,7 @@ class Curve:
 class Pricer:
     """A worker's utility function, built once from its PricingConfig."""
 
-    __slots__ = ("_terms", "curves", "image_weight", "spread_ms", "weights")
+    __slots__ = ("_terms", "curves", "image_half_s", "image_weight", "spread_ms", "weights")
 
     def __init__(self, cfg: PricingConfig) -> None:
         self.curves = build_curves(cfg)
@@ -93,19 +127,30 @@ class Pricer:
             (i, name, self.curves[name], self.weights[name]) for i, name in enumerate(RESOURCES)
         )
         self.image_weight = cfg.image_weight
+        self.image_half_s = cfg.image_half_s
         self.spread_ms = cfg.spread_ms
+
+    def image(self, cost: ImageCost | bool) -> float:
+        """The image term: :func:`image_term` of a content image's pull seconds; a catalog
+        image's (or a plain ``cached`` flag's) 1 or 0."""
+        if isinstance(cost, bool):
+            return 1.0 if cost else 0.0
+        if cost.content:
+            return image_term(cost.pull_s, self.image_half_s)
+        return 1.0 if cost.cached else 0.0
 
     def price(
         self,
         capacity: Vec,
         used: Vec,
         want: Vec,
-        image_cached: bool,
+        image: ImageCost | bool,
         detail: bool = True,
     ) -> tuple[float, dict[str, float]]:
-        """Score in [0, 1] and subscores for placing ``want`` on top of ``used``.
-        ``detail=False`` skips the subscores (the hot path prices every worker of a bid but
-        offers only the best few; the score is the same either way)."""
+        """Score in [0, 1] and subscores for placing ``want`` on top of ``used``, ``image``
+        costing what it says (a bool: a catalog image, cached or not). ``detail=False`` skips
+        the subscores (the hot path prices every worker of a bid but offers only the best
+        few; the score is the same either way)."""
         subscores: dict[str, float] = {}
         total = weight_sum = 0.0
         for i, name, curve, w in self._terms:
@@ -119,11 +164,14 @@ class Pricer:
             total += w * f
             weight_sum += w
         utility = total / weight_sum if weight_sum else 0.0
-        image = 1.0 if image_cached else 0.0
-        score = (1.0 - self.image_weight) * utility + self.image_weight * image
+        term = self.image(image)
+        score = (1.0 - self.image_weight) * utility + self.image_weight * term
         if detail:
             subscores["utility"] = round(utility, 6)
-            subscores["image"] = image
+            subscores["image"] = round(term, 6)
+            if isinstance(image, ImageCost) and image.content:
+                subscores["pull_bytes"] = float(image.pull_bytes)
+                subscores["pull_s"] = round(image.pull_s, 3)
         return round(min(1.0, max(0.0, score)), 6), subscores
 
     def delay_s(self, score: float) -> float:

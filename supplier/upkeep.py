@@ -123,8 +123,7 @@ class Upkeep:
         check = ReclaimCheck(
             worker_id=w.worker_id,
             machines=[
-                Placed.of_machine(m, image_cached=m.image in w.images, elapsed_ms=0.0)
-                for m in batch
+                Placed.of_machine(m, image_cached=w.has_image(m), elapsed_ms=0.0) for m in batch
             ],
         )
         verdicts: list[ReclaimVerdict] = []

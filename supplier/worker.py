@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from bourse.runtime.metrics import WorkerSample
+from bourse.runtime.metrics import CacheSample, WorkerSample
 from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
@@ -38,10 +38,11 @@ from supplier.drivers import Driver
 from supplier.drivers.confine import Confiner, Exit, Mechanism, owner_of
 from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
 from supplier.drivers.sim import SimDriver
-from supplier.images import DEFAULT_IMAGE_MB, ImageCache, ImageListener
+from supplier.feasible import OrderLike
+from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines import Machines
-from supplier.pricing import Pricer
+from supplier.pricing import ImageCost, Pricer
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import Reclaims
 from supplier.store import Store
@@ -53,14 +54,21 @@ EmitFn = Callable[[Event], None]
 CapacityFn = Callable[["Worker"], None]
 # Drain reasons that a store failure sets start with this; only they are lifted by a probe.
 STORE_DRAIN = "store: "
+# WorkerStatus.image_digests holds at most this many (the wire's bound).
+MAX_STATUS_DIGESTS = 4096
 
 
 def make_driver(
-    cfg: WorkerConfig, data_dir: Path, on_exit: ExitFn, on_restart: RestartFn
+    cfg: WorkerConfig,
+    data_dir: Path,
+    on_exit: ExitFn,
+    on_restart: RestartFn,
+    size_mb: Callable[[str], int],
 ) -> Driver:
-    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/;
-    process machines are confined as the host allows (supplier/drivers/confine.py), in
-    cgroups of the supplier that owns ``data_dir``."""
+    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/,
+    the working directories of its image machines to <data_dir>/work/<id>/; process
+    machines are confined as the host allows (supplier/drivers/confine.py), in cgroups of
+    the supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls."""
     if cfg.driver == "process":
         confiner, _ = Confiner.probe(
             cfg.confine,
@@ -76,9 +84,9 @@ def make_driver(
             confiner=confiner,
             on_restart=on_restart,
             log_caps=cfg.log_caps,
+            work_dir=data_dir / "work" / cfg.worker_id,
         )
-    sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
-    return SimDriver(cfg.pull_mb_per_s, sizes)
+    return SimDriver(cfg.pull_mb_per_s, size_mb)
 
 
 def _unchanged(w: Worker) -> None:
@@ -94,7 +102,9 @@ class Worker:
     - ``on_freed(worker)``: capacity came back (a hold released or expired, a machine
       destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
     - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
-    - ``on_image(image, cached)``: the image cache gained or lost an image.
+    - ``on_image(image, cached)``: the catalog's image cache gained or lost an image;
+    - ``source``: the market's image store (supplier/images.py), which a process worker's
+      content cache pulls from (default: none, a worker driven alone).
     """
 
     def __init__(
@@ -108,24 +118,36 @@ class Worker:
         on_grew: CapacityFn = _unchanged,
         on_image: ImageListener | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
+        source: StoreSource | None = None,
     ) -> None:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
         self.region = cfg.region
         self.labels = dict(cfg.labels)
         self.max_hold_ms = cfg.hold_cap_ms  # a bid's hold_ms is capped here (supplier/desk.py)
-        sizes = {name: spec.size_mb for name, spec in cfg.catalog.items()}
-        self.images = ImageCache(
-            cfg.image_budget_mb, cfg.images, lambda i: sizes.get(i, DEFAULT_IMAGE_MB), on_image
-        )
+        data_dir = store.path.parent
         # The driver's exit callback is this worker's (it records the exit in its op log).
         self.driver: Driver = driver or make_driver(
-            cfg, store.path.parent, self._exited, self._restarted
+            cfg, data_dir, self._exited, self._restarted, lambda key: self.images.size_mb(key)
         )
-        # Whether the driver can run an image at all; why it cannot confine a machine of
-        # some resources (it declines), or "". Its own methods: every bid asks them.
-        self.can_run = self.driver.can_run
+        # Why the driver cannot confine a machine of some resources (it declines), or "".
+        # Its own method: every bid asks it.
         self.unconfinable = self.driver.refuses
+        # Its images: the catalog's LRU and, for a process worker, the content cache.
+        source = source or StoreSource()
+        content = None
+        if self.driver.name == "process":
+            directory = data_dir / "images" / cfg.worker_id
+            content = open_content(directory, cfg.image_budget_mb, source, cfg.worker_id)
+        self.images = WorkerImages(
+            cfg.image_budget_mb,
+            cfg.images,
+            {name: spec.size_mb for name, spec in cfg.catalog.items()},
+            content=content,
+            source=source,
+            sim_bytes_per_s=cfg.pull_mb_per_s * MIB,
+            listener=on_image,
+        )
         self.pricer = Pricer(cfg.pricing)  # built once from the config
         self.ledger = Ledger(vec(cfg.capacity))
         self.draining = cfg.draining
@@ -153,6 +175,28 @@ class Worker:
         # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
         self.commits = CommitDesk(self)
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
+
+    # -- what the checks and the price read of its images -----------------------------------
+    def unrunnable(self, order: OrderLike) -> str:
+        """Why this worker cannot run the order's image, or "": a catalog image its driver
+        does not know, a content image without a store to pull it from."""
+        if order.image_digest:
+            return self.images.runnable(order)
+        if self.driver.can_run(order.image):
+            return ""
+        return f"the driver cannot run image {order.image!r}"
+
+    def image_too_big(self, order: OrderLike) -> str:
+        """Why the order's image could never fit this worker's image cache, or ""."""
+        return self.images.too_big(order)
+
+    def image_cost(self, order: OrderLike) -> ImageCost:
+        """What starting the order's image costs here (supplier/pricing.py prices it)."""
+        return self.images.cost(order)
+
+    def has_image(self, m: Machine) -> bool:
+        """Whether ``m``'s image is here (``image_cached`` of its offers and Placed)."""
+        return self.images.has(m)
 
     def _exited(self, machine_id: str, how: Exit) -> None:
         """The driver saw a machine's process end for good."""
@@ -217,9 +261,18 @@ class Worker:
         self.capacity_freed()  # queued bids may be answered now
         return True
 
-    def event(self, kind: str, order_id: str = "", machine_id: str = "", detail: str = "") -> Event:
+    def event(
+        self,
+        kind: str,
+        order_id: str = "",
+        machine_id: str = "",
+        detail: str = "",
+        *,
+        image_digest: str = "",
+        pulled: tuple[int, float] = (0, 0.0),
+    ) -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
-        with the change first, supplier/store.py)."""
+        with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds."""
         return Event(
             kind=kind,
             region=self.region,
@@ -228,6 +281,9 @@ class Worker:
             order_id=order_id,
             machine_id=machine_id,
             detail=detail,
+            image_digest=image_digest,
+            bytes=pulled[0],
+            seconds=round(pulled[1], 3),
         )
 
     # -- holds and releases -----------------------------------------------------------------
@@ -275,6 +331,7 @@ class Worker:
         """This worker's ledger as the metrics scrape reads it (from the endpoint's thread:
         plain reads of immutable tuples)."""
         ledger = self.ledger
+        cache = self.images.state()
         return WorkerSample(
             self.worker_id,
             self.region,
@@ -283,10 +340,19 @@ class Worker:
             ledger.held,
             len(ledger.holds),
             self.draining,
+            CacheSample(
+                cache.used_bytes,
+                cache.budget_bytes,
+                cache.hits,
+                cache.misses,
+                cache.pulled_bytes,
+                cache.evictions,
+            ),
         )
 
     def status(self) -> WorkerStatus:
         self.expire_holds()
+        cache = self.images.state()
         return WorkerStatus(
             worker_id=self.worker_id,
             region=self.region,
@@ -294,12 +360,15 @@ class Worker:
             capacity=amount(self.ledger.capacity),
             committed=amount(self.ledger.committed),
             held=amount(self.ledger.held),
-            images=sorted(self.images),
+            images=self.images.names(),
             machines=self.live_machines(),
             draining=self.draining,
             holds=len(self.ledger.holds),
             drain_reason=self.drain_reason,
             confinement=self.confinement,
+            cache_bytes=cache.used_bytes,
+            cache_budget_bytes=cache.budget_bytes,
+            image_digests=cache.digests[:MAX_STATUS_DIGESTS],
         )
 
     @property

@@ -30,8 +30,8 @@ DEFAULT_WINDOW_S = 3600.0
 # What one order's claim takes in the bucket: a placed claim of a typical order is about
 # 390 bytes of JSON and 510 with its subject and the stream's per-message overhead
 # (tests/integration/test_claims_full.py measures it); rounded up for long ids.
-CLAIM_BYTES = 600
-# The bucket's byte limit unless the operator sizes it: an hour of about 470 orders a second.
+CLAIM_BYTES = 800
+# The bucket's byte limit unless the operator sizes it: an hour of about 350 orders a second.
 DEFAULT_MAX_BYTES = 1024**3
 # The share of the limit kept for the outcomes of the orders under way: past the rest, the
 # bucket takes no new order.
@@ -61,7 +61,7 @@ class ClaimLimits:
     def covers(self) -> float:
         """The orders a second these limits hold for the whole window: the sizing rule,
         ``max_bytes * (1 - ROOM_SHARE) = CLAIM_BYTES * orders a second * window_s``, read
-        back (3,000 orders a second for an hour need 6.8 GB)."""
+        back (3,000 orders a second for an hour need 9.1 GB)."""
         return self.max_bytes * (1 - ROOM_SHARE) / (CLAIM_BYTES * self.window_s)
 
 

@@ -100,6 +100,7 @@ DECLINE_ORDER = (
     "constraint_mismatch",
     "image_not_runnable",
     "too_small_to_confine",
+    "image_too_big",
     "insufficient",
     "blocked_by_holds",
 )
@@ -181,6 +182,7 @@ _WHY_NOT = {
     "blocked_by_holds": "capacity held by other orders on {names}",
     "image_not_runnable": "image {image!r} is not served by {names}",
     "too_small_to_confine": "too small to confine on {names} ({detail})",
+    "image_too_big": "image {image!r} is bigger than the image cache of {names}",
 }
 # At most this many worker ids are named per reason; the rest are counted.
 WHY_NOT_NAMES = 3

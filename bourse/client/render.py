@@ -133,7 +133,10 @@ def as_json(obj: object) -> str:
 
 
 def subscores(s: dict[str, float]) -> str:
-    return " ".join(f"{safe(k)}={v:g}" for k, v in s.items())
+    """``name=value`` each; a whole number whole (``pull_bytes=104857600``, not 1.04858e+08)."""
+    return " ".join(
+        f"{safe(k)}={v:.0f}" if v.is_integer() else f"{safe(k)}={v:g}" for k, v in s.items()
+    )
 
 
 def outcome(r: Placed | Unfilled) -> None:
@@ -153,12 +156,15 @@ def outcome(r: Placed | Unfilled) -> None:
 
 
 def fleet(statuses: Iterable[WorkerStatus]) -> Table:
+    """Each worker's capacity, commitments, holds, image cache (bytes used / budget; the
+    images it holds: catalog names, and digests by their first 12 hex digits), labels."""
     t = Table(title="fleet")
-    for col in ("region", "worker", "cpus", "mem MiB", "held", "machines"):
+    for col in ("region", "worker", "cpus", "mem MiB", "held", "machines", "cache"):
         t.add_column(col, no_wrap=True)
     for col in ("images", "labels", "state", "confined", "jetstream"):
         t.add_column(col)
     for s in statuses:
+        cache = f"{_size(s.cache_bytes)}/{_size(s.cache_budget_bytes)}"
         t.add_row(
             safe(s.region),
             safe(s.worker_id),
@@ -166,7 +172,8 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             f"{s.committed.memory_mb}/{s.capacity.memory_mb}",
             _cpus(s.held),
             str(s.machines),
-            safe(",".join(s.images)),
+            cache if s.cache_budget_bytes else "-",  # "-": a worker without the fields
+            safe(",".join([*s.images, *(d[: len("sha256:") + 12] for d in s.image_digests)])),
             safe(",".join(f"{k}={v}" for k, v in s.labels.items())),
             "draining" if s.draining else "ok",
             safe(s.confinement or "-"),  # "" from a worker older than the field
@@ -387,6 +394,15 @@ def last_exit(m: Machine) -> str:
     )
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
     return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"
+
+
+def _size(n: int) -> str:
+    """Bytes as people read a disk's: 0, 512K, 200M, 1.5G, 20G (powers of 1024)."""
+    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
+    return str(n)
 
 
 def _cpus(r: Resources | Amount) -> str:

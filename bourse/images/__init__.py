@@ -8,6 +8,7 @@ SHA-256 of the stored bytes) and checked against it wherever bytes move (I7).
 The store (``ImageStore``; one per subject prefix, on one NATS connection)::
 
     store = await ImageStore.open(nc, prefix, replicas=1)   # R3 on a cluster
+    store = await ImageStore.open(nc, prefix, create=False) # a reader: makes no bucket
     await store.push_directory(Path("app/"), "web:v1", RunSpec(cmd=("./serve",), env=("A=1",)))
     await store.import_image(Path("busybox.tar"), "busybox:1.36")   # layout, oci-archive,
                                                                       # docker save
@@ -31,6 +32,8 @@ A worker's cache (``ImageCache``; one per worker directory)::
     cache.stats().pull_bytes_per_s    # measured throughput: lacking / this = pull seconds
     cache.pin(manifest)               # a reserved or live machine uses it: never evicted
     root = await cache.prepare(manifest)   # fetched once, unpacked once, read-only root
+    pulled = await cache.pull(manifest)    # the same, with the bytes it lacked, the seconds
+                                           # and what the image runs (its config's command)
     cache.unpin(manifest)             # when the machine is destroyed
     cache.stats()                     # used, budget, hits, misses, pulled bytes, evictions
 

@@ -5,18 +5,21 @@ On disk, under the cache directory::
     blobs/sha256/<hex>   a layer, renamed into place once its size and digest matched
     roots/<hex>/         an image's root (<hex> of its manifest digest), never written after
                          its rename: a driver uses it read-only (an overlay's lower layer)
-    roots/<hex>.json     what that root is made of (its layers) and its bytes on disk
+    roots/<hex>.json     what that root is made of (its layers), its bytes on disk and what
+                         the image runs (its config's command, env, working directory)
     tmp/                 fetches and unpacks under way, and entries being deleted
 
 ``open`` rebuilds the cache from that: ``tmp/`` is emptied (half-written files, half-made
 roots), a root without its record or a record without its root is removed. Each entry's
 last use is its file's modification time, so the LRU order survives a restart.
 
-``prepare(manifest)`` returns the image's root: the manifest and config read from the
-store (checked), every missing layer fetched (one fetch per layer at a time: concurrent
-callers share it, and its error), the layers unpacked into ``tmp/`` and renamed into
-``roots/`` (one unpack per image at a time). Every layer's digest is checked again as it is
-unpacked (``unpack``), so bytes changed on disk since their fetch never reach a root (I7).
+``prepare(manifest)`` returns the image's root (``pull(manifest)`` the same with what it
+took: the bytes the image lacked when it was made, the seconds, what it runs): the
+manifest and config read from the store (checked), every missing layer fetched (one fetch
+per layer at a time: concurrent callers share it, and its error), the layers unpacked into
+``tmp/`` and renamed into ``roots/`` (one unpack per image at a time). Every layer's digest
+is checked again as it is unpacked (``unpack``), so bytes changed on disk since their fetch
+never reach a root (I7).
 
 The bytes held are bounded by ``policy.plan``: before a pull, room is made for the layers
 it lacks and the root (estimated at its layers' size, counted exactly once made); a pull
@@ -49,6 +52,7 @@ from bourse.images.oci import (
     MAX_DOCUMENT_BYTES,
     Descriptor,
     Digest,
+    RunConfig,
     decode_config,
     decode_manifest,
     kind_of,
@@ -76,12 +80,35 @@ class BlobSource(Protocol):
     ) -> None: ...
 
 
+class Sized(Protocol):
+    """A layer as a price sees it: a descriptor, or a bid's layer (its digest and size)."""
+
+    @property
+    def digest(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+
+
 class RootRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``roots/<hex>.json``: an image root's manifest, layers and bytes on disk."""
+    """``roots/<hex>.json``: an image root's manifest, layers, bytes on disk and what the
+    image runs (its config's ``config``)."""
 
     manifest: Digest
     layers: list[Digest]
     size: int
+    run: RunConfig = RunConfig()
+
+
+@dataclass(frozen=True, slots=True)
+class Pulled:
+    """An image made ready by :meth:`ImageCache.pull`: its root, what it runs, the bytes its
+    layers lacked when its root began to be made (0: the root was here) and the seconds
+    this call took."""
+
+    root: Path
+    run: RunConfig
+    bytes: int
+    seconds: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +196,8 @@ class ImageCache:
         self._fetches = _Flights()
         self._unpacks = _Flights()
         self._counts: Counter[str] = Counter()
+        self._lacked: dict[str, int] = {}  # manifest -> bytes its last making had to fetch
+        self._records = msgspec.json.Decoder(RootRecord)
 
     @classmethod
     def open(
@@ -192,7 +221,7 @@ class ImageCache:
         """The image's root if it is unpacked here."""
         return self.root_dir / _hex(manifest) if manifest in self._roots else None
 
-    def lacking(self, layers: Sequence[Descriptor], manifest: str = "") -> int:
+    def lacking(self, layers: Sequence[Sized], manifest: str = "") -> int:
         """The bytes a pull of an image with ``layers`` would fetch: the layers not here,
         each counted once; 0 when ``manifest``'s root is here."""
         if manifest and manifest in self._roots:
@@ -213,7 +242,13 @@ class ImageCache:
         if manifest in self._roots:
             self._touch_root(manifest)
 
+    def images(self) -> list[str]:
+        """The manifest digests of the images unpacked here."""
+        return sorted(list(self._roots))  # a snapshot: see stats()
+
     def stats(self) -> CacheStats:
+        """What the cache holds and has done (safe to read from another thread, a metrics
+        scrape: it reads snapshots of what the event loop changes)."""
         return CacheStats(
             used_bytes=self._used(),
             budget_bytes=self.limits.budget_bytes,
@@ -229,21 +264,39 @@ class ImageCache:
 
     async def prepare(self, manifest: str) -> Path:
         """The root of the image ``manifest`` names, fetched and unpacked if it is not here."""
+        return (await self.pull(manifest)).root
+
+    async def pull(self, manifest: str) -> Pulled:
+        """``prepare``, with what it took and what the image runs. Callers that share one
+        making of the root (concurrent pulls) each see the bytes that making fetched."""
         check_digest(manifest, "image manifest")
+        started = time.perf_counter()
         self.pin(manifest)  # its layers stay while it is made
         try:
+            lacked = 0
             if manifest in self._roots:
                 self._counts["hits"] += 1
                 self._touch_root(manifest)
             else:
                 self._counts["misses"] += 1
                 await self._unpacks.run(manifest, lambda: self._make(manifest))
+                lacked = self._lacked.get(manifest, 0)
             root = self.root(manifest)
             if root is None:  # a bug: it was pinned throughout
                 raise BadImage(f"image {manifest} was made but is not in the cache")
-            return root
+            run = await anyio.to_thread.run_sync(self._run_config, manifest)
+            return Pulled(root, run, lacked, time.perf_counter() - started)
         finally:
             self.unpin(manifest)
+
+    def _run_config(self, manifest: str) -> RunConfig:
+        path = self.root_dir / f"{_hex(manifest)}.json"
+        try:
+            return self._records.decode(path.read_bytes()).run
+        except (OSError, msgspec.DecodeError) as exc:
+            raise BadImage(
+                f"image {manifest}: its record in the cache is unreadable: {exc}"
+            ) from None
 
     async def collect(self) -> tuple[str, ...]:
         """Evict what the policy says now (past the high watermark); the keys evicted."""
@@ -260,7 +313,8 @@ class ImageCache:
             raise BadImage(f"{manifest} is an index: name one platform's manifest")
         image = decode_manifest(data, f"manifest {manifest}")
         config = await self.source.read_blob(image.config.digest)
-        diff_ids = decode_config(config, f"config {image.config.digest}").rootfs.diff_ids
+        decoded = decode_config(config, f"config {image.config.digest}")
+        diff_ids = decoded.rootfs.diff_ids
         if len(diff_ids) != len(image.layers):
             raise BadImage(
                 f"manifest {manifest}: {len(image.layers)} layers, its config has "
@@ -268,7 +322,9 @@ class ImageCache:
             )
         self._layers_of[manifest] = tuple(layer.digest for layer in image.layers)
         started = time.perf_counter()
-        await self._make_room(self.lacking(image.layers) + sum(x.size for x in image.layers))
+        lacking = self.lacking(image.layers)
+        self._lacked[manifest] = lacking
+        await self._make_room(lacking + sum(x.size for x in image.layers))
         for layer in image.layers:
             await self._fetches.run(layer.digest, functools.partial(self._fetch, layer))
         files = [
@@ -276,7 +332,7 @@ class ImageCache:
             for layer, diff_id in zip(image.layers, diff_ids, strict=True)
         ]
         try:
-            size = await anyio.to_thread.run_sync(self._unpack, manifest, files)
+            size = await anyio.to_thread.run_sync(self._unpack, manifest, files, decoded.config)
         except DigestMismatch as exc:
             self._forget_layer(exc.digest)  # changed on disk since its fetch: fetch it again
             raise
@@ -306,14 +362,15 @@ class ImageCache:
             "image_layer_pulled", digest=layer.digest, bytes=layer.size, seconds=round(seconds, 3)
         )
 
-    def _unpack(self, manifest: str, files: list[LayerFile]) -> int:
+    def _unpack(self, manifest: str, files: list[LayerFile], run: RunConfig) -> int:
         """Unpack into ``tmp/``, then record and rename into ``roots/`` (a worker thread)."""
         work = self.tmp / f"root-{_hex(manifest)}-{secrets.token_hex(4)}"
         work.mkdir()
         try:
             unpack(work, files)
             size = disk_usage(work)
-            record = RootRecord(manifest=manifest, layers=[f.digest for f in files], size=size)
+            layers = [f.digest for f in files]
+            record = RootRecord(manifest=manifest, layers=layers, size=size, run=run)
             staged = work.with_suffix(".json")
             staged.write_bytes(msgspec.json.encode(record))
             staged.rename(self.root_dir / f"{_hex(manifest)}.json")
@@ -362,6 +419,7 @@ class ImageCache:
                 doomed.append(self._move_out(self.root_dir / f"{_hex(digest)}.json"))
                 doomed.append(self._move_out(self.root_dir / _hex(digest)))
                 self._roots.pop(digest, None)
+                self._lacked.pop(digest, None)
             self._counts["evictions"] += 1
             self.log.info("image_cache_evicted", kind=kind, digest=digest)
         if doomed:
@@ -378,9 +436,9 @@ class ImageCache:
             (self.blob_dir / _hex(digest)).unlink(missing_ok=True)
 
     def _used(self) -> int:
-        return sum(h.size for h in self._layers.values()) + sum(
-            h.size for h in self._roots.values()
-        )
+        # list(): copied at once (a scrape thread must not see the dicts change under it)
+        layers, roots = list(self._layers.values()), list(self._roots.values())
+        return sum(h.size for h in layers) + sum(h.size for h in roots)
 
     def _touch_layer(self, digest: str) -> None:
         held = self._layers[digest]
@@ -421,7 +479,7 @@ class ImageCache:
 
     def _rebuild_roots(self) -> int:
         """Pair each root with its record; remove whatever has no pair. The count removed."""
-        decoder = msgspec.json.Decoder(RootRecord)
+        decoder = self._records
         discarded = 0
         for path in list(self.root_dir.iterdir()):
             if path.suffix == ".json":

@@ -359,8 +359,9 @@ def cli_main(app: typer.Typer, args: Sequence[str] | None = None) -> NoReturn:
             sys.exit(0)
         _error_line(message)
         ctx = getattr(exc, "ctx", None)
-        if ctx is not None and ctx.meta.get(JSON_MODE):
-            typer.echo(_error_json(ctx.meta, message))
+        meta: dict[str, Any] = ctx.meta if ctx is not None else {}
+        if meta.get(JSON_MODE) or _asks_json(sys.argv[1:] if args is None else args):
+            typer.echo(_error_json(meta, message))
         sys.exit(1)
     except BourseError as exc:
         _error_line(str(exc))
@@ -368,6 +369,18 @@ def cli_main(app: typer.Typer, args: Sequence[str] | None = None) -> NoReturn:
     except _ABORTS:
         sys.exit(130)
     sys.exit(code if isinstance(code, int) else 0)
+
+
+def _asks_json(argv: Sequence[str]) -> bool:
+    """Whether the command line has --json (before a ``--``): a usage error the parser
+    raised before it read --json (an unknown option, a missing value) still owes a script
+    its JSON object."""
+    for a in argv:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
 
 
 def nats_urls(given: list[str] | None) -> list[str]:

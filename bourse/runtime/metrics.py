@@ -10,9 +10,9 @@ Two kinds of metric, by cost:
 - Events on the hot path (an order's outcome, an auction's duration and offers, a store
   commit) are counters and histograms whose label children are bound once per label set
   (:class:`_RegionOrders`), so recording one is a dict lookup and a few locked adds.
-- State (capacity, committed, held, holds per worker; outbox backlog; admission; NATS
-  connection counters; replies) is read at scrape time by custom collectors from the
-  objects that already hold it: zero cost between scrapes.
+- State (capacity, committed, held, holds per worker; a worker's image cache and its counts;
+  outbox backlog; admission; NATS connection counters; replies) is read at scrape time by
+  custom collectors from the objects that already hold it: zero cost between scrapes.
 
 Names follow Prometheus conventions: ``_total`` counters, ``_seconds`` histograms, base
 units (memory and disk in bytes). docs/operations.md lists every metric and what to alert on.
@@ -71,6 +71,9 @@ AUCTION_BUCKETS_S = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 )  # fmt: skip
 OFFER_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
+# An image pull: nothing to fetch (a root unpacked from layers here) in well under a second;
+# a few hundred MB at tens of MB/s in seconds; several GB on a slow link in minutes.
+PULL_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 900.0)
 # A store commit is one SQLite transaction and one fsync: ~100 us on a fast disk, tens of
 # ms on a slow or busy one.
 COMMIT_BUCKETS_S = (
@@ -269,6 +272,19 @@ class ClaimsView(NamedTuple):
     full: bool
 
 
+class CacheSample(NamedTuple):
+    """A worker's image cache as the scrape reads it: bytes on disk and budget, and its
+    counts since the supplier started (pulls that found the image here or made it, bytes
+    fetched from the image store, entries evicted)."""
+
+    used_bytes: int
+    budget_bytes: int
+    hits: int
+    misses: int
+    pulled_bytes: int
+    evictions: int
+
+
 class WorkerSample(NamedTuple):
     """One worker's state as the scrape reads it. Amounts are the resource vector
     (cpu millicores, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
@@ -280,11 +296,13 @@ class WorkerSample(NamedTuple):
     held: tuple[int, int, int, int]
     holds: int
     draining: bool
+    cache: CacheSample
 
 
 class SupplierMetrics(Metrics):
     """``supplier run``: per worker and resource capacity, committed and held, holds
-    active (read at scrape time); store commit duration; outbox backlog; bids shed."""
+    active, its image cache (read at scrape time); store commit and image pull durations;
+    outbox backlog; bids shed."""
 
     def __init__(self, program: str = "supplier") -> None:
         super().__init__(program)
@@ -292,6 +310,13 @@ class SupplierMetrics(Metrics):
             "bourse_store_commit_duration_seconds",
             "One store group commit: the SQLite transaction and its fsync.",
             buckets=COMMIT_BUCKETS_S,
+            registry=self.registry,
+        )
+        self.image_pull = Histogram(
+            "bourse_image_pull_seconds",
+            "One image made ready for a machine that lacked some of it: its layers fetched "
+            "from the image store, checked and unpacked.",
+            buckets=PULL_BUCKETS_S,
             registry=self.registry,
         )
 
@@ -437,7 +462,9 @@ class _WorkerCollector(Collector):
         draining = GaugeMetricFamily(
             "bourse_worker_draining", "1 if the worker offers nothing.", labels=["worker", "region"]
         )
+        cache = _CacheFamilies()
         for w in self.workers():
+            cache.add([w.worker_id, w.region], w.cache)
             for i, (resource, mul, div) in enumerate(RESOURCE_LABELS):
                 if not w.capacity[i]:  # a resource the worker has none of: no series
                     continue
@@ -451,7 +478,45 @@ class _WorkerCollector(Collector):
             "bourse_bids_shed", "Bids dropped unanswered: queued too long (overload)."
         )
         shed.add_metric([], self.bids_shed())
-        yield from (capacity, committed, held, holds, draining, shed)
+        yield from (capacity, committed, held, holds, draining, shed, *cache.families())
+
+
+class _CacheFamilies:
+    """The image cache's series of every worker, filled one worker at a time."""
+
+    def __init__(self) -> None:
+        labels = ["worker", "region"]
+        self.used = GaugeMetricFamily(
+            "bourse_image_cache_bytes", "Bytes an image cache holds on disk.", labels=labels
+        )
+        self.budget = GaugeMetricFamily(
+            "bourse_image_cache_budget_bytes", "An image cache's budget.", labels=labels
+        )
+        self.hits = CounterMetricFamily(
+            "bourse_image_cache_hits", "Pulls that found the image's root here.", labels=labels
+        )
+        self.misses = CounterMetricFamily(
+            "bourse_image_cache_misses",
+            "Pulls that made the image's root (fetching what it lacked).",
+            labels=labels,
+        )
+        self.pulled = CounterMetricFamily(
+            "bourse_image_pulled_bytes", "Bytes fetched from the image store.", labels=labels
+        )
+        self.evictions = CounterMetricFamily(
+            "bourse_image_cache_evictions", "Layers and roots evicted.", labels=labels
+        )
+
+    def add(self, key: list[str], c: CacheSample) -> None:
+        self.used.add_metric(key, c.used_bytes)
+        self.budget.add_metric(key, c.budget_bytes)
+        self.hits.add_metric(key, c.hits)
+        self.misses.add_metric(key, c.misses)
+        self.pulled.add_metric(key, c.pulled_bytes)
+        self.evictions.add_metric(key, c.evictions)
+
+    def families(self) -> tuple[Metric, ...]:
+        return (self.used, self.budget, self.hits, self.misses, self.pulled, self.evictions)
 
 
 class _GaugeCollector(Collector):

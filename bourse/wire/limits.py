@@ -47,6 +47,14 @@ IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
 # An OCI content digest (sha256 only), or "" where none is known (a catalog image).
 DIGEST_PATTERN = r"^(sha256:[0-9a-f]{64})?\Z"
 MAX_LAYERS = 128  # layers of one image a bid may list
+# A machine's named ports and environment (protocol §4.2): names a shell can take as
+# variables; Bourse's own variables (PORT, BOURSE_*) are set by the worker.
+PORT_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,31}\Z"
+ENV_KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z"
+MAX_PORTS = 16
+MAX_ENV = 128
+MAX_ENV_VALUE = 4096
+MAX_CHECKS = 16
 MAX_LAYER_BYTES = 1 << 40  # 1 TiB: one layer's size
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"

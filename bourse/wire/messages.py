@@ -18,6 +18,7 @@ from ulid import ULID
 from bourse.wire.limits import (
     DEFAULT_DEADLINE_MS,
     DIGEST_PATTERN,
+    ENV_KEY_PATTERN,
     ID_PATTERN,
     IMAGE_PATTERN,
     LABEL_KEY_PATTERN,
@@ -26,18 +27,23 @@ from bourse.wire.limits import (
     MACHINE_ID_SEPARATOR,
     MAX_BATCH_ITEMS,
     MAX_BATCH_OFFERS,
+    MAX_CHECKS,
     MAX_CPU_MILLIS,
     MAX_CPUS,
     MAX_DEADLINE_MS,
     MAX_DISK_MB,
+    MAX_ENV,
+    MAX_ENV_VALUE,
     MAX_GPUS,
     MAX_HOLD_MS,
     MAX_LAYER_BYTES,
     MAX_LAYERS,
     MAX_MEMORY_MB,
+    MAX_PORTS,
     MAX_SUBJECT,
     MILLIS_PER_CPU,
     ORDER_ID_PATTERN,
+    PORT_NAME_PATTERN,
 )
 
 Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
@@ -60,6 +66,16 @@ Metadata = Annotated[
     ],
     msgspec.Meta(max_length=64),
 ]
+PortName = Annotated[str, msgspec.Meta(pattern=PORT_NAME_PATTERN)]
+# A machine's named ports, each given a host port by the worker (distinct names).
+Ports = Annotated[list[PortName], msgspec.Meta(max_length=MAX_PORTS)]
+EnvKey = Annotated[str, msgspec.Meta(pattern=ENV_KEY_PATTERN)]
+Env = Annotated[
+    dict[EnvKey, Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]],
+    msgspec.Meta(max_length=MAX_ENV),
+]
+# A port name -> the "host:port" a machine's named port is reached at.
+Addresses = dict[str, str]
 Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Millis = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -148,10 +164,38 @@ class Amount(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     disk_mb: Annotated[int, msgspec.Meta(ge=0)] = 0
     gpus: Annotated[int, msgspec.Meta(ge=0)] = 0
     cpu_millis: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # Host ports (a worker's port range, counted like any resource): 0 from a worker
+    # without one.
+    ports: Annotated[int, msgspec.Meta(ge=0)] = 0
 
     def __post_init__(self) -> None:
         if self.cpu_millis:
             check_cpu_millis(self.cpus, self.cpu_millis)
+
+
+class Check(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """A health check the worker runs on one of the machine's named ports: ``http`` (a GET
+    of ``path``, passing on a 2xx or 3xx status) or ``tcp`` (a connection is accepted)."""
+
+    port: PortName
+    kind: Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9]{0,15}\Z")]
+    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    interval_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
+    timeout_s: Annotated[float, msgspec.Meta(ge=0.01, le=600)] = 2.0
+
+
+Checks = Annotated[list[Check], msgspec.Meta(max_length=MAX_CHECKS)]
+
+
+class Health(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=False):
+    """What a machine's checks say: ``passing`` (every check passed its last run),
+    ``critical`` (one failed), or ``""`` (not checked yet); since when, how many runs in a
+    row the failing check failed, and what the last failure said."""
+
+    status: Annotated[str, msgspec.Meta(max_length=16)] = ""
+    since_ms: Millis = 0
+    failures: Annotated[int, msgspec.Meta(ge=0)] = 0
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
 class Layer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -186,6 +230,26 @@ class PlaceOrder(Message, kw_only=True):
     # lost reply). The auction then gathers offers for its quiet window before committing a
     # NEW machine, so the worker that already has one can answer first (I3).
     retry: bool = False
+    # The machine's named ports (the worker gives each a host port: PORT, BOURSE_PORT_<NAME>,
+    # BOURSE_ADDR_<NAME>), its environment (beside the image's and Bourse's own), and the
+    # health checks the worker runs on its ports.
+    ports: Ports = []
+    env: Env = {}
+    checks: Checks = []
+
+    def __post_init__(self) -> None:
+        check_ports(self.ports, self.checks)
+
+
+def check_ports(ports: list[str], checks: list[Check]) -> None:
+    """Named ports are distinct, and every check is on one of them (protocol §4.2): a
+    message that breaks either is refused (bad_request naming the port)."""
+    if len(set(ports)) != len(ports):
+        twice = sorted({p for p in ports if ports.count(p) > 1})
+        raise ValueError(f"port {twice[0]!r} is named twice")
+    for c in checks:
+        if c.port not in ports:
+            raise ValueError(f"check on port {c.port!r}, which the order does not name")
 
 
 class Bid(Message, kw_only=True):
@@ -220,6 +284,8 @@ class Bid(Message, kw_only=True):
     # a name no image store knows (a worker's catalog image).
     image_digest: Digest = ""
     layers: Layers = []
+    # The order's named ports: a worker offers only with a free host port for each.
+    ports: Ports = []
 
 
 class Offer(Message, kw_only=True):
@@ -290,6 +356,13 @@ class Commit(Message, kw_only=True):
     release_others: bool = False
     # The content the machine runs (the Bid's image_digest): "" for a catalog image.
     image_digest: Digest = ""
+    # The order's ports, environment and checks, kept with the machine.
+    ports: Ports = []
+    env: Env = {}
+    checks: Checks = []
+
+    def __post_init__(self) -> None:
+        check_ports(self.ports, self.checks)
 
 
 class Placed(Message, kw_only=True):
@@ -306,6 +379,8 @@ class Placed(Message, kw_only=True):
     existing: bool = False
     # The content the machine runs: "" for a catalog image.
     image_digest: Digest = ""
+    # Where its named ports are reached: name -> "host:port" (the worker's advertised host).
+    addresses: Addresses = {}
 
     # The three ways a Placed is made, in one home (docs/protocol.md §4.7).
     @classmethod
@@ -331,6 +406,7 @@ class Placed(Message, kw_only=True):
             subscores=subscores or {},
             existing=existing,
             image_digest=m.image_digest,
+            addresses=m.addresses,
         )
 
     @classmethod
@@ -348,6 +424,7 @@ class Placed(Message, kw_only=True):
             subscores=offer.subscores,
             existing=reply.existing,
             image_digest=reply.image_digest,
+            addresses=reply.addresses,
         )
 
     @classmethod
@@ -482,6 +559,13 @@ class WorkerStatus(Message, kw_only=True):
     cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     cache_budget_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     image_digests: Annotated[list[Digest], msgspec.Meta(max_length=4096)] = []
+    # How it runs machines: its driver ("sim", "process", "oci") and, for "oci", the
+    # runtime and its version ("runc 1.1.5"); "" from a worker that does not say.
+    driver: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    runtime: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    # The host its machines' addresses name, and its port range ("20000-20999"; "": none).
+    advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    port_range: Annotated[str, msgspec.Meta(max_length=32)] = ""
 
 
 class MachineRequest(Message, kw_only=True):
@@ -527,6 +611,8 @@ class LastExit(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):
     code: int | None = None  # reason "exit": the exit code
     signal: int | None = None  # reason "signal" / "oom": the signal that killed it (9: oom)
     at_ms: Millis = 0
+    # Why a start ended before its command ran (code 125), e.g. "pull_failed: ..." (§6.8).
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
 
 
 class Machine(Message, kw_only=True):
@@ -555,6 +641,11 @@ class Machine(Message, kw_only=True):
     # The content it runs (the manifest digest it was placed with; a tag moved later does
     # not change it): "" for a catalog image.
     image_digest: Digest = ""
+    # Where its named ports are reached (name -> "host:port"), held while it is reserved,
+    # starting or started; its checks and what they say (None: it has no checks).
+    addresses: Addresses = {}
+    checks: Checks = []
+    health: Health | None = None
 
 
 class MachineList(Message, kw_only=True):
@@ -604,6 +695,9 @@ class Event(Message, kw_only=True):
     # A pull (kind "pulled"): the bytes fetched from the store and the seconds it took.
     bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
     seconds: Annotated[float, msgspec.Meta(ge=0)] = 0.0
+    # The machine's addresses (placed, started), and its health (kind "check").
+    addresses: Addresses = {}
+    health: Health | None = None
 
 
 # -- "why not": explain an order on every worker (§4.15) ---------
@@ -631,6 +725,7 @@ class ExplainRequest(Message, kw_only=True):
     # As in a Bid: the image's content, resolved where the request entered.
     image_digest: Digest = ""
     layers: Layers = []
+    ports: Ports = []
 
 
 class Reason(msgspec.Struct, kw_only=True, omit_defaults=True, gc=False):

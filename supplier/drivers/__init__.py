@@ -1,9 +1,11 @@
 """How a worker runs machines. A driver turns lifecycle verbs into reality:
 
-- ``sim``: no process; a start pulls the image if it is not cached (simulated time from its
-  size), used by the load-test harness and virtual fleets.
-- ``process``: the image names a command in the worker's catalog; a start runs it as a
-  supervised subprocess with a restart policy; its output goes to a per-machine log file.
+- ``sim``: no process; a start pulls the image if it is not cached (simulated time: its
+  size over ``pull_mb_per_s``), used by the load-test harness and virtual fleets.
+- ``process``: a start runs a supervised subprocess with a restart policy, its output in a
+  per-machine log file: an image named by digest runs its own files (the worker pulled it
+  into its content cache first, supplier/images.py, and hands the driver an
+  :class:`ImageRun`); a catalog image runs the command the worker's catalog gives it.
 
 The worker writes every transition to its op log; the driver only does the work and
 reports failures by raising DriverError (a clear message for the requester).
@@ -11,17 +13,29 @@ reports failures by raising DriverError (a clear message for the requester).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import anyio.abc
 
 from bourse.errors import BourseError
+from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine, Resources
 from supplier.drivers.confine import Mechanism
 
 
 class DriverError(BourseError, RuntimeError):
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRun:
+    """A content image made ready for a machine: its unpacked root (read-only by
+    convention: other machines share it) and what it runs (its config)."""
+
+    root: Path
+    config: RunConfig
 
 
 class Driver(Protocol):
@@ -47,12 +61,14 @@ class Driver(Protocol):
         decline), or ""."""
         ...
 
-    async def pull(self, image: str) -> float:
-        """Fetch an image that is not cached; returns the seconds it took."""
+    async def pull(self, image: str) -> tuple[int, float]:
+        """Fetch a catalog image that is not cached (a content image is the worker's
+        business: supplier/images.py); returns the bytes and seconds it took."""
         ...
 
-    async def start(self, m: Machine) -> None:
-        """Run the machine (its image is cached by now)."""
+    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+        """Run the machine: its content image's files (``image``), else its catalog
+        image's command (cached by now)."""
         ...
 
     async def stop(self, m: Machine) -> None:

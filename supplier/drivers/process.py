@@ -1,13 +1,17 @@
-"""The ``process`` driver: a machine's image names a command in the worker's catalog; a
-start runs it as a supervised subprocess.
+"""The ``process`` driver: a start runs a machine as a supervised subprocess: an image named
+by digest runs its own files (entrypoint and command, its env, a working directory of its
+own: supplier/drivers/image_files.py); a catalog image runs the command the worker's
+catalog gives it.
 
-- restart policy (image spec, or the order's ``restart`` metadata): ``no``, ``on-failure``
+- restart policy (a catalog image's spec, or the order's ``restart`` metadata; ``no`` for
+  a content image without it): ``no``, ``on-failure``
   (restart on a non-zero exit), ``always``; restarts back off exponentially (0.1 s doubling
   to 10 s), and the backoff resets after a run of 30 s;
 - stop: SIGTERM, then SIGKILL after the grace period;
 - stdout and stderr are one pipe, copied by the worker's output pump into
   ``<log_dir>/<machine_id>.log``, capped and rotated (supplier/drivers/output.py); a
-  destroyed machine's logs are deleted;
+  destroyed machine's logs are deleted, and so is its working directory (a content image's,
+  ``<work_dir>/<machine_id>/``);
 - an exit the policy does not restart is reported through ``on_exit`` (the worker records
   the machine as stopped with the exit code, or failed when it was killed: ``oom`` at its
   memory limit, or a signal); a restart is reported through ``on_restart``;
@@ -40,9 +44,11 @@ import anyio
 import anyio.abc
 import structlog
 
+from bourse.images.cache import remove_tree
 from bourse.wire.messages import Machine, Resources
 from supplier.config import RESTART_POLICIES, ImageSpec, RestartPolicy
-from supplier.drivers import DriverError
+from supplier.drivers import DriverError, ImageRun
+from supplier.drivers.bundle import BundleError
 from supplier.drivers.confine import (
     ConfineError,
     Confiner,
@@ -51,12 +57,15 @@ from supplier.drivers.confine import (
     too_small,
     weaker_than_cgroups,
 )
+from supplier.drivers.image_files import Launch, launch, working_dir
 from supplier.drivers.output import LogCaps, Logs, Pump
 
 log = structlog.get_logger("bourse.driver.process")
 
 # A command word "{python}" is replaced by the supplier's own interpreter (portable specs).
 PYTHON = "{python}"
+# A content image's machine: how long a stop waits after SIGTERM (as a catalog spec's default).
+IMAGE_STOP_GRACE_S = 10.0
 BACKOFF_FIRST_S = 0.1
 BACKOFF_MAX_S = 10.0
 BACKOFF_RESET_AFTER_S = 30.0
@@ -78,10 +87,11 @@ def _no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
 
 
 class _Supervisor:
-    def __init__(self, m: Machine, spec: ImageSpec, policy: RestartPolicy) -> None:
+    def __init__(self, m: Machine, run: Launch, policy: RestartPolicy, stop_grace_s: float) -> None:
         self.m = m
-        self.spec = spec
+        self.run = run  # what each (re)spawn runs: argv, environment, working directory
         self.policy = policy
+        self.stop_grace_s = stop_grace_s
         self.proc: asyncio.subprocess.Process | None = None
         # The supervisor task's scope: made here, so a stop can cancel it before it runs.
         self.scope = anyio.CancelScope()
@@ -101,9 +111,12 @@ class ProcessDriver:
         confiner: Confiner | None = None,
         on_restart: RestartFn = _no_restart_listener,
         log_caps: LogCaps | None = None,
+        work_dir: Path | None = None,
     ) -> None:
         self.catalog = catalog
         self.log_dir = log_dir
+        # content images' machines: a working directory each, below this
+        self.work_dir = work_dir or log_dir.parent / "work"
         self.on_exit = on_exit
         self.on_restart = on_restart
         self.confiner = confiner or Confiner("none", "")
@@ -174,8 +187,8 @@ class ProcessDriver:
         spec = self.catalog.get(image)
         return spec is not None and bool(spec.command)
 
-    async def pull(self, image: str) -> float:
-        return 0.0  # commands are local: nothing to fetch
+    async def pull(self, image: str) -> tuple[int, float]:
+        return 0, 0.0  # catalog commands are local: nothing to fetch
 
     def log_path(self, machine_id: str) -> Path:
         """The machine's current log file (the one its output goes to now)."""
@@ -185,11 +198,15 @@ class ProcessDriver:
         sup = self._sups.get(machine_id)
         return sup is not None and sup.proc is not None and sup.proc.returncode is None
 
-    async def start(self, m: Machine) -> None:
-        spec = self.catalog.get(m.image)
-        if spec is None or not spec.command:
-            raise DriverError(f"image {m.image!r} is not in this worker's catalog")
-        policy = m.metadata.get("restart", spec.restart)
+    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+        if image is not None:
+            run, default, grace = await self._image_launch(m, image), "no", IMAGE_STOP_GRACE_S
+        else:
+            spec = self.catalog.get(m.image)
+            if spec is None or not spec.command:
+                raise DriverError(f"image {m.image!r} is not in this worker's catalog")
+            run, default, grace = _catalog_launch(m, spec), spec.restart, spec.stop_grace_s
+        policy = m.metadata.get("restart", default)
         if policy not in RESTART_POLICIES:  # checked here, so the cast below is true
             raise DriverError(
                 f"restart policy {policy!r}: use one of {', '.join(RESTART_POLICIES)}"
@@ -198,10 +215,22 @@ class ProcessDriver:
             return
         if self._tasks is None:
             raise DriverError("the process driver is not running (ProcessDriver.run)")
-        sup = _Supervisor(m, spec, cast(RestartPolicy, policy))
+        sup = _Supervisor(m, run, cast(RestartPolicy, policy), grace)
         await self._spawn(sup)  # a command that cannot start fails the start itself
         self._sups[m.machine_id] = sup
         self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
+
+    async def _image_launch(self, m: Machine, image: ImageRun) -> Launch:
+        """A content image's process, its working directory made (linked to the image)."""
+        cwd = self.work_dir / m.machine_id
+        try:
+            run = launch(m, image.root, image.config, cwd)
+            await anyio.to_thread.run_sync(working_dir, image.root, image.config, cwd)
+        except BundleError as exc:
+            raise DriverError(f"image {m.image!r}: {exc}") from None
+        except OSError as exc:
+            raise DriverError(f"cannot make {m.machine_id}'s working directory: {exc}") from None
+        return run
 
     def _uncage(self, machine_id: str) -> None:
         """The machine runs no more: kill what is left in its cgroup, and remove it."""
@@ -228,31 +257,28 @@ class ProcessDriver:
             raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
         confine = [a for p in cgroups for a in ("--cgroup", p)]
         confine += [a for r in limits for a in ("--rlimit", r)]
-        env = {
-            **os.environ,
-            **sup.spec.env,
-            "BOURSE_MACHINE_ID": sup.m.machine_id,
-            "BOURSE_ORDER_ID": sup.m.order_id,
-        }
         header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode()
         out = self.pump.pipe(sup.m.machine_id, header)
-        command = [sys.executable if word == PYTHON else word for word in sup.spec.command]
+        run = sup.run
         try:
+            # -P: the working directory (an image's files) is not put on the wrapper's path
             sup.proc = await asyncio.create_subprocess_exec(
                 sys.executable,
+                "-P",
                 "-m",
                 "bourse.runtime.reaper",
                 *confine,
                 "--",
-                *command,
+                *run.argv,
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=out,
                 stderr=out,
-                env=env,
+                env=run.env,
+                cwd=run.cwd,
                 start_new_session=True,
             )
         except OSError as exc:
-            raise DriverError(f"cannot start {sup.spec.command[0]!r}: {exc}") from None
+            raise DriverError(f"cannot start {run.argv[0]!r}: {exc}") from None
         finally:
             os.close(out)  # the process's end now: the pipe ends when its processes do
 
@@ -325,7 +351,7 @@ class ProcessDriver:
         if proc is not None and proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 proc.terminate()
-            grace = anyio.move_on_after(sup.spec.stop_grace_s)
+            grace = anyio.move_on_after(sup.stop_grace_s)
             try:
                 with grace:
                     await proc.wait()
@@ -334,7 +360,7 @@ class ProcessDriver:
                     log.warning(
                         "machine_kill_after_grace" if grace.cancelled_caught else "machine_killed",
                         machine_id=m.machine_id,
-                        grace_s=sup.spec.stop_grace_s,
+                        grace_s=sup.stop_grace_s,
                     )
                     await self._kill(proc)
         sup.scope.cancel()
@@ -344,6 +370,8 @@ class ProcessDriver:
         await self.stop(m)
         await self._uncage_async(m.machine_id)  # also when it was not running
         self.pump.remove(m.machine_id)  # its output goes with it
+        cwd = self.work_dir / m.machine_id  # and its working directory (a content image's)
+        await anyio.to_thread.run_sync(remove_tree, cwd)
 
     async def close(self) -> None:
         """Stop every process, all at once (they come back when the supplier restarts:
@@ -351,3 +379,17 @@ class ProcessDriver:
         async with anyio.create_task_group() as tasks:
             for sup in list(self._sups.values()):
                 tasks.start_soon(self.stop, sup.m)
+
+
+def _catalog_launch(m: Machine, spec: ImageSpec) -> Launch:
+    """A catalog image's process: its spec's command (``{python}`` the supplier's own
+    interpreter), in the supplier's environment with the spec's env and Bourse's ids, in
+    the supplier's working directory."""
+    env = {
+        **os.environ,
+        **spec.env,
+        "BOURSE_MACHINE_ID": m.machine_id,
+        "BOURSE_ORDER_ID": m.order_id,
+    }
+    command = [sys.executable if word == PYTHON else word for word in spec.command]
+    return Launch(command, env, None)

@@ -1,23 +1,31 @@
 """The ``sim`` driver: machines without processes. A start whose image is not cached waits
-the simulated pull time (size / pull rate); everything else is instant."""
+the simulated pull time: its size (a catalog image's ``size_mb``, a content image's layers)
+over ``pull_mb_per_s`` (default 1000 MiB/s); everything else is instant."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import anyio
 import anyio.abc
 
 from bourse.wire.messages import Machine, Resources
+from supplier.drivers import ImageRun
 from supplier.drivers.confine import Mechanism
-from supplier.images import DEFAULT_IMAGE_MB
+from supplier.images import DEFAULT_IMAGE_MB, MIB
 
 
 class SimDriver:
     name = "sim"
     confinement: Mechanism = "none"  # nothing runs: nothing to confine
 
-    def __init__(self, pull_mb_per_s: float = 1000.0, sizes: dict[str, int] | None = None) -> None:
+    def __init__(
+        self,
+        pull_mb_per_s: float = 1000.0,
+        size_mb: Callable[[str], int] = lambda _: DEFAULT_IMAGE_MB,
+    ) -> None:
         self.pull_mb_per_s = pull_mb_per_s
-        self.sizes = sizes or {}
+        self.size_mb = size_mb  # an image's size in MiB (the worker's images say)
         self.running: set[str] = set()
 
     async def run(
@@ -35,15 +43,15 @@ class SimDriver:
     def pull_seconds(self, image: str) -> float:
         if self.pull_mb_per_s <= 0:
             return 0.0
-        return self.sizes.get(image, DEFAULT_IMAGE_MB) / self.pull_mb_per_s
+        return self.size_mb(image) / self.pull_mb_per_s
 
-    async def pull(self, image: str) -> float:
+    async def pull(self, image: str) -> tuple[int, float]:
         seconds = self.pull_seconds(image)
         if seconds > 0:
-            await anyio.sleep(seconds)
-        return seconds
+            await anyio.sleep(seconds)  # the simulated pull's time, not a synchronisation
+        return self.size_mb(image) * MIB, seconds
 
-    async def start(self, m: Machine) -> None:
+    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
         self.running.add(m.machine_id)
 
     async def stop(self, m: Machine) -> None:

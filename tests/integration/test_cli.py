@@ -399,12 +399,15 @@ async def test_fleet_asks_every_region_when_none_is_given(market: Market) -> Non
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].split() == [
-        "region", "worker", "cpus", "mem", "MiB", "held", "machines", "images", "labels", "state",
-        "confined", "jetstream",
+        "region", "worker", "cpus", "mem", "MiB", "held", "machines", "cache", "images", "labels",
+        "state", "confined", "jetstream",
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [["fra", long_id], ["mad", "mad-1"]]
+    assert [line.split()[6] for line in lines[1:]] == ["0/10G", "0/10G"]  # sim caches, empty
     code, out, _ = await buyer(market, "fleet", "--json")
-    assert [s["worker_id"] for s in json.loads(out)["workers"]] == [long_id, "mad-1"]
+    workers = json.loads(out)["workers"]
+    assert [s["worker_id"] for s in workers] == [long_id, "mad-1"]
+    assert [(s["cache_bytes"], s["cache_budget_bytes"]) for s in workers] == [(0, 10 << 30)] * 2
 
 
 async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Market) -> None:

@@ -189,6 +189,22 @@ async def test_a_restart_rebuilds_the_cache_and_discards_what_a_crash_left(
     assert (again.stats().hits, source.fetches) == (1, Counter())
 
 
+async def test_a_pull_says_what_it_fetched_and_what_the_image_runs(
+    store: ImageStore, tmp_path: Path, two_images: tuple[tuple[str, list[Descriptor]], ...]
+) -> None:
+    (a, a_layers), (b, b_layers) = two_images
+    limits = Limits(budget_bytes=1 << 30)
+    cache = ImageCache.open(tmp_path / "cache", store, limits)
+    first = await cache.pull(a)
+    assert (first.root, first.bytes) == (cache.root(a), sum(x.size for x in a_layers))
+    assert first.run == RUN.run_config() and first.seconds > 0
+    assert (await cache.pull(a)).bytes == 0  # held: nothing fetched
+    assert (await cache.pull(b)).bytes == b_layers[1].size  # the shared base is here
+    assert cache.images() == sorted([a, b])
+    again = ImageCache.open(tmp_path / "cache", store, limits)  # a restart keeps what it runs
+    assert ((await again.pull(a)).run, (await again.pull(a)).bytes) == (first.run, 0)
+
+
 async def test_the_budget_holds_and_a_pinned_image_is_never_evicted(
     store: ImageStore, tmp_path: Path
 ) -> None:

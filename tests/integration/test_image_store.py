@@ -214,6 +214,16 @@ async def test_without_jetstream_the_store_says_so(tmp_path: Path) -> None:
             await nc.close()
 
 
+async def test_a_reader_opens_the_store_without_making_it(market: Market, tmp_path: Path) -> None:
+    nc = await market.connect("reader")
+    with pytest.raises(ImageNotFound, match=r"no image store yet .*: push an image"):
+        await ImageStore.open(nc, market.subjects.prefix, create=False)
+    writer = await ImageStore.open(nc, market.subjects.prefix)
+    await writer.push_directory(tree(tmp_path / "a", f=b"1"), "img", RUN)
+    reader = await ImageStore.open(nc, market.subjects.prefix, create=False)
+    assert await reader.lookup("img") == await writer.lookup("img")
+
+
 @pytest.mark.slow
 async def test_a_100_mb_image_is_pushed_and_pulled(
     store: ImageStore, tmp_path: Path, record_property: pytest.RecordProperty

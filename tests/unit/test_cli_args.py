@@ -245,6 +245,19 @@ def test_fail_keeps_its_exit_code() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["fleet", "--bogus", "--json"],  # an unknown option: refused before --json is read
+        ["--json", "fleet", "--region"],  # an option without its value
+    ],
+)
+def test_a_parse_error_with_json_is_one_object_too(args: list[str]) -> None:
+    code, out, err = run_cli(buyer, *args, *NO_NATS)
+    assert code == 1 and err.startswith("error: ") and len(err.splitlines()) == 1
+    assert json.loads(out) == {"error": err.removeprefix("error: ").strip()}
+
+
 def test_bourse_says_a_bad_option_in_one_line_and_json() -> None:
     code, out, err = run_cli(bourse, "demo", "--prefix", "a b", "--json")
     assert code == 1 and err.startswith("error: Invalid value for '--prefix'")

@@ -9,18 +9,22 @@ Workers sell 8 CPUs / 8 GiB with the label disk=ssd unless a row says otherwise.
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bourse.images import ImageCache
 from bourse.wire.messages import (
     Amount,
     Bid,
     ExplainRequest,
+    Layer,
     Machine,
     Offer,
     Resources,
@@ -43,6 +47,7 @@ from supplier.feasible import (
     EXCLUDED,
     EXISTING,
     FEASIBLE,
+    IMAGE_TOO_BIG,
     INSUFFICIENT,
     RECLAIMING,
     STANDING,
@@ -51,12 +56,18 @@ from supplier.feasible import (
     first_failure,
     handout,
 )
+from supplier.images import MIB, StoreSource
 from supplier.ledger import Hold
 from supplier.store import Store
 from supplier.worker import Worker
 
 WID = "w1"
 NOW = 1000.0  # the fake monotonic clock
+# An image named by content: three layers of 1 MiB; a pull adds the layers lacking and the
+# root (counted at its layers' size), 6 MiB into an empty cache.
+DIGEST = "sha256:" + "ab" * 32
+LAYERS = [Layer(digest=f"sha256:{i:064x}", size=MIB) for i in range(1, 4)]
+CONTENT = {"image_digest": DIGEST, "layers": LAYERS}
 
 
 @pytest.fixture(scope="module")
@@ -76,22 +87,43 @@ def worker(
     catalog: dict[str, list[str]] | None = None,
     confine: Mechanism = "none",
     images: tuple[str, ...] = (),
+    cache_mb: int = 100,
+    store_there: bool = True,
 ) -> Worker:
     """A worker; with ``catalog`` (image -> command), a process driver that runs only those
-    images, confined as ``confine`` says (rlimit: memory_mb < 4 cannot be confined)."""
+    images, confined as ``confine`` says (rlimit: memory_mb < 4 cannot be confined), with a
+    content cache of ``cache_mb`` and an image store to pull from when ``store_there``."""
     cfg = WorkerConfig(
         worker_id=WID,
         region="mad",
         capacity=capacity or Amount(cpus=8, memory_mb=8192),
         labels={"disk": "ssd"} if labels is None else labels,
         images=list(images),
+        image_cache_mb=cache_mb,
     )
     driver = None
     if catalog is not None:
         specs = {image: ImageSpec(command=cmd) for image, cmd in catalog.items()}
         logs = store.path.parent / "logs"
         driver = ProcessDriver(specs, logs, lambda *_: None, confiner=Confiner(confine, WID))
-    return Worker(cfg, store, lambda e: None, driver=driver)
+    source = StoreSource()
+    source.available = store_there
+    return Worker(cfg, store, lambda e: None, driver=driver, source=source)
+
+
+def holding(w: Worker, layers: int) -> Worker:
+    """``w`` with a fresh content cache holding the first ``layers`` of LAYERS (sparse
+    files of their sizes, as a restart finds layers on disk)."""
+    assert w.images.content is not None
+    top = Path(tempfile.mkdtemp(dir=w.store.path.parent))
+    blobs = top / "blobs" / "sha256"
+    blobs.mkdir(parents=True)
+    for layer in LAYERS[:layers]:
+        with (blobs / layer.digest.removeprefix("sha256:")).open("wb") as f:
+            f.truncate(layer.size)
+    limits = w.images.content.limits
+    w.images.content = ImageCache.open(top, w.images.source, limits)
+    return w
 
 
 def order(resources: Resources | None = None, **kw: Any) -> ExplainRequest:
@@ -149,6 +181,12 @@ def full_of_machines(w: Worker) -> None:
 
 def held_without_the_image(store: Store) -> Worker:
     w = worker(store, catalog={"db": ["x"]})
+    full_of_holds(w)
+    return w
+
+
+def held_with_a_small_cache(store: Store) -> Worker:
+    w = worker(store, catalog={}, cache_mb=5)
     full_of_holds(w)
     return w
 
@@ -218,6 +256,30 @@ ROWS = {
     "small but not confined": Row(
         lambda s: worker(s, catalog={"web": ["x"]}), order(Resources(cpus=1, memory_mb=3)), None, []
     ),
+    "a content image, a store to pull it from": Row(
+        lambda s: worker(s, catalog={}), order(**CONTENT), None, []
+    ),
+    "a content image, no store": Row(
+        lambda s: worker(s, catalog={}, store_there=False),
+        order(**CONTENT),
+        CANNOT_RUN,
+        [CANNOT_RUN],
+    ),
+    "a content image bigger than the cache": Row(
+        lambda s: worker(s, catalog={}, cache_mb=5),
+        order(**CONTENT),
+        IMAGE_TOO_BIG,
+        [IMAGE_TOO_BIG],
+    ),
+    "a content image bigger than the cache, holds in the way: no wait": Row(
+        held_with_a_small_cache,
+        order(**CONTENT),
+        IMAGE_TOO_BIG,
+        [IMAGE_TOO_BIG, BLOCKED],
+    ),
+    "a content image a sim worker's cache could never hold": Row(
+        lambda s: worker(s, cache_mb=2), order(**CONTENT), IMAGE_TOO_BIG, [IMAGE_TOO_BIG]
+    ),
     # draining > excluded > constraint_mismatch > image_not_runnable > insufficient
     "everything at once": Row(
         lambda s: worker(s, catalog={"db": ["x"]}, labels={}),
@@ -257,6 +319,7 @@ def test_the_stages_are_the_chain_in_its_order() -> None:
         "labels",
         "runnable",
         "confinable",
+        "image_fits",
         "fits",
     ]
 
@@ -354,6 +417,10 @@ class Case:
     catalog: dict[str, list[str]] | None
     confine: Mechanism
     cached: bool
+    content: bool  # the order names its image by digest (CONTENT)
+    layers_here: int  # of LAYERS, in a process worker's content cache
+    cache_mb: int
+    store_there: bool
     holds: list[tuple[str, Vec, float, bool, float | None]]  # order, want, TTL, pinned, replaced
     machine: str  # "", "placed", "reclaimed"
     want: Vec
@@ -391,6 +458,10 @@ def cases(draw: st.DrawFn) -> Case:
         catalog=draw(st.sampled_from([None, None, {"web": ["x"]}, {"web": []}, {"db": ["x"]}])),
         confine=draw(st.sampled_from(["none", "rlimit"])),
         cached=draw(st.booleans()),
+        content=draw(st.sampled_from([False, True, True])),
+        layers_here=draw(st.integers(0, 3)),
+        cache_mb=draw(st.sampled_from([2, 4, 5, 100])),
+        store_there=draw(st.sampled_from([True, True, False])),
         holds=draw(st.lists(hold_, max_size=3)),
         machine=draw(st.one_of(sometimes("placed", 10), sometimes("reclaimed", 10))),
         want=draw(amounts(4, 1024, least=1)),
@@ -409,7 +480,11 @@ def build(store: Store, c: Case) -> Worker:
         catalog=c.catalog,
         confine=c.confine,
         images=("web",) if c.cached else (),
+        cache_mb=c.cache_mb,
+        store_there=c.store_there,
     )
+    if c.catalog is not None:
+        holding(w, c.layers_here)
     if c.drain:
         w.set_draining(c.drain)
     w.ledger.load_committed(c.committed)
@@ -436,6 +511,7 @@ def the_order(c: Case) -> dict[str, Any]:
         "image": c.image,
         "constraints": c.constraints,
         "exclude_workers": c.exclude,
+        **(CONTENT if c.content else {}),
     }
 
 

@@ -2,7 +2,9 @@
 before it are supplier/feasible.py's, tested in test_feasible.py).
 
 Presets: spread f(u) = 1 - u, binpack f(u) = u. Default weights cpus 1, memory_mb 1,
-disk_mb 0.5, gpus 1; image_weight 0.3, so score = 0.7 * utility + 0.3 * cached.
+disk_mb 0.5, gpus 1; image_weight 0.3, so score = 0.7 * utility + 0.3 * image, where image
+is 1 or 0 for a catalog image (cached or not) and image_term(pull_s) = 1 / (1 + pull_s / 10)
+for an image named by content (image_half_s 10 s).
 """
 
 from __future__ import annotations
@@ -13,7 +15,16 @@ import msgspec
 import pytest
 
 from bourse.wire.resources import RESOURCES
-from supplier.pricing import Curve, Pricer, PricingConfig, build_curves
+from supplier.pricing import (
+    CACHED,
+    NOT_CACHED,
+    Curve,
+    ImageCost,
+    Pricer,
+    PricingConfig,
+    build_curves,
+    image_term,
+)
 
 # A 16-CPU, 32 GiB worker without disk or GPUs sold, already running 2 CPUs / 4 GiB.
 CAP = (16, 32768, 0, 0)
@@ -150,7 +161,7 @@ def test_pricer_rejects_unknown_resource() -> None:
 
 
 def test_spread_score() -> None:
-    score, subs = pricer().price(CAP, USED, WANT, image_cached=False)
+    score, subs = pricer().price(CAP, USED, WANT, image=False)
     # f_cpus = 1 - 0.25 = 0.75; f_mem = 1 - 0.5 = 0.5
     # utility = (1 * 0.75 + 1 * 0.5) / 2 = 0.625
     # score = 0.7 * 0.625 + 0.3 * 0 = 0.4375
@@ -159,7 +170,7 @@ def test_spread_score() -> None:
 
 
 def test_binpack_score() -> None:
-    score, subs = pricer(preset="binpack").price(CAP, USED, WANT, image_cached=False)
+    score, subs = pricer(preset="binpack").price(CAP, USED, WANT, image=False)
     # f_cpus = 0.25; f_mem = 0.5; utility = (0.25 + 0.5) / 2 = 0.375; score = 0.7 * 0.375
     assert score == 0.2625
     assert subs == {"cpus": 0.25, "memory_mb": 0.5, "utility": 0.375, "image": 0.0}
@@ -184,7 +195,7 @@ def test_spread_prefers_emptier_and_binpack_fuller() -> None:
     ],
 )
 def test_image_bonus(preset: str, expected: float) -> None:
-    score, subs = pricer(preset=preset).price(CAP, USED, WANT, image_cached=True)
+    score, subs = pricer(preset=preset).price(CAP, USED, WANT, image=True)
     assert score == expected
     assert subs["image"] == 1.0
 
@@ -307,3 +318,63 @@ def test_the_hot_path_price_without_detail_is_the_same_score(preset: str, cached
         full, subs = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached)
         fast, none = p.price((8, 8192, 100, 2), used, (1, 192, 5, 1), cached, detail=False)
         assert fast == full and none == {} and subs
+
+
+# -- the image term of a content image ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pull_s", "half_s", "term"),
+    [
+        (0.0, 10.0, 1.0),  # nothing to pull: as a cached image
+        (10.0, 10.0, 0.5),  # the half-time: 1 / (1 + 1)
+        (30.0, 10.0, 0.25),  # 1 / (1 + 3)
+        (2.0, 10.0, 1 / 1.2),
+        (1.0, 1.0, 0.5),
+        (-1.0, 10.0, 1.0),  # a clock's rounding below zero is nothing to pull
+    ],
+)
+def test_image_term_is_one_over_one_plus_pull_over_half(
+    pull_s: float, half_s: float, term: float
+) -> None:
+    assert image_term(pull_s, half_s) == pytest.approx(term)
+
+
+def test_the_image_term_falls_as_the_pull_grows() -> None:
+    terms = [image_term(s) for s in (0, 0.5, 1, 5, 20, 60, 600)]
+    assert terms == sorted(terms, reverse=True) and len(set(terms)) == len(terms)
+    assert 0 < terms[-1] < 0.02
+
+
+def test_a_content_image_is_priced_by_its_pull_with_its_bytes_and_seconds() -> None:
+    cost = ImageCost(False, True, pull_bytes=100 * 1024 * 1024, pull_s=10.0)
+    score, subs = pricer().price(CAP, USED, WANT, cost)
+    # utility 0.625 (test_spread_score); image = 1 / (1 + 10 / 10) = 0.5
+    assert score == 0.4375 + 0.3 * 0.5  # 0.7 * 0.625 + 0.15 = 0.5875
+    assert subs == {
+        "cpus": 0.75,
+        "memory_mb": 0.5,
+        "utility": 0.625,
+        "image": 0.5,
+        "pull_bytes": 104857600.0,
+        "pull_s": 10.0,
+    }
+    # a content image here already scores as a cached catalog image, and says it pulls nothing
+    here, subs = pricer().price(CAP, USED, WANT, ImageCost(True, True))
+    assert here == pricer().price(CAP, USED, WANT, True)[0] == 0.7375
+    assert (subs["image"], subs["pull_bytes"], subs["pull_s"]) == (1.0, 0.0, 0.0)
+
+
+def test_the_half_time_is_a_pricing_setting() -> None:
+    cost = ImageCost(False, True, pull_bytes=1, pull_s=5.0)
+    assert pricer(image_half_s=5.0).image(cost) == 0.5
+    assert pricer(image_half_s=20.0).image(cost) == 0.8
+    with pytest.raises(msgspec.ValidationError, match="image_half_s"):
+        msgspec.convert({"image_half_s": 0}, PricingConfig)
+
+
+def test_a_catalog_image_keeps_its_cached_or_not_term() -> None:
+    p = pricer()
+    assert (p.image(CACHED), p.image(NOT_CACHED), p.image(True), p.image(False)) == (1, 0, 1, 0)
+    _, subs = p.price(CAP, USED, WANT, NOT_CACHED)
+    assert "pull_bytes" not in subs and subs["image"] == 0.0

@@ -72,6 +72,7 @@ def test_fleet_and_machines_show_fractional_cpus_as_people_write_them() -> None:
     )
     [_head, row] = plain(render.fleet([s]))
     assert row.split()[2:5] == ["0.5/1.5", "256/1024", "0.25"]
+    assert row.split()[6] == "-"  # a worker that does not say its image cache
     m = Machine(
         machine_id="w1~01",
         order_id="o1",
@@ -142,3 +143,33 @@ def test_an_error_line_shows_control_characters_and_json_keeps_them(
     with pytest.raises(typer.Exit):
         fail("worker says: \x1b[31mred\nerror: forged")
     assert capsys.readouterr().err == "error: worker says: \\x1b[31mred\\nerror: forged\n"
+
+
+def test_fleet_shows_each_workers_image_cache_and_the_images_it_holds() -> None:
+    from bourse.wire.messages import Amount, WorkerStatus
+
+    digest = "sha256:" + "0123456789ab" + "f" * 52
+    s = WorkerStatus(
+        worker_id="w1",
+        region="mad",
+        labels={},
+        capacity=Amount(cpus=2, memory_mb=1024),
+        committed=Amount(cpus=0, memory_mb=0),
+        held=Amount(cpus=0, memory_mb=0),
+        images=["web"],
+        machines=0,
+        draining=False,
+        cache_bytes=1536 * 1024 * 1024,
+        cache_budget_bytes=20 * 1024**3,
+        image_digests=[digest],
+    )
+    [head, row] = plain(render.fleet([s]))
+    assert head.split()[7:9] == ["cache", "images"]  # after "mem MiB", two words
+    assert row.split()[6:8] == ["1.5G/20G", "web,sha256:0123456789ab"]
+
+
+def test_subscores_show_whole_numbers_whole() -> None:
+    shown = render.subscores(
+        {"cpus": 0.875, "image": 1.0, "pull_bytes": 104857600.0, "pull_s": 2.0}
+    )
+    assert shown == "cpus=0.875 image=1 pull_bytes=104857600 pull_s=2"

@@ -25,25 +25,26 @@ def test_new_orders_are_counted_until_one_more_claim_would_eat_into_the_room_kep
     assert room.admit(0.0) is None and room.full == ""  # not looked at yet: nothing to go by
     room.ended()
     assert room.due(0.0)
-    assert room.looked(500, MAX, 0.0) is None and room.taken == 0
+    assert room.looked(300, MAX, 0.0) is None and room.taken == 0
     assert not room.due(ROOM_LOOK_S - 0.001) and room.due(ROOM_LOOK_S)
-    # 500 stored: 15 claims of 600 bytes fit in 9,000 more; the 16th would not
-    assert [room.admit(0.5) for _ in range(15)] == [None] * 15 and room.full == ""
-    assert room.admit(0.5) == FULL and room.taken == 15
+    assert CLAIM_BYTES == 800
+    # 300 stored: 11 claims of 800 bytes fit in 9,200 more; the 12th would not
+    assert [room.admit(0.5) for _ in range(11)] == [None] * 11 and room.full == ""
+    assert room.admit(0.5) == FULL and room.taken == 11
     assert room.full == (
-        "the order claims' bucket holds about 9500 of its 10000 bytes (the last 5% are kept "
+        "the order claims' bucket holds about 9100 of its 10000 bytes (the last 5% are kept "
         "for the outcomes of the orders under way)"
     )
     assert room.admit(0.6) is None and room.full  # refused again: said once
     # a look finds what the claims really take (and what other processes wrote)
-    assert room.looked(9000, MAX, 1.0) is None and room.full  # 9,000 + 600 > 9,500
-    for _ in range(14):
+    assert room.looked(9000, MAX, 1.0) is None and room.full  # 9,000 + 800 > 9,500
+    for _ in range(10):
         room.ended()
     # the one order still under way is counted whole again: its claim grows at its outcome
     assert room.looked(7000, MAX, 2.0) == ROOM and (room.full, room.taken) == ("", 1)
     assert room.admit(2.1) is None and (room.taken, room.open) == (2, 2)
-    # 7,000 + 4 claims fit in 9,500; a fifth would not
-    assert [room.admit(2.2) for _ in range(3)] == [None, None, FULL]
+    # 7,000 + 3 claims fit in 9,500; a fourth would not
+    assert [room.admit(2.2) for _ in range(2)] == [None, FULL]
 
 
 def test_a_write_refused_for_room_refuses_new_orders_for_a_look_at_least() -> None:
@@ -80,8 +81,8 @@ def test_which_refusals_mean_no_room(exc: BaseException, expected: bool) -> None
 
 
 def test_the_sizing_rule() -> None:
-    """600 bytes a claim, an hour's window: the default 1 GiB holds about 470 orders a
-    second; 3,000 orders a second need 6.8 GB (docs/operations.md)."""
-    assert (CLAIM_BYTES, DEFAULT_WINDOW_S) == (600, 3600.0)
-    assert round(ClaimLimits().covers()) == 472
-    assert round(ClaimLimits(max_bytes=6_821_052_632).covers()) == 3000
+    """800 bytes a claim, an hour's window: the default 1 GiB holds about 350 orders a
+    second; 3,000 orders a second need 9.1 GB (docs/operations.md)."""
+    assert (CLAIM_BYTES, DEFAULT_WINDOW_S) == (800, 3600.0)
+    assert round(ClaimLimits().covers()) == 354
+    assert round(ClaimLimits(max_bytes=9_094_736_842).covers()) == 3000

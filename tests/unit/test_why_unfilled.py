@@ -19,6 +19,7 @@ IMAGE = Reason(code="image_not_runnable", detail="the driver cannot run image 'w
 DRAINING = Reason(code="draining", detail="draining")
 EXCLUDED = Reason(code="excluded", detail="excluded by the order")
 HOLDS = Reason(code="blocked_by_holds", detail="cpus: ...: only holds are in the way (would wait)")
+BIG = Reason(code="image_too_big", detail="image 'web' needs 2048 bytes in the image cache ...")
 
 
 def decline(worker: str, *reasons: Reason) -> WorkerVerdict:
@@ -59,6 +60,13 @@ def dry(*verdicts: WorkerVerdict) -> DryRun:
         ),
         ([decline("sjc-1", DRAINING)], "draining: sjc-1"),
         ([decline("sjc-1", EXCLUDED)], "excluded by the order: sjc-1"),
+        (
+            # an image bigger than one worker's cache, after one the other cannot run
+            [decline("sjc-1", BIG), decline("sjc-2", IMAGE), decline("sjc-3", CPUS)],
+            "image 'web' is not served by sjc-2; image 'web' is bigger than the image cache of "
+            "sjc-1; not enough free capacity on sjc-3 "
+            "(cpus: wants 1, free 0 (capacity 8, committed 8, held 0))",
+        ),
         (
             # the desk's order (§6.2) whatever the verdicts' order; one image is not "no worker"
             [decline("sjc-2", IMAGE), decline("sjc-1", EXCLUDED), decline("sjc-3", DRAINING)],
