@@ -6,13 +6,14 @@ Which workers hold an image comes from their status, here a raw worker's answer.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 import structlog
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.client.render import visible
@@ -52,6 +53,27 @@ async def pushed(market: Market, ref: str, top: Path, *more: str) -> dict[str, A
     assert (code, err) == (0, ""), err
     result: dict[str, Any] = json.loads(out)
     return result
+
+
+def holding(raw: NATS, digest: str) -> Callable[[Msg], Awaitable[None]]:
+    """A raw worker's answer to the status gather: its cache holds ``digest``."""
+
+    async def status(msg: Msg) -> None:
+        st = WorkerStatus(
+            worker_id="w9",
+            region="mad",
+            labels={},
+            capacity=Resources(cpus=1, memory_mb=1),
+            committed=Resources(cpus=0, memory_mb=0),
+            held=Resources(cpus=0, memory_mb=0),
+            images=[],
+            machines=0,
+            draining=False,
+            image_digests=[digest],
+        )
+        await raw.publish(msg.reply, encode(st))
+
+    return status
 
 
 def one_error(code: int, out: str, err: str) -> str:
@@ -105,21 +127,7 @@ async def test_ls_says_which_workers_hold_each_image(market: Market, tmp_path: P
     done = await pushed(market, "acme/web:v1", app_dir(tmp_path / "a"))
     raw = await market.connect("raw-worker")
 
-    async def status(msg: Msg) -> None:  # a worker whose cache holds the image
-        st = WorkerStatus(
-            worker_id="w9",
-            region="mad",
-            labels={},
-            capacity=Resources(cpus=1, memory_mb=1),
-            committed=Resources(cpus=0, memory_mb=0),
-            held=Resources(cpus=0, memory_mb=0),
-            images=[],
-            machines=0,
-            draining=False,
-            image_digests=[done["digest"]],
-        )
-        await raw.publish(msg.reply, encode(st))
-
+    status = holding(raw, done["digest"])  # a worker whose cache holds the image
     await raw.subscribe(market.subjects.status_every, cb=status)
     await raw.flush()
     code, out, _ = await image(market, "ls", "--json")
@@ -195,20 +203,7 @@ async def test_gc_keeps_what_a_worker_holds(market: Market, tmp_path: Path) -> N
     await image(market, "rm", "acme/web:v1")
     raw = await market.connect("raw-worker")
 
-    async def status(msg: Msg) -> None:  # holds the untagged image; runs no machine
-        st = WorkerStatus(
-            worker_id="w9",
-            region="mad",
-            labels={},
-            capacity=Resources(cpus=1, memory_mb=1),
-            committed=Resources(cpus=0, memory_mb=0),
-            held=Resources(cpus=0, memory_mb=0),
-            images=[],
-            machines=0,
-            draining=False,
-            image_digests=[held["digest"]],
-        )
-        await raw.publish(msg.reply, encode(st))
+    status = holding(raw, held["digest"])  # holds the untagged image; runs no machine
 
     async def machines(msg: Msg) -> None:  # its one, empty, page
         page = {"type": "MachinePage", "worker_id": "w9", "region": "mad", "machines": []}

@@ -12,6 +12,7 @@ import time
 import uuid
 from pathlib import Path
 
+import msgspec
 import pytest
 from nats.aio.msg import Msg
 
@@ -66,7 +67,7 @@ async def test_a_tag_is_resolved_where_the_order_enters_and_the_bid_carries_its_
     commits = await collect(listener, market.subjects.commit("a"))
     client = await market.client()
     placed = await client.place(order(image="acme/app:v1"))
-    assert isinstance(placed, Placed)
+    assert isinstance(placed, Placed) and placed.image_digest == digest
     [bid] = [decode(m.data, Bid) for m in bids]
     assert (bid.image, bid.image_digest, bid.layers) == ("acme/app:v1", digest, layers)
     [commit] = [decode(m.data, Commit) for m in commits]
@@ -82,12 +83,19 @@ async def test_a_tag_moved_between_two_orders_gives_each_what_it_named_then(
     listener = await market.connect("listener")
     commits = await collect(listener, market.subjects.commit("a"))
     client = await market.client()
-    assert isinstance(await client.place(order(image="acme/app")), Placed)
+    earlier = order(image="acme/app")
+    one = await client.place(earlier)
+    assert isinstance(one, Placed) and one.image_digest == first
     second, _ = await push(market, tmp_path, "acme/app:latest", b"two")
     assert second != first
     await seen_by(svc.images.resolver.index, "acme/app", second)
-    assert isinstance(await client.place(order(image="acme/app")), Placed)
+    two = await client.place(order(image="acme/app"))
+    assert isinstance(two, Placed) and two.image_digest == second
     assert [decode(m.data, Commit).image_digest for m in commits] == [first, second]
+    # the first order sent again: its one machine, with the content it was placed with
+    again = await client.place(msgspec.structs.replace(earlier, retry=True))
+    assert isinstance(again, Placed)
+    assert (again.machine_id, again.image_digest) == (one.machine_id, first)
 
 
 async def test_a_digest_the_store_lacks_is_refused_at_once(market: Market) -> None:
