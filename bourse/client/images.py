@@ -154,9 +154,10 @@ class ImageClient:
             progress.total(sum(b.descriptor.size for b in blobs))
         if self.tenant:
             return await self._push_as_tenant(blobs, ref, manifest, progress)
-        store = await self.store()
         counted = [counting(b, progress.advance) for b in blobs] if progress else blobs
-        done = await store.push_blobs(counted, ref, manifest, note)
+        with writing(f"push {ref.tagged}"):
+            store = await self.store()
+            done = await store.push_blobs(counted, ref, manifest, note)
         return Pushed(
             done.reference,
             done.digest,
@@ -266,7 +267,8 @@ class ImageClient:
         if self.tenant:
             body = encode(ImageTag(source=source, reference=tag.tagged))
             return await self._ask("tag", body, REQUEST_S)
-        digest = await (await self.store()).tag(source, tag)
+        with writing(f"tag {tag.tagged}"):
+            digest = await (await self.store()).tag(source, tag)
         return ImageTagged(reference=tag.tagged, digest=digest)
 
     async def remove(self, ref: str) -> ImageTagged:
@@ -274,7 +276,8 @@ class ImageClient:
         tag = Reference.parse(ref)
         if self.tenant:
             return await self._ask("untag", encode(ImageUntag(reference=tag.tagged)), REQUEST_S)
-        digest = await (await self.store()).remove_tag(tag)
+        with writing(f"rm {tag.tagged}"):
+            digest = await (await self.store()).remove_tag(tag)
         return ImageTagged(reference=tag.tagged, digest=digest)
 
     async def gc(self, *, dry_run: bool = False, grace_s: float = GC_GRACE_S) -> Collected:
@@ -283,7 +286,8 @@ class ImageClient:
         if self.tenant:
             raise ClientError("image gc is the operator's: a tenant's key removes nothing")
         in_use = await self.in_use()
-        result = await (await self.store()).gc(in_use, grace_s=grace_s, dry_run=dry_run)
+        with writing("gc"):
+            result = await (await self.store()).gc(in_use, grace_s=grace_s, dry_run=dry_run)
         return Collected(
             removed=[b.digest for b in result.removed],
             removed_bytes=result.removed_bytes,
@@ -308,6 +312,20 @@ class ImageClient:
             )
         named = {m.image_digest for m in listing.machines if m.image_digest}
         return set(holders) | named
+
+
+@contextlib.contextmanager
+def writing(what: str) -> Iterator[None]:
+    """A write of the store, directly: a write that gets no answer is most often one the
+    server refused this key (it answers a denied publish with nothing), so say so."""
+    try:
+        yield
+    except (TimeoutError, nats.errors.TimeoutError):
+        raise ClientError(
+            f"{what}: the image store did not answer a write: this key may not write it (the "
+            "shared buyer key and a supplier's only read; push with the operator's key, or a "
+            "tenant's under its own names), or its JetStream is unavailable"
+        ) from None
 
 
 def counting(blob: Blob, progress: Callable[[int], None]) -> Blob:

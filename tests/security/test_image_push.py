@@ -18,6 +18,7 @@ from nats.aio.client import Client as NATS
 from bourse.client import ClientError
 from bourse.client.images import ImageClient
 from bourse.images import ImageStore, RunSpec
+from bourse.images import store as store_module
 from bourse.images.importer import Blob
 from bourse.images.oci import OCI_CONFIG, OCI_LAYER_GZIP, OCI_MANIFEST, Descriptor
 from bourse.images.reference import Reference, tag_key
@@ -199,3 +200,24 @@ async def test_a_tenant_cannot_replace_a_stored_blob(
     assert await store.stat_blob(lie.digest) is None
     assert "alice/lie:v1" not in [t.reference for t in await store.ls()]
     assert await staged_messages(secured_js) == 0
+
+
+async def test_the_shared_buyer_key_reads_the_store_and_cannot_write_it(
+    secured_js: Secured, market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A denied write gets no answer from the server: the client says what that means
+    (once the store's request timeout, shortened here, is out)."""
+    monkeypatch.setattr(store_module, "API_TIMEOUT_S", 1.0)
+    alice = await client(secured_js, "buyer:alice")
+    done = await alice.push(tree(tmp_path / "a", b"alice's"), "alice/web:v1", RUN)
+    buyer = await client(secured_js, "buyer")
+    assert [(r.reference, r.digest) for r in await buyer.ls()] == [("alice/web:v1", done.digest)]
+    assert (await buyer.inspect("alice/web:v1")).digest == done.digest
+    for attempt in (
+        buyer.push(tree(tmp_path / "b", b"shared"), "web:v1", RUN),
+        buyer.tag("alice/web:v1", "alice/web:stolen"),
+    ):
+        with pytest.raises(ClientError, match="this key may not write it"):
+            await attempt
+    store = await operator_store(secured_js)
+    assert [t.reference for t in await store.ls()] == ["alice/web:v1"]
