@@ -33,6 +33,7 @@ from rich.table import Table
 from bourse.client import ClientError, render
 from bourse.client.images import ImageClient, Pushed
 from bourse.images import ImageInfo, RunSpec
+from bourse.images.store import GC_GRACE_S
 from bourse.nats.auth import tenant_of
 from bourse.nats.connection import shutdown
 from bourse.runtime import logs
@@ -320,7 +321,7 @@ def gc(
     grace_s: Annotated[
         float,
         typer.Option(min=0, help="Spare blobs written this recently (a push still under way)."),
-    ] = 3600.0,
+    ] = GC_GRACE_S,
 ) -> None:
     """Remove the blobs no tag reaches and nothing uses.
 
