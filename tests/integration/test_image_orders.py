@@ -20,9 +20,9 @@ from bourse.client import ClientError
 from bourse.images import ImageStore, RunSpec
 from bourse.images.tags import TagIndex
 from bourse.wire.codec import decode
-from bourse.wire.messages import Bid, Commit, ExplainRequest, Layer, Placed, Unfilled
+from bourse.wire.messages import Bid, Commit, Event, ExplainRequest, Layer, Placed, Unfilled
 from exchange.service import ExchangeService
-from tests.market import Market, collect, order, worker
+from tests.market import Market, collect, order, wait_until, worker
 
 RUN = RunSpec(cmd=("./serve",), architecture="amd64")
 UNKNOWN = "app@sha256:" + "0" * 64
@@ -65,6 +65,7 @@ async def test_a_tag_is_resolved_where_the_order_enters_and_the_bid_carries_its_
     listener = await market.connect("listener")
     bids = await collect(listener, market.subjects.bid("mad"))
     commits = await collect(listener, market.subjects.commit("a"))
+    events = await collect(listener, market.subjects.event("mad", "a", "placed"))
     client = await market.client()
     placed = await client.place(order(image="acme/app:v1"))
     assert isinstance(placed, Placed) and placed.image_digest == digest
@@ -72,6 +73,11 @@ async def test_a_tag_is_resolved_where_the_order_enters_and_the_bid_carries_its_
     assert (bid.image, bid.image_digest, bid.layers) == ("acme/app:v1", digest, layers)
     [commit] = [decode(m.data, Commit) for m in commits]
     assert (commit.image, commit.image_digest) == ("acme/app:v1", digest)
+    shown = await client.machine("get", placed.machine_id)  # the worker's record
+    assert (shown.image, shown.image_digest) == ("acme/app:v1", digest)
+    await wait_until(lambda: bool(events))  # the worker's outbox sends it after its reply
+    [placed_event] = [decode(m.data, Event) for m in events]
+    assert (placed_event.kind, placed_event.image_digest) == ("placed", digest)
 
 
 async def test_a_tag_moved_between_two_orders_gives_each_what_it_named_then(
