@@ -410,10 +410,10 @@ def table(rep: dict[str, Any]) -> Table:
         f"pulls: {len(rep['images'])} images of {p['image_mb'][0]}-{p['image_mb'][1]} MB, "
         f"{p['orders']} orders at {p['rate']}/s to each arm, {p['workers']} workers per arm"
     )
-    out = Table(title=title)
+    out = Table(title=title, box=None, padding=(0, 1), title_justify="left")
     columns = ("arm", "starts", "p50 ms", "p99 ms", "MB/start", "hits", "pulls", "MiB/s")
     for column in (*columns, "unfilled", "failed"):
-        out.add_column(column, justify="right")
+        out.add_column(column, justify="right", min_width=len(column))
     for name, a in rep["arms"].items():
         per_start = a["pulled_bytes_per_start"]
         out.add_row(
