@@ -27,6 +27,7 @@ from typing import Any, BinaryIO, cast
 
 import anyio
 import msgspec
+import nats.errors
 from hdrh.histogram import HdrHistogram
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -252,7 +253,10 @@ class Pulls:
         self._changed = anyio.Event()
 
     async def on_event(self, msg: Msg) -> None:
-        event = decode(msg.data, Event)
+        try:
+            event = decode(msg.data, Event)
+        except BourseError:  # not an event this run can count: the machine stays unreported
+            return
         self.bytes[event.machine_id] = self.bytes.get(event.machine_id, 0) + event.bytes
         self.seconds[event.machine_id] = self.seconds.get(event.machine_id, 0.0) + event.seconds
         self._changed.set()
@@ -275,9 +279,13 @@ async def _one(
 ) -> None:
     order = PlaceOrder(region=arm.name, resources=ORDER, image=ref, metadata={"app": "pulls"})
     sent = time.perf_counter()
-    placed = await place_content(
-        nc, subjects, order, info, workers=profile.workers, window_s=profile.window_s
-    )
+    try:
+        placed = await place_content(
+            nc, subjects, order, info, workers=profile.workers, window_s=profile.window_s
+        )
+    except (BourseError, nats.errors.Error) as exc:  # counted: the run goes on
+        arm.failed[order.order_id] = str(exc) or type(exc).__name__
+        return
     if not isinstance(placed, Placed):
         arm.unfilled[placed.reason] = arm.unfilled.get(placed.reason, 0) + 1
         return
@@ -292,7 +300,16 @@ async def _one(
         arm.failed[placed.machine_id] = str(exc)
     finally:
         with anyio.CancelScope(shield=True):
-            await client.machine("destroy", placed.machine_id)
+            await _destroy(client, arm, placed.machine_id)
+
+
+async def _destroy(client: BourseClient, arm: Arm, machine_id: str) -> None:
+    """Destroy a machine of the run; one its worker did not destroy is counted as failed
+    (it goes when the run's suppliers stop)."""
+    try:
+        await client.machine("destroy", machine_id)
+    except BourseError as exc:
+        arm.failed.setdefault(machine_id, f"destroy: {exc}")
 
 
 async def send(
