@@ -3,8 +3,11 @@ stream (seeded), its options, and the bid of an order for content."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
+import loadtest.pulls
 from bourse.images import ImageInfo
 from bourse.images.store import LayerInfo
 from bourse.wire.messages import Layer, PlaceOrder, Resources
@@ -84,3 +87,32 @@ def test_an_orders_bid_carries_the_images_digest_and_layers() -> None:
     assert bid.image_digest == info.digest
     assert bid.layers == [Layer(digest=x.digest, size=x.size) for x in layers]
     assert bid.hold_ms > 500 and bid.auction_id
+
+
+def test_the_pulls_scenario_takes_its_options_from_the_command(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from ops import cli as bourse
+
+    got: list[PullsProfile] = []
+
+    async def fake_run(profile: PullsProfile, out: Path, say: object) -> dict[str, object]:
+        got.append(profile)
+        return {"scenario": "pulls", "out": str(out)}
+
+    monkeypatch.setattr(loadtest.pulls, "run_pulls", fake_run)
+    args = ["--workers", "2", "--rate", "3", "--duration-s", "2", "--lifetime-s", "1.5"]
+    args += ["--seed", "4", "--images", "3", "--image-mb", "20-30"]
+    result = CliRunner().invoke(
+        bourse.app, ["loadtest", "--scenario", "pulls", *args, "--json", "--out", str(tmp_path)]
+    )
+    assert result.exit_code == 0, result.output
+    assert got == [
+        PullsProfile(
+            workers=2, rate=3.0, orders=6, lifetime_s=1.5, seed=4, images=3, image_mb=(20, 30)
+        )
+    ]
+    bad = CliRunner().invoke(bourse.app, ["loadtest", "--scenario", "pulls", "--image-mb", "x"])
+    assert bad.exit_code == 1 and "invalid pulls profile: --image-mb 'x'" in bad.output
