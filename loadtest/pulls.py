@@ -374,7 +374,7 @@ async def run_pulls(profile: PullsProfile, out: Path, say: Say) -> dict[str, Any
         await stop_all(programs)
         server.stop()
     rep = build_report(profile, arms, infos, stored, pushed_s, load_s)
-    (out / "report.json").write_text(msgspec.json.encode(rep).decode())
+    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(rep)))
     return rep
 
 
