@@ -19,7 +19,12 @@ from loadtest.workload import SCENARIOS, resolve_profile
 
 def loadtest(
     scenario: Annotated[
-        str, typer.Option(help=f"A named profile: {', '.join(SCENARIOS)}.")
+        str,
+        typer.Option(
+            help=f"A named profile: {', '.join(SCENARIOS)}; or pulls (real pulls of images, "
+            "cache-aware pricing against cache-blind: --workers per arm, --rate, --duration-s, "
+            "--lifetime-s, --seed, --images, --image-mb)."
+        ),
     ] = "smoke",
     profile_file: Annotated[
         Path | None, typer.Option("--profile", help="A profile file (JSON or TOML).")
@@ -138,6 +143,13 @@ def loadtest(
         ),
     ] = False,
     json: Annotated[bool, json_flag("Print the report as JSON.")] = False,
+    images: Annotated[
+        int | None, typer.Option(min=1, help="pulls: images the harness makes (default 5).")
+    ] = None,
+    image_mb: Annotated[
+        str | None,
+        typer.Option(metavar="MIN-MAX", help="pulls: image sizes in MB (default 20-60)."),
+    ] = None,
     soak: Annotated[
         float | None,
         typer.Option(
@@ -182,6 +194,13 @@ def loadtest(
             f"bourse loadtest needs the load-test extra ({exc.name} is missing): "
             "pip install 'bourse[loadtest]'"
         )
+    if scenario == "pulls":
+        pulls = {
+            "workers": workers, "rate": rate, "duration_s": duration_s,
+            "lifetime_s": lifetime_s, "seed": seed, "images": images, "image_mb": image_mb,
+        }  # fmt: skip
+        _pulls({k: v for k, v in pulls.items() if v is not None}, out, json)
+        return
     if soak is not None:
         logs.configure("error")  # the faults make every client log warnings by design
         if nats:
@@ -249,3 +268,21 @@ def loadtest(
             render.console.print(f"plot: {plot}")
     if rep["violations"]:
         raise typer.Exit(1)
+
+
+def _pulls(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The pulls scenario (loadtest/pulls.py) with the options given."""
+    from loadtest.pulls import profile_of, run_pulls, table
+
+    try:
+        profile = profile_of(given)
+    except ValueError as exc:
+        fail(f"invalid pulls profile: {exc}")
+    target = out or Path(".bourse") / "loadtest" / f"pulls-{time.strftime('%Y%m%d-%H%M%S')}"
+    say = (lambda _: None) if json else render.console.print
+    rep = run(lambda: run_pulls(profile, target, say))
+    if json:
+        typer.echo(render.as_json(rep))
+    else:
+        render.console.print(table(rep))
+        render.console.print(f"report: {target / 'report.json'}")

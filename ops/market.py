@@ -1,7 +1,8 @@
 """The demo market behind ``bourse demo`` and ``bourse up``: an embedded nats-server (unless
-one is given), one supplier process per demo region and one exchange process; the demo's
-scripted batch and burst placed on it; and ``up``'s watch over its programs until
-cancelled. Progress goes to a ``say`` callback; what the demo saw is returned."""
+one is given), one supplier process per demo region and one exchange process; the example
+app pushed into its image store; the demo's scripted batch (with a machine of the example
+app) and burst placed on it; and ``up``'s watch over its programs until cancelled. Progress
+goes to a ``say`` callback; what the demo saw is returned."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+from nats.aio.client import Client as NATS
 from ulid import ULID
 
 from bourse.client import BourseClient
+from bourse.images import ImageError, ImageInfo
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.nats.jetstream import NO_JETSTREAM_FLAG, jetstream_mode
@@ -22,6 +25,7 @@ from bourse.runtime.metrics import format_addr, free_port
 from bourse.wire.messages import Placed, Unfilled, WorkerStatus
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from ops.demo import (
+    DEMO_APP,
     DEMO_FLEET,
     BurstReport,
     Cleanup,
@@ -30,6 +34,7 @@ from ops.demo import (
     run_script,
     write_fleet_files,
 )
+from ops.hello import HELLO_REF, place_hello, push_hello
 
 Say = Callable[[str], None]
 
@@ -165,14 +170,17 @@ async def run_demo(
             say(f"embedded nats-server on {server.url}")
             programs = await start_market(urls, subjects, root, say, jetstream=jetstream)
             say("exchange ready; placing orders\n")
-        return await _place_demo(urls, subjects, burst, tidy)
+        return await _place_demo(urls, subjects, burst, tidy, say if jetstream else None)
     finally:
         await stop_all(programs)
         if server is not None:
             server.stop()
 
 
-async def _place_demo(urls: list[str], subjects: Subjects, burst: int, tidy: bool) -> DemoRun:
+async def _place_demo(
+    urls: list[str], subjects: Subjects, burst: int, tidy: bool, say: Say | None
+) -> DemoRun:
+    """The demo's orders; ``say`` None: without JetStream, so without the example app."""
     nc = await connect(urls, name="bourse-demo", service=False)
     client = BourseClient(nc, subjects)
     run_id = str(ULID())
@@ -180,7 +188,14 @@ async def _place_demo(urls: list[str], subjects: Subjects, burst: int, tidy: boo
     cleanup = None
     try:
         try:
+            hello = await pushed_hello(nc, subjects, say) if say else None
             outcomes = await run_script(client, run_id)
+            if hello is not None:
+                metadata = {"app": DEMO_APP, "demo_run": run_id}
+                got = await place_hello(
+                    nc, subjects, hello, "mad", len(DEMO_FLEET["mad"]), metadata
+                )
+                outcomes.append(("hello: the example app, pushed and placed by digest", got))
             placed += [r.machine_id for _, r in outcomes if isinstance(r, Placed)]
             report = await run_burst(client, run_id, placed, burst) if burst else None
             statuses = [s for region in DEMO_FLEET for s in await client.status(region)]
@@ -191,6 +206,18 @@ async def _place_demo(urls: list[str], subjects: Subjects, burst: int, tidy: boo
     finally:
         await nc.drain()
     return DemoRun(outcomes, report, statuses, len(set(placed)), cleanup)
+
+
+async def pushed_hello(nc: NATS, subjects: Subjects, say: Say) -> ImageInfo | None:
+    """The example app pushed as ``hello:latest`` (said), or None where the store refused it
+    (said too: the rest of the market does not need it)."""
+    try:
+        info = await push_hello(nc, subjects.prefix)
+    except ImageError as exc:
+        say(f"[yellow]{HELLO_REF} not pushed[/]: {exc}")
+        return None
+    say(f"pushed the example app as {HELLO_REF} ({info.digest}, {info.size} bytes)")
+    return info
 
 
 async def run_up(
@@ -225,11 +252,18 @@ async def run_up(
         for p in programs:
             if metrics_url(p):
                 say(f"metrics of {p.name}: {metrics_url(p)}")
+        if jetstream:
+            nc = await connect(urls, name="bourse-up", service=False)
+            try:
+                await pushed_hello(nc, subjects, say)
+            finally:
+                await shutdown(nc)
         px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             f"  export BOURSE_NATS_URL={urls[0]}\n"
             f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
+            f"  buyer place --region mad --cpus 1 --memory-mb 256 --image {HELLO_REF} --start{px}\n"
             f"  buyer fleet{px}\n"
             f"  buyer watch{px}\n"
             f"  bourse demo --nats {urls[0]}{px}\n"

@@ -11,6 +11,9 @@ from typing import Any
 import anyio
 
 from bourse.client import BourseClient
+from bourse.images import ImageInfo, ImageStore
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.messages import Machine, Placed
 from ops.demo import DEMO_FLEET
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
@@ -59,6 +62,26 @@ def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> Non
     # Processes stopped cleanly and their logs and state were kept in --data-dir.
     assert "supplier_stopped" in (tmp_path / "logs" / "supplier-mad.log").read_text()
     assert (tmp_path / "data" / "mad" / "supplier.db").exists()
+    # The example app was pushed into the market's store, and a machine of it placed by its
+    # digest: the store, read again from the demo's server directory, says the same digest.
+    hello = outcomes["hello: the example app, pushed and placed by digest"]
+    assert (hello["type"], hello["region"]) == ("Placed", "mad")
+    pushed = anyio.run(_stored_hello, tmp_path / "nats")
+    assert pushed.digest == hello["image_digest"]
+    assert pushed.cmd == ("python3", "server.py") and "HELLO_VERSION=1" in pushed.env
+
+
+async def _stored_hello(workdir: Path) -> ImageInfo:
+    server = EmbeddedNats(workdir=workdir).start()
+    try:
+        nc = await connect([server.url], name="test-demo", service=False)
+        try:
+            store = await ImageStore.open(nc, create=False)
+            return await store.inspect("hello:latest")
+        finally:
+            await shutdown(nc)
+    finally:
+        server.stop()
 
 
 def _demo_on(url: str, *extra: str) -> dict[str, Any]:

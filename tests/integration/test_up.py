@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from bourse.client import BourseClient
+from bourse.images import ImageStore
 from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
+from ops.hello import HELLO_REF, HELLO_RUN
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import order, wait_until
 
@@ -45,6 +47,9 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
     up, url = await _up(data)
     try:
         nc = await connect(url, name="t", service=False)
+        # the example app was pushed before up said it was ready
+        hello = await (await ImageStore.open(nc, create=False)).inspect(HELLO_REF)
+        assert (hello.cmd, hello.env) == (HELLO_RUN.cmd, HELLO_RUN.env)
         client = BourseClient(nc)
         r = await client.place(order(region="mad", image="web", cpus=1, memory_mb=256))
         assert isinstance(r, Placed)
@@ -60,6 +65,9 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
     up, url = await _up(data)
     try:
         nc = await connect(url, name="t", service=False)
+        # pushed again: the same files, the same digest
+        again = await (await ImageStore.open(nc, create=False)).inspect(HELLO_REF)
+        assert again.digest == hello.digest
         client = BourseClient(nc)
         assert (await client.machine("get", r.machine_id)).state == "started"
         await wait_until(lambda: log.read_text().count("web up") == 2)  # running again
