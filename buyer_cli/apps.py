@@ -43,7 +43,13 @@ def deploy(
     region: RegionsOpt,
     cpus: CpusOpt,
     memory_mb: Annotated[int, typer.Option(metavar="MIB", help="Memory of each machine, MiB.")],
-    image: Annotated[str, typer.Option(metavar="IMAGE", help="Image the machines run.")],
+    image: Annotated[
+        str,
+        typer.Option(
+            metavar="IMAGE",
+            help="Image the machines run: NAME[:TAG], NAME@sha256:... or a catalog name.",
+        ),
+    ],
     count: Annotated[int, typer.Option(min=0, metavar="N", help="Machines to run.")] = 1,
     spares: Annotated[
         int, typer.Option(min=0, metavar="N", help="Extra machines placed, not started.")

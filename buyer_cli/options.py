@@ -32,7 +32,14 @@ CpusOpt = Annotated[
     ),
 ]
 MemoryOpt = Annotated[int, typer.Option(metavar="MIB", help="Memory in MiB.")]
-ImageOpt = Annotated[str, typer.Option(metavar="IMAGE", help="Image to run.")]
+ImageOpt = Annotated[
+    str,
+    typer.Option(
+        metavar="IMAGE",
+        help="Image to run: NAME[:TAG] or NAME@sha256:... of the market's image store "
+        "(`bourse image`), or a name in the workers' catalogs.",
+    ),
+]
 DiskOpt = Annotated[int, typer.Option(metavar="MIB", help="Disk in MiB (0: none).")]
 GpusOpt = Annotated[int, typer.Option(metavar="N", help="GPUs (0: none).")]
 LabelOpt = Annotated[

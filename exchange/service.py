@@ -11,6 +11,11 @@
   same for tenant ``name`` (only its user may publish there): its order ids are scoped
   ``<name>:<id>``, its verbs reach only its machines, its listings show only them
   (bourse/wire/tenancy.py).
+- ``<root>.tenant.<name>.image.<verb>``: a tenant's image push, tag and untag, under its
+  own names only (exchange/images.py).
+
+Every order's image reference is resolved here, where the order enters, against a watched
+copy of the image store's tags (docs/protocol.md §4.3a; exchange/images.py).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from bourse.auction.broker import Broker, Refused
 from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.auction.room import ClaimLimits
+from bourse.images.errors import ImageError
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -41,9 +47,14 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     EXCHANGE_EVENT_WORKER,
     MACHINE_VERBS,
+    SHUTTING_DOWN_REASON,
     UNFILLED_EVENT,
     Error,
     Event,
+    ImagePush,
+    ImageTag,
+    ImageTagged,
+    ImageUntag,
     ListMachines,
     Machine,
     MachineList,
@@ -58,6 +69,7 @@ from bourse.wire.messages import (
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 from bourse.wire.tenancy import own_machines, owns, scoped_order, unscoped
+from exchange.images import REQUEST_ERRORS, ExchangeImages
 from exchange.reclaim import ReclaimDesk
 
 log = structlog.get_logger("bourse.exchange")
@@ -70,6 +82,12 @@ STOP_S = 1.5
 # How long the stop waits for the orders queued here to be answered (a round trip to the
 # server, then the queue refused: a NATS that does not answer must not eat the stop).
 DRAIN_S = 0.2
+# A tenant's image requests, by verb (the subject's last token).
+IMAGE_VERBS: dict[str, type[ImagePush | ImageTag | ImageUntag]] = {
+    "push": ImagePush,
+    "tag": ImageTag,
+    "untag": ImageUntag,
+}
 
 
 class ExchangeService:
@@ -111,8 +129,11 @@ class ExchangeService:
         # How many auctions run at once: adaptive (bourse/auction/admission.py), at most
         # max_inflight; target_auction_ms=0 makes it a fixed cap of max_inflight.
         self.admission = adaptive_limit(max_inflight, target_auction_ms)
-        # Admission + auction: the same broker a direct-mode buyer runs.
-        self.broker = Broker(self.auctioneer, self.admission)
+        # The image store: orders' references resolved (a watched copy of its tags), and
+        # tenants' pushes; opened by run() (with JetStream).
+        self.images = ExchangeImages(nc, self.subjects)
+        # Resolution + admission + auction: the same broker a direct-mode buyer runs.
+        self.broker = Broker(self.auctioneer, self.admission, self.images.resolver)
         self.reclaims = ReclaimDesk(nc, self.subjects, self.auctioneer.claims)
         self._orders: Subscription | None = None
         self._order_subs: list[Subscription] = []  # drained at the stop: every order answered
@@ -129,22 +150,26 @@ class ExchangeService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled: make the event stream if it is missing (with JetStream),
-        subscribe, say ``started``, serve; then, shielded and bounded: unsubscribe, let the
-        auctions under way finish (their holds released), close the auctioneer. Auctions and
-        relays run in the responder's tasks, which the stop ends."""
+        """Serve until cancelled: with JetStream, make the event stream if it is missing and
+        open the image store (its tags watched in this task group); subscribe, say
+        ``started``, serve; then, shielded and bounded: unsubscribe, let the auctions under
+        way finish (their holds released), close the auctioneer. Auctions and relays run in
+        the responder's tasks, which the stop ends."""
         self.responder = Responder(self.nc, "exchange")
-        if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
-            await ensure_stream(
-                self.nc.jetstream(), EventStream.of(self.subjects, replicas=replicas_for(self.nc))
-            )
-        try:
-            await self._subscribe()
-            task_status.started()
-            await anyio.sleep_forever()
-        finally:
-            with cleanup_scope(STOP_S):
-                await self._stop()
+        async with anyio.create_task_group() as tasks:
+            if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
+                await ensure_stream(
+                    self.nc.jetstream(),
+                    EventStream.of(self.subjects, replicas=replicas_for(self.nc)),
+                )
+                await tasks.start(self.images.run)
+            try:
+                await self._subscribe()
+                task_status.started()
+                await anyio.sleep_forever()
+            finally:
+                with cleanup_scope(STOP_S):
+                    await self._stop()
 
     async def _subscribe(self) -> None:
         g = self.responder.guard
@@ -162,6 +187,7 @@ class ExchangeService:
             (s.machine_all, self._on_machine),
             (s.reclaim_all, self._on_reclaim),
             (s.tenant_machine_all, self._on_tenant_machine),
+            (s.tenant_image_all, self._on_tenant_image),
         ):
             self._subs.append(await self.nc.subscribe(subject, queue=EXCHANGE_QUEUE, cb=g(cb)))
         await flush_all(self.nc)
@@ -386,6 +412,42 @@ class ExchangeService:
             await self.responder.reply(msg, unscoped(tenant, decode(data, Machine)))
         except BadMessage:  # logs, or an Error: as the worker sent it
             await self.responder.forward(msg, data)
+
+    async def _on_tenant_image(self, msg: Msg) -> None:
+        """A tenant's image push, tag or untag (exchange/images.py): its own names only."""
+        tenant, _, verb = self.subjects.tail(msg.subject, 1)
+        kind = IMAGE_VERBS.get(verb)
+        if kind is None:
+            await self.responder.error(
+                msg,
+                "unknown_subject",
+                f"unknown image verb {verb!r}: use one of {', '.join(IMAGE_VERBS)}",
+            )
+            return
+        self.responder.spawn(msg, self._image(msg, tenant, decode(msg.data, kind)))
+
+    async def _image(self, msg: Msg, tenant: str, req: ImagePush | ImageTag | ImageUntag) -> None:
+        images = self.images
+        try:
+            if isinstance(req, ImagePush):
+                done: ImageTagged = await images.push(tenant, req)
+            elif isinstance(req, ImageTag):
+                done = await images.tag(tenant, req)
+            else:
+                done = await images.untag(tenant, req)
+        except asyncio.CancelledError:  # the stop cut it short: say so, then go
+            with contextlib.suppress(Exception):
+                detail = "the exchange is stopping: send the image request again"
+                await self.responder.error(msg, "internal", detail, SHUTTING_DOWN_REASON)
+            raise
+        except REQUEST_ERRORS as exc:
+            log.warning("image_request_refused", tenant=tenant, error=str(exc))
+            await self.responder.error(msg, "bad_request", str(exc))
+            return
+        except (ImageError, nats.errors.Error, TimeoutError) as exc:
+            await self.responder.error(msg, "internal", str(exc) or type(exc).__name__)
+            return
+        await self.responder.reply(msg, done)
 
     async def _on_reclaim(self, msg: Msg) -> None:
         """A worker asks about its reserved machines (docs/protocol.md §5.3d). Only its own:

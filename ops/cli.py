@@ -40,6 +40,7 @@ from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from ops.auth_cli import auth_app
 from ops.demo import DEMO_APP
+from ops.image_cli import image_app
 from ops.jetstream import jetstream_app
 from ops.loadtest_cli import loadtest
 from ops.market import DemoRun, run_demo, run_up
@@ -52,6 +53,7 @@ app = typer.Typer(
 )
 app.add_typer(auth_app, name="auth")
 app.add_typer(jetstream_app, name="jetstream")
+app.add_typer(image_app, name="image")
 
 
 @app.callback()

@@ -1,9 +1,9 @@
 """``bourse jetstream init``: the market's JetStream set-up, by the operator (the key
 ``bourse auth init`` writes as ``operator.nk``; the only key that may make, change or delete
-the market's streams and buckets besides the exchange, which makes the event stream and the
-claims bucket at its start). Each of the market's streams and buckets is made if it is
-missing; one that exists keeps its own settings (change them with ``nats stream edit`` and
-the operator key). The image buckets are made only here."""
+the market's streams and buckets besides the exchange, which makes what is missing at its
+start: the event stream, the claims bucket, the image store and its staging stream). Each
+of the market's streams and buckets is made if it is missing; one that exists keeps its own
+settings (change them with ``nats stream edit`` and the operator key)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,10 @@ from rich.table import Table
 from bourse.auction.claims import ClaimStore
 from bourse.client import render
 from bourse.images import ImageStore
+from bourse.images.staging import DEFAULT_MAX_BYTES as STAGING_MAX_BYTES
+from bourse.images.staging import make_staging
 from bourse.nats.connection import shutdown
-from bourse.nats.grants import CLAIMS, EVENTS, IMAGE_TAGS, IMAGES, Resource
+from bourse.nats.grants import CLAIMS, EVENTS, IMAGE_TAGS, IMAGES, STAGING, Resource
 from bourse.nats.jetstream import (
     DEFAULT_MAX_AGE_S,
     DEFAULT_MAX_BYTES,
@@ -62,15 +64,23 @@ class Made:
     messages: int
 
 
-async def set_up(nc: NATS, subjects: Subjects, events: EventStream, replicas: int) -> list[Made]:
+async def set_up(
+    nc: NATS,
+    subjects: Subjects,
+    events: EventStream,
+    replicas: int,
+    staging_max_bytes: int = STAGING_MAX_BYTES,
+) -> list[Made]:
     """Make what is missing of the market's streams and buckets (``events``: the event
-    stream's settings; ``replicas``: the image buckets'; the claims bucket has its own)."""
+    stream's settings; ``replicas``: the image store's and its staging's; the claims bucket
+    has its own)."""
     prefix = subjects.prefix
     steps = (
         (EVENTS, lambda: make_stream(nc.jetstream(), events)),
         (CLAIMS, lambda: ClaimStore.open(nc, subjects)),
         (IMAGES, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
         (IMAGE_TAGS, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
+        (STAGING, lambda: make_staging(nc, subjects, replicas, staging_max_bytes)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:
@@ -126,9 +136,18 @@ def init(
             min=1, max=5, help="Replicas of what is made [default: 3 in a cluster of 3+, else 1]"
         ),
     ] = None,
+    staging_max_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="What the image staging stream holds at most, every tenant's pushes under "
+            "way together (the largest image a tenant may push, and some).",
+        ),
+    ] = STAGING_MAX_BYTES // MIB,
 ) -> None:
     """Make the market's streams and buckets that are missing: the event stream, the order
-    claims, the image store. Run with the operator's key (operator.nk)."""
+    claims, the image store and its staging stream. Run with the operator's key
+    (operator.nk)."""
     logs.configure("warning")
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)
@@ -144,7 +163,7 @@ def init(
             if orders_per_s is not None:  # whole MiB, up
                 size = -(-event_stream_bytes(orders_per_s, age_s) // MIB) * MIB
             events = EventStream.of(subjects, replicas=n, max_bytes=size, max_age_s=age_s)
-            return await set_up(nc, subjects, events, n)
+            return await set_up(nc, subjects, events, n, staging_max_mib * MIB)
         finally:
             await shutdown(nc)
 

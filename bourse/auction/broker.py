@@ -1,10 +1,12 @@
-"""The broker: admission control plus the auction, one home for placing an order.
+"""The broker: the order's image resolved, admission control, the auction: one home for
+placing an order.
 
 The exchange (``exchange/service.py``) and a direct-mode buyer (``BourseClient(direct=True)``)
-both place orders through a ``Broker``. ``place`` never raises for an order it could not
-place: it returns ``Placed``, ``Unfilled`` or a typed ``Refused`` (overloaded, a conflicting
-order id, or the auction could not run), and ``Refused.error()`` is the wire ``Error`` for it
-(docs/protocol.md §5.5, §7).
+both place orders through a ``Broker``: where an order enters, its image reference is
+resolved to content once (``bourse/auction/content.py``, §4.3a). ``place`` never raises for
+an order it could not place: it returns ``Placed``, ``Unfilled`` or a typed ``Refused``
+(an unknown image, overloaded, a conflicting order id, or the auction could not run), and
+``Refused.error()`` is the wire ``Error`` for it (docs/protocol.md §5.5, §7).
 """
 
 from __future__ import annotations
@@ -13,10 +15,16 @@ import time
 from dataclasses import dataclass
 from typing import Literal
 
+import anyio
+import nats.errors
+
 from bourse.auction.admission import ConcurrencyLimit, overloaded_detail
+from bourse.auction.content import ImageContent, Resolver
 from bourse.auction.driver import Auctioneer
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
+from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.wire.messages import (
+    IMAGE_UNKNOWN_REASON,
     OVERLOADED_REASON,
     SHUTTING_DOWN_REASON,
     STORE_FULL_REASON,
@@ -29,12 +37,21 @@ from bourse.wire.messages import (
 )
 
 RefusalKind = Literal[
-    "overloaded", "conflicting_order", "cannot_run", "store_full", "unrecorded", "shutting_down"
+    "image_unknown",
+    "bad_image",
+    "overloaded",
+    "conflicting_order",
+    "cannot_run",
+    "store_full",
+    "unrecorded",
+    "shutting_down",
 ]
 
 # How each refusal travels as an Error: the code (v1's fixed set) and, for overload, the
 # Error.reason that tells it apart from other internal errors without reading the detail.
 _WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
+    "image_unknown": ("bad_request", IMAGE_UNKNOWN_REASON),
+    "bad_image": ("bad_request", ""),
     "overloaded": ("internal", OVERLOADED_REASON),
     "conflicting_order": ("bad_request", ""),
     "cannot_run": ("internal", ""),
@@ -48,7 +65,9 @@ _WIRE: dict[RefusalKind, tuple[ErrorCode, str]] = {
 class Refused:
     """The order was not answered with an outcome.
 
-    Nothing was bid, nothing is held: ``overloaded``, no admission slot in time (or the
+    Nothing was bid, nothing is held: ``image_unknown``, its image names a digest the image
+    store does not hold; ``bad_image``, its image is a malformed digest reference or names
+    something that is not an image manifest; ``overloaded``, no admission slot in time (or the
     exchange's order backlog is full); ``conflicting_order``, its id is being placed for a
     different order; ``cannot_run``, the auction could not start (not connected to NATS,
     or its claim could not be written); ``store_full``, the order claims' bucket takes no
@@ -78,22 +97,36 @@ SHUTTING_DOWN = (
 
 
 class Broker:
-    """Places orders: waits for an admission slot (when ``admission`` is set), runs the
+    """Places orders: resolves the order's image (``images``; without it every image is a
+    catalog name), waits for an admission slot (when ``admission`` is set), runs the
     auction with what is left of the deadline, and lets the outcome adapt the limit."""
 
-    def __init__(self, auctioneer: Auctioneer, admission: ConcurrencyLimit | None = None) -> None:
+    def __init__(
+        self,
+        auctioneer: Auctioneer,
+        admission: ConcurrencyLimit | None = None,
+        images: Resolver | None = None,
+    ) -> None:
         self.auctioneer = auctioneer
         self.admission = admission
+        self.images = images or Resolver()
         self.stopping = False
 
     async def place(self, order: PlaceOrder) -> Outcome:
         """Run one immediate-or-cancel order."""
         if self.stopping:
             return self.shutting_down()
+        t0 = time.monotonic()
+        content = self.images.known(order.image)  # every order of a known image: a lookup
+        if content is None:
+            found = await self.content(order)
+            if isinstance(found, Refused):
+                return found
+            content = found
         try:
             if self.admission is None:
-                return await self.auctioneer.run(order)
-            return await self._admitted(self.admission, order)
+                return await self.auctioneer.run(order, _ms_since(t0), content)
+            return await self._admitted(self.admission, order, t0, content)
         except UnrecordedPlacement as exc:
             return Refused("unrecorded", str(exc))
         except ConflictingOrder as exc:
@@ -124,19 +157,38 @@ class Broker:
     async def close(self) -> None:
         await self.auctioneer.close()
 
-    async def _admitted(self, limit: ConcurrencyLimit, order: PlaceOrder) -> Outcome:
+    async def content(self, order: PlaceOrder) -> ImageContent | Refused:
+        """What the order's image names (§4.3a), within the order's deadline; the refusal
+        when it names no image the store holds, or the store cannot be read in time."""
+        try:
+            with anyio.fail_after(order.deadline_ms / 1000.0):
+                return await self.images.resolve(order.image)
+        except ImageNotFound as exc:
+            return Refused("image_unknown", str(exc))
+        except (BadReference, BadImage) as exc:
+            return Refused("bad_image", str(exc))
+        except (ImageError, nats.errors.Error, TimeoutError) as exc:
+            why = str(exc) or type(exc).__name__
+            return Refused("cannot_run", f"image {order.image!r}: the image store: {why}")
+
+    async def _admitted(
+        self, limit: ConcurrencyLimit, order: PlaceOrder, t0: float, content: ImageContent
+    ) -> Outcome:
         """Past the limit an order waits its turn while its deadline leaves time for an
         auction (one started now would slow every one under way); the auction gets what is
         left, and what it says about load adapts the limit (bourse/auction/admission.py)."""
-        t0 = time.monotonic()
         if not await limit.acquire(limit.patience_s(order.deadline_ms)):
             return self.shutting_down() if self.stopping else self.overloaded()
         started = time.monotonic()
         load_ms: float | None = None
         try:
-            result = await self.auctioneer.run(order, (started - t0) * 1000.0)
+            result = await self.auctioneer.run(order, (started - t0) * 1000.0, content)
             if not order.retry and (isinstance(result, Placed) or result.reason == "deadline"):
                 load_ms = (time.monotonic() - started) * 1000.0
             return result
         finally:
             limit.release(load_ms)
+
+
+def _ms_since(t0: float) -> float:
+    return (time.monotonic() - t0) * 1000.0

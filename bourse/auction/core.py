@@ -38,6 +38,7 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from bourse.auction.content import CATALOG, ImageContent
 from bourse.errors import BourseError
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import (
@@ -280,7 +281,9 @@ class Auction:
     whole region (empty: not known); ``shard_responders``: per shard of the region, the
     names of those known to answer a sampled bid to it (a shard not in it: not known). The
     quorum waits for these names: a process it does not know answering does not stand in
-    for a known one that has not (that one's hold could outlive a folded release)."""
+    for a known one that has not (that one's hold could outlive a folded release).
+    ``content``: what the order's image resolved to where it entered (§4.3a): the bid
+    carries its digest and layers, the commit its digest."""
 
     def __init__(
         self,
@@ -294,8 +297,10 @@ class Auction:
         spent_ms: float = 0.0,
         responders: Collection[str] = frozenset(),
         shard_responders: Mapping[int, Collection[str]] | None = None,
+        content: ImageContent = CATALOG,
     ) -> None:
         self.order = order
+        self.content = content
         self.config = config
         self.auction_id = auction_id
         self.subjects = subjects or Subjects()
@@ -524,7 +529,10 @@ class Auction:
                     "new id for a new order)"
                 ),
             ]
-        return self._finish(Placed.of_offer(offer, elapsed_ms=self._elapsed(now)))
+        placed = Placed.of_offer(
+            offer, elapsed_ms=self._elapsed(now), image_digest=machine.image_digest
+        )
+        return self._finish(placed)
 
     def commit_outcome(self, outcome: CommitOutcome, now: float) -> list[Decision]:
         """The commit of the last ``SendCommit`` ended (§5.2 step 6 table). An empty list
@@ -567,6 +575,8 @@ class Auction:
             wait_ms=int(order.deadline_ms * cfg.wait_ratio),
             batch_offers=cfg.batch_offers,
             prompt_offers=cfg.batch_offers and cfg.prompt_offers,
+            image_digest=self.content.digest,
+            layers=self.content.layers,
         )
 
     def _no_responders(self, now: float) -> list[Decision]:
@@ -667,6 +677,7 @@ class Auction:
             metadata=self.order.metadata,
             auction_id=self.auction_id,
             release_others=self._commit_releases,
+            image_digest=self.content.digest,
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]

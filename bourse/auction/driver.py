@@ -44,6 +44,7 @@ from bourse.auction.claiming import (
     WriteClaim,
 )
 from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprint
+from bourse.auction.content import CATALOG, ImageContent
 from bourse.auction.core import (
     Auction,
     AuctionConfig,
@@ -141,7 +142,9 @@ class Auctioneer:
         # The batches' sender: its flusher starts with the inbox and ends with close.
         self.batches = BatchSender(nc, self.subjects)
 
-    async def run(self, order: PlaceOrder, spent_ms: float = 0.0) -> Placed | Unfilled:
+    async def run(
+        self, order: PlaceOrder, spent_ms: float = 0.0, content: ImageContent = CATALOG
+    ) -> Placed | Unfilled:
         """Run the auction for ``order``. Raises ConflictingOrder if an auction for the same
         order id but a different order (region, resources, image...) is under way here,
         AuctionError if it cannot run (not connected, or the order's claim could not be
@@ -149,7 +152,8 @@ class Auctioneer:
         machine that its claim could not be made to name. A ``Placed`` is returned only
         once the claim names its machine (acknowledged by the server).
         ``spent_ms``: time the order already waited (for admission): the auction's deadline
-        is what is left of the order's."""
+        is what is left of the order's. ``content``: what the order's image resolved to
+        where it entered (§4.3a), which its bid and commit carry."""
         running = self._inflight.get(order.order_id)
         if running is not None:
             first, fut = running
@@ -167,7 +171,7 @@ class Auctioneer:
         fut = asyncio.get_running_loop().create_future()
         self._inflight[order.order_id] = (order, fut)
         try:
-            result = await self._claimed(order, spent_ms)
+            result = await self._claimed(order, spent_ms, content)
         except BaseException as exc:
             fut.set_exception(exc)
             fut.exception()  # retrieved: a lone failed duplicate-free run logs nothing extra
@@ -207,7 +211,9 @@ class Auctioneer:
         """The claims bucket, opened at the first call (None: no JetStream, or off)."""
         return await self.bucket.open()
 
-    async def _claimed(self, order: PlaceOrder, spent_ms: float) -> Placed | Unfilled:
+    async def _claimed(
+        self, order: PlaceOrder, spent_ms: float, content: ImageContent
+    ) -> Placed | Unfilled:
         """The auction under the order id's claim (docs/protocol.md §5.3c): what
         ``Claiming`` decides, performed, until the order's end."""
         if not self.nc.is_connected:
@@ -233,7 +239,7 @@ class Auctioneer:
                 if isinstance(d, ClaimRequest):
                     todo.extend(await self._request(d, claim))
                 elif isinstance(d, RunAuction):
-                    todo.extend(await self._auction(d, claim, olog, later))
+                    todo.extend(await self._auction(d, claim, content, olog, later))
                 elif isinstance(d, Finish):
                     return d.result
                 elif isinstance(d, Log):
@@ -242,7 +248,7 @@ class Auctioneer:
                     await asyncio.sleep(d.until - time.monotonic())  # a failed request's pause
                     todo.extend(claim.woke())
                 elif isinstance(d, RunUnclaimed):  # no claims on this server
-                    return await self._run(order, d.spent_ms, olog=olog)
+                    return await self._run(order, d.spent_ms, content, olog=olog)
                 elif isinstance(d, NoRoom):
                     if d.refused:
                         self.bucket.refused(d.why)
@@ -256,11 +262,16 @@ class Auctioneer:
                 await self._release(order, later.pop())
 
     async def _auction(
-        self, d: RunAuction, claim: Claiming, olog: BoundLogger, later: list[str]
+        self,
+        d: RunAuction,
+        claim: Claiming,
+        content: ImageContent,
+        olog: BoundLogger,
+        later: list[str],
     ) -> list[ClaimStep]:
         """The auction under the claim; what the claim decides of its end."""
         try:
-            result = await self._run(d.order, d.spent_ms, claim.auction_id, olog, later)
+            result = await self._run(d.order, d.spent_ms, content, claim.auction_id, olog, later)
         except ConflictingOrder as exc:
             return claim.refused(str(exc))
         return claim.ended(result)
@@ -288,6 +299,7 @@ class Auctioneer:
         self,
         order: PlaceOrder,
         spent_ms: float,
+        content: ImageContent,
         auction_id: str | None = None,
         olog: BoundLogger | None = None,
         later: list[str] | None = None,
@@ -311,6 +323,7 @@ class Auctioneer:
             spent_ms=spent_ms,
             responders=self.expected_responders(order.region),
             shard_responders=self.expected_shard_responders(order.region),
+            content=content,
         )
         if not self.inbox.prefix:
             await self.inbox.open()

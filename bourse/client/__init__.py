@@ -1,12 +1,14 @@
 """The buyer's client library: place orders, read the fleet, manage machines.
 
 Thin typed methods over NATS request-reply. ``direct=True`` runs the auction in this
-process against the suppliers (no exchange instance needed); otherwise orders go to the
-exchange queue group.
+process against the suppliers (no exchange instance needed), resolving each order's image
+where it enters as the exchange does (a watched copy of the image store's tags, from the
+first order on); otherwise orders go to the exchange queue group.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable
 from typing import Any, TypeVar
@@ -14,16 +16,22 @@ from typing import Any, TypeVar
 import anyio
 import msgspec
 import nats.errors
+import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.broker import Broker, Refused
+from bourse.auction.content import CATALOG, ImageContent, Resolver
 from bourse.auction.core import describe
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.errors import BourseError
+from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
+from bourse.images.store import ImageStore
+from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
+    IMAGE_UNKNOWN_REASON,
     OVERLOADED_REASON,
     UNRECORDED_REASON,
     Error,
@@ -53,6 +61,7 @@ from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import scoped_order
 
 T = TypeVar("T")
+log = structlog.get_logger("bourse.client")
 
 # How long past an order's own deadline the buyer waits for the exchange's answer.
 REPLY_SLACK_S = 2.0
@@ -69,6 +78,14 @@ OVERLOADED_CODE = "overloaded"
 # retry), which is answered with the order's one machine. On the wire: Error "internal",
 # reason "unrecorded".
 UNRECORDED_CODE = "unrecorded"
+# ClientError.code of an order (or dry run) whose image names a digest the image store does
+# not hold (§4.3a): nothing was bid. On the wire: Error "bad_request", reason
+# "image_unknown".
+IMAGE_UNKNOWN_CODE = IMAGE_UNKNOWN_REASON
+# Direct mode: a market with no image store yet (nothing pushed) is asked again after this.
+STORE_RETRY_S = 5.0
+# Direct mode: how long the first order waits for the watched copy of the tags.
+WATCH_START_S = 5.0
 
 
 # How long a dry run waits for the region's status (the workers it knows, to list those
@@ -264,8 +281,14 @@ class BourseClient:
         # ``claims``: order claims in JetStream KV where the server has it (§5.3c).
         auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims) if direct else None
         self._broker = Broker(auctioneer, admission) if auctioneer is not None else None
+        # Direct mode: the watch of the image store's tags, started at the first order.
+        self._tasks = TaskSet("client.images")
+        self._watching = False
+        self._opening = asyncio.Lock()  # one opening of the store at a time
+        self._store_at = 0.0  # monotonic: when the image store may be opened (again)
 
     async def close(self) -> None:
+        await self._tasks.finish(0.0)
         if self._broker is not None:
             await self._broker.close()
 
@@ -276,6 +299,8 @@ class BourseClient:
         name it (send the order again under the same id), ``internal`` when the auction
         cannot run)."""
         if self._broker is not None:
+            if not self._watching:
+                await self._watch_images(self._broker.images)
             outcome = await self._broker.place(order)
             if isinstance(outcome, Refused):
                 raise _refusal(outcome.error())
@@ -291,6 +316,54 @@ class BourseClient:
         if isinstance(reply, Error):
             raise _refusal(reply)
         return reply
+
+    async def _watch_images(self, resolver: Resolver) -> None:
+        """Direct mode: watch the image store's tags from now on, in a task this client
+        owns, for ``resolver`` (once the copy is replayed, or ``WATCH_START_S``). A market
+        with no image store yet is asked again ``STORE_RETRY_S`` later; meanwhile every
+        image is a catalog name and a digest is refused."""
+        async with self._opening:
+            if self._watching or time.monotonic() < self._store_at:
+                return
+            try:
+                store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
+            except (ImageError, nats.errors.Error, TimeoutError) as exc:
+                log.info("image_store_not_open", error=str(exc) or repr(exc))
+                self._store_at = time.monotonic() + STORE_RETRY_S
+                return
+            self._watching = True
+            ready = anyio.Event()
+
+            async def watch() -> None:
+                async with anyio.create_task_group() as tg:
+                    await tg.start(resolver.watch, store)
+                    ready.set()
+
+            self._tasks.spawn(watch())
+            with anyio.move_on_after(WATCH_START_S):
+                await ready.wait()
+
+    async def content(self, image: str) -> ImageContent:
+        """What ``image`` names now (§4.3a), as the order's entry point resolves it: in
+        direct mode from the watched copy, else with one read of its tag. ClientError
+        ``image_unknown`` for a digest the store lacks, ``bad_request`` for a malformed one
+        or one that names no image manifest."""
+        try:
+            if self._broker is not None:
+                if not self._watching:
+                    await self._watch_images(self._broker.images)
+                return await self._broker.images.resolve(image)
+            try:
+                store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
+            except ImageNotFound:
+                return CATALOG  # no image store: every name is a catalog name
+            return await Resolver(blobs=store, lookup=store).resolve(image)
+        except ImageNotFound as exc:
+            raise ClientError(str(exc), IMAGE_UNKNOWN_CODE) from None
+        except (BadReference, BadImage) as exc:
+            raise ClientError(str(exc), "bad_request") from None
+        except (ImageError, nats.errors.Error, TimeoutError) as exc:
+            raise ClientError(f"image {image!r}: the image store: {exc!r}") from None
 
     async def reasons(
         self, order: PlaceOrder, unfilled: Unfilled, explained: DryRun | None = None
@@ -348,6 +421,7 @@ class BourseClient:
                 order = scoped_order(self.tenant, order)
             except BadMessage as exc:
                 raise ClientError(str(exc), "bad_request") from None
+        content = await self.content(order.image)
         req = ExplainRequest(
             order_id=order.order_id,
             region=order.region,
@@ -355,6 +429,8 @@ class BourseClient:
             image=order.image,
             constraints=order.constraints,
             exclude_workers=order.exclude_workers,
+            image_digest=content.digest,
+            layers=content.layers,
         )
         gather = _ExplainGather()
         await self._scatter(
@@ -622,11 +698,14 @@ class _MachinesGather(_Gather):
 
 def _refusal(error: Error) -> ClientError:
     """An order's Error as a ClientError: an overload refusal (Error.reason) gets code
-    ``overloaded``, an unrecorded placement ``unrecorded``, anything else its wire code."""
+    ``overloaded``, an unrecorded placement ``unrecorded``, an unknown image
+    ``image_unknown``, anything else its wire code."""
     if error.reason == OVERLOADED_REASON:
         return ClientError(error.detail, OVERLOADED_CODE)
     if error.reason == UNRECORDED_REASON:
         return ClientError(error.detail, UNRECORDED_CODE)
+    if error.reason == IMAGE_UNKNOWN_REASON:
+        return ClientError(error.detail, IMAGE_UNKNOWN_CODE)
     return ClientError(error.detail, error.code)
 
 

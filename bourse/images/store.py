@@ -402,19 +402,9 @@ class ImageStore:
         """Store ``directory`` as a one-layer image running ``run`` and tag it ``ref``
         (``build``: the same tree and options give the same digest)."""
         ref = _tag_only(ref)
-        with tempfile.TemporaryDirectory(prefix="bourse-push-", dir=tmp_dir) as tmp:
-            path = Path(tmp) / "layer"
-            layer = await anyio.to_thread.run_sync(
-                _write_layer_file, directory, path, keep_mtime, compresslevel
-            )
-            docs = documents([layer], run, created)
-            manifest = decode_manifest(docs.manifest, "manifest")
-            blobs = [
-                Blob(layer.descriptor, open=lambda: path.open("rb")),
-                Blob(manifest.config, docs.config),
-                Blob(docs.descriptor, docs.manifest),
-            ]
-            return await self._store(blobs, ref, docs.descriptor, f"directory {directory}")
+        built = directory_image(directory, run, keep_mtime, compresslevel, created, tmp_dir)
+        async with built as (blobs, manifest):
+            return await self.push_blobs(blobs, ref, manifest, f"directory {directory}")
 
     async def import_image(self, path: Path, ref: Reference | str, *, pick: str = "") -> PushResult:
         """Store the image at ``path`` (an OCI layout or oci-archive, a docker save tarball
@@ -424,11 +414,13 @@ class ImageStore:
         with contextlib.ExitStack() as stack:
             plan = await anyio.to_thread.run_sync(stack.enter_context, reading(path, pick))
             note = f"{path}: {plan.note}"
-            return await self._store(list(plan.blobs()), ref, plan.descriptor, note)
+            return await self.push_blobs(list(plan.blobs()), ref, plan.descriptor, note)
 
-    async def _store(
+    async def push_blobs(
         self, blobs: Sequence[Blob], ref: Reference, manifest: Descriptor, note: str
     ) -> PushResult:
+        """Store ``blobs`` (the manifest's last, so no manifest names a missing blob), then
+        tag ``ref`` with ``manifest``; ``note`` says what they were read from."""
         started = time.perf_counter()
         uploaded = reused = 0
         for blob in blobs:
@@ -622,6 +614,35 @@ def _mtime(text: str | None) -> float:
         with contextlib.suppress(ValueError):
             return datetime.fromisoformat(trimmed).timestamp()
     return time.time()
+
+
+@contextlib.asynccontextmanager
+async def directory_image(
+    directory: Path,
+    run: RunSpec,
+    keep_mtime: bool = False,
+    compresslevel: int = DEFAULT_COMPRESSLEVEL,
+    created: str | None = None,
+    tmp_dir: Path | None = None,
+) -> AsyncIterator[tuple[list[Blob], Descriptor]]:
+    """``directory`` as a one-layer image running ``run`` (``build``): its blobs (the layer
+    in a temporary file while the block runs, the manifest last) and the manifest's
+    descriptor."""
+    with tempfile.TemporaryDirectory(prefix="bourse-push-", dir=tmp_dir) as tmp:
+        path = Path(tmp) / "layer"
+        layer = await anyio.to_thread.run_sync(
+            _write_layer_file, directory, path, keep_mtime, compresslevel
+        )
+        docs = documents([layer], run, created)
+        manifest = decode_manifest(docs.manifest, "manifest")
+        yield (
+            [
+                Blob(layer.descriptor, open=lambda: path.open("rb")),
+                Blob(manifest.config, docs.config),
+                Blob(docs.descriptor, docs.manifest),
+            ],
+            docs.descriptor,
+        )
 
 
 def _write_layer_file(directory: Path, path: Path, keep_mtime: bool, level: int) -> Layer:

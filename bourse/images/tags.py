@@ -66,6 +66,9 @@ class TagIndex:
         self.kv = kv
         self._tags: dict[str, TagEntry] = {}
         self._changed = anyio.Event()
+        # Counts the changes applied: what a reader resolved under one version holds until
+        # the next (a resolver keeps its answers while it is unchanged).
+        self.version = 0
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -122,6 +125,7 @@ class TagIndex:
             self._tags[ref.tagged] = TagEntry(
                 ref, record.digest, entry.revision or 0, record.tagged_ms
             )
+        self.version += 1
         self._changed.set()
         self._changed = anyio.Event()
 

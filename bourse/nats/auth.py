@@ -7,17 +7,20 @@ with the market's JetStream (streams, buckets, consumers) is one table,
 bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/permtable.py.
 
 - ``operator``: the market's JetStream set-up (``bourse jetstream init``, limits, image
-  pushes): no market subject.
+  pushes and their gc); of the market's subjects only the fleet's status and machine
+  listings of every region (``R.status``, ``R.machines``: which images are in use).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
-  machine: it lists through the exchange (bourse/wire/tenancy.py).
+  machine: it lists through the exchange (bourse/wire/tenancy.py); it pushes images
+  through the exchange too, publishing its blobs' chunks on ``R.stage.<name>.>``
+  (bourse/images/staging.py) and asking on ``R.tenant.<name>.image.*``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
   ``R.machines.*`` (a region's listing of a worker's reserved machines, which vouches for a
   reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes); subscribe
-  ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects only in the
-  queue group ``exchange``; answers buyers and suppliers: it may publish into their inboxes
-  (and its own).
+  ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects (orders,
+  machines, images) only in the queue group ``exchange``; answers buyers and suppliers: it
+  may publish into their inboxes (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>``, ``R.machines.<region>``, ``R.status`` and
@@ -25,7 +28,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
   worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
-  answers the exchange and buyers: it may publish into their inboxes (and its own).
+  answers the exchange, buyers and the operator: it may publish into their inboxes (and
+  its own).
 
 Answers go by explicit inbox allows, not nats-server's ``allow_responses``: a responder with
 ``allow_responses`` may publish to whatever reply subject a requester handed it, even a
@@ -156,8 +160,12 @@ class User:
 
 def operator_permissions(s: Subjects, inbox: str) -> Permissions:
     """The market's JetStream set-up: its streams and buckets, their limits and consumers
-    (grants.py), and no market subject: it neither orders nor serves."""
-    return Permissions(publish=grants.allows(ROLE_OPERATOR, s.prefix), subscribe=(f"{inbox}.>",))
+    (grants.py); of the market's subjects only the gathers that say which images are in
+    use (every worker's status and machines, read-only): it neither orders nor serves."""
+    return Permissions(
+        publish=(s.status_every, s.machines_every, *grants.allows(ROLE_OPERATOR, s.prefix)),
+        subscribe=(f"{inbox}.>",),
+    )
 
 
 def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
@@ -177,17 +185,21 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
 
 
 def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
-    """A tenant: its own order and machine subjects (the exchange takes its identity from
-    them), fleet status and explain; no events and no ``R.machines[.*]`` listings (they
-    carry every tenant's machines: a tenant lists worker by worker through the exchange,
-    which keeps only its own)."""
+    """A tenant: its own order, machine and image subjects (the exchange takes its
+    identity from them) and its own staging subjects (the chunks of what it pushes), fleet
+    status and explain, and reading the image store; no events and no ``R.machines[.*]``
+    listings (they carry every tenant's machines: a tenant lists worker by worker through
+    the exchange, which keeps only its own)."""
     return Permissions(
         publish=(
             s.tenant_order(tenant, "*"),
             s.tenant_machine(tenant, "*"),
+            s.tenant_image(tenant, "*"),
+            s.stage_tenant(tenant),
             s.status("*"),
             s.status_every,
             s.explain("*"),
+            *grants.allows(ROLE_TENANT, s.prefix),
         ),
         subscribe=(f"{inbox}.>",),
     )
@@ -214,6 +226,7 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             f"{s.reclaim_all} {EXCHANGE_QUEUE}",
             f"{s.tenant_order_all} {EXCHANGE_QUEUE}",
             f"{s.tenant_machine_all} {EXCHANGE_QUEUE}",
+            f"{s.tenant_image_all} {EXCHANGE_QUEUE}",
             f"{inbox}.>",
         ),
     )
@@ -248,6 +261,7 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     inbox = inbox_prefix_for(user.public_key)
     buyers = [inbox_prefix_for(u.public_key) for u in users if u.role in (ROLE_BUYER, ROLE_TENANT)]
     exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
+    operators = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_OPERATOR]
     suppliers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_SUPPLIER]
     if user.role == ROLE_OPERATOR:
         return operator_permissions(s, inbox)
@@ -258,7 +272,7 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     if user.role == ROLE_EXCHANGE:
         return exchange_permissions(s, inbox, [*buyers, *suppliers])  # reclaim: §5.3d
     if user.role == ROLE_SUPPLIER:
-        return supplier_permissions(s, user.workers, inbox, [*exchanges, *buyers])
+        return supplier_permissions(s, user.workers, inbox, [*exchanges, *buyers, *operators])
     raise AuthError(f"unknown role {user.role!r}")
 
 

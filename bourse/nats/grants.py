@@ -12,7 +12,10 @@ change, delete or purge one, or touch a consumer it did not make.
 The resources of a market (names from bourse/nats/jetstream.py, one to one with the subject
 prefix): the event stream ``<PREFIX>_EVENTS``, the order-claims KV bucket
 ``<PREFIX>_ORDERS``, the image store's Object Store ``<PREFIX>_IMAGES`` and its tag KV
-bucket ``<PREFIX>_IMAGE_TAGS``; and the account (JetStream as a whole).
+bucket ``<PREFIX>_IMAGE_TAGS``, the image staging stream ``<PREFIX>_IMAGE_STAGING`` (a
+tenant's pushes on their way in: it publishes its chunks on its own subjects, the subject
+table; the exchange reads and clears them, bourse/images/staging.py); and the account
+(JetStream as a whole).
 """
 
 from __future__ import annotations
@@ -60,8 +63,11 @@ EVENTS = Resource("events", "event stream", "stream", stream_name)
 CLAIMS = Resource("claims", "order claims", "kv", claims_bucket_name)
 IMAGES = Resource("images", "image blobs", "objects", lambda p: f"{prefix_token(p)}_IMAGES")
 IMAGE_TAGS = Resource("tags", "image tags", "kv", lambda p: f"{prefix_token(p)}_IMAGE_TAGS")
+STAGING = Resource(
+    "staging", "image staging", "stream", lambda p: f"{prefix_token(p)}_IMAGE_STAGING"
+)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, ACCOUNT)
+RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,19 +117,23 @@ WRITE = Verb(
 )
 REPLAY = Verb(
     "replay",
-    "read it from a sequence or a time, then follow (an ordered consumer of its own)",
+    "read it from a sequence or a time, then follow (an ordered consumer of its own, and "
+    "its state: a KV watch asks how much is pending)",
     MARKET,
-    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}", f"$JS.FC.{s}.>"),
+    lambda s, d: (
+        f"{API}.CONSUMER.CREATE.{s}",
+        f"{API}.CONSUMER.INFO.{s}.>",
+        f"$JS.FC.{s}.>",
+    ),
 )
 CONSUMERS = Verb(
     "consumers",
-    "make, change, look up, list and delete named and durable consumers",
+    "make, change, list and delete named and durable consumers",
     MARKET,
     lambda s, d: (
         f"{API}.CONSUMER.CREATE.{s}.>",
         f"{API}.CONSUMER.DURABLE.CREATE.{s}.>",
         f"{API}.CONSUMER.DELETE.{s}.>",
-        f"{API}.CONSUMER.INFO.{s}.>",
         f"{API}.CONSUMER.LIST.{s}",
         f"{API}.CONSUMER.NAMES.{s}",
     ),
@@ -171,26 +181,43 @@ def _of(*verbs: Verb) -> frozenset[str]:
     return frozenset(v.name for v in verbs)
 
 
+# Reading the image store: its tags (a lookup, or a watched copy) and its blobs.
+_READ_IMAGES = _of(INFO, READ, REPLAY)
+
 # THE table: role -> resource key -> the verbs it may use there (absent: none).
 GRANTS: dict[str, dict[str, frozenset[str]]] = {
     # the market's set-up (``bourse jetstream init``, ``nats stream edit``), image pushes
     ROLE_OPERATOR: {r.key: _all(r) for r in RESOURCES},
-    # makes the event stream and the claims bucket at its start; runs the auctions' claims
+    # makes the event stream, the claims bucket and the image store at its start; runs the
+    # auctions' claims; resolves orders' images (a watched copy of the tags, manifests);
+    # publishes the images tenants staged (reads and clears their uploads; writes the
+    # blobs the store lacks, and tags)
     ROLE_EXCHANGE: {
         EVENTS.key: _of(INFO, CREATE),
         CLAIMS.key: _of(INFO, CREATE, READ, WRITE),
+        IMAGES.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
+        IMAGE_TAGS.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
+        STAGING.key: _of(INFO, CREATE, READ, PURGE),
         ACCOUNT.key: _of(DETECT),
     },
     # checks the event stream is there (its events: the subject table); reads images
     ROLE_SUPPLIER: {
         EVENTS.key: _of(INFO),
-        IMAGES.key: _of(INFO, READ, REPLAY),
-        IMAGE_TAGS.key: _of(INFO, READ, REPLAY),
+        IMAGES.key: _READ_IMAGES,
+        IMAGE_TAGS.key: _READ_IMAGES,
         ACCOUNT.key: _of(DETECT),
     },
-    # replays events (``buyer watch --since``)
-    ROLE_BUYER: {EVENTS.key: _of(INFO, REPLAY), ACCOUNT.key: _of(DETECT)},
-    ROLE_TENANT: {},
+    # replays events (``buyer watch --since``); reads images (``--direct`` orders resolve
+    # them, dry runs, ``bourse image ls`` and ``inspect``)
+    ROLE_BUYER: {
+        EVENTS.key: _of(INFO, REPLAY),
+        IMAGES.key: _READ_IMAGES,
+        IMAGE_TAGS.key: _READ_IMAGES,
+        ACCOUNT.key: _of(DETECT),
+    },
+    # reads images (dry runs, ``ls``, ``inspect``, what a push need not send); pushes
+    # through the exchange (its staged chunks: the subject table)
+    ROLE_TENANT: {IMAGES.key: _READ_IMAGES, IMAGE_TAGS.key: _READ_IMAGES},
 }
 
 

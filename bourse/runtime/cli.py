@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - older typer
 # besides "error" (error_fields).
 JSON_MODE = "bourse.json"
 ERROR_FIELDS = "bourse.error_fields"
+ERROR_PRINTED = "bourse.error_printed"
 
 
 def _help_metavars() -> None:
@@ -311,7 +312,9 @@ class BourseGroup(TyperGroup):
             except BourseError as exc:
                 fail(str(exc))
         except Failed as failed:
-            if ctx.meta.get(JSON_MODE):
+            # meta is shared by nested groups (``bourse image``): the innermost prints it
+            if ctx.meta.get(JSON_MODE) and not ctx.meta.get(ERROR_PRINTED):
+                ctx.meta[ERROR_PRINTED] = True
                 typer.echo(_error_json(ctx.meta, failed.message))
             raise
 

@@ -428,9 +428,10 @@ class Placed(Message, kw_only=True):
         )
 
     @classmethod
-    def of_offer(cls, offer: Offer, *, elapsed_ms: float) -> Placed:
+    def of_offer(cls, offer: Offer, *, elapsed_ms: float, image_digest: str = "") -> Placed:
         """The auction's answer to an existing-machine offer (``offer.machine_id`` set: the
-        order was placed before on that worker): no commit, ``existing`` true, no subscores."""
+        order was placed before on that worker): no commit, ``existing`` true, no subscores;
+        ``image_digest``: the machine's, as its worker shows it."""
         if offer.machine_id is None:
             raise ValueError(f"offer from {offer.worker_id} names no machine")
         return cls(
@@ -442,6 +443,7 @@ class Placed(Message, kw_only=True):
             image_cached=offer.image_cached,
             elapsed_ms=elapsed_ms,
             existing=True,
+            image_digest=image_digest,
         )
 
 
@@ -474,6 +476,9 @@ STORE_FULL_REASON = "store_full"
 # The exchange stopped before the order had an outcome: send it again under the same id
 # (docs/protocol.md §5.5).
 SHUTTING_DOWN_REASON = "shutting_down"
+# The order's image names a digest the image store does not hold: nothing was bid
+# (docs/protocol.md §4.3a).
+IMAGE_UNKNOWN_REASON = "image_unknown"
 
 
 class Error(Message, kw_only=True):
@@ -481,7 +486,7 @@ class Error(Message, kw_only=True):
     detail: str
     # A machine-readable refinement of ``code`` (a free string, so a peer that
     # does not know a value still decodes it; "" = none). Today: OVERLOADED_REASON,
-    # UNRECORDED_REASON, STORE_FULL_REASON and SHUTTING_DOWN_REASON.
+    # UNRECORDED_REASON, STORE_FULL_REASON, SHUTTING_DOWN_REASON and IMAGE_UNKNOWN_REASON.
     reason: str = ""
 
 
@@ -802,6 +807,48 @@ class ReclaimVerdicts(Message, kw_only=True):
     verdicts: list[ReclaimVerdict]
 
 
+# An upload's id: it names the tenant's staged chunks (``<root>.stage.<tenant>.<upload>.…``).
+UploadId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9]{1,64}\Z")]
+
+
+class ImagePush(Message, kw_only=True):
+    """A tenant asks the exchange to publish an image it staged (docs/protocol.md §4.18):
+    the manifest ``manifest`` (of ``manifest_size`` bytes) and the blobs it names, each
+    taken from the image store when it is there already, else from the staging stream's
+    subject ``<root>.stage.<tenant>.<upload>.<hex>`` (checked against its digest and size),
+    then the tag ``reference`` written."""
+
+    reference: Image
+    upload: UploadId
+    manifest: Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}\Z")]
+    manifest_size: Annotated[int, msgspec.Meta(ge=1, le=4 * 1024 * 1024)]
+
+
+class ImageTag(Message, kw_only=True):
+    """A tenant asks the exchange to give the image ``source`` names (a tag or a digest)
+    the tag ``reference`` (§4.18)."""
+
+    source: Image
+    reference: Image
+
+
+class ImageUntag(Message, kw_only=True):
+    """A tenant asks the exchange to remove its tag ``reference`` (§4.18)."""
+
+    reference: Image
+
+
+class ImageTagged(Message, kw_only=True):
+    """The answer to ImagePush, ImageTag and ImageUntag: the tag and the manifest digest it
+    names now (for an untag: named until now)."""
+
+    reference: Image
+    digest: Annotated[str, msgspec.Meta(pattern=r"^sha256:[0-9a-f]{64}\Z")]
+    size: Annotated[int, msgspec.Meta(ge=0)] = 0  # a push: the image's bytes
+    uploaded_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0  # a push: copied from staging
+    reused_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0  # a push: in the store already
+
+
 # Replies a requester may get, per request kind.
 BidReply = Offer | Offers | Waiting
 OrderReply = Placed | Unfilled | Error
@@ -810,3 +857,4 @@ MachineReply = Machine | MachineList | MachineLogs | Error
 ExplainReply = Explanation | Error
 MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error
+ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>

@@ -145,6 +145,31 @@ class Subjects:
     def tenant_machine_all(self) -> str:
         return f"{self.root}.tenant.*.machine.*"
 
+    def tenant_image(self, tenant: str, verb: str) -> str:
+        """A tenant's image requests to the exchange: push, tag, untag (§4.18)."""
+        return f"{self.root}.tenant.{tenant}.image.{verb}"
+
+    @property
+    def tenant_image_all(self) -> str:
+        return f"{self.root}.tenant.*.image.*"
+
+    # -- image staging ------------------------------------------------------------------------
+    # A tenant's blobs on their way into the image store: stored by the staging stream,
+    # published only by that tenant's user, read and cleared by the exchange (§4.18).
+    def stage(self, tenant: str, upload: str, hex_digest: str) -> str:
+        """The chunks of one blob of one upload, in order."""
+        return f"{self.root}.stage.{tenant}.{upload}.{hex_digest}"
+
+    def stage_upload(self, tenant: str, upload: str) -> str:
+        return f"{self.root}.stage.{tenant}.{upload}.>"
+
+    def stage_tenant(self, tenant: str) -> str:
+        return f"{self.root}.stage.{tenant}.>"
+
+    @property
+    def stage_all(self) -> str:
+        return f"{self.root}.stage.>"
+
     # -- events -------------------------------------------------------------------------------
     def event(self, region: str, worker_id: str, kind: str) -> str:
         return f"{self.root}.event.{region}.{worker_id}.{kind}"

@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 import pytest
 
+from bourse.auction.content import ImageContent
 from bourse.auction.core import (
     DEADLINE_BEFORE_COMMIT,
     FOLDED_MARGIN_S,
@@ -45,6 +46,7 @@ from bourse.wire.messages import (
     Bid,
     Commit,
     Error,
+    Layer,
     Machine,
     Offer,
     Offers,
@@ -174,6 +176,48 @@ def test_the_bid_goes_to_the_region_with_derived_hold_and_wait() -> None:
             (S.bid("mad"),), msgspec.structs.replace(bid, batch_offers=False, prompt_offers=False)
         )
     ]
+
+
+# What the order's image resolved to where it entered (§4.3a): a digest and its layers.
+DIGEST = "sha256:" + "ab" * 32
+LAYERS = [
+    Layer(digest="sha256:" + "01" * 32, size=1000),
+    Layer(digest="sha256:" + "02" * 32, size=5),
+]
+CONTENT = ImageContent(DIGEST, LAYERS)
+
+
+def test_the_bid_and_the_commit_carry_the_content_the_image_resolved_to() -> None:
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, content=CONTENT)
+    [send] = a.start()
+    assert isinstance(send, SendBid)
+    assert (send.bid.image, send.bid.image_digest, send.bid.layers) == ("web", DIGEST, LAYERS)
+    a.bid_published(T0)
+    feed(a, offer("w1"), at=T0 + 0.002)
+    [commit] = a.poll(T0 + 0.002)
+    assert isinstance(commit, SendCommit)
+    assert (commit.commit.image, commit.commit.image_digest) == ("web", DIGEST)
+    reply = worker_placed("w1", image_digest=DIGEST)
+    assert result(a.commit_outcome(CommitAnswered(reply), T0 + 0.003)).image_digest == DIGEST
+
+
+def test_a_catalog_image_travels_without_content() -> None:
+    a = start()
+    assert (a.bid.image_digest, a.bid.layers) == ("", [])
+    feed(a, offer("w1"), at=T0 + 0.002)
+    [commit] = a.poll(T0 + 0.002)
+    assert isinstance(commit, SendCommit) and commit.commit.image_digest == ""
+
+
+def test_an_existing_machine_answers_with_the_digest_it_was_placed_with() -> None:
+    """The tag may have moved since: the order's machine runs what it was placed with."""
+    a = Auction(ORDER, AuctionConfig(), AID, T0, subjects=S, content=CONTENT)
+    a.start()
+    a.bid_published(T0)
+    feed(a, offer("w1", machine_id="w1~M1"), at=T0 + 0.001)
+    before = "sha256:" + "cd" * 32
+    placed = result(a.machine_shown(machine(image_digest=before), T0 + 0.002))
+    assert isinstance(placed, Placed) and (placed.existing, placed.image_digest) == (True, before)
 
 
 def test_a_sampled_bid_goes_to_the_shards_drawn_from_the_order_id() -> None:

@@ -8,6 +8,7 @@ import pytest
 from bourse.auction.broker import RefusalKind, Refused
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (
+    IMAGE_UNKNOWN_REASON,
     OVERLOADED_REASON,
     SHUTTING_DOWN_REASON,
     STORE_FULL_REASON,
@@ -20,6 +21,8 @@ from bourse.wire.messages import (
 @pytest.mark.parametrize(
     ("kind", "code", "reason"),
     [
+        ("image_unknown", "bad_request", IMAGE_UNKNOWN_REASON),
+        ("bad_image", "bad_request", ""),
         ("overloaded", "internal", OVERLOADED_REASON),
         ("conflicting_order", "bad_request", ""),
         ("cannot_run", "internal", ""),

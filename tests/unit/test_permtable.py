@@ -27,14 +27,22 @@ def test_the_docs_show_the_tables_as_generated(doc: str, tables: set[str]) -> No
 
 
 def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket() -> None:
-    """Deny by default: the exchange may only make what is missing; no supplier, buyer or
-    tenant may make, change or empty anything, nor use a consumer it did not make."""
+    """Deny by default: the exchange may only make what is missing, and empty only the
+    uploads tenants staged once it published them; no supplier, buyer or tenant may make,
+    change or empty anything, nor use a consumer it did not make."""
     admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
     for role in grants.ROLES:
         used = {v for r in grants.RESOURCES for v in grants.granted(role, r)}
         if role == grants.ROLE_OPERATOR:
             assert admin - {"others"} <= used and "others" not in used
         elif role == grants.ROLE_EXCHANGE:
-            assert not used & admin
+            staging = grants.granted(role, grants.STAGING)
+            others = {
+                v
+                for r in grants.RESOURCES
+                if r is not grants.STAGING
+                for v in grants.granted(role, r)
+            }
+            assert staging & admin == {"purge"} and not others & admin
         else:
             assert not used & (admin | {"create", "write"}), role

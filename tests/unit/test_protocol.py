@@ -23,6 +23,10 @@ from bourse.wire.messages import (
     Event,
     ExplainRequest,
     Explanation,
+    ImagePush,
+    ImageTag,
+    ImageTagged,
+    ImageUntag,
     ListMachines,
     Machine,
     MachineList,
@@ -209,6 +213,21 @@ SAMPLES: list[Message] = [
                 detail="the buyer was told the order is unfilled",
             )
         ]
+    ),
+    ImagePush(
+        reference="acme/web:v2",
+        upload="01J0000000000000000000000B",
+        manifest="sha256:" + "ab" * 32,
+        manifest_size=403,
+    ),
+    ImageTag(source="acme/web:v2", reference="acme/web:stable"),
+    ImageUntag(reference="acme/web:stable"),
+    ImageTagged(
+        reference="acme/web:v2",
+        digest="sha256:" + "ab" * 32,
+        size=104_857_600,
+        uploaded_bytes=1024,
+        reused_bytes=104_856_576,
     ),
     Offers(
         offers=[

@@ -88,13 +88,17 @@ def test_the_server_config_grants_no_allow_responses() -> None:
 
 def test_a_tenant_publishes_only_under_its_own_name_and_reads_no_events() -> None:
     p = permissions_for(ALICE, S, USERS)
-    assert p.publish == (
+    market = [x for x in p.publish if not x.startswith("$")]  # the rest: reading images
+    assert market == [
         "t.v1.tenant.alice.order.*",
         "t.v1.tenant.alice.machine.*",
+        "t.v1.tenant.alice.image.*",
+        "t.v1.stage.alice.>",  # the chunks of what it pushes (its own subjects)
         "t.v1.status.*",
         "t.v1.status",
         "t.v1.explain.*",
-    )
+    ]
     assert p.subscribe == (inbox(ALICE),)
     ex = permissions_for(EXCHANGE, S, USERS).subscribe
     assert "t.v1.tenant.*.order.* exchange" in ex and "t.v1.tenant.*.machine.* exchange" in ex
+    assert "t.v1.tenant.*.image.* exchange" in ex
