@@ -6,8 +6,9 @@ prices an image by the bytes a worker lacks (the image term, ``image_half_s`` of
 profile), ``blind`` has the image term off (``image_weight`` 0). The harness makes its
 images (random bytes: a shared base layer and one or two layers of their own each, 20 to
 200 MB in all), pushes them into the store, and sends one order stream (seeded: times and
-images, by popularity) to both regions at once: each order placed by digest (its bid
-carries the digest and layers: loadtest/content.py), started at once, destroyed after its
+images, by popularity) to both regions at once: each order placed by its tag through the
+direct buyer's auction (the tag resolved where the order enters, so the bid carries the
+digest and layers), started at once, destroyed after its
 lifetime. Per arm it reports the start latency (order sent to its start answered
 ``started``) p50 and p99, the bytes pulled per start and the cache hit rate (starts that
 pulled nothing), from the workers' ``pulled`` events.
@@ -47,7 +48,6 @@ from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
-from loadtest.content import place_content
 from loadtest.runner import fresh_run_dir
 from ops.jetstream import set_up
 
@@ -78,7 +78,6 @@ class PullsProfile:
     lifetime_s: float = 4.0
     zipf_s: float = 1.0  # popularity of image k is proportional to 1 / k^s
     image_half_s: float = 1.0  # the aware arm's pricing: the image term is 1/2 at this pull
-    window_s: float = 1.0  # an auction's offers: every worker, or this long
 
     def __post_init__(self) -> None:
         low, high = self.image_mb
@@ -268,21 +267,11 @@ class Pulls:
                 await self._changed.wait()
 
 
-async def _one(
-    nc: NATS,
-    client: BourseClient,
-    subjects: Subjects,
-    arm: Arm,
-    info: ImageInfo,
-    ref: str,
-    profile: PullsProfile,
-) -> None:
+async def _one(client: BourseClient, arm: Arm, ref: str, profile: PullsProfile) -> None:
     order = PlaceOrder(region=arm.name, resources=ORDER, image=ref, metadata={"app": "pulls"})
     sent = time.perf_counter()
     try:
-        placed = await place_content(
-            nc, subjects, order, info, workers=profile.workers, window_s=profile.window_s
-        )
+        placed = await client.place(order)
     except (BourseError, nats.errors.Error) as exc:  # counted: the run goes on
         arm.failed[order.order_id] = str(exc) or type(exc).__name__
         return
@@ -328,7 +317,7 @@ async def send(
                 await anyio.sleep_until(began + at)
                 for arm in arms:
                     ref = f"pulls-{k}:latest"
-                    tasks.start_soon(_one, nc, client, subjects, arm, infos[k], ref, profile)
+                    tasks.start_soon(_one, client, arm, ref, profile)
         started = {m for arm in arms for m in arm.latency_ms}
         await pulls.wait(started, timeout_s=30)
     finally:

@@ -1,6 +1,6 @@
 """The example app of the demo market: ``examples/hello-http`` pushed into the market's image
 store as ``hello:latest`` when ``bourse demo`` or ``bourse up`` starts, and placed by the
-demo as content (its digest and layers on the bid)."""
+demo by its tag."""
 
 from __future__ import annotations
 
@@ -8,10 +8,9 @@ from pathlib import Path
 
 from nats.aio.client import Client as NATS
 
+from bourse.client import BourseClient
 from bourse.images import ImageInfo, ImageStore, RunSpec
 from bourse.wire.messages import Placed, PlaceOrder, Resources, Unfilled
-from bourse.wire.subjects import Subjects
-from loadtest.content import place_content
 
 HELLO_DIR = Path(__file__).resolve().parent.parent / "examples" / "hello-http"
 HELLO_REF = "hello:latest"
@@ -28,18 +27,14 @@ async def push_hello(nc: NATS, prefix: str, directory: Path = HELLO_DIR) -> Imag
 
 
 async def place_hello(
-    nc: NATS,
-    subjects: Subjects,
-    info: ImageInfo,
-    region: str,
-    workers: int,
-    metadata: dict[str, str],
+    client: BourseClient, region: str, metadata: dict[str, str]
 ) -> Placed | Unfilled:
-    """One machine of the example app in ``region`` (of ``workers`` workers), by digest."""
+    """One machine of the example app in ``region``, by its tag (resolved to the digest
+    where the order enters, as any buyer's)."""
     order = PlaceOrder(
         region=region,
         resources=Resources(cpus=1, memory_mb=256),
         image=HELLO_REF,
         metadata=metadata,
     )
-    return await place_content(nc, subjects, order, info, workers=workers)
+    return await client.place(order)

@@ -192,10 +192,8 @@ async def _place_demo(
             outcomes = await run_script(client, run_id)
             if hello is not None:
                 metadata = {"app": DEMO_APP, "demo_run": run_id}
-                got = await place_hello(
-                    nc, subjects, hello, "mad", len(DEMO_FLEET["mad"]), metadata
-                )
-                outcomes.append(("hello: the example app, pushed and placed by digest", got))
+                got = await place_hello(client, "mad", metadata)
+                outcomes.append(("hello: the example app, pushed and placed by its tag", got))
             placed += [r.machine_id for _, r in outcomes if isinstance(r, Placed)]
             report = await run_burst(client, run_id, placed, burst) if burst else None
             statuses = [s for region in DEMO_FLEET for s in await client.status(region)]

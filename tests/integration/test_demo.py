@@ -64,7 +64,7 @@ def test_bourse_demo_places_real_orders_and_stops_cleanly(tmp_path: Path) -> Non
     assert (tmp_path / "data" / "mad" / "supplier.db").exists()
     # The example app was pushed into the market's store, and a machine of it placed by its
     # digest: the store, read again from the demo's server directory, says the same digest.
-    hello = outcomes["hello: the example app, pushed and placed by digest"]
+    hello = outcomes["hello: the example app, pushed and placed by its tag"]
     assert (hello["type"], hello["region"]) == ("Placed", "mad")
     pushed = anyio.run(_stored_hello, tmp_path / "nats")
     assert pushed.digest == hello["image_digest"]

@@ -8,10 +8,6 @@ from pathlib import Path
 import pytest
 
 import loadtest.pulls
-from bourse.images import ImageInfo
-from bourse.images.store import LayerInfo
-from bourse.wire.messages import Layer, PlaceOrder, Resources
-from loadtest.content import content_bid
 from loadtest.pulls import MB, PullsProfile, image_plan, profile_of, stream
 
 
@@ -63,30 +59,6 @@ def test_the_commands_options_make_the_profile(
 def test_bad_options_are_named(given: dict[str, object], says: str) -> None:
     with pytest.raises(ValueError, match=says):
         profile_of(given)
-
-
-def test_an_orders_bid_carries_the_images_digest_and_layers() -> None:
-    layers = (LayerInfo("sha256:" + "a" * 64, 10, "t"), LayerInfo("sha256:" + "b" * 64, 20, "t"))
-    info = ImageInfo(
-        digest="sha256:" + "c" * 64,
-        media_type="m",
-        size=30,
-        created=None,
-        platform="linux/amd64",
-        cmd=("sleep", "1"),
-        entrypoint=(),
-        env=(),
-        workdir="",
-        user="",
-        config_digest="sha256:" + "d" * 64,
-        layers=layers,
-    )
-    order = PlaceOrder(region="mad", resources=Resources(cpus=1, memory_mb=256), image="app:v1")
-    bid = content_bid(order, info, window_s=0.5)
-    assert (bid.order_id, bid.region, bid.image) == (order.order_id, "mad", "app:v1")
-    assert bid.image_digest == info.digest
-    assert bid.layers == [Layer(digest=x.digest, size=x.size) for x in layers]
-    assert bid.hold_ms > 500 and bid.auction_id
 
 
 def test_the_pulls_scenario_takes_its_options_from_the_command(
