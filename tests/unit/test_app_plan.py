@@ -43,7 +43,7 @@ def machine(
     *,
     of: AppSpec = SPEC,
     gen: int = 1,
-    secrets: int = 0,
+    secrets: str = "",
     worker: str = "",
     meta: dict[str, str] | None = None,
 ) -> Machine:
@@ -58,6 +58,7 @@ def machine(
         resources=of.resources,
         image=of.image,
         image_digest=DIGEST,
+        checks=of.checks,
         created_at_ms=n,
         metadata=machine_metadata(of, role, slot, gen, secrets) if meta is None else meta,
     )
@@ -112,19 +113,19 @@ def test_a_deployed_app_is_kept_and_a_scale_keeps_its_machines() -> None:
 @pytest.mark.parametrize(
     ("changes", "secrets", "fields"),
     [
-        ({"image": "hello:v2"}, 0, ["image"]),
-        ({"resources": msgspec.structs.replace(SPEC.resources, memory_mb=512)}, 0, ["resources"]),
-        ({"env": {"A": "1"}}, 0, ["env"]),
-        ({"ports": ["web", "admin"]}, 0, ["ports"]),
-        ({"checks": []}, 0, ["checks"]),
-        ({"restart": "always"}, 0, ["restart"]),
-        ({"labels": {"tier": "b"}}, 0, ["labels"]),
-        ({"image": "hello:v2", "env": {"A": "1"}}, 0, ["image", "env"]),
-        ({}, 4, ["secrets"]),
+        ({"image": "hello:v2"}, "", ["image"]),
+        ({"resources": msgspec.structs.replace(SPEC.resources, memory_mb=512)}, "", ["resources"]),
+        ({"env": {"A": "1"}}, "", ["env"]),
+        ({"ports": ["web", "admin"]}, "", ["ports"]),
+        ({"checks": []}, "", ["checks"]),
+        ({"restart": "always"}, "", ["restart"]),
+        ({"labels": {"tier": "b"}}, "", ["labels"]),
+        ({"image": "hello:v2", "env": {"A": "1"}}, "", ["image", "env"]),
+        ({}, "ab12", ["secrets"]),
     ],
 )
 def test_an_update_names_the_fields_that_differ(
-    changes: dict[str, Any], secrets: int, fields: list[str]
+    changes: dict[str, Any], secrets: str, fields: list[str]
 ) -> None:
     p = plan(spec(**changes), 2, deployed(), secrets_revision=secrets)
     assert [(s.action, s.fields) for s in p.steps] == [("update", fields)] * 4
@@ -193,12 +194,33 @@ def test_a_cut_off_create_is_started_and_a_cut_off_update_goes_on() -> None:
     assert (step.action, step.machine_id, step.order_id) == ("update", old.machine_id, new.order_id)
 
 
-def test_machines_without_slots_take_free_indices_and_are_updated() -> None:
-    legacy = machine("mad", 0, meta={"app": "hello", "role": "primary", "slot": "0"})
-    p = plan(spec(regions=["mad"], spares=0), 1, [legacy])
-    [step] = p.steps
-    assert (step.action, step.slot, step.machine_id) == ("update", 0, legacy.machine_id)
-    assert "image" in step.fields and "secrets" in step.fields
+def test_machines_without_fingerprints_take_free_indices_compared_on_what_they_show() -> None:
+    """A failover's new spare (or a machine deployed before apps had specs) carries no
+    generation nor fingerprints: it takes a free slot and what it shows is compared."""
+    meta = {"app": "hello", "role": "spare", "slot": "0"}
+    legacy = machine("mad", 0, "spare", "reserved", meta=meta)
+    one = spec(regions=["mad"], count=0, spares=1)
+    [step] = plan(one, 1, [legacy]).steps
+    assert (step.action, step.slot, step.machine_id) == ("keep", 0, legacy.machine_id)
+    [step] = plan(one, 1, [legacy], secrets_revision="ab12").steps
+    assert (step.action, step.fields) == ("update", ["secrets"])
+    other = msgspec.structs.replace(one, image="other", restart="always")
+    [step] = plan(other, 2, [legacy]).steps
+    assert (step.action, step.fields) == ("update", ["image", "restart"])
+
+
+def test_a_fresh_spare_is_kept_before_a_stopped_machine() -> None:
+    """After a forced failover: the old primary stopped, the spare started and a new spare
+    placed; the primary's slot is the spare's now, and of two spares the stopped one goes."""
+    old = machine("mad", 0, "primary", "stopped")
+    started = machine("mad", 1, "spare", "started")
+    refill = machine(
+        "mad", 1, "spare", "reserved", meta={"app": "hello", "role": "spare", "slot": "1"}
+    )
+    p = plan(spec(regions=["mad"]), 1, [old, started, refill])
+    assert [(s.action, s.machine_id) for s in p.steps] == [
+        ("destroy", old.machine_id), ("keep", started.machine_id), ("keep", refill.machine_id)
+    ]  # fmt: skip
 
 
 def test_a_duplicate_of_a_slot_is_destroyed() -> None:

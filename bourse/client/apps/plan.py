@@ -16,6 +16,7 @@ import msgspec
 
 from bourse.client.apps.slots import (
     FIELDS,
+    NO_SECRETS,
     PRIMARY,
     SECRETS,
     SPARE,
@@ -77,16 +78,34 @@ class _Slot:
         return any(m.state == "started" for m in self.machines)
 
 
-def differing(machine: Machine, want: dict[str, str], image_digest: str) -> list[str]:
-    """The fields ``machine`` was made with that differ from ``want`` (every field when it
-    records none); the image also when its digest is not the one the reference names now."""
+def differing(
+    machine: Machine, want: dict[str, str], image_digest: str, spec: AppSpec
+) -> list[str]:
+    """The fields ``machine`` was made with that differ from ``want``; the image also when
+    its digest is not the one the reference names now. A machine placed without
+    fingerprints (a failover's new spare) is compared on what it shows."""
     have = decode_fields(machine.metadata.get("fields", ""))
     if not have:
-        return [*FIELDS, SECRETS]
+        return _visible_diff(machine, spec, want)
     diff = [f for f in (*FIELDS, SECRETS) if have.get(f) != want[f]]
     if "image" not in diff and image_digest and machine.image_digest not in ("", image_digest):
         diff.insert(0, "image")
     return diff
+
+
+def _visible_diff(m: Machine, spec: AppSpec, want: dict[str, str]) -> list[str]:
+    """What a machine shows of its order (its env and ports it does not: taken as they are;
+    secrets it cannot have had without fingerprints)."""
+    shown = {
+        "image": m.image == spec.image,
+        "resources": m.resources == spec.resources,
+        "checks": m.checks == spec.checks,
+        "restart": m.metadata.get("restart", "") == spec.restart,
+        "labels": m.constraints is None or m.constraints == spec.labels,
+        "metadata": all(m.metadata.get(k) == v for k, v in spec.metadata.items()),
+        SECRETS: want[SECRETS] == NO_SECRETS,
+    }
+    return [f for f, same in shown.items() if not same]
 
 
 def _index(m: Machine) -> int | None:
@@ -112,9 +131,12 @@ def _slots(
             continue
         slot = slots.setdefault(idx, _Slot(idx, m.metadata.get("role", PRIMARY)))
         slot.machines.append(m)
+    named = {s.record.machine_id: i for i, s in slots.items() if s.record and s.record.machine_id}
     for m in strays:
-        idx = next(i for i in range(len(slots) + 1) if i not in slots)
-        slots[idx] = _Slot(idx, m.metadata.get("role", PRIMARY), [m])
+        if (idx := named.get(m.machine_id)) is None:
+            idx = next(i for i in range(len(slots) + 1) if i not in slots)
+            slots[idx] = _Slot(idx, m.metadata.get("role", PRIMARY))
+        slots[idx].machines.append(m)
     return slots
 
 
@@ -131,9 +153,15 @@ def _promote(slots: Iterable[_Slot]) -> None:
 
 
 def _kept(slots: list[_Slot], role: str, n: int) -> tuple[list[_Slot], list[_Slot]]:
-    """The ``n`` slots of ``role`` kept (those with machines first, then by index) and the
+    """The ``n`` slots of ``role`` kept (those with machines first, a spare's slot with a
+    machine never started before one with a stopped machine, then by index) and the
     surplus."""
-    mine = sorted((s for s in slots if s.role == role), key=lambda s: (not s.machines, s.index))
+
+    def rank(s: _Slot) -> tuple[bool, bool, int]:
+        fresh = role == SPARE and any(m.state == "reserved" for m in s.machines)
+        return (not s.machines, role == SPARE and not fresh, s.index)
+
+    mine = sorted((s for s in slots if s.role == role), key=rank)
     return mine[:n], mine[n:]
 
 
@@ -207,7 +235,10 @@ class _Planner:
                 role=slot.role, generation=self.generation, attempt=attempt
             )
             return
-        diffs = {m.machine_id: differing(m, self.want, self.image_digest) for m in slot.machines}
+        diffs = {
+            m.machine_id: differing(m, self.want, self.image_digest, self.spec)
+            for m in slot.machines
+        }
         current = [m for m in slot.machines if not diffs[m.machine_id]]
         old = [m for m in slot.machines if diffs[m.machine_id]]
         if current:
@@ -246,7 +277,7 @@ def plan(
     machines: list[Machine],
     records: dict[str, SlotRecord] | None = None,
     *,
-    secrets_revision: int = 0,
+    secrets_revision: str = "",
     image_digest: str = "",
 ) -> Plan:
     """What converging the app's live ``machines`` to ``spec`` takes (see the module)."""

@@ -20,6 +20,7 @@ SPARE = "spare"
 # so a plan can say which differ (the machine does not carry env or secrets).
 FIELDS = ("image", "resources", "env", "ports", "checks", "restart", "labels", "metadata")
 SECRETS = "secrets"
+NO_SECRETS = "-"  # the secrets' fingerprint of an app without any
 
 
 def slot_key(region: str, index: int) -> str:
@@ -46,11 +47,11 @@ def _fp(value: Any) -> str:
     return hashlib.sha256(doc).hexdigest()[:10]
 
 
-def fingerprints(spec: AppSpec, secrets_revision: int) -> dict[str, str]:
+def fingerprints(spec: AppSpec, secrets_revision: str) -> dict[str, str]:
     """Each field's fingerprint (the image by its reference; its digest is compared on
     the machine itself), and the secrets' revision."""
     fps = {f: _fp(msgspec.to_builtins(getattr(spec, f))) for f in FIELDS}
-    return fps | {SECRETS: str(secrets_revision)}
+    return fps | {SECRETS: secrets_revision or NO_SECRETS}
 
 
 def encode_fields(fps: dict[str, str]) -> str:
@@ -64,7 +65,7 @@ def decode_fields(text: str) -> dict[str, str]:
 
 
 def machine_metadata(
-    spec: AppSpec, role: str, index: int, generation: int, secrets_revision: int
+    spec: AppSpec, role: str, index: int, generation: int, secrets_revision: str
 ) -> dict[str, str]:
     """What a slot's machine carries: its app, role and slot, the generation it was made
     in and the fingerprints of the fields it was made from (plus the spec's metadata)."""

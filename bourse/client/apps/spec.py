@@ -51,11 +51,11 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     labels: Labels = {}
     metadata: dict[str, str] = {}
 
-    def digest(self, secrets_revision: int = 0) -> str:
+    def digest(self, secrets_revision: str = "") -> str:
         """The canonical digest of what the machines are made from (the generation changes
         when it does): the spec's canonical JSON and the secrets' revision."""
         doc = msgspec.json.encode(canonical(self))
-        return hashlib.sha256(doc + b"|%d" % secrets_revision).hexdigest()
+        return hashlib.sha256(doc + b"|" + secrets_revision.encode()).hexdigest()
 
 
 def canonical(spec: AppSpec) -> dict[str, Any]:
