@@ -18,9 +18,10 @@ from rich.table import Table
 
 from bourse.auction.claims import ClaimStore
 from bourse.client import render
+from bourse.client.apps.store import AppStore, SecretStore
 from bourse.images import ImageStore
 from bourse.nats.connection import shutdown
-from bourse.nats.grants import CLAIMS, EVENTS, IMAGE_TAGS, IMAGES, Resource
+from bourse.nats.grants import APP_SECRETS, APPS, CLAIMS, EVENTS, IMAGE_TAGS, IMAGES, Resource
 from bourse.nats.jetstream import (
     DEFAULT_MAX_AGE_S,
     DEFAULT_MAX_BYTES,
@@ -71,6 +72,8 @@ async def set_up(nc: NATS, subjects: Subjects, events: EventStream, replicas: in
         (CLAIMS, lambda: ClaimStore.open(nc, subjects)),
         (IMAGES, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
         (IMAGE_TAGS, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
+        (APPS, lambda: AppStore.open(nc, prefix, replicas=replicas)),
+        (APP_SECRETS, lambda: SecretStore.open(nc, prefix, replicas=replicas)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:
@@ -128,7 +131,8 @@ def init(
     ] = None,
 ) -> None:
     """Make the market's streams and buckets that are missing: the event stream, the order
-    claims, the image store. Run with the operator's key (operator.nk)."""
+    claims, the image store, the apps' specs and secrets. Run with the operator's key
+    (operator.nk)."""
     logs.configure("warning")
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)

@@ -12,7 +12,8 @@ change, delete or purge one, or touch a consumer it did not make.
 The resources of a market (names from bourse/nats/jetstream.py, one to one with the subject
 prefix): the event stream ``<PREFIX>_EVENTS``, the order-claims KV bucket
 ``<PREFIX>_ORDERS``, the image store's Object Store ``<PREFIX>_IMAGES`` and its tag KV
-bucket ``<PREFIX>_IMAGE_TAGS``; and the account (JetStream as a whole).
+bucket ``<PREFIX>_IMAGE_TAGS``, the apps' KV buckets ``<PREFIX>_APPS`` (specs) and
+``<PREFIX>_APP_SECRETS``; and the account (JetStream as a whole).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bourse.nats.jetstream import claims_bucket_name, prefix_token, stream_name
+from bourse.nats.jetstream import (
+    apps_bucket_name,
+    claims_bucket_name,
+    prefix_token,
+    secrets_bucket_name,
+    stream_name,
+)
 
 ROLE_OPERATOR = "operator"
 ROLE_BUYER = "buyer"
@@ -60,8 +67,10 @@ EVENTS = Resource("events", "event stream", "stream", stream_name)
 CLAIMS = Resource("claims", "order claims", "kv", claims_bucket_name)
 IMAGES = Resource("images", "image blobs", "objects", lambda p: f"{prefix_token(p)}_IMAGES")
 IMAGE_TAGS = Resource("tags", "image tags", "kv", lambda p: f"{prefix_token(p)}_IMAGE_TAGS")
+APPS = Resource("apps", "app specs", "kv", apps_bucket_name)
+APP_SECRETS = Resource("secrets", "app secrets", "kv", secrets_bucket_name)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, ACCOUNT)
+RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, APPS, APP_SECRETS, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,15 +190,24 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         CLAIMS.key: _of(INFO, CREATE, READ, WRITE),
         ACCOUNT.key: _of(DETECT),
     },
-    # checks the event stream is there (its events: the subject table); reads images
+    # checks the event stream is there (its events: the subject table); reads images; reads
+    # an app's secrets by key when it starts the app's machine
     ROLE_SUPPLIER: {
         EVENTS.key: _of(INFO),
         IMAGES.key: _of(INFO, READ, REPLAY),
         IMAGE_TAGS.key: _of(INFO, READ, REPLAY),
+        APP_SECRETS.key: _of(INFO, READ),
         ACCOUNT.key: _of(DETECT),
     },
-    # replays events (``buyer watch --since``)
-    ROLE_BUYER: {EVENTS.key: _of(INFO, REPLAY), ACCOUNT.key: _of(DETECT)},
+    # replays events (``buyer watch --since``); deploys apps (their specs: the buckets made
+    # by the operator's set-up); writes their secrets and lists their names (a headers-only
+    # watch)
+    ROLE_BUYER: {
+        EVENTS.key: _of(INFO, REPLAY),
+        APPS.key: _of(INFO, READ, WRITE, REPLAY),
+        APP_SECRETS.key: _of(INFO, WRITE, REPLAY),
+        ACCOUNT.key: _of(DETECT),
+    },
     ROLE_TENANT: {},
 }
 

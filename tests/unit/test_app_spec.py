@@ -118,3 +118,16 @@ def test_flags_build_a_whole_spec() -> None:
     )  # fmt: skip
     assert spec.resources == Resources(cpus=1, cpu_millis=250, memory_mb=64)
     assert (spec.count, spec.spares, spec.env, spec.checks) == (2, 0, {}, [])
+
+
+def test_the_generation_changes_only_when_the_spec_or_secrets_do() -> None:
+    from bourse.client.apps.store import AppRecord, next_generation, revision_of
+
+    spec = parse(GOOD)
+    assert next_generation(None, spec, "") == (1, spec.digest())
+    kept = AppRecord(spec=spec, generation=4, digest=spec.digest())
+    assert next_generation(kept, parse(GOOD), "") == (4, spec.digest())  # the same: the same
+    assert next_generation(kept, parse(GOOD.replace("256", "512")), "")[0] == 5
+    rev = revision_of({"TOKEN": 7, "DB": 3})
+    assert rev == revision_of({"DB": 3, "TOKEN": 7}) != revision_of({"DB": 3, "TOKEN": 8})
+    assert revision_of({}) == "" and next_generation(kept, spec, rev)[0] == 5

@@ -28,7 +28,8 @@ def test_the_docs_show_the_tables_as_generated(doc: str, tables: set[str]) -> No
 
 def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket() -> None:
     """Deny by default: the exchange may only make what is missing; no supplier, buyer or
-    tenant may make, change or empty anything, nor use a consumer it did not make."""
+    tenant may make, change or empty anything, nor use a consumer it did not make; a
+    buyer writes keys of the apps' buckets only (its apps' specs and secrets)."""
     admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
     for role in grants.ROLES:
         used = {v for r in grants.RESOURCES for v in grants.granted(role, r)}
@@ -37,4 +38,6 @@ def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket(
         elif role == grants.ROLE_EXCHANGE:
             assert not used & admin
         else:
-            assert not used & (admin | {"create", "write"}), role
+            assert not used & (admin | {"create"}), role
+            writes = {r.key for r in grants.RESOURCES if "write" in grants.granted(role, r)}
+            assert writes <= {grants.APPS.key, grants.APP_SECRETS.key}, role

@@ -68,7 +68,9 @@ def check_secret_name(name: str) -> str:
     return name
 
 
-async def _bucket(nc: NATS, name: str, what: str, *, create: bool) -> KeyValue | None:
+async def _bucket(
+    nc: NATS, name: str, what: str, *, create: bool, replicas: int = 1
+) -> KeyValue | None:
     js = nc.jetstream(timeout=API_TIMEOUT_S)
     try:
         return await js.key_value(name)
@@ -78,7 +80,11 @@ async def _bucket(nc: NATS, name: str, what: str, *, create: bool) -> KeyValue |
     except nats.errors.NoRespondersError:
         raise AppStoreError(f"the NATS server has no JetStream: {what} need it") from None
     config = KeyValueConfig(
-        bucket=name, description=f"Bourse {what}", history=1, storage=StorageType.FILE
+        bucket=name,
+        description=f"Bourse {what}",
+        history=1,
+        storage=StorageType.FILE,
+        replicas=replicas,
     )
     try:
         return await js.create_key_value(config)
@@ -106,10 +112,14 @@ class _KvStore:
         self.tenant = tenant
 
     @classmethod
-    async def open(cls, nc: NATS, prefix: str, *, tenant: str = "", create: bool = True) -> Self:
+    async def open(
+        cls, nc: NATS, prefix: str, *, tenant: str = "", create: bool = True, replicas: int = 1
+    ) -> Self:
         """The store of ``prefix``; its bucket made on first use with ``create`` (where
-        the key may)."""
-        return cls(await _bucket(nc, cls.bucket_name(prefix), cls.WHAT, create=create), tenant)
+        the key may; ``replicas``: the operator's set-up)."""
+        name = cls.bucket_name(prefix)
+        kv = await _bucket(nc, name, cls.WHAT, create=create, replicas=replicas)
+        return cls(kv, tenant)
 
 
 class AppStore(_KvStore):
