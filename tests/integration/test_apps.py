@@ -6,12 +6,17 @@ views and secrets, and bad input before anything is placed."""
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
 
+import anyio
 from nats.aio.msg import Msg
 
+from bourse.client.apps import spec as spec_mod
+from bourse.client.apps.apply import apply, context
+from bourse.client.apps.store import AppStore, SecretStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from tests.cli import buyer
@@ -210,3 +215,41 @@ async def test_secrets_are_names_only_and_a_change_rolls_the_app(
     assert code == 0 and len(json.loads(out)["destroyed"]) == 2
     code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
     assert json.loads(out)["secrets"] == []
+
+
+async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(
+    market: Market, tmp_path: Path
+) -> None:
+    """The rollout is cancelled as soon as its first new machine is placed; the next run
+    takes that machine (the same order id) and finishes: one machine per slot."""
+    await _market(market)
+    assert (await buyer(market, "deploy", "-f", _write(tmp_path, SPEC)))[0] == 0
+    v2 = spec_mod.parse(SPEC.replace("memory_mb = 256", "memory_mb = 384"))
+    c = await market.client()
+    apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
+    secrets = await SecretStore.open(c.nc, market.subjects.prefix, create=False)
+    ctx = await context(c, apps_kv, secrets, v2)
+    nc = await market.connect("watch")
+    first: list[str] = []
+    placed = anyio.Event()
+
+    async def seen(msg: Msg) -> None:
+        e = decode(msg.data, Event)
+        if ".g2." in e.order_id and not first:
+            first.append(e.machine_id)
+            placed.set()
+
+    await nc.subscribe(market.subjects.events(kind="placed"), cb=seen)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(apply, c, apps_kv, ctx, check_wait_s=5))
+        await placed.wait()
+        tg.cancel_scope.cancel()  # cut off mid-slot
+
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC.replace(
+        "memory_mb = 256", "memory_mb = 384"), "v2.toml"), "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["generation"] == 2
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {r["generation"] for r in rows} == {"2"}
+    assert first[0] in {r["machine_id"] for r in rows}  # the machine placed before the cut

@@ -192,6 +192,10 @@ def test_a_cut_off_create_is_started_and_a_cut_off_update_goes_on() -> None:
     p = plan(v2, 2, [old, new])
     [step] = p.steps
     assert (step.action, step.machine_id, step.order_id) == ("update", old.machine_id, new.order_id)
+    # placed beside the old one (or a tenant's): the new machine's own order id
+    beside = msgspec.structs.replace(new, order_id="acme:" + new.order_id + ".b")
+    [step] = plan(v2, 2, [old, beside]).steps
+    assert step.order_id == new.order_id + ".b"
 
 
 def test_machines_without_fingerprints_take_free_indices_compared_on_what_they_show() -> None:

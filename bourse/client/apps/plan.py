@@ -253,6 +253,8 @@ class _Planner:
             for m in old[1:]:
                 self.step(region, slot.index, slot.role, DESTROY, m, detail="replaced")
             oid, attempt = self.new_id(region, slot)
+            if current:  # the order id it was placed under (a tenant's scope taken off)
+                oid = keep.order_id.rpartition(":")[2]
             diff = diffs[head.machine_id]
             self.step(region, slot.index, slot.role, UPDATE, head, order_id=oid, fields=diff)
             self.records[key] = SlotRecord(
