@@ -211,6 +211,15 @@ async def test_secrets_are_names_only_and_a_change_rolls_the_app(
     code, out, _ = await buyer(market, "deploy", "-f", path, "--plan", "--json")
     assert {tuple(s["fields"]) for s in json.loads(out)["steps"]} == {("secrets",)}
     assert "s3cr3t" not in out
+    code, out, err = await buyer(market, "apps", "status", "hello")
+    assert code == 0, err
+    assert out.splitlines()[0].split() == [
+        "region", "slot", "role", "machine", "worker", "state", "address", "check",
+        "image_digest", "restarts",
+    ]  # fmt: skip
+    assert len(out.splitlines()) == 3 and "s3cr3t" not in out
+    code, out, err = await buyer(market, "apps", "logs", "hello", "--json")
+    assert (code, out, err) == (0, "", "")  # simulated machines print nothing
     code, out, _ = await buyer(market, "apps", "destroy", "hello", "--json")
     assert code == 0 and len(json.loads(out)["destroyed"]) == 2
     code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
