@@ -18,10 +18,10 @@ from bourse.client.apps.plan import Plan, plan
 from bourse.client.apps.slots import machine_metadata, slot_key
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppRecord, AppStore, SecretStore, next_generation
-from bourse.client.policy import app_machines, place_patiently
+from bourse.client.policy import place_patiently
 from bourse.errors import BourseError
 from bourse.images import BadReference, ImageError, ImageStore, Reference
-from bourse.wire.messages import Machine, Placed, PlaceOrder, WorkerVerdict
+from bourse.wire.messages import ListMachines, Machine, Placed, PlaceOrder, WorkerVerdict
 
 # The reason a worker declines an image it cannot run (a dry run's verdict).
 CANNOT_RUN = "image_not_runnable"
@@ -108,8 +108,22 @@ async def context(
     previous = await apps.get(spec.app)
     revision = await secrets.revision(spec.app)
     generation, digest = next_generation(previous, spec, revision)
-    machines = await app_machines(client, spec.app, None)
+    machines = await _machines(client, spec, previous)
     return Context(spec, previous, generation, digest, revision, image_digest, machines)
+
+
+async def _machines(
+    client: BourseClient, spec: AppSpec, previous: AppRecord | None
+) -> list[Machine]:
+    """The app's live machines in its regions and those it had (one listing, §4.17). A
+    worker that did not answer: AppError (a plan without its machines would place them
+    again)."""
+    regions = list(dict.fromkeys(spec.regions + (previous.spec.regions if previous else [])))
+    listing = await client.list_machines(regions, ListMachines(app=spec.app))
+    if not listing.complete:
+        missing = ", ".join(listing.missing) or "some workers"
+        raise AppError(f"the app's machines could not all be listed ({missing} did not answer)")
+    return listing.machines
 
 
 @dataclass
