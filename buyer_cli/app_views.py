@@ -11,6 +11,7 @@ from rich.table import Table
 
 from bourse.client import BourseClient, render
 from bourse.client.apps import view
+from bourse.client.apps.plan import plan
 from bourse.client.apps.store import AppRecord, AppStore, SecretStore
 from bourse.client.follow import follow_logs
 from bourse.client.policy import app_machines
@@ -50,13 +51,17 @@ def list_apps(ctx: typer.Context) -> None:
     render.show(t)
 
 
-async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, str]]:
+async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
+    """The app's machines, and each one's slot and role as the planner sees them."""
     rec = await (await _apps(c)).get(name)
     machines = await app_machines(c, name, None)
     if rec is None and not machines:
         fail(f"no app {name!r}: neither a spec kept nor a machine (buyer apps list)")
-    roles = {k: v.role for k, v in rec.slots.items()} if rec else {}
-    return machines, roles
+    if rec is None:
+        return machines, {}
+    # the roles as the planner sees them now: a spare a failover started is the primary
+    now = plan(rec.spec, rec.generation, machines, rec.slots, secrets_revision=rec.secrets_revision)
+    return machines, {s.machine_id: (s.slot, s.role) for s in now.steps if s.machine_id}
 
 
 def status(ctx: typer.Context, name: AppArg) -> None:

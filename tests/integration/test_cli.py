@@ -225,6 +225,10 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     # the spare is refilled as deploy would: on the one worker the app does not use
     assert (doc["spare"]["worker_id"], doc["spare"]["state"]) == (third, "reserved")
     assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "1"}
+    # the started spare is the app's primary now (its metadata, written once, says spare)
+    code, out, err = await buyer(market, "apps", "status", "api", "--json")
+    roles = {m["machine_id"]: m["role"] for m in json.loads(out)["machines"]}
+    assert roles == {slots["spare-0"]["machine_id"]: "primary", doc["spare"]["machine_id"]: "spare"}
 
     # the refilled spare is started by the next failover; then none is left: exit 2, and
     # --json still prints one object

@@ -95,17 +95,20 @@ def _check(m: Machine) -> str:
     return "pending" if m.checks else "-"
 
 
-def status_rows(machines: list[Machine], roles: dict[str, str]) -> list[dict[str, object]]:
-    """``apps status``: each machine of the app by region and slot; ``roles``: the slots'
-    roles as the app's record keeps them (a promoted spare is the primary)."""
+def status_rows(
+    machines: list[Machine], slots: dict[str, tuple[int, str]]
+) -> list[dict[str, object]]:
+    """``apps status``: each machine of the app by region and slot; ``slots``: each
+    machine's slot and role as the planner sees them (a spare a failover started is the
+    primary; a machine placed without a slot has the one it was given)."""
     rows = []
-    for m in sorted(machines, key=lambda m: (m.region, m.metadata.get("slot", ""), m.machine_id)):
-        slot = m.metadata.get("slot", "-")
+    for m in machines:
+        slot, role = slots.get(m.machine_id, (-1, m.metadata.get("role", "-")))
         rows.append(
             {
                 "region": m.region,
                 "slot": slot,
-                "role": roles.get(f"{m.region}.{slot}", m.metadata.get("role", "-")),
+                "role": role,
                 "machine_id": m.machine_id,
                 "worker_id": m.worker_id,
                 "state": m.state,
@@ -116,7 +119,7 @@ def status_rows(machines: list[Machine], roles: dict[str, str]) -> list[dict[str
                 "generation": m.metadata.get("gen", "-"),
             }
         )
-    return rows
+    return sorted(rows, key=lambda r: (str(r["region"]), int(str(r["slot"]))))
 
 
 STATUS_COLUMNS = ("region", "slot", "role", "machine_id", "worker_id", "state", "address",
