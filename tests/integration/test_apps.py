@@ -19,9 +19,10 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.store import AppStore, SecretStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
+from supplier.drivers.process import ProcessDriver
 from tests.cli import buyer
 from tests.isolation import own_worker_id
-from tests.market import Market, worker
+from tests.market import Market, wait_until, worker
 
 HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
 SPEC = """
@@ -262,3 +263,29 @@ async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(
     rows = json.loads(out)["machines"]
     assert len(rows) == 4 and {r["generation"] for r in rows} == {"2"}
     assert first[0] in {r["machine_id"] for r in rows}  # the machine placed before the cut
+
+
+async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_path: Path) -> None:
+    """Process machines (they print): every machine's lines, each with its machine."""
+    await market.jetstream_init()
+    catalog = {"web": {"command": HEARTBEAT}}
+    wids = [own_worker_id(f"mad-{i}") for i in (1, 2)]
+    host = await market.host(*(worker(w, driver="process", catalog=catalog) for w in wids))
+    await market.exchange()
+    two = SPEC.replace('["mad", "ams"]', '["mad"]').replace("spares = 1", "spares = 0")
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, two.replace(
+        "count = 1", "count = 2")), "--json")  # fmt: skip
+    assert code == 0, err
+    machines = {s["machine_id"]: s["worker_id"] for s in json.loads(out)["slots"]}
+    for mid, wid in machines.items():
+        driver = host.workers[wid].driver
+        assert isinstance(driver, ProcessDriver)
+        log = driver.log_path(mid)
+        await wait_until(lambda log=log: log.exists() and "web alive" in log.read_text())  # type: ignore[misc]
+    code, out, err = await buyer(market, "apps", "logs", "hello")
+    assert code == 0, err
+    for mid in machines:
+        assert f"{mid} | web alive" in out.splitlines()
+    assert all(line.split(" | ")[0] in machines for line in out.splitlines())
+    code, out, _ = await buyer(market, "apps", "destroy", "hello")
+    assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
