@@ -1,99 +1,157 @@
-"""``buyer deploy`` and ``buyer failover``: apps of machines on distinct workers with spares,
-as bourse/client/policy.py decides them."""
+"""``buyer deploy`` (an app converged to its spec: bourse/client/apps) and ``buyer failover``
+(a spare started in a lost machine's place: bourse/client/policy.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from pathlib import Path
 from typing import Annotated
 
-import msgspec
 import typer
 
 from bourse.client import BourseClient, ClientError, policy, render
-from bourse.client.policy import Deployment
+from bourse.client.apps import spec as spec_mod
+from bourse.client.apps import view
+from bourse.client.apps.apply import DEFAULT_CHECK_WAIT_S, Applied, apply, context
+from bourse.client.apps.plan import Plan
+from bourse.client.apps.spec import AppSpec
+from bourse.client.apps.store import AppStore, SecretStore
 from bourse.runtime.cli import error_fields, fail, parse_labels
-from bourse.wire.codec import validation_detail
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
-from bourse.wire.messages import Resources
-from bourse.wire.resources import cpu_fields
 from buyer_cli.options import (
     EXIT_UNFILLED,
     AppOpt,
-    CpusOpt,
     DeadlineOpt,
     DirectOpt,
     DiskOpt,
     GpusOpt,
     LabelOpt,
     MinScoreOpt,
+    OptionalCpusOpt,
     RestartOpt,
     check_machine_id,
-    flag_names,
 )
 from buyer_cli.session import session, with_client
 
 RegionsOpt = Annotated[
-    list[str],
-    typer.Option(metavar="REGION", help="A region to place in (repeatable: tried in order)."),
+    list[str] | None,
+    typer.Option(metavar="REGION", help="A region the app runs in (repeatable)."),
 ]
+# Each of these builds the spec without a file (all or none of them: a file is exclusive).
+SPEC_FLAGS = ("--app", "--region", "--cpus", "--memory-mb", "--image")
+
+
+def _spec_from_flags(flags: Mapping[str, object], more: dict[str, object]) -> AppSpec:
+    """The whole spec the flags say (they patch nothing): ``--app … --region …``."""
+    if missing := [name for name, v in zip(SPEC_FLAGS, flags.values(), strict=True) if not v]:
+        fail(f"deploy needs -f APP.TOML or the spec's flags: {', '.join(missing)} missing")
+    app_name, region, cpus, memory_mb, image = flags.values()
+    resources: dict[str, object] = {"cpus": f"{cpus}m", "memory_mb": memory_mb}
+    resources |= {k: more.pop(k) for k in ("disk_mb", "gpus")}
+    raw = {"app": app_name, "image": image, "regions": region, "resources": resources}
+    return spec_mod.from_dict(raw | more, where="flags")
+
+
+def _read_spec(path: Path) -> AppSpec:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        fail(f"cannot read {path}: {exc.strerror}")
+    return spec_mod.parse(text, where=path.name)
 
 
 def deploy(
     ctx: typer.Context,
-    app_name: AppOpt,
-    region: RegionsOpt,
-    cpus: CpusOpt,
-    memory_mb: Annotated[int, typer.Option(metavar="MIB", help="Memory of each machine, MiB.")],
+    file: Annotated[
+        Path | None,
+        typer.Option("--file", "-f", metavar="APP.TOML", help="The app's spec (TOML)."),
+    ] = None,
+    plan_only: Annotated[
+        bool, typer.Option("--plan", help="Print what would change; place and hold nothing.")
+    ] = False,
+    app_name: Annotated[
+        str | None, typer.Option("--app", metavar="NAME", help="The app's name.")
+    ] = None,
+    region: RegionsOpt = None,
+    cpus: OptionalCpusOpt = None,
+    memory_mb: Annotated[
+        int | None, typer.Option(metavar="MIB", help="Memory of each machine, MiB.")
+    ] = None,
     image: Annotated[
-        str,
+        str | None,
         typer.Option(
             metavar="IMAGE",
             help="Image the machines run: NAME[:TAG], NAME@sha256:... or a catalog name.",
         ),
-    ],
-    count: Annotated[int, typer.Option(min=0, metavar="N", help="Machines to run.")] = 1,
+    ] = None,
+    count: Annotated[
+        int, typer.Option(min=0, metavar="N", help="Machines started per region.")
+    ] = 1,
     spares: Annotated[
-        int, typer.Option(min=0, metavar="N", help="Extra machines placed, not started.")
+        int, typer.Option(min=0, metavar="N", help="Machines placed, not started, per region.")
     ] = 0,
     disk_mb: DiskOpt = 0,
     gpus: GpusOpt = 0,
     label: LabelOpt = None,
+    restart: RestartOpt = None,
+    check_wait_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1, metavar="S", help="How long a new machine's checks may take to pass."
+        ),
+    ] = DEFAULT_CHECK_WAIT_S,
     min_score: MinScoreOpt = 0.0,
     deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
-    restart: RestartOpt = None,
     direct: DirectOpt = False,
 ) -> None:
-    """Deploy an app: machines on distinct workers, plus spares (idempotent)."""
-    try:
-        resources = msgspec.convert(
-            {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
-            Resources,
-            strict=True,
-        )
-    except msgspec.ValidationError as exc:
-        fail(f"invalid resources: {flag_names(validation_detail(exc))}")
-    constraints = parse_labels(label)
+    """Deploy an app: converge it to its spec (-f APP.TOML, or the flags: a whole spec),
+    updates rolling one slot at a time. --plan prints the plan only. Exit 2 when a slot is
+    left unfilled or the rollout stopped (no room, checks not passing in time), 1 on an
+    error."""
+    flags = {"app": app_name, "region": region, "cpus": cpus, "memory": memory_mb, "image": image}
+    given = [f for f, v in zip(SPEC_FLAGS, flags.values(), strict=True) if v]
+    others: dict[str, object] = {"--count": count != 1, "--spares": spares, "--gpus": gpus}
+    others |= {"--disk-mb": disk_mb, "--label": label, "--restart": restart}
+    given += [f for f, v in others.items() if v]
+    if file is not None and given:
+        fail(f"-f and the spec's flags are exclusive (a spec is the file or the flags): {given[0]}")
+    if file is not None:
+        spec = _read_spec(file)
+    else:
+        more: dict[str, object] = {"count": count, "spares": spares, "restart": restart or ""}
+        more |= {"disk_mb": disk_mb, "gpus": gpus, "labels": parse_labels(label)}
+        spec = _spec_from_flags(flags, more)
 
-    async def go(c: BourseClient) -> Deployment:
-        return await policy.deploy(
+    async def go(c: BourseClient) -> Plan | Applied:
+        apps_kv = await AppStore.open(
+            c.nc, c.subjects.prefix, tenant=c.tenant, create=not plan_only
+        )
+        secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=False)
+        ctx_ = await context(c, apps_kv, secrets, spec)
+        if plan_only:
+            return ctx_.plan()
+        return await apply(
             c,
-            app=app_name,
-            regions=region,
-            count=count,
-            spares=spares,
-            resources=resources,
-            image=image,
-            constraints=constraints,
+            apps_kv,
+            ctx_,
+            check_wait_s=check_wait_s,
             deadline_ms=deadline_ms,
             min_score=min_score,
-            restart=restart or "",
         )
 
-    d = with_client(ctx, go, direct=direct, places=True)
-    if session(ctx).json:
-        session(ctx).echo_json(render.deployment_json(d))
+    result = with_client(ctx, go, direct=direct, places=not plan_only)
+    s = session(ctx)
+    if isinstance(result, Plan):
+        if s.json:
+            s.echo_json(view.plan_json(result))
+        else:
+            render.show(view.plan_table(result))
+        return
+    if s.json:
+        s.echo_json(view.applied_json(result))
     else:
-        render.show(render.deployment(d))
-    if not d.complete:
+        render.show(view.applied_table(result))
+    if not result.complete:
         raise typer.Exit(EXIT_UNFILLED)
 
 

@@ -25,7 +25,7 @@ from bourse.runtime.cli import (
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
-from buyer_cli import apps, fleet, machines, orders, watch
+from buyer_cli import app_views, apps, fleet, machines, orders, secrets, watch
 from buyer_cli.session import Session
 
 app = typer.Typer(
@@ -34,6 +34,10 @@ app = typer.Typer(
     no_args_is_help=True,
 )
 machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)
+apps_app = typer.Typer(help="Apps as a whole: their slots, logs and secrets.", no_args_is_help=True)
+secrets_app = typer.Typer(
+    help="An app's secrets (names shown, never values).", no_args_is_help=True
+)
 
 
 @app.callback()
@@ -64,6 +68,15 @@ machines_app.command("start")(machines.verb_command("start", "Start a machine.")
 machines_app.command("stop")(machines.verb_command("stop", "Stop a machine."))
 machines_app.command("destroy")(machines.destroy)
 machines_app.command("logs")(machines.logs)
+app.add_typer(apps_app, name="apps")
+apps_app.command("list")(app_views.list_apps)
+apps_app.command("status")(app_views.status)
+apps_app.command("logs")(app_views.logs)
+apps_app.command("destroy")(app_views.destroy)
+apps_app.add_typer(secrets_app, name="secrets")
+secrets_app.command("set")(secrets.set_secrets)
+secrets_app.command("unset")(secrets.unset_secrets)
+secrets_app.command("list")(secrets.list_secrets)
 
 
 def main() -> None:

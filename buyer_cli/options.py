@@ -31,6 +31,13 @@ CpusOpt = Annotated[
         metavar="CPUS", parser=_cpus, help="CPUs: whole (2), fractional (0.5) or millicores (250m)."
     ),
 ]
+# The same, where a command can do without it (``deploy -f`` takes the spec's).
+OptionalCpusOpt = Annotated[
+    int | None,
+    typer.Option(
+        metavar="CPUS", parser=_cpus, help="CPUs: whole (2), fractional (0.5) or millicores (250m)."
+    ),
+]
 MemoryOpt = Annotated[int, typer.Option(metavar="MIB", help="Memory in MiB.")]
 ImageOpt = Annotated[
     str,

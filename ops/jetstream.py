@@ -18,11 +18,21 @@ from rich.table import Table
 
 from bourse.auction.claims import ClaimStore
 from bourse.client import render
+from bourse.client.apps.store import AppStore, SecretStore
 from bourse.images import ImageStore
 from bourse.images.staging import DEFAULT_MAX_BYTES as STAGING_MAX_BYTES
 from bourse.images.staging import make_staging
 from bourse.nats.connection import shutdown
-from bourse.nats.grants import CLAIMS, EVENTS, IMAGE_TAGS, IMAGES, STAGING, Resource
+from bourse.nats.grants import (
+    APP_SECRETS,
+    APPS,
+    CLAIMS,
+    EVENTS,
+    IMAGE_TAGS,
+    IMAGES,
+    STAGING,
+    Resource,
+)
 from bourse.nats.jetstream import (
     DEFAULT_MAX_AGE_S,
     DEFAULT_MAX_BYTES,
@@ -81,6 +91,8 @@ async def set_up(
         (IMAGES, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
         (IMAGE_TAGS, lambda: ImageStore.open(nc, prefix, replicas=replicas)),
         (STAGING, lambda: make_staging(nc, subjects, replicas, staging_max_bytes)),
+        (APPS, lambda: AppStore.open(nc, prefix, replicas=replicas)),
+        (APP_SECRETS, lambda: SecretStore.open(nc, prefix, replicas=replicas)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:
@@ -146,8 +158,8 @@ def init(
     ] = STAGING_MAX_BYTES // MIB,
 ) -> None:
     """Make the market's streams and buckets that are missing: the event stream, the order
-    claims, the image store and its staging stream. Run with the operator's key
-    (operator.nk)."""
+    claims, the image store and its staging stream, the apps' specs and secrets. Run with
+    the operator's key (operator.nk)."""
     logs.configure("warning")
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)

@@ -1,14 +1,13 @@
 """Client-side placement policy, in the spirit of flyctl: the market places single machines;
-apps, spares, anti-affinity, region fallback and failover are decided here.
+apps (bourse/client/apps: spec, plan, rollout), spares, anti-affinity and failover are
+decided in the client.
 
-- deploy: ``count`` primaries (started) and ``spares`` spares (placed, not started) for an
-  app, each on a distinct worker, regions tried in the order given. Machines carry
-  ``metadata = {app, role, slot}``; a re-run first finds the app's live machines and only
-  fills the slots that are missing, so deploy is idempotent.
+- app_machines: an app's machines on the workers that answer; place_patiently: an order
+  tried once more when the market was busy.
 - failover: a primary whose worker is gone (or, forced, a primary that is stopped) is
   replaced by starting one of the app's spares, and a new spare is placed as deploy would.
-  A started spare fills a primary slot from then on (metadata is written once, at placing),
-  so a re-run of deploy keeps ``count`` machines running.
+  A started spare fills a primary slot from then on (metadata is written once, at placing:
+  the app's record keeps the slot's role), so a re-run of deploy keeps ``count`` running.
 """
 
 from __future__ import annotations
@@ -41,16 +40,6 @@ class Slot:
         return f"{self.role}-{self.index}"
 
 
-@dataclass
-class Deployment:
-    app: str
-    slots: list[Slot]
-
-    @property
-    def complete(self) -> bool:
-        return all(s.machine is not None for s in self.slots)
-
-
 async def app_machines(
     client: BourseClient, app: str, regions: list[str] | None, include_destroyed: bool = False
 ) -> list[Machine]:
@@ -74,29 +63,6 @@ async def app_machines(
 def _slot_key(m: Machine) -> tuple[int, str]:
     slot = m.metadata.get("slot", "")
     return (int(slot) if slot.isdigit() else 1 << 30, m.machine_id)
-
-
-def _assign(slots: list[Slot], machines: list[Machine]) -> None:
-    """Give the app's live machines to the slots: a primary slot takes a primary that is not
-    stopped, else a started spare (one a failover started in a primary's place); a spare
-    slot takes a spare that is not started. By slot index, so a re-run keeps what it has."""
-    primaries = sorted(
-        (m for m in machines if m.metadata.get("role") == PRIMARY and m.state != "stopped"),
-        key=_slot_key,
-    )
-    promoted = sorted(
-        (m for m in machines if m.metadata.get("role") == SPARE and m.state == "started"),
-        key=_slot_key,
-    )
-    idle = sorted(
-        (m for m in machines if m.metadata.get("role") == SPARE and m.state != "started"),
-        key=_slot_key,
-    )
-    pools = {PRIMARY: [*primaries, *promoted], SPARE: idle}
-    for slot in slots:
-        pool = pools[slot.role]
-        if pool:
-            slot.machine, slot.existed = pool.pop(0), True
 
 
 # An order the market was too busy for, rather than unable to place, or placed but not
@@ -168,49 +134,6 @@ async def _fill(
             "start" if slot.role == PRIMARY else "get", result.machine_id
         )
         return
-
-
-async def deploy(
-    client: BourseClient,
-    *,
-    app: str,
-    regions: list[str],
-    count: int,
-    spares: int,
-    resources: Resources,
-    image: str,
-    constraints: dict[str, str] | None = None,
-    deadline_ms: int = 500,
-    min_score: float = 0.0,
-    restart: str = "",
-) -> Deployment:
-    """Place ``count`` machines and ``spares`` on distinct workers (idempotent). ``restart``
-    (``no``, ``on-failure``, ``always``), when given, goes in each order's ``restart``
-    metadata: the process driver's restart policy for the machine."""
-    if not regions:
-        raise ClientError("deploy needs at least one region", "bad_request")
-    every = await app_machines(client, app, regions, include_destroyed=True)
-    live = [m for m in every if m.state != "destroyed"]
-    used_workers = {m.worker_id for m in live}
-    slots = [Slot(PRIMARY, i) for i in range(count)] + [Slot(SPARE, i) for i in range(spares)]
-    _assign(slots, live)
-    for slot in slots:
-        if slot.machine is None:
-            await _fill(
-                client,
-                slot,
-                app=app,
-                regions=regions,
-                resources=resources,
-                image=image,
-                constraints=constraints or {},
-                used_workers=used_workers,
-                deadline_ms=deadline_ms,
-                min_score=min_score,
-                fresh=not every,
-                restart=restart,
-            )
-    return Deployment(app, slots)
 
 
 @dataclass

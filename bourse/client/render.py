@@ -23,7 +23,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bourse.client import DryRun
-from bourse.client.policy import Deployment, Failover
+from bourse.client.policy import Failover
 from bourse.wire.messages import (
     Amount,
     Event,
@@ -232,52 +232,6 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
             safe(m.metadata.get("app", "-")),
         )
     return t
-
-
-def deployment(d: Deployment) -> Table:
-    t = Table(title=f"app {safe(d.app)}")
-    for col in ("slot", "machine", "region", "worker", "state", "note"):
-        t.add_column(col)
-    for s in d.slots:
-        if s.machine is not None:
-            m = s.machine
-            note = (
-                "kept (already deployed)"
-                if s.existed
-                else f"score {s.placed.score:.3f}"
-                if s.placed
-                else ""
-            )
-            t.add_row(
-                safe(s.name),
-                safe(m.machine_id),
-                safe(m.region),
-                safe(m.worker_id),
-                safe(m.state),
-                note,
-            )
-        else:
-            why = "; ".join(u.detail or f"{u.region}: {u.reason}" for u in s.unfilled)
-            t.add_row(safe(s.name), "-", "-", "-", "[yellow]unfilled[/]", safe(why))
-    return t
-
-
-def deployment_json(d: Deployment) -> dict[str, object]:
-    """``deploy --json``: the app, whether every slot has its machine, and the slots."""
-    return {
-        "app": d.app,
-        "complete": d.complete,
-        "slots": [
-            {
-                "slot": s.name,
-                "role": s.role,
-                "machine": s.machine,
-                "existed": s.existed,
-                "unfilled": s.unfilled,
-            }
-            for s in d.slots
-        ],
-    }
 
 
 def failover_json(app: str, machine_id: str, f: Failover | None) -> dict[str, object]:

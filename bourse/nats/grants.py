@@ -14,8 +14,9 @@ prefix): the event stream ``<PREFIX>_EVENTS``, the order-claims KV bucket
 ``<PREFIX>_ORDERS``, the image store's Object Store ``<PREFIX>_IMAGES`` and its tag KV
 bucket ``<PREFIX>_IMAGE_TAGS``, the image staging stream ``<PREFIX>_IMAGE_STAGING`` (a
 tenant's pushes on their way in: it publishes its chunks on its own subjects, the subject
-table; the exchange reads and clears them, bourse/images/staging.py); and the account
-(JetStream as a whole).
+table; the exchange reads and clears them, bourse/images/staging.py); the apps' KV buckets
+``<PREFIX>_APPS`` (specs) and ``<PREFIX>_APP_SECRETS``; and the account (JetStream as a
+whole).
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bourse.nats.jetstream import claims_bucket_name, prefix_token, stream_name
+from bourse.nats.jetstream import (
+    apps_bucket_name,
+    claims_bucket_name,
+    prefix_token,
+    secrets_bucket_name,
+    stream_name,
+)
 
 ROLE_OPERATOR = "operator"
 ROLE_BUYER = "buyer"
@@ -66,8 +73,10 @@ IMAGE_TAGS = Resource("tags", "image tags", "kv", lambda p: f"{prefix_token(p)}_
 STAGING = Resource(
     "staging", "image staging", "stream", lambda p: f"{prefix_token(p)}_IMAGE_STAGING"
 )
+APPS = Resource("apps", "app specs", "kv", apps_bucket_name)
+APP_SECRETS = Resource("secrets", "app secrets", "kv", secrets_bucket_name)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, ACCOUNT)
+RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS, APP_SECRETS, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,19 +209,25 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         STAGING.key: _of(INFO, CREATE, READ, PURGE),
         ACCOUNT.key: _of(DETECT),
     },
-    # checks the event stream is there (its events: the subject table); reads images
+    # checks the event stream is there (its events: the subject table); reads images; reads
+    # an app's secrets by key when it starts the app's machine
     ROLE_SUPPLIER: {
         EVENTS.key: _of(INFO),
         IMAGES.key: _READ_IMAGES,
         IMAGE_TAGS.key: _READ_IMAGES,
+        APP_SECRETS.key: _of(INFO, READ),
         ACCOUNT.key: _of(DETECT),
     },
     # replays events (``buyer watch --since``); reads images (``--direct`` orders resolve
-    # them, dry runs, ``bourse image ls`` and ``inspect``)
+    # them, dry runs, ``bourse image ls`` and ``inspect``); deploys apps (their specs: the
+    # buckets made by the operator's set-up); writes their secrets and lists their names (a
+    # headers-only watch)
     ROLE_BUYER: {
         EVENTS.key: _of(INFO, REPLAY),
         IMAGES.key: _READ_IMAGES,
         IMAGE_TAGS.key: _READ_IMAGES,
+        APPS.key: _of(INFO, READ, WRITE, REPLAY),
+        APP_SECRETS.key: _of(INFO, WRITE, REPLAY),
         ACCOUNT.key: _of(DETECT),
     },
     # reads images (dry runs, ``ls``, ``inspect``, what a push need not send); pushes

@@ -288,3 +288,14 @@ async def _make(js: JetStreamContext, stream: EventStream) -> bool:
             "its subjects, or delete it to have it made again"
         )
     return False
+
+
+def apps_bucket_name(prefix: str) -> str:
+    """The apps' KV bucket (each app's applied spec, generation and slots):
+    ``bourse`` -> ``BOURSE_APPS``."""
+    return prefix_token(prefix) + "_APPS"
+
+
+def secrets_bucket_name(prefix: str) -> str:
+    """The apps' secrets KV bucket (one key per app and name): ``BOURSE_APP_SECRETS``."""
+    return prefix_token(prefix) + "_APP_SECRETS"

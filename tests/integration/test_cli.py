@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any
 
 from bourse.wire.messages import Placed
 from tests.cli import buyer
@@ -125,55 +126,54 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
     assert code == 1 and f"cannot start machine {mid}: it is destroyed" in err
 
 
+def by_role(doc: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """``deploy --json``'s slots as ``primary-0``, ``spare-0``… (in the order of the rows)."""
+    out: dict[str, dict[str, str]] = {}
+    for s in doc["slots"]:
+        n = sum(k.startswith(s["role"] + "-") for k in out)
+        out[f"{s['role']}-{n}"] = s
+    return out
+
+
 async def test_deploy_spreads_over_distinct_workers_with_spares_and_is_idempotent(
     market: Market,
 ) -> None:
     await market.host(
         worker("a1", region="ams"),
         worker("a2", region="ams"),
+        worker("a3", region="ams"),
         worker("b1", region="bcn"),
         worker("b2", region="bcn"),
+        worker("b3", region="bcn"),
     )
     await market.exchange()
     args = (
-        "deploy",
-        "--app",
-        "shop",
-        "--region",
-        "ams",
-        "--region",
-        "bcn",
-        "--count",
-        "3",
-        "--spares",
-        "1",
-        "--cpus",
-        "1",
-        "--memory-mb",
-        "256",
-        "--image",
-        "web",
-        "--json",
-    )
+        "deploy", "--app", "shop", "--region", "ams", "--region", "bcn", "--count", "2",
+        "--spares", "1", "--cpus", "1", "--memory-mb", "256", "--image", "web", "--json",
+    )  # fmt: skip
     code, out, err = await buyer(market, *args)
     assert code == 0, err
     doc = json.loads(out)
-    slots = {s["slot"]: s["machine"] for s in doc["slots"]}
-    assert doc["complete"] is True
-    workers = [m["worker_id"] for m in slots.values()]
-    assert len(set(workers)) == 4  # anti-affinity: every machine on its own worker
-    assert {slots["primary-0"]["region"], slots["primary-1"]["region"]} == {"ams"}  # order
-    assert [slots[f"primary-{i}"]["state"] for i in range(3)] == ["started"] * 3
-    assert slots["spare-0"]["state"] == "reserved"  # spares are placed, not started
+    assert doc["complete"] is True and len(doc["slots"]) == 6  # count and spares per region
+    workers = [s["worker_id"] for s in doc["slots"]]
+    assert len(set(workers)) == 6  # anti-affinity: every machine on its own worker
+    listed = {}
+    for w in workers:
+        _, got, _ = await buyer(market, "machines", "list", "--worker", w, "--json")
+        [m] = json.loads(got)["machines"]
+        listed[m["machine_id"]] = m["state"]
+    roles = {s["machine_id"]: s["role"] for s in doc["slots"]}
+    assert (
+        sorted((roles[mid], st) for mid, st in listed.items())
+        == [("primary", "started")] * 4 + [("spare", "reserved")] * 2
+    )  # spares: placed, not started
 
     code, out, _ = await buyer(market, *args)  # again: nothing new
     again = json.loads(out)
-    assert all(s["existed"] for s in again["slots"])
-    assert {s["machine"]["machine_id"] for s in again["slots"]} == {
-        m["machine_id"] for m in slots.values()
-    }
+    assert {(s["action"], s["result"]) for s in again["slots"]} == {("keep", "kept")}
+    assert {s["machine_id"] for s in again["slots"]} == set(listed)
 
-    code, out, _ = await buyer(market, *args[:-1], "--count", "5")  # more than workers
+    code, out, _ = await buyer(market, *args[:-1], "--count", "3")  # more than workers
     assert code == 2
 
 
@@ -203,7 +203,7 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
         "--json",
     )
     assert code == 0, err
-    slots = {s["slot"]: s["machine"] for s in json.loads(out)["slots"]}
+    slots = by_role(json.loads(out))
     primary = slots["primary-0"]
 
     ff = ("failover", "--app", "api", "--machine", primary["machine_id"], "--region", "ams")
@@ -224,7 +224,11 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     assert doc["stopped"] is None  # its worker is gone: nothing to stop
     # the spare is refilled as deploy would: on the one worker the app does not use
     assert (doc["spare"]["worker_id"], doc["spare"]["state"]) == (third, "reserved")
-    assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "0"}
+    assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "1"}
+    # the started spare is the app's primary now (its metadata, written once, says spare)
+    code, out, err = await buyer(market, "apps", "status", "api", "--json")
+    roles = {m["machine_id"]: m["role"] for m in json.loads(out)["machines"]}
+    assert roles == {slots["spare-0"]["machine_id"]: "primary", doc["spare"]["machine_id"]: "spare"}
 
     # the refilled spare is started by the next failover; then none is left: exit 2, and
     # --json still prints one object
@@ -253,7 +257,7 @@ async def test_failover_force_stops_the_machine_and_refills_the_spare(market: Ma
     )  # fmt: skip
     code, out, err = await buyer(market, *deploy)
     assert code == 0, err
-    slots = {s["slot"]: s["machine"] for s in json.loads(out)["slots"]}
+    slots = by_role(json.loads(out))
     primary, spare = slots["primary-0"], slots["spare-0"]
     ff = ("failover", "--app", "web", "--machine", primary["machine_id"], "--region", "ams")
     code, out, err = await buyer(market, *ff, "--force", "--json")
@@ -267,17 +271,20 @@ async def test_failover_force_stops_the_machine_and_refills_the_spare(market: Ma
     used = {m["worker_id"] for m in slots.values()}
     assert doc["spare"]["state"] == "reserved" and doc["spare"]["worker_id"] not in used
 
-    # two running, as asked: the replaced primary is stopped, the spare runs in its place,
-    # and a re-run of deploy places nothing (it counts the started spare as a primary)
+    # two running, as asked: the replaced primary is stopped, the spare runs in its place;
+    # a re-run of deploy places nothing (the started spare's slot is a primary's now) and
+    # keeps the new spare, destroying the stopped machine (one spare, as asked)
     code, out, err = await buyer(market, *deploy)
     again = json.loads(out)
-    assert all(s["existed"] for s in again["slots"]), again
+    assert sorted((s["action"], s["role"]) for s in again["slots"]) == [
+        ("destroy", "spare"), ("keep", "primary"), ("keep", "primary"), ("keep", "spare")
+    ], again  # fmt: skip
     states: list[str] = []
     for w in ("a1", "a2", "a3", "a4"):
         _, listed, _ = await buyer(market, "machines", "list", "--worker", w, "--json")
         states += [m["state"] for m in json.loads(listed)["machines"]]
     states.sort()
-    assert states == ["reserved", "started", "started", "stopped"]
+    assert states == ["reserved", "started", "started"]
 
 
 async def test_failover_of_an_unknown_app_or_machine_is_a_clear_error(market: Market) -> None:

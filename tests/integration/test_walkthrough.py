@@ -136,52 +136,56 @@ async def _walk_through(url: str) -> None:
         in out.splitlines()
     )
 
-    # deploy: distinct workers, sjc first, the spare placed and not started
+    # deploy: a primary and a spare in each region, on distinct workers
     deploy = (
-        "deploy", "--app", "shop", "--region", "sjc", "--region", "fra", "--count", "3",
+        "deploy", "--app", "shop", "--region", "mad", "--region", "fra", "--count", "1",
         "--spares", "1", "--cpus", "2", "--memory-mb", "1024", "--image", "web",
     )  # fmt: skip
     code, out, err = await buyer(url, *deploy)
     assert (code, err) == (0, ""), out + err
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
-        "slot", "machine", "region", "worker", "state", "note",
+        "region", "slot", "role", "action", "result", "machine", "worker", "detail",
     ]  # fmt: skip
-    slots = {r[0]: r for r in rows(out)}
-    assert sorted(slots) == ["primary-0", "primary-1", "primary-2", "spare-0"]
-    assert all(re.fullmatch(ID, r[1]) for r in slots.values())  # whole ids
-    assert [slots[f"primary-{i}"][2] for i in range(2)] == ["sjc", "sjc"]
-    assert [r[4] for r in slots.values()] == ["started"] * 3 + ["reserved"]
-    primary, spare = slots["primary-0"][1], slots["spare-0"]
-    assert primary.startswith("sjc-1~")
+    slots = {(r[0], r[2]): r for r in rows(out)}
+    assert sorted(slots) == [("fra", "primary"), ("fra", "spare"), ("mad", "primary"),
+                             ("mad", "spare")]  # fmt: skip
+    assert {(r[3], r[4]) for r in slots.values()} == {("create", "done")}
+    assert all(re.fullmatch(ID, r[5]) for r in slots.values())  # whole ids
+    assert len({r[6] for r in slots.values()}) == 4
+    primary, spare = slots["mad", "primary"][5], slots["mad", "spare"]
 
-    # failover: without --force it says why not (sjc-1 answers), with it: as the README
-    failover = ("failover", "--app", "shop", "--machine", primary, "--region", "sjc")
-    code, out, err = await buyer(url, *failover, "--region", "fra")
+    # failover: without --force it says why not (the worker answers), with it: as the README
+    failover = ("failover", "--app", "shop", "--machine", primary, "--region", "mad")
+    code, out, err = await buyer(url, *failover)
     assert (code, out) == (1, "")
+    worker_of = primary.split("~")[0]
     assert err == (
-        "error: worker sjc-1 still answers; nothing to fail over (use --force to stop the "
-        "machine and start a spare anyway)\n"
+        f"error: worker {worker_of} still answers; nothing to fail over (use --force to stop "
+        "the machine and start a spare anyway)\n"
     )
-    code, out, err = await buyer(url, *failover, "--region", "fra", "--force")
+    code, out, err = await buyer(url, *failover, "--force")
     assert (code, err) == (0, ""), out + err
     lines = out.splitlines()
-    assert lines[0] == (
-        f"started spare {spare[1]} on {spare[3]} ({spare[2]}) in place of {primary}"
-    )
+    assert lines[0] == f"started spare {spare[5]} on {spare[6]} (mad) in place of {primary}"
     assert lines[1] == f"stopped {primary} (its worker still answers: --force)"
-    refill = re.fullmatch(rf"new spare ({ID}) on (fra-\d) \(fra\)", lines[2])
+    refill = re.fullmatch(rf"new spare ({ID}) on (mad-\d) \(mad\)", lines[2])
     assert refill is not None, out
     assert len(lines) == 3
 
-    # a re-run of deploy keeps three running and the new spare: nothing new
+    # a re-run of deploy keeps one running in each region: the started spare is mad's
+    # primary now, the new spare is kept and the stopped machine goes (one spare, as asked)
     code, out, err = await buyer(url, *deploy, "--json")
     assert code == 0, err
-    again = json.loads(out)
-    assert all(s["existed"] for s in again["slots"])
-    running = [s["machine"] for s in again["slots"] if s["role"] == "primary"]
-    assert [m["state"] for m in running] == ["started"] * 3
-    assert spare[1] in {m["machine_id"] for m in running}  # the started spare is one of them
-    assert again["slots"][3]["machine"]["machine_id"] == refill.group(1)
+    again = {
+        (s["region"], s["role"], s["action"]): s["machine_id"] for s in json.loads(out)["slots"]
+    }
+    assert again == {
+        ("mad", "spare", "destroy"): primary,
+        ("mad", "primary", "keep"): spare[5],
+        ("mad", "spare", "keep"): refill.group(1),
+        ("fra", "primary", "keep"): slots["fra", "primary"][5],
+        ("fra", "spare", "keep"): slots["fra", "spare"][5],
+    }
 
     # fleet: every worker of every region, whole ids, no --region needed
     code, out, err = await buyer(url, "fleet")
@@ -203,10 +207,10 @@ async def _walk_through(url: str) -> None:
         "machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age", "app",
     ]  # fmt: skip
     listed = rows(out)
-    assert len(listed) == 5 and all(re.fullmatch(ID, r[0]) for r in listed)
+    assert len(listed) == 4 and all(re.fullmatch(ID, r[0]) for r in listed)
     assert [(r[2], r[1]) for r in listed] == sorted((r[2], r[1]) for r in listed)
-    assert {r[2] for r in listed} == {"fra", "sjc"} and {r[-1] for r in listed} == {"shop"}
-    assert sorted(r[3] for r in listed) == ["reserved", "started", "started", "started", "stopped"]
+    assert {r[2] for r in listed} == {"fra", "mad"} and {r[-1] for r in listed} == {"shop"}
+    assert sorted(r[3] for r in listed) == ["reserved", "reserved", "started", "started"]
 
     # watch --since 15m: order outcomes (placed and unfilled) as well as machine events
     code, out, err = await buyer(
@@ -229,13 +233,13 @@ async def _walk_through(url: str) -> None:
     code, out, err = await buyer(url, "machines", "destroy", "--app", "shop")
     assert (code, out) == (1, "")
     assert err == (
-        "error: destroy 5 machine(s) of app 'shop': not confirmed (no terminal to ask on); "
+        "error: destroy 4 machine(s) of app 'shop': not confirmed (no terminal to ask on); "
         "pass --yes\n"
     )
     code, out, err = await buyer(url, "machines", "destroy", "--app", "shop", "--yes")
     assert (code, err) == (0, "")
     gone = rows(out)
-    assert len(gone) == 5 and {r[2] for r in gone} == {"destroyed"}
+    assert len(gone) == 4 and {r[2] for r in gone} == {"destroyed"}
     assert {r[1].split(".")[0] for r in gone} == {"shop"}  # the app's order ids
     code, out, err = await buyer(url, "machines", "destroy", "--app", "shop", "--yes")
     assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")

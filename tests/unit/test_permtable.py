@@ -29,7 +29,8 @@ def test_the_docs_show_the_tables_as_generated(doc: str, tables: set[str]) -> No
 def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket() -> None:
     """Deny by default: the exchange may only make what is missing, and empty only the
     uploads tenants staged once it published them; no supplier, buyer or tenant may make,
-    change or empty anything, nor use a consumer it did not make."""
+    change or empty anything, nor use a consumer it did not make; a buyer writes keys of
+    the apps' buckets only (its apps' specs and secrets)."""
     admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
     for role in grants.ROLES:
         used = {v for r in grants.RESOURCES for v in grants.granted(role, r)}
@@ -45,4 +46,6 @@ def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket(
             }
             assert staging & admin == {"purge"} and not others & admin
         else:
-            assert not used & (admin | {"create", "write"}), role
+            assert not used & (admin | {"create"}), role
+            writes = {r.key for r in grants.RESOURCES if "write" in grants.granted(role, r)}
+            assert writes <= {grants.APPS.key, grants.APP_SECRETS.key}, role

@@ -1,0 +1,144 @@
+"""``buyer apps list | status | logs | destroy``: an app as a whole (its record in the apps'
+bucket, its machines on the workers)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio
+import typer
+from rich.table import Table
+
+from bourse.client import BourseClient, render
+from bourse.client.apps import view
+from bourse.client.apps.plan import plan
+from bourse.client.apps.store import AppRecord, AppStore, SecretStore
+from bourse.client.follow import follow_logs
+from bourse.client.policy import app_machines
+from bourse.runtime.cli import fail
+from bourse.wire.messages import Machine
+from buyer_cli.options import MachineDirectOpt
+from buyer_cli.session import session, with_client
+
+AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
+
+
+async def _apps(c: BourseClient, create: bool = False) -> AppStore:
+    return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
+
+
+def list_apps(ctx: typer.Context) -> None:
+    """The apps deployed: name, generation, regions, count and spares per region."""
+
+    async def go(c: BourseClient) -> list[AppRecord]:
+        store = await _apps(c)
+        return [r for name in await store.names() if (r := await store.get(name)) is not None]
+
+    records = with_client(ctx, go)
+    rows = [
+        {"app": r.spec.app, "generation": r.generation, "image": r.spec.image,
+         "regions": r.spec.regions, "count": r.spec.count, "spares": r.spec.spares}
+        for r in records
+    ]  # fmt: skip
+    if session(ctx).json:
+        session(ctx).echo_json({"apps": rows})
+        return
+    t = Table(title="apps")
+    for col in rows[0] if rows else ("app",):
+        t.add_column(col)
+    for row in rows:
+        t.add_row(*(render.safe(", ".join(v) if isinstance(v, list) else v) for v in row.values()))
+    render.show(t)
+
+
+async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
+    """The app's machines, and each one's slot and role as the planner sees them."""
+    rec = await (await _apps(c)).get(name)
+    machines = await app_machines(c, name, None)
+    if rec is None and not machines:
+        fail(f"no app {name!r}: neither a spec kept nor a machine (buyer apps list)")
+    if rec is None:
+        return machines, {}
+    # the roles as the planner sees them now: a spare a failover started is the primary
+    now = plan(rec.spec, rec.generation, machines, rec.slots, secrets_revision=rec.secrets_revision)
+    return machines, {s.machine_id: (s.slot, s.role) for s in now.steps if s.machine_id}
+
+
+def status(ctx: typer.Context, name: AppArg) -> None:
+    """Each slot of the app: machine, region, worker, state, address, check, image digest,
+    restarts."""
+
+    async def go(c: BourseClient) -> list[dict[str, object]]:
+        machines, roles = await _machines(c, name)
+        return view.status_rows(machines, roles)
+
+    rows = with_client(ctx, go)
+    if session(ctx).json:
+        session(ctx).echo_json({"app": name, "machines": rows})
+    else:
+        render.show(view.status_table(name, rows))
+
+
+def logs(
+    ctx: typer.Context,
+    name: AppArg,
+    tail: Annotated[
+        int, typer.Option(min=1, max=1000, metavar="N", help="Lines per machine.")
+    ] = 50,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Then print new lines as they come.")
+    ] = False,
+    direct: MachineDirectOpt = False,
+) -> None:
+    """Every machine's lines, each prefixed with its machine (--json: one object a line)."""
+    json = session(ctx).json
+
+    def emit(m: Machine, lines: list[str]) -> None:
+        for line in lines:
+            if json:
+                typer.echo(render.as_json({"machine_id": m.machine_id, "line": line}))
+            else:
+                typer.echo(f"{render.visible(m.machine_id)} | {render.visible(line)}")
+
+    async def one(c: BourseClient, m: Machine) -> None:
+        if not follow:
+            emit(m, (await c.logs(m.machine_id, tail)).lines)
+            return
+        async for got in follow_logs(c, m.machine_id, tail):
+            emit(m, got.lines)
+
+    async def go(c: BourseClient) -> None:
+        machines, _ = await _machines(c, name)
+        live = [m for m in machines if m.state != "destroyed"]
+        if follow:
+            async with anyio.create_task_group() as tg:
+                for m in live:
+                    tg.start_soon(one, c, m)
+        else:
+            for m in live:  # one machine after the other: a stable order
+                await one(c, m)
+
+    with_client(ctx, go, direct=direct)
+
+
+def destroy(ctx: typer.Context, name: AppArg) -> None:
+    """Destroy every machine of the app, then its spec and secrets."""
+
+    async def go(c: BourseClient) -> list[str]:
+        machines, _ = await _machines(c, name)
+        gone = []
+        for m in machines:
+            await c.machine("destroy", m.machine_id)
+            gone.append(m.machine_id)
+        await (await _apps(c)).delete(name)
+        secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=False)
+        await secrets.unset(name, list(await secrets.revisions(name)))
+        return gone
+
+    gone = with_client(ctx, go)
+    if session(ctx).json:
+        session(ctx).echo_json({"app": name, "destroyed": gone})
+    else:
+        for mid in gone:
+            typer.echo(f"destroyed {render.visible(mid)}")
+        typer.echo(f"app {render.visible(name)}: its spec and secrets removed")

@@ -1,0 +1,291 @@
+"""Apps as a whole against a real market (nats-server, suppliers, exchange): ``buyer deploy
+-f``, ``--plan``, rolling updates that keep ``count`` machines started in each region at
+every moment the events show, a second run that changes nothing, scale down (spares first),
+a rollout whose checks do not pass in time (exit 2, the old machines serving), the app
+views and secrets, and bad input before anything is placed."""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections import defaultdict
+from pathlib import Path
+
+import anyio
+from nats.aio.msg import Msg
+
+from bourse.client.apps import spec as spec_mod
+from bourse.client.apps.apply import apply, context
+from bourse.client.apps.store import AppStore, SecretStore
+from bourse.wire.codec import decode
+from bourse.wire.messages import Event
+from supplier.drivers.process import ProcessDriver
+from tests.cli import buyer
+from tests.isolation import own_worker_id
+from tests.market import Market, wait_until, worker
+
+HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+SPEC = """
+app = "hello"
+image = "web"
+regions = ["mad", "ams"]
+count = 1
+spares = 1
+
+[resources]
+cpus = 1
+memory_mb = 256
+"""
+
+
+async def _market(market: Market) -> None:
+    await market.jetstream_init()
+    for region in ("mad", "ams"):
+        await market.host(
+            *(worker(f"{region}-{i}", region=region, images=["web"]) for i in (1, 2, 3))
+        )
+    await market.exchange()
+
+
+def _write(tmp_path: Path, text: str, name: str = "app.toml") -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+async def test_deploy_plan_rolling_update_again_and_scale_down(
+    market: Market, tmp_path: Path
+) -> None:
+    await _market(market)
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["generation"] == 1 and doc["complete"] is True
+    slots = {(s["region"], s["role"]): s for s in doc["slots"]}
+    assert {s["action"] for s in doc["slots"]} == {"create"}
+    assert set(slots) == {
+        ("mad", "primary"),
+        ("mad", "spare"),
+        ("ams", "primary"),
+        ("ams", "spare"),
+    }
+    assert slots["mad", "primary"]["worker_id"] != slots["mad", "spare"]["worker_id"]
+
+    # again: nothing changes
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC), "--json")
+    assert code == 0, err
+    assert {(s["action"], s["result"]) for s in json.loads(out)["slots"]} == {("keep", "kept")}
+
+    # the plan of a bigger machine: an update of each slot, nothing placed
+    bigger = _write(tmp_path, SPEC.replace("memory_mb = 256", "memory_mb = 512"), "v2.toml")
+    code, out, err = await buyer(market, "deploy", "-f", bigger, "--plan", "--json")
+    assert code == 0, err
+    plan = json.loads(out)
+    assert plan["generation"] == 2 and plan["changes"] == 4
+    assert {(s["action"], tuple(s["fields"])) for s in plan["steps"]} == {
+        ("update", ("resources",))
+    }
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    assert len(json.loads(out)["machines"]) == 4  # the plan placed nothing
+
+    # apply it, watching the events: at least one machine started per region all along
+    nc = await market.connect("watch")
+    started: dict[str, set[str]] = defaultdict(set)
+    low: dict[str, int] = {"mad": 1, "ams": 1}
+
+    async def seen(msg: Msg) -> None:
+        e = decode(msg.data, Event)
+        if e.kind == "started":
+            started[e.region].add(e.machine_id)
+        elif e.kind in ("stopped", "destroyed", "failed"):
+            started[e.region].discard(e.machine_id)
+        low[e.region] = min(low[e.region], len(started[e.region]))
+
+    # the primaries running now, from the listing (their start events came before)
+    for row in json.loads(out)["machines"]:
+        if row["state"] == "started":
+            started[row["region"]].add(row["machine_id"])
+    sub = await nc.subscribe(market.subjects.events(), cb=seen)
+    code, out, err = await buyer(market, "deploy", "-f", bigger, "--json")
+    await nc.flush()
+    await sub.unsubscribe()
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["complete"] is True and doc["generation"] == 2
+    assert [s["result"] for s in doc["slots"]] == ["done"] * 4
+    assert all(s["replaced"] and s["replaced"] != s["machine_id"] for s in doc["slots"])
+    assert low == {"mad": 1, "ams": 1}
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {r["generation"] for r in rows} == {"2"}
+
+    # again: nothing
+    code, out, err = await buyer(market, "deploy", "-f", bigger, "--json")
+    assert {s["action"] for s in json.loads(out)["slots"]} == {"keep"}
+
+    # scale down: the spares go, the primaries stay
+    fewer = _write(tmp_path, SPEC.replace("memory_mb = 256", "memory_mb = 512")
+                   .replace("spares = 1", "spares = 0"), "v3.toml")  # fmt: skip
+    code, out, err = await buyer(market, "deploy", "-f", fewer, "--json")
+    assert code == 0, err
+    steps = json.loads(out)["slots"]
+    assert [(s["action"], s["role"]) for s in steps] == [
+        ("destroy", "spare"), ("destroy", "spare"), ("keep", "primary"), ("keep", "primary")
+    ]  # fmt: skip
+    code, out, _ = await buyer(market, "apps", "list", "--json")
+    listed = {"app": "hello", "generation": 3, "image": "web", "regions": ["mad", "ams"]}
+    assert json.loads(out)["apps"] == [listed | {"count": 1, "spares": 0}]
+
+
+async def test_checks_not_passing_in_time_stop_the_rollout(market: Market, tmp_path: Path) -> None:
+    """Workers that report no health for the machines (the simulated driver runs no
+    checks): a new machine's checks never pass, the rollout stops at the first slot with
+    exit 2, the old machines serve on and the rest is skipped."""
+    await _market(market)
+    one = SPEC.replace("spares = 1", "spares = 0")
+    code, _, err = await buyer(market, "deploy", "-f", _write(tmp_path, one))
+    assert code == 0, err
+    checked = one.replace('image = "web"', 'image = "web"\nports = ["web"]') + (
+        '[[checks]]\nport = "web"\nkind = "tcp"\n'
+    )
+    code, out, err = await buyer(
+        market, "deploy", "-f", _write(tmp_path, checked, "c.toml"), "--check-wait-s", "0.5",
+        "--json",
+    )  # fmt: skip
+    assert code == 2, err
+    doc = json.loads(out)
+    assert doc["stopped"] is True and doc["complete"] is False
+    first, second = doc["slots"]
+    assert first["result"] == "stopped" and second["result"] == "skipped"
+    assert first["detail"].startswith("checks not passing after 0.5 s")
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    # the old primaries serve on (the new one is left for its logs)
+    assert {r["region"] for r in rows if r["generation"] == "1" and r["state"] == "started"} == {
+        "mad", "ams"
+    }  # fmt: skip
+
+
+async def test_bad_input_is_refused_before_anything_is_placed(
+    market: Market, tmp_path: Path
+) -> None:
+    """Workers of the process driver, which runs only its catalog's images (the simulated
+    one runs any): an image in no store and no catalog is refused."""
+    await market.jetstream_init()
+    catalog = {"web": {"command": HEARTBEAT}}
+    for region in ("mad", "ams"):
+        wid = own_worker_id(f"{region}-1")
+        await market.host(worker(wid, region=region, driver="process", catalog=catalog))
+    await market.exchange()
+    cases = [
+        (SPEC.replace('"ams"]', '"xyz"]'), "region 'xyz': no worker serves it"),
+        (SPEC.replace('image = "web"', 'image = "nowhere:v1"'), "image 'nowhere:v1' is not in"),
+        (SPEC.replace("count = 1", "count = -1"), "[count]: Expected `int` >= 0"),
+        (SPEC + '[[checks]]\nport = "web2"\nkind = "tcp"\n',
+         "[checks][0].port: 'web2' is not a declared port"),
+    ]  # fmt: skip
+    for text, error in cases:
+        code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, text))
+        assert code == 1 and out == "" and error in err, err
+        assert len(err.strip().splitlines()) == 1
+    code, out, _ = await buyer(market, "apps", "list", "--json")
+    assert json.loads(out)["apps"] == []
+    for region in ("mad", "ams"):
+        _, out, _ = await buyer(market, "fleet", "--region", region, "--json")
+        assert [w["machines"] for w in json.loads(out)["workers"]] == [0]
+    code, _, err = await buyer(market, "apps", "secrets", "set", "hello", "1BAD=x")
+    assert code == 1 and "'1BAD' is not a valid variable name" in err
+    code, _, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC), "--app", "x")
+    assert code == 1 and "exclusive" in err
+
+
+async def test_secrets_are_names_only_and_a_change_rolls_the_app(
+    market: Market, tmp_path: Path
+) -> None:
+    await _market(market)
+    path = _write(tmp_path, SPEC.replace("spares = 1", "spares = 0"))
+    assert (await buyer(market, "deploy", "-f", path))[0] == 0
+    code, out, err = await buyer(market, "apps", "secrets", "set", "hello", "TOKEN=s3cr3t", "DB=x")
+    assert code == 0 and "s3cr3t" not in out + err
+    code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
+    assert json.loads(out) == {"app": "hello", "secrets": ["DB", "TOKEN"]}
+    code, out, _ = await buyer(market, "deploy", "-f", path, "--plan", "--json")
+    assert {tuple(s["fields"]) for s in json.loads(out)["steps"]} == {("secrets",)}
+    assert "s3cr3t" not in out
+    code, out, err = await buyer(market, "apps", "status", "hello")
+    assert code == 0, err
+    assert out.splitlines()[0].split() == [
+        "region", "slot", "role", "machine", "worker", "state", "address", "check",
+        "image_digest", "restarts",
+    ]  # fmt: skip
+    assert len(out.splitlines()) == 3 and "s3cr3t" not in out
+    code, out, err = await buyer(market, "apps", "logs", "hello", "--json")
+    assert (code, out, err) == (0, "", "")  # simulated machines print nothing
+    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--json")
+    assert code == 0 and len(json.loads(out)["destroyed"]) == 2
+    code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
+    assert json.loads(out)["secrets"] == []
+
+
+async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(
+    market: Market, tmp_path: Path
+) -> None:
+    """The rollout is cancelled as soon as its first new machine is placed; the next run
+    takes that machine (the same order id) and finishes: one machine per slot."""
+    await _market(market)
+    assert (await buyer(market, "deploy", "-f", _write(tmp_path, SPEC)))[0] == 0
+    v2 = spec_mod.parse(SPEC.replace("memory_mb = 256", "memory_mb = 384"))
+    c = await market.client()
+    apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
+    secrets = await SecretStore.open(c.nc, market.subjects.prefix, create=False)
+    ctx = await context(c, apps_kv, secrets, v2)
+    nc = await market.connect("watch")
+    first: list[str] = []
+    placed = anyio.Event()
+
+    async def seen(msg: Msg) -> None:
+        e = decode(msg.data, Event)
+        if ".g2." in e.order_id and not first:
+            first.append(e.machine_id)
+            placed.set()
+
+    await nc.subscribe(market.subjects.events(kind="placed"), cb=seen)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(functools.partial(apply, c, apps_kv, ctx, check_wait_s=5))
+        await placed.wait()
+        tg.cancel_scope.cancel()  # cut off mid-slot
+
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC.replace(
+        "memory_mb = 256", "memory_mb = 384"), "v2.toml"), "--json")  # fmt: skip
+    assert code == 0, err
+    assert json.loads(out)["generation"] == 2
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {r["generation"] for r in rows} == {"2"}
+    assert first[0] in {r["machine_id"] for r in rows}  # the machine placed before the cut
+
+
+async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_path: Path) -> None:
+    """Process machines (they print): every machine's lines, each with its machine."""
+    await market.jetstream_init()
+    catalog = {"web": {"command": HEARTBEAT}}
+    wids = [own_worker_id(f"mad-{i}") for i in (1, 2)]
+    host = await market.host(*(worker(w, driver="process", catalog=catalog) for w in wids))
+    await market.exchange()
+    two = SPEC.replace('["mad", "ams"]', '["mad"]').replace("spares = 1", "spares = 0")
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, two.replace(
+        "count = 1", "count = 2")), "--json")  # fmt: skip
+    assert code == 0, err
+    machines = {s["machine_id"]: s["worker_id"] for s in json.loads(out)["slots"]}
+    for mid, wid in machines.items():
+        driver = host.workers[wid].driver
+        assert isinstance(driver, ProcessDriver)
+        log = driver.log_path(mid)
+        await wait_until(lambda log=log: log.exists() and "web alive" in log.read_text())  # type: ignore[misc]
+    code, out, err = await buyer(market, "apps", "logs", "hello")
+    assert code == 0, err
+    for mid in machines:
+        assert f"{mid} | web alive" in out.splitlines()
+    assert all(line.split(" | ")[0] in machines for line in out.splitlines())
+    code, out, _ = await buyer(market, "apps", "destroy", "hello")
+    assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
