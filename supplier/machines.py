@@ -48,13 +48,14 @@ from supplier.drivers import Driver, DriverError, ImageRun
 from supplier.drivers.confine import Exit
 from supplier.images import PullFailed, WorkerImages
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
-from supplier.store import Op, Store, StoreError
+from supplier.ports import run_env
+from supplier.store import Op, RunSpec, Store, StoreError
 
 
 class EventFn(Protocol):
     """Builds an event (kind, order id, machine id, detail, the image's digest, a pull's
-    bytes and seconds); it is written with the change it reports (the store's outbox:
-    exactly-once publishing), then announced."""
+    bytes and seconds, a placed or started machine's addresses); it is written with the
+    change it reports (the store's outbox: exactly-once publishing), then announced."""
 
     def __call__(
         self,
@@ -65,6 +66,7 @@ class EventFn(Protocol):
         *,
         image_digest: str = "",
         pulled: tuple[int, float] = (0, 0.0),
+        addresses: dict[str, str] | None = None,
     ) -> Event: ...
 
 
@@ -145,6 +147,7 @@ class Machines:
         self.on_store_error = on_store_error
         self.by_id: dict[str, Machine] = {}
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
+        self.specs: dict[str, RunSpec] = {}  # machine id -> its order's env, when it has one
         self._locks: dict[str, asyncio.Lock] = {}
         # The lifecycle work (an exit, an abort): tasks owned here, ended by run()'s end.
         self._work = TaskSet(f"machines:{worker_id}")
@@ -170,6 +173,7 @@ class Machines:
         """The machines of the store; each live one pins its image again before anything
         may evict it."""
         ms = self.store.load_machines(self.worker_id)
+        self.specs = self.store.load_specs(self.worker_id)
         for m in ms:
             self.by_id[m.machine_id] = m
             if not m.aborted:
@@ -198,6 +202,7 @@ class Machines:
         """``m`` was destroyed: its image may go, its resources go back to the market."""
         self.images.unpin(m)
         self._retries.pop(m.machine_id, None)
+        self.specs.pop(m.machine_id, None)
         self.on_destroyed(m)
 
     def get(self, machine_id: str) -> Machine | Error:
@@ -208,10 +213,12 @@ class Machines:
             )
         return m
 
-    def added(self, m: Machine) -> None:
-        """A commit placed ``m`` (already durable): it pins its image and, if that is not
-        here, pulls it in the background."""
+    def added(self, m: Machine, spec: RunSpec | None = None) -> None:
+        """A commit placed ``m`` (already durable, with ``spec``): it pins its image and, if
+        that is not here, pulls it in the background."""
         self.by_id[m.machine_id] = m
+        if spec is not None and spec.env:
+            self.specs[m.machine_id] = spec
         self.by_order[m.order_id] = m.machine_id
         self.images.pin(m)
         self._prefetch(m)
@@ -400,7 +407,8 @@ class Machines:
                 run = ImageRun(got.root, got.run)
             else:
                 pulled = await self._catalog_pull(m)
-            await self.driver.start(m, run)
+            spec = self.specs.get(m.machine_id)
+            await self.driver.start(m, run, run_env(m, spec.env if spec else {}))
         except PullFailed as exc:
             await self._pull_failed(m, str(exc))
             raise DriverError(pull_failed(str(exc))) from None
@@ -409,7 +417,14 @@ class Machines:
             await self._record(m, "stopped", "start_failed", str(exc), (*pulled, stopped))
             raise
         self._retries.pop(m.machine_id, None)
-        started = self._event("started", m, "resumed" if resumed else "")
+        started = self.event(
+            "started",
+            m.order_id,
+            m.machine_id,
+            "resumed" if resumed else "",
+            image_digest=m.image_digest,
+            addresses=m.addresses,
+        )
         # A machine already started before a restart is recorded as resumed: its event is a
         # committed change like any other (the op log says when the supplier resumed it).
         op = "start" if m.state != "started" else "resume"

@@ -567,6 +567,7 @@ class Auction:
             wait_ms=int(order.deadline_ms * cfg.wait_ratio),
             batch_offers=cfg.batch_offers,
             prompt_offers=cfg.batch_offers and cfg.prompt_offers,
+            ports=order.ports,
         )
 
     def _no_responders(self, now: float) -> list[Decision]:
@@ -667,6 +668,9 @@ class Auction:
             metadata=self.order.metadata,
             auction_id=self.auction_id,
             release_others=self._commit_releases,
+            ports=self.order.ports,
+            env=self.order.env,
+            checks=self.order.checks,
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]

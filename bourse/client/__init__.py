@@ -355,6 +355,7 @@ class BourseClient:
             image=order.image,
             constraints=order.constraints,
             exclude_workers=order.exclude_workers,
+            ports=order.ports,
         )
         gather = _ExplainGather()
         await self._scatter(
