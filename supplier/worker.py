@@ -22,6 +22,7 @@ from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
     Event,
+    Health,
     ListMachines,
     Machine,
     MachineList,
@@ -286,10 +287,11 @@ class Worker:
         image_digest: str = "",
         pulled: tuple[int, float] = (0, 0.0),
         addresses: dict[str, str] | None = None,
+        health: Health | None = None,
     ) -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
         with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds;
-        ``addresses``: a placed or started machine's."""
+        ``addresses``: a placed or started machine's; ``health``: a check's."""
         return Event(
             kind=kind,
             region=self.region,
@@ -302,6 +304,7 @@ class Worker:
             bytes=pulled[0],
             seconds=round(pulled[1], 3),
             addresses=addresses or {},
+            health=health,
         )
 
     # -- holds and releases -----------------------------------------------------------------

@@ -99,6 +99,7 @@ EVENT_KINDS = (
     "destroyed",
     "hold_expired",
     "pulled",
+    "check",
 )
 # How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
