@@ -10,10 +10,11 @@ import socket
 import anyio
 
 from bourse.client import BourseClient
-from bourse.wire.messages import Check, Machine, Placed
+from bourse.wire.codec import decode
+from bourse.wire.messages import Check, Event, Machine, Placed
 from supplier.checks import probe
 from tests.isolation import own_worker_id
-from tests.market import Market, order, worker
+from tests.market import Market, collect, order, wait_until, worker
 
 W1 = own_worker_id("checks1")
 
@@ -66,10 +67,20 @@ async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Ma
     )
     await market.exchange()
     buyer = await market.client()
+    events = await collect(await market.connect("watch"), market.subjects.events(kind="check"))
     good = await placed_started(buyer, 200)
     bad = await placed_started(buyer, 500, restart="on-failure")
     m = await until(buyer, good.machine_id, lambda m: m.health and m.health.status == "passing")
     assert m.health is not None and m.health.since_ms > 0 and m.restarts == 0
+
+    def passing_event() -> bool:
+        seen = [decode(e.data, Event) for e in events]
+        return any(
+            isinstance(e, Event) and e.machine_id == good.machine_id and e.health == m.health
+            for e in seen
+        )
+
+    await wait_until(passing_event)  # the change of status, as an event of kind check
     m = await until(buyer, bad.machine_id, lambda m: m.restarts >= 1)
     assert m.state == "started"
     critical = await until(

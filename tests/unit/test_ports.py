@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -31,6 +32,7 @@ from supplier.ledger import Ledger
 from supplier.ports import (
     Allocator,
     Claim,
+    HostClaims,
     NoPort,
     PortError,
     PortRange,
@@ -295,3 +297,23 @@ async def test_ports_busy_on_the_host_make_the_commit_insufficient(store: Store)
     assert isinstance(r, Rejected) and r.reason == "insufficient"
     assert "no bindable port" in r.detail
     assert w.ledger.held[4] == 0 and w.ledger.committed[4] == 0
+
+
+def test_the_claims_of_a_host_refuse_a_live_overlap_and_forget_a_released_one(
+    tmp_path: Path,
+) -> None:
+    first, second = HostClaims(tmp_path), HostClaims(tmp_path)
+    try:
+        got = first.claim([Wanted("a", PortRange(20000, 20099)), Wanted("d", None, True)], "o1")
+        assert got == {"a": PortRange(20000, 20099), "d": PortRange(20100, 20199)}
+        with pytest.raises(PortError, match=r"worker b: its range 20050-20060 overlaps worker a"):
+            second.claim([Wanted("b", PortRange(20050, 20060))], "o2")
+        # a default block goes around the live claims
+        assert second.claim([Wanted("e", None, True)], "o2") == {"e": PortRange(20200, 20299)}
+        first.release()  # (as its process's end does)
+        assert second.claim([Wanted("b", PortRange(20050, 20060))], "o2") == {
+            "b": PortRange(20050, 20060)
+        }
+    finally:
+        first.release()
+        second.release()
