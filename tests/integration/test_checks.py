@@ -1,7 +1,7 @@
 """Health checks on real machines and sockets: a real supplier runs a started machine's
 checks (supplier/checks.py), its health shows passing or critical with an event of kind
 ``check`` on each change, and a machine whose check fails 3 times in a row is restarted
-under ``restart=on-failure``."""
+under ``restart=on-failure``; ``buyer failover`` replaces a critical primary."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import socket
 import anyio
 
 from bourse.client import BourseClient
+from bourse.client.policy import failover
 from bourse.wire.codec import decode
 from bourse.wire.messages import Check, Event, Machine, Placed
 from supplier.checks import probe
@@ -106,3 +107,50 @@ async def test_probes_on_real_sockets() -> None:
         # accepts, never answers: an http check times out
         ok, detail = await probe(Check(port="p", kind="http", path="/", timeout_s=0.2), addr)
         assert (ok, detail) == (False, f"http {addr}: no answer within 0.2s")
+
+
+async def test_failover_replaces_a_critical_primary_whose_worker_still_answers(
+    market: Market,
+) -> None:
+    wids = [own_worker_id(f"fo{i}") for i in range(3)]
+    await market.host(
+        *(
+            worker(
+                wid,
+                region="ams",
+                driver="process",
+                catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
+                ports=f"{29330 + 5 * i}-{29334 + 5 * i}",
+                advertise_host="127.0.0.1",
+            )
+            for i, wid in enumerate(wids)
+        )
+    )
+    await market.exchange()
+    buyer = await market.client()
+    check = Check(port="http", kind="http", path="/healthz", interval_s=0.1, timeout_s=1)
+
+    async def placed(role: str, status: int, exclude: list[str]) -> Placed:
+        r = await buyer.place(
+            order(
+                region="ams",
+                image="srv",
+                ports=["http"],
+                env={"STATUS": str(status)},
+                checks=[check],
+                metadata={"app": "api", "role": role, "slot": "0"},
+                exclude_workers=exclude,
+            )
+        )
+        assert isinstance(r, Placed), r
+        return r
+
+    primary = await placed("primary", 500, [])
+    spare = await placed("spare", 200, [primary.worker_id])
+    await buyer.machine("start", primary.machine_id)
+    await until(buyer, primary.machine_id, lambda m: m.health and m.health.status == "critical")
+    f = await failover(buyer, app="api", regions=["ams"], machine_id=primary.machine_id)
+    assert f.started.machine_id == spare.machine_id and f.started.state == "started"
+    assert f.stopped is not None and f.stopped.machine_id == primary.machine_id
+    assert f.stopped.state == "stopped"
+    assert market.violations() == []
