@@ -12,6 +12,7 @@ import anyio
 
 from bourse.wire.messages import Placed
 from supplier.config import WorkerConfig
+from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, order, worker
 
@@ -99,3 +100,21 @@ async def test_two_copies_of_a_server_each_get_a_port_and_answer_there(market: M
     w = host.workers[W1]
     assert w.ledger.committed[4] == 1 and list(w.ports.allocator.of) == [placed[1].machine_id]
     assert market.violations() == []
+
+
+async def test_the_cli_prints_addresses_and_env_keys_never_values(market: Market) -> None:
+    await market.host(server_worker())
+    await market.exchange()
+    place = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "srv")
+    code, out, err = await buyer(market, *place, "--port", "http", "--env", "TOKEN=s3cret")
+    assert (code, err) == (0, ""), out + err
+    [line] = [x for x in out.splitlines() if "addresses:" in x]
+    addr = line.split("http=")[1].strip()
+    assert addr.startswith("127.0.0.1:2931")
+    machine_id = out.split()[1]
+    code, out, err = await buyer(market, "machines", "show", machine_id)
+    assert code == 0, err
+    assert f"addresses: http={addr}" in out and "env: TOKEN (values not shown)" in out
+    assert "s3cret" not in out
+    code, out, err = await buyer(market, "machines", "show", machine_id, "--json")
+    assert "s3cret" not in out and json.loads(out)["machine"]["env_keys"] == ["TOKEN"]
