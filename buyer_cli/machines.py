@@ -140,6 +140,8 @@ def verb_command(verb: str, help_text: str) -> Callable[..., None]:
         render.show(render.machines([m]))
         if verb == "get":
             render.console.print(render.last_exit(m))
+            for line in render.reach(m):
+                typer.echo(line)
 
     command.__doc__ = help_text
     return command

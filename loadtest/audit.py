@@ -10,12 +10,15 @@ records (not from what the processes say about themselves).
   workers' status, once the longest hold TTL has passed) no hold is left anywhere.
 - I5: every machine is in the region of its order, and of its worker.
 - I6 is checked where bad input is sent: each request must get an ``Error`` reply.
+- I8: no two machines that are not destroyed hold the same ``host:port``, at any step of
+  one file's history, nor at the end across every file (the files of one run share a host).
 """
 
 from __future__ import annotations
 
 import sqlite3
 from collections import Counter, defaultdict
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -78,7 +81,7 @@ def audit(
     region_of: dict[str, str],
     statuses: list[WorkerStatus] | None = None,
 ) -> AuditResult:
-    """Check I1-I5 over ``stores`` (supplier.db files) against the clients' ``records``.
+    """Check I1-I5 and I8 over ``stores`` (supplier.db files) against the clients' ``records``.
     ``capacity`` and ``region_of`` come from the fleet's configuration, by worker id."""
     res = AuditResult()
     by_id: dict[str, Machine] = {}
@@ -90,6 +93,7 @@ def audit(
             by_id[m.machine_id] = m
         _check_oplog(ops, capacity, res)
     res.machines = len(by_id)
+    _check_ports(by_id.values(), res)
     asked = {r.order_id: r for r in records}
     live_per_order: Counter[str] = Counter()
     for m in by_id.values():
@@ -126,18 +130,36 @@ def audit(
     return res
 
 
+def _check_ports(machines: Iterable[Machine], res: AuditResult) -> None:
+    """I8 at the end: each address held by one machine that is not destroyed."""
+    holder: dict[str, str] = {}
+    for m in machines:
+        if m.state == "destroyed":
+            continue
+        for addr in m.addresses.values():
+            other = holder.setdefault(addr, m.machine_id)
+            if other != m.machine_id:
+                res.add(f"I8 {addr} is held by {other} and {m.machine_id}")
+
+
 def _check_oplog(
     ops: list[tuple[str, str, Machine]], capacity: dict[str, Amount], res: AuditResult
 ) -> None:
-    """I1 at every step of the file's history, not only at the end."""
+    """I1 and I8 at every step of the file's history, not only at the end."""
     committed: dict[str, Vec] = defaultdict(lambda: ZERO)
     live: dict[str, bool] = {}  # machine id -> counted as committed
+    holder: dict[str, str] = {}  # host:port -> the live machine that holds it
     for worker_id, _op, m in ops:
         counted = m.state != "destroyed"
         was = live.get(m.machine_id, False)
         if counted == was:
             continue
         live[m.machine_id] = counted
+        for addr in m.addresses.values():
+            if not counted:
+                holder.pop(addr, None)
+            elif holder.setdefault(addr, m.machine_id) != m.machine_id:
+                res.add(f"I8 {addr} is held by {holder[addr]} and {m.machine_id}")
         change = add if counted else sub
         totals = committed[worker_id] = change(committed[worker_id], vec(m.resources))
         cap = capacity.get(worker_id)

@@ -58,6 +58,7 @@ from supplier.host import (
     SupplierHost,
     WorkerIdInUse,
 )
+from supplier.ports import HostClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
@@ -175,6 +176,22 @@ def run_cmd(
             f"(a fleet worker's own worker_log_mb wins) [default: {DEFAULT_WORKER_LOG_MB}]",
         ),
     ] = None,
+    ports: Annotated[
+        str,
+        typer.Option(
+            metavar="FIRST-LAST",
+            help="The host ports its machines' named ports are given (e.g. 20000-20999); "
+            "a fleet worker sets its own (ports = ...) [default: a free block of 100 from "
+            "20000 for a process worker, none for sim]",
+        ),
+    ] = "",
+    advertise_host: Annotated[
+        str,
+        typer.Option(
+            help="The host its machines' addresses name (a fleet worker's own wins) "
+            "[default: the host's primary address, else 127.0.0.1]"
+        ),
+    ] = "",
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -192,9 +209,10 @@ def run_cmd(
     signer = _offer_signer(conn.creds)
     try:
         if fleet is not None:
-            if worker_id or region:
+            if worker_id or region or ports:
                 fail(
-                    "--fleet and --worker-id/--region are exclusive: describe workers in one place"
+                    "--fleet and --worker-id/--region/--ports are exclusive: describe workers "
+                    "in one place"
                 )
             workers = load_fleet(fleet)
             data_dir = data_dir or Path(".bourse") / f"fleet-{fleet.stem}"
@@ -213,6 +231,7 @@ def run_cmd(
                     image_weight,
                     spread_ms,
                     draining,
+                    ports,
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
@@ -254,6 +273,8 @@ def run_cmd(
         "signer": signer,
         "quote_sample": quote_sample,
         "reclaim_after_s": reclaim_after_s,
+        "port_claims": HostClaims(),
+        "advertise_host": advertise_host,
     }
     run(main)
 
@@ -271,7 +292,10 @@ async def _serve(
     metrics = SupplierMetrics() if metrics_at is not None else None
     if metrics is not None:
         metrics.watch_connection(stats_of(nc))
-    host = SupplierHost(nc, workers, store, subjects, **options, metrics=metrics)
+    try:
+        host = SupplierHost(nc, workers, store, subjects, **options, metrics=metrics)
+    except PortError as exc:
+        fail(str(exc))
     refused: Exception | None = None
     async with anyio.create_task_group() as tasks:
         serving = ""
@@ -316,6 +340,7 @@ def _single_worker(
     image_weight: float,
     spread_ms: float,
     draining: bool,
+    ports: str = "",
 ) -> WorkerConfig:
     if not worker_id or not region:
         fail("--worker-id and --region are required (or use --fleet FILE)")
@@ -330,6 +355,7 @@ def _single_worker(
         "images": image or [],
         "pricing": {"preset": preset, "image_weight": image_weight, "spread_ms": spread_ms},
         "draining": draining,
+        "ports": ports,
     }
     try:
         return msgspec.convert(raw, WorkerConfig, strict=True)

@@ -43,7 +43,8 @@ from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
 from supplier.machines import EventFn, Machines
-from supplier.store import Op, Store, StoreError
+from supplier.ports import NoPort, WorkerPorts
+from supplier.store import Op, RunSpec, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
 
@@ -58,6 +59,11 @@ class CommitWorker(Placements, Protocol):
     @property
     def ledger(self) -> Ledger:
         """The holds a commit converts into committed capacity (I1)."""
+        ...
+
+    @property
+    def ports(self) -> WorkerPorts:
+        """The host ports a commit gives its machine's named ports (I8)."""
         ...
 
     @property
@@ -153,7 +159,7 @@ class CommitDesk:
             if c.order_id in self.w.ledger.recently_expired:
                 return self._rejected(c, "hold_expired", "the hold's TTL passed before the commit")
             return self._rejected(c, "no_hold", "no hold for this order on this worker")
-        want = vec(c.resources)
+        want = vec(c.resources, len(c.ports))
         if not leq(want, h.want):
             return self._rejected(
                 c,
@@ -165,12 +171,17 @@ class CommitDesk:
     async def _write(self, c: Commit, h: Hold, want: Vec, t0: float) -> CommitReply:
         """Write the machine, with duplicates coalesced onto this write and an abort that
         arrives meanwhile applied once it is durable."""
+        try:
+            machine = self._reserved(c, h)
+        except NoPort as exc:  # the hold counted free ports, but the host uses them
+            self.w.ledger.unpin(h)
+            self.w.capacity_freed()
+            return self._rejected(c, "insufficient", str(exc))
         h.committing = True  # pinned: the hold can neither expire nor be released under us
         fut: asyncio.Future[CommitReply] = asyncio.get_running_loop().create_future()
         self.writing[c.order_id] = fut
-        machine = self._reserved(c, h)
         try:
-            result = await self._store(machine, h, want, t0)
+            result = await self._store(machine, h, want, t0, RunSpec(env=dict(c.env)))
             fut.set_result(result)
         finally:
             del self.writing[c.order_id]
@@ -184,10 +195,13 @@ class CommitDesk:
 
     def _reserved(self, c: Commit, h: Hold) -> Machine:
         """The machine a commit places: ``reserved``, with the hold's score and its bid's
-        constraints (a later order under the same id is checked against them, §5.3b)."""
+        constraints (a later order under the same id is checked against them, §5.3b), its
+        ports given host ports (NoPort when too few can be bound), its checks and the names
+        of its environment."""
         at = now_ms()
+        machine_id = new_machine_id(self.w.worker_id)
         return Machine(
-            machine_id=new_machine_id(self.w.worker_id),
+            machine_id=machine_id,
             order_id=c.order_id,
             worker_id=self.w.worker_id,
             region=self.w.region,
@@ -200,17 +214,27 @@ class CommitDesk:
             created_at_ms=at,
             updated_at_ms=at,
             constraints=dict(h.constraints),
+            addresses=self.w.ports.take(machine_id, c.ports),
+            checks=list(c.checks),
+            env_keys=sorted(c.env),
         )
 
-    async def _store(self, machine: Machine, h: Hold, want: Vec, t0: float) -> CommitReply:
+    async def _store(
+        self, machine: Machine, h: Hold, want: Vec, t0: float, spec: RunSpec
+    ) -> CommitReply:
         """Row 7: durable first, then the ledger, the machine map, the log and the event."""
         w = self.w
         placed = w.event(
-            "placed", machine.order_id, machine.machine_id, image_digest=machine.image_digest
+            "placed",
+            machine.order_id,
+            machine.machine_id,
+            image_digest=machine.image_digest,
+            addresses=machine.addresses,
         )
         try:
-            await w.store.write(Op("place", machine, events=(placed,)))
+            await w.store.write(Op("place", machine, events=(placed,), spec=spec))
         except StoreError as exc:
+            w.ports.give_back(machine.machine_id)
             w.ledger.unpin(h)
             w.store_failed(str(exc))
             return Error(code="internal", detail=f"worker {w.worker_id} cannot store: {exc}")
@@ -219,12 +243,13 @@ class CommitDesk:
             w.capacity_freed()  # the rest of the hold goes back to the market
         else:
             w.capacity_grew()
-        w.keeper.added(machine)
+        w.keeper.added(machine, spec)
         self.log.info(
             "machine_placed",
             order_id=machine.order_id,
             machine_id=machine.machine_id,
             score=h.score,
+            addresses=machine.addresses,
         )
         w.emit(placed)
         return self._placed(machine, t0, subscores=h.subscores)

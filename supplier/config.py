@@ -13,6 +13,7 @@ process and one NATS connection comes from a TOML (or JSON) file (``--fleet FILE
     labels = { disk = "ssd" }
     images = ["web", "db"]
     pricing = { preset = "binpack" }
+    ports = "20000-20999"
 
 A capacity's ``cpus`` may be fractional, as people write it: ``cpus = 0.5`` or
 ``cpus = "1500m"`` (millicores); it becomes the wire's ``cpus`` + ``cpu_millis``.
@@ -33,6 +34,7 @@ from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, R
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
 from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
+from supplier.ports import PortError, PortRange, overlap
 from supplier.pricing import PricingConfig, build_curves
 
 # The longest a worker holds capacity for a bid it offers on, whatever the bid's hold_ms
@@ -87,6 +89,13 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --worker-log-mb, else DEFAULT_MACHINE_LOG_MB / DEFAULT_WORKER_LOG_MB.
     machine_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] | None = None
     worker_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
+    # The host ports its machines' named ports are given ("20000-20999", docs/protocol.md
+    # §4.2a); workers on one host must not overlap. Unset: a sim worker has none, any other
+    # takes a free default block of its host (supplier/ports.py), kept across restarts.
+    ports: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    # The host its machines' addresses name; unset: supplier run --advertise-host, else the
+    # host's primary address (supplier/ports.py default_host).
+    advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
 
     @property
     def hold_cap_ms(self) -> int:
@@ -99,6 +108,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
             machine_mb=self.machine_log_mb or DEFAULT_MACHINE_LOG_MB,
             worker_mb=self.worker_log_mb or DEFAULT_WORKER_LOG_MB,
         )
+
+    @property
+    def port_range(self) -> PortRange | None:
+        """Its port range (checked by check_workers), None without one."""
+        return PortRange.parse(self.ports) if self.ports else None
 
     @property
     def image_budget_mb(self) -> int:
@@ -158,8 +172,10 @@ def fractional_cpus(raw: object) -> object:
 
 def check_workers(workers: list[WorkerConfig]) -> None:
     """Raise ConfigError unless the workers can be served together: unique ids, a capacity
-    of more than 0 CPUs (a millicore at least) and 1 MB of memory, pricing curves that build."""
+    of more than 0 CPUs (a millicore at least) and 1 MB of memory, pricing curves that build,
+    port ranges that parse and do not overlap."""
     seen: set[str] = set()
+    ranges: list[tuple[str, PortRange]] = []
     for w in workers:
         if w.worker_id in seen:
             raise ConfigError(f"worker id {w.worker_id!r} appears twice")
@@ -175,8 +191,22 @@ def check_workers(workers: list[WorkerConfig]) -> None:
             build_curves(w.pricing)
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+        if w.capacity.ports:
+            raise ConfigError(
+                f"worker {w.worker_id}: capacity.ports: give it a port range instead "
+                '(ports = "FIRST-LAST")'
+            )
+        try:
+            r = w.port_range
+        except PortError as exc:
+            raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+        if r is not None:
+            ranges.append((w.worker_id, r))
         if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it
             try:  # (whether it does: no owner needed, nothing is made)
                 Confiner.probe(w.confine, w.worker_id, owner="", cgroup_parent=w.cgroup_parent)
             except ConfineError as exc:
                 raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+    clash = overlap(ranges)
+    if clash:
+        raise ConfigError(f"{clash}: workers of one host need ranges apart")

@@ -60,7 +60,7 @@ from bourse.wire.messages import (
     now_ms,
 )
 from bourse.wire.paging import cut
-from bourse.wire.resources import ZERO, Vec, leq, sub, vec
+from bourse.wire.resources import ZERO, Vec, leq, sub
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
 from supplier.feasible import (
     BLOCKED,
@@ -74,6 +74,7 @@ from supplier.feasible import (
     WorkerView,
     every_failure,
     first_failure,
+    wanted,
 )
 from supplier.ledger import Hold
 from supplier.pricing import ImageCost, Pricer
@@ -333,7 +334,7 @@ class Desk(Generic[S]):
         workers = group.candidates(
             bid.order_id, image, self.owners.get(bid.order_id), self.quote_sample
         )
-        want = vec(bid.resources)
+        want = wanted(bid)
         self._quote_all(bid, want, inbox, now, workers, quotes, blocked, ans)
         if not quotes and not ans.replies and workers is not group.workers:
             blocked.clear()  # the sample had nothing to offer at once: ask everyone here
@@ -574,7 +575,7 @@ class Desk(Generic[S]):
         ``wait`` (only other orders' holds are in the way) or ``decline`` with every reason,
         in the chain's order, numbers in each ``detail``."""
         wid = w.worker_id
-        want = vec(order.resources)
+        want = wanted(order)
         why: list[Reason] = []
         reason = first_failure(STANDING, w, order, want, ZERO, why)  # they read no capacity
         if reason == EXISTING:
@@ -623,7 +624,7 @@ class Desk(Generic[S]):
             bid = wb.bid
             if wb.until <= now or bid.order_id in held:
                 continue  # too late, or the order holds here by now (through its own bid)
-            q = self._price(w, bid, vec(bid.resources))
+            q = self._price(w, bid, wanted(bid))
             if q == BLOCKED:
                 keep.append(wb)
                 continue
@@ -645,7 +646,7 @@ class Desk(Generic[S]):
         free = w.ledger.free_of_committed
         sends: list[Send[S]] = []
         for wb in w.waiting.take_all():
-            if leq(vec(wb.bid.resources), free):
+            if leq(wanted(wb.bid), free):
                 w.waiting.append(wb)
             else:
                 sends.append(Send(0.0, wb.inbox, wb.bid.auction_id, _waiting(w, wb.bid, 0), w))

@@ -27,7 +27,7 @@ from typing import Protocol
 
 from bourse.wire.limits import MILLIS_PER_CPU
 from bourse.wire.messages import Layer, Reason, Resources
-from bourse.wire.resources import CPU, RESOURCES, Vec, format_value, leq
+from bourse.wire.resources import CPU, PORTS, RESOURCES, Vec, format_value, leq, vec
 from supplier.ledger import Ledger
 
 __all__ = [
@@ -52,6 +52,7 @@ __all__ = [
     "every_failure",
     "first_failure",
     "handout",
+    "wanted",
 ]
 
 # The reasons, in the chain's order. EXISTING is not a refusal: the order's answer is the
@@ -126,6 +127,15 @@ class OrderLike(Protocol):
     def constraints(self) -> Mapping[str, str]: ...
     @property
     def exclude_workers(self) -> Sequence[str]: ...
+    @property
+    def ports(self) -> Sequence[str]:
+        """The order's named ports: it wants a host port of the worker's range for each."""
+        ...
+
+
+def wanted(order: OrderLike) -> Vec:
+    """What the order takes of a worker, as a vector: its resources, and a port per name."""
+    return vec(order.resources, len(order.ports))
 
 
 # check(worker, order, want, free, why) -> its reason or None. ``want``: the order's
@@ -226,10 +236,16 @@ def labels(
 def fits(
     w: WorkerView, order: OrderLike, want: Vec, free: Vec, why: list[Reason] | None
 ) -> str | None:
-    """The order fits in ``free`` on every resource. Short only of what other orders' holds
-    take, BLOCKED (a bid may wait for them, §6.3); else INSUFFICIENT. One Reason per short
-    resource, with the numbers."""
-    if want[0] <= free[0] and want[1] <= free[1] and want[2] <= free[2] and want[3] <= free[3]:
+    """The order fits in ``free`` on every resource, its ports too. Short only of what other
+    orders' holds take, BLOCKED (a bid may wait for them, §6.3); else INSUFFICIENT. One
+    Reason per short resource, with the numbers."""
+    if (
+        want[0] <= free[0]
+        and want[1] <= free[1]
+        and want[2] <= free[2]
+        and want[3] <= free[3]
+        and want[4] <= free[4]
+    ):
         return None
     ledger = w.ledger
     reason = BLOCKED if leq(want, ledger.free_of_committed) else INSUFFICIENT
@@ -344,6 +360,8 @@ def _short(
     detail = f"{name}: wants {f[0]}, free {f[1]} (capacity {f[2]}, committed {f[3]}, held {f[4]})"
     if reason == BLOCKED:
         detail += ": only holds are in the way (would wait)"
+    elif i == PORTS and not capacity:
+        detail += ": the worker has no port range"
     if i == CPU:
         if any(n % MILLIS_PER_CPU for n in nums):
             name = "cpu_millis"

@@ -58,8 +58,10 @@ from bourse.wire.subjects import Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
+from supplier.drivers.confine import owner_of
 from supplier.images import ImageListener, StoreSource
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
+from supplier.ports import HostClaims, PortRange, Wanted, choose
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
@@ -104,8 +106,14 @@ class SupplierHost:
         metrics: SupplierMetrics | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
         reclaim_every_s: float | None = None,
+        port_claims: HostClaims | None = None,
+        advertise_host: str = "",
     ) -> None:
         check_workers(workers)
+        # The workers' port ranges, claimed against the host's other suppliers when
+        # ``port_claims`` is given (supplier run; PortError names the overlap).
+        self.port_claims = port_claims
+        ranges = self._port_ranges(workers, store, port_claims)
         # This process's name in its prompt answers (Offers.responder, §4.4.3): random per
         # start, so the auction counts each running process once.
         self.responder_id = secrets.token_hex(8)
@@ -132,6 +140,8 @@ class SupplierHost:
                 on_image=self._image_listener(cfg.worker_id),
                 reclaim_after_s=reclaim_after_s,
                 source=self.images,
+                port_range=ranges.get(cfg.worker_id),
+                advertise_host=advertise_host,
             )
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
@@ -160,6 +170,29 @@ class SupplierHost:
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():
                 w.keeper.on_pull = metrics.image_pull.observe
+
+    @staticmethod
+    def _port_ranges(
+        workers: list[WorkerConfig], store: Store, claims: HostClaims | None
+    ) -> dict[str, PortRange]:
+        """Each worker's range: its own, else (a process or oci worker) a default block of
+        the host, the one it had before where it can (kept in the store)."""
+        kept = store.kept_port_ranges()
+        wanted = [
+            Wanted(
+                w.worker_id,
+                w.port_range,
+                default=w.driver != "sim" and not w.ports,
+                kept=PortRange.parse(kept[w.worker_id]) if w.worker_id in kept else None,
+            )
+            for w in workers
+        ]
+        if claims is None:
+            ranges = choose(wanted, [])
+        else:
+            ranges = claims.claim(wanted, owner_of(store.path.parent))
+        store.keep_port_ranges({w.worker_id: str(ranges[w.worker_id]) for w in wanted if w.default})
+        return ranges
 
     def _reply_counts(self) -> Counter[str]:
         responder = getattr(self, "responder", None)  # made by run()
@@ -196,6 +229,8 @@ class SupplierHost:
             finally:
                 with cleanup_scope(STOP_S):
                     await self._stop()
+                if self.port_claims is not None:
+                    self.port_claims.release()
                 tasks.cancel_scope.cancel()  # the upkeep: nothing left to do
 
     async def _start(self, tasks: anyio.abc.TaskGroup) -> None:
@@ -477,11 +512,18 @@ class SupplierHost:
             self.responder.spawn(msg, self._answer(msg, w.transition(verb, mreq.machine_id)))
 
     def check_invariants(self) -> list[str]:
-        """I1 on every worker of this host; returns the violations found."""
+        """I1 on every worker of this host, and I8 (no port held twice, by the machines of
+        one worker or of two); returns the violations found."""
         problems = []
+        holder: dict[int, str] = {}
         for w in self.workers.values():
             try:
                 w.ledger.check()
             except AssertionError as exc:
                 problems.append(f"{w.worker_id}: {exc}")
+            problems += [f"{w.worker_id}: {p}" for p in w.ports.problems()]
+            for port, machine_id in w.ports.allocator.holder.items():
+                if port in holder:
+                    problems.append(f"port {port} held by {holder[port]} and {machine_id}")
+                holder[port] = machine_id
         return problems

@@ -43,18 +43,30 @@ import structlog
 
 from bourse.images.cache import Pulled
 from bourse.runtime.tasks import TaskSet
-from bourse.wire.messages import Error, Event, LastExit, Machine, MachineLogs, now_ms
+from bourse.wire.messages import (
+    Check,
+    Error,
+    Event,
+    Health,
+    LastExit,
+    Machine,
+    MachineLogs,
+    now_ms,
+)
+from supplier.checks import HealthCore, Verdict, probe
 from supplier.drivers import Driver, DriverError, ImageRun
 from supplier.drivers.confine import Exit
 from supplier.images import PullFailed, WorkerImages
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
-from supplier.store import Op, Store, StoreError
+from supplier.ports import run_env
+from supplier.store import Op, RunSpec, Store, StoreError
 
 
 class EventFn(Protocol):
     """Builds an event (kind, order id, machine id, detail, the image's digest, a pull's
-    bytes and seconds); it is written with the change it reports (the store's outbox:
-    exactly-once publishing), then announced."""
+    bytes and seconds, a placed or started machine's addresses, a check's health); it is
+    written with the change it reports (the store's outbox: exactly-once publishing), then
+    announced."""
 
     def __call__(
         self,
@@ -65,6 +77,8 @@ class EventFn(Protocol):
         *,
         image_digest: str = "",
         pulled: tuple[int, float] = (0, 0.0),
+        addresses: dict[str, str] | None = None,
+        health: Health | None = None,
     ) -> Event: ...
 
 
@@ -145,6 +159,7 @@ class Machines:
         self.on_store_error = on_store_error
         self.by_id: dict[str, Machine] = {}
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
+        self.specs: dict[str, RunSpec] = {}  # machine id -> its order's env, when it has one
         self._locks: dict[str, asyncio.Lock] = {}
         # The lifecycle work (an exit, an abort): tasks owned here, ended by run()'s end.
         self._work = TaskSet(f"machines:{worker_id}")
@@ -155,6 +170,8 @@ class Machines:
         self.facts: dict[str, Fact] = {}
         self._prefetches: dict[str, _Prefetch] = {}  # machine id -> its background pull
         self._retries: dict[str, int] = {}  # machine id -> failed pulls in a row (backoff)
+        # machine id -> the scope of its checks' tasks (while it is started, supplier/checks.py)
+        self._checking: dict[str, anyio.CancelScope] = {}
         # run()'s: background pulls and pull retries, which close() cuts short
         self._timers: anyio.abc.TaskGroup | None = None
         self.on_pull: Callable[[float], None] = _unobserved  # a pull's seconds (metrics)
@@ -170,6 +187,7 @@ class Machines:
         """The machines of the store; each live one pins its image again before anything
         may evict it."""
         ms = self.store.load_machines(self.worker_id)
+        self.specs = self.store.load_specs(self.worker_id)
         for m in ms:
             self.by_id[m.machine_id] = m
             if not m.aborted:
@@ -198,6 +216,7 @@ class Machines:
         """``m`` was destroyed: its image may go, its resources go back to the market."""
         self.images.unpin(m)
         self._retries.pop(m.machine_id, None)
+        self.specs.pop(m.machine_id, None)
         self.on_destroyed(m)
 
     def get(self, machine_id: str) -> Machine | Error:
@@ -208,10 +227,12 @@ class Machines:
             )
         return m
 
-    def added(self, m: Machine) -> None:
-        """A commit placed ``m`` (already durable): it pins its image and, if that is not
-        here, pulls it in the background."""
+    def added(self, m: Machine, spec: RunSpec | None = None) -> None:
+        """A commit placed ``m`` (already durable, with ``spec``): it pins its image and, if
+        that is not here, pulls it in the background."""
         self.by_id[m.machine_id] = m
+        if spec is not None and spec.env:
+            self.specs[m.machine_id] = spec
         self.by_order[m.order_id] = m.machine_id
         self.images.pin(m)
         self._prefetch(m)
@@ -302,9 +323,89 @@ class Machines:
         new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
         await self.store.write(Op(op, new, detail, events))
         self.by_id[m.machine_id] = new
+        self._watch(new)
         for e in events:
             self.announce(e)
         return new
+
+    # -- health checks ----------------------------------------------------------------------------
+    def _watch(self, m: Machine) -> None:
+        """Run a started machine's checks (in tasks of their own, from scratch: a core per
+        start); end them when it is no longer started."""
+        if m.state != "started":
+            scope = self._checking.pop(m.machine_id, None)
+            if scope is not None:
+                scope.cancel()
+            return
+        if not m.checks or m.machine_id in self._checking or self._timers is None:
+            return
+        scope = self._checking[m.machine_id] = anyio.CancelScope()
+        self._timers.start_soon(self._logged, self._run_checks(m, scope))
+
+    async def _run_checks(self, m: Machine, scope: anyio.CancelScope) -> None:
+        core = HealthCore(len(m.checks))
+        with scope:
+            async with anyio.create_task_group() as tasks:
+                for i, check in enumerate(m.checks):
+                    tasks.start_soon(self._check_loop, m, core, i, check)
+
+    async def _check_loop(self, m: Machine, core: HealthCore, i: int, check: Check) -> None:
+        """Run check ``i`` every ``interval_s`` (the first one interval after the start),
+        while the machine is started."""
+        address = m.addresses[check.port]
+        while True:
+            await anyio.sleep(check.interval_s)  # the check's period, not a synchronisation
+            ok, detail = await probe(check, address)
+            await self._checked(m.machine_id, core.observe(i, ok, detail, now_ms()))
+
+    async def _checked(self, machine_id: str, v: Verdict) -> None:
+        """A check ran: the machine's health in memory; a change of status recorded with
+        its ``check`` event; a check failed 3 times in a row restarts a machine whose
+        policy says so."""
+        async with self.lock(machine_id):
+            m = self.by_id.get(machine_id)
+            if m is None or m.state != "started":
+                return
+            if not v.changed:
+                self.by_id[machine_id] = msgspec.structs.replace(m, health=v.health)
+            else:
+                ev = self.event("check", m.order_id, machine_id, v.health.detail, health=v.health)
+                try:
+                    m = await self._record(
+                        m, "started", "check", v.health.status, (ev,), health=v.health
+                    )
+                except StoreError as exc:
+                    self.on_store_error(str(exc))
+                self.log.info(
+                    "machine_health",
+                    machine_id=machine_id,
+                    status=v.health.status,
+                    detail=v.health.detail,
+                )
+        if v.restart and m.metadata.get("restart") in ("on-failure", "always"):
+            self.spawn(self._restart_unhealthy(machine_id, v.health))
+
+    async def _restart_unhealthy(self, machine_id: str, health: Health) -> None:
+        """Restart a started machine whose check failed 3 times in a row: stop its process,
+        start it again (its checks from scratch), count the restart."""
+        async with self.lock(machine_id):
+            m = self.by_id.get(machine_id)
+            if m is None or m.state != "started":
+                return
+            scope = self._checking.pop(machine_id, None)
+            if scope is not None:
+                scope.cancel()
+            detail = f"check critical: {health.detail}; restart {m.restarts + 1}"
+            self.log.warning("machine_unhealthy_restart", machine_id=machine_id, detail=detail)
+            try:
+                await self.driver.stop(m)
+                m = await self._start(m)
+                ev = self._event("restarted", m, detail)
+                await self._record(
+                    m, "started", "restarted", detail, (ev,), restarts=m.restarts + 1
+                )
+            except (DriverError, StoreError) as exc:
+                self.log.error("machine_restart_failed", machine_id=machine_id, error=str(exc))
 
     async def _record_fact(self, m: Machine, fact: Fact) -> Machine:
         """Record what already happened to ``m``; if the store refuses, keep it for
@@ -400,7 +501,8 @@ class Machines:
                 run = ImageRun(got.root, got.run)
             else:
                 pulled = await self._catalog_pull(m)
-            await self.driver.start(m, run)
+            spec = self.specs.get(m.machine_id)
+            await self.driver.start(m, run, run_env(m, spec.env if spec else {}))
         except PullFailed as exc:
             await self._pull_failed(m, str(exc))
             raise DriverError(pull_failed(str(exc))) from None
@@ -409,7 +511,14 @@ class Machines:
             await self._record(m, "stopped", "start_failed", str(exc), (*pulled, stopped))
             raise
         self._retries.pop(m.machine_id, None)
-        started = self._event("started", m, "resumed" if resumed else "")
+        started = self.event(
+            "started",
+            m.order_id,
+            m.machine_id,
+            "resumed" if resumed else "",
+            image_digest=m.image_digest,
+            addresses=m.addresses,
+        )
         # A machine already started before a restart is recorded as resumed: its event is a
         # committed change like any other (the op log says when the supplier resumed it).
         op = "start" if m.state != "started" else "resume"

@@ -27,7 +27,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from bourse.wire.resources import RESOURCES, Vec
+from bourse.wire.resources import PRICED, Vec
 
 # Resources scored even when the order asks for none of them is impossible: cpus and memory
 # are always >= 1. Disk and gpus count only when asked for, so a GPU worker is not "empty"
@@ -124,7 +124,7 @@ class Pricer:
         # (index, name, curve, weight) per resource, looked up once: price() runs for
         # every worker a bid reaches, and per-call dict lookups were a third of its time
         self._terms = tuple(
-            (i, name, self.curves[name], self.weights[name]) for i, name in enumerate(RESOURCES)
+            (i, name, self.curves[name], self.weights[name]) for i, name in enumerate(PRICED)
         )
         self.image_weight = cfg.image_weight
         self.image_half_s = cfg.image_half_s
@@ -180,13 +180,14 @@ class Pricer:
 
 
 def build_curves(cfg: PricingConfig) -> dict[str, Curve]:
-    """Every resource's curve (the preset's unless overridden); ValueError names what in
-    ``cfg`` makes no utility function (the fleet file's check calls this)."""
-    unknown = set(cfg.curves) - set(RESOURCES)
+    """Every priced resource's curve (the preset's unless overridden; ports are counted,
+    not priced); ValueError names what in ``cfg`` makes no utility function (the fleet
+    file's check calls this)."""
+    unknown = set(cfg.curves) - set(PRICED)
     if unknown:
-        raise ValueError(f"unknown resource(s) in curves: {sorted(unknown)}; use {RESOURCES}")
-    unknown = set(cfg.weights) - set(RESOURCES)
+        raise ValueError(f"unknown resource(s) in curves: {sorted(unknown)}; use {PRICED}")
+    unknown = set(cfg.weights) - set(PRICED)
     if unknown:
-        raise ValueError(f"unknown resource(s) in weights: {sorted(unknown)}; use {RESOURCES}")
+        raise ValueError(f"unknown resource(s) in weights: {sorted(unknown)}; use {PRICED}")
     base = PRESET_CURVES[cfg.preset]
-    return {r: Curve(cfg.curves.get(r, base)) for r in RESOURCES}
+    return {r: Curve(cfg.curves.get(r, base)) for r in PRICED}

@@ -69,6 +69,19 @@ CREATE TABLE IF NOT EXISTS machines (
 CREATE UNIQUE INDEX IF NOT EXISTS machines_live_order
     ON machines (worker_id, order_id) WHERE state != 'destroyed';
 CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
+-- What a machine runs with beyond its record (RunSpec): its order's environment (values
+-- may be secrets: they never travel). A row only for a machine with an environment;
+-- removed when it is destroyed.
+CREATE TABLE IF NOT EXISTS machine_specs (
+    machine_id TEXT PRIMARY KEY,
+    worker_id  TEXT NOT NULL,
+    spec       BLOB NOT NULL
+);
+-- A worker's default port range, kept across its supplier's restarts (supplier/ports.py).
+CREATE TABLE IF NOT EXISTS worker_ports (
+    worker_id  TEXT PRIMARY KEY,
+    port_range TEXT NOT NULL
+);
 -- The event outbox: each event of a committed change, written in the change's transaction,
 -- deleted once JetStream acknowledged it (supplier/outbox.py EventOutbox). Its message id
 -- for deduplication is "<worker_id>:<run>:<id>" (OutboxRow.msg_id): AUTOINCREMENT never
@@ -106,6 +119,16 @@ class StoreError(BourseError, RuntimeError):
     """The data dir cannot take writes (disk full, read-only, corrupt file)."""
 
 
+class RunSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What a machine runs with beyond its wire record: its order's environment (kept here
+    only: its values may be secrets, they never travel back)."""
+
+    env: dict[str, str] = {}
+
+
+_spec_dec = msgspec.json.Decoder(RunSpec)
+
+
 @dataclass(slots=True)
 class Op:
     """One change: ``op`` names it (place, start, stop, destroy, ...); ``machine`` is the
@@ -117,6 +140,9 @@ class Op:
     # Events of this change: written to the outbox in the same transaction (exactly-once
     # publishing: a change is never durable without its events, nor an event without it).
     events: tuple[Event, ...] = ()
+    # The machine's run spec, written with the change (None: unchanged); a destroyed
+    # machine's is removed.
+    spec: RunSpec | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,6 +230,41 @@ class Store:
         finally:
             conn.close()
         return [_dec.decode(r[0]) for r in rows]
+
+    def load_specs(self, worker_id: str) -> dict[str, RunSpec]:
+        """Machine id -> run spec, of one worker's machines that have one."""
+        conn = self._connect()
+        try:
+            rows = conn.execute(
+                "SELECT machine_id, spec FROM machine_specs WHERE worker_id = ?", (worker_id,)
+            ).fetchall()
+        finally:
+            conn.close()
+        return {r[0]: _spec_dec.decode(r[1]) for r in rows}
+
+    def kept_port_ranges(self) -> dict[str, str]:
+        """Worker id -> the default port range it had (supplier/ports.py)."""
+        conn = self._connect()
+        try:
+            return dict(conn.execute("SELECT worker_id, port_range FROM worker_ports").fetchall())
+        finally:
+            conn.close()
+
+    def keep_port_ranges(self, ranges: dict[str, str]) -> None:
+        """Remember workers' default port ranges (at start, before the workers serve)."""
+        if not ranges:
+            return
+        conn = self._connect()
+        try:
+            conn.executemany(
+                "INSERT INTO worker_ports (worker_id, port_range) VALUES (?, ?) ON CONFLICT"
+                " (worker_id) DO UPDATE SET port_range = excluded.port_range",
+                list(ranges.items()),
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot write {self.path}: {exc}") from None
+        finally:
+            conn.close()
 
     def oplog(self, worker_id: str | None = None) -> list[tuple[int, str, str, str, str]]:
         """(seq, op, order_id, machine_id, state) rows, oldest first."""
@@ -425,6 +486,8 @@ class Store:
                     " machine = excluded.machine",
                     (m.machine_id, m.worker_id, m.order_id, m.state, m.updated_at_ms, blob),
                 )
+                if op.spec is not None or m.state == "destroyed":
+                    _write_spec(conn, m, op.spec or RunSpec())
                 for e in op.events:
                     data = _enc.encode(e)
                     cur = conn.execute(
@@ -445,6 +508,17 @@ class Store:
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=10)
+
+
+def _write_spec(conn: sqlite3.Connection, m: Machine, spec: RunSpec) -> None:
+    if m.state == "destroyed" or spec == RunSpec():
+        conn.execute("DELETE FROM machine_specs WHERE machine_id = ?", (m.machine_id,))
+        return
+    conn.execute(
+        "INSERT INTO machine_specs (machine_id, worker_id, spec) VALUES (?, ?, ?)"
+        " ON CONFLICT (machine_id) DO UPDATE SET spec = excluded.spec",
+        (m.machine_id, m.worker_id, _enc.encode(spec)),
+    )
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

@@ -22,6 +22,7 @@ from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
     Event,
+    Health,
     ListMachines,
     Machine,
     MachineList,
@@ -42,6 +43,7 @@ from supplier.feasible import OrderLike
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines import Machines
+from supplier.ports import PortRange, WorkerPorts, default_host
 from supplier.pricing import ImageCost, Pricer
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import Reclaims
@@ -104,7 +106,10 @@ class Worker:
     - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
     - ``on_image(image, cached)``: the catalog's image cache gained or lost an image;
     - ``source``: the market's image store (supplier/images.py), which a process worker's
-      content cache pulls from (default: none, a worker driven alone).
+      content cache pulls from (default: none, a worker driven alone);
+    - ``port_range``: its host ports when the config names none (the host's default block,
+      supplier/ports.py); ``advertise_host``: the host its addresses name when the config
+      names none (default: the host's primary address).
     """
 
     def __init__(
@@ -119,6 +124,8 @@ class Worker:
         on_image: ImageListener | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
         source: StoreSource | None = None,
+        port_range: PortRange | None = None,
+        advertise_host: str = "",
     ) -> None:
         self.cfg = cfg
         self.worker_id = cfg.worker_id
@@ -149,7 +156,14 @@ class Worker:
             listener=on_image,
         )
         self.pricer = Pricer(cfg.pricing)  # built once from the config
-        self.ledger = Ledger(vec(cfg.capacity))
+        # Its port range counts as the ledger's 5th resource (a fleet file has no
+        # capacity.ports: the range, its own or the host's default one, gives it).
+        port_range = port_range or cfg.port_range
+        self.ledger = Ledger(vec(cfg.capacity, port_range.size if port_range else 0))
+        host = cfg.advertise_host or advertise_host  # looked up only for a worker with ports
+        self.ports = WorkerPorts(
+            port_range, self.ledger, host or (default_host() if port_range else "")
+        )
         self.draining = cfg.draining
         self.drain_reason = "configured" if cfg.draining else ""
         self.store = store
@@ -211,7 +225,8 @@ class Worker:
         """Resume from the store: machines and their committed resources come back."""
         for m in self.keeper.load():
             if m.state != "destroyed":
-                self.ledger.load_committed(vec(m.resources))
+                self.ledger.load_committed(vec(m.resources, len(m.addresses)))
+                self.ports.hold(m.machine_id, m.addresses)
         if not leq(self.ledger.committed, self.ledger.capacity):
             self.set_draining(
                 f"committed {format_vec(self.ledger.committed)} exceeds capacity "
@@ -224,7 +239,8 @@ class Worker:
 
     def _destroyed(self, m: Machine) -> None:
         """A machine is gone: its resources go back to the market."""
-        self.ledger.free_committed(vec(m.resources))
+        self.ledger.free_committed(vec(m.resources, len(m.addresses)))
+        self.ports.give_back(m.machine_id)
         self.capacity_freed()
 
     def set_draining(self, reason: str) -> None:
@@ -270,9 +286,12 @@ class Worker:
         *,
         image_digest: str = "",
         pulled: tuple[int, float] = (0, 0.0),
+        addresses: dict[str, str] | None = None,
+        health: Health | None = None,
     ) -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
-        with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds."""
+        with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds;
+        ``addresses``: a placed or started machine's; ``health``: a check's."""
         return Event(
             kind=kind,
             region=self.region,
@@ -284,6 +303,8 @@ class Worker:
             image_digest=image_digest,
             bytes=pulled[0],
             seconds=round(pulled[1], 3),
+            addresses=addresses or {},
+            health=health,
         )
 
     # -- holds and releases -----------------------------------------------------------------
@@ -369,6 +390,9 @@ class Worker:
             cache_bytes=cache.used_bytes,
             cache_budget_bytes=cache.budget_bytes,
             image_digests=cache.digests[:MAX_STATUS_DIGESTS],
+            driver=self.driver.name,
+            advertise_host=self.ports.host,
+            port_range=str(self.ports.range) if self.ports.range else "",
         )
 
     @property

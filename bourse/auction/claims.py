@@ -118,10 +118,19 @@ def fingerprint(order: PlaceOrder) -> str:
     is auctioned (deadline, min_score, exclude_workers, the retry hint) may differ between
     attempts: a retry that excludes the machine's worker still gets that machine (I3
     outranks exclude_workers, as without claims). An order already in that form (sorted
-    maps, ``cpu_millis`` only beside a fraction) has the digest it always had."""
-    return _digest(
-        order.region, canonical(order.resources), order.image, order.constraints, order.metadata
+    maps, ``cpu_millis`` only beside a fraction) has the digest it always had. Its named
+    ports (in order: the first is ``PORT``), environment and checks count when it has any;
+    an order without them keeps the digest it had before they existed."""
+    what: tuple[object, ...] = (
+        order.region,
+        canonical(order.resources),
+        order.image,
+        order.constraints,
+        order.metadata,
     )
+    if order.ports or order.env or order.checks:
+        what += (order.ports, order.env, order.checks)
+    return _digest(*what)
 
 
 def order_shape(order: PlaceOrder) -> str:

@@ -577,6 +577,7 @@ class Auction:
             prompt_offers=cfg.batch_offers and cfg.prompt_offers,
             image_digest=self.content.digest,
             layers=self.content.layers,
+            ports=order.ports,
         )
 
     def _no_responders(self, now: float) -> list[Decision]:
@@ -678,6 +679,9 @@ class Auction:
             auction_id=self.auction_id,
             release_others=self._commit_releases,
             image_digest=self.content.digest,
+            ports=self.order.ports,
+            env=self.order.env,
+            checks=self.order.checks,
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]

@@ -431,6 +431,7 @@ class BourseClient:
             exclude_workers=order.exclude_workers,
             image_digest=content.digest,
             layers=content.layers,
+            ports=order.ports,
         )
         gather = _ExplainGather()
         await self._scatter(

@@ -159,8 +159,9 @@ async def failover(
     constraints: dict[str, str] | None = None,
     deadline_ms: int = 500,
 ) -> Failover:
-    """Start one of the app's spares in place of ``machine_id`` (whose worker is gone, or,
-    with ``force``, which is stopped), then place a new spare as deploy would.
+    """Start one of the app's spares in place of ``machine_id`` (whose worker is gone, or
+    whose health check is critical, or, with ``force``, any: a machine whose worker still
+    answers is stopped), then place a new spare as deploy would.
 
     Raises ClientError: ``bad_request`` for an app with no machine in ``regions``, a machine
     its answering worker does not have for the app, or a worker that still answers (without
@@ -175,6 +176,8 @@ async def failover(
     if not machines:
         raise ClientError(f"app {app!r} has no machines in {where}", "bad_request")
     replaced = next((m for m in machines if m.machine_id == machine_id), None)
+    health = replaced.health if replaced is not None else None
+    critical = health is not None and health.status == "critical"  # as if its worker were gone
     if lost_worker in alive:
         if replaced is None:
             raise ClientError(
@@ -182,7 +185,7 @@ async def failover(
                 f"{lost_worker} answers without it)",
                 "bad_request",
             )
-        if not force:
+        if not force and not critical:
             raise ClientError(
                 f"worker {lost_worker} still answers; nothing to fail over (use --force to "
                 "stop the machine and start a spare anyway)",

@@ -148,6 +148,8 @@ def outcome(r: Placed | Unfilled) -> None:
             f"  score {r.score:.3f}  {subscores(r.subscores)}\n"
             f"  image cached: {'yes' if r.image_cached else 'no'}   elapsed {r.elapsed_ms:.1f} ms"
         )
+        if r.addresses:
+            console.print(f"  addresses: {safe(addresses(r.addresses))}")
     else:
         console.print(
             f"[yellow]unfilled[/] ({safe(r.reason)}) in {safe(r.region)}: {safe(r.detail)}\n"
@@ -182,10 +184,28 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     return t
 
 
+def addresses(a: dict[str, str]) -> str:
+    """``http=10.0.0.5:20001 admin=10.0.0.5:20002``, or ``-`` for none."""
+    return " ".join(f"{name}={addr}" for name, addr in a.items()) or "-"
+
+
+def health(m: Machine, now: int | None = None) -> str:
+    """``passing 3m`` / ``critical 12s`` (since when), ``checking`` before the first run,
+    ``-`` without checks."""
+    if not m.checks:
+        return "-"
+    h = m.health
+    if h is None or not h.status:
+        return "checking"
+    since = age(h.since_ms, now_ms() if now is None else now)
+    return f"{h.status} {since}"
+
+
 def machines(ms: Iterable[Machine]) -> Table:
     t = Table(title="machines")
     for col in ("machine", "order", "state", "cpus", "memory MiB", "image", "score"):
         t.add_column(col)
+    t.add_column("addresses")
     for m in ms:
         t.add_row(
             safe(m.machine_id),
@@ -195,6 +215,7 @@ def machines(ms: Iterable[Machine]) -> Table:
             str(m.resources.memory_mb),
             safe(m.image),
             f"{m.score:.3f}",
+            safe(addresses(m.addresses)),
         )
     return t
 
@@ -218,6 +239,9 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
     t = Table(title="machines")
     for col in ("machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age"):
         t.add_column(col, no_wrap=True)
+    for col in ("restarts", "health"):
+        t.add_column(col, no_wrap=True)
+    t.add_column("addresses")
     t.add_column("app")
     for m in ms:
         t.add_row(
@@ -229,6 +253,9 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
             str(m.resources.memory_mb),
             safe(m.image),
             age(m.created_at_ms, now),
+            str(m.restarts),
+            health(m, now),
+            safe(addresses(m.addresses)),
             safe(m.metadata.get("app", "-")),
         )
     return t
@@ -278,6 +305,10 @@ def event_line(e: Event) -> str:
         parts.append(f"order={e.order_id}")
     if e.detail:
         parts.append(e.detail)
+    if e.addresses:
+        parts.append(addresses(e.addresses))
+    if e.health is not None:
+        parts.append(f"health={e.health.status or 'checking'}")
     return visible("  ".join(parts))
 
 
@@ -348,6 +379,22 @@ def last_exit(m: Machine) -> str:
     )
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
     return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"
+
+
+def reach(m: Machine) -> list[str]:
+    """``buyer machines show``: its addresses, its environment's keys (values may be
+    secrets: never shown), its checks and their health."""
+    lines = [f"addresses: {addresses(m.addresses)}"]
+    if m.env_keys:
+        lines.append(f"env: {' '.join(m.env_keys)} (values not shown)")
+    for c in m.checks:
+        what = f"{c.kind} {c.path}" if c.path else c.kind
+        lines.append(f"check: {c.port} {what} every {c.interval_s:g}s (timeout {c.timeout_s:g}s)")
+    if m.checks:
+        h = m.health
+        detail = f": {h.detail}" if h is not None and h.detail else ""
+        lines.append(f"health: {health(m)}{detail}")
+    return [visible(line) for line in lines]
 
 
 def _size(n: int) -> str:

@@ -88,6 +88,7 @@ RESOURCE_LABELS = (
     ("memory_bytes", MIB, 1),
     ("disk_bytes", MIB, 1),
     ("gpus", 1, 1),
+    ("ports", 1, 1),
 )
 # An HTTP request to the endpoint: its head must fit in this and arrive within this.
 MAX_REQUEST_BYTES = 8192
@@ -287,13 +288,13 @@ class CacheSample(NamedTuple):
 
 class WorkerSample(NamedTuple):
     """One worker's state as the scrape reads it. Amounts are the resource vector
-    (cpu millicores, memory_mb, disk_mb, gpus) of bourse/wire/resources.py."""
+    (cpu millicores, memory_mb, disk_mb, gpus, ports) of bourse/wire/resources.py."""
 
     worker_id: str
     region: str
-    capacity: tuple[int, int, int, int]
-    committed: tuple[int, int, int, int]
-    held: tuple[int, int, int, int]
+    capacity: tuple[int, int, int, int, int]
+    committed: tuple[int, int, int, int, int]
+    held: tuple[int, int, int, int, int]
     holds: int
     draining: bool
     cache: CacheSample

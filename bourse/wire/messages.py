@@ -99,6 +99,7 @@ EVENT_KINDS = (
     "destroyed",
     "hold_expired",
     "pulled",
+    "check",
 )
 # How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
@@ -241,15 +242,26 @@ class PlaceOrder(Message, kw_only=True):
         check_ports(self.ports, self.checks)
 
 
+# The kinds of check a worker runs (protocol §4.2a).
+CHECK_KINDS = ("http", "tcp")
+
+
 def check_ports(ports: list[str], checks: list[Check]) -> None:
-    """Named ports are distinct, and every check is on one of them (protocol §4.2): a
-    message that breaks either is refused (bad_request naming the port)."""
-    if len(set(ports)) != len(ports):
-        twice = sorted({p for p in ports if ports.count(p) > 1})
-        raise ValueError(f"port {twice[0]!r} is named twice")
+    """Named ports are distinct, even upper-cased (each names the variables
+    ``BOURSE_PORT_<NAME>``), every check is on one of them, of a known kind, an http one
+    with a path from ``/`` (protocol §4.2a): a message that breaks one is refused
+    (bad_request naming it)."""
+    upper = [p.upper() for p in ports]
+    if len(set(upper)) != len(upper):
+        twice = sorted({p for p in ports if upper.count(p.upper()) > 1})
+        raise ValueError(f"port {twice[0]!r} is named twice (names are told apart upper-cased)")
     for c in checks:
         if c.port not in ports:
             raise ValueError(f"check on port {c.port!r}, which the order does not name")
+        if c.kind not in CHECK_KINDS:
+            raise ValueError(f"check kind {c.kind!r}: use {' or '.join(CHECK_KINDS)}")
+        if c.kind == "http" and not c.path.startswith("/"):
+            raise ValueError(f"http check on port {c.port!r}: its path must start with /")
 
 
 class Bid(Message, kw_only=True):
@@ -646,6 +658,8 @@ class Machine(Message, kw_only=True):
     addresses: Addresses = {}
     checks: Checks = []
     health: Health | None = None
+    # The names of its order's environment variables (their values are not sent back).
+    env_keys: Annotated[list[EnvKey], msgspec.Meta(max_length=MAX_ENV)] = []
 
 
 class MachineList(Message, kw_only=True):

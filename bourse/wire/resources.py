@@ -1,10 +1,14 @@
-"""The resource vector: one home for the 4-tuple (cpu millicores, memory_mb, disk_mb, gpus).
+"""The resource vector: one home for the 5-tuple (cpu millicores, memory_mb, disk_mb, gpus,
+ports).
 
 Capacity, committed, held and wanted amounts are plain tuples of ints in that order, and
 their arithmetic is a handful of plain functions: this is on the hot path (every bid is
 checked and priced against every candidate worker), where a tuple and an unrolled
 expression cost a fraction of an object with methods. CPU is counted in millicores
 (1000 = one CPU) so that half a CPU is the integer 500 and the arithmetic stays exact.
+Ports are host ports of a worker's port range (docs/protocol.md §4.2a): an order wants one
+per named port, a worker's capacity is the size of its range; they are counted like the
+other resources (I1) but not priced (supplier/pricing.py prices ``PRICED``).
 
 The wire types (``Resources``, ``Amount``) convert to and from it here, and nowhere else:
 on the wire a CPU amount is ``cpus`` (whole CPUs, v1) and, when the amount is not whole,
@@ -22,34 +26,40 @@ from typing import Any
 from bourse.wire.limits import MAX_CPUS, MILLIS_PER_CPU
 from bourse.wire.messages import Amount, Resources
 
-# (cpu millicores, memory_mb, disk_mb, gpus), the order of RESOURCES below. The names are
-# those of config curves and weights, subscores and Reasons (the CPU resource is "cpus").
-Vec = tuple[int, int, int, int]
-RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus")
-ZERO: Vec = (0, 0, 0, 0)
+# (cpu millicores, memory_mb, disk_mb, gpus, ports), the order of RESOURCES below. The
+# names are those of config curves and weights, subscores and Reasons (the CPU resource is
+# "cpus").
+Vec = tuple[int, int, int, int, int]
+RESOURCES = ("cpus", "memory_mb", "disk_mb", "gpus", "ports")
+PRICED = RESOURCES[:4]  # what the utility function scores: ports are counted, not priced
+ZERO: Vec = (0, 0, 0, 0, 0)
 CPU = 0  # the CPU's index in a Vec
+PORTS = 4  # the ports' index in a Vec
 
 
 def add(a: Vec, b: Vec) -> Vec:
     """``a + b`` per resource."""
-    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3])
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2], a[3] + b[3], a[4] + b[4])
 
 
 def sub(a: Vec, b: Vec) -> Vec:
     """``a - b`` per resource (may go negative: the caller checks with :func:`leq`)."""
-    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3])
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2], a[3] - b[3], a[4] - b[4])
 
 
 def leq(a: Vec, b: Vec) -> bool:
     """``a <= b`` on every resource (``a`` fits in ``b``)."""
-    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3]
+    return a[0] <= b[0] and a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3] and a[4] <= b[4]
 
 
 # -- wire <-> vector -----------------------------------------------------------------------------
-def vec(r: Resources | Amount) -> Vec:
+def vec(r: Resources | Amount, ports: int = 0) -> Vec:
     """The vector of a wire amount: ``cpu_millis`` when present (non-zero), else ``cpus``
-    whole (a v1 sender's message)."""
-    return (r.cpu_millis or r.cpus * MILLIS_PER_CPU, r.memory_mb, r.disk_mb, r.gpus)
+    whole (a v1 sender's message); ``ports`` when given, else an ``Amount``'s
+    (an order's: one per named port; a worker's capacity: its range's size)."""
+    if isinstance(r, Amount) and not ports:
+        ports = r.ports
+    return (r.cpu_millis or r.cpus * MILLIS_PER_CPU, r.memory_mb, r.disk_mb, r.gpus, ports)
 
 
 def millis_of(r: Resources | Amount) -> int:
@@ -72,13 +82,13 @@ def cpu_fields(millis: int) -> dict[str, int]:
 
 
 def resources(v: Vec) -> Resources:
-    """The wire ``Resources`` of a (positive) vector."""
+    """The wire ``Resources`` of a (positive) vector (its ports are the order's names)."""
     return Resources(**cpu_fields(v[0]), memory_mb=v[1], disk_mb=v[2], gpus=v[3])
 
 
 def amount(v: Vec) -> Amount:
     """The wire ``Amount`` of a vector (status replies: capacity, committed, held)."""
-    return Amount(**cpu_fields(v[0]), memory_mb=v[1], disk_mb=v[2], gpus=v[3])
+    return Amount(**cpu_fields(v[0]), memory_mb=v[1], disk_mb=v[2], gpus=v[3], ports=v[4])
 
 
 # -- as people write them ------------------------------------------------------------------------
@@ -132,9 +142,12 @@ def format_value(i: int, value: int) -> str:
 
 
 def format_vec(v: Vec) -> str:
-    """``cpus=0.5 memory_mb=256 disk_mb=0 gpus=0``: a vector in messages and logs."""
+    """``cpus=0.5 memory_mb=256 disk_mb=0 gpus=0``: a vector in messages and logs (its
+    ports only when it has some: ``... gpus=0 ports=2``)."""
     return " ".join(
-        f"{n}={format_value(i, x)}" for i, (n, x) in enumerate(zip(RESOURCES, v, strict=True))
+        f"{n}={format_value(i, x)}"
+        for i, (n, x) in enumerate(zip(RESOURCES, v, strict=True))
+        if i != PORTS or x
     )
 
 

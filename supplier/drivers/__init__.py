@@ -13,6 +13,7 @@ reports failures by raising DriverError (a clear message for the requester).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -66,9 +67,12 @@ class Driver(Protocol):
         business: supplier/images.py); returns the bytes and seconds it took."""
         ...
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         """Run the machine: its content image's files (``image``), else its catalog
-        image's command (cached by now)."""
+        image's command (cached by now); ``env`` (the order's and Bourse's own variables,
+        supplier/ports.py run_env) above the image's environment."""
         ...
 
     async def stop(self, m: Machine) -> None:

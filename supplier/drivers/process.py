@@ -36,7 +36,7 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import cast
 
@@ -198,7 +198,9 @@ class ProcessDriver:
         sup = self._sups.get(machine_id)
         return sup is not None and sup.proc is not None and sup.proc.returncode is None
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         if image is not None:
             run, default, grace = await self._image_launch(m, image), "no", IMAGE_STOP_GRACE_S
         else:
@@ -206,6 +208,8 @@ class ProcessDriver:
             if spec is None or not spec.command:
                 raise DriverError(f"image {m.image!r} is not in this worker's catalog")
             run, default, grace = _catalog_launch(m, spec), spec.restart, spec.stop_grace_s
+        if env:  # the order's and Bourse's own variables, above the image's
+            run = Launch(run.argv, {**run.env, **env}, run.cwd)
         policy = m.metadata.get("restart", default)
         if policy not in RESTART_POLICIES:  # checked here, so the cast below is true
             raise DriverError(

@@ -4,7 +4,7 @@ over ``pull_mb_per_s`` (default ``MEASURED_PULL_MB_PER_S``); everything else is 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 import anyio.abc
@@ -57,7 +57,9 @@ class SimDriver:
             await anyio.sleep(seconds)  # the simulated pull's time, not a synchronisation
         return self.size_mb(image) * MIB, seconds
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] | None = None
+    ) -> None:
         self.running.add(m.machine_id)
 
     async def stop(self, m: Machine) -> None:

@@ -40,11 +40,20 @@ memory_mb = 256
 
 async def _market(market: Market) -> None:
     await market.jetstream_init()
-    for region in ("mad", "ams"):
+    for r, region in enumerate(("mad", "ams")):
         await market.host(
-            *(worker(f"{region}-{i}", region=region, images=["web"]) for i in (1, 2, 3))
+            *(
+                worker(f"{region}-{i}", region=region, images=["web"], ports=_ports(r * 3 + i))
+                for i in (1, 2, 3)
+            )
         )
     await market.exchange()
+
+
+def _ports(n: int) -> str:
+    """Worker n's own block of ports: no two workers of the test draw the same."""
+    first = 31000 + n * 100
+    return f"{first}-{first + 99}"
 
 
 def _write(tmp_path: Path, text: str, name: str = "app.toml") -> str:
@@ -138,8 +147,8 @@ async def test_deploy_plan_rolling_update_again_and_scale_down(
 
 
 async def test_checks_not_passing_in_time_stop_the_rollout(market: Market, tmp_path: Path) -> None:
-    """Workers that report no health for the machines (the simulated driver runs no
-    checks): a new machine's checks never pass, the rollout stops at the first slot with
+    """A tcp check on a port nothing listens on (a simulated machine runs no process): a
+    new machine's checks never pass, the rollout stops at the first slot with
     exit 2, the old machines serve on and the rest is skipped."""
     await _market(market)
     one = SPEC.replace("spares = 1", "spares = 0")

@@ -435,6 +435,7 @@ async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Marke
         "MiB",
         "image",
         "score",
+        "addresses",
     ]
     _, shown, _ = await buyer(market, "machines", "show", mid, "--json")
     assert row.split()[:3] == [mid, json.loads(shown)["machine"]["order_id"], "reserved"]

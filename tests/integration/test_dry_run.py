@@ -64,7 +64,9 @@ async def build(market: Market) -> None:
     )
     await market.host(worker("w-b", labels=SSD))  # a second supplier process
     held = market.hosts[0].workers["w-held"].ledger  # another order holds 6 of its 8 cpus
-    assert held.hold(Hold("other", (6000, 1024, 0, 0), time.monotonic() + 60, 0.5, {}, False, "a"))
+    assert held.hold(
+        Hold("other", (6000, 1024, 0, 0, 0), time.monotonic() + 60, 0.5, {}, False, "a")
+    )
 
 
 async def foreign(market: Market) -> None:

@@ -42,7 +42,7 @@ async def test_two_half_cpu_orders_fill_a_one_cpu_worker_and_a_third_is_unfilled
     third = await client.place(order(order_id="half-2", deadline_ms=300))
     assert isinstance(third, Unfilled) and third.reason == "no_offers"
     assert "0.5 cpus + 256 MiB" in third.detail
-    assert host.workers["mad-1"].ledger.committed == (1000, 512, 0, 0)  # I1: exactly full
+    assert host.workers["mad-1"].ledger.committed == (1000, 512, 0, 0, 0)  # I1: exactly full
     [status] = await client.status("mad")
     assert status.committed == Amount(cpus=1, memory_mb=512)
     assert status.held == Amount()
@@ -57,7 +57,7 @@ async def test_a_v1_order_of_whole_cpus_still_takes_whole_cpus(market: Market) -
     client = await market.client()
     assert isinstance(await client.place(order(Resources(cpus=1, memory_mb=256))), Placed)
     assert isinstance(await client.place(order()), Placed)
-    assert host.workers["mad-1"].ledger.committed == (1500, 512, 0, 0)
+    assert host.workers["mad-1"].ledger.committed == (1500, 512, 0, 0, 0)
     [status] = await client.status("mad")
     assert status.committed == Amount(cpus=2, cpu_millis=1500, memory_mb=512)
 

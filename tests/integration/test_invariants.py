@@ -92,7 +92,7 @@ async def test_i4_unfilled_leaves_no_machine_and_no_hold_past_the_ttl(market: Ma
     # (deadline 100 + commit grace 100 + margin 150 = 350 ms).
     await wait_until(lambda: all(not w.ledger.holds for w in ws), timeout_s=0.35)
     assert all(not w.machines for w in ws)
-    assert all(w.ledger.committed == (0, 0, 0, 0) for w in ws)
+    assert all(w.ledger.committed == (0, 0, 0, 0, 0) for w in ws)
 
 
 async def test_i4_a_hold_whose_auction_vanished_expires_by_its_ttl(market: Market) -> None:
@@ -115,7 +115,7 @@ async def test_i4_a_hold_whose_auction_vanished_expires_by_its_ttl(market: Marke
     w = host.workers["a"]
     assert "orphan" in w.ledger.holds
     await wait_until(lambda: "orphan" not in w.ledger.holds, timeout_s=2)
-    assert w.ledger.held == (0, 0, 0, 0)
+    assert w.ledger.held == (0, 0, 0, 0, 0)
 
 
 async def test_i5_workers_of_other_regions_never_receive_the_bid(market: Market) -> None:

@@ -89,7 +89,8 @@ async def test_the_cli_lists_sorted_with_whole_ids_and_exits_2_for_a_silent_regi
     assert (code, err) == (0, ""), err
     header, *rows = out.splitlines()
     assert header.split() == [
-        "machine", "worker", "region", "state", "cpus", "memory", "MiB", "image", "age", "app",
+        "machine", "worker", "region", "state", "cpus", "memory", "MiB", "image", "age",
+        "restarts", "health", "addresses", "app",
     ]  # fmt: skip
     ids = [placed[n].machine_id for n in ("shop-fra", "shop-mad-a", "shop-mad-c", "shop-mad-b")]
     assert [r.split()[0] for r in rows] == ids

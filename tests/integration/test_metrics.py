@@ -143,7 +143,7 @@ async def test_counters_equal_the_orders_placed_in_process(market: Market, tmp_p
 
     # A hold shows while an auction is under way: one taken by hand, seen at once.
     w = max(host.workers.values(), key=lambda w: w.ledger.free[0])
-    assert w.ledger.hold(Hold("o-held", (500, 256, 0, 0), 1e12, 0.5, {}, True, "a-1"))
+    assert w.ledger.hold(Hold("o-held", (500, 256, 0, 0, 0), 1e12, 0.5, {}, True, "a-1"))
     sup = await ascrape(s_end.url)
     assert value(sup, "bourse_worker_holds_active", worker=w.worker_id, region="mad") == 1
     assert (

@@ -51,7 +51,7 @@ async def test_placement_through_the_exchange_fills_every_field(market: Market) 
         "web",
         {"app": "api"},
     )
-    assert host.workers["mad-1"].ledger.committed == (2000, 2048, 0, 0)  # CPU in millicores
+    assert host.workers["mad-1"].ledger.committed == (2000, 2048, 0, 0, 0)  # CPU in millicores
     await asyncio.wait_for(placed_seen.wait(), 5)
     assert events[0].kind == "placed" and events[0].machine_id == r.machine_id
     await sub.unsubscribe()

@@ -204,7 +204,8 @@ async def _walk_through(url: str) -> None:
     code, out, err = await buyer(url, "machines", "list", "--app", "shop")
     assert (code, err) == (0, ""), out + err
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
-        "machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age", "app",
+        "machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age",
+        "restarts", "health", "addresses", "app",
     ]  # fmt: skip
     listed = rows(out)
     assert len(listed) == 4 and all(re.fullmatch(ID, r[0]) for r in listed)

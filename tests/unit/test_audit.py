@@ -123,3 +123,17 @@ async def test_machine_outside_its_order_region(tmp_path: Path) -> None:
         f"I5 {m.machine_id} says region fra, its worker is elsewhere",
         f"I5 {m.machine_id} in fra, order o-1 asked mad",
     ]
+
+
+async def test_a_port_held_twice_is_found_in_the_log_and_across_files(tmp_path: Path) -> None:
+    a = mach(1, "o-1", cpus=1, addresses={"http": "h:20000"})
+    b = mach(2, "o-2", cpus=1, addresses={"http": "h:20000"})
+    gone = msgspec.structs.replace(a, state="destroyed")
+    c = mach(3, "o-3", cpus=1, addresses={"http": "h:20000"})  # after a gave it back: fine
+    path = await store_of(tmp_path, "s", Op("place", a), Op("place", b), Op("destroy", gone))
+    other = await store_of(tmp_path, "t", Op("place", c))
+    result = audit([], [path, other], CAP, REGION)
+    assert result.violations == [
+        f"I8 h:20000 is held by {a.machine_id} and {b.machine_id}",  # in the log
+        f"I8 h:20000 is held by {b.machine_id} and {c.machine_id}",  # at the end, two files
+    ]

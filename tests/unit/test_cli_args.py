@@ -49,6 +49,11 @@ NO_NATS = ["--nats", "nats://127.0.0.1:1"]
         ([*PLACE, "--min-score", "2"], "(--min-score)"),
         ([*PLACE, "--deadline-ms", "0"], "(--deadline-ms)"),
         ([*PLACE, "--order-id", "bad id"], "(--order-id)"),
+        ([*PLACE, "--port", "9x"], "--port '9x': a port name is a variable name"),
+        ([*PLACE, "--port", "http", "--port", "HTTP"], "--port 'HTTP' is given twice"),
+        ([*PLACE, "--env", "A-B=1"], "--env 'A-B=1': 'A-B' is not a variable name"),
+        ([*PLACE, "--port", "http", "--check", "web:tcp"], "port 'web' is not one of --port"),
+        ([*PLACE, "--port", "http", "--check", "http:grpc"], "kind 'grpc'"),
         (
             [
                 "deploy",
@@ -100,6 +105,31 @@ def test_supplier_refuses_a_fleet_file_without_workers(
     assert result.exit_code == 1
     assert f"fleet file {fleet} lists no workers" in result.output
     assert "Traceback" not in result.output
+
+
+def test_supplier_refuses_overlapping_port_ranges_in_one_line(tmp_path: Path) -> None:
+    fleet = tmp_path / "f.toml"
+    worker = (
+        '[[worker]]\nworker_id = "{}"\nregion = "mad"\ncapacity = {{cpus = 1, memory_mb = 64}}\n'
+    )
+    fleet.write_text(
+        worker.format("a")
+        + 'ports = "20000-20099"\n'
+        + worker.format("b")
+        + 'ports = "20050-20149"\n'
+    )
+    result = runner.invoke(supplier, ["run", "--fleet", str(fleet), *NO_NATS])
+    assert result.exit_code != 0
+    assert result.output.strip() == (
+        "error: workers a and b: port ranges 20000-20099 and 20050-20149 overlap: "
+        "workers of one host need ranges apart"
+    )
+    bad = runner.invoke(
+        supplier,
+        ["run", "--worker-id", "w", "--region", "mad", "--cpus", "1", "--memory-mb", "64",
+         "--ports", "20000", *NO_NATS],
+    )  # fmt: skip
+    assert "port range '20000': write it FIRST-LAST" in bad.output
 
 
 def test_supplier_refuses_the_worker_id_the_exchange_publishes_outcomes_under() -> None:

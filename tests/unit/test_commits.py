@@ -210,7 +210,7 @@ CASES = {
         commit(worker_id="mad-2"),
         Error(code="bad_request", detail="commit for worker 'mad-2' sent to worker 'mad-1'"),
         ZERO,
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         0,
         [],
     ),
@@ -219,7 +219,7 @@ CASES = {
         held_then_placed,
         commit(),
         placed(existing=True),
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         ZERO,
         1,
         ["placed"],
@@ -230,7 +230,7 @@ CASES = {
         commit(),
         rejected("draining", "maintenance"),
         ZERO,
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         0,
         [],
         draining=True,
@@ -275,7 +275,7 @@ CASES = {
             "cpus=2 memory_mb=2048 disk_mb=0 gpus=0",
         ),
         ZERO,
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         0,
         [],
     ),
@@ -284,7 +284,7 @@ CASES = {
         held,
         commit(),
         placed(),
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         ZERO,
         1,
         ["placed"],
@@ -298,7 +298,7 @@ CASES = {
             score=0.65,
             subscores={"cpus": 0.5, "memory_mb": 0.5, "utility": 0.5, "image": 1.0},
         ),
-        (2000, 2048, 0, 0),
+        (2000, 2048, 0, 0, 0),
         ZERO,
         1,
         ["placed"],
@@ -372,7 +372,7 @@ async def test_a_duplicate_while_writing_gets_the_same_placed(worker: Worker, st
     assert isinstance(first, Placed)
     assert second is first  # the very reply of the write it waited for, not a second machine
     assert len(store.load_machines(WID)) == 1
-    assert worker.ledger.committed == (2000, 2048, 0, 0)
+    assert worker.ledger.committed == (2000, 2048, 0, 0, 0)
 
 
 async def test_a_duplicate_while_writing_gets_the_same_error(worker: Worker) -> None:
@@ -432,7 +432,7 @@ ABORTS = {
     "after": Abort(Placed, "destroyed", ["place", "abort"], ["placed", "destroyed"], ZERO),
     # written and already started: too late to undo, the machine stays
     "after start": Abort(
-        Placed, "started", ["place", "start", "start"], ["placed", "started"], (2000, 2048, 0, 0)
+        Placed, "started", ["place", "start", "start"], ["placed", "started"], (2000, 2048, 0, 0, 0)
     ),
 }
 
@@ -512,12 +512,12 @@ async def test_an_aborted_order_can_be_placed_again(
     assert isinstance(retry, Placed)
     assert (retry.existing, retry.machine_id != first.machine_id) == (False, True)
     assert worker.by_order == {"order-1": retry.machine_id}
-    assert worker.ledger.committed == (2000, 2048, 0, 0)
+    assert worker.ledger.committed == (2000, 2048, 0, 0, 0)
     # a restart keeps the order bound to the new machine, not the aborted one
     again = Worker(worker.cfg, store, rec.emit)
     again.recover()
     assert again.by_order == {"order-1": retry.machine_id}
-    assert again.ledger.committed == (2000, 2048, 0, 0)
+    assert again.ledger.committed == (2000, 2048, 0, 0, 0)
 
 
 # -- a Placed is never taken back (§6.6): each interleaving, forced step by step -----------------

@@ -140,7 +140,7 @@ def test_a_fitting_worker_holds_and_offers_after_its_score_delay(store: Store) -
     assert send.delay_s == pytest.approx((1 - 0.825) * 4.0 / 1000.0, abs=1e-12)
     h = bench["w1"].ledger.holds["o1"]
     assert (h.want, h.expires_at, h.auction_id, h.score) == (
-        (2000, 2048, 0, 0),  # CPU in millicores
+        (2000, 2048, 0, 0, 0),  # CPU in millicores
         bench.t0 + 0.25,
         "a-o1",
         0.825,
@@ -266,7 +266,7 @@ def test_a_rebid_replaces_the_earlier_hold(store: Store) -> None:
     [second] = bench.answer(bid(resources=res(3, 1024), auction_id="a-2")).replies
     w = bench["w1"]
     assert list(w.ledger.holds) == ["o1"]
-    assert (w.ledger.holds["o1"].auction_id, w.ledger.held) == ("a-2", (3000, 1024, 0, 0))
+    assert (w.ledger.holds["o1"].auction_id, w.ledger.held) == ("a-2", (3000, 1024, 0, 0, 0))
     # priced against an empty worker, as the first: utility (0.625 + 0.875) / 2 = 0.75
     assert first.reply.score == second.reply.score == 0.825  # type: ignore[union-attr]  # Offers
     assert not bench.desk.still_due(first)  # due later: the first auction's offer is dropped
@@ -284,7 +284,7 @@ async def test_a_duplicates_bid_keeps_the_hold_it_took_the_place_of(store: Store
     assert w.ledger.holds["o1"].auction_id == "loser"
     w.release("o1", "loser")
     assert w.ledger.holds["o1"].auction_id == "winner"
-    assert w.ledger.held == (2000, 2048, 0, 0)
+    assert w.ledger.held == (2000, 2048, 0, 0, 0)
     assert bench.sent == []  # nothing was freed: no waiting bid was told otherwise
     c = Commit(order_id="o1", worker_id="w1", resources=res(), image="web", auction_id="winner")
     assert isinstance(await w.commits.commit(c), Placed)
@@ -297,14 +297,14 @@ def test_a_bid_that_holds_elsewhere_puts_another_auctions_hold_back(store: Store
     [second] = bench.answer(bid(auction_id="loser", exclude_workers=["w1"])).replies
     assert second.worker.worker_id == "w2"
     assert bench["w1"].ledger.holds["o1"].auction_id == "winner"  # dropped, then put back
-    assert bench["w1"].ledger.held == (2000, 2048, 0, 0)
+    assert bench["w1"].ledger.held == (2000, 2048, 0, 0, 0)
 
 
 def test_bids_for_different_orders_stack(store: Store) -> None:
     bench = Bench(store, cfg("w1", images=["web"]))
     bench.answer(bid("o1"))
     [(_, second)] = offers(bench.answer(bid("o2")))
-    assert bench["w1"].ledger.held == (4000, 4096, 0, 0)
+    assert bench["w1"].ledger.held == (4000, 4096, 0, 0, 0)
     assert second.score == 0.65  # u = 4/8 -> utility 0.5 -> 0.35 + 0.3
 
 
@@ -375,7 +375,7 @@ def test_a_full_waiting_queue_keeps_the_bid_silent(store: Store) -> None:
 
 def test_blocked_by_committed_machines_does_not_wait(store: Store) -> None:
     bench = Bench(store, cfg("w1"))
-    bench["w1"].ledger.load_committed((7000, 0, 0, 0))  # 7 CPUs, in millicores
+    bench["w1"].ledger.load_committed((7000, 0, 0, 0, 0))  # 7 CPUs, in millicores
     ans = bench.answer(bid(wait_ms=1000))
     assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})
 
@@ -550,10 +550,10 @@ def test_half_cpu_bids_share_one_cpu_and_a_third_stays_silent(store: Store) -> N
     assert a[1].subscores == {"cpus": 0.5, "memory_mb": 0.75, "utility": 0.625, "image": 0.0}
     assert a[1].score == 0.4375
     assert offers(bench.answer(bid("o2", half())))
-    assert bench["w1"].ledger.held == (1000, 512, 0, 0)
+    assert bench["w1"].ledger.held == (1000, 512, 0, 0, 0)
     ans = bench.answer(bid("o3", half()))
     assert (ans.replies, ans.silent) == ([], {"w1": BLOCKED})  # only holds: it would wait
-    assert bench["w1"].ledger.held == (1000, 512, 0, 0)  # I1
+    assert bench["w1"].ledger.held == (1000, 512, 0, 0, 0)  # I1
 
 
 async def test_half_cpu_commits_count_millicores_and_status_says_them(store: Store) -> None:
@@ -563,7 +563,7 @@ async def test_half_cpu_commits_count_millicores_and_status_says_them(store: Sto
     assert status.committed == Amount(cpus=1, cpu_millis=500, memory_mb=256)
     assert status.capacity == Amount(cpus=1, memory_mb=1024)
     await bench.place("o2", half())
-    assert bench["w1"].ledger.committed == (1000, 512, 0, 0)
+    assert bench["w1"].ledger.committed == (1000, 512, 0, 0, 0)
     assert bench["w1"].status().committed == Amount(cpus=1, memory_mb=512)  # whole: as in v1
     ans = bench.answer(bid("o3", half()))
     assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})

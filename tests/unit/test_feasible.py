@@ -168,15 +168,15 @@ def reclaimed(w: Worker) -> None:
 
 
 def committing(w: Worker) -> None:
-    hold(w, "o1", (2000, 2048, 0, 0)).committing = True
+    hold(w, "o1", (2000, 2048, 0, 0, 0)).committing = True
 
 
 def full_of_holds(w: Worker) -> None:
-    hold(w, "other", (7000, 1024, 0, 0))
+    hold(w, "other", (7000, 1024, 0, 0, 0))
 
 
 def full_of_machines(w: Worker) -> None:
-    w.ledger.load_committed((7000, 1024, 0, 0))
+    w.ledger.load_committed((7000, 1024, 0, 0, 0))
 
 
 def held_without_the_image(store: Store) -> Worker:
@@ -326,10 +326,10 @@ def test_the_stages_are_the_chain_in_its_order() -> None:
 
 def test_a_short_resource_says_its_numbers(store: Store) -> None:
     w = worker(store)
-    w.ledger.load_committed((4000, 0, 0, 0))
-    hold(w, "other", (2000, 0, 0, 0))
+    w.ledger.load_committed((4000, 0, 0, 0, 0))
+    hold(w, "other", (2000, 0, 0, 0, 0))
     [short] = every_failure(
-        FEASIBLE, w, order(Resources(cpus=3, memory_mb=1)), (3000, 1, 0, 0), w.ledger.free
+        FEASIBLE, w, order(Resources(cpus=3, memory_mb=1)), (3000, 1, 0, 0, 0), w.ledger.free
     )
     assert (short.code, short.detail) == (
         BLOCKED,
@@ -397,6 +397,7 @@ def amounts(draw: st.DrawFn, most_cpus: int, most_mb: int, least: int = 0) -> Ve
         draw(st.one_of(st.integers(least, 3), st.integers(least, most_mb))),
         draw(st.sampled_from([0, 0, 50, 100])),
         draw(st.sampled_from([0, 0, 1])),
+        0,
     )
 
 
@@ -441,6 +442,7 @@ def cases(draw: st.DrawFn) -> Case:
         draw(st.integers(16, 64)) * 64,
         draw(st.sampled_from([0, 100])),
         draw(st.sampled_from([0, 1])),
+        0,
     )
     hold_ = st.tuples(
         st.sampled_from(ORDER_IDS),
@@ -472,7 +474,7 @@ def cases(draw: st.DrawFn) -> Case:
 
 
 def build(store: Store, c: Case) -> Worker:
-    cpus, memory_mb, disk_mb, gpus = c.capacity
+    cpus, memory_mb, disk_mb, gpus, _ = c.capacity
     w = worker(
         store,
         Amount(cpus=cpus // 1000, memory_mb=memory_mb, disk_mb=disk_mb, gpus=gpus),

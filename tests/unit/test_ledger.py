@@ -10,12 +10,12 @@ import pytest
 from bourse.wire.resources import ZERO, Vec, add, leq, sub
 from supplier.ledger import EXPIRED_MEMORY, Hold, Ledger
 
-CAP: Vec = (8, 8192, 100, 1)
+CAP: Vec = (8, 8192, 100, 1, 0)
 
 
 def hold(
     order_id: str,
-    want: Vec = (2, 2048, 0, 0),
+    want: Vec = (2, 2048, 0, 0, 0),
     expires_at: float = 10.0,
     auction_id: str = "",
 ) -> Hold:
@@ -33,11 +33,11 @@ def held_sum(ledger: Ledger) -> Vec:
 
 
 def test_vector_helpers() -> None:
-    assert add((1, 2, 3, 4), (10, 20, 30, 40)) == (11, 22, 33, 44)
-    assert sub((11, 22, 33, 44), (1, 2, 3, 4)) == (10, 20, 30, 40)
-    assert leq((1, 2, 3, 4), (1, 2, 3, 4)) is True
-    assert leq((1, 2, 3, 5), (1, 2, 3, 4)) is False
-    assert leq((0, 3, 0, 0), (9, 2, 9, 9)) is False
+    assert add((1, 2, 3, 4, 0), (10, 20, 30, 40, 0)) == (11, 22, 33, 44, 0)
+    assert sub((11, 22, 33, 44, 0), (1, 2, 3, 4, 0)) == (10, 20, 30, 40, 0)
+    assert leq((1, 2, 3, 4, 0), (1, 2, 3, 4, 0)) is True
+    assert leq((1, 2, 3, 5, 0), (1, 2, 3, 4, 0)) is False
+    assert leq((0, 3, 0, 0, 0), (9, 2, 9, 9, 0)) is False
 
 
 # -- hold --------------------------------------------------------------------------------------
@@ -54,24 +54,26 @@ def test_new_ledger_is_empty() -> None:
 
 def test_hold_that_fits() -> None:
     ledger = Ledger(CAP)
-    h = hold("a", (3, 1000, 10, 1))
+    h = hold("a", (3, 1000, 10, 1, 0))
     assert ledger.hold(h) is True
     assert ledger.holds == {"a": h}
-    assert ledger.held == (3, 1000, 10, 1)
-    assert ledger.free == (5, 7192, 90, 0)
-    assert ledger.used == (3, 1000, 10, 1)
+    assert ledger.held == (3, 1000, 10, 1, 0)
+    assert ledger.free == (5, 7192, 90, 0, 0)
+    assert ledger.used == (3, 1000, 10, 1, 0)
     assert ledger.free_of_committed == CAP
 
 
 def test_hold_exactly_the_rest() -> None:
     ledger = Ledger(CAP)
-    assert ledger.hold(hold("a", (6, 6000, 0, 0)))
-    assert ledger.hold(hold("b", (2, 2192, 100, 1)))
+    assert ledger.hold(hold("a", (6, 6000, 0, 0, 0)))
+    assert ledger.hold(hold("b", (2, 2192, 100, 1, 0)))
     assert ledger.free == ZERO
     ledger.check()
 
 
-@pytest.mark.parametrize("want", [(9, 1, 0, 0), (1, 8193, 0, 0), (1, 1, 101, 0), (1, 1, 0, 2)])
+@pytest.mark.parametrize(
+    "want", [(9, 1, 0, 0, 0), (1, 8193, 0, 0, 0), (1, 1, 101, 0, 0), (1, 1, 0, 2, 0)]
+)
 def test_hold_that_does_not_fit(want: Vec) -> None:
     ledger = Ledger(CAP)
     assert ledger.hold(hold("a", want)) is False
@@ -81,27 +83,27 @@ def test_hold_that_does_not_fit(want: Vec) -> None:
 
 def test_hold_does_not_fit_on_top_of_others() -> None:
     ledger = Ledger(CAP)
-    assert ledger.hold(hold("a", (6, 1000, 0, 0)))
-    assert ledger.hold(hold("b", (3, 1000, 0, 0))) is False  # 6 + 3 > 8 CPUs
-    assert ledger.held == (6, 1000, 0, 0)
+    assert ledger.hold(hold("a", (6, 1000, 0, 0, 0)))
+    assert ledger.hold(hold("b", (3, 1000, 0, 0, 0))) is False  # 6 + 3 > 8 CPUs
+    assert ledger.held == (6, 1000, 0, 0, 0)
     assert list(ledger.holds) == ["a"]
 
 
 def test_hold_does_not_fit_on_top_of_committed() -> None:
     ledger = Ledger(CAP)
-    ledger.load_committed((7, 1000, 0, 0))
-    assert ledger.free == (1, 7192, 100, 1)
-    assert ledger.hold(hold("a", (2, 1, 0, 0))) is False
-    assert ledger.hold(hold("a", (1, 1, 0, 0))) is True
-    assert ledger.free == (0, 7191, 100, 1)
-    assert ledger.free_of_committed == (1, 7192, 100, 1)
+    ledger.load_committed((7, 1000, 0, 0, 0))
+    assert ledger.free == (1, 7192, 100, 1, 0)
+    assert ledger.hold(hold("a", (2, 1, 0, 0, 0))) is False
+    assert ledger.hold(hold("a", (1, 1, 0, 0, 0))) is True
+    assert ledger.free == (0, 7191, 100, 1, 0)
+    assert ledger.free_of_committed == (1, 7192, 100, 1, 0)
 
 
 def test_rehold_same_order_replaces_earlier_hold() -> None:
     ledger = Ledger(CAP)
-    assert ledger.hold(hold("a", (2, 2048, 0, 0), expires_at=5.0))
-    assert ledger.hold(hold("a", (3, 1024, 0, 0), expires_at=9.0))
-    assert ledger.held == (3, 1024, 0, 0) == held_sum(ledger)
+    assert ledger.hold(hold("a", (2, 2048, 0, 0, 0), expires_at=5.0))
+    assert ledger.hold(hold("a", (3, 1024, 0, 0, 0), expires_at=9.0))
+    assert ledger.held == (3, 1024, 0, 0, 0) == held_sum(ledger)
 
 
 # -- drop --------------------------------------------------------------------------------------
@@ -111,13 +113,13 @@ def test_drop_frees_capacity() -> None:
     ledger = Ledger(CAP)
     h = hold("a")
     ledger.hold(h)
-    ledger.hold(hold("b", (1, 1, 0, 0)))
+    ledger.hold(hold("b", (1, 1, 0, 0, 0)))
     assert ledger.drop("a") is h
-    assert ledger.held == (1, 1, 0, 0)
+    assert ledger.held == (1, 1, 0, 0, 0)
     assert list(ledger.holds) == ["b"]
     assert ledger.drop("a") is None  # already gone
     assert ledger.drop("zzz") is None
-    assert ledger.held == (1, 1, 0, 0)
+    assert ledger.held == (1, 1, 0, 0, 0)
 
 
 def test_drop_respects_committing_pin() -> None:
@@ -127,7 +129,7 @@ def test_drop_respects_committing_pin() -> None:
     h.committing = True
     assert ledger.drop("a") is None
     assert ledger.holds == {"a": h}
-    assert ledger.held == (2, 2048, 0, 0)
+    assert ledger.held == (2, 2048, 0, 0, 0)
 
 
 def test_drop_respects_auction_id() -> None:
@@ -150,15 +152,15 @@ def test_drop_without_auction_id_drops_any_run() -> None:
 def test_a_replaced_hold_that_outlives_its_replacer_comes_back_when_that_expires() -> None:
     ledger, w, _ = _replacing(expires_w=20.0)
     assert ledger.expire(11.0) == []  # not announced: the order still holds here (W's)
-    assert ledger.holds == {"a": w} and ledger.held == (2, 2048, 0, 0)
+    assert ledger.holds == {"a": w} and ledger.held == (2, 2048, 0, 0, 0)
     assert ledger.expire(20.0) == [w] and ledger.held == ZERO
 
 
 # (case, the replacing hold's want, a step: ("expire", now) or ("drop", auction id), whose
 # hold is left, and whether capacity came back): the order still holds here afterwards, so
 # nothing is announced (expire returns nothing, drop None), but ``freer_than`` tells.
-BIGGER: Vec = (6, 4096, 0, 0)
-EQUAL: Vec = (2, 2048, 0, 0)
+BIGGER: Vec = (6, 4096, 0, 0, 0)
+EQUAL: Vec = (2, 2048, 0, 0, 0)
 GIVES_WAY = [
     ("a bigger replacing hold expires: freed", BIGGER, ("expire", 11.0), "W", True),
     ("a bigger replacing hold is released: freed", BIGGER, ("drop", "L"), "W", True),
@@ -196,7 +198,9 @@ def test_freer_than_reads_any_resource() -> None:
     assert ledger.freer_than(held) and not ledger.freer_than(before)  # back to equal
 
 
-def _replacing(expires_w: float = 10.0, want: Vec = (2, 2048, 0, 0)) -> tuple[Ledger, Hold, Hold]:
+def _replacing(
+    expires_w: float = 10.0, want: Vec = (2, 2048, 0, 0, 0)
+) -> tuple[Ledger, Hold, Hold]:
     """Auction W held order a; a concurrent duplicate's auction L re-bid and took its place
     (the desk drops W's hold, then L's keeps it as ``replaced``)."""
     ledger = Ledger(CAP)
@@ -236,7 +240,7 @@ def test_a_hold_that_took_another_auctions_place_gives_it_back(
     assert (h.auction_id if h else None) == left
     assert (dropped is not None) is freed
     assert ledger.freer_than(before) is freed  # what the worker tells waiting bids by
-    assert ledger.held == held_sum(ledger) == ((2, 2048, 0, 0) if left else ZERO)
+    assert ledger.held == held_sum(ledger) == ((2, 2048, 0, 0, 0) if left else ZERO)
     if h is not None and left == "W":  # back with its own TTL, and it expires by it
         assert h.expires_at == 10.0
         assert ledger.expire(10.0) == [h] and ledger.held == ZERO
@@ -251,9 +255,9 @@ def test_expire_drops_only_past_ttl() -> None:
     for h in (c, a, b):
         ledger.hold(h)
     assert ledger.expire(now=9.999) == []
-    assert ledger.held == (6, 6144, 0, 0)
+    assert ledger.held == (6, 6144, 0, 0, 0)
     assert ledger.expire(now=10.0) == [a]  # expires_at <= now
-    assert ledger.held == (4, 4096, 0, 0)
+    assert ledger.held == (4, 4096, 0, 0, 0)
     assert ledger.expire(now=25.0) == [b]
     assert ledger.expire(now=25.0) == []
     assert list(ledger.holds) == ["c"]
@@ -265,7 +269,7 @@ def test_expire_drops_only_past_ttl() -> None:
 def test_expire_returns_in_expiry_order() -> None:
     ledger = Ledger(CAP)
     for oid, t in (("x", 3.0), ("y", 1.0), ("z", 2.0)):
-        ledger.hold(hold(oid, (1, 1, 0, 0), expires_at=t))
+        ledger.hold(hold(oid, (1, 1, 0, 0, 0), expires_at=t))
     assert [h.order_id for h in ledger.expire(now=5.0)] == ["y", "z", "x"]
 
 
@@ -281,12 +285,12 @@ def test_stale_heap_entry_after_rehold() -> None:
     ledger = Ledger(CAP)
     ledger.hold(hold("a", expires_at=1.0))
     ledger.drop("a")
-    fresh = hold("a", (1, 512, 0, 0), expires_at=5.0)
+    fresh = hold("a", (1, 512, 0, 0, 0), expires_at=5.0)
     ledger.hold(fresh)
     # The old (1.0, "a") heap entry must not expire the fresh hold.
     assert ledger.expire(now=2.0) == []
     assert ledger.holds == {"a": fresh}
-    assert ledger.held == (1, 512, 0, 0)
+    assert ledger.held == (1, 512, 0, 0, 0)
     assert "a" not in ledger.recently_expired
     assert ledger.expire(now=5.0) == [fresh]
     assert ledger.held == ZERO
@@ -310,14 +314,14 @@ def test_expire_skips_pinned_hold() -> None:
     h.committing = True
     assert ledger.expire(now=100.0) == []
     assert ledger.holds == {"a": h}
-    assert ledger.held == (2, 2048, 0, 0)
+    assert ledger.held == (2, 2048, 0, 0, 0)
     assert "a" not in ledger.recently_expired
 
 
 def test_recently_expired() -> None:
     ledger = Ledger(CAP)
-    ledger.hold(hold("a", (1, 1, 0, 0), expires_at=1.0))
-    ledger.hold(hold("b", (1, 1, 0, 0), expires_at=2.0))
+    ledger.hold(hold("a", (1, 1, 0, 0, 0), expires_at=1.0))
+    ledger.hold(hold("b", (1, 1, 0, 0, 0), expires_at=2.0))
     ledger.expire(now=1.5)
     assert list(ledger.recently_expired) == ["a"]
     ledger.expire(now=2.5)
@@ -325,9 +329,9 @@ def test_recently_expired() -> None:
 
 
 def test_recently_expired_is_bounded() -> None:
-    ledger = Ledger((EXPIRED_MEMORY + 10, 10**9, 0, 0))
+    ledger = Ledger((EXPIRED_MEMORY + 10, 10**9, 0, 0, 0))
     for i in range(EXPIRED_MEMORY + 3):
-        assert ledger.hold(hold(f"o{i}", (1, 1, 0, 0), expires_at=float(i)))
+        assert ledger.hold(hold(f"o{i}", (1, 1, 0, 0, 0), expires_at=float(i)))
     gone = ledger.expire(now=1e9)
     assert len(gone) == EXPIRED_MEMORY + 3
     assert len(ledger.recently_expired) == EXPIRED_MEMORY
@@ -351,9 +355,9 @@ def _holding() -> Ledger:
     """Committed 1 CPU; holds: the order o (2 CPUs), x (1 CPU), p (1 CPU, being committed),
     all expiring at 10, and a replacing hold of order a (3 CPUs, expires at 11) carrying
     the 2-CPU hold it replaced (expires at 20)."""
-    ledger, _, _ = _replacing(expires_w=20.0, want=(3, 0, 0, 0))
-    ledger.load_committed((1, 0, 0, 0))
-    for h in (hold("o", (2, 0, 0, 0)), hold("x", (1, 0, 0, 0)), hold("p", (1, 0, 0, 0))):
+    ledger, _, _ = _replacing(expires_w=20.0, want=(3, 0, 0, 0, 0))
+    ledger.load_committed((1, 0, 0, 0, 0))
+    for h in (hold("o", (2, 0, 0, 0, 0)), hold("x", (1, 0, 0, 0, 0)), hold("p", (1, 0, 0, 0, 0))):
         assert ledger.hold(h)
     ledger.holds["p"].committing = True
     return ledger
@@ -388,25 +392,25 @@ def test_free_for_is_what_a_bid_would_find_and_changes_nothing(
 
 def test_convert_moves_hold_to_committed() -> None:
     ledger = Ledger(CAP)
-    h = hold("a", (2, 2048, 10, 0))
+    h = hold("a", (2, 2048, 10, 0, 0))
     ledger.hold(h)
     h.committing = True
-    ledger.convert(h, (2, 2048, 10, 0))
+    ledger.convert(h, (2, 2048, 10, 0, 0))
     assert ledger.holds == {}
     assert ledger.held == ZERO
-    assert ledger.committed == (2, 2048, 10, 0)
-    assert ledger.free == (6, 6144, 90, 1)
+    assert ledger.committed == (2, 2048, 10, 0, 0)
+    assert ledger.free == (6, 6144, 90, 1, 0)
     ledger.check()
 
 
 def test_convert_less_than_hold_frees_the_rest() -> None:
     ledger = Ledger(CAP)
-    h = hold("a", (4, 4096, 0, 0))
+    h = hold("a", (4, 4096, 0, 0, 0))
     ledger.hold(h)
-    ledger.convert(h, (1, 1024, 0, 0))
+    ledger.convert(h, (1, 1024, 0, 0, 0))
     assert ledger.held == ZERO
-    assert ledger.committed == (1, 1024, 0, 0)
-    assert ledger.free == (7, 7168, 100, 1)
+    assert ledger.committed == (1, 1024, 0, 0, 0)
+    assert ledger.free == (7, 7168, 100, 1, 0)
 
 
 def test_convert_of_a_hold_no_longer_present_only_commits() -> None:
@@ -414,12 +418,12 @@ def test_convert_of_a_hold_no_longer_present_only_commits() -> None:
     old = hold("a")
     ledger.hold(old)
     ledger.drop("a")
-    new = hold("a", (1, 1, 0, 0))
+    new = hold("a", (1, 1, 0, 0, 0))
     ledger.hold(new)
-    ledger.convert(old, (2, 2048, 0, 0))  # `old` is not the hold on record: leave `new` alone
+    ledger.convert(old, (2, 2048, 0, 0, 0))  # `old` is not the hold on record: leave `new` alone
     assert ledger.holds == {"a": new}
-    assert ledger.held == (1, 1, 0, 0)
-    assert ledger.committed == (2, 2048, 0, 0)
+    assert ledger.held == (1, 1, 0, 0, 0)
+    assert ledger.committed == (2, 2048, 0, 0, 0)
 
 
 def test_unpin_removes_the_hold() -> None:
@@ -439,21 +443,21 @@ def test_unpin_leaves_a_newer_hold() -> None:
     old = hold("a")
     ledger.hold(old)
     ledger.drop("a")
-    new = hold("a", (1, 1, 0, 0))
+    new = hold("a", (1, 1, 0, 0, 0))
     ledger.hold(new)
     ledger.unpin(old)
     assert ledger.holds == {"a": new}
-    assert ledger.held == (1, 1, 0, 0)
+    assert ledger.held == (1, 1, 0, 0, 0)
 
 
 def test_load_and_free_committed() -> None:
     ledger = Ledger(CAP)
-    ledger.load_committed((2, 100, 0, 0))
-    ledger.load_committed((3, 200, 5, 1))
-    assert ledger.committed == (5, 300, 5, 1)
-    ledger.free_committed((2, 100, 0, 0))
-    assert ledger.committed == (3, 200, 5, 1)
-    assert ledger.free == (5, 7992, 95, 0)
+    ledger.load_committed((2, 100, 0, 0, 0))
+    ledger.load_committed((3, 200, 5, 1, 0))
+    assert ledger.committed == (5, 300, 5, 1, 0)
+    ledger.free_committed((2, 100, 0, 0, 0))
+    assert ledger.committed == (3, 200, 5, 1, 0)
+    assert ledger.free == (5, 7992, 95, 0, 0)
 
 
 # -- check (I1) --------------------------------------------------------------------------------
@@ -461,26 +465,26 @@ def test_load_and_free_committed() -> None:
 
 def test_check_passes_at_capacity() -> None:
     ledger = Ledger(CAP)
-    ledger.load_committed((4, 4096, 50, 1))
-    ledger.hold(hold("a", (4, 4096, 50, 0)))
+    ledger.load_committed((4, 4096, 50, 1, 0))
+    ledger.hold(hold("a", (4, 4096, 50, 0, 0)))
     ledger.check()
 
 
 def test_check_raises_on_overcommit() -> None:
     ledger = Ledger(CAP)
-    ledger.load_committed((9, 1, 0, 0))  # recovery may find more than the capacity
+    ledger.load_committed((9, 1, 0, 0, 0))  # recovery may find more than the capacity
     with pytest.raises(AssertionError) as info:
         ledger.check()
     assert str(info.value) == (
-        "overcommitted: committed (9, 1, 0, 0) + held (0, 0, 0, 0) > (8, 8192, 100, 1)"
+        "overcommitted: committed (9, 1, 0, 0, 0) + held (0, 0, 0, 0, 0) > (8, 8192, 100, 1, 0)"
     )
 
 
 def test_check_raises_on_overcommit_with_holds() -> None:
     ledger = Ledger(CAP)
-    ledger.hold(hold("a", (1, 8000, 0, 0)))
-    ledger.load_committed((1, 200, 0, 0))
-    with pytest.raises(AssertionError, match=r"held \(1, 8000, 0, 0\)"):
+    ledger.hold(hold("a", (1, 8000, 0, 0, 0)))
+    ledger.load_committed((1, 200, 0, 0, 0))
+    with pytest.raises(AssertionError, match=r"held \(1, 8000, 0, 0, 0\)"):
         ledger.check()
 
 
@@ -490,7 +494,7 @@ def test_check_raises_on_overcommit_with_holds() -> None:
 @pytest.mark.parametrize("seed", range(20))
 def test_random_operations_never_overcommit(seed: int) -> None:
     rng = random.Random(seed)
-    cap: Vec = (16, 16384, 200, 2)
+    cap: Vec = (16, 16384, 200, 2, 8)
     ledger = Ledger(cap)
     now = 0.0
     committed_orders: dict[str, Vec] = {}
@@ -508,7 +512,13 @@ def test_random_operations_never_overcommit(seed: int) -> None:
             old = ledger.holds.get(oid)
             if old is not None and ledger.drop(oid) is None:
                 continue  # pinned: the worker does not re-hold a committing order
-            want = (rng.randint(1, 6), rng.randint(1, 6000), rng.randint(0, 80), rng.randint(0, 1))
+            want = (
+                rng.randint(1, 6),
+                rng.randint(1, 6000),
+                rng.randint(0, 80),
+                rng.randint(0, 1),
+                rng.randint(0, 2),
+            )
             if old is not None and rng.random() < 0.5:
                 want = old.want  # a concurrent duplicate's re-bid (the desk keeps the old one)
             fits = leq(want, ledger.free)
@@ -535,8 +545,8 @@ def test_random_operations_never_overcommit(seed: int) -> None:
             h = ledger.holds[rng.choice(sorted(ledger.holds))]
             h.committing = True
             # The commit may ask for less than the hold, never more.
-            c, m, d, g = (rng.randint(min(1, x), x) for x in h.want)
-            want = (c, m, d, g)
+            c, m, d, g, p = (rng.randint(min(1, x), x) for x in h.want)
+            want = (c, m, d, g, p)
             ledger.convert(h, want)
             committed_orders[h.order_id] = want
             counts["convert"] += 1
@@ -572,18 +582,18 @@ def test_random_operations_never_overcommit(seed: int) -> None:
 
 
 def test_two_half_cpu_holds_fit_a_one_cpu_worker_and_a_third_does_not() -> None:
-    ledger = Ledger((1000, 4096, 0, 0))  # 1 CPU, in millicores
-    half: Vec = (500, 256, 0, 0)
+    ledger = Ledger((1000, 4096, 0, 0, 0))  # 1 CPU, in millicores
+    half: Vec = (500, 256, 0, 0, 0)
     assert ledger.hold(hold("a", half)) is True
     assert ledger.hold(hold("b", half)) is True
-    assert ledger.free == (0, 3584, 0, 0)
+    assert ledger.free == (0, 3584, 0, 0, 0)
     assert ledger.hold(hold("c", half)) is False  # I1: no third half
-    assert ledger.hold(hold("d", (1, 1, 0, 0))) is False  # not even a millicore
+    assert ledger.hold(hold("d", (1, 1, 0, 0, 0))) is False  # not even a millicore
     ledger.check()
     ledger.convert(ledger.holds["a"], half)  # a commits; b's hold lapses
     assert [h.order_id for h in ledger.expire(now=100.0)] == ["b"]
-    assert ledger.committed == (500, 256, 0, 0) and ledger.held == ZERO
-    assert ledger.hold(hold("c", (250, 1, 0, 0), expires_at=200.0)) is True
-    assert ledger.hold(hold("e", (250, 1, 0, 0), expires_at=200.0)) is True
-    assert ledger.hold(hold("f", (1, 1, 0, 0), expires_at=200.0)) is False
+    assert ledger.committed == (500, 256, 0, 0, 0) and ledger.held == ZERO
+    assert ledger.hold(hold("c", (250, 1, 0, 0, 0), expires_at=200.0)) is True
+    assert ledger.hold(hold("e", (250, 1, 0, 0, 0), expires_at=200.0)) is True
+    assert ledger.hold(hold("f", (1, 1, 0, 0, 0), expires_at=200.0)) is False
     ledger.check()

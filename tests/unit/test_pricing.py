@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from bourse.wire.resources import RESOURCES
+from bourse.wire.resources import PRICED
 from supplier.pricing import (
     CACHED,
     NOT_CACHED,
@@ -119,7 +119,7 @@ def test_invalid_curve(points: list[tuple[float, float]], message: str) -> None:
 
 def test_build_curves_preset_for_every_resource() -> None:
     curves = build_curves(PricingConfig(preset="binpack"))
-    assert set(curves) == set(RESOURCES)
+    assert set(curves) == set(PRICED)
     assert all(c.us == [0.0, 1.0] and c.vs == [0.0, 1.0] for c in curves.values())
 
 

@@ -99,13 +99,13 @@ def test_cpu_fields_round_up_whole_cpus_beside_the_millis(
 @pytest.mark.parametrize(
     ("wire", "v"),
     [
-        (Resources(cpus=2, memory_mb=64), (2000, 64, 0, 0)),  # v1: no cpu_millis
-        (Resources(cpus=2, memory_mb=64, cpu_millis=2000), (2000, 64, 0, 0)),  # whole, said
-        (Resources(cpus=1, memory_mb=64, cpu_millis=500), (500, 64, 0, 0)),
-        (Resources(cpus=1, memory_mb=1, disk_mb=5, gpus=1, cpu_millis=250), (250, 1, 5, 1)),
-        (Amount(), (0, 0, 0, 0)),
-        (Amount(cpus=16, memory_mb=8), (16000, 8, 0, 0)),
-        (Amount(cpus=1, cpu_millis=750), (750, 0, 0, 0)),
+        (Resources(cpus=2, memory_mb=64), (2000, 64, 0, 0, 0)),  # v1: no cpu_millis
+        (Resources(cpus=2, memory_mb=64, cpu_millis=2000), (2000, 64, 0, 0, 0)),  # whole, said
+        (Resources(cpus=1, memory_mb=64, cpu_millis=500), (500, 64, 0, 0, 0)),
+        (Resources(cpus=1, memory_mb=1, disk_mb=5, gpus=1, cpu_millis=250), (250, 1, 5, 1, 0)),
+        (Amount(), (0, 0, 0, 0, 0)),
+        (Amount(cpus=16, memory_mb=8), (16000, 8, 0, 0, 0)),
+        (Amount(cpus=1, cpu_millis=750), (750, 0, 0, 0, 0)),
     ],
 )
 def test_vec_reads_cpu_millis_when_present_else_whole_cpus(
@@ -115,13 +115,13 @@ def test_vec_reads_cpu_millis_when_present_else_whole_cpus(
 
 
 def test_amount_of_a_fractional_vector_carries_millis_and_rounds_cpus_up() -> None:
-    assert amount((1500, 1, 0, 0)) == Amount(cpus=2, memory_mb=1, cpu_millis=1500)
-    assert amount((3000, 1, 0, 0)) == Amount(cpus=3, memory_mb=1)  # whole: as in v1
-    assert amount((0, 0, 0, 0)) == Amount()
+    assert amount((1500, 1, 0, 0, 0)) == Amount(cpus=2, memory_mb=1, cpu_millis=1500)
+    assert amount((3000, 1, 0, 0, 0)) == Amount(cpus=3, memory_mb=1)  # whole: as in v1
+    assert amount((0, 0, 0, 0, 0)) == Amount()
 
 
 def test_format_vec_names_each_resource() -> None:
-    assert format_vec((500, 256, 0, 1)) == "cpus=0.5 memory_mb=256 disk_mb=0 gpus=1"
+    assert format_vec((500, 256, 0, 1, 0)) == "cpus=0.5 memory_mb=256 disk_mb=0 gpus=1"
 
 
 @pytest.mark.parametrize(
@@ -153,7 +153,7 @@ class OldResources(msgspec.Struct, kw_only=True):
 
 
 def test_half_a_cpu_on_the_wire_is_cpus_1_cpu_millis_500() -> None:
-    r = resources((500, 256, 0, 0))
+    r = resources((500, 256, 0, 0, 0))
     data = msgspec.json.decode(encode(r))
     assert data == {"cpus": 1, "memory_mb": 256, "disk_mb": 0, "gpus": 0, "cpu_millis": 500}
     assert msgspec.json.decode(encode(r), type=Resources) == r  # round trip
@@ -163,9 +163,9 @@ def test_an_old_receiver_ignores_cpu_millis_and_reads_one_whole_cpu() -> None:
     # A v1 receiver that knows no cpu_millis skips it (unknown fields are ignored) and reads
     # cpus: 1, so an old supplier holds and confines a whole CPU for a 0.5-CPU order:
     # it wastes half a CPU but never overcommits (I1).
-    old = msgspec.json.decode(encode(resources((500, 256, 0, 0))), type=OldResources)
+    old = msgspec.json.decode(encode(resources((500, 256, 0, 0, 0))), type=OldResources)
     assert (old.cpus, old.memory_mb) == (1, 256)
-    old = msgspec.json.decode(encode(resources((2500, 256, 0, 0))), type=OldResources)
+    old = msgspec.json.decode(encode(resources((2500, 256, 0, 0, 0))), type=OldResources)
     assert old.cpus == 3
 
 
@@ -177,7 +177,7 @@ def test_an_old_senders_message_without_cpu_millis_means_whole_cpus() -> None:
     )
     b = decode(raw, Bid)
     assert b.resources.cpu_millis == 0
-    assert vec(b.resources) == (2000, 64, 0, 0)
+    assert vec(b.resources) == (2000, 64, 0, 0, 0)
 
 
 @pytest.mark.parametrize(

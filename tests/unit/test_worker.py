@@ -266,6 +266,7 @@ async def test_status(worker: Worker) -> None:
         confinement="none",  # the sim driver runs nothing to confine
         cache_bytes=200 * 1024 * 1024,  # the sim's model of its cache: web's default size
         cache_budget_bytes=20_000 * 1024 * 1024,  # a fifth of its disk
+        driver="sim",
     )
 
 
@@ -285,7 +286,7 @@ async def test_recover_restores_machines_and_committed(store: Store, rec: Record
     assert w2.machines == w1.machines
     assert w2.machines[b].state == "started"
     assert w2.by_order == {"order-a": a, "order-b": b, "order-c": c}
-    assert w2.ledger.committed == (5000, 3072, 0, 0)  # a + b; c is destroyed (CPU in millis)
+    assert w2.ledger.committed == (5000, 3072, 0, 0, 0)  # a + b; c is destroyed (CPU in millis)
     assert w2.ledger.holds == {}
     assert w2.ledger.held == ZERO
     assert w2.live_machines() == 2

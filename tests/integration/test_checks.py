@@ -1,0 +1,156 @@
+"""Health checks on real machines and sockets: a real supplier runs a started machine's
+checks (supplier/checks.py), its health shows passing or critical with an event of kind
+``check`` on each change, and a machine whose check fails 3 times in a row is restarted
+under ``restart=on-failure``; ``buyer failover`` replaces a critical primary."""
+
+from __future__ import annotations
+
+import socket
+
+import anyio
+
+from bourse.client import BourseClient
+from bourse.client.policy import failover
+from bourse.wire.codec import decode
+from bourse.wire.messages import Check, Event, Machine, Placed
+from supplier.checks import probe
+from tests.isolation import own_worker_id
+from tests.market import Market, collect, order, wait_until, worker
+
+W1 = own_worker_id("checks1")
+
+# Answers GET /healthz with $STATUS on 0.0.0.0:$PORT.
+SERVER = """
+import http.server, os
+status = int(os.environ["STATUS"])
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(status if self.path == "/healthz" else 404)
+        self.end_headers()
+    def log_message(self, *a):
+        pass
+http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+"""
+
+
+async def placed_started(buyer: BourseClient, status: int, **meta: str) -> Machine:
+    check = Check(port="http", kind="http", path="/healthz", interval_s=0.1, timeout_s=1)
+    r = await buyer.place(
+        order(
+            image="srv", ports=["http"], env={"STATUS": str(status)}, checks=[check], metadata=meta
+        )
+    )
+    assert isinstance(r, Placed), r
+    return await buyer.machine("start", r.machine_id)
+
+
+async def until(
+    buyer: BourseClient, machine_id: str, done: object, timeout_s: float = 15
+) -> Machine:
+    """Read the machine until ``done(m)`` holds (what the checks say changes over time)."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            m = await buyer.machine("get", machine_id)
+            if done(m):  # type: ignore[operator]
+                return m
+            await anyio.sleep(0.05)  # the next read, not a synchronisation
+
+
+async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Market) -> None:
+    await market.host(
+        worker(
+            W1,
+            driver="process",
+            catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
+            ports="29320-29329",
+            advertise_host="127.0.0.1",
+        )
+    )
+    await market.exchange()
+    buyer = await market.client()
+    events = await collect(await market.connect("watch"), market.subjects.events(kind="check"))
+    good = await placed_started(buyer, 200)
+    bad = await placed_started(buyer, 500, restart="on-failure")
+    m = await until(buyer, good.machine_id, lambda m: m.health and m.health.status == "passing")
+    assert m.health is not None and m.health.since_ms > 0 and m.restarts == 0
+
+    def passing_event() -> bool:
+        seen = [decode(e.data, Event) for e in events]
+        return any(
+            isinstance(e, Event) and e.machine_id == good.machine_id and e.health == m.health
+            for e in seen
+        )
+
+    await wait_until(passing_event)  # the change of status, as an event of kind check
+    m = await until(buyer, bad.machine_id, lambda m: m.restarts >= 1)
+    assert m.state == "started"
+    critical = await until(
+        buyer,
+        bad.machine_id,
+        lambda m: m.health and m.health.detail.endswith("/healthz: status 500"),
+    )
+    assert critical.health is not None and critical.health.status == "critical"
+    assert market.violations() == []
+
+
+async def test_probes_on_real_sockets() -> None:
+    with socket.socket() as s:  # a port nothing listens on: bound, never listening
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        ok, detail = await probe(Check(port="p", kind="tcp"), f"127.0.0.1:{port}")
+        assert (ok, detail) == (False, f"tcp 127.0.0.1:{port}: Connection refused")
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        addr = f"127.0.0.1:{listener.getsockname()[1]}"
+        assert await probe(Check(port="p", kind="tcp"), addr) == (True, "")
+        # accepts, never answers: an http check times out
+        ok, detail = await probe(Check(port="p", kind="http", path="/", timeout_s=0.2), addr)
+        assert (ok, detail) == (False, f"http {addr}: no answer within 0.2s")
+
+
+async def test_failover_replaces_a_critical_primary_whose_worker_still_answers(
+    market: Market,
+) -> None:
+    wids = [own_worker_id(f"fo{i}") for i in range(3)]
+    await market.host(
+        *(
+            worker(
+                wid,
+                region="ams",
+                driver="process",
+                catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
+                ports=f"{29330 + 5 * i}-{29334 + 5 * i}",
+                advertise_host="127.0.0.1",
+            )
+            for i, wid in enumerate(wids)
+        )
+    )
+    await market.exchange()
+    buyer = await market.client()
+    check = Check(port="http", kind="http", path="/healthz", interval_s=0.1, timeout_s=1)
+
+    async def placed(role: str, status: int, exclude: list[str]) -> Placed:
+        r = await buyer.place(
+            order(
+                region="ams",
+                image="srv",
+                ports=["http"],
+                env={"STATUS": str(status)},
+                checks=[check],
+                metadata={"app": "api", "role": role, "slot": "0"},
+                exclude_workers=exclude,
+            )
+        )
+        assert isinstance(r, Placed), r
+        return r
+
+    primary = await placed("primary", 500, [])
+    spare = await placed("spare", 200, [primary.worker_id])
+    await buyer.machine("start", primary.machine_id)
+    await until(buyer, primary.machine_id, lambda m: m.health and m.health.status == "critical")
+    f = await failover(buyer, app="api", regions=["ams"], machine_id=primary.machine_id)
+    assert f.started.machine_id == spare.machine_id and f.started.state == "started"
+    assert f.stopped is not None and f.stopped.machine_id == primary.machine_id
+    assert f.stopped.state == "stopped"
+    assert market.violations() == []
