@@ -109,6 +109,14 @@ def run_cmd(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where the SQLite state lives.")] = None,
     draining: Annotated[bool, typer.Option(help="Start without offering capacity.")] = False,
+    driver: Annotated[
+        str,
+        typer.Option(
+            metavar="DRIVER",
+            help="How the worker (--worker-id) runs machines: sim (simulated), process "
+            "(supervised processes) or oci (containers through runc or crun).",
+        ),
+    ] = "sim",
     max_db_mb: Annotated[
         int | None,
         typer.Option(min=1, help="Cap the state file (MiB); past it the supplier drains."),
@@ -213,6 +221,7 @@ def run_cmd(
                     image_weight,
                     spread_ms,
                     draining,
+                    driver,
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
@@ -316,6 +325,7 @@ def _single_worker(
     image_weight: float,
     spread_ms: float,
     draining: bool,
+    driver: str = "sim",
 ) -> WorkerConfig:
     if not worker_id or not region:
         fail("--worker-id and --region are required (or use --fleet FILE)")
@@ -330,6 +340,7 @@ def _single_worker(
         "images": image or [],
         "pricing": {"preset": preset, "image_weight": image_weight, "spread_ms": spread_ms},
         "draining": draining,
+        "driver": driver,
     }
     try:
         return msgspec.convert(raw, WorkerConfig, strict=True)

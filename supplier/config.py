@@ -32,6 +32,7 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
+from supplier.drivers.oci_runtime import RuntimeUnavailable, detect
 from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
 from supplier.pricing import PricingConfig, build_curves
 
@@ -43,7 +44,7 @@ DEFAULT_MAX_HOLD_MS = 5000
 
 RestartPolicy = Literal["no", "on-failure", "always"]
 RESTART_POLICIES = ("no", "on-failure", "always")
-DriverName = Literal["sim", "process"]
+DriverName = Literal["sim", "process", "oci"]
 
 
 class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -65,6 +66,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     images: list[Image] = []  # cached at start
     pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
     draining: bool = False
+    # How machines run: "sim" (none: simulated), "process" (supervised processes), "oci"
+    # (containers of content images through runc or crun: supplier/drivers/oci.py).
     driver: DriverName = "sim"
     # Images this worker knows (the process driver runs only these); sim runs any image.
     catalog: dict[Image, ImageSpec] = {}
@@ -175,6 +178,11 @@ def check_workers(workers: list[WorkerConfig]) -> None:
             build_curves(w.pricing)
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+        if w.driver == "oci":  # a host without a usable runtime: one line naming what to install
+            try:
+                detect()
+            except RuntimeUnavailable as exc:
+                raise ConfigError(f"worker {w.worker_id}: driver oci: {exc}") from None
         if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it
             try:  # (whether it does: no owner needed, nothing is made)
                 Confiner.probe(w.confine, w.worker_id, owner="", cgroup_parent=w.cgroup_parent)

@@ -32,7 +32,7 @@ ends with :meth:`Machines.close` when it stops.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -44,7 +44,7 @@ import structlog
 from bourse.images.cache import Pulled
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.messages import Error, Event, LastExit, Machine, MachineLogs, now_ms
-from supplier.drivers import Driver, DriverError, ImageRun
+from supplier.drivers import NO_ENV, Driver, DriverError, ImageRun
 from supplier.drivers.confine import Exit
 from supplier.images import PullFailed, WorkerImages
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
@@ -400,7 +400,7 @@ class Machines:
                 run = ImageRun(got.root, got.run)
             else:
                 pulled = await self._catalog_pull(m)
-            await self.driver.start(m, run)
+            await self.driver.start(m, run, self.run_env(m))
         except PullFailed as exc:
             await self._pull_failed(m, str(exc))
             raise DriverError(pull_failed(str(exc))) from None
@@ -414,6 +414,11 @@ class Machines:
         # committed change like any other (the op log says when the supplier resumed it).
         op = "start" if m.state != "started" else "resume"
         return await self._record(m, "started", op, events=(*pulled, started))
+
+    def run_env(self, m: Machine) -> Mapping[str, str]:
+        """The machine's run environment from its order and Bourse (above its image's env;
+        the driver adds ``BOURSE_MACHINE_ID``/``BOURSE_ORDER_ID``)."""
+        return NO_ENV
 
     async def _catalog_pull(self, m: Machine) -> tuple[Event, ...]:
         """A catalog image (or a sim worker's content image) into the catalog's LRU: its

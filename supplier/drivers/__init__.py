@@ -13,8 +13,10 @@ reports failures by raising DriverError (a clear message for the requester).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import anyio.abc
@@ -23,6 +25,9 @@ from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine, Resources
 from supplier.drivers.confine import Mechanism
+
+# A machine run without environment of its own (the default of Driver.start's ``env``).
+NO_ENV: Mapping[str, str] = MappingProxyType({})
 
 
 class DriverError(BourseError, RuntimeError):
@@ -40,6 +45,12 @@ class ImageRun:
 
 class Driver(Protocol):
     name: str
+
+    @property
+    def runtime_version(self) -> str:
+        """What runs its machines, with its version ("runc 1.1.5", "python 3.11.2",
+        "simulated"): a worker's status says it."""
+        ...
 
     @property
     def confinement(self) -> Mechanism:
@@ -66,9 +77,13 @@ class Driver(Protocol):
         business: supplier/images.py); returns the bytes and seconds it took."""
         ...
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
+    ) -> None:
         """Run the machine: its content image's files (``image``), else its catalog
-        image's command (cached by now)."""
+        image's command (cached by now), with ``env``, its run environment (the order's
+        env and its ports, computed by the caller), above the image's own env and below
+        Bourse's ids. Nothing of the supplier's own environment reaches a machine."""
         ...
 
     async def stop(self, m: Machine) -> None:

@@ -34,11 +34,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 import anyio
 import anyio.abc
@@ -47,8 +48,8 @@ import structlog
 from bourse.images.cache import remove_tree
 from bourse.wire.messages import Machine, Resources
 from supplier.config import RESTART_POLICIES, ImageSpec, RestartPolicy
-from supplier.drivers import DriverError, ImageRun
-from supplier.drivers.bundle import BundleError
+from supplier.drivers import NO_ENV, DriverError, ImageRun
+from supplier.drivers.bundle import DEFAULT_PATH, BundleError
 from supplier.drivers.confine import (
     ConfineError,
     Confiner,
@@ -86,13 +87,100 @@ def _no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
     """Nobody records restarts (a driver used alone)."""
 
 
+class Running(Protocol):
+    """One run of a machine: a process of the process driver, a container of the oci
+    driver (supplier/drivers/oci.py)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    async def wait(self) -> Exit:
+        """Wait for it to end by itself (or by a stop); how it ended."""
+        ...
+
+    async def stop(self, grace_s: float) -> None:
+        """SIGTERM, then SIGKILL after ``grace_s``; killed also when this is cut short."""
+        ...
+
+    async def release(self) -> None:
+        """It ended: kill what is left of it and remove what it held (its cgroups; a
+        container's layer and runtime state). Idempotent; runs to its end (shielded)."""
+        ...
+
+
+class _Process:
+    """A machine's process (through the exec wrapper), in the cgroups of its confiner."""
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, confiner: Confiner, machine_id: str
+    ) -> None:
+        self.proc = proc
+        self.confiner = confiner
+        self.machine_id = machine_id
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    async def wait(self) -> Exit:
+        return self.confiner.exit_of(self.machine_id, await self.proc.wait())
+
+    async def stop(self, grace_s: float) -> None:
+        proc = self.proc
+        if proc.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.terminate()
+        grace = anyio.move_on_after(grace_s)
+        try:
+            with grace:
+                await proc.wait()
+        finally:  # the grace passed, or this stop was cut short: kill it either way
+            if proc.returncode is None:
+                log.warning(
+                    "machine_kill_after_grace" if grace.cancelled_caught else "machine_killed",
+                    machine_id=self.machine_id,
+                    grace_s=grace_s,
+                )
+                await self.kill()
+
+    async def kill(self) -> None:
+        """SIGKILL and reap, even while the caller is being cancelled (bounded)."""
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+        with anyio.move_on_after(KILL_S, shield=True):
+            await self.proc.wait()
+
+    async def release(self) -> None:
+        if self.running:
+            await self.kill()
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(_uncage, self.confiner, self.machine_id)
+
+
+def _uncage(confiner: Confiner, machine_id: str) -> None:
+    """The machine runs no more: kill what is left in its cgroup, and remove it (in a worker
+    thread: waiting for the cgroup to empty may take a moment, a fork bomb's children)."""
+    try:
+        confiner.remove(machine_id)
+    except (ConfineError, OSError) as exc:
+        log.error("cgroup_remove_failed", machine_id=machine_id, error=str(exc))
+
+
 class _Supervisor:
     def __init__(self, m: Machine, run: Launch, policy: RestartPolicy, stop_grace_s: float) -> None:
         self.m = m
         self.run = run  # what each (re)spawn runs: argv, environment, working directory
         self.policy = policy
         self.stop_grace_s = stop_grace_s
-        self.proc: asyncio.subprocess.Process | None = None
+        self.proc: Running | None = None
         # The supervisor task's scope: made here, so a stop can cancel it before it runs.
         self.scope = anyio.CancelScope()
         self.stopping = False
@@ -142,9 +230,7 @@ class ProcessDriver:
             )
         else:
             log.info("confinement", worker_id=c.worker_id, confinement=c.mechanism)
-        swept = c.sweep()  # leftovers of a supplier that died: none may run
-        if swept:
-            log.warning("cgroups_swept", worker_id=c.worker_id, machines=swept)
+        await self._sweep()
         self.pump.start()
         try:
             async with anyio.create_task_group() as tasks:
@@ -154,31 +240,35 @@ class ProcessDriver:
         finally:
             self._tasks = None
             await self._kill_left()
-            c.sweep(remove_base=True)  # every machine stopped: remove the (empty) subtree
+            with anyio.CancelScope(shield=True):
+                await self._sweep(at_end=True)
             with anyio.CancelScope(shield=True):  # the processes are gone: their pipes end
                 await anyio.to_thread.run_sync(self.pump.close, PUMP_CLOSE_S)
+
+    async def _sweep(self, at_end: bool = False) -> None:
+        """At the start, remove what a supplier that died left of this worker's machines
+        (none may run); at the end, the worker's (empty) cgroup subtree."""
+        c = self.confiner
+        swept = c.sweep(remove_base=at_end)
+        if swept and not at_end:
+            log.warning("cgroups_swept", worker_id=c.worker_id, machines=swept)
 
     async def _kill_left(self) -> None:
         for sup in list(self._sups.values()):
             self._sups.pop(sup.m.machine_id, None)
             sup.stopping = True
-            proc = sup.proc
-            if proc is not None and proc.returncode is None:
+            if sup.proc is not None and sup.proc.running:
                 log.warning("machine_killed_at_stop", machine_id=sup.m.machine_id)
-                await self._kill(proc)
-            self._uncage(sup.m.machine_id)
-
-    @staticmethod
-    async def _kill(proc: asyncio.subprocess.Process) -> None:
-        """SIGKILL and reap, even while the caller is being cancelled (bounded)."""
-        with contextlib.suppress(ProcessLookupError):
-            proc.kill()
-        with anyio.move_on_after(KILL_S, shield=True):
-            await proc.wait()
+            await self._release(sup)
 
     @property
     def confinement(self) -> Mechanism:
         return self.confiner.mechanism
+
+    @property
+    def runtime_version(self) -> str:
+        """Machines are processes started through this Python's exec wrapper."""
+        return f"python {platform.python_version()}"
 
     def refuses(self, r: Resources) -> str:
         return too_small(r.memory_mb, self.confiner.mechanism)
@@ -196,16 +286,19 @@ class ProcessDriver:
 
     def is_running(self, machine_id: str) -> bool:
         sup = self._sups.get(machine_id)
-        return sup is not None and sup.proc is not None and sup.proc.returncode is None
+        return sup is not None and sup.proc is not None and sup.proc.running
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
+    ) -> None:
         if image is not None:
-            run, default, grace = await self._image_launch(m, image), "no", IMAGE_STOP_GRACE_S
+            run = await self._image_launch(m, image, env)
+            default, grace = "no", IMAGE_STOP_GRACE_S
         else:
             spec = self.catalog.get(m.image)
             if spec is None or not spec.command:
                 raise DriverError(f"image {m.image!r} is not in this worker's catalog")
-            run, default, grace = _catalog_launch(m, spec), spec.restart, spec.stop_grace_s
+            run, default, grace = _catalog_launch(m, spec, env), spec.restart, spec.stop_grace_s
         policy = m.metadata.get("restart", default)
         if policy not in RESTART_POLICIES:  # checked here, so the cast below is true
             raise DriverError(
@@ -220,11 +313,11 @@ class ProcessDriver:
         self._sups[m.machine_id] = sup
         self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
 
-    async def _image_launch(self, m: Machine, image: ImageRun) -> Launch:
+    async def _image_launch(self, m: Machine, image: ImageRun, env: Mapping[str, str]) -> Launch:
         """A content image's process, its working directory made (linked to the image)."""
         cwd = self.work_dir / m.machine_id
         try:
-            run = launch(m, image.root, image.config, cwd)
+            run = launch(m, image.root, image.config, cwd, env)
             await anyio.to_thread.run_sync(working_dir, image.root, image.config, cwd)
         except BundleError as exc:
             raise DriverError(f"image {m.image!r}: {exc}") from None
@@ -232,23 +325,32 @@ class ProcessDriver:
             raise DriverError(f"cannot make {m.machine_id}'s working directory: {exc}") from None
         return run
 
-    def _uncage(self, machine_id: str) -> None:
-        """The machine runs no more: kill what is left in its cgroup, and remove it."""
-        try:
-            self.confiner.remove(machine_id)
-        except (ConfineError, OSError) as exc:
-            log.error("cgroup_remove_failed", machine_id=machine_id, error=str(exc))
+    async def _release(self, sup: _Supervisor) -> None:
+        """The machine's run ended (or is to end): nothing of it is left."""
+        if sup.proc is not None:
+            await sup.proc.release()
+        else:
+            await self._forget(sup.m.machine_id)
 
-    async def _uncage_async(self, machine_id: str) -> None:
-        """_uncage in a worker thread: killing what is left and waiting for the cgroup to
-        empty may take a moment (a fork bomb's children), which the event loop must not."""
-        await anyio.to_thread.run_sync(self._uncage, machine_id)
+    async def _forget(self, machine_id: str) -> None:
+        """What a machine that does not run may still hold (its cgroups), removed."""
+        await anyio.to_thread.run_sync(_uncage, self.confiner, machine_id)
 
     def usage_ns(self, machine_id: str) -> int | None:
         """CPU time used by the machine's cgroup (ns), from the cgroup's own counter."""
         return self.confiner.usage_ns(machine_id)
 
     async def _spawn(self, sup: _Supervisor) -> None:
+        """Run the machine once more, its output into its log (a header line first)."""
+        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode()
+        out = self.pump.pipe(sup.m.machine_id, header)
+        try:
+            sup.proc = await self._launch(sup, out)
+        finally:
+            os.close(out)  # the machine's end now: the pipe ends when its processes do
+
+    async def _launch(self, sup: _Supervisor, out: int) -> Running:
+        """The process, in its cgroups, its output to ``out``."""
         try:
             cgroups, limits = await anyio.to_thread.run_sync(
                 self.confiner.prepare, sup.m.machine_id, sup.m.resources
@@ -257,12 +359,10 @@ class ProcessDriver:
             raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
         confine = [a for p in cgroups for a in ("--cgroup", p)]
         confine += [a for r in limits for a in ("--rlimit", r)]
-        header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode()
-        out = self.pump.pipe(sup.m.machine_id, header)
         run = sup.run
         try:
             # -P: the working directory (an image's files) is not put on the wrapper's path
-            sup.proc = await asyncio.create_subprocess_exec(
+            proc = await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-P",
                 "-m",
@@ -279,8 +379,7 @@ class ProcessDriver:
             )
         except OSError as exc:
             raise DriverError(f"cannot start {run.argv[0]!r}: {exc}") from None
-        finally:
-            os.close(out)  # the process's end now: the pipe ends when its processes do
+        return _Process(proc, self.confiner, sup.m.machine_id)
 
     async def _supervise(self, sup: _Supervisor) -> None:
         """Wait for the process to end; restart it as its policy says, after the backoff;
@@ -294,15 +393,14 @@ class ProcessDriver:
         while True:
             assert sup.proc is not None
             began = time.monotonic()
-            code = await sup.proc.wait()
+            how = await sup.proc.wait()
             if sup.stopping:
                 return
-            how = self.confiner.exit_of(sup.m.machine_id, code)
             clean = how.code == 0
             if not (sup.policy == "always" or (sup.policy == "on-failure" and not clean)):
                 mlog.info("machine_exited", exit=how.describe(), policy=sup.policy)
                 self._sups.pop(sup.m.machine_id, None)
-                await self._uncage_async(sup.m.machine_id)
+                await self._release(sup)
                 await self.pump.drained(sup.m.machine_id, DRAIN_S)  # its last words first
                 self.on_exit(sup.m.machine_id, how)
                 return
@@ -323,7 +421,7 @@ class ProcessDriver:
             except DriverError as exc:
                 mlog.error("machine_restart_failed", error=str(exc))
                 self._sups.pop(sup.m.machine_id, None)
-                await self._uncage_async(sup.m.machine_id)
+                await self._release(sup)
                 self.on_exit(sup.m.machine_id, Exit(code=127))
                 return
 
@@ -338,7 +436,7 @@ class ProcessDriver:
 
     def pid(self, machine_id: str) -> int | None:
         sup = self._sups.get(machine_id)
-        return sup.proc.pid if sup and sup.proc and sup.proc.returncode is None else None
+        return sup.proc.pid if sup and sup.proc and sup.proc.running else None
 
     async def stop(self, m: Machine) -> None:
         """SIGTERM, then SIGKILL after the grace period; the supervisor is cancelled (it
@@ -347,28 +445,16 @@ class ProcessDriver:
         if sup is None:
             return
         sup.stopping = True
-        proc = sup.proc
-        if proc is not None and proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.terminate()
-            grace = anyio.move_on_after(sup.stop_grace_s)
-            try:
-                with grace:
-                    await proc.wait()
-            finally:  # the grace passed, or this stop was cut short: kill it either way
-                if proc.returncode is None:
-                    log.warning(
-                        "machine_kill_after_grace" if grace.cancelled_caught else "machine_killed",
-                        machine_id=m.machine_id,
-                        grace_s=sup.stop_grace_s,
-                    )
-                    await self._kill(proc)
-        sup.scope.cancel()
-        await self._uncage_async(m.machine_id)
+        try:
+            if sup.proc is not None:
+                await sup.proc.stop(sup.stop_grace_s)
+        finally:
+            sup.scope.cancel()
+            await self._release(sup)
 
     async def destroy(self, m: Machine) -> None:
         await self.stop(m)
-        await self._uncage_async(m.machine_id)  # also when it was not running
+        await self._forget(m.machine_id)  # also when it was not running
         self.pump.remove(m.machine_id)  # its output goes with it
         cwd = self.work_dir / m.machine_id  # and its working directory (a content image's)
         await anyio.to_thread.run_sync(remove_tree, cwd)
@@ -381,13 +467,14 @@ class ProcessDriver:
                 tasks.start_soon(self.stop, sup.m)
 
 
-def _catalog_launch(m: Machine, spec: ImageSpec) -> Launch:
+def _catalog_launch(m: Machine, spec: ImageSpec, env: Mapping[str, str] = NO_ENV) -> Launch:
     """A catalog image's process: its spec's command (``{python}`` the supplier's own
-    interpreter), in the supplier's environment with the spec's env and Bourse's ids, in
-    the supplier's working directory."""
+    interpreter) with a default ``PATH``, the spec's env, the run's and Bourse's ids (never
+    the supplier's environment), in the supplier's working directory."""
     env = {
-        **os.environ,
+        "PATH": DEFAULT_PATH,
         **spec.env,
+        **env,
         "BOURSE_MACHINE_ID": m.machine_id,
         "BOURSE_ORDER_ID": m.order_id,
     }

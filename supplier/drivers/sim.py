@@ -4,19 +4,20 @@ over ``pull_mb_per_s`` (default 1000 MiB/s); everything else is instant."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import anyio
 import anyio.abc
 
 from bourse.wire.messages import Machine, Resources
-from supplier.drivers import ImageRun
+from supplier.drivers import NO_ENV, ImageRun
 from supplier.drivers.confine import Mechanism
 from supplier.images import DEFAULT_IMAGE_MB, MIB
 
 
 class SimDriver:
     name = "sim"
+    runtime_version = "simulated"
     confinement: Mechanism = "none"  # nothing runs: nothing to confine
 
     def __init__(
@@ -51,7 +52,9 @@ class SimDriver:
             await anyio.sleep(seconds)  # the simulated pull's time, not a synchronisation
         return self.size_mb(image) * MIB, seconds
 
-    async def start(self, m: Machine, image: ImageRun | None = None) -> None:
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
+    ) -> None:
         self.running.add(m.machine_id)
 
     async def stop(self, m: Machine) -> None:
