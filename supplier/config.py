@@ -32,7 +32,7 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
-from supplier.drivers.oci_runtime import RuntimeUnavailable, detect
+from supplier.drivers.oci_runtime import RUNTIMES, RuntimeUnavailable, detect
 from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
 from supplier.pricing import PricingConfig, build_curves
 
@@ -69,6 +69,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # How machines run: "sim" (none: simulated), "process" (supervised processes), "oci"
     # (containers of content images through runc or crun: supplier/drivers/oci.py).
     driver: DriverName = "sim"
+    # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
+    oci_runtime: Literal["auto", "runc", "crun"] = "auto"
     # Images this worker knows (the process driver runs only these); sim runs any image.
     catalog: dict[Image, ImageSpec] = {}
     # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
@@ -90,6 +92,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # --worker-log-mb, else DEFAULT_MACHINE_LOG_MB / DEFAULT_WORKER_LOG_MB.
     machine_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] | None = None
     worker_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        """The OCI runtimes the oci driver may use, in order of preference."""
+        return RUNTIMES if self.oci_runtime == "auto" else (self.oci_runtime,)
 
     @property
     def hold_cap_ms(self) -> int:
@@ -180,7 +187,7 @@ def check_workers(workers: list[WorkerConfig]) -> None:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
         if w.driver == "oci":  # a host without a usable runtime: one line naming what to install
             try:
-                detect()
+                detect(w.runtimes)
             except RuntimeUnavailable as exc:
                 raise ConfigError(f"worker {w.worker_id}: driver oci: {exc}") from None
         if w.driver == "process" and w.confine != "auto":  # forced: the host must offer it

@@ -84,7 +84,7 @@ def make_driver(
         )
         if cfg.driver == "oci":
             return OciDriver.make(
-                detect(),
+                detect(cfg.runtimes),
                 data_dir,
                 owner,
                 cfg.worker_id,
