@@ -17,6 +17,7 @@ import pytest
 
 from bourse.images import ImageStore, RunSpec
 from bourse.images.oci import RunConfig
+from bourse.runtime.launcher import start_program
 from bourse.wire.messages import Machine, Resources
 from supplier.cli import app as supplier
 from supplier.config import ImageSpec
@@ -324,3 +325,20 @@ def test_an_oci_worker_on_a_host_without_its_runtime_refuses_to_start(
     assert code == 1 and not out, (out, err)
     [line] = err.strip().splitlines()
     assert line.startswith("error: worker w1: driver oci: ") and "apt-get install runc" in line
+
+
+async def test_supplier_run_driver_oci_serves_a_container_worker(
+    runtime: Runtime, market: Market, tmp_path: Path
+) -> None:
+    args = ("run", "--worker-id", "c1", "--region", "mad", "--cpus", "2", "--memory-mb", "512")
+    args += ("--driver", "oci", "--data-dir", str(tmp_path / "d"))
+    args += ("--nats", market.url, "--prefix", market.subjects.prefix)
+    log = tmp_path / "s.log"
+    sup = await start_program("supplier", *args, log_path=log, ready="supplier ready")
+    try:
+        buyer = await market.client(direct=True)
+        [status] = await buyer.status("mad")
+        said = (status.worker_id, status.driver, status.runtime)
+        assert said == ("c1", "oci", runtime.describe())
+    finally:
+        assert await sup.stop() == 0
