@@ -183,6 +183,15 @@ def run_cmd(
             f"(a fleet worker's own worker_log_mb wins) [default: {DEFAULT_WORKER_LOG_MB}]",
         ),
     ] = None,
+    keep_machines: Annotated[
+        bool,
+        typer.Option(
+            "--keep-machines",
+            help="Machines run on when this supplier stops or dies, each held by a shim "
+            "of its own; the next supplier on the data dir takes them over (a fleet "
+            "worker's own keep_machines wins). Without it they stop with the supplier.",
+        ),
+    ] = False,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -230,6 +239,7 @@ def run_cmd(
             "max_hold_ms": max_hold_ms,
             "machine_log_mb": machine_log_mb,
             "worker_log_mb": worker_log_mb,
+            "keep_machines": keep_machines,
         }
         workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
@@ -353,7 +363,7 @@ def main() -> None:
     cli_main(app)
 
 
-def _unset_from(w: WorkerConfig, flags: dict[str, int | None]) -> WorkerConfig:
+def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | None]) -> WorkerConfig:
     """``w`` with each of its settings it leaves unset taken from the flag of that name
     (given: not None)."""
     unset = {k: v for k, v in flags.items() if v is not None and getattr(w, k) is None}

@@ -69,6 +69,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # How machines run: "sim" (none: simulated), "process" (supervised processes), "oci"
     # (containers of content images through runc or crun: supplier/drivers/oci.py).
     driver: DriverName = "sim"
+    # Process and oci drivers: machines are held by shims of their own and run on when the
+    # supplier stops or dies (the next one adopts them), or stop with it (false). Unset:
+    # supplier run --keep-machines, else false.
+    keep_machines: bool | None = None
     # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
     oci_runtime: Literal["auto", "runc", "crun"] = "auto"
     # Images this worker knows (the process driver runs only these); sim runs any image.

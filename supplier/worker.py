@@ -75,6 +75,7 @@ def make_driver(
     worker set to ``oci`` on a host without a runtime: RuntimeUnavailable."""
     if cfg.driver in ("process", "oci"):
         owner = owner_of(data_dir)
+        shims = data_dir / "shims" / cfg.worker_id if cfg.keep_machines else None
         confiner, _ = Confiner.probe(
             cfg.confine,
             cfg.worker_id,
@@ -94,6 +95,7 @@ def make_driver(
                 cgroup_parent=cfg.cgroup_parent,
                 on_restart=on_restart,
                 log_caps=cfg.log_caps,
+                shims_dir=shims,
             )
         return ProcessDriver(
             cfg.catalog,
@@ -103,6 +105,7 @@ def make_driver(
             on_restart=on_restart,
             log_caps=cfg.log_caps,
             work_dir=data_dir / "work" / cfg.worker_id,
+            shims_dir=shims,
         )
     return SimDriver(cfg.pull_mb_per_s, size_mb)
 

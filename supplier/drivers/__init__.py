@@ -104,6 +104,12 @@ class Driver(Protocol):
         left out; and the offset just past the last complete line read."""
         ...
 
+    async def settle(self) -> None:
+        """The supplier resumed the machines its store says should run: anything of an
+        earlier run of it that none of them took over is stopped."""
+        ...
+
     async def close(self) -> None:
-        """The supplier is stopping: stop every machine (they keep their recorded state)."""
+        """The supplier is stopping: stop every machine (they keep their recorded state),
+        or, where machines outlive their supplier, let go of them (they run on)."""
         ...

@@ -32,7 +32,7 @@ that died left of this worker's containers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from pathlib import Path
 
 import anyio
@@ -59,6 +59,7 @@ from supplier.drivers.process import (
     _no_restart_listener,
     _Supervisor,
 )
+from supplier.drivers.shims import ContainerRun, ProcessRun
 
 log = structlog.get_logger("bourse.driver.oci")
 
@@ -108,9 +109,16 @@ class OciDriver(ProcessDriver):
         confiner: Confiner,
         on_restart: RestartFn = _no_restart_listener,
         log_caps: LogCaps | None = None,
+        shims_dir: Path | None = None,
     ) -> None:
         super().__init__(
-            {}, log_dir, on_exit, confiner=confiner, on_restart=on_restart, log_caps=log_caps
+            {},
+            log_dir,
+            on_exit,
+            confiner=confiner,
+            on_restart=on_restart,
+            log_caps=log_caps,
+            shims_dir=shims_dir,
         )
         self.runtime = runtime
         self.containers = containers
@@ -130,6 +138,7 @@ class OciDriver(ProcessDriver):
         cgroup_parent: str = "",
         on_restart: RestartFn = _no_restart_listener,
         log_caps: LogCaps | None = None,
+        shims_dir: Path | None = None,
     ) -> OciDriver:
         """The driver of ``worker_id`` of the supplier ``owner`` (its data dir's,
         supplier/drivers/confine.py ``owner_of``): its containers below
@@ -149,6 +158,7 @@ class OciDriver(ProcessDriver):
             confiner=confiner,
             on_restart=on_restart,
             log_caps=log_caps,
+            shims_dir=shims_dir,
         )
 
     @property
@@ -159,15 +169,15 @@ class OciDriver(ProcessDriver):
     def can_run(self, image: str) -> bool:
         return False  # only content images: a catalog image has no root to run
 
-    async def _sweep(self, at_end: bool = False) -> None:
+    async def _sweep(self, at_end: bool = False, keep: Collection[str] = ()) -> None:
         try:
-            swept = await self.containers.sweep()
+            swept = await self.containers.sweep(keep)
         except ContainerError as exc:
             log.error("containers_sweep_failed", worker_id=self.confiner.worker_id, error=str(exc))
         else:
             if swept and not at_end:
                 log.warning("containers_swept", worker_id=self.confiner.worker_id, machines=swept)
-        await super()._sweep(at_end)
+        await super()._sweep(at_end, keep)
 
     async def start(
         self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
@@ -205,6 +215,24 @@ class OciDriver(ProcessDriver):
             raise DriverError(f"image {m.image!r}: {exc}") from None
         self._runs[m.machine_id] = (image, spec)
         return Launch(spec.process.args, {}, None)
+
+    async def _shim_run(self, sup: _Supervisor) -> ProcessRun | ContainerRun:
+        """What the shim runs: the container, through the same runtime and directories."""
+        m = sup.m
+        image, spec = self._runs[m.machine_id]
+        boxes, runtime = self.containers, self.runtime
+        return ContainerRun(
+            runtime=runtime.name,
+            runtime_path=runtime.path,
+            runtime_version=runtime.version,
+            directory=str(boxes.directory),
+            owner=boxes.owner,
+            subtree=boxes.subtree,
+            cgroup_parent=boxes.cgroup_parent,
+            spec=spec,
+            image_root=str(image.root),
+            disk_mb=m.resources.disk_mb or DEFAULT_DISK_MB,
+        )
 
     async def _launch(self, sup: _Supervisor, out: int) -> Running:
         """One run: a new layer, the container in the runtime's foreground."""

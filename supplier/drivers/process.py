@@ -37,7 +37,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -60,6 +60,16 @@ from supplier.drivers.confine import (
 )
 from supplier.drivers.image_files import Launch, launch, working_dir
 from supplier.drivers.output import LogCaps, Logs, Pump
+from supplier.drivers.shims import (
+    ContainerRun,
+    Plan,
+    ProcessRun,
+    Shim,
+    ShimError,
+    ShimRun,
+    discover,
+)
+from supplier.drivers.shims import launch as launch_shim
 
 log = structlog.get_logger("bourse.driver.process")
 
@@ -200,15 +210,21 @@ class ProcessDriver:
         on_restart: RestartFn = _no_restart_listener,
         log_caps: LogCaps | None = None,
         work_dir: Path | None = None,
+        shims_dir: Path | None = None,
     ) -> None:
         self.catalog = catalog
+        # Machines held by shims of their own below this (they outlive the supplier), or
+        # run by the driver itself (they stop with it).
+        self.shims_dir = shims_dir
+        self.log_caps = log_caps or LogCaps()
+        self._found: dict[str, Shim] = {}  # shims an earlier supplier left, not adopted yet
         self.log_dir = log_dir
         # content images' machines: a working directory each, below this
         self.work_dir = work_dir or log_dir.parent / "work"
         self.on_exit = on_exit
         self.on_restart = on_restart
         self.confiner = confiner or Confiner("none", "")
-        self.output = Logs(log_dir, log_caps or LogCaps())
+        self.output = Logs(log_dir, self.log_caps)
         self.pump = Pump(self.output)
         self._sups: dict[str, _Supervisor] = {}
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the supervisors
@@ -230,28 +246,59 @@ class ProcessDriver:
             )
         else:
             log.info("confinement", worker_id=c.worker_id, confinement=c.mechanism)
-        await self._sweep()
+        if self.shims_dir is not None:
+            self._found = await discover(self.shims_dir)
+            if self._found:
+                log.info("shims_found", worker_id=c.worker_id, machines=sorted(self._found))
+        await self._sweep(keep=self._found)
         self.pump.start()
         try:
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
+                for shim in self._found.values():
+                    if shim.attached:
+                        tasks.start_soon(shim.follow)
                 task_status.started()
                 await anyio.sleep_forever()
         finally:
             self._tasks = None
-            await self._kill_left()
-            with anyio.CancelScope(shield=True):
-                await self._sweep(at_end=True)
+            if self.shims_dir is None:
+                await self._kill_left()
+                with anyio.CancelScope(shield=True):
+                    await self._sweep(at_end=True)
+            else:  # the machines run on, held by their shims
+                with anyio.CancelScope(shield=True):
+                    await self._detach_all()
             with anyio.CancelScope(shield=True):  # the processes are gone: their pipes end
                 await anyio.to_thread.run_sync(self.pump.close, PUMP_CLOSE_S)
 
-    async def _sweep(self, at_end: bool = False) -> None:
+    async def _sweep(self, at_end: bool = False, keep: Collection[str] = ()) -> None:
         """At the start, remove what a supplier that died left of this worker's machines
-        (none may run); at the end, the worker's (empty) cgroup subtree."""
+        but those their shims still hold (``keep``); at the end, the worker's (empty)
+        cgroup subtree."""
         c = self.confiner
-        swept = c.sweep(remove_base=at_end)
+        swept = c.sweep(remove_base=at_end, keep=keep)
         if swept and not at_end:
             log.warning("cgroups_swept", worker_id=c.worker_id, machines=swept)
+
+    async def _detach_all(self) -> None:
+        """Let go of every machine's shim (the machines run on) and of the shims found."""
+        for sup in list(self._sups.values()):
+            sup.stopping = True
+            sup.scope.cancel()
+            if isinstance(sup.proc, ShimRun):
+                await sup.proc.shim.detach()
+        self._sups.clear()
+        for shim in self._found.values():
+            await shim.detach()
+
+    async def settle(self) -> None:
+        """The supplier resumed its machines: a shim found that no start adopted holds a
+        machine its store says should not run (stopped, destroyed meanwhile): stop it."""
+        found, self._found = self._found, {}
+        for mid, shim in found.items():
+            log.warning("shim_not_adopted", machine_id=mid)
+            await ShimRun(shim).release()
 
     async def _kill_left(self) -> None:
         for sup in list(self._sups.values()):
@@ -342,6 +389,9 @@ class ProcessDriver:
 
     async def _spawn(self, sup: _Supervisor) -> None:
         """Run the machine once more, its output into its log (a header line first)."""
+        if self.shims_dir is not None:
+            sup.proc = await self._held(sup, self.shims_dir)
+            return
         header = f"--- {time.strftime('%Y-%m-%dT%H:%M:%S')} start\n".encode()
         out = self.pump.pipe(sup.m.machine_id, header)
         try:
@@ -349,14 +399,57 @@ class ProcessDriver:
         finally:
             os.close(out)  # the machine's end now: the pipe ends when its processes do
 
-    async def _launch(self, sup: _Supervisor, out: int) -> Running:
-        """The process, in its cgroups, its output to ``out``."""
+    async def _held(self, sup: _Supervisor, shims_dir: Path) -> Running:
+        """The run under its shim: the one an earlier supplier left (adopted), or a new
+        one."""
+        mid = sup.m.machine_id
+        assert self._tasks is not None
+        shim = self._found.pop(mid, None)
+        if shim is not None:
+            log.info("machine_adopted", machine_id=mid, pid=shim.pid, ended=shim.ended.is_set())
+            return ShimRun(shim)
+        plan = Plan(
+            machine_id=mid,
+            run=await self._shim_run(sup),
+            log_dir=str(self.log_dir),
+            machine_log_mb=self.log_caps.machine_mb,
+            worker_log_mb=self.log_caps.worker_mb,
+            stop_grace_s=sup.stop_grace_s,
+        )
         try:
-            cgroups, limits = await anyio.to_thread.run_sync(
+            shim = await launch_shim(shims_dir / mid, plan)
+        except ShimError as exc:
+            raise DriverError(f"cannot start {mid}: {exc}") from None
+        self._tasks.start_soon(shim.follow)
+        return ShimRun(shim)
+
+    async def _shim_run(self, sup: _Supervisor) -> ProcessRun | ContainerRun:
+        """What the shim runs: the process, with its confinement."""
+        cgroups, limits = await self._confine(sup)
+        mid = sup.m.machine_id
+        oom = self.confiner.oom_file(mid)
+        return ProcessRun(
+            argv=sup.run.argv,
+            env=sup.run.env,
+            cwd=str(sup.run.cwd or Path.cwd()),
+            cgroups=cgroups,
+            rlimits=limits,
+            cgroup_dirs=[str(d) for d in self.confiner.dirs(mid).values()],
+            oom_file=str(oom) if oom is not None else "",
+        )
+
+    async def _confine(self, sup: _Supervisor) -> tuple[list[str], list[str]]:
+        """The machine's cgroups made (the files to join) and its rlimits."""
+        try:
+            return await anyio.to_thread.run_sync(
                 self.confiner.prepare, sup.m.machine_id, sup.m.resources
             )
         except (ConfineError, OSError) as exc:
             raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
+
+    async def _launch(self, sup: _Supervisor, out: int) -> Running:
+        """The process, in its cgroups, its output to ``out``."""
+        cgroups, limits = await self._confine(sup)
         confine = [a for p in cgroups for a in ("--cgroup", p)]
         confine += [a for r in limits for a in ("--rlimit", r)]
         run = sup.run
@@ -416,6 +509,7 @@ class ProcessDriver:
             backoff = min(backoff * 2, BACKOFF_MAX_S)
             if sup.stopping:
                 return
+            await sup.proc.release()  # what the last run held (its shim), before the next
             try:
                 await self._spawn(sup)
             except DriverError as exc:
@@ -461,7 +555,10 @@ class ProcessDriver:
 
     async def close(self) -> None:
         """Stop every process, all at once (they come back when the supplier restarts:
-        their recorded state still says started)."""
+        their recorded state still says started); machines held by shims run on."""
+        if self.shims_dir is not None:
+            await self._detach_all()
+            return
         async with anyio.create_task_group() as tasks:
             for sup in list(self._sups.values()):
                 tasks.start_soon(self.stop, sup.m)

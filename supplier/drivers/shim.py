@@ -359,6 +359,10 @@ def main(argv: list[str]) -> None:
     except (OSError, msgspec.DecodeError) as exc:
         print(f"cannot read the shim's plan in {directory}: {exc}")
         raise SystemExit(1) from None
+    # Nothing of the supplier's but stdin, stdout and stderr: a descriptor it leaked (its
+    # store, its lock, its connections; an event loop may spawn without closing them) would
+    # be held for the shim's life, and its stdout would not end for the supplier.
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     r, w = os.pipe()
     if os.fork():  # the launcher: wait for the shim's word, and go
         os.close(w)

@@ -346,6 +346,36 @@ class Shim:
                 await stream.aclose()
 
 
+class ShimRun:
+    """A run of a machine held by its shim, as a driver's supervisor sees a run
+    (supplier/drivers/process.py ``Running``); someone must :meth:`Shim.follow` it."""
+
+    def __init__(self, shim: Shim) -> None:
+        self.shim = shim
+
+    @property
+    def pid(self) -> int:
+        return self.shim.pid or 0
+
+    @property
+    def running(self) -> bool:
+        return not self.shim.ended.is_set()
+
+    async def wait(self) -> Exit:
+        await self.shim.ended.wait()
+        return self.shim.exit()
+
+    async def stop(self, grace_s: float) -> None:
+        await self.shim.stop(grace_s)
+
+    async def release(self) -> None:
+        """The shim removed what the machine held when it ended: let it go."""
+        with anyio.CancelScope(shield=True):
+            if not self.shim.ended.is_set():
+                await self.shim.stop(0.0)
+            await self.shim.collect()
+
+
 async def launch(directory: Path, plan: Plan) -> Shim:
     """Start a shim for ``plan`` in ``directory`` (anything left there is removed first)
     and return it attached once the machine runs; ShimError says why it could not."""

@@ -71,5 +71,8 @@ class SimDriver:
     ) -> tuple[list[str], bool, int]:
         return [], False, 0  # simulated machines print nothing
 
+    async def settle(self) -> None:
+        pass  # nothing outlives a simulation
+
     async def close(self) -> None:
         self.running.clear()

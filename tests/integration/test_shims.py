@@ -13,7 +13,7 @@ import pytest
 
 from supplier.drivers.confine import Exit
 from supplier.drivers.shims import Plan, ProcessRun, discover, launch, read_state
-from tests.market import wait_until
+from tests.market import alive, wait_until
 
 WAIT_S = 20.0
 PATH = {"PATH": "/usr/bin:/bin"}
@@ -36,14 +36,6 @@ def _log(tmp_path: Path, mid: str) -> str:
     return path.read_text() if path.exists() else ""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
-
-
 async def test_a_machine_runs_on_while_no_supplier_is_attached_and_is_found_again(
     tmp_path: Path,
 ) -> None:
@@ -51,7 +43,7 @@ async def test_a_machine_runs_on_while_no_supplier_is_attached_and_is_found_agai
     script = "trap 'echo bye; exit 0' TERM; while :; do echo tick; sleep 0.05; done"
     shim = await launch(shims / "m1", _plan(tmp_path, "m1", script))
     pid = shim.pid
-    assert pid is not None and _alive(pid)
+    assert pid is not None and alive(pid)
     await shim.detach()  # the supplier goes away
     before = _log(tmp_path, "m1").count("tick")
     await wait_until(lambda: _log(tmp_path, "m1").count("tick") > before + 3, WAIT_S)
@@ -63,7 +55,7 @@ async def test_a_machine_runs_on_while_no_supplier_is_attached_and_is_found_agai
         how = await again.stop(5.0)
         await again.collect()
     assert how == Exit(code=0) and "bye" in _log(tmp_path, "m1")
-    assert not (shims / "m1").exists() and not _alive(pid)
+    assert not (shims / "m1").exists() and not alive(pid)
 
 
 async def test_an_exit_while_no_supplier_listens_is_recorded_for_the_next(
@@ -98,7 +90,7 @@ async def test_in_stop_mode_the_machine_goes_down_with_its_supplier(tmp_path: Pa
         supplier.kill()
         await supplier.wait()
     await wait_until(lambda: not (shims / "m3").exists(), WAIT_S)
-    assert not _alive(pid)
+    assert not alive(pid)
     assert await discover(shims) == {}  # the next supplier starts it anew
 
 
@@ -111,7 +103,7 @@ async def test_a_shim_killed_with_its_machine_leaves_nothing_to_attach_to(
     await shim.detach()
     os.kill(shim.pid, signal.SIGKILL)
     os.kill(shim.state.shim_pid, signal.SIGKILL)
-    await wait_until(lambda: not _alive(shim.state.shim_pid), WAIT_S)  # type: ignore[union-attr]
+    await wait_until(lambda: not alive(shim.state.shim_pid), WAIT_S)  # type: ignore[union-attr]
     assert await discover(shims) == {}
     assert not (shims / "m4").exists()
 
