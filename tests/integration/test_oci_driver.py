@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import json
 import subprocess
 import uuid
 from collections.abc import AsyncIterator
@@ -17,7 +18,7 @@ import pytest
 
 from bourse.images import ImageStore, RunSpec
 from bourse.images.oci import RunConfig
-from bourse.runtime.launcher import start_program
+from bourse.runtime.launcher import Program, start_program
 from bourse.wire.messages import Machine, Resources
 from supplier.cli import app as supplier
 from supplier.config import ImageSpec
@@ -29,7 +30,7 @@ from supplier.drivers.process import ProcessDriver
 from tests.cli import run_cli
 from tests.containers import busybox_root, need_runc
 from tests.images import place
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, alive, order, wait_until, worker
 
 WAIT_S = 30.0
 # As PID 1 of its namespace, a shell gets SIGTERM only if it handles it.
@@ -342,3 +343,56 @@ async def test_supplier_run_driver_oci_serves_a_container_worker(
         assert said == ("c1", "oci", runtime.describe())
     finally:
         assert await sup.stop() == 0
+
+
+async def test_a_kept_container_runs_on_through_a_kill_9_of_its_supplier(
+    runtime: Runtime, root: Path, market: Market, tmp_path: Path
+) -> None:
+    await market.jetstream_init()
+    store = await ImageStore.open(await market.connect("images"), market.subjects.prefix)
+    script = f"{TRAP}; echo pid $$; while :; do echo tick; sleep 0.1; done"
+    await store.push_directory(root, "box:v1", RunSpec(cmd=("sh", "-c", script)))
+    info = await store.inspect("box:v1")
+    fleet = tmp_path / "fleet.json"
+    w = {"worker_id": "k1", "region": "mad", "capacity": {"cpus": 2, "memory_mb": 1024}}
+    fleet.write_text(json.dumps({"worker": [{**w, "driver": "oci", "keep_machines": True}]}))
+    data = tmp_path / "d"
+    args = ("run", "--fleet", str(fleet), "--data-dir", str(data), "--nats", market.url)
+    args += ("--prefix", market.subjects.prefix)
+
+    async def supplier() -> Program:
+        log = tmp_path / "s.log"
+        return await start_program("supplier", *args, log_path=log, ready="supplier ready")
+
+    def output() -> str:
+        path = data / "machines" / "k1" / f"{placed.machine_id}.log"
+        return path.read_text() if path.exists() else ""
+
+    sup = await supplier()
+    buyer = await market.client(direct=True)
+    placed = await place(buyer.nc, market.subjects, info, "o1", image="box:v1")
+    assert (await buyer.machine("start", placed.machine_id)).state == "started"
+    await wait_until(lambda: "tick" in output(), WAIT_S)
+    runtime_pid = (await _shim_state(data, placed.machine_id))["pid"]
+
+    sup.kill9()
+    await sup.proc.wait()
+    ticks = output().count("tick")
+    await wait_until(lambda: output().count("tick") > ticks + 3, WAIT_S)  # no supplier
+    assert alive(runtime_pid)
+    sup = await supplier()
+    try:
+        assert (await buyer.machine("get", placed.machine_id)).state == "started"
+        assert output().count("pid ") == 1 and alive(runtime_pid)  # adopted: the same run
+        assert (await buyer.machine("destroy", placed.machine_id)).state == "destroyed"
+        assert not alive(runtime_pid)
+        boxes = data / "containers" / "k1"
+        assert not any((boxes / "machines").iterdir()) and not any((boxes / "state").iterdir())
+        assert str(boxes) not in Path("/proc/self/mountinfo").read_text()
+    finally:
+        assert await sup.stop() == 0
+
+
+async def _shim_state(data: Path, machine_id: str) -> dict[str, int]:
+    state = data / "shims" / "k1" / machine_id / "state.json"
+    return dict(json.loads(await anyio.Path(state).read_text()))
