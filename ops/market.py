@@ -83,6 +83,7 @@ async def start_market(
                     str(path),
                     "--data-dir",
                     str(root / "data" / region),
+                    "--machines-stop-with-supplier",  # the demo's machines go with it
                     *common,
                     "--metrics-addr",
                     next(addrs),

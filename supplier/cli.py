@@ -186,12 +186,13 @@ def run_cmd(
     keep_machines: Annotated[
         bool,
         typer.Option(
-            "--keep-machines",
-            help="Machines run on when this supplier stops or dies, each held by a shim "
-            "of its own; the next supplier on the data dir takes them over (a fleet "
-            "worker's own keep_machines wins). Without it they stop with the supplier.",
+            "--keep-machines/--machines-stop-with-supplier",
+            help="Machines (process and oci drivers) run on when this supplier stops or "
+            "dies, each held by a shim of its own, and the next supplier on the data dir "
+            "takes them over; or they stop with the supplier (a fleet worker's own "
+            "keep_machines wins).",
         ),
-    ] = False,
+    ] = True,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,

@@ -71,7 +71,8 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     driver: DriverName = "sim"
     # Process and oci drivers: machines are held by shims of their own and run on when the
     # supplier stops or dies (the next one adopts them), or stop with it (false). Unset:
-    # supplier run --keep-machines, else false.
+    # supplier run's --keep-machines (its default) or --machines-stop-with-supplier; a
+    # worker driven in-process without a value stops them.
     keep_machines: bool | None = None
     # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
     oci_runtime: Literal["auto", "runc", "crun"] = "auto"
