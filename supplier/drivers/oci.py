@@ -56,8 +56,8 @@ from supplier.drivers.process import (
     ProcessDriver,
     RestartFn,
     Running,
-    _no_restart_listener,
-    _Supervisor,
+    Supervisor,
+    no_restart_listener,
 )
 from supplier.drivers.shims import ContainerRun, ProcessRun
 
@@ -107,7 +107,7 @@ class OciDriver(ProcessDriver):
         on_exit: ExitFn,
         *,
         confiner: Confiner,
-        on_restart: RestartFn = _no_restart_listener,
+        on_restart: RestartFn = no_restart_listener,
         log_caps: LogCaps | None = None,
         shims_dir: Path | None = None,
     ) -> None:
@@ -136,7 +136,7 @@ class OciDriver(ProcessDriver):
         *,
         confiner: Confiner,
         cgroup_parent: str = "",
-        on_restart: RestartFn = _no_restart_listener,
+        on_restart: RestartFn = no_restart_listener,
         log_caps: LogCaps | None = None,
         shims_dir: Path | None = None,
     ) -> OciDriver:
@@ -216,7 +216,7 @@ class OciDriver(ProcessDriver):
         self._runs[m.machine_id] = (image, spec)
         return Launch(spec.process.args, {}, None)
 
-    async def _shim_run(self, sup: _Supervisor) -> ProcessRun | ContainerRun:
+    async def _shim_run(self, sup: Supervisor) -> ProcessRun | ContainerRun:
         """What the shim runs: the container, through the same runtime and directories."""
         m = sup.m
         image, spec = self._runs[m.machine_id]
@@ -234,7 +234,7 @@ class OciDriver(ProcessDriver):
             disk_mb=m.resources.disk_mb or DEFAULT_DISK_MB,
         )
 
-    async def _launch(self, sup: _Supervisor, out: int) -> Running:
+    async def _launch(self, sup: Supervisor, out: int) -> Running:
         """One run: a new layer, the container in the runtime's foreground."""
         m = sup.m
         image, spec = self._runs[m.machine_id]

@@ -93,7 +93,7 @@ ExitFn = Callable[[str, Exit], None]
 RestartFn = Callable[[str, Exit, int], None]
 
 
-def _no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
+def no_restart_listener(machine_id: str, how: Exit, restarts: int) -> None:
     """Nobody records restarts (a driver used alone)."""
 
 
@@ -184,7 +184,10 @@ def _uncage(confiner: Confiner, machine_id: str) -> None:
         log.error("cgroup_remove_failed", machine_id=machine_id, error=str(exc))
 
 
-class _Supervisor:
+class Supervisor:
+    """One machine under a driver: what it runs, its restart policy and stop grace, its
+    current run, and the task that waits for the run's end (its scope)."""
+
     def __init__(self, m: Machine, run: Launch, policy: RestartPolicy, stop_grace_s: float) -> None:
         self.m = m
         self.run = run  # what each (re)spawn runs: argv, environment, working directory
@@ -207,7 +210,7 @@ class ProcessDriver:
         on_exit: ExitFn,
         *,
         confiner: Confiner | None = None,
-        on_restart: RestartFn = _no_restart_listener,
+        on_restart: RestartFn = no_restart_listener,
         log_caps: LogCaps | None = None,
         work_dir: Path | None = None,
         shims_dir: Path | None = None,
@@ -226,7 +229,7 @@ class ProcessDriver:
         self.confiner = confiner or Confiner("none", "")
         self.output = Logs(log_dir, self.log_caps)
         self.pump = Pump(self.output)
-        self._sups: dict[str, _Supervisor] = {}
+        self._sups: dict[str, Supervisor] = {}
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the supervisors
 
     async def run(
@@ -355,7 +358,7 @@ class ProcessDriver:
             return
         if self._tasks is None:
             raise DriverError("the process driver is not running (ProcessDriver.run)")
-        sup = _Supervisor(m, run, cast(RestartPolicy, policy), grace)
+        sup = Supervisor(m, run, cast(RestartPolicy, policy), grace)
         await self._spawn(sup)  # a command that cannot start fails the start itself
         self._sups[m.machine_id] = sup
         self._tasks.start_soon(self._supervise, sup, name=f"supervise {m.machine_id}")
@@ -372,7 +375,7 @@ class ProcessDriver:
             raise DriverError(f"cannot make {m.machine_id}'s working directory: {exc}") from None
         return run
 
-    async def _release(self, sup: _Supervisor) -> None:
+    async def _release(self, sup: Supervisor) -> None:
         """The machine's run ended (or is to end): nothing of it is left."""
         if sup.proc is not None:
             await sup.proc.release()
@@ -387,7 +390,7 @@ class ProcessDriver:
         """CPU time used by the machine's cgroup (ns), from the cgroup's own counter."""
         return self.confiner.usage_ns(machine_id)
 
-    async def _spawn(self, sup: _Supervisor) -> None:
+    async def _spawn(self, sup: Supervisor) -> None:
         """Run the machine once more, its output into its log (a header line first)."""
         if self.shims_dir is not None:
             sup.proc = await self._held(sup, self.shims_dir)
@@ -399,7 +402,7 @@ class ProcessDriver:
         finally:
             os.close(out)  # the machine's end now: the pipe ends when its processes do
 
-    async def _held(self, sup: _Supervisor, shims_dir: Path) -> Running:
+    async def _held(self, sup: Supervisor, shims_dir: Path) -> Running:
         """The run under its shim: the one an earlier supplier left (adopted), or a new
         one."""
         mid = sup.m.machine_id
@@ -423,7 +426,7 @@ class ProcessDriver:
         self._tasks.start_soon(shim.follow)
         return ShimRun(shim)
 
-    async def _shim_run(self, sup: _Supervisor) -> ProcessRun | ContainerRun:
+    async def _shim_run(self, sup: Supervisor) -> ProcessRun | ContainerRun:
         """What the shim runs: the process, with its confinement."""
         cgroups, limits = await self._confine(sup)
         mid = sup.m.machine_id
@@ -438,7 +441,7 @@ class ProcessDriver:
             oom_file=str(oom) if oom is not None else "",
         )
 
-    async def _confine(self, sup: _Supervisor) -> tuple[list[str], list[str]]:
+    async def _confine(self, sup: Supervisor) -> tuple[list[str], list[str]]:
         """The machine's cgroups made (the files to join) and its rlimits."""
         try:
             return await anyio.to_thread.run_sync(
@@ -447,7 +450,7 @@ class ProcessDriver:
         except (ConfineError, OSError) as exc:
             raise DriverError(f"cannot confine machine {sup.m.machine_id}: {exc}") from None
 
-    async def _launch(self, sup: _Supervisor, out: int) -> Running:
+    async def _launch(self, sup: Supervisor, out: int) -> Running:
         """The process, in its cgroups, its output to ``out``."""
         cgroups, limits = await self._confine(sup)
         confine = [a for p in cgroups for a in ("--cgroup", p)]
@@ -474,13 +477,13 @@ class ProcessDriver:
             raise DriverError(f"cannot start {run.argv[0]!r}: {exc}") from None
         return _Process(proc, self.confiner, sup.m.machine_id)
 
-    async def _supervise(self, sup: _Supervisor) -> None:
+    async def _supervise(self, sup: Supervisor) -> None:
         """Wait for the process to end; restart it as its policy says, after the backoff;
         report an exit it does not restart. A stop cancels this (sup.scope)."""
         with sup.scope:
             await self._watch(sup)
 
-    async def _watch(self, sup: _Supervisor) -> None:
+    async def _watch(self, sup: Supervisor) -> None:
         backoff = BACKOFF_FIRST_S
         mlog = log.bind(machine_id=sup.m.machine_id)
         while True:
