@@ -25,8 +25,12 @@ catalog gives it.
   empty subtree.
 
 Each machine's supervisor (wait for the exit, restart after the backoff) is a task in the
-group of :meth:`ProcessDriver.run`; when that ends, a process still running is killed, so
-no machine outlives its driver.
+group of :meth:`ProcessDriver.run`. A run is the driver's own child (machines that stop with
+their supplier: when run() ends, a process still running is killed), or, with
+``shims_dir``, a process held by a shim of its own (supplier/drivers/shims.py): then the
+driver's end, or its supplier's death, leaves it running, and the next driver on the data
+dir adopts it at its start (its exit meanwhile is applied then); :meth:`settle` stops the
+shims no start adopted.
 """
 
 from __future__ import annotations
