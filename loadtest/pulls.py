@@ -34,6 +34,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from rich.table import Table
 
+from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient
 from bourse.errors import BourseError
 from bourse.images import ImageInfo, ImageStore, RunSpec
@@ -78,6 +79,10 @@ class PullsProfile:
     lifetime_s: float = 4.0
     zipf_s: float = 1.0  # popularity of image k is proportional to 1 / k^s
     image_half_s: float = 1.0  # the aware arm's pricing: the image term is 1/2 at this pull
+    # an order's deadline, and how long its auction listens for a first offer: workers
+    # busy unpacking a pull answer bids late on a small host
+    deadline_ms: int = 5000
+    quiet_ms: float = 1000.0
 
     def __post_init__(self) -> None:
         low, high = self.image_mb
@@ -268,7 +273,13 @@ class Pulls:
 
 
 async def _one(client: BourseClient, arm: Arm, ref: str, profile: PullsProfile) -> None:
-    order = PlaceOrder(region=arm.name, resources=ORDER, image=ref, metadata={"app": "pulls"})
+    order = PlaceOrder(
+        region=arm.name,
+        resources=ORDER,
+        image=ref,
+        metadata={"app": "pulls"},
+        deadline_ms=profile.deadline_ms,
+    )
     sent = time.perf_counter()
     try:
         placed = await client.place(order)
@@ -305,7 +316,10 @@ async def send(
     nc: NATS, subjects: Subjects, infos: list[ImageInfo], profile: PullsProfile
 ) -> list[Arm]:
     """The stream to both arms at once; each arm's starts, with their pulls."""
-    client = BourseClient(nc, subjects, direct=True)  # machines asked of their worker
+    # the direct buyer's auction, listening longer than its default quiet window: a
+    # worker unpacking a pull on this small host answers a bid late
+    auction = AuctionConfig(quiet_ms=profile.quiet_ms)
+    client = BourseClient(nc, subjects, direct=True, auction=auction)
     arms = [Arm(name) for name in ARMS]
     pulls = Pulls()
     sub = await nc.subscribe(subjects.events(kind="pulled"), cb=pulls.on_event)

@@ -31,6 +31,7 @@ from bourse.runtime.cli import (
     OwnServerNatsOpt,
     PrefixOpt,
     cli_main,
+    fail,
     json_flag,
 )
 from bourse.runtime.metrics import DEFAULT_PORT, parse_addr
@@ -45,6 +46,7 @@ from ops.jetstream import jetstream_app
 from ops.loadtest_cli import loadtest
 from ops.market import DemoRun, run_demo, run_up
 from ops.nats_config import nats_config
+from supplier import RuntimeUnavailable, detect_runtime
 
 app = typer.Typer(
     cls=BourseGroup,
@@ -177,8 +179,22 @@ def up(
         ),
     ] = f"127.0.0.1:{DEFAULT_PORT}",
     no_jetstream: NoJetStreamOpt = False,
+    driver: Annotated[
+        str,
+        typer.Option(
+            help="How the demo workers run machines: process (the catalog's commands and "
+            "pushed images as processes) or oci (pushed images as containers: needs runc).",
+        ),
+    ] = "process",
 ) -> None:
     """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
+    if driver not in ("process", "oci"):
+        fail(f"--driver {driver!r}: use process or oci")
+    if driver == "oci":
+        try:
+            detect_runtime()
+        except RuntimeUnavailable as exc:
+            fail(f"--driver oci: {exc}")
     logs.configure("warning")
     metrics_at = parse_addr(metrics_addr)
     urls = split_urls(nats, from_env=False)
@@ -192,6 +208,7 @@ def up(
                 render.console.print,
                 metrics_at,
                 not no_jetstream,
+                driver,
             )
         )
 

@@ -86,16 +86,16 @@ DEMO_CATALOG = {
 }
 
 
-def write_fleet_files(directory: Path) -> dict[str, Path]:
-    """One fleet file (JSON) per region, process driver; returns region -> path."""
+def write_fleet_files(directory: Path, driver: str = "process") -> dict[str, Path]:
+    """One fleet file (JSON) per region, its workers of ``driver`` (process, or oci:
+    containers of pushed images; the catalog is then not run); returns region -> path."""
     directory.mkdir(parents=True, exist_ok=True)
     out = {}
     for region, workers in DEMO_FLEET.items():
         path = directory / f"fleet-{region}.json"
         doc = {
             "worker": [
-                {**w, "region": region, "driver": "process", "catalog": DEMO_CATALOG}
-                for w in workers
+                {**w, "region": region, "driver": driver, "catalog": DEMO_CATALOG} for w in workers
             ]
         }
         path.write_bytes(msgspec.json.format(msgspec.json.encode(doc)))

@@ -66,14 +66,16 @@ async def start_market(
     say: Say,
     metrics_at: tuple[str, int] | None = None,
     jetstream: bool = True,
+    driver: str = "process",
 ) -> list[Program]:
     """One exchange process and supplier processes (one per demo region); each serves its
     metrics on its own port of ``metrics_at`` (the exchange on its port) when given;
-    ``jetstream`` False: each runs in the degraded mode (--no-jetstream)."""
+    ``jetstream`` False: each runs in the degraded mode (--no-jetstream); ``driver``: how
+    the demo fleet's workers run machines."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     common += [] if jetstream else [NO_JETSTREAM_FLAG]
-    fleets = write_fleet_files(root / "config")
+    fleets = write_fleet_files(root / "config", driver)
     addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets)))
     exchange_addr = next(addrs)
     try:
@@ -86,6 +88,7 @@ async def start_market(
                     str(path),
                     "--data-dir",
                     str(root / "data" / region),
+                    "--machines-stop-with-supplier",  # the demo's machines go with it
                     *common,
                     "--metrics-addr",
                     next(addrs),
@@ -226,10 +229,11 @@ async def run_up(
     say: Say,
     metrics_at: tuple[str, int] | None = None,
     jetstream: bool = True,
+    driver: str = "process",
 ) -> None:
     """The demo market until cancelled (SIGINT/SIGTERM), on the NATS at ``urls`` or an
     embedded one on ``port``; its programs stop on the way out. ``jetstream`` False:
-    without JetStream (the degraded mode, --no-jetstream)."""
+    without JetStream (the degraded mode, --no-jetstream); ``driver``: the fleet's."""
     server = None
     if not urls:
         if port > 0 and _port_busy(port):
@@ -246,7 +250,7 @@ async def run_up(
         say(f"using the NATS server at {', '.join(urls)} (--nats)")
     programs: list[Program] = []
     try:
-        programs = await start_market(urls, subjects, root, say, metrics_at, jetstream)
+        programs = await start_market(urls, subjects, root, say, metrics_at, jetstream, driver)
         for p in programs:
             if metrics_url(p):
                 say(f"metrics of {p.name}: {metrics_url(p)}")

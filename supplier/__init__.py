@@ -16,7 +16,9 @@ never from its modules. What it offers:
   within a budget, never evicting an image in use);
 - the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
   bid), ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid) and
-  ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d).
+  ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d);
+- the container runtime the ``oci`` driver would use here: ``detect_runtime()`` (its name
+  and version), or ``RuntimeUnavailable`` naming what to install.
 
 Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is loaded.
 """
@@ -24,6 +26,8 @@ Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is load
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
+from supplier.drivers.oci_runtime import RuntimeUnavailable
+from supplier.drivers.oci_runtime import detect as detect_runtime
 from supplier.images import CatalogCache
 from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
@@ -37,8 +41,10 @@ __all__ = [
     "ImageCost",
     "Pricer",
     "PricingConfig",
+    "RuntimeUnavailable",
     "WorkerConfig",
     "check_workers",
+    "detect_runtime",
     "image_term",
     "load_fleet",
 ]

@@ -110,6 +110,14 @@ def run_cmd(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Where the SQLite state lives.")] = None,
     draining: Annotated[bool, typer.Option(help="Start without offering capacity.")] = False,
+    driver: Annotated[
+        str,
+        typer.Option(
+            metavar="DRIVER",
+            help="How the worker (--worker-id) runs machines: sim (simulated), process "
+            "(supervised processes) or oci (containers through runc or crun).",
+        ),
+    ] = "sim",
     max_db_mb: Annotated[
         int | None,
         typer.Option(min=1, help="Cap the state file (MiB); past it the supplier drains."),
@@ -192,6 +200,16 @@ def run_cmd(
             "[default: the host's primary address, else 127.0.0.1]"
         ),
     ] = "",
+    keep_machines: Annotated[
+        bool,
+        typer.Option(
+            "--keep-machines/--machines-stop-with-supplier",
+            help="Machines (process and oci drivers) run on when this supplier stops or "
+            "dies, each held by a shim of its own, and the next supplier on the data dir "
+            "takes them over; or they stop with the supplier (a fleet worker's own "
+            "keep_machines wins).",
+        ),
+    ] = True,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -232,6 +250,7 @@ def run_cmd(
                     spread_ms,
                     draining,
                     ports,
+                    driver,
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
@@ -240,6 +259,7 @@ def run_cmd(
             "max_hold_ms": max_hold_ms,
             "machine_log_mb": machine_log_mb,
             "worker_log_mb": worker_log_mb,
+            "keep_machines": keep_machines,
         }
         workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
@@ -341,6 +361,7 @@ def _single_worker(
     spread_ms: float,
     draining: bool,
     ports: str = "",
+    driver: str = "sim",
 ) -> WorkerConfig:
     if not worker_id or not region:
         fail("--worker-id and --region are required (or use --fleet FILE)")
@@ -356,6 +377,7 @@ def _single_worker(
         "pricing": {"preset": preset, "image_weight": image_weight, "spread_ms": spread_ms},
         "draining": draining,
         "ports": ports,
+        "driver": driver,
     }
     try:
         return msgspec.convert(raw, WorkerConfig, strict=True)
@@ -368,7 +390,7 @@ def main() -> None:
     cli_main(app)
 
 
-def _unset_from(w: WorkerConfig, flags: dict[str, int | None]) -> WorkerConfig:
+def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | None]) -> WorkerConfig:
     """``w`` with each of its settings it leaves unset taken from the flag of that name
     (given: not None)."""
     unset = {k: v for k, v in flags.items() if v is not None and getattr(w, k) is None}

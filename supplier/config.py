@@ -33,6 +33,7 @@ from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
 from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
+from supplier.drivers.oci_runtime import RUNTIMES, RuntimeUnavailable, detect
 from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
 from supplier.ports import PortError, PortRange, overlap
 from supplier.pricing import PricingConfig, build_curves
@@ -45,7 +46,7 @@ DEFAULT_MAX_HOLD_MS = 5000
 
 RestartPolicy = Literal["no", "on-failure", "always"]
 RESTART_POLICIES = ("no", "on-failure", "always")
-DriverName = Literal["sim", "process"]
+DriverName = Literal["sim", "process", "oci"]
 
 
 class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -67,7 +68,16 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     images: list[Image] = []  # cached at start
     pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
     draining: bool = False
+    # How machines run: "sim" (none: simulated), "process" (supervised processes), "oci"
+    # (containers of content images through runc or crun: supplier/drivers/oci.py).
     driver: DriverName = "sim"
+    # Process and oci drivers: machines are held by shims of their own and run on when the
+    # supplier stops or dies (the next one adopts them), or stop with it (false). Unset:
+    # supplier run's --keep-machines (its default) or --machines-stop-with-supplier; a
+    # worker driven in-process without a value stops them.
+    keep_machines: bool | None = None
+    # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
+    oci_runtime: Literal["auto", "runc", "crun"] = "auto"
     # Images this worker knows (the process driver runs only these); sim runs any image.
     catalog: dict[Image, ImageSpec] = {}
     # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
@@ -96,6 +106,11 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # The host its machines' addresses name; unset: supplier run --advertise-host, else the
     # host's primary address (supplier/ports.py default_host).
     advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
+
+    @property
+    def runtimes(self) -> tuple[str, ...]:
+        """The OCI runtimes the oci driver may use, in order of preference."""
+        return RUNTIMES if self.oci_runtime == "auto" else (self.oci_runtime,)
 
     @property
     def hold_cap_ms(self) -> int:
@@ -191,6 +206,11 @@ def check_workers(workers: list[WorkerConfig]) -> None:
             build_curves(w.pricing)
         except ValueError as exc:
             raise ConfigError(f"worker {w.worker_id}: {exc}") from None
+        if w.driver == "oci":  # a host without a usable runtime: one line naming what to install
+            try:
+                detect(w.runtimes)
+            except RuntimeUnavailable as exc:
+                raise ConfigError(f"worker {w.worker_id}: driver oci: {exc}") from None
         if w.capacity.ports:
             raise ConfigError(
                 f"worker {w.worker_id}: capacity.ports: give it a port range instead "

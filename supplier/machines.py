@@ -681,6 +681,7 @@ class Machines:
                         self._prefetch(m)
                 except (DriverError, StoreError) as exc:
                     self.log.error("machine_resume_failed", machine_id=m.machine_id, error=str(exc))
+        await self.driver.settle()  # what an earlier run left that none of them took over
 
     async def logs(self, machine_id: str, tail: int, since: int = -1) -> MachineLogs | Error:
         m = self.get(machine_id)

@@ -329,7 +329,9 @@ class HostClaims:
             raise PortError(f"cannot claim ports in {self.directory}: {exc.strerror}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # one supplier of the host chooses at a time
-            chosen = choose(wanted, self._live())
+            # a claim of this owner is this data dir's from a run before (one supplier per
+            # data dir): its lock may outlive that run in a process it started
+            chosen = choose(wanted, [c for c in self._live() if c.owner != owner])
             for worker_id, r in chosen.items():
                 self._write(worker_id, owner, r)
             return chosen
@@ -367,17 +369,22 @@ class HostClaims:
 
     def _write(self, worker_id: str, owner: str, r: PortRange) -> None:
         path = self.directory / f"{owner}-{worker_id}{CLAIM_SUFFIX}"
+        # a new file renamed over the claim: the old one's lock may still be held by a
+        # process a run before started, which must not keep this claim from being ours
+        fresh = path.with_name(f".{path.name}.{os.getpid()}")
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         except OSError as exc:
             raise PortError(f"cannot write the port claim {path}: {exc.strerror}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             body = {"worker_id": worker_id, "owner": owner, "range": str(r), "pid": os.getpid()}
-            os.ftruncate(fd, 0)
             os.pwrite(fd, json.dumps(body).encode(), 0)
+            os.rename(fresh, path)
         except BaseException:
             os.close(fd)
+            with contextlib.suppress(OSError):
+                fresh.unlink()
             raise
         self._held.append((path, fd))
 
@@ -395,20 +402,22 @@ def choose(wanted: Sequence[Wanted], live: Sequence[Claim]) -> dict[str, PortRan
     for w in wanted:
         if w.range is not None or not w.default:
             continue
-        if w.kept is not None:
-            _refuse_overlap(w.worker_id, w.kept, taken, "its default range, kept from its last run")
-            r = w.kept
-        else:
-            free = next((b for b in default_blocks() if not _in(b, taken)), None)
-            if free is None:
-                raise PortError(
-                    f"worker {w.worker_id}: every default port range is taken on this host: "
-                    'give it one (ports = "FIRST-LAST", supplier run --ports)'
-                )
-            r = free
+        # the block it had before, unless another supplier took it while this one was away
+        # (a default block is the host's to choose: then the first free one)
+        r = w.kept if w.kept is not None and not _in(w.kept, taken) else _free_block(w, taken)
         chosen[w.worker_id] = r
         taken.append((f"worker {w.worker_id}", r))
     return chosen
+
+
+def _free_block(w: Wanted, taken: Sequence[tuple[str, PortRange]]) -> PortRange:
+    free = next((b for b in default_blocks() if not _in(b, taken)), None)
+    if free is None:
+        raise PortError(
+            f"worker {w.worker_id}: every default port range is taken on this host: "
+            'give it one (ports = "FIRST-LAST", supplier run --ports)'
+        )
+    return free
 
 
 def _refuse_overlap(

@@ -37,6 +37,8 @@ from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
 from supplier.drivers import Driver
 from supplier.drivers.confine import Confiner, Exit, Mechanism, owner_of
+from supplier.drivers.oci import OciDriver
+from supplier.drivers.oci_runtime import detect
 from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
 from supplier.drivers.sim import SimDriver
 from supplier.feasible import OrderLike
@@ -67,18 +69,36 @@ def make_driver(
     on_restart: RestartFn,
     size_mb: Callable[[str], int],
 ) -> Driver:
-    """The driver a worker's config asks for; process logs go to <data_dir>/machines/<id>/,
-    the working directories of its image machines to <data_dir>/work/<id>/; process
-    machines are confined as the host allows (supplier/drivers/confine.py), in cgroups of
-    the supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls."""
-    if cfg.driver == "process":
+    """The driver a worker's config asks for; machine logs go to <data_dir>/machines/<id>/,
+    the working directories of its process machines of images to <data_dir>/work/<id>/,
+    its containers below <data_dir>/containers/<id>/; machines are confined as the host
+    allows (supplier/drivers/confine.py; containers by their runtime), in cgroups of the
+    supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls. A
+    worker set to ``oci`` on a host without a runtime: RuntimeUnavailable."""
+    if cfg.driver in ("process", "oci"):
+        owner = owner_of(data_dir)
+        shims = data_dir / "shims" / cfg.worker_id if cfg.keep_machines else None
         confiner, _ = Confiner.probe(
             cfg.confine,
             cfg.worker_id,
-            owner=owner_of(data_dir),
+            owner=owner,
             pids_max=cfg.pids_max,
             cgroup_parent=cfg.cgroup_parent,
         )
+        if cfg.driver == "oci":
+            return OciDriver.make(
+                detect(cfg.runtimes),
+                data_dir,
+                owner,
+                cfg.worker_id,
+                data_dir / "machines" / cfg.worker_id,
+                on_exit,
+                confiner=confiner,
+                cgroup_parent=cfg.cgroup_parent,
+                on_restart=on_restart,
+                log_caps=cfg.log_caps,
+                shims_dir=shims,
+            )
         return ProcessDriver(
             cfg.catalog,
             data_dir / "machines" / cfg.worker_id,
@@ -87,6 +107,7 @@ def make_driver(
             on_restart=on_restart,
             log_caps=cfg.log_caps,
             work_dir=data_dir / "work" / cfg.worker_id,
+            shims_dir=shims,
         )
     return SimDriver(cfg.pull_mb_per_s, size_mb)
 
@@ -143,7 +164,7 @@ class Worker:
         # Its images: the catalog's LRU and, for a process worker, the content cache.
         source = source or StoreSource()
         content = None
-        if self.driver.name == "process":
+        if self.driver.name in ("process", "oci"):
             directory = data_dir / "images" / cfg.worker_id
             content = open_content(directory, cfg.image_budget_mb, source, cfg.worker_id)
         self.images = WorkerImages(
@@ -387,10 +408,11 @@ class Worker:
             holds=len(self.ledger.holds),
             drain_reason=self.drain_reason,
             confinement=self.confinement,
+            driver=self.driver.name,
+            runtime=self.driver.runtime_version,
             cache_bytes=cache.used_bytes,
             cache_budget_bytes=cache.budget_bytes,
             image_digests=cache.digests[:MAX_STATUS_DIGESTS],
-            driver=self.driver.name,
             advertise_host=self.ports.host,
             port_range=str(self.ports.range) if self.ports.range else "",
         )

@@ -9,6 +9,7 @@ cancels that group (every service cleans up as on SIGTERM), then closes what was
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -59,6 +60,18 @@ def order(
     return PlaceOrder(
         region=region, resources=Resources(cpus=cpus, memory_mb=memory_mb), image=image, **kw
     )
+
+
+def alive(pid: int) -> bool:
+    """Process ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except OSError:
+        return False
 
 
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:

@@ -159,11 +159,12 @@ def outcome(r: Placed | Unfilled) -> None:
 
 def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     """Each worker's capacity, commitments, holds, image cache (bytes used / budget; the
-    images it holds: catalog names, and digests by their first 12 hex digits), labels."""
+    images it holds: catalog names, and digests by their first 12 hex digits), labels, and
+    how it runs machines (its driver and runtime)."""
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines", "cache"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "confined", "jetstream"):
+    for col in ("images", "labels", "state", "driver", "confined", "jetstream"):
         t.add_column(col)
     for s in statuses:
         cache = f"{_size(s.cache_bytes)}/{_size(s.cache_budget_bytes)}"
@@ -178,6 +179,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             safe(",".join([*s.images, *(d[: len("sha256:") + 12] for d in s.image_digests)])),
             safe(",".join(f"{k}={v}" for k, v in s.labels.items())),
             "draining" if s.draining else "ok",
+            safe(f"{s.driver} ({s.runtime})" if s.runtime else s.driver or "-"),
             safe(s.confinement or "-"),  # "" from a worker older than the field
             "on" if s.jetstream else "[yellow]off[/]",
         )

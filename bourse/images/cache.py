@@ -147,6 +147,10 @@ class _Flights:
     def __init__(self) -> None:
         self._running: dict[str, _Flight] = {}
 
+    def __contains__(self, key: str) -> bool:
+        """Whether a run of ``key``'s job is under way."""
+        return key in self._running
+
     async def run(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
         while (flight := self._running.get(key)) is not None:
             await flight.done.wait()
@@ -222,12 +226,17 @@ class ImageCache:
         return self.root_dir / _hex(manifest) if manifest in self._roots else None
 
     def lacking(self, layers: Sequence[Sized], manifest: str = "") -> int:
-        """The bytes a pull of an image with ``layers`` would fetch: the layers not here,
-        each counted once; 0 when ``manifest``'s root is here."""
-        if manifest and manifest in self._roots:
+        """The bytes a pull of an image with ``layers`` would fetch: the layers neither
+        here nor being fetched already (a start shares a fetch under way), each counted
+        once; 0 when ``manifest``'s root is here or being made."""
+        if manifest and (manifest in self._roots or manifest in self._unpacks):
             return 0
         sizes = {layer.digest: layer.size for layer in layers}
-        return sum(size for digest, size in sizes.items() if digest not in self._layers)
+        return sum(
+            size
+            for digest, size in sizes.items()
+            if digest not in self._layers and digest not in self._fetches
+        )
 
     def pin(self, manifest: str) -> None:
         """Keep ``manifest``'s image and its layers (a machine uses it); pins count up."""

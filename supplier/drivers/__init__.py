@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 from typing import Protocol
 
 import anyio.abc
@@ -24,6 +25,9 @@ from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine, Resources
 from supplier.drivers.confine import Mechanism
+
+# A machine run without environment of its own (the default of Driver.start's ``env``).
+NO_ENV: Mapping[str, str] = MappingProxyType({})
 
 
 class DriverError(BourseError, RuntimeError):
@@ -41,6 +45,12 @@ class ImageRun:
 
 class Driver(Protocol):
     name: str
+
+    @property
+    def runtime_version(self) -> str:
+        """What runs its machines, with its version ("runc 1.1.5", "python 3.11.2",
+        "simulated"): a worker's status says it."""
+        ...
 
     @property
     def confinement(self) -> Mechanism:
@@ -68,11 +78,12 @@ class Driver(Protocol):
         ...
 
     async def start(
-        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] | None = None
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
     ) -> None:
         """Run the machine: its content image's files (``image``), else its catalog
-        image's command (cached by now); ``env`` (the order's and Bourse's own variables,
-        supplier/ports.py run_env) above the image's environment."""
+        image's command (cached by now), with ``env``, its run environment (the order's
+        env and its ports, computed by the caller), above the image's own env and below
+        Bourse's ids. Nothing of the supplier's own environment reaches a machine."""
         ...
 
     async def stop(self, m: Machine) -> None:
@@ -93,6 +104,12 @@ class Driver(Protocol):
         left out; and the offset just past the last complete line read."""
         ...
 
+    async def settle(self) -> None:
+        """The supplier resumed the machines its store says should run: anything of an
+        earlier run of it that none of them took over is stopped."""
+        ...
+
     async def close(self) -> None:
-        """The supplier is stopping: stop every machine (they keep their recorded state)."""
+        """The supplier is stopping: stop every machine (they keep their recorded state),
+        or, where machines outlive their supplier, let go of them (they run on)."""
         ...

@@ -41,6 +41,7 @@ import hashlib
 import os
 import signal
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -225,11 +226,13 @@ def weaker_than_cgroups(m: Mechanism) -> bool:
 @dataclass(frozen=True, slots=True)
 class Exit:
     """How a machine's process ended: ``code`` (>= 0) or ``signal``; ``oom`` when the kernel
-    killed it at its memory limit (SIGKILL while its cgroup's oom_kill counter grew)."""
+    killed it at its memory limit (SIGKILL while its cgroup's oom_kill counter grew);
+    ``at_ms`` when, if it was recorded then (0: now), which an equality leaves out."""
 
     code: int | None = None
     signal: int | None = None
     oom: bool = False
+    at_ms: int = field(default=0, compare=False)
 
     @property
     def reason(self) -> Literal["exit", "signal", "oom"]:
@@ -367,15 +370,17 @@ class Confiner:
         procs = dict.fromkeys(str(d / "cgroup.procs") for d in dirs.values())  # co-mounted: once
         return list(procs), []
 
-    def oom_kills(self, machine_id: str) -> int:
+    def oom_file(self, machine_id: str) -> Path | None:
+        """The file that counts the machine's OOM kills (None without a memory cgroup)."""
         d = self.dirs(machine_id)
-        path = (
-            d[""] / "memory.events"
-            if self.mechanism == "cgroup2"
-            else d["memory"] / "memory.oom_control"
-            if self.mechanism == "cgroup1"
-            else None
-        )
+        if self.mechanism == "cgroup2":
+            return d[""] / "memory.events"
+        if self.mechanism == "cgroup1":
+            return d["memory"] / "memory.oom_control"
+        return None
+
+    def oom_kills(self, machine_id: str) -> int:
+        path = self.oom_file(machine_id)
         if path is None:
             return 0
         try:
@@ -434,16 +439,17 @@ class Confiner:
         for d in set(self.dirs(machine_id).values()):
             _rmdir(d)
 
-    def sweep(self, remove_base: bool = False) -> list[str]:
-        """Remove every machine cgroup of this worker of this supplier (at the driver's
-        start: leftovers of its run that died; at its end: none should be left), and with
+    def sweep(self, remove_base: bool = False, keep: Collection[str] = ()) -> list[str]:
+        """Remove every machine cgroup of this worker of this supplier but those of the
+        machines in ``keep`` (at the driver's start: leftovers of its run that died, beside
+        the machines their shims still hold; at its end: none should be left), and with
         ``remove_base`` the worker's own directories, and the supplier's and bourse's above
         them, when empty; returns the machines it removed."""
         gone: set[str] = set()
         for base in self.bases.values():
             if base.is_dir():
                 for d in base.iterdir():
-                    if d.is_dir():
+                    if d.is_dir() and d.name not in keep:
                         self.remove(d.name)
                         gone.add(d.name)
         if remove_base:
@@ -452,6 +458,26 @@ class Confiner:
                 _rmdir(base.parent, wait=False)  # the supplier's, if no other worker uses it
                 _rmdir(base.parent.parent, wait=False)  # .../bourse, if no other supplier does
         return sorted(gone)
+
+
+def remove_cgroups(dirs: Collection[Path], timeout_s: float = 2.0) -> None:
+    """Kill what is left in these cgroup directories (one machine's, in each hierarchy)
+    until they are empty (bounded), and remove them: what a shim does when its machine
+    ended, without the worker's Confiner."""
+    end = time.monotonic() + timeout_s
+    while True:
+        pids: set[int] = set()
+        for d in dirs:
+            with contextlib.suppress(OSError, ValueError):
+                pids.update(int(p) for p in _read(d / "cgroup.procs").split())
+        if not pids or time.monotonic() > end:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.005)  # a pace: killed processes leave the cgroup as they exit
+    for d in dirs:
+        _rmdir(d)
 
 
 def _mkdir(d: Path) -> None:

@@ -17,7 +17,8 @@ shared root in the worker's content cache. The machine sees it this way:
 - **PATH**: each directory of the image's ``PATH`` (its ``Env``, else Docker's default)
   inside the root, then the host's ``/usr/local/bin:/usr/bin:/bin``.
 - **environment**: ``HOME`` (the working directory) and ``PATH`` as above, then the
-  image's ``Env`` (its ``PATH`` replaced by the one above), then Bourse's own:
+  image's ``Env``, then the run's (the order's env, its ports: above the image's; a
+  ``PATH`` of either is the one above), then Bourse's own:
   ``BOURSE_MACHINE_ID``, ``BOURSE_ORDER_ID``, ``BOURSE_IMAGE_ROOT`` (the root),
   ``BOURSE_IMAGE_DIGEST``. Nothing of the supplier's own environment.
 - **user**: the supplier's; the image's ``User`` is not applied (no container).
@@ -30,12 +31,14 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine
-from supplier.drivers.bundle import DEFAULT_PATH, argv, image_env
+from supplier.drivers import NO_ENV
+from supplier.drivers.bundle import DEFAULT_PATH, argv, check_env, image_env
 
 # The host's part of a machine's PATH, after the image's directories.
 HOST_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -52,13 +55,17 @@ class Launch:
     cwd: Path | None  # None: the supplier's
 
 
-def launch(m: Machine, root: Path, config: RunConfig, cwd: Path) -> Launch:
-    """The process a machine of the image at ``root`` runs, in ``cwd`` (see the module doc).
-    ``BundleError`` names what the image lacks (no command) or carries badly (its env)."""
+def launch(
+    m: Machine, root: Path, config: RunConfig, cwd: Path, env: Mapping[str, str] = NO_ENV
+) -> Launch:
+    """The process a machine of the image at ``root`` runs, in ``cwd`` (see the module doc),
+    with the image's env, then the run's ``env``, then Bourse's own variables. ``BundleError``
+    names what the image lacks (no command) or carries badly (its env, or the run's)."""
     args = argv(config)
-    own = image_env(config.env or ())
+    check_env(env, "the order's")
+    own = {**image_env(config.env or ()), **env}
     path = search_path(root, own.pop("PATH", DEFAULT_PATH))
-    env = {
+    environment = {
         "HOME": str(cwd),
         "PATH": path,
         **own,
@@ -71,7 +78,7 @@ def launch(m: Machine, root: Path, config: RunConfig, cwd: Path) -> Launch:
         inside = resolve(root, args[0])
         if inside is not None:
             args[0] = str(inside)
-    return Launch(args, env, cwd)
+    return Launch(args, environment, cwd)
 
 
 def search_path(root: Path, image_path: str) -> str:

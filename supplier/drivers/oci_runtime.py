@@ -55,6 +55,7 @@ import stat
 import subprocess
 import time
 import uuid
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -293,26 +294,34 @@ def _read(path: Path) -> str:
 # -- the containers of one owner ------------------------------------------------------------
 class Containers:
     """The containers of one owner (a worker) through ``runtime``, below
-    ``directory/<owner>``; ``cgroup_parent`` places their cgroups below that cgroup instead
-    of the caller's own."""
+    ``directory/<owner>``; their cgroups are ``<subtree>/<owner>/<machine id>`` (the
+    process driver's tree passes ``bourse/<its supplier's owner>``), below
+    ``cgroup_parent`` when given, else below the caller's own cgroup."""
 
     def __init__(
-        self, runtime: Runtime, directory: Path, owner: str, cgroup_parent: str = ""
+        self,
+        runtime: Runtime,
+        directory: Path,
+        owner: str,
+        cgroup_parent: str = "",
+        subtree: str = SUBTREE,
     ) -> None:
         if not _ID.match(owner):
             raise ContainerError(f"owner {owner!r} is not a worker id")
         self.runtime = runtime
+        self.directory = directory
         self.owner = owner
         self.home = directory.resolve() / owner  # as /proc/self/mountinfo names it
         self.state = self.home / "state"
         self.machines = self.home / "machines"
         self.cgroup_parent = cgroup_parent.strip("/")
+        self.subtree = subtree.strip("/")
         self.log = log.bind(worker_id=owner)
 
     def cgroups_path(self, machine_id: str) -> str:
         """The machine's cgroups path (the spec's ``cgroupsPath``)."""
         runtime_id(machine_id)  # a machine id, or BundleError
-        return self._below(f"{SUBTREE}/{self.owner}/{machine_id}")
+        return self._below(f"{self.subtree}/{self.owner}/{machine_id}")
 
     def _below(self, path: str) -> str:
         return f"/{self.cgroup_parent}/{path}" if self.cgroup_parent else path
@@ -460,9 +469,7 @@ class Containers:
                 _run("umount", "-l", str(point))
         left += [f"mount {p}" for p in _mounts_below(box.dir)]
         if box.disk.exists():
-            for device in _loops(box.disk):
-                if _run("losetup", "-d", device).returncode != 0:
-                    left.append(f"loop device {device}")
+            left += [f"loop device {d}" for d in _detach_loops(box.disk)]
         if not left:
             shutil.rmtree(box.dir, ignore_errors=True)
             if box.dir.exists():
@@ -479,33 +486,43 @@ class Containers:
             return set()
 
     # -- sweep ------------------------------------------------------------------------------
-    async def sweep(self) -> list[str]:
-        """Remove every container of this owner and all it held (what a supplier that
-        died left: running containers are killed); then the owner's empty cgroup parents.
-        Never another owner's. Returns the machine ids swept."""
-        return await anyio.to_thread.run_sync(self._sweep)
+    async def sweep(self, keep: Collection[str] = ()) -> list[str]:
+        """Remove every container of this owner and all it held but those of the machines
+        in ``keep`` (what a supplier that died left: running containers are killed; the
+        ones their shims still hold stay); then the owner's empty cgroup parents. Never
+        another owner's. Returns the machine ids swept."""
+        return await anyio.to_thread.run_sync(self._sweep, keep)
 
-    def _sweep(self) -> list[str]:
+    def _sweep(self, keep: Collection[str] = ()) -> list[str]:
         gone: list[str] = []
         errors: list[str] = []
+        kept = {runtime_id(m) for m in keep}
         boxes = sorted(self.machines.iterdir()) if self.machines.is_dir() else []
         orphans = sorted(self.state.iterdir()) if self.state.is_dir() else []
         for d in [*boxes, *(o for o in orphans if not (self.machines / o.name).exists())]:
+            if d.name in kept:
+                continue
             try:
                 self._teardown(Box(self.machines / d.name))
             except ContainerError as exc:
                 errors.append(str(exc))
             with contextlib.suppress(BourseError):
                 gone.append(machine_id_of(d.name))
-        owner_dirs = set(self.cgroups(self._below(f"{SUBTREE}/{self.owner}")).values())
-        for d in sorted({*owner_dirs, *(p.parent for p in owner_dirs)}, reverse=True):
-            with contextlib.suppress(OSError):
-                d.rmdir()  # only when empty: another owner's subtree stays
+        self._remove_empty_parents()
         if gone:
             self.log.warning("containers_swept", machines=gone)
         if errors:
             raise ContainerError("; ".join(errors))
         return gone
+
+    def _remove_empty_parents(self) -> None:
+        """The owner's cgroup directories and the subtree's above them, where empty."""
+        owner_dirs = set(self.cgroups(self._below(f"{self.subtree}/{self.owner}")).values())
+        levels = len(self.subtree.split("/"))  # bourse/<owner>: 2 above a machine's
+        parents = {p.parents[i] for p in owner_dirs for i in range(levels)}
+        for d in sorted({*owner_dirs, *parents}, key=lambda p: len(p.parts), reverse=True):
+            with contextlib.suppress(OSError):
+                d.rmdir()  # only when empty: another owner's subtree stays
 
 
 def _record(box: Box) -> Record | None:
@@ -519,6 +536,20 @@ def _loops(disk: Path) -> list[str]:
     """The loop devices backed by ``disk``."""
     out = _run("losetup", "-j", str(disk)).stdout
     return [line.split(":", 1)[0] for line in out.splitlines() if ":" in line]
+
+
+def _detach_loops(disk: Path) -> list[str]:
+    """Detach the loop devices backed by ``disk``; those still attached after a while. An
+    unmounted loop device clears itself in the kernel's own time (autoclear): it is waited
+    for, so the disk is never removed under a device that still names it."""
+    for _ in range(400):
+        devices = _loops(disk)
+        if not devices:
+            return []
+        for device in devices:
+            _run("losetup", "-d", device)
+        time.sleep(0.005)  # a pace: the kernel is releasing the devices
+    return _loops(disk)
 
 
 def _remove_cgroup(d: Path) -> bool:

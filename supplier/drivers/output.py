@@ -1,9 +1,9 @@
 """A process machine's output: its log files, capped and rotated, the thread that copies the
 output into them, and the reader that serves ``machines logs``.
 
-A machine's stdout and stderr are one pipe; the worker's :class:`Pump` (one thread) reads
-every machine's pipe and appends to ``<log_dir>/<machine_id>.log``, so what the output takes
-on disk is bounded and can never fill the disk the store needs:
+A machine's stdout and stderr are one pipe; a :class:`Pump` (one thread, in the machine's
+shim: supplier/drivers/shim.py) reads it and appends to ``<log_dir>/<machine_id>.log``, so
+what the output takes on disk is bounded and can never fill the disk the store needs:
 
 - per machine: ``<id>.log`` holds at most ``file_bytes``; a full one becomes ``<id>.log.1``
   (the previous ``.log.1`` is deleted) and a new ``<id>.log`` begins: at most twice
@@ -13,7 +13,9 @@ on disk is bounded and can never fill the disk the store needs:
 - per worker: its machines' logs together at most ``worker_bytes``; output past that first
   costs the printing machine its ``.log.1``, then it is left out; so is output the disk
   refuses (a full disk). A line ``[... N bytes of output left out: why]`` says so, written
-  once there is room again;
+  once there is room again. Each machine's writer (its shim) counts the directory again
+  before it would leave output out and after every ``RECOUNT_BYTES`` it wrote, so the
+  writers of a worker together overshoot the budget by at most that much each;
 - a machine's output is copied at most RATE_BYTES_S a second (after a burst of
   BURST_BYTES): past that the pump reads its pipe no faster, the pipe fills and the
   machine's writes wait. The copying costs the supplier's CPU, which a machine printing in a
@@ -60,6 +62,9 @@ CHUNK = 64 * 1024
 PIPE_BYTES = 1024 * 1024
 RATE_BYTES_S = 8 * MIB
 BURST_BYTES = 2 * MIB
+# A writer counts what its worker's logs take again after writing this much (the other
+# machines' writers are other processes).
+RECOUNT_BYTES = MIB
 # Stored after the part of a line longer than a log file that is kept.
 LINE_CUT = b" [... line cut: longer than the log file]\n"
 # A reply's line cut by its byte budget: the beginning left out (the last lines of a log),
@@ -207,8 +212,9 @@ class Logs:
         self.log_dir = log_dir
         self.file_bytes = caps.machine_mb * MIB
         self.worker_bytes = caps.worker_mb * MIB
-        self.total = 0  # bytes of every machine log in log_dir (counted at the pump's start)
+        self.total = 0  # bytes of every machine log in log_dir (as last counted, + writes)
         self.left_out = 0  # bytes left out since then (over the worker's budget, disk full)
+        self._unrecounted = 0  # bytes written since the last count
         self._lock = threading.Lock()
         self._machines: dict[str, _Machine] = {}
 
@@ -217,11 +223,14 @@ class Logs:
         return self.log_dir / f"{machine_id}.log"
 
     def count(self) -> None:
-        """Count what the logs already take (a restart: the last run's files)."""
+        """Count what the logs take (the other machines' and earlier runs' files)."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.total = sum(
-            p.stat().st_size for p in self.log_dir.iterdir() if p.name.endswith((".log", ".1"))
-        )
+        total = 0
+        for p in self.log_dir.iterdir():
+            if p.name.endswith((".log", ".1")):
+                total += _size(p)  # another writer may rotate or remove it meanwhile
+        self.total = total
+        self._unrecounted = 0
 
     # -- writing (the pump's thread) -------------------------------------------------------------
     def write(self, machine_id: str, data: bytes) -> None:
@@ -258,6 +267,8 @@ class Logs:
     def _store(self, m: _Machine, data: bytes) -> bool:
         """Append ``data`` to the machine's log, rotating it whenever it is full; False (and
         ``m.why``) when the worker's budget or the disk cannot take it all."""
+        if self._unrecounted >= RECOUNT_BYTES or self.total + len(data) > self.worker_bytes:
+            self.count()
         if self.total + len(data) > self.worker_bytes and m.old:
             self._drop_old(m)  # the printing machine's older output goes first
         if self.total + len(data) > self.worker_bytes:
@@ -276,6 +287,7 @@ class Logs:
                 return False
             m.size += written
             self.total += written
+            self._unrecounted += written
             m.ends_line = part[written - 1 : written] == b"\n" if written else m.ends_line
             if written < len(part):  # the disk took only part of it
                 m.why = os.strerror(errno.ENOSPC)

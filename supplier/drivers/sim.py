@@ -10,7 +10,7 @@ import anyio
 import anyio.abc
 
 from bourse.wire.messages import Machine, Resources
-from supplier.drivers import ImageRun
+from supplier.drivers import NO_ENV, ImageRun
 from supplier.drivers.confine import Mechanism
 from supplier.images import DEFAULT_IMAGE_MB, MIB
 
@@ -23,6 +23,7 @@ MEASURED_PULL_MB_PER_S = 50.0
 
 class SimDriver:
     name = "sim"
+    runtime_version = "simulated"
     confinement: Mechanism = "none"  # nothing runs: nothing to confine
 
     def __init__(
@@ -58,7 +59,7 @@ class SimDriver:
         return self.size_mb(image) * MIB, seconds
 
     async def start(
-        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] | None = None
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
     ) -> None:
         self.running.add(m.machine_id)
 
@@ -75,6 +76,9 @@ class SimDriver:
         self, machine_id: str, tail: int, max_bytes: int, since: int = -1
     ) -> tuple[list[str], bool, int]:
         return [], False, 0  # simulated machines print nothing
+
+    async def settle(self) -> None:
+        pass  # nothing outlives a simulation
 
     async def close(self) -> None:
         self.running.clear()

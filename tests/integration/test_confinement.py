@@ -205,7 +205,8 @@ async def test_after_a_supplier_restart_running_machines_are_in_their_cgroups(
     }
     fleet.write_text(json.dumps({"worker": [cfg]}))
     args = ("run", "--fleet", str(fleet), "--data-dir", str(tmp_path / "data"))
-    args += ("--nats", market.url, "--prefix", market.subjects.prefix)
+    args += ("--machines-stop-with-supplier", "--nats", market.url)
+    args += ("--prefix", market.subjects.prefix)
     sup = await start("supplier", *args, log_path=tmp_path / "s.log", ready="supplier ready")
     buyer = await market.client(direct=True)
     r = await buyer.place(order())

@@ -120,6 +120,43 @@ async def test_concurrent_pulls_share_each_layers_one_fetch(
     assert await cache.prepare(a) == root_a and cache.stats().hits == 1
 
 
+class Gated(Counting):
+    """The real store, each layer fetch held until ``go`` is set (``asked`` says one is)."""
+
+    def __init__(self, store: ImageStore) -> None:
+        super().__init__(store)
+        self.asked, self.go = anyio.Event(), anyio.Event()
+
+    async def fetch_blob(
+        self,
+        descriptor: Descriptor,
+        dest: Path,
+        *,
+        tmp_dir: Path | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.asked.set()
+        await self.go.wait()
+        await super().fetch_blob(descriptor, dest, tmp_dir=tmp_dir, timeout_s=timeout_s)
+
+
+async def test_a_pull_under_way_is_not_priced_again(
+    store: ImageStore, tmp_path: Path, two_images: tuple[tuple[str, list[Descriptor]], ...]
+) -> None:
+    """A start that would share a fetch under way adds no bytes of it (what a bid prices)."""
+    (a, a_layers), (b, b_layers) = two_images
+    source = Gated(store)
+    cache = ImageCache.open(tmp_path / "cache", source, Limits(budget_bytes=1 << 30))
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(cache.prepare, a)
+        await source.asked.wait()  # a's first layer (the shared base) is being fetched
+        assert cache.lacking(a_layers, a) == 0  # its root is being made
+        base, top_b = b_layers
+        assert cache.lacking(b_layers, b) == top_b.size  # the base comes with a's pull
+        source.go.set()
+    assert cache.lacking(b_layers, b) == top_b.size and base.digest in source.fetches
+
+
 async def test_concurrent_pulls_share_a_failed_fetch_and_keep_nothing_of_it(
     store: ImageStore, tmp_path: Path, two_images: tuple[tuple[str, list[Descriptor]], ...]
 ) -> None:

@@ -217,6 +217,7 @@ async def test_running_machines_come_back_after_kill_9_of_the_supplier(
         str(fleet),
         "--data-dir",
         str(tmp_path / "data"),
+        "--machines-stop-with-supplier",
         "--nats",
         market.url,
         "--prefix",

@@ -8,7 +8,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import stat
 import subprocess
 import time
@@ -35,15 +34,10 @@ from supplier.drivers.oci_runtime import (
     read_image_file,
     verdict,
 )
+from tests.containers import PASSWD, busybox_root, need_runc
 from tests.market import wait_until
 
-APPLETS = (
-    *("awk", "cat", "dd", "echo", "env", "grep", "id", "ls"),
-    *("mkdir", "mount", "pwd", "sh", "sleep", "touch", "true"),
-)
 LIMITS = Limits(millicores=500, memory_bytes=64 * MIB, pids=64)
-PASSWD = "root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n"
-GROUP = "root:x:0:\napp:x:1000:\n"
 # The capability bits of bundle.CAPABILITIES (linux/capability.h).
 CAP_BITS = {
     "CAP_CHOWN": 0,
@@ -120,33 +114,13 @@ def test_image_files_are_read_without_following_links(tmp_path: Path) -> None:
 # -- fixtures: runc, a busybox root, an owner's containers ----------------------------------
 @pytest.fixture(scope="module")
 def runtime() -> Runtime:
-    if os.geteuid() != 0:
-        pytest.skip(f"container tests need root, and runc ({INSTALL})")
-    try:
-        return detect(("runc",))
-    except RuntimeUnavailable as exc:
-        pytest.skip(f"{exc} ({INSTALL})")
+    return need_runc()
 
 
 @pytest.fixture(scope="module")
 def image_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A root of a static busybox and its applets, /etc/passwd and /etc/group, /tmp."""
-    busybox = shutil.which("busybox")
-    if busybox is None:
-        pytest.skip("needs busybox (Debian package busybox-static)")
-    linked = subprocess.run(["ldd", busybox], capture_output=True, text=True, check=False)
-    if "not a dynamic executable" not in linked.stdout + linked.stderr:
-        pytest.skip(f"{busybox} is not static (Debian package busybox-static)")
-    root = tmp_path_factory.mktemp("image") / "root"
-    for d in ("bin", "etc", "mnt", "tmp"):
-        (root / d).mkdir(parents=True)
-    (root / "tmp").chmod(0o1777)
-    shutil.copy(busybox, root / "bin/busybox")
-    for applet in APPLETS:
-        (root / "bin" / applet).symlink_to("busybox")
-    (root / "etc/passwd").write_text(PASSWD)
-    (root / "etc/group").write_text(GROUP)
-    return root
+    return busybox_root(tmp_path_factory.mktemp("image") / "root")
 
 
 def _owner() -> str:

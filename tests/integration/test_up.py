@@ -15,6 +15,7 @@ from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
 from ops.hello import HELLO_REF, HELLO_RUN
+from tests.containers import need_runc
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import order, wait_until
 
@@ -24,7 +25,7 @@ pytestmark = ONE_DEMO_FLEET_AT_A_TIME
 FREE_METRICS = ("--metrics-addr", "127.0.0.1:0")
 
 
-async def _up(data_dir: Path) -> tuple[Program, str]:
+async def _up(data_dir: Path, *extra: str) -> tuple[Program, str]:
     up = await start_program(
         "ops.cli",
         "up",
@@ -33,6 +34,7 @@ async def _up(data_dir: Path) -> tuple[Program, str]:
         "--data-dir",
         str(data_dir),
         *FREE_METRICS,
+        *extra,
         log_path=data_dir.parent / "up.log",
         ready="BOURSE_NATS_URL=",
     )
@@ -110,3 +112,19 @@ async def test_up_never_picks_up_bourse_nats_url(tmp_path: Path) -> None:
         assert up.ready_line.split("=", 1)[1] != dead
     finally:
         await stop_all([up])
+
+
+@pytest.mark.slow
+async def test_up_driver_oci_makes_the_demo_fleet_container_workers(tmp_path: Path) -> None:
+    need_runc()
+    data = tmp_path / "up"
+    up, url = await _up(data, "--driver", "oci")
+    try:
+        nc = await connect(url, name="t", service=False)
+        statuses = await BourseClient(nc).status("mad")
+        assert statuses and {(s.driver, s.runtime.split()[0]) for s in statuses} == {
+            ("oci", "runc")
+        }
+        await nc.close()
+    finally:
+        assert await up.stop() == 0

@@ -108,9 +108,13 @@ def test_a_host_refuses_a_range_a_live_supplier_serves_and_gives_defaults_apart(
     assert got == {"b": PortRange(20100, 20199), "a": PortRange(20200, 20299)}
 
 
-def test_a_default_range_is_kept_across_restarts() -> None:
+def test_a_default_range_is_kept_across_restarts_unless_another_supplier_took_it() -> None:
     kept = PortRange(20500, 20599)
     assert choose([Wanted("a", None, default=True, kept=kept)], []) == {"a": kept}
+    live = [Claim("x", "o1", kept, 42)]  # taken while this worker's supplier was away
+    assert choose([Wanted("a", None, default=True, kept=kept)], live) == {
+        "a": PortRange(20000, 20099)
+    }
 
 
 # -- the allocator ------------------------------------------------------------------------------

@@ -173,3 +173,27 @@ def test_subscores_show_whole_numbers_whole() -> None:
         {"cpus": 0.875, "image": 1.0, "pull_bytes": 104857600.0, "pull_s": 2.0}
     )
     assert shown == "cpus=0.875 image=1 pull_bytes=104857600 pull_s=2"
+
+
+def test_fleet_shows_each_workers_driver_and_runtime() -> None:
+    from bourse.wire.messages import Amount, WorkerStatus
+
+    def status(driver: str, runtime: str) -> WorkerStatus:
+        return WorkerStatus(
+            worker_id="w1",
+            region="mad",
+            labels={},
+            capacity=Amount(cpus=2, memory_mb=1024),
+            committed=Amount(cpus=0, memory_mb=0),
+            held=Amount(cpus=0, memory_mb=0),
+            images=[],
+            machines=0,
+            draining=False,
+            driver=driver,
+            runtime=runtime,
+        )
+
+    rows = plain(render.fleet([status("oci", "runc 1.1.5"), status("", "")]))
+    assert "driver" in rows[0].split()
+    assert "oci (runc 1.1.5)" in rows[1]
+    assert rows[2].split()[-3] == "-"  # a worker that does not say: driver, confined, js

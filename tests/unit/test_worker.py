@@ -264,9 +264,10 @@ async def test_status(worker: Worker) -> None:
         draining=False,
         holds=1,
         confinement="none",  # the sim driver runs nothing to confine
+        driver="sim",
+        runtime="simulated",
         cache_bytes=200 * 1024 * 1024,  # the sim's model of its cache: web's default size
         cache_budget_bytes=20_000 * 1024 * 1024,  # a fifth of its disk
-        driver="sim",
     )
 
 
