@@ -15,7 +15,7 @@ from bourse.client.apps import view
 from bourse.client.apps.apply import DEFAULT_CHECK_WAIT_S, Applied, apply, context
 from bourse.client.apps.plan import Plan
 from bourse.client.apps.spec import AppSpec
-from bourse.client.apps.store import AppStore, SecretStore
+from bourse.client.apps.store import AppStore
 from bourse.runtime.cli import error_fields, fail, parse_labels
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
 from buyer_cli.options import (
@@ -126,8 +126,7 @@ def deploy(
         apps_kv = await AppStore.open(
             c.nc, c.subjects.prefix, tenant=c.tenant, create=not plan_only
         )
-        secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=False)
-        ctx_ = await context(c, apps_kv, secrets, spec)
+        ctx_ = await context(c, apps_kv, spec)
         if plan_only:
             return ctx_.plan()
         return await apply(

@@ -16,7 +16,7 @@ from nats.aio.msg import Msg
 
 from bourse.client.apps import spec as spec_mod
 from bourse.client.apps.apply import apply, context
-from bourse.client.apps.store import AppStore, SecretStore
+from bourse.client.apps.store import AppStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.drivers.process import ProcessDriver
@@ -246,8 +246,7 @@ async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(
     v2 = spec_mod.parse(SPEC.replace("memory_mb = 256", "memory_mb = 384"))
     c = await market.client()
     apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
-    secrets = await SecretStore.open(c.nc, market.subjects.prefix, create=False)
-    ctx = await context(c, apps_kv, secrets, v2)
+    ctx = await context(c, apps_kv, v2)
     nc = await market.connect("watch")
     first: list[str] = []
     placed = anyio.Event()
