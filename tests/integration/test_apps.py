@@ -297,3 +297,51 @@ async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_p
     assert all(line.split(" | ")[0] in machines for line in out.splitlines())
     code, out, _ = await buyer(market, "apps", "destroy", "hello")
     assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
+
+
+# A machine that prints the secret it was given, then stays up.
+PRINT_TOKEN = [
+    "{python}",
+    "-c",
+    "import os, sys, time; print('TOKEN=' + os.environ.get('TOKEN', '-'), flush=True); "
+    "time.sleep(600)",
+]
+
+
+async def test_a_machine_is_given_its_apps_secrets_and_nothing_says_them(
+    market: Market, tmp_path: Path
+) -> None:
+    """A secret set before the first deploy is in the env of the app's process machine (it
+    prints it); no event of the deploy, and no output of a command, carries the value."""
+    await market.jetstream_init()
+    wid = own_worker_id("mad-1")
+    host = await market.host(
+        worker(wid, driver="process", catalog={"web": {"command": PRINT_TOKEN}})
+    )
+    await market.exchange()
+    nc = await market.connect("watch")
+    events: list[bytes] = []
+
+    async def seen(msg: Msg) -> None:
+        events.append(msg.data)
+
+    sub = await nc.subscribe(market.subjects.events(), cb=seen)
+    code, out, err = await buyer(market, "apps", "secrets", "set", "hello", "TOKEN=s3cr3t")
+    assert code == 0 and "s3cr3t" not in out + err
+    one = SPEC.replace('["mad", "ams"]', '["mad"]').replace("spares = 1", "spares = 0")
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, one), "--json")
+    assert code == 0, out + err
+    [mid] = [s["machine_id"] for s in json.loads(out)["slots"]]
+    driver = host.workers[wid].driver
+    assert isinstance(driver, ProcessDriver)
+    log = driver.log_path(mid)
+    await wait_until(lambda: log.exists() and "TOKEN=" in log.read_text())
+    assert "TOKEN=s3cr3t" in log.read_text().splitlines()
+    code, out, err = await buyer(market, "apps", "logs", "hello")
+    assert code == 0 and f"{mid} | TOKEN=s3cr3t" in out  # the machine's own output says it
+    for cmd in (["apps", "status", "hello", "--json"], ["machines", "show", mid, "--json"]):
+        code, out, err = await buyer(market, *cmd)
+        assert code == 0 and "s3cr3t" not in out + err, cmd
+    await nc.flush()
+    await sub.unsubscribe()
+    assert events and not [e for e in events if b"s3cr3t" in e]

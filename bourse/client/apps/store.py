@@ -125,6 +125,9 @@ async def _bucket(
         history=1,
         storage=StorageType.FILE,
         replicas=replicas,
+        # keys read by subject from any replica: how a tenant reads its own keys and a
+        # supplier an app's secrets (several keys in one request)
+        direct=True,
     )
     try:
         return await js.create_key_value(config)
