@@ -14,9 +14,8 @@ from bourse.client.apps import view
 from bourse.client.apps.plan import plan
 from bourse.client.apps.store import AppRecord, AppStore, SecretStore
 from bourse.client.follow import follow_logs
-from bourse.client.policy import app_machines
 from bourse.runtime.cli import fail
-from bourse.wire.messages import Machine
+from bourse.wire.messages import ListMachines, Machine
 from buyer_cli.options import MachineDirectOpt
 from buyer_cli.session import session, with_client
 
@@ -56,7 +55,8 @@ def list_apps(ctx: typer.Context) -> None:
 async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
     """The app's machines, and each one's slot and role as the planner sees them."""
     rec = await (await _apps(c)).get(name)
-    machines = await app_machines(c, name, None)
+    # one filtered listing of every region (§4.17), as a deploy lists the app's machines
+    machines = (await c.list_machines(None, ListMachines(app=name))).machines
     if rec is None and not machines:
         fail(f"no app {name!r}: neither a spec kept nor a machine (buyer apps list)")
     if rec is None or rec.spec is None:
