@@ -1,8 +1,12 @@
 """Apps under the generated auth config, from the attacker's side: a tenant keeps its own
 app's record and secrets (under its name) and reaches no other tenant's; nobody but a
-supplier gets a secret's value back, the shared buyer key and the tenants included."""
+supplier gets a secret's value back, the shared buyer key and the tenants included; and a
+tenant deploys its app with the real programs, each on its own key."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -13,6 +17,7 @@ from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import apps_bucket_name, secrets_bucket_name
 from supplier.secrets import read
 from tests.security.conftest import PREFIX, Secured
+from tests.security.test_end_to_end import run_buyer, start_market
 
 APPS = apps_bucket_name(PREFIX)
 SECRETS = secrets_bucket_name(PREFIX)
@@ -97,3 +102,44 @@ async def test_the_shared_buyer_key_writes_secrets_and_reads_none_back(
         await buyer.publish(subject, b"{}", reply=buyer.new_inbox())
     await flush_all(buyer)
     assert violations.denied() == {s.lower() for s in attempts}
+
+
+@pytest.mark.slow
+async def test_a_tenant_deploys_its_app_and_another_sees_none_of_it(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """alice sets a secret and deploys ``web`` (its machine started: the supplier read the
+    secret under alice's scope); bob lists no app, no secret, no status of hers."""
+    operator, _ = await secured.connect("operator")
+    await AppStore.open(operator, PREFIX)  # the operator's set-up makes the buckets
+    await SecretStore.open(operator, PREFIX)
+    programs = await start_market(secured, tmp_path)
+    try:
+        code, out, err = await run_buyer(secured, "buyer:alice", "apps", "secrets", "set", "web",
+                                      "TOKEN=al1ce")  # fmt: skip
+        assert code == 0, err
+        deploy = ["deploy", "--app", "web", "--region", "mad", "--cpus", "1"]
+        deploy += ["--memory-mb", "256", "--image", "web", "--json"]
+        code, out, err = await run_buyer(secured, "buyer:alice", *deploy)
+        assert code == 0, out + err
+        [slot] = json.loads(out)["slots"]
+        assert slot["result"] == "done" and slot["order_id"] == "web.g1.mad.0", slot
+        code, out, err = await run_buyer(secured, "buyer:alice", "apps", "list", "--json")
+        assert code == 0 and [a["app"] for a in json.loads(out)["apps"]] == ["web"], err
+        code, out, err = await run_buyer(secured, "buyer:alice", "apps", "status", "web", "--json")
+        assert code == 0 and [m["state"] for m in json.loads(out)["machines"]] == ["started"]
+        code, out, _ = await run_buyer(secured, "buyer:alice", "apps", "secrets", "list", "web")
+        assert out.split() == ["TOKEN"]
+
+        code, out, err = await run_buyer(secured, "buyer:bob", "apps", "list", "--json")
+        assert code == 0 and json.loads(out)["apps"] == [], err
+        code, out, err = await run_buyer(secured, "buyer:bob", "apps", "secrets", "list", "web")
+        assert code == 0 and out == "", err
+        code, out, err = await run_buyer(secured, "buyer:bob", "apps", "status", "web")
+        assert code == 1 and "no app 'web'" in err, out + err
+    finally:
+        codes = [await p.stop() for p in reversed(programs)]
+    assert codes == [0, 0, 0]
+    for p in programs:
+        assert "permissions violation" not in p.log.lower(), p.log
+        assert "al1ce" not in p.log
