@@ -12,6 +12,8 @@ from collections import defaultdict
 from pathlib import Path
 
 import anyio
+import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from bourse.client.apps import spec as spec_mod
@@ -36,6 +38,7 @@ spares = 1
 cpus = 1
 memory_mb = 256
 """
+V2 = SPEC.replace("memory_mb = 256", "memory_mb = 384")
 
 
 async def _market(market: Market) -> None:
@@ -393,3 +396,34 @@ async def test_two_deploys_at_once_one_is_refused_before_it_places_anything(
     }
     kept = await apps_kv.get("hello")
     assert kept is not None and kept.spec == winner
+
+
+async def test_a_deploy_whose_app_changes_meanwhile_stops_at_its_next_step(
+    market: Market, tmp_path: Path
+) -> None:
+    """While an update rolls, the app's record changes (a secret set): the rollout stops
+    at its next step with one line; the next deploy rolls the app to what it is now."""
+    await _market(market)
+    assert (await buyer(market, "deploy", "-f", _write(tmp_path, SPEC)))[0] == 0
+    c = await market.client()
+    apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
+    ctx = await context(c, apps_kv, spec_mod.parse(V2))
+    changed = False
+
+    async def seen(msg: Msg) -> None:
+        nonlocal changed
+        if ".g2." in decode(msg.data, Event).order_id and not changed:
+            changed = True  # as `apps secrets set` does, while the rollout runs
+            await apps_kv.change("hello", lambda r: msgspec.structs.replace(r, secrets={"X": 7}))
+
+    nc = await market.connect("watch")
+    await nc.subscribe(market.subjects.events(kind="placed"), cb=seen)
+    with pytest.raises(AppChanged, match="app 'hello' changed while this deploy ran"):
+        await apply(c, apps_kv, ctx, check_wait_s=5)
+    assert changed
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, V2, "v2.toml"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["generation"] == 3  # the secrets' revision is part of it
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {r["generation"] for r in rows} == {"3"}
