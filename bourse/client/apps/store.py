@@ -223,17 +223,18 @@ class AppStore(_KvStore):
     async def change(self, app: str, how: Callable[[AppRecord], AppRecord]) -> AppRecord:
         """Write ``how`` of the app's record (an empty one when there is none), read again
         and redone while another command changes it meanwhile."""
-        for attempt in range(RECORD_TRIES):
-            record, last = await self.read(app)
-            new = how(record or AppRecord())
+        for _ in range(RECORD_TRIES - 1):
             try:
-                await self.write(app, new, last)
+                return await self._change_once(app, how)
             except AppChanged:
-                if attempt == RECORD_TRIES - 1:
-                    raise
                 continue
-            return new
-        raise AssertionError("unreachable")  # pragma: no cover
+        return await self._change_once(app, how)
+
+    async def _change_once(self, app: str, how: Callable[[AppRecord], AppRecord]) -> AppRecord:
+        record, last = await self.read(app)
+        new = how(record or AppRecord())
+        await self.write(app, new, last)
+        return new
 
     async def delete(self, app: str) -> None:
         """Forget the app (its machines are destroyed first)."""
