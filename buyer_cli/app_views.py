@@ -14,9 +14,8 @@ from bourse.client.apps import view
 from bourse.client.apps.plan import plan
 from bourse.client.apps.store import AppRecord, AppStore, SecretStore
 from bourse.client.follow import follow_logs
-from bourse.client.policy import app_machines
 from bourse.runtime.cli import fail
-from bourse.wire.messages import Machine
+from bourse.wire.messages import ListMachines, Machine
 from buyer_cli.options import MachineDirectOpt
 from buyer_cli.session import session, with_client
 
@@ -32,13 +31,15 @@ def list_apps(ctx: typer.Context) -> None:
 
     async def go(c: BourseClient) -> list[AppRecord]:
         store = await _apps(c)
-        return [r for name in await store.names() if (r := await store.get(name)) is not None]
+        got = [await store.get(name) for name in await store.names()]
+        return [r for r in got if r is not None and r.spec is not None]
 
     records = with_client(ctx, go)
+    specs = [r.spec for r in records if r.spec is not None]
     rows = [
-        {"app": r.spec.app, "generation": r.generation, "image": r.spec.image,
-         "regions": r.spec.regions, "count": r.spec.count, "spares": r.spec.spares}
-        for r in records
+        {"app": s.app, "generation": r.generation, "image": s.image,
+         "regions": s.regions, "count": s.count, "spares": s.spares}
+        for r, s in zip(records, specs, strict=True)
     ]  # fmt: skip
     if session(ctx).json:
         session(ctx).echo_json({"apps": rows})
@@ -54,10 +55,11 @@ def list_apps(ctx: typer.Context) -> None:
 async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
     """The app's machines, and each one's slot and role as the planner sees them."""
     rec = await (await _apps(c)).get(name)
-    machines = await app_machines(c, name, None)
+    # one filtered listing of every region (§4.17), as a deploy lists the app's machines
+    machines = (await c.list_machines(None, ListMachines(app=name))).machines
     if rec is None and not machines:
         fail(f"no app {name!r}: neither a spec kept nor a machine (buyer apps list)")
-    if rec is None:
+    if rec is None or rec.spec is None:
         return machines, {}
     # the roles as the planner sees them now: a spare a failover started is the primary
     now = plan(rec.spec, rec.generation, machines, rec.slots, secrets_revision=rec.secrets_revision)
@@ -130,9 +132,12 @@ def destroy(ctx: typer.Context, name: AppArg) -> None:
         for m in machines:
             await c.machine("destroy", m.machine_id)
             gone.append(m.machine_id)
-        await (await _apps(c)).delete(name)
-        secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=False)
-        await secrets.unset(name, list(await secrets.revisions(name)))
+        apps = await _apps(c)
+        rec = await apps.get(name)
+        await apps.delete(name)
+        if rec is not None and rec.secrets:
+            secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant)
+            await secrets.unset(name, list(rec.secrets))
         return gone
 
     gone = with_client(ctx, go)

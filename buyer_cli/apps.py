@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated
 
+import msgspec
 import typer
 
 from bourse.client import BourseClient, ClientError, policy, render
@@ -15,21 +16,28 @@ from bourse.client.apps import view
 from bourse.client.apps.apply import DEFAULT_CHECK_WAIT_S, Applied, apply, context
 from bourse.client.apps.plan import Plan
 from bourse.client.apps.spec import AppSpec
-from bourse.client.apps.store import AppStore, SecretStore
+from bourse.client.apps.store import AppStore
+from bourse.client.orderflags import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.runtime.cli import error_fields, fail, parse_labels
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
 from buyer_cli.options import (
     EXIT_UNFILLED,
     AppOpt,
+    CheckIntervalOpt,
+    CheckOpt,
+    CheckTimeoutOpt,
     DeadlineOpt,
     DirectOpt,
     DiskOpt,
+    EnvOpt,
     GpusOpt,
     LabelOpt,
     MinScoreOpt,
     OptionalCpusOpt,
+    PortOpt,
     RestartOpt,
     check_machine_id,
+    reach,
 )
 from buyer_cli.session import session, with_client
 
@@ -94,6 +102,11 @@ def deploy(
     gpus: GpusOpt = 0,
     label: LabelOpt = None,
     restart: RestartOpt = None,
+    port: PortOpt = None,
+    env: EnvOpt = None,
+    check: CheckOpt = None,
+    check_interval: CheckIntervalOpt = DEFAULT_CHECK_INTERVAL_S,
+    check_timeout: CheckTimeoutOpt = DEFAULT_CHECK_TIMEOUT_S,
     check_wait_s: Annotated[
         float,
         typer.Option(
@@ -104,7 +117,8 @@ def deploy(
     deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
     direct: DirectOpt = False,
 ) -> None:
-    """Deploy an app: converge it to its spec (-f APP.TOML, or the flags: a whole spec),
+    """Deploy an app: converge it to its spec (-f APP.TOML, or the flags: a whole spec,
+    --port/--env/--check as `buyer place` reads them),
     updates rolling one slot at a time. --plan prints the plan only. Exit 2 when a slot is
     left unfilled or the rollout stopped (no room, checks not passing in time), 1 on an
     error."""
@@ -112,6 +126,9 @@ def deploy(
     given = [f for f, v in zip(SPEC_FLAGS, flags.values(), strict=True) if v]
     others: dict[str, object] = {"--count": count != 1, "--spares": spares, "--gpus": gpus}
     others |= {"--disk-mb": disk_mb, "--label": label, "--restart": restart}
+    others |= {"--port": port, "--env": env, "--check": check}
+    others |= {"--check-interval": check_interval != DEFAULT_CHECK_INTERVAL_S}
+    others |= {"--check-timeout": check_timeout != DEFAULT_CHECK_TIMEOUT_S}
     given += [f for f, v in others.items() if v]
     if file is not None and given:
         fail(f"-f and the spec's flags are exclusive (a spec is the file or the flags): {given[0]}")
@@ -120,14 +137,14 @@ def deploy(
     else:
         more: dict[str, object] = {"count": count, "spares": spares, "restart": restart or ""}
         more |= {"disk_mb": disk_mb, "gpus": gpus, "labels": parse_labels(label)}
+        more |= msgspec.to_builtins(reach(port, env, check, check_interval, check_timeout))
         spec = _spec_from_flags(flags, more)
 
     async def go(c: BourseClient) -> Plan | Applied:
         apps_kv = await AppStore.open(
             c.nc, c.subjects.prefix, tenant=c.tenant, create=not plan_only
         )
-        secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=False)
-        ctx_ = await context(c, apps_kv, secrets, spec)
+        ctx_ = await context(c, apps_kv, spec)
         if plan_only:
             return ctx_.plan()
         return await apply(

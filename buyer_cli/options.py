@@ -8,6 +8,15 @@ from typing import Annotated
 
 import typer
 
+from bourse.client.orderflags import (
+    DEFAULT_CHECK_INTERVAL_S,
+    DEFAULT_CHECK_TIMEOUT_S,
+    FlagError,
+    parse_checks,
+    parse_env,
+    parse_ports,
+)
+from bourse.runtime.cli import fail
 from bourse.wire.limits import MACHINE_ID_PATTERN
 from bourse.wire.resources import parse_cpus
 
@@ -142,3 +151,56 @@ def flag_names(text: str) -> str:
         return m.group(0)
 
     return _PATH.sub(sub, text)
+
+
+# A machine's ports, env and checks (``buyer place`` and ``deploy``: one parser,
+# bourse/client/orderflags.py).
+PortOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="NAME",
+        help="A named port (repeatable): the worker gives it a host port, PORT (the "
+        "first), BOURSE_PORT_<NAME> and BOURSE_ADDR_<NAME>; its address is printed.",
+    ),
+]
+EnvOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="KEY=VALUE",
+        help="An environment variable of the machine (repeatable); `machines show` "
+        "shows its key only.",
+    ),
+]
+CheckOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="PORT:http:/PATH|PORT:tcp",
+        help="A health check the worker runs on a named port (repeatable).",
+    ),
+]
+CheckIntervalOpt = Annotated[
+    float, typer.Option(metavar="SECONDS", help="How often each check runs.")
+]
+CheckTimeoutOpt = Annotated[
+    float, typer.Option(metavar="SECONDS", help="How long a check may take to pass.")
+]
+
+
+def reach(
+    port: list[str] | None,
+    env: list[str] | None,
+    check: list[str] | None,
+    interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+    timeout_s: float = DEFAULT_CHECK_TIMEOUT_S,
+) -> dict[str, object]:
+    """``ports``, ``env`` and ``checks`` from their flags; a bad one ends the command with
+    one line naming it."""
+    try:
+        ports = parse_ports(port)
+        return {
+            "ports": ports,
+            "env": parse_env(env),
+            "checks": parse_checks(check, ports, interval_s, timeout_s),
+        }
+    except FlagError as exc:
+        fail(str(exc))

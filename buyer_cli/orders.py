@@ -9,14 +9,7 @@ import msgspec
 import typer
 
 from bourse.client import BourseClient, DryRun, render
-from bourse.client.orderflags import (
-    DEFAULT_CHECK_INTERVAL_S,
-    DEFAULT_CHECK_TIMEOUT_S,
-    FlagError,
-    parse_checks,
-    parse_env,
-    parse_ports,
-)
+from bourse.client.orderflags import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.runtime.cli import fail, parse_labels
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
@@ -24,17 +17,23 @@ from bourse.wire.messages import Machine, Placed, PlaceOrder, Unfilled
 from bourse.wire.resources import cpu_fields
 from buyer_cli.options import (
     EXIT_UNFILLED,
+    CheckIntervalOpt,
+    CheckOpt,
+    CheckTimeoutOpt,
     CpusOpt,
     DeadlineOpt,
     DirectOpt,
     DiskOpt,
+    EnvOpt,
     GpusOpt,
     ImageOpt,
     LabelOpt,
     MemoryOpt,
     MinScoreOpt,
+    PortOpt,
     RestartOpt,
     flag_names,
+    reach,
 )
 from buyer_cli.session import session, with_client
 
@@ -68,35 +67,11 @@ def place(
         typer.Option(metavar="KEY=VALUE", help="Metadata the machine carries (repeatable)."),
     ] = None,
     restart: RestartOpt = None,
-    port: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="NAME",
-            help="A named port (repeatable): the worker gives it a host port, PORT (the "
-            "first), BOURSE_PORT_<NAME> and BOURSE_ADDR_<NAME>; its address is printed.",
-        ),
-    ] = None,
-    env: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="KEY=VALUE",
-            help="An environment variable of the machine (repeatable); `machines show` "
-            "shows its key only.",
-        ),
-    ] = None,
-    check: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="PORT:http:/PATH|PORT:tcp",
-            help="A health check the worker runs on a named port (repeatable).",
-        ),
-    ] = None,
-    check_interval: Annotated[
-        float, typer.Option(metavar="SECONDS", help="How often each check runs.")
-    ] = DEFAULT_CHECK_INTERVAL_S,
-    check_timeout: Annotated[
-        float, typer.Option(metavar="SECONDS", help="How long a check may take to pass.")
-    ] = DEFAULT_CHECK_TIMEOUT_S,
+    port: PortOpt = None,
+    env: EnvOpt = None,
+    check: CheckOpt = None,
+    check_interval: CheckIntervalOpt = DEFAULT_CHECK_INTERVAL_S,
+    check_timeout: CheckTimeoutOpt = DEFAULT_CHECK_TIMEOUT_S,
     start: Annotated[bool, typer.Option("--start", help="Start the machine once placed.")] = False,
     dry_run: Annotated[
         bool,
@@ -117,15 +92,7 @@ def place(
     direct: DirectOpt = False,
 ) -> None:
     """Place one immediate-or-cancel order."""
-    try:
-        ports = parse_ports(port)
-        reach = {
-            "ports": ports,
-            "env": parse_env(env),
-            "checks": parse_checks(check, ports, check_interval, check_timeout),
-        }
-    except FlagError as exc:
-        fail(str(exc))
+    reached = reach(port, env, check, check_interval, check_timeout)
     raw: dict[str, object] = {
         "region": region,
         "resources": {**cpu_fields(cpus), "memory_mb": memory_mb, "disk_mb": disk_mb, "gpus": gpus},
@@ -136,7 +103,7 @@ def place(
         "deadline_ms": deadline_ms,
         "metadata": dict(pair.partition("=")[::2] for pair in meta or [])
         | ({"restart": restart} if restart is not None else {}),
-        **{k: v for k, v in reach.items() if v},
+        **{k: v for k, v in reached.items() if v},
     }
     if order_id:
         raw["order_id"] = order_id

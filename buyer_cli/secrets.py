@@ -1,14 +1,17 @@
 """``buyer apps secrets set | unset | list``: an app's secrets, by name. Values are written
-and never printed (list shows names only); a change rolls the app at its next deploy."""
+to the secrets' bucket, which gives none back; their names and revisions are the app's
+record's, changed by the same command (list shows names only); a change rolls the app at
+its next deploy."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 import typer
 
 from bourse.client import BourseClient
-from bourse.client.apps.store import SecretStore, check_secret_name
+from bourse.client.apps.store import AppRecord, AppStore, SecretStore, check_secret_name
 from bourse.errors import BourseError
 from bourse.runtime.cli import fail
 from buyer_cli.session import session, with_client
@@ -18,6 +21,10 @@ AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 
 async def _store(c: BourseClient, create: bool) -> SecretStore:
     return await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
+
+
+async def _apps(c: BourseClient, create: bool) -> AppStore:
+    return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
 
 
 def _pairs(items: list[str]) -> dict[str, str]:
@@ -42,7 +49,13 @@ def set_secrets(
     values = _pairs(pairs)
 
     async def go(c: BourseClient) -> list[str]:
-        await (await _store(c, create=True)).set(name, values)
+        apps = await _apps(c, create=True)
+        revisions = await (await _store(c, create=True)).set(name, values)
+
+        def named(r: AppRecord) -> AppRecord:
+            return msgspec.structs.replace(r, secrets=r.secrets | revisions)
+
+        await apps.change(name, named)
         return sorted(values)
 
     _said(ctx, name, "set", with_client(ctx, go))
@@ -61,9 +74,19 @@ def unset_secrets(
             fail(str(exc))
 
     async def go(c: BourseClient) -> list[str]:
-        missing = await (await _store(c, create=False)).unset(name, names)
-        if missing:
+        apps = await _apps(c, create=False)
+        rec = await apps.get(name)
+        have = rec.secrets if rec else {}
+        if missing := [n for n in names if n not in have]:
             fail(f"app {name!r} has no secret {missing[0]!r} (buyer apps secrets list {name})")
+        await (await _store(c, create=False)).unset(name, names)
+
+        def unnamed(r: AppRecord) -> AppRecord:
+            return msgspec.structs.replace(
+                r, secrets={k: v for k, v in r.secrets.items() if k not in names}
+            )
+
+        await apps.change(name, unnamed)
         return sorted(names)
 
     _said(ctx, name, "unset", with_client(ctx, go))
@@ -73,7 +96,8 @@ def list_secrets(ctx: typer.Context, name: AppArg) -> None:
     """The app's secrets' names (never their values)."""
 
     async def go(c: BourseClient) -> list[str]:
-        return sorted(await (await _store(c, create=False)).revisions(name))
+        rec = await (await _apps(c, create=False)).get(name)
+        return sorted(rec.secrets) if rec else []
 
     names = with_client(ctx, go)
     if session(ctx).json:

@@ -59,6 +59,7 @@ from supplier.drivers.confine import Exit
 from supplier.images import PullFailed, WorkerImages
 from supplier.lifecycle import EVENT_OF, INTERMEDIATE, SHOULD_RUN, InvalidTransition, next_state
 from supplier.ports import run_env
+from supplier.secrets import with_secrets
 from supplier.store import Op, RunSpec, Store, StoreError
 
 
@@ -501,8 +502,9 @@ class Machines:
                 run = ImageRun(got.root, got.run)
             else:
                 pulled = await self._catalog_pull(m)
-            spec = self.specs.get(m.machine_id)
-            await self.driver.start(m, run, run_env(m, spec.env if spec else {}))
+            spec, src = self.specs.get(m.machine_id), self.images.source
+            env = await with_secrets(src.nc, src.prefix, m, spec.env if spec else {})
+            await self.driver.start(m, run, run_env(m, env))
         except PullFailed as exc:
             await self._pull_failed(m, str(exc))
             raise DriverError(pull_failed(str(exc))) from None

@@ -187,9 +187,10 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
 def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
     """A tenant: its own order, machine and image subjects (the exchange takes its
     identity from them) and its own staging subjects (the chunks of what it pushes), fleet
-    status and explain, and reading the image store; no events and no ``R.machines[.*]``
-    listings (they carry every tenant's machines: a tenant lists worker by worker through
-    the exchange, which keeps only its own)."""
+    status and explain, reading the image store, and its own apps' keys (under its name,
+    grants.py); no events and no ``R.machines[.*]`` listings (they carry every tenant's
+    machines: a tenant lists worker by worker through the exchange, which keeps only its
+    own)."""
     return Permissions(
         publish=(
             s.tenant_order(tenant, "*"),
@@ -199,7 +200,7 @@ def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
             s.status("*"),
             s.status_every,
             s.explain("*"),
-            *grants.allows(ROLE_TENANT, s.prefix),
+            *grants.allows(ROLE_TENANT, s.prefix, tenant),
         ),
         subscribe=(f"{inbox}.>",),
     )

@@ -17,6 +17,13 @@ tenant's pushes on their way in: it publishes its chunks on its own subjects, th
 table; the exchange reads and clears them, bourse/images/staging.py); the apps' KV buckets
 ``<PREFIX>_APPS`` (specs) and ``<PREFIX>_APP_SECRETS``; and the account (JetStream as a
 whole).
+
+A tenant's verbs on the apps' buckets are its *own* ones (``read own``, ``write own``,
+``list own``): their subjects carry its keys' scope, ``<tenant>.``, so it reaches only
+the keys under its name. A listing is a consumer made with its filter in the subject that
+makes it (``CONSUMER.CREATE.<stream>.<name>.<filter>``: the server refuses a body whose
+filter differs), and a tenant may not look a bucket up (a stream's info lists its
+subjects: every tenant's keys).
 """
 
 from __future__ import annotations
@@ -89,12 +96,22 @@ class Verb:
     what: str
     kinds: frozenset[str]
     allows: Callable[[str, str], tuple[str, ...]]
-    # subjects tried besides the grants' own (each ``>`` made a concrete token)
+    # subjects tried besides the grants' own (each ``>`` and ``*`` made a concrete token)
     more: Callable[[str, str], tuple[str, ...]] = lambda s, d: ()
+    # a tenant's own: ``d`` is its keys' subjects, ``$KV.<bucket>.<tenant>``; ``within``
+    # the verb that grants it on every key
+    own: bool = False
+    within: str = ""
 
     def probes(self, s: str, d: str) -> tuple[str, ...]:
         """Concrete subjects a client publishes to use the verb."""
-        return tuple(a.replace(">", PROBE) for a in self.allows(s, d)) + self.more(s, d)
+        concrete = (a.replace(">", PROBE).replace("*", PROBE) for a in self.allows(s, d))
+        return tuple(concrete) + self.more(s, d)
+
+    def data(self, resource: Resource, prefix: str, tenant: str) -> str:
+        """The data prefix the verb's subjects are made with (a tenant's own: its keys')."""
+        d = resource.data(prefix)
+        return f"{d}.{tenant}" if self.own else d
 
 
 def _stream_op(op: str, what: str) -> Verb:
@@ -174,8 +191,34 @@ OTHERS = Verb(
         f"{API}.STREAM.DELETE.{PROBE}",
     ),
 )
+KV = frozenset({"kv"})
+READ_OWN = Verb(
+    "read own",
+    "get a key under its own name",
+    KV,
+    lambda s, d: (f"{API}.DIRECT.GET.{s}.{d}.>",),
+    own=True,
+    within=READ.name,
+)
+WRITE_OWN = Verb(
+    "write own",
+    "put or delete a key under its own name",
+    KV,
+    lambda s, d: (f"{d}.>",),
+    own=True,
+    within=WRITE.name,
+)
+LIST_OWN = Verb(
+    "list own",
+    "list the keys under its own name (a consumer whose filter is in the subject that makes "
+    "it; removed by the server once unused)",
+    KV,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
+    own=True,
+    within=CONSUMERS.name,
+)
 VERBS: tuple[Verb, ...] = (INFO, CREATE, UPDATE, DELETE, PURGE, READ, ERASE, WRITE, REPLAY)
-VERBS += (CONSUMERS, PULL, DETECT, OTHERS)
+VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, DETECT, OTHERS)
 
 
 def applies(verb: Verb, resource: Resource) -> bool:
@@ -183,7 +226,9 @@ def applies(verb: Verb, resource: Resource) -> bool:
 
 
 def _all(resource: Resource) -> frozenset[str]:
-    return frozenset(v.name for v in VERBS if applies(v, resource) and v is not OTHERS)
+    return frozenset(
+        v.name for v in VERBS if applies(v, resource) and v is not OTHERS and not v.own
+    )
 
 
 def _of(*verbs: Verb) -> frozenset[str]:
@@ -219,20 +264,26 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         ACCOUNT.key: _of(DETECT),
     },
     # replays events (``buyer watch --since``); reads images (``--direct`` orders resolve
-    # them, dry runs, ``bourse image ls`` and ``inspect``); deploys apps (their specs: the
-    # buckets made by the operator's set-up); writes their secrets and lists their names (a
-    # headers-only watch)
+    # them, dry runs, ``bourse image ls`` and ``inspect``); deploys apps (their records:
+    # the buckets made by the operator's set-up); writes their secrets, never reads one
+    # (their names are in the apps' records)
     ROLE_BUYER: {
         EVENTS.key: _of(INFO, REPLAY),
         IMAGES.key: _READ_IMAGES,
         IMAGE_TAGS.key: _READ_IMAGES,
         APPS.key: _of(INFO, READ, WRITE, REPLAY),
-        APP_SECRETS.key: _of(INFO, WRITE, REPLAY),
+        APP_SECRETS.key: _of(INFO, WRITE),
         ACCOUNT.key: _of(DETECT),
     },
     # reads images (dry runs, ``ls``, ``inspect``, what a push need not send); pushes
-    # through the exchange (its staged chunks: the subject table)
-    ROLE_TENANT: {IMAGES.key: _READ_IMAGES, IMAGE_TAGS.key: _READ_IMAGES},
+    # through the exchange (its staged chunks: the subject table); deploys its own apps
+    # (their records, under its name) and writes their secrets, never reads one
+    ROLE_TENANT: {
+        IMAGES.key: _READ_IMAGES,
+        IMAGE_TAGS.key: _READ_IMAGES,
+        APPS.key: _of(READ_OWN, WRITE_OWN, LIST_OWN),
+        APP_SECRETS.key: _of(WRITE_OWN),
+    },
 }
 
 
@@ -241,11 +292,12 @@ def granted(role: str, resource: Resource) -> frozenset[str]:
     return GRANTS[role].get(resource.key, frozenset())
 
 
-def allows(role: str, prefix: str) -> tuple[str, ...]:
-    """The publish allows of ``role``'s JetStream grants for a market's ``prefix``."""
+def allows(role: str, prefix: str, tenant: str = "") -> tuple[str, ...]:
+    """The publish allows of ``role``'s JetStream grants for a market's ``prefix`` (a
+    tenant's own verbs: under ``tenant``)."""
     out: list[str] = []
     for r in RESOURCES:
         for v in VERBS:
             if v.name in granted(role, r):
-                out += v.allows(r.stream(prefix), r.data(prefix))
+                out += v.allows(r.stream(prefix), v.data(r, prefix, tenant))
     return tuple(dict.fromkeys(out))

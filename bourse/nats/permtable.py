@@ -115,7 +115,7 @@ def verbs_table() -> str:
         subjects: list[str] = []
         for kind, data in (("stream", ""), ("kv", "$KV.B"), ("objects", "$O.B")):
             if kind in v.kinds:
-                subjects += v.allows("S", data)
+                subjects += v.allows("S", f"{data}.<name>" if v.own else data)
         if "account" in v.kinds:  # what no role may use is shown by what it tries
             subjects += v.allows("", "") or v.probes("", "")
         shown = _cell(f"`{x}`".replace(grants.PROBE, "<other>") for x in dict.fromkeys(subjects))

@@ -12,11 +12,13 @@ from collections import defaultdict
 from pathlib import Path
 
 import anyio
+import msgspec
+import pytest
 from nats.aio.msg import Msg
 
 from bourse.client.apps import spec as spec_mod
 from bourse.client.apps.apply import apply, context
-from bourse.client.apps.store import AppStore, SecretStore
+from bourse.client.apps.store import AppChanged, AppStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.drivers.process import ProcessDriver
@@ -36,6 +38,7 @@ spares = 1
 cpus = 1
 memory_mb = 256
 """
+V2 = SPEC.replace("memory_mb = 256", "memory_mb = 384")
 
 
 async def _market(market: Market) -> None:
@@ -197,6 +200,15 @@ async def test_bad_input_is_refused_before_anything_is_placed(
         code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, text))
         assert code == 1 and out == "" and error in err, err
         assert len(err.strip().splitlines()) == 1
+    flags = ["--app", "x", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "web"]
+    for bad, error in [
+        (["--check", "web:tcp"], "--check 'web:tcp': port 'web' is not one of --port (none)"),
+        (["--env", "1X=y"], "--env '1X=y': '1X' is not a variable name"),
+    ]:
+        code, out, err = await buyer(market, "deploy", *flags, *bad)
+        assert code == 1 and out == "" and error in err and len(err.strip().splitlines()) == 1
+    code, _, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC), "--port", "web")
+    assert code == 1 and "exclusive" in err
     code, out, _ = await buyer(market, "apps", "list", "--json")
     assert json.loads(out)["apps"] == []
     for region in ("mad", "ams"):
@@ -246,8 +258,7 @@ async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(
     v2 = spec_mod.parse(SPEC.replace("memory_mb = 256", "memory_mb = 384"))
     c = await market.client()
     apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
-    secrets = await SecretStore.open(c.nc, market.subjects.prefix, create=False)
-    ctx = await context(c, apps_kv, secrets, v2)
+    ctx = await context(c, apps_kv, v2)
     nc = await market.connect("watch")
     first: list[str] = []
     placed = anyio.Event()
@@ -298,3 +309,121 @@ async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_p
     assert all(line.split(" | ")[0] in machines for line in out.splitlines())
     code, out, _ = await buyer(market, "apps", "destroy", "hello")
     assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
+
+
+# A machine that prints the secret and the variables it was given, then stays up.
+PRINT_TOKEN = [
+    "{python}",
+    "-c",
+    "import os, time; print(*(f'{k}={os.environ.get(k)}' for k in ('TOKEN', 'MODE', 'PORT')), "
+    "sep=chr(10), flush=True); time.sleep(600)",
+]
+
+
+async def test_a_machine_is_given_its_apps_secrets_and_nothing_says_them(
+    market: Market, tmp_path: Path
+) -> None:
+    """A secret set before the first deploy is in the env of the app's process machine (it
+    prints it), over the order's env of the same name; no event of the deploy, and no
+    output of a command, carries the value. The spec from deploy's flags: a port, env."""
+    await market.jetstream_init()
+    wid = own_worker_id("mad-1")
+    host = await market.host(
+        worker(wid, driver="process", catalog={"web": {"command": PRINT_TOKEN}})
+    )
+    await market.exchange()
+    nc = await market.connect("watch")
+    events: list[bytes] = []
+
+    async def seen(msg: Msg) -> None:
+        events.append(msg.data)
+
+    sub = await nc.subscribe(market.subjects.events(), cb=seen)
+    code, out, err = await buyer(market, "apps", "secrets", "set", "hello", "TOKEN=s3cr3t")
+    assert code == 0 and "s3cr3t" not in out + err
+    flags = ["--app", "hello", "--region", "mad", "--cpus", "1", "--memory-mb", "256"]
+    flags += ["--image", "web", "--port", "web", "--env", "MODE=blue", "--env", "TOKEN=plain"]
+    code, out, err = await buyer(market, "deploy", *flags, "--json")
+    assert code == 0, out + err
+    [mid] = [s["machine_id"] for s in json.loads(out)["slots"]]
+    driver = host.workers[wid].driver
+    assert isinstance(driver, ProcessDriver)
+    log = driver.log_path(mid)
+    await wait_until(lambda: log.exists() and "PORT=" in log.read_text())  # its last line
+    lines = log.read_text().splitlines()
+    assert "TOKEN=s3cr3t" in lines and "MODE=blue" in lines
+    assert any(line.startswith("PORT=") and line != "PORT=None" for line in lines)
+    code, out, err = await buyer(market, "apps", "logs", "hello")
+    assert code == 0 and f"{mid} | TOKEN=s3cr3t" in out  # the machine's own output says it
+    for cmd in (["apps", "status", "hello", "--json"], ["machines", "show", mid, "--json"]):
+        code, out, err = await buyer(market, *cmd)
+        assert code == 0 and "s3cr3t" not in out + err, cmd
+    await nc.flush()
+    await sub.unsubscribe()
+    assert events and not [e for e in events if b"s3cr3t" in e]
+
+
+async def test_two_deploys_at_once_one_is_refused_before_it_places_anything(
+    market: Market,
+) -> None:
+    """Two deploys of one app read its record at once (none yet), with different specs:
+    the one that writes the record second is refused with one line and places nothing; the
+    app is the other's, one machine per slot."""
+    await _market(market)
+    c = await market.client()
+    apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
+    specs = [spec_mod.parse(SPEC), spec_mod.parse(SPEC.replace("256", "384"))]
+    contexts = [await context(c, apps_kv, s) for s in specs]
+    refused: list[str] = []
+
+    async def deploy(i: int) -> None:
+        try:
+            await apply(c, apps_kv, contexts[i], check_wait_s=5)
+        except AppChanged as exc:
+            refused.append(f"{i}: {exc}")
+
+    async with anyio.create_task_group() as tg:
+        for i in (0, 1):
+            tg.start_soon(deploy, i)
+    assert len(refused) == 1, refused
+    assert refused[0].endswith("app 'hello' changed while this deploy ran: run it again")
+    winner = specs[1 - int(refused[0][0])]
+    code, out, err = await buyer(market, "apps", "status", "hello", "--json")
+    assert code == 0, err
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {(r["region"], r["slot"]) for r in rows} == {
+        (region, slot) for region in ("mad", "ams") for slot in (0, 1)
+    }
+    kept = await apps_kv.get("hello")
+    assert kept is not None and kept.spec == winner
+
+
+async def test_a_deploy_whose_app_changes_meanwhile_stops_at_its_next_step(
+    market: Market, tmp_path: Path
+) -> None:
+    """While an update rolls, the app's record changes (a secret set): the rollout stops
+    at its next step with one line; the next deploy rolls the app to what it is now."""
+    await _market(market)
+    assert (await buyer(market, "deploy", "-f", _write(tmp_path, SPEC)))[0] == 0
+    c = await market.client()
+    apps_kv = await AppStore.open(c.nc, market.subjects.prefix)
+    ctx = await context(c, apps_kv, spec_mod.parse(V2))
+    changed = False
+
+    async def seen(msg: Msg) -> None:
+        nonlocal changed
+        if ".g2." in decode(msg.data, Event).order_id and not changed:
+            changed = True  # as `apps secrets set` does, while the rollout runs
+            await apps_kv.change("hello", lambda r: msgspec.structs.replace(r, secrets={"X": 7}))
+
+    nc = await market.connect("watch")
+    await nc.subscribe(market.subjects.events(kind="placed"), cb=seen)
+    with pytest.raises(AppChanged, match="app 'hello' changed while this deploy ran"):
+        await apply(c, apps_kv, ctx, check_wait_s=5)
+    assert changed
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, V2, "v2.toml"), "--json")
+    assert code == 0, err
+    assert json.loads(out)["generation"] == 3  # the secrets' revision is part of it
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert len(rows) == 4 and {r["generation"] for r in rows} == {"3"}

@@ -4,6 +4,7 @@ exchange taking only signed offers), a buyer on the buyer's, real orders placed.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from pathlib import Path
@@ -57,6 +58,23 @@ async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Pr
     return programs
 
 
+async def run_buyer(secured: Secured, user: str, *args: str) -> tuple[int, str, str]:
+    """The buyer CLI as a process of its own, on ``user``'s key."""
+    common = ("--creds", secured.creds(user), "--nats", secured.url, "--prefix", PREFIX)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "buyer_cli",
+        *args,
+        *common,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
 async def test_orders_placed_with_every_program_on_its_own_credentials(
     secured: Secured, tmp_path: Path
 ) -> None:
@@ -94,23 +112,8 @@ async def test_a_tenant_key_from_auth_init_places_and_keeps_its_machines_its_own
     in one line (exit 1) and his listing of the worker is empty."""
     assert tenant_of(secured.creds("buyer:alice")) == "alice"
     programs = await start_market(secured, tmp_path)
+    buyer = functools.partial(run_buyer, secured)
     try:
-
-        async def buyer(user: str, *args: str) -> tuple[int, str, str]:
-            common = ("--creds", secured.creds(user), "--nats", secured.url, "--prefix", PREFIX)
-            proc = await asyncio.create_subprocess_exec(
-                sys.executable,
-                "-m",
-                "buyer_cli",
-                *args,
-                *common,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-            )
-            out, err = await asyncio.wait_for(proc.communicate(), 60)
-            assert proc.returncode is not None
-            return proc.returncode, out.decode(), err.decode()
-
         place = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "256")
         code, out, err = await buyer("buyer:alice", *place, "--image", "web", "--json")
         assert code == 0, err

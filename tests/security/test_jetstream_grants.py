@@ -28,6 +28,8 @@ from tests.cli import run_cli
 from tests.security.conftest import PREFIX, Secured
 
 Table = dict[str, set[str]]
+# The name a key that is no tenant's tries a tenant's own verbs under.
+PROBE_TENANT = "alice"
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -47,20 +49,28 @@ def configured(auth_conf: str) -> dict[str, list[str]]:
     return {name: json.loads(allowed) for name, allowed in users}
 
 
-def derive(allowed: Callable[[str], bool]) -> Table:
+def derive(allowed: Callable[[str], bool], tenant: str = "") -> Table:
     """The table as ``allowed`` (is this subject allowed?) shows it: a verb is granted on
-    a resource when every subject it uses is allowed; one allowed in part is a finding."""
+    a resource when every subject it uses is allowed; one allowed in part is a finding.
+    A tenant's own verbs are tried under its name (they are a tenant's only, and shown
+    only where the verb on every key is not granted)."""
     table: Table = {}
     for r in grants.RESOURCES:
         for v in grants.VERBS:
-            if not grants.applies(v, r):
+            if not grants.applies(v, r) or (v.own and not tenant):
                 continue
-            results = [allowed(p) for p in v.probes(r.stream(PREFIX), r.data(PREFIX))]
+            if v.within in table.get(r.key, set()):
+                continue
+            results = [allowed(p) for p in _probes(v, r, tenant)]
             if all(results):
                 table.setdefault(r.key, set()).add(v.name)
             elif any(results):
                 table.setdefault(r.key, set()).add(f"{v.name} (in part)")
     return table
+
+
+def _probes(v: grants.Verb, r: grants.Resource, tenant: str) -> tuple[str, ...]:
+    return v.probes(r.stream(PREFIX), v.data(r, PREFIX, tenant))
 
 
 def documented(role: str) -> Table:
@@ -74,7 +84,9 @@ def test_the_generated_config_grants_exactly_the_table(auth_files: AuthFiles) ->
     assert set(allows) == {u.name for u in auth_files.users}
     for user in auth_files.users:
         allowed = allows[user.name]
-        table = derive(lambda subject, allowed=allowed: any(matches(p, subject) for p in allowed))
+        table = derive(
+            lambda subject, allowed=allowed: any(matches(p, subject) for p in allowed), user.tenant
+        )
         assert table == documented(user.role), user.name
 
 
@@ -88,11 +100,11 @@ async def test_a_live_server_grants_exactly_the_table(secured: Secured) -> None:
         inbox = nc.new_inbox()
         for r in grants.RESOURCES:
             for v in grants.VERBS:
-                for subject in v.probes(r.stream(PREFIX), r.data(PREFIX)):
+                for subject in _probes(v, r, user.tenant or PROBE_TENANT):
                     await nc.publish(subject, b"{}", reply=inbox)
         await flush_all(nc)
         denied = violations.denied()
-        table = derive(lambda subject, denied=denied: subject.lower() not in denied)
+        table = derive(lambda subject, denied=denied: subject.lower() not in denied, user.tenant)
         assert table == documented(user.role), user.name
 
 

@@ -233,3 +233,32 @@ def test_a_duplicate_of_a_slot_is_destroyed() -> None:
     assert [(s.action, s.machine_id) for s in p.steps] == [
         ("destroy", a.machine_id), ("keep", b.machine_id)
     ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("restart", "state", "record", "want"),
+    [
+        # a machine that will not start is replaced, under a new attempt of its slot
+        ("", "failed", None, ("update", "hello.g1.mad.0.r1", "failed")),
+        ("no", "failed", None, ("update", "hello.g1.mad.0.r1", "failed")),
+        ("", "failed", SlotRecord(role="primary", generation=1, attempt=1), (
+            "update", "hello.g1.mad.0.r2", "failed")),
+        # its worker starts it again itself: started like a stopped one
+        ("on-failure", "failed", None, ("start", "", "")),
+        ("always", "failed", None, ("start", "", "")),
+        ("", "stopped", None, ("start", "", "")),
+    ],
+)  # fmt: skip
+def test_a_failed_primary_is_replaced_unless_its_restart_policy_restarts_it(
+    restart: str, state: str, record: SlotRecord | None, want: tuple[str, str, str]
+) -> None:
+    of = spec(regions=["mad"], spares=0, restart=restart)
+    failed = machine("mad", 0, "primary", state, of=of)
+    if record is not None:
+        record = msgspec.structs.replace(record, machine_id=failed.machine_id)
+    p = plan(of, 1, [failed], {"mad.0": record} if record else {})
+    [step] = p.steps
+    assert (step.action, step.order_id, step.detail) == want
+    assert step.machine_id == failed.machine_id
+    if step.action == "update":
+        assert p.records["mad.0"].attempt == int(want[1][-1])

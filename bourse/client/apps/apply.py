@@ -17,7 +17,7 @@ from bourse.client.apps import rollout as ro
 from bourse.client.apps.plan import Plan, plan
 from bourse.client.apps.slots import machine_metadata, slot_key
 from bourse.client.apps.spec import AppSpec
-from bourse.client.apps.store import AppRecord, AppStore, SecretStore, next_generation
+from bourse.client.apps.store import AppChanged, AppRecord, AppStore, next_generation
 from bourse.client.policy import place_patiently
 from bourse.errors import BourseError
 from bourse.images import BadReference, ImageError, ImageStore, Reference
@@ -40,11 +40,13 @@ class AppError(BourseError, ValueError):
 
 @dataclass
 class Context:
-    """What a plan is made from: the app's record, the generation and secrets' revision it
-    is applied under, the image's digest ("" for a worker's catalog image) and machines."""
+    """What a plan is made from: the app's record and its KV revision (0: none), the
+    generation and secrets' revision it is applied under, the image's digest ("" for a
+    worker's catalog image) and machines."""
 
     spec: AppSpec
     previous: AppRecord | None
+    revision: int
     generation: int
     digest: str
     secrets_revision: str
@@ -96,20 +98,18 @@ def _cannot_run(v: WorkerVerdict) -> bool:
     return v.verdict == "decline" and any(r.code == CANNOT_RUN for r in v.reasons)
 
 
-async def context(
-    client: BourseClient, apps: AppStore, secrets: SecretStore, spec: AppSpec
-) -> Context:
+async def context(client: BourseClient, apps: AppStore, spec: AppSpec) -> Context:
     """Check the spec against the market (each region served, the image there) and gather
     what the plan needs. Nothing is placed or held."""
     for region in spec.regions:
         if not await client.status(region):
             raise AppError(f"region {region!r}: no worker serves it (buyer fleet lists regions)")
     image_digest = await _image_digest(client, spec)
-    previous = await apps.get(spec.app)
-    revision = await secrets.revision(spec.app)
-    generation, digest = next_generation(previous, spec, revision)
+    previous, at = await apps.read(spec.app)
+    secrets = previous.secrets_now if previous else ""
+    generation, digest = next_generation(previous, spec, secrets)
     machines = await _machines(client, spec, previous)
-    return Context(spec, previous, generation, digest, revision, image_digest, machines)
+    return Context(spec, previous, at, generation, digest, secrets, image_digest, machines)
 
 
 async def _machines(
@@ -118,7 +118,9 @@ async def _machines(
     """The app's live machines in its regions and those it had (one listing, §4.17). A
     worker that did not answer: AppError (a plan without its machines would place them
     again)."""
-    regions = list(dict.fromkeys(spec.regions + (previous.spec.regions if previous else [])))
+    regions = list(
+        dict.fromkeys(spec.regions + (previous.spec.regions if previous and previous.spec else []))
+    )
     listing = await client.list_machines(regions, ListMachines(app=spec.app))
     if not listing.complete:
         missing = ", ".join(listing.missing) or "some workers"
@@ -214,6 +216,7 @@ def _record(ctx: Context, p: Plan, outcomes: list[ro.Outcome]) -> AppRecord:
         digest=ctx.digest,
         secrets_revision=ctx.secrets_revision,
         slots=slots,
+        secrets=ctx.previous.secrets if ctx.previous else {},
     )
 
 
@@ -229,18 +232,24 @@ async def apply(
 ) -> Applied:
     """Converge the app to ``ctx.spec``: its plan, carried out step by step by the rollout.
     The record (spec, generation, slots' roles) is kept before the first step, so a run cut
-    off halfway is taken up again under the same ids, and again with the machines made."""
+    off halfway is taken up again under the same ids, and again with the machines made.
+    Each write names the revision the record was read at, and each step is taken only while
+    the record is still this run's: an app changed meanwhile (another deploy, a secret set)
+    is :class:`AppChanged` and this run stops, so two runs never roll one app together."""
     p = ctx.plan()
-    await apps.put(_record(ctx, p, []))
+    app = ctx.spec.app
+    revision = await apps.write(app, _record(ctx, p, []), ctx.revision, by="deploy")
     r = ro.Rollout(p, checks=bool(ctx.spec.checks), wait_ms=int(check_wait_s * 1000))
     action = r.begin(int(clock() * 1000))
     bound = log.bind(app=ctx.spec.app, generation=ctx.generation)
     while not isinstance(action, ro.Finished):
         if not isinstance(action, ro.WatchHealth):
+            if (await apps.read(app))[1] != revision:
+                raise AppChanged(f"app {app!r} changed while this deploy ran: run it again")
             bound.info("rollout", action=type(action).__name__, **_ids(action))
         event = await _perform(client, ctx, action, deadline_ms, min_score)
         action = r.on(event, int(clock() * 1000))
-    await apps.put(_record(ctx, p, r.outcomes))
+    await apps.write(app, _record(ctx, p, r.outcomes), revision, by="deploy")
     return Applied(p, r.outcomes, r.stopped)
 
 

@@ -33,6 +33,9 @@ CREATE, UPDATE, DESTROY, KEEP, START = "create", "update", "destroy", "keep", "s
 # The order steps are taken in (a destroy first frees room for what follows).
 _ORDER = {DESTROY: 0, START: 1, CREATE: 2, UPDATE: 3, KEEP: 4}
 NOT_RUNNING = frozenset({"reserved", "stopped", "stopping", "failed"})
+# The restart policies under which a worker starts a failed machine again itself; under
+# the others a failed primary is replaced, as a machine that will not start is.
+RESTARTING = frozenset({"on-failure", "always"})
 
 
 class Step(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -202,12 +205,15 @@ class _Planner:
             )
         )
 
-    def new_id(self, region: str, slot: _Slot) -> tuple[str, int]:
-        """The order id a slot's new machine is placed under, and its attempt."""
+    def new_id(self, region: str, slot: _Slot, failed: Machine | None = None) -> tuple[str, int]:
+        """The order id a slot's new machine is placed under, and its attempt (a new one
+        in place of a machine of this generation that was lost, or ``failed``)."""
         rec, attempt = slot.record, 0
         if rec is not None and rec.generation == self.generation:
             lost = rec.machine_id and all(m.machine_id != rec.machine_id for m in slot.machines)
-            attempt = rec.attempt + 1 if lost else rec.attempt
+            attempt = rec.attempt + 1 if lost or failed else rec.attempt
+        elif failed is not None and failed.metadata.get("gen") == str(self.generation):
+            attempt = 1
         return order_id(self.spec.app, self.generation, region, slot.index, attempt), attempt
 
     def region(self, region: str, machines: list[Machine], records: dict[str, SlotRecord]) -> None:
@@ -257,6 +263,13 @@ class _Planner:
                 oid = keep.order_id.rpartition(":")[2]
             diff = diffs[head.machine_id]
             self.step(region, slot.index, slot.role, UPDATE, head, order_id=oid, fields=diff)
+            self.records[key] = SlotRecord(
+                role=slot.role, generation=self.generation, attempt=attempt
+            )
+            return
+        if slot.role == PRIMARY and keep.state == "failed" and self.spec.restart not in RESTARTING:
+            oid, attempt = self.new_id(region, slot, failed=keep)
+            self.step(region, slot.index, slot.role, UPDATE, keep, order_id=oid, detail="failed")
             self.records[key] = SlotRecord(
                 role=slot.role, generation=self.generation, attempt=attempt
             )

@@ -1,6 +1,15 @@
-"""What is kept of apps in JetStream KV: each app's applied spec, its generation and its
-slots (``<PREFIX>_APPS``, one key per app), and its secrets (``<PREFIX>_APP_SECRETS``, one
-key per app and name). A tenant's keys are under its name (``<tenant>.<app>``).
+"""What is kept of apps in JetStream KV: each app's record (``<PREFIX>_APPS``, one key per
+app: its applied spec, generation and slots, and its secrets' names), and its secrets'
+values (``<PREFIX>_APP_SECRETS``, one key per app and name). A tenant's keys are under its
+name (``<tenant>.<app>``), and a tenant reaches no other key (bourse/nats/grants.py).
+
+Values are written here, never read: the secrets' bucket is write-only for buyers and
+tenants, so what a command shows or compares of secrets (their names, their revision) is
+kept in the app's record, updated by the same command that writes the values. Suppliers
+read the values by key (supplier/secrets.py).
+
+Records are written revision-checked: a record that changed since it was read (another
+deploy, a secret set meanwhile) is :class:`AppChanged`, never overwritten.
 
 The generation changes only when what the machines are made from does: the canonical
 digest of the spec and the secrets' revision (:func:`next_generation`, pure).
@@ -10,14 +19,22 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Callable
 from typing import ClassVar, Self
 
 import msgspec
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import KeyValueConfig, StorageType
-from nats.js.kv import KeyValue
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    KeyValueConfig,
+    StorageType,
+)
+from nats.js.kv import KV_DEL, KV_OP, KV_PURGE, KeyValue
+from nats.nuid import NUID
 
 from bourse.client.apps.slots import SlotRecord
 from bourse.client.apps.spec import AppSpec
@@ -26,23 +43,38 @@ from bourse.nats.jetstream import apps_bucket_name, secrets_bucket_name
 from bourse.wire.limits import ENV_KEY_PATTERN
 
 API_TIMEOUT_S = 10.0
-_NOT_ENABLED = frozenset({10039, 10076})  # JetStream's "not enabled" error codes
 _ENV_KEY = re.compile(ENV_KEY_PATTERN)
+# How often a change of the secrets' names is tried again over a record that moved meanwhile.
+RECORD_TRIES = 5
+# A listing's consumer is the server's to remove this long after nobody reads it (a tenant
+# may not delete consumers: their names are not under its own).
+LISTING_INACTIVE_S = 5.0
 
 
 class AppStoreError(BourseError, RuntimeError):
     """The apps' buckets cannot be used (no JetStream, no such bucket, refused)."""
 
 
-class AppRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """An app as last applied: its spec, generation, the digest the generation is of, the
-    secrets' revision it was applied with, and its slots."""
+class AppChanged(BourseError, RuntimeError):
+    """The app's record changed since it was read (another deploy, secrets set meanwhile)."""
 
-    spec: AppSpec
-    generation: int
-    digest: str
+
+class AppRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """An app's record: its spec as last applied (None: secrets set before its first
+    deploy), the generation and the digest it is of, the secrets' revision it was applied
+    with, its slots, and its secrets now (name -> the KV revision of its value; no value)."""
+
+    spec: AppSpec | None = None
+    generation: int = 0
+    digest: str = ""
     secrets_revision: str = ""
     slots: dict[str, SlotRecord] = {}
+    secrets: dict[str, int] = {}
+
+    @property
+    def secrets_now(self) -> str:
+        """The revision of the secrets as they are now (what a deploy applies)."""
+        return revision_of(self.secrets)
 
 
 def next_generation(
@@ -68,6 +100,14 @@ def check_secret_name(name: str) -> str:
     return name
 
 
+def revision_of(revisions: dict[str, int]) -> str:
+    """The digest of the names and their KV revisions (never of the values)."""
+    if not revisions:
+        return ""
+    doc = ",".join(f"{k}={v}" for k, v in sorted(revisions.items()))
+    return hashlib.sha256(doc.encode()).hexdigest()[:12]
+
+
 async def _bucket(
     nc: NATS, name: str, what: str, *, create: bool, replicas: int = 1
 ) -> KeyValue | None:
@@ -85,11 +125,21 @@ async def _bucket(
         history=1,
         storage=StorageType.FILE,
         replicas=replicas,
+        # keys read by subject from any replica: how a tenant reads its own keys and a
+        # supplier an app's secrets (several keys in one request)
+        direct=True,
     )
     try:
         return await js.create_key_value(config)
     except nats.js.errors.APIError as exc:
         raise AppStoreError(f"cannot make the {what} bucket {name}: {exc}") from None
+
+
+def _unlooked(nc: NATS, name: str) -> KeyValue:
+    """The bucket as a tenant uses it: not looked up (a bucket's info would show every
+    tenant's keys, so a tenant may not ask for it), its keys reached directly."""
+    js = nc.jetstream(timeout=API_TIMEOUT_S)
+    return KeyValue(name=name, stream=f"KV_{name}", pre=f"$KV.{name}.", js=js, direct=True)
 
 
 def _scoped(tenant: str, app: str) -> str:
@@ -107,41 +157,84 @@ class _KvStore:
         """The bucket's name for a subject prefix."""
         raise NotImplementedError
 
-    def __init__(self, kv: KeyValue | None, tenant: str = "") -> None:
+    def __init__(
+        self, kv: KeyValue | None, tenant: str = "", nc: NATS | None = None, name: str = ""
+    ) -> None:
         self.kv = kv
         self.tenant = tenant
+        self.nc = nc
+        self.name = name
 
     @classmethod
     async def open(
         cls, nc: NATS, prefix: str, *, tenant: str = "", create: bool = True, replicas: int = 1
     ) -> Self:
         """The store of ``prefix``; its bucket made on first use with ``create`` (where
-        the key may; ``replicas``: the operator's set-up)."""
+        the key may; ``replicas``: the operator's set-up). A tenant's is made by the
+        operator's set-up: it is used without a look-up."""
         name = cls.bucket_name(prefix)
+        if tenant:
+            return cls(_unlooked(nc, name), tenant, nc, name)
         kv = await _bucket(nc, name, cls.WHAT, create=create, replicas=replicas)
-        return cls(kv, tenant)
+        return cls(kv, tenant, nc, name)
+
+    def _missing(self) -> AppStoreError:
+        return AppStoreError(
+            f"the {self.WHAT} bucket {self.name} is missing: the operator makes it "
+            "(bourse jetstream init)"
+        )
 
 
 class AppStore(_KvStore):
-    """The apps' specs, generations and slots: one key per app."""
+    """The apps' records: one key per app."""
 
     WHAT = "apps' specs"
     bucket_name = staticmethod(apps_bucket_name)
 
-    async def get(self, app: str) -> AppRecord | None:
-        """The app's record (None: never applied, or destroyed)."""
+    async def read(self, app: str) -> tuple[AppRecord | None, int]:
+        """The app's record (None: never applied, or destroyed) and its KV revision (0:
+        no key, or the revision of its deletion: what a revision-checked write names)."""
         if self.kv is None:
-            return None
+            return None, 0
         try:
             entry = await self.kv.get(_scoped(self.tenant, app))
-        except nats.js.errors.KeyNotFoundError:
-            return None
-        return msgspec.json.decode(entry.value or b"", type=AppRecord)
+        except nats.js.errors.KeyNotFoundError as exc:
+            return None, (exc.entry.revision or 0) if exc.entry is not None else 0
+        except nats.errors.NoRespondersError:
+            raise self._missing() from None
+        return msgspec.json.decode(entry.value or b"", type=AppRecord), entry.revision or 0
 
-    async def put(self, record: AppRecord) -> None:
-        """Keep ``record`` as the app's."""
+    async def get(self, app: str) -> AppRecord | None:
+        """The app's record (None: never applied, or destroyed)."""
+        return (await self.read(app))[0]
+
+    async def write(self, app: str, record: AppRecord, last: int, by: str = "command") -> int:
+        """Keep ``record`` as the app's if its key is still at revision ``last`` (0: none);
+        its new revision. Moved meanwhile: :class:`AppChanged` (``by``: what says so)."""
         assert self.kv is not None, "a store opened with create=False writes nothing"
-        await self.kv.put(_scoped(self.tenant, record.spec.app), msgspec.json.encode(record))
+        key, value = _scoped(self.tenant, app), msgspec.json.encode(record)
+        try:
+            return await self.kv.update(key, value, last=last)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            raise AppChanged(f"app {app!r} changed while this {by} ran: run it again") from None
+        except nats.errors.NoRespondersError:
+            raise self._missing() from None
+
+    async def change(self, app: str, how: Callable[[AppRecord], AppRecord]) -> AppRecord:
+        """Write ``how`` of the app's record (an empty one when there is none), read again
+        and redone while another command changes it meanwhile."""
+        for _ in range(RECORD_TRIES - 1):
+            try:
+                return await self._change_once(app, how)
+            except AppChanged:
+                continue
+        return await self._change_once(app, how)
+
+    async def _change_once(self, app: str, how: Callable[[AppRecord], AppRecord]) -> AppRecord:
+        record, last = await self.read(app)
+        new = how(record or AppRecord())
+        await self.write(app, new, last)
+        return new
 
     async def delete(self, app: str) -> None:
         """Forget the app (its machines are destroyed first)."""
@@ -152,19 +245,58 @@ class AppStore(_KvStore):
         """The apps kept (this tenant's, or those of no tenant)."""
         if self.kv is None:
             return []
-        try:
-            keys = await self.kv.keys()
-        except nats.js.errors.NoKeysError:
-            return []
+        if self.tenant:
+            keys = await self._own_keys()
+        else:
+            try:
+                keys = await self.kv.keys()
+            except nats.js.errors.NoKeysError:
+                return []
         scope = f"{self.tenant}." if self.tenant else ""
         return sorted(
             k.removeprefix(scope) for k in keys if k.startswith(scope) and (scope or "." not in k)
         )
 
+    async def _own_keys(self) -> list[str]:
+        """The tenant's keys: a consumer of the bucket's stream whose filter, its keys'
+        subjects, is in the subject that makes it (what the tenant's grant allows), headers
+        only, the last of each key."""
+        assert self.kv is not None and self.nc is not None
+        pre = f"$KV.{self.name}."
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        config = ConsumerConfig(
+            name=NUID().next().decode(),
+            deliver_subject=inbox,
+            filter_subject=f"{pre}{self.tenant}.>",
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            ack_policy=AckPolicy.NONE,
+            headers_only=True,
+            mem_storage=True,
+            num_replicas=1,
+            inactive_threshold=LISTING_INACTIVE_S,
+        )
+        keys: list[str] = []
+        try:
+            js = self.nc.jetstream(timeout=API_TIMEOUT_S)
+            try:
+                info = await js.add_consumer(f"KV_{self.name}", config)
+            except nats.errors.NoRespondersError:
+                raise self._missing() from None
+            pending = info.num_pending or 0
+            while pending > 0:
+                msg = await sub.next_msg(timeout=API_TIMEOUT_S)
+                pending = int(msg.reply.rsplit(".", 1)[-1])
+                if (msg.headers or {}).get(KV_OP) not in (KV_DEL, KV_PURGE):
+                    keys.append(msg.subject.removeprefix(pre))
+        finally:
+            await sub.unsubscribe()
+        return keys
+
 
 class SecretStore(_KvStore):
-    """The apps' secrets: one key per app and name. Values are written, never read here
-    (the names and revisions are read without them; suppliers read values: protocol §4.21)."""
+    """The apps' secrets' values: one key per app and name, written, never read here (the
+    names are the app's record's; suppliers read values: supplier/secrets.py)."""
 
     WHAT = "apps' secrets"
     bucket_name = staticmethod(secrets_bucket_name)
@@ -172,44 +304,23 @@ class SecretStore(_KvStore):
     def _key(self, app: str, name: str) -> str:
         return f"{_scoped(self.tenant, app)}.{check_secret_name(name)}"
 
-    async def set(self, app: str, values: dict[str, str]) -> None:
+    async def set(self, app: str, values: dict[str, str]) -> dict[str, int]:
+        """Write ``values``; each name's new KV revision."""
         assert self.kv is not None, "a store opened with create=False writes nothing"
-        for name, value in values.items():
-            await self.kv.put(self._key(app, name), value.encode())
-
-    async def unset(self, app: str, names: list[str]) -> list[str]:
-        """Remove ``names``; the ones the app did not have are returned."""
-        have = await self.revisions(app)
-        for name in names:
-            if name in have and self.kv is not None:
-                await self.kv.delete(self._key(app, name))
-        return [n for n in names if n not in have]
-
-    async def revisions(self, app: str) -> dict[str, int]:
-        """The app's secrets' names and each one's KV revision (no values)."""
-        if self.kv is None:
-            return {}
-        scope = _scoped(self.tenant, app) + "."
-        # headers only: the values never leave the server
-        watcher = await self.kv.watch(scope + "*", ignore_deletes=True, meta_only=True)
-        out: dict[str, int] = {}
+        out = {}
         try:
-            async for entry in watcher:
-                if entry is None:  # the end of what is stored now
-                    break
-                out[entry.key.removeprefix(scope)] = entry.revision or 0
-        finally:
-            await watcher.stop()
+            for name, value in values.items():
+                out[name] = await self.kv.put(self._key(app, name), value.encode())
+        except nats.errors.NoRespondersError:
+            raise self._missing() from None
         return out
 
-    async def revision(self, app: str) -> str:
-        """The secrets' revision: changes when a secret is set or unset ("" for none)."""
-        return revision_of(await self.revisions(app))
-
-
-def revision_of(revisions: dict[str, int]) -> str:
-    """The digest of the names and their KV revisions (never of the values)."""
-    if not revisions:
-        return ""
-    doc = ",".join(f"{k}={v}" for k, v in sorted(revisions.items()))
-    return hashlib.sha256(doc.encode()).hexdigest()[:12]
+    async def unset(self, app: str, names: list[str]) -> None:
+        """Remove ``names`` (the app's record says which it has)."""
+        if self.kv is None:
+            return
+        try:
+            for name in names:
+                await self.kv.delete(self._key(app, name))
+        except nats.errors.NoRespondersError:
+            raise self._missing() from None
