@@ -38,6 +38,7 @@ from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.auction.room import ClaimLimits
 from bourse.images.errors import ImageError
+from bourse.nats.commands import CommandStream
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -158,10 +159,10 @@ class ExchangeService:
         self.responder = Responder(self.nc, "exchange")
         async with anyio.create_task_group() as tasks:
             if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
-                await ensure_stream(
-                    self.nc.jetstream(),
-                    EventStream.of(self.subjects, replicas=replicas_for(self.nc)),
-                )
+                replicas = replicas_for(self.nc)
+                js = self.nc.jetstream()
+                await ensure_stream(js, EventStream.of(self.subjects, replicas=replicas))
+                await ensure_stream(js, CommandStream.of(self.subjects, replicas=replicas))
                 await tasks.start(self.images.run)
             try:
                 await self._subscribe()
