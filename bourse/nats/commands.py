@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -34,7 +35,13 @@ from bourse.nats.jetstream import (
     prefix_token,
 )
 from bourse.wire.codec import encode
-from bourse.wire.messages import MachineCommand
+from bourse.wire.messages import (
+    CommandVerb,
+    MachineCommand,
+    new_order_id,
+    now_ms,
+    worker_of_machine,
+)
 from bourse.wire.subjects import Subjects
 
 # The sizing rule (docs/operations.md): the stream must hold every command kept at once,
@@ -122,6 +129,21 @@ async def keep(js: JetStreamContext, subjects: Subjects, command: MachineCommand
         raise CommandNotKept(f"the command stream refused it: {exc.description}") from None
     except nats.errors.TimeoutError:
         raise CommandNotKept("the command stream did not acknowledge it in time") from None
+
+
+def command_for(verb: str, machine_id: str, requested_by: str) -> MachineCommand:
+    """A new command (its own id) to ``verb`` (stop or destroy) ``machine_id``, kept for
+    the machine's worker, which did not answer."""
+    worker_id = worker_of_machine(machine_id)
+    return MachineCommand(
+        command_id=new_order_id(),
+        machine_id=machine_id,
+        worker_id=worker_id,
+        verb=msgspec.convert(verb, CommandVerb),
+        requested_by=requested_by,
+        reason=f"{verb} asked while worker {worker_id} did not answer",
+        at_ms=now_ms(),
+    )
 
 
 def consumer_config(subjects: Subjects, worker_id: str) -> ConsumerConfig:
