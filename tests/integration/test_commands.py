@@ -16,6 +16,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from bourse.client import BourseClient
+from bourse.client.policy import failover
 from bourse.nats.commands import command_for, command_stream_name, keep
 from bourse.nats.connection import connect
 from bourse.wire.codec import decode
@@ -23,6 +24,7 @@ from bourse.wire.messages import Event, Machine, MachineCommand, Placed
 from supplier.host import SupplierHost
 from supplier.store import Store
 from tests.market import Market, collect, order, wait_until, worker
+from tests.topology.programs import supplier
 
 
 async def _started(client: BourseClient, region: str = "mad", **kw: object) -> Placed:
@@ -226,3 +228,43 @@ async def test_a_stop_kept_during_a_partition_is_applied_when_the_worker_is_back
         assert isinstance(shown, Machine) and shown.state == "stopped"
         assert await _kept(market) == 0
         await market.stop(host)  # before the link goes
+
+
+async def test_failover_queues_the_stop_and_the_returning_worker_never_resumes_the_primary(
+    market: Market, tmp_path: Path
+) -> None:
+    """The worker of an app's primary is a real supplier process, killed with -9; failover
+    starts the spare and queues the primary's stop; the worker started again stops the old
+    primary before it would resume it: two primaries never run."""
+    await market.exchange()
+    await market.host(worker("s1", images=["web"]), worker("s2", images=["web"]))
+    client = await market.client()
+    root = tmp_path / "programs"
+    proc = await supplier([market.url], market.subjects.prefix, root, "p1", "mad", 2)
+    try:
+        app = {"app": "api", "slot": "0"}
+        primary = await _started(
+            client, image="web", exclude_workers=["s1", "s2"], metadata={**app, "role": "primary"}
+        )
+        spare = await client.place(
+            order(image="web", exclude_workers=["p1", "s2"], metadata={**app, "role": "spare"})
+        )
+        assert isinstance(spare, Placed) and primary.worker_id == "p1"
+        watcher = await market.connect("watcher")
+        seen = await collect(watcher, market.subjects.event("mad", "p1", "*"))
+
+        proc.kill9()  # the primary's worker is gone, its machine recorded as started
+        await proc.proc.wait()
+        done = await failover(client, app="api", regions=["mad"], machine_id=primary.machine_id)
+        assert done.started.machine_id == spare.machine_id and done.started.state == "started"
+        assert done.queued is not None and done.queued.worker_id == "p1"
+        assert await _kept(market) == 1
+
+        proc = await supplier([market.url], market.subjects.prefix, root, "p1", "mad", 2)
+        await wait_until(lambda: len(_events(seen, primary.machine_id)) >= 2, 10)
+        # the kept stop was applied at the start, and nothing started it again
+        assert [k for k, _ in _events(seen, primary.machine_id)] == ["stopped", "command"]
+        assert (await client.machine("get", primary.machine_id)).state == "stopped"
+        assert await _kept(market) == 0
+    finally:
+        await proc.stop()
