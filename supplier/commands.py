@@ -51,7 +51,8 @@ CATCH_UP_S = 10.0
 CATCH_UP_FETCH_S = 1.0
 FETCH_WAIT_S = 5.0
 BATCH = 64
-# After a failed fetch (the connection away, the stream gone): the pace of trying again.
+# After a failed fetch (the connection away, the stream gone), or a consumer that could not
+# be opened (the stream not made yet): the pace of trying again.
 RETRY_S = 1.0
 
 
@@ -115,35 +116,38 @@ class Commands:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Open each worker's consumer and apply what it holds now (bounded by
-        CATCH_UP_S), say started, then apply each command as it comes."""
+        CATCH_UP_S), say started, then apply each command as it comes. A worker whose
+        consumer could not be opened (the stream not made yet) opens it later, then
+        applies what waits at once."""
         js = self.nc.jetstream()
-        subs: dict[str, JetStreamContext.PullSubscription] = {}
+        opened: dict[str, JetStreamContext.PullSubscription | None] = {}
         for wid in self.workers:
-            opened = await self._open(js, wid)
-            if opened is not None:
-                subs[wid] = opened[0]
+            got = await self._open(js, wid, said=False)
+            opened[wid] = got[0] if got else None
+            if got is not None:
                 with anyio.move_on_after(CATCH_UP_S):
-                    await self._catch_up(wid, opened[0], opened[1])
+                    await self._catch_up(wid, *got)
         task_status.started()
         async with anyio.create_task_group() as tasks:
-            for wid, sub in subs.items():
-                tasks.start_soon(self._follow, wid, sub)
+            for wid, sub in opened.items():
+                tasks.start_soon(self._follow, js, wid, sub)
 
     async def _open(
-        self, js: JetStreamContext, wid: str
+        self, js: JetStreamContext, wid: str, *, said: bool
     ) -> tuple[JetStreamContext.PullSubscription, int] | None:
-        """The worker's durable consumer (made if missing) and how many commands wait."""
+        """The worker's durable consumer (made if missing) and how many commands wait;
+        None when it cannot be opened (said once, as an error: ``said`` False)."""
         stream = command_stream_name(self.subjects.prefix)
         try:
             info = await js.add_consumer(stream, consumer_config(self.subjects, wid))
             sub = await js.pull_subscribe_bind(durable=info.name, stream=stream)
         except (nats.js.errors.Error, nats.errors.Error, TimeoutError) as exc:
-            log.error(
+            (log.debug if said else log.error)(
                 "command_stream_unavailable",
                 worker_id=wid,
                 stream=stream,
                 error=repr(exc),
-                effect="commands kept for this worker wait until it starts again",
+                effect="asked again while the worker runs; its commands wait for it",
             )
             return None
         return sub, info.num_pending or 0
@@ -161,7 +165,13 @@ class Commands:
                 await self._take(wid, msg)
             taken += len(msgs)
 
-    async def _follow(self, wid: str, sub: JetStreamContext.PullSubscription) -> None:
+    async def _follow(
+        self, js: JetStreamContext, wid: str, sub: JetStreamContext.PullSubscription | None
+    ) -> None:
+        while sub is None:
+            await anyio.sleep(RETRY_S)  # the pace of asking again, not a wait for an event
+            got = await self._open(js, wid, said=True)
+            sub = got[0] if got else None
         while True:
             try:
                 msgs = await sub.fetch(BATCH, timeout=FETCH_WAIT_S)
