@@ -41,7 +41,13 @@ from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.auction.room import ClaimLimits
 from bourse.images.errors import ImageError
-from bourse.nats.commands import CommandNotKept, CommandStream, command_for, keep
+from bourse.nats.commands import (
+    CommandNotKept,
+    CommandStream,
+    command_for,
+    ensure_command_stream,
+    keep,
+)
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -171,7 +177,7 @@ class ExchangeService:
                 replicas = replicas_for(self.nc)
                 js = self.nc.jetstream()
                 await ensure_stream(js, EventStream.of(self.subjects, replicas=replicas))
-                await ensure_stream(js, CommandStream.of(self.subjects, replicas=replicas))
+                await ensure_command_stream(js, CommandStream.of(self.subjects, replicas=replicas))
                 await tasks.start(self.images.run)
             try:
                 await self._subscribe()

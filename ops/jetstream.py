@@ -23,7 +23,7 @@ from bourse.images import ImageStore
 from bourse.images.staging import DEFAULT_MAX_BYTES as STAGING_MAX_BYTES
 from bourse.images.staging import make_staging
 from bourse.nats.commands import DEFAULT_MAX_BYTES as COMMANDS_MAX_BYTES
-from bourse.nats.commands import CommandStream
+from bourse.nats.commands import CommandStream, make_command_stream
 from bourse.nats.connection import shutdown
 from bourse.nats.grants import (
     APP_SECRETS,
@@ -98,7 +98,7 @@ async def set_up(
         (STAGING, lambda: make_staging(nc, subjects, replicas, staging_max_bytes)),
         (APPS, lambda: AppStore.open(nc, prefix, replicas=replicas)),
         (APP_SECRETS, lambda: SecretStore.open(nc, prefix, replicas=replicas)),
-        (COMMANDS, lambda: make_stream(nc.jetstream(), commands)),
+        (COMMANDS, lambda: make_command_stream(nc.jetstream(), commands)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import msgspec
 import nats.errors
 import nats.js.errors
+import structlog
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -43,6 +44,8 @@ from bourse.wire.messages import (
     worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
+
+log = structlog.get_logger("bourse.commands")
 
 # The sizing rule (docs/operations.md): the stream must hold every command kept at once,
 # which is at most two per machine (a stop, then a destroy) of the workers away together.
@@ -129,6 +132,38 @@ async def keep(js: JetStreamContext, subjects: Subjects, command: MachineCommand
         raise CommandNotKept(f"the command stream refused it: {exc.description}") from None
     except nats.errors.TimeoutError:
         raise CommandNotKept("the command stream did not acknowledge it in time") from None
+
+
+async def make_command_stream(js: JetStreamContext, stream: CommandStream) -> bool:
+    """Create the command stream if it is missing (True: made now); an existing one keeps
+    its settings (an operator may have changed them)."""
+    try:
+        await js.stream_info(stream.name)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(stream.config())
+        except nats.js.errors.BadRequestError:
+            return False  # made meanwhile by another process
+        log.info(
+            "command_stream_created",
+            stream=stream.name,
+            subjects=list(stream.subjects),
+            max_bytes=stream.max_bytes,
+            replicas=stream.replicas,
+        )
+        return True
+    return False
+
+
+async def ensure_command_stream(js: JetStreamContext, stream: CommandStream) -> bool:
+    """:func:`make_command_stream`, its failure logged (the exchange's start goes on: a
+    ``queue_if_away`` request then gets an Error saying the command was not kept)."""
+    try:
+        await make_command_stream(js, stream)
+    except (nats.js.errors.Error, nats.errors.Error) as exc:
+        log.error("command_stream_unavailable", stream=stream.name, error=repr(exc))
+        return False
+    return True
 
 
 def command_for(verb: str, machine_id: str, requested_by: str) -> MachineCommand:
