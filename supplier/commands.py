@@ -159,7 +159,7 @@ class Commands:
         while taken < pending:
             try:
                 msgs = await sub.fetch(min(pending - taken, BATCH), timeout=CATCH_UP_FETCH_S)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either
                 return  # taken meanwhile, or not delivered yet: the loop will
             for msg in msgs:
                 await self._take(wid, msg)
@@ -175,7 +175,7 @@ class Commands:
         while True:
             try:
                 msgs = await sub.fetch(BATCH, timeout=FETCH_WAIT_S)
-            except nats.errors.TimeoutError:
+            except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either
                 continue
             except (nats.errors.Error, nats.js.errors.Error) as exc:
                 log.warning("command_fetch_failed", worker_id=wid, error=repr(exc))
