@@ -134,17 +134,63 @@ def verb_command(verb: str, help_text: str) -> Callable[..., None]:
         ctx: typer.Context, machine_id: MachineIdArg, direct: MachineDirectOpt = False
     ) -> None:
         m = with_client(ctx, lambda c: c.machine(verb, machine_id), direct=direct)
-        if session(ctx).json:
-            session(ctx).echo_json({"machine": m})
-            return
-        render.show(render.machines([m]))
-        if verb == "get":
+        verb_shown(ctx, m)
+        if verb == "get" and not session(ctx).json:
             render.console.print(render.last_exit(m))
             for line in render.reach(m):
                 typer.echo(line)
 
     command.__doc__ = help_text
     return command
+
+
+QueueOpt = Annotated[
+    bool,
+    typer.Option(
+        "--queue-if-away",
+        help="When the machine's worker does not answer, keep the command for it: the "
+        "worker applies it when it is back, before it resumes its machines.",
+    ),
+]
+
+
+def stop(
+    ctx: typer.Context,
+    machine_id: MachineIdArg,
+    queue_if_away: QueueOpt = False,
+    direct: MachineDirectOpt = False,
+) -> None:
+    """Stop a machine."""
+    if queue_if_away:
+        _kept_or_shown(ctx, "stop", machine_id, direct)
+    else:
+        verb_shown(ctx, with_client(ctx, lambda c: c.machine("stop", machine_id), direct=direct))
+
+
+def _kept_or_shown(ctx: typer.Context, verb: str, machine_id: str, direct: bool) -> None:
+    """``verb`` (stop, destroy) kept for the worker when it does not answer: the machine as
+    it is after, or the command queued for its worker."""
+    got = with_client(ctx, lambda c: c.machine_or_kept(verb, machine_id), direct=direct)
+    if isinstance(got, Machine) and verb == "destroy":
+        _destroyed(ctx, [got])
+    elif isinstance(got, Machine):
+        verb_shown(ctx, got)
+    elif session(ctx).json:
+        session(ctx).echo_json({"queued": got})
+    else:
+        typer.echo(
+            f"{verb} of {machine_id} queued for worker {got.worker_id} (command "
+            f"{got.command_id}): applied when the worker is back, before it resumes its "
+            "machines"
+        )
+
+
+def verb_shown(ctx: typer.Context, m: Machine) -> None:
+    """One machine after a verb: ``{"machine": …}`` with --json, else a table."""
+    if session(ctx).json:
+        session(ctx).echo_json({"machine": m})
+        return
+    render.show(render.machines([m]))
 
 
 def logs(
@@ -209,14 +255,21 @@ def destroy(
         ),
     ] = None,
     yes: YesOpt = False,
+    queue_if_away: QueueOpt = False,
     direct: MachineDirectOpt = False,
 ) -> None:
     """Destroy a machine and free its resources; with --app, every live machine of the app
-    (asks first unless --yes)."""
+    (asks first unless --yes). With --queue-if-away (one MACHINE_ID), a machine whose
+    worker does not answer is destroyed when the worker is back."""
     if (machine_id is None) == (app_name is None):
         fail("give a MACHINE_ID or --app NAME (one of them)")
     if region and app_name is None:
         fail("--region goes with --app")
+    if queue_if_away and machine_id is None:
+        fail("--queue-if-away goes with a MACHINE_ID")
+    if machine_id is not None and queue_if_away:
+        _kept_or_shown(ctx, "destroy", machine_id, direct)
+        return
     if machine_id is not None:
         mid = machine_id
         _destroyed(ctx, [with_client(ctx, lambda c: c.machine("destroy", mid), direct=direct)])

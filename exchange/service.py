@@ -11,6 +11,9 @@
   same for tenant ``name`` (only its user may publish there): its order ids are scoped
   ``<name>:<id>``, its verbs reach only its machines, its listings show only them
   (bourse/wire/tenancy.py).
+- A ``queue_if_away`` stop or destroy (a buyer's or a tenant's) whose worker does not
+  answer is kept for it in the command stream (bourse/nats/commands.py, §4.20) and answered
+  with the MachineCommand kept; a tenant's is checked against its machines by the worker.
 - ``<root>.tenant.<name>.image.<verb>``: a tenant's image push, tag and untag, under its
   own names only (exchange/images.py).
 
@@ -38,6 +41,13 @@ from bourse.auction.claims import ClaimStore
 from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.auction.room import ClaimLimits
 from bourse.images.errors import ImageError
+from bourse.nats.commands import (
+    CommandNotKept,
+    CommandStream,
+    command_for,
+    ensure_command_stream,
+    keep,
+)
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -45,9 +55,12 @@ from bourse.runtime.metrics import AdmissionView, ClaimsView, ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
+    COMMAND_VERBS,
     EXCHANGE_EVENT_WORKER,
+    EXCHANGE_REQUESTER,
     MACHINE_VERBS,
     SHUTTING_DOWN_REASON,
+    TENANT_REQUESTER,
     UNFILLED_EVENT,
     Error,
     Event,
@@ -75,6 +88,9 @@ from exchange.reclaim import ReclaimDesk
 log = structlog.get_logger("bourse.exchange")
 
 MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
+# How long a ``queue_if_away`` request waits for the worker before the command is kept
+# (a worker that answers does so in milliseconds; §4.20).
+QUEUE_PROBE_S = 2.0
 # A stop's bounds: the auctions under way (most end by their deadline, 500 ms by default),
 # and the whole stop, so SIGTERM ends the process within 2 s.
 HANDLERS_S = 0.8
@@ -158,10 +174,10 @@ class ExchangeService:
         self.responder = Responder(self.nc, "exchange")
         async with anyio.create_task_group() as tasks:
             if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
-                await ensure_stream(
-                    self.nc.jetstream(),
-                    EventStream.of(self.subjects, replicas=replicas_for(self.nc)),
-                )
+                replicas = replicas_for(self.nc)
+                js = self.nc.jetstream()
+                await ensure_stream(js, EventStream.of(self.subjects, replicas=replicas))
+                await ensure_command_stream(js, CommandStream.of(self.subjects, replicas=replicas))
                 await tasks.start(self.images.run)
             try:
                 await self._subscribe()
@@ -323,10 +339,50 @@ class ExchangeService:
         if not await self._known_verb(msg, verb):
             return
         if verb == "list":
-            worker_id = _list_worker(msg)
-        else:
-            worker_id = worker_of_machine(decode(msg.data, MachineRequest).machine_id)
-        self.responder.spawn(msg, self._relay(msg, worker_id, verb))
+            self.responder.spawn(msg, self._relay(msg, _list_worker(msg), verb))
+            return
+        req = decode(msg.data, MachineRequest)
+        self.responder.spawn(msg, self._machine_verb(msg, req, verb))
+
+    async def _machine_verb(self, msg: Msg, req: MachineRequest, verb: str) -> None:
+        """Relay to the machine's worker; a ``queue_if_away`` stop or destroy is kept for a
+        worker that does not answer."""
+        if _keeps(req, verb) and await self._or_keep(msg, req, verb, EXCHANGE_REQUESTER) is None:
+            return
+        await self._relay(msg, worker_of_machine(req.machine_id), verb)
+
+    async def _or_keep(
+        self, msg: Msg, req: MachineRequest, verb: str, requester: str
+    ) -> bytes | None:
+        """The worker's answer to a ``get`` of the machine when it answers within
+        QUEUE_PROBE_S; else None once the command is kept for the worker in the command
+        stream and ``msg`` answered with it (or with why it could not be kept, §4.20)."""
+        worker_id = worker_of_machine(req.machine_id)
+        subject = self.subjects.worker_machine(worker_id, "get")
+        body = encode(MachineRequest(machine_id=req.machine_id))
+        try:
+            return (await self.nc.request(subject, body, timeout=QUEUE_PROBE_S)).data
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            pass
+        command = command_for(verb, req.machine_id, requester)
+        try:
+            await keep(self.nc.jetstream(), self.subjects, command)
+        except CommandNotKept as exc:
+            await self.responder.error(
+                msg, "internal", f"worker {worker_id!r} does not answer, and {exc}"
+            )
+            return None
+        self.responder.counts["command_kept"] += 1
+        log.info(
+            "command_kept",
+            worker_id=worker_id,
+            machine_id=req.machine_id,
+            verb=verb,
+            command_id=command.command_id,
+            requested_by=requester,
+        )
+        await self.responder.reply(msg, command)
+        return None
 
     async def _known_verb(self, msg: Msg, verb: str) -> bool:
         """A machine verb the workers serve; else the request is answered with why not."""
@@ -384,9 +440,12 @@ class ExchangeService:
     async def _tenant_verb(self, msg: Msg, tenant: str, machine_id: str, verb: str) -> None:
         """Ask the worker for the machine first; act only if it is the tenant's."""
         worker_id = worker_of_machine(machine_id)
-        shown = await self._ask(
-            msg, worker_id, "get", encode(MachineRequest(machine_id=machine_id))
-        )
+        if _keeps(req := decode(msg.data, MachineRequest), verb):  # else the worker checks
+            shown = await self._or_keep(msg, req, verb, TENANT_REQUESTER + tenant)
+        else:
+            shown = await self._ask(
+                msg, worker_id, "get", encode(MachineRequest(machine_id=machine_id))
+            )
         if shown is None:
             return
         machine: Machine | Error = decode(shown, Machine | Error)
@@ -466,6 +525,11 @@ class ExchangeService:
         verdicts = await self.reclaims.verdicts(check)
         self.responder.counts["reclaim_checks"] += 1
         await self.responder.reply(msg, verdicts)
+
+
+def _keeps(req: MachineRequest, verb: str) -> bool:
+    """Whether the request is kept as a command when its worker does not answer."""
+    return req.queue_if_away and verb in COMMAND_VERBS
 
 
 def _list_worker(msg: Msg) -> str:

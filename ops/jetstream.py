@@ -22,11 +22,14 @@ from bourse.client.apps.store import AppStore, SecretStore
 from bourse.images import ImageStore
 from bourse.images.staging import DEFAULT_MAX_BYTES as STAGING_MAX_BYTES
 from bourse.images.staging import make_staging
+from bourse.nats.commands import DEFAULT_MAX_BYTES as COMMANDS_MAX_BYTES
+from bourse.nats.commands import CommandStream, make_command_stream
 from bourse.nats.connection import shutdown
 from bourse.nats.grants import (
     APP_SECRETS,
     APPS,
     CLAIMS,
+    COMMANDS,
     EVENTS,
     IMAGE_TAGS,
     IMAGES,
@@ -80,11 +83,13 @@ async def set_up(
     events: EventStream,
     replicas: int,
     staging_max_bytes: int = STAGING_MAX_BYTES,
+    commands_max_bytes: int = COMMANDS_MAX_BYTES,
 ) -> list[Made]:
     """Make what is missing of the market's streams and buckets (``events``: the event
-    stream's settings; ``replicas``: the image store's and its staging's; the claims bucket
-    has its own)."""
+    stream's settings; ``replicas``: the image store's, its staging's, the apps' and the
+    command stream's; the claims bucket has its own)."""
     prefix = subjects.prefix
+    commands = CommandStream.of(subjects, replicas=replicas, max_bytes=commands_max_bytes)
     steps = (
         (EVENTS, lambda: make_stream(nc.jetstream(), events)),
         (CLAIMS, lambda: ClaimStore.open(nc, subjects)),
@@ -93,6 +98,7 @@ async def set_up(
         (STAGING, lambda: make_staging(nc, subjects, replicas, staging_max_bytes)),
         (APPS, lambda: AppStore.open(nc, prefix, replicas=replicas)),
         (APP_SECRETS, lambda: SecretStore.open(nc, prefix, replicas=replicas)),
+        (COMMANDS, lambda: make_command_stream(nc.jetstream(), commands)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:
@@ -156,10 +162,19 @@ def init(
             "way together (the largest image a tenant may push, and some).",
         ),
     ] = STAGING_MAX_BYTES // MIB,
+    commands_max_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="What the command stream holds at most: the stops and destroys kept for "
+            "workers away at once, 1.25 KiB per machine of theirs (the sizing rule, "
+            "docs/operations.md).",
+        ),
+    ] = COMMANDS_MAX_BYTES // MIB,
 ) -> None:
     """Make the market's streams and buckets that are missing: the event stream, the order
-    claims, the image store and its staging stream, the apps' specs and secrets. Run with
-    the operator's key (operator.nk)."""
+    claims, the image store and its staging stream, the apps' specs and secrets, the
+    command stream. Run with the operator's key (operator.nk)."""
     logs.configure("warning")
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)
@@ -175,7 +190,9 @@ def init(
             if orders_per_s is not None:  # whole MiB, up
                 size = -(-event_stream_bytes(orders_per_s, age_s) // MIB) * MIB
             events = EventStream.of(subjects, replicas=n, max_bytes=size, max_age_s=age_s)
-            return await set_up(nc, subjects, events, n, staging_max_mib * MIB)
+            return await set_up(
+                nc, subjects, events, n, staging_max_mib * MIB, commands_max_mib * MIB
+            )
         finally:
             await shutdown(nc)
 

@@ -56,6 +56,7 @@ from bourse.wire.messages import (
 from bourse.wire.signing import OfferSigner
 from bourse.wire.subjects import Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
+from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
 from supplier.drivers.confine import owner_of
@@ -153,6 +154,8 @@ class SupplierHost:
         # JetStream; at most once in the degraded mode, ``jetstream`` False).
         self.jetstream = jetstream
         self.events = EventOutbox(nc, store, self.subjects, durable=jetstream)
+        # Stops and destroys kept for these workers while they were away (supplier/commands.py).
+        self.commands = Commands(nc, self.subjects, self.workers, self._announce)
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
@@ -265,6 +268,8 @@ class SupplierHost:
             self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
         await flush_all(self.nc)
         await tasks.start(self.upkeep.run)
+        if self.jetstream:  # the commands kept for these workers, before any machine resumes
+            await tasks.start(self.commands.run)  # (I9), then those that come
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
@@ -321,8 +326,11 @@ class SupplierHost:
     def _emit(self, event: Event) -> None:
         """At-most-once events go out now; the others were written to the store's outbox
         with their change and go out from there (``self.events``)."""
-        if event.kind not in AT_MOST_ONCE_KINDS:
-            return
+        if event.kind in AT_MOST_ONCE_KINDS:
+            self._announce(event)
+
+    def _announce(self, event: Event) -> None:
+        """An event published at most once (not a committed change of its own)."""
         subject = self.subjects.event(event.region, event.worker_id, event.kind)
         self.outbox.post(subject, encode(event))
 

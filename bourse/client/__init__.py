@@ -27,10 +27,12 @@ from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.errors import BourseError
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.images.store import ImageStore
+from bourse.nats.commands import CommandNotKept, command_for, keep
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
+    EXCHANGE_REQUESTER,
     IMAGE_UNKNOWN_REASON,
     OVERLOADED_REASON,
     UNRECORDED_REASON,
@@ -40,6 +42,7 @@ from bourse.wire.messages import (
     Explanation,
     ListMachines,
     Machine,
+    MachineCommand,
     MachineList,
     MachineLogs,
     MachinePage,
@@ -67,6 +70,8 @@ log = structlog.get_logger("bourse.client")
 REPLY_SLACK_S = 2.0
 # Machine verbs may wait for a stop grace or an image pull.
 MACHINE_TIMEOUT_S = 60.0
+# How long a stop or destroy that may be kept waits for the machine's worker (§4.20).
+QUEUE_PROBE_S = 2.0
 
 
 # ClientError.code of an order the exchange (or a direct buyer's own admission control)
@@ -555,6 +560,36 @@ class BourseClient:
         body = encode(MachineRequest(machine_id=machine_id))
         reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return _expect(reply, Machine)
+
+    async def machine_or_kept(self, verb: str, machine_id: str) -> Machine | MachineCommand:
+        """stop / destroy one machine, kept for its worker when the worker does not answer
+        (docs/protocol.md §4.20): the machine as it is afterwards, or the MachineCommand
+        the market keeps until the worker applies it (queued). Direct mode: the worker is
+        asked first (briefly), and the command kept by this client's key (the exchange's)."""
+        if self.direct:
+            return await self._direct_or_kept(verb, machine_id)
+        body = encode(MachineRequest(machine_id=machine_id, queue_if_away=True))
+        subject = self._exchange_machine(verb)
+        reply = await self._request(subject, body, MachineReply, MACHINE_TIMEOUT_S, "exchange")
+        if isinstance(reply, MachineCommand):
+            return reply
+        return _expect(reply, Machine)
+
+    async def _direct_or_kept(self, verb: str, machine_id: str) -> Machine | MachineCommand:
+        worker_id = worker_of_machine(machine_id)
+        body = encode(MachineRequest(machine_id=machine_id))
+        try:
+            await self.nc.request(
+                self.subjects.worker_machine(worker_id, "get"), body, timeout=QUEUE_PROBE_S
+            )
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+            command = command_for(verb, machine_id, EXCHANGE_REQUESTER)
+            try:
+                await keep(self.nc.jetstream(), self.subjects, command)
+            except CommandNotKept as exc:
+                raise ClientError(f"worker {worker_id!r} does not answer, and {exc}") from None
+            return command
+        return await self.machine(verb, machine_id)
 
     async def logs(self, machine_id: str, tail: int = 100, since: int = -1) -> MachineLogs:
         """The last ``tail`` lines, or with ``since`` (a previous reply's ``end``) the lines

@@ -16,9 +16,22 @@ import secrets
 from dataclasses import dataclass, field
 
 import msgspec
+import nats.errors
+import nats.js.errors
 
 from bourse.client import OVERLOADED_CODE, UNRECORDED_CODE, BourseClient, ClientError
-from bourse.wire.messages import Machine, Placed, PlaceOrder, Resources, Unfilled, worker_of_machine
+from bourse.client.apps.store import AppStore
+from bourse.errors import BourseError
+from bourse.wire.messages import (
+    Check,
+    Machine,
+    MachineCommand,
+    Placed,
+    PlaceOrder,
+    Resources,
+    Unfilled,
+    worker_of_machine,
+)
 
 PRIMARY = "primary"
 SPARE = "spare"
@@ -103,6 +116,7 @@ async def _fill(
     min_score: float,
     fresh: bool,
     restart: str = "",
+    shape: Shape | None = None,
 ) -> None:
     """Place ``slot`` in the first region that takes it, on a worker the app does not use
     yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
@@ -123,6 +137,9 @@ async def _fill(
             deadline_ms=deadline_ms,
             metadata={"app": app, "role": slot.role, "slot": str(slot.index)}
             | ({"restart": restart} if restart else {}),
+            ports=list(shape.ports) if shape else [],
+            env=dict(shape.env) if shape else {},
+            checks=list(shape.checks) if shape else [],
         )
         result = await place_patiently(client, order)
         if isinstance(result, Unfilled):
@@ -136,17 +153,49 @@ async def _fill(
         return
 
 
+@dataclass(frozen=True)
+class Shape:
+    """What a machine of an app is besides its resources and image: its named ports, env
+    and checks (and restart policy), as the new spare a failover places must be."""
+
+    ports: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    checks: tuple[Check, ...] = ()
+    restart: str = ""
+
+
+async def app_shape(client: BourseClient, app: str, like: Machine) -> Shape:
+    """The app's shape: from its applied spec in the apps bucket when there is one, else
+    from ``like``, one of its machines (its port names are its addresses' keys; its env's
+    values are not shown, so none)."""
+    try:
+        store = await AppStore.open(client.nc, client.subjects.prefix, tenant=client.tenant)
+        record = await store.get(app)
+    except (BourseError, nats.errors.Error, nats.js.errors.Error):
+        record = None  # no apps bucket this key may read: the machine says what it can
+    spec = record.spec if record is not None else None  # secrets set before a first deploy
+    if spec is not None:
+        return Shape(
+            tuple(spec.ports), tuple(sorted(spec.env.items())), tuple(spec.checks), spec.restart
+        )
+    return Shape(tuple(sorted(like.addresses)), (), tuple(like.checks))
+
+
 @dataclass
 class Failover:
     """What a failover did: the spare it started in place of ``replaced``, the replaced
-    machine as it is after a ``--force`` stop (None when its worker is gone), and the new
-    spare placed in its place (``refill``: placed, or its Unfilled)."""
+    machine as it is after a ``--force`` stop, or stopped by a worker that answered at
+    last, the stop kept for the replaced machine's worker when it is gone (``queued``, or
+    why it could not be: ``queue_error``), and the new spare placed in its place
+    (``refill``: placed, or its Unfilled)."""
 
     app: str
     replaced: str
     started: Machine
     stopped: Machine | None
     refill: Slot
+    queued: MachineCommand | None = None
+    queue_error: str = ""
 
 
 async def failover(
@@ -204,13 +253,27 @@ async def failover(
     spares.sort(key=lambda m: (order.get(m.region, len(order)), _slot_key(m)))
     spare = spares[0]
     started = await client.machine("start", spare.machine_id)
-    stopped = None
+    stopped: Machine | None = None
+    queued: MachineCommand | None = None
+    queue_error = ""
     if replaced is not None and lost_worker in alive:
         stopped = await client.machine("stop", replaced.machine_id)
+    elif lost_worker not in alive:
+        # Kept for its worker: when it comes back, it stops the replaced primary before it
+        # would resume it (docs/protocol.md §4.20), so two primaries never run.
+        try:
+            outcome = await client.machine_or_kept("stop", machine_id)
+        except ClientError as exc:
+            queue_error = str(exc)
+        else:
+            queued, stopped = (
+                (outcome, None) if isinstance(outcome, MachineCommand) else (None, outcome)
+            )
     # The new spare: the started one's slot, its resources and image (a machine does not
     # carry its order's labels: ``constraints`` are deploy's --label), on a worker the app
     # does not use.
     refill = Slot(SPARE, int(spare.metadata.get("slot", "0") or 0))
+    shape = await app_shape(client, app, spare)
     used = {m.worker_id for m in machines} | {lost_worker}
     await _fill(
         client,
@@ -224,5 +287,7 @@ async def failover(
         deadline_ms=deadline_ms,
         min_score=0.0,
         fresh=False,
+        restart=shape.restart,
+        shape=shape,
     )
-    return Failover(app, machine_id, started, stopped, refill)
+    return Failover(app, machine_id, started, stopped, refill, queued, queue_error)

@@ -272,6 +272,8 @@ def failover_json(app: str, machine_id: str, f: Failover | None) -> dict[str, ob
         "replaced": machine_id,
         "started": f.started if f is not None else None,
         "stopped": f.stopped if f is not None else None,
+        "queued": f.queued if f is not None else None,
+        "queue_error": f.queue_error if f is not None else "",
         "spare": refill.machine if refill is not None else None,
         "spare_unfilled": [u.detail for u in refill.unfilled] if refill is not None else [],
         "error": None,
@@ -286,6 +288,13 @@ def failover_lines(f: Failover) -> list[str]:
     ]
     if f.stopped is not None:
         lines.append(f"stopped {safe(f.stopped.machine_id)} (its worker still answers: --force)")
+    if f.queued is not None:
+        lines.append(
+            f"stop of {safe(f.replaced)} queued for worker {safe(f.queued.worker_id)} (it is "
+            "applied when the worker is back, before it resumes anything)"
+        )
+    if f.queue_error:
+        lines.append(f"[yellow]stop of {safe(f.replaced)} not queued[/]: {safe(f.queue_error)}")
     spare = f.refill.machine
     if spare is not None:
         lines.append(

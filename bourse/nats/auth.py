@@ -8,7 +8,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
 
 - ``operator``: the market's JetStream set-up (``bourse jetstream init``, limits, image
   pushes and their gc); of the market's subjects only the fleet's status and machine
-  listings of every region (``R.status``, ``R.machines``: which images are in use).
+  listings of every region (``R.status``, ``R.machines``: which images are in use), and
+  ``R.command.*`` (a stop or destroy kept for a worker that was away).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
@@ -17,7 +18,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   (bourse/images/staging.py) and asking on ``R.tenant.<name>.image.*``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
   ``R.machines.*`` (a region's listing of a worker's reserved machines, which vouches for a
-  reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes); subscribe
+  reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes), ``R.command.*``
+  (a buyer's or tenant's stop or destroy kept for a worker that does not answer); subscribe
   ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects (orders,
   machines, images) only in the queue group ``exchange``; answers buyers and suppliers: it
   may publish into their inboxes (and its own).
@@ -163,7 +165,12 @@ def operator_permissions(s: Subjects, inbox: str) -> Permissions:
     (grants.py); of the market's subjects only the gathers that say which images are in
     use (every worker's status and machines, read-only): it neither orders nor serves."""
     return Permissions(
-        publish=(s.status_every, s.machines_every, *grants.allows(ROLE_OPERATOR, s.prefix)),
+        publish=(
+            s.status_every,
+            s.machines_every,
+            s.command_all,  # a stop or destroy kept for a worker (§4.20)
+            *grants.allows(ROLE_OPERATOR, s.prefix),
+        ),
         subscribe=(f"{inbox}.>",),
     )
 
@@ -218,6 +225,7 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             s.worker_machine("*", "*"),
             s.machines("*"),  # a region vouches for a machine a worker reclaims (§5.3d)
             s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
+            s.command_all,  # a stop or destroy kept for a worker that does not answer
             *grants.allows(ROLE_EXCHANGE, s.prefix),
             *_inboxes(inbox, answers),
         ),

@@ -15,8 +15,11 @@ prefix): the event stream ``<PREFIX>_EVENTS``, the order-claims KV bucket
 bucket ``<PREFIX>_IMAGE_TAGS``, the image staging stream ``<PREFIX>_IMAGE_STAGING`` (a
 tenant's pushes on their way in: it publishes its chunks on its own subjects, the subject
 table; the exchange reads and clears them, bourse/images/staging.py); the apps' KV buckets
-``<PREFIX>_APPS`` (specs) and ``<PREFIX>_APP_SECRETS``; and the account (JetStream as a
-whole).
+``<PREFIX>_APPS`` (specs) and ``<PREFIX>_APP_SECRETS``; the command stream
+``<PREFIX>_COMMANDS`` (stops and destroys kept for a worker that was away: published by
+the operator and the exchange on the subject table's ``R.command.<worker>``, read by each
+worker through a durable consumer of its own, bourse/nats/commands.py); and the account
+(JetStream as a whole).
 
 A tenant's verbs on the apps' buckets are its *own* ones (``read own``, ``write own``,
 ``list own``): their subjects carry its keys' scope, ``<tenant>.``, so it reaches only
@@ -31,6 +34,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bourse.nats.commands import command_stream_name
 from bourse.nats.jetstream import (
     apps_bucket_name,
     claims_bucket_name,
@@ -82,8 +86,9 @@ STAGING = Resource(
 )
 APPS = Resource("apps", "app specs", "kv", apps_bucket_name)
 APP_SECRETS = Resource("secrets", "app secrets", "kv", secrets_bucket_name)
+COMMANDS = Resource("commands", "machine commands", "stream", command_stream_name)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS, APP_SECRETS, ACCOUNT)
+RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS, APP_SECRETS, COMMANDS, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +257,15 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGES.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
         IMAGE_TAGS.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
         STAGING.key: _of(INFO, CREATE, READ, PURGE),
+        COMMANDS.key: _of(INFO, CREATE),  # its commands: the subject table
         ACCOUNT.key: _of(DETECT),
     },
     # checks the event stream is there (its events: the subject table); reads images; reads
-    # an app's secrets by key when it starts the app's machine
+    # an app's secrets by key when it starts the app's machine; takes the commands kept for
+    # its workers (a durable consumer per worker, each command acknowledged)
     ROLE_SUPPLIER: {
         EVENTS.key: _of(INFO),
+        COMMANDS.key: _of(INFO, CONSUMERS, PULL),
         IMAGES.key: _READ_IMAGES,
         IMAGE_TAGS.key: _READ_IMAGES,
         APP_SECRETS.key: _of(INFO, READ),

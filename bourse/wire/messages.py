@@ -100,6 +100,7 @@ EVENT_KINDS = (
     "hold_expired",
     "pulled",
     "check",
+    "command",
 )
 # How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
@@ -588,6 +589,37 @@ class MachineRequest(Message, kw_only=True):
     # Logs only: a byte offset from a previous MachineLogs.end; the reply then
     # holds the complete lines after it (``buyer machines logs --follow``); -1: the tail.
     since: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    # stop / destroy through the exchange only: when the worker does not answer, the
+    # exchange keeps the request as a MachineCommand for it (§4.20) and answers with it.
+    queue_if_away: bool = False
+
+
+# The verbs a MachineCommand may carry (§4.20).
+COMMAND_VERBS = ("stop", "destroy")
+CommandVerb = Literal["stop", "destroy"]
+# Who asked for a MachineCommand: the operator's key, the exchange for the shared buyer
+# key, or the exchange for a tenant ("tenant:<name>", checked by the worker against the
+# machine's order id).
+OPERATOR_REQUESTER = "operator"
+EXCHANGE_REQUESTER = "exchange"
+TENANT_REQUESTER = "tenant:"
+Requester = Annotated[
+    str, msgspec.Meta(pattern=r"^(operator|exchange|tenant:[a-z0-9][a-z0-9-]{0,62})\Z")
+]
+
+
+class MachineCommand(Message, kw_only=True):
+    """A lifecycle command kept for a worker that did not answer (§4.20): stored on
+    ``<prefix>.v1.command.<worker_id>`` until that worker applies it, before it resumes its
+    machines. Also the exchange's answer to a ``queue_if_away`` request it queued."""
+
+    command_id: OrderId  # also its Nats-Msg-Id: the stream drops a second copy
+    machine_id: MachineId
+    worker_id: WorkerId  # the worker it is kept for (the machine's, by its id)
+    verb: CommandVerb
+    requested_by: Requester
+    reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    at_ms: Millis = 0
 
 
 class ListMachines(Message, kw_only=True):
@@ -867,7 +899,7 @@ class ImageTagged(Message, kw_only=True):
 BidReply = Offer | Offers | Waiting
 OrderReply = Placed | Unfilled | Error
 CommitReply = Placed | Rejected | Error
-MachineReply = Machine | MachineList | MachineLogs | Error
+MachineReply = Machine | MachineList | MachineLogs | MachineCommand | Error
 ExplainReply = Explanation | Error
 MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error

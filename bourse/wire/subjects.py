@@ -87,6 +87,15 @@ class Subjects:
     def reclaim_all(self) -> str:
         return f"{self.root}.reclaim.*"
 
+    # -- lifecycle commands kept for a worker that was away (§4.20) ---------------------------
+    # Stored by the command stream; written only by the operator and the exchange.
+    def command(self, worker_id: str) -> str:
+        return f"{self.root}.command.{worker_id}"
+
+    @property
+    def command_all(self) -> str:
+        return f"{self.root}.command.*"
+
     @property
     def status_every(self) -> str:
         """Status of every worker of every region (``buyer fleet`` with no

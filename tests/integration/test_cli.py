@@ -221,7 +221,9 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     assert (doc["app"], doc["replaced"], doc["error"]) == ("api", primary["machine_id"], None)
     assert doc["started"]["machine_id"] == slots["spare-0"]["machine_id"]
     assert doc["started"]["state"] == "started"
-    assert doc["stopped"] is None  # its worker is gone: nothing to stop
+    assert doc["stopped"] is None  # its worker is gone: its stop is kept for it
+    assert (doc["queued"]["machine_id"], doc["queued"]["verb"]) == (primary["machine_id"], "stop")
+    assert (doc["queued"]["worker_id"], doc["queue_error"]) == (primary["worker_id"], "")
     # the spare is refilled as deploy would: on the one worker the app does not use
     assert (doc["spare"]["worker_id"], doc["spare"]["state"]) == (third, "reserved")
     assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "1"}
@@ -241,6 +243,8 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
         "replaced": primary["machine_id"],
         "started": None,
         "stopped": None,
+        "queued": None,
+        "queue_error": "",
         "spare": None,
         "spare_unfilled": [],
         "error": "no failover: app 'api' has no spare left in ams",

@@ -36,6 +36,8 @@ def test_failover_json_keeps_its_keys_on_an_error() -> None:
         "replaced": mid,
         "started": None,
         "stopped": None,
+        "queued": None,
+        "queue_error": "",
         "spare": None,
         "spare_unfilled": [],
         "error": err.removeprefix("error: ").strip(),

@@ -26,10 +26,17 @@ def test_the_docs_show_the_tables_as_generated(doc: str, tables: set[str]) -> No
     )
 
 
+def _admin_on(role: str, resource: grants.Resource, admin: set[str]) -> tuple[set[str], set[str]]:
+    """The admin verbs ``role`` may use on ``resource``, and on every other resource."""
+    elsewhere = {v for r in grants.RESOURCES if r is not resource for v in grants.granted(role, r)}
+    return set(grants.granted(role, resource)) & admin, elsewhere & admin
+
+
 def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket() -> None:
     """Deny by default: the exchange may only make what is missing, and empty only the
     uploads tenants staged once it published them; no supplier, buyer or tenant may make,
-    change or empty anything, nor use a consumer it did not make; a buyer writes keys of
+    change or empty anything, nor use a consumer it did not make (a supplier makes and pulls
+    its workers' consumers of the command stream only); a buyer writes keys of
     the apps' buckets only (its apps' specs and secrets)."""
     admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
     for role in grants.ROLES:
@@ -37,14 +44,11 @@ def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket(
         if role == grants.ROLE_OPERATOR:
             assert admin - {"others"} <= used and "others" not in used
         elif role == grants.ROLE_EXCHANGE:
-            staging = grants.granted(role, grants.STAGING)
-            others = {
-                v
-                for r in grants.RESOURCES
-                if r is not grants.STAGING
-                for v in grants.granted(role, r)
-            }
-            assert staging & admin == {"purge"} and not others & admin
+            assert _admin_on(role, grants.STAGING, admin) == ({"purge"}, set())
+        elif role == grants.ROLE_SUPPLIER:
+            # its workers' durable consumers of the command stream, and nothing else
+            assert _admin_on(role, grants.COMMANDS, admin) == ({"consumers", "pull"}, set())
+            assert "create" not in used and "write" not in used
         else:
             assert not used & (admin | {"create"}), role
             writes = {r.key for r in grants.RESOURCES if "write" in grants.granted(role, r)}
