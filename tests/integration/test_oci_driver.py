@@ -10,7 +10,7 @@ import asyncio
 import json
 import subprocess
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import anyio
@@ -28,7 +28,7 @@ from supplier.drivers.oci import OciDriver, hostname
 from supplier.drivers.oci_runtime import Runtime
 from supplier.drivers.process import ProcessDriver
 from tests.cli import run_cli
-from tests.containers import busybox_root, need_runc
+from tests.containers import busybox_root, need_runc, reap_kept
 from tests.images import place
 from tests.market import Market, alive, order, wait_until, worker
 
@@ -396,3 +396,10 @@ async def test_a_kept_container_runs_on_through_a_kill_9_of_its_supplier(
 async def _shim_state(data: Path, machine_id: str) -> dict[str, int]:
     state = data / "shims" / "k1" / machine_id / "state.json"
     return dict(json.loads(await anyio.Path(state).read_text()))
+
+
+@pytest.fixture(autouse=True)
+def _reaped(tmp_path: Path) -> Iterator[None]:
+    """Kept machines a failed test left are killed, not left running on the host."""
+    yield
+    reap_kept(tmp_path)

@@ -6,12 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
+import pytest
 
 from bourse.runtime.launcher import Program, start_program
 from bourse.wire.messages import Placed
+from tests.containers import reap_kept
 from tests.market import Market, alive, order, wait_until
 
 WID = "keep-1"
@@ -123,3 +126,10 @@ async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
         for r in (a, b):  # keep mode: nothing may run on after the test
             await buyer.machine("destroy", r.machine_id)
         assert await sup.stop() == 0
+
+
+@pytest.fixture(autouse=True)
+def _reaped(tmp_path: Path) -> Iterator[None]:
+    """Kept machines a failed test left are killed, not left running on the host."""
+    yield
+    reap_kept(tmp_path)

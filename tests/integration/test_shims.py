@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
@@ -13,6 +14,7 @@ import pytest
 
 from supplier.drivers.confine import Exit
 from supplier.drivers.shims import Plan, ProcessRun, discover, launch, read_state
+from tests.containers import reap_kept
 from tests.market import alive, wait_until
 
 WAIT_S = 20.0
@@ -122,3 +124,10 @@ async def test_a_command_that_cannot_start_says_why(tmp_path: Path) -> None:
     with pytest.raises(ShimError, match="cannot start m5"):
         await launch(tmp_path / "shims" / "m5", plan)
     assert not (tmp_path / "shims" / "m5").exists()
+
+
+@pytest.fixture(autouse=True)
+def _reaped(tmp_path: Path) -> Iterator[None]:
+    """Kept machines a failed test left are killed, not left running on the host."""
+    yield
+    reap_kept(tmp_path)
