@@ -76,6 +76,8 @@ def make_driver(
     supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls. A
     worker set to ``oci`` on a host without a runtime: RuntimeUnavailable."""
     if cfg.driver in ("process", "oci"):
+        # shims and machines run in directories of their own: every path they get is whole
+        data_dir = data_dir.absolute()
         owner = owner_of(data_dir)
         shims = data_dir / "shims" / cfg.worker_id if cfg.keep_machines else None
         confiner, _ = Confiner.probe(
