@@ -76,8 +76,6 @@ def make_driver(
     supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls. A
     worker set to ``oci`` on a host without a runtime: RuntimeUnavailable."""
     if cfg.driver in ("process", "oci"):
-        # shims and machines run in directories of their own: every path they get is whole
-        data_dir = data_dir.absolute()
         owner = owner_of(data_dir)
         shims = data_dir / "shims" / cfg.worker_id if cfg.keep_machines else None
         confiner, _ = Confiner.probe(
@@ -155,7 +153,8 @@ class Worker:
         self.region = cfg.region
         self.labels = dict(cfg.labels)
         self.max_hold_ms = cfg.hold_cap_ms  # a bid's hold_ms is capped here (supplier/desk.py)
-        data_dir = store.path.parent
+        # whole: shims, machines and containers run in directories of their own
+        data_dir = store.path.parent.absolute()
         # The driver's exit callback is this worker's (it records the exit in its op log).
         self.driver: Driver = driver or make_driver(
             cfg, data_dir, self._exited, self._restarted, lambda key: self.images.size_mb(key)
