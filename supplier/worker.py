@@ -153,7 +153,8 @@ class Worker:
         self.region = cfg.region
         self.labels = dict(cfg.labels)
         self.max_hold_ms = cfg.hold_cap_ms  # a bid's hold_ms is capped here (supplier/desk.py)
-        data_dir = store.path.parent
+        # whole: shims, machines and containers run in directories of their own
+        data_dir = store.path.parent.absolute()
         # The driver's exit callback is this worker's (it records the exit in its op log).
         self.driver: Driver = driver or make_driver(
             cfg, data_dir, self._exited, self._restarted, lambda key: self.images.size_mb(key)

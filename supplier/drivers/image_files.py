@@ -128,4 +128,5 @@ def working_dir(root: Path, config: RunConfig, cwd: Path) -> None:
     for entry in os.scandir(source):
         link = cwd / entry.name
         if not os.path.lexists(link):
-            link.symlink_to(entry.path)
+            # absolute: a link is read from where it is, not from a data dir named relative
+            link.symlink_to(os.path.abspath(entry.path))

@@ -242,7 +242,7 @@ class OciDriver(ProcessDriver):
         try:
             c = await self.containers.start(m.machine_id, spec, image.root, disk_mb, out)
         except (BundleError, ContainerError) as exc:
-            raise DriverError(f"cannot start {m.machine_id}: {exc}") from None
+            raise DriverError(str(exc)) from None  # the caller names the machine
         return _Container(c)
 
     async def _forget(self, machine_id: str) -> None:

@@ -426,7 +426,7 @@ class ProcessDriver:
         try:
             shim = await launch_shim(shims_dir / mid, plan)
         except ShimError as exc:
-            raise DriverError(f"cannot start {mid}: {exc}") from None
+            raise DriverError(str(exc)) from None  # the caller names the machine
         self._tasks.start_soon(shim.follow)
         return ShimRun(shim)
 

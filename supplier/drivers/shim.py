@@ -242,7 +242,7 @@ class Shim:
                 self.machine = await ProcessMachine.start(plan.run, out)
         except Exception as exc:  # the launcher's one line says why; nothing is left
             self.log.error("machine_start_failed", error=str(exc))
-            self._say(f"cannot start {plan.machine_id}: {exc}\n".encode())
+            self._say(f"{exc}\n".encode())  # the supplier names the machine
             await anyio.to_thread.run_sync(remove_dir, self.directory)
             return False
         finally:

@@ -9,6 +9,7 @@ import urllib.request
 from pathlib import Path
 
 import anyio
+import pytest
 
 from bourse.client.follow import follow_logs
 from bourse.images import ImageStore, RunSpec
@@ -23,8 +24,11 @@ def _get(url: str) -> tuple[int, bytes]:
         return reply.status, reply.read()
 
 
+@pytest.mark.parametrize(
+    "keep_machines", [False, True], ids=["held by the supplier", "held by a shim"]
+)
 async def test_the_example_app_runs_from_its_image_and_answers_http(
-    market: Market, tmp_path: Path
+    market: Market, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep_machines: bool
 ) -> None:
     await market.jetstream_init()
     store = await ImageStore.open(await market.connect("images"), market.subjects.prefix)
@@ -33,7 +37,10 @@ async def test_the_example_app_runs_from_its_image_and_answers_http(
     run = RunSpec(cmd=HELLO_RUN.cmd, env=(*HELLO_RUN.env, f"PORT={port}"))
     pushed = await store.push_directory(HELLO_DIR, "hello:test", run)
     info = await store.inspect("hello:test")
-    await market.host(worker("w1", driver="process"), data_dir=tmp_path / "supplier")
+    # a data dir named relative to the supplier's directory, as `bourse up`'s .bourse/up
+    monkeypatch.chdir(tmp_path)
+    w1 = worker("w1", driver="process", keep_machines=keep_machines)
+    await market.host(w1, data_dir=Path("supplier"))
     buyer = await market.client(direct=True)
     placed = await place(buyer.nc, market.subjects, info, "o1", image="hello:test")
     machine = await buyer.machine("start", placed.machine_id)

@@ -139,3 +139,16 @@ def test_the_working_directory_links_the_images_files_and_keeps_the_machines(
     empty = tmp_path / "empty"
     working_dir(root, RunConfig(working_dir="/srv"), empty)
     assert empty.is_dir() and os.listdir(empty) == []
+
+
+def test_the_working_directory_links_reach_the_image_from_a_relative_data_dir(
+    root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `bourse up` keeps its state in .bourse/up: a root named relative to the supplier's
+    # directory must still be found from the machine's own working directory
+    monkeypatch.chdir(tmp_path)
+    relative_root = root.relative_to(tmp_path)
+    cwd = Path("work") / "w1~M1"
+    working_dir(relative_root, RunConfig(working_dir="/app"), cwd)
+    assert os.path.isabs(os.readlink(cwd / "serve.py"))
+    assert (cwd / "serve.py").read_text() == "print('hi')\n"
