@@ -134,7 +134,7 @@ def destroy(ctx: typer.Context, name: AppArg) -> None:
             gone.append(m.machine_id)
         apps = await _apps(c)
         rec = await apps.get(name)
-        await apps.delete(name)
+        await apps.retire(name)
         if rec is not None and rec.secrets:
             secrets = await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant)
             await secrets.unset(name, list(rec.secrets))

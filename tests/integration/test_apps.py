@@ -246,6 +246,16 @@ async def test_secrets_are_names_only_and_a_change_rolls_the_app(
     assert code == 0 and len(json.loads(out)["destroyed"]) == 2
     code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
     assert json.loads(out)["secrets"] == []
+    code, out, _ = await buyer(market, "apps", "list", "--json")
+    assert json.loads(out)["apps"] == []
+    # the same app again: a new generation, new machines (no claim hands back a destroyed one)
+    code, out, err = await buyer(market, "deploy", "-f", path, "--json")
+    assert code == 0, err
+    again = json.loads(out)["slots"]
+    assert [s["result"] for s in again] == ["done", "done"]
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    rows = json.loads(out)["machines"]
+    assert {r["state"] for r in rows} == {"started"} and len(rows) == 2
 
 
 async def test_a_cut_off_rollout_run_again_finishes_without_duplicates(

@@ -236,10 +236,11 @@ class AppStore(_KvStore):
         await self.write(app, new, last)
         return new
 
-    async def delete(self, app: str) -> None:
-        """Forget the app (its machines are destroyed first)."""
-        if self.kv is not None:
-            await self.kv.delete(_scoped(self.tenant, app))
+    async def retire(self, app: str) -> None:
+        """Forget the app's spec, slots and secrets (its machines are destroyed first), and
+        keep its generation: a deploy of the same name later is a new generation, so its
+        slots' order ids are new and no claim hands back a destroyed machine."""
+        await self.change(app, lambda r: AppRecord(generation=r.generation))
 
     async def names(self) -> list[str]:
         """The apps kept (this tenant's, or those of no tenant)."""
