@@ -326,7 +326,7 @@ PRINT_TOKEN = [
     "{python}",
     "-c",
     "import os, time; print(*(f'{k}={os.environ.get(k)}' for k in ('TOKEN', 'MODE', 'PORT')), "
-    "sep=chr(10), flush=True); time.sleep(600)",
+    "sep=chr(10), flush=True); time.sleep(600)",  # the machine lives on: its env is read
 ]
 
 

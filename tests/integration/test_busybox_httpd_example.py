@@ -74,7 +74,7 @@ async def test_the_busybox_httpd_example_serves_http_from_a_container(
         assert (await buyer.machine("start", r.machine_id)).state == "started"
         with anyio.fail_after(WAIT_S):
             while not _passing(await buyer.machine("get", r.machine_id)):  # noqa: ASYNC110 - a poll of the supplier
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # the poll's pace, not a synchronisation
         status, page = await anyio.to_thread.run_sync(_get, f"http://{r.addresses['http']}/")
         assert status == 200 and b"busybox httpd" in page
         assert await anyio.to_thread.run_sync(_get, f"http://127.0.0.1:{port}/healthz") == (

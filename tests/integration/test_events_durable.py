@@ -55,7 +55,7 @@ async def _place_many(client: BourseClient, region: str, n: int, width: int = 12
             except ClientError as exc:
                 if exc.code != OVERLOADED_CODE:
                     raise
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # a pause before the retry an overloaded answer asks for
                 continue
             if isinstance(r, Placed):
                 placed.append(r)

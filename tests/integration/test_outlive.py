@@ -118,7 +118,7 @@ async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
     try:
         with anyio.fail_after(WAIT_S):  # its exit is recorded once the supplier adopted it
             while (ma := await buyer.machine("get", a.machine_id)).state != "stopped":  # noqa: ASYNC110 - a poll of the supplier (as wait_until polls)
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # the poll's pace, not a synchronisation
         assert ma.last_exit is not None and ma.last_exit.code == 3, ma
         await wait_until(lambda: _log(tmp_path, b.machine_id).count("pid ") == 2, WAIT_S)
         assert (await buyer.machine("get", b.machine_id)).state == "started"
