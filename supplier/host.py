@@ -62,7 +62,7 @@ from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
 from supplier.drivers.confine import owner_of
 from supplier.images import ImageListener, StoreSource
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
-from supplier.ports import HostClaims, PortRange, Wanted, choose
+from supplier.ports import HostClaims, PortRange, Wanted, held_twice, host_ranges
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
@@ -182,18 +182,10 @@ class SupplierHost:
         the host, the one it had before where it can (kept in the store)."""
         kept = store.kept_port_ranges()
         wanted = [
-            Wanted(
-                w.worker_id,
-                w.port_range,
-                default=w.driver != "sim" and not w.ports,
-                kept=PortRange.parse(kept[w.worker_id]) if w.worker_id in kept else None,
-            )
+            Wanted(w.worker_id, w.port_range, default=w.driver != "sim" and not w.ports)
             for w in workers
         ]
-        if claims is None:
-            ranges = choose(wanted, [])
-        else:
-            ranges = claims.claim(wanted, owner_of(store.path.parent))
+        ranges = host_ranges(wanted, kept, claims, owner_of(store.path.parent))
         store.keep_port_ranges({w.worker_id: str(ranges[w.worker_id]) for w in wanted if w.default})
         return ranges
 
@@ -523,15 +515,9 @@ class SupplierHost:
         """I1 on every worker of this host, and I8 (no port held twice, by the machines of
         one worker or of two); returns the violations found."""
         problems = []
-        holder: dict[int, str] = {}
         for w in self.workers.values():
             try:
                 w.ledger.check()
             except AssertionError as exc:
                 problems.append(f"{w.worker_id}: {exc}")
-            problems += [f"{w.worker_id}: {p}" for p in w.ports.problems()]
-            for port, machine_id in w.ports.allocator.holder.items():
-                if port in holder:
-                    problems.append(f"port {port} held by {holder[port]} and {machine_id}")
-                holder[port] = machine_id
-        return problems
+        return problems + held_twice({wid: w.ports for wid, w in self.workers.items()})

@@ -32,7 +32,7 @@ import re
 import socket
 import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from pathlib import Path
 
@@ -387,6 +387,31 @@ class HostClaims:
                 fresh.unlink()
             raise
         self._held.append((path, fd))
+
+
+def host_ranges(
+    wanted: Sequence[Wanted], kept: Mapping[str, str], claims: HostClaims | None, owner: str
+) -> dict[str, PortRange]:
+    """Each worker's range, a default block preferring the one ``kept`` from its last run
+    (worker id -> range); claimed on the host for ``owner`` when ``claims`` is given."""
+    wanted = [
+        replace(w, kept=PortRange.parse(kept[w.worker_id])) if w.worker_id in kept else w
+        for w in wanted
+    ]
+    return choose(wanted, []) if claims is None else claims.claim(wanted, owner)
+
+
+def held_twice(workers: Mapping[str, WorkerPorts]) -> list[str]:
+    """I8 across one host's workers (and I8 and I1 for ports within each): what is broken."""
+    problems: list[str] = []
+    holder: dict[int, str] = {}
+    for worker_id, ports in workers.items():
+        problems += [f"{worker_id}: {p}" for p in ports.problems()]
+        for port, machine_id in ports.allocator.holder.items():
+            if port in holder:
+                problems.append(f"port {port} held by {holder[port]} and {machine_id}")
+            holder[port] = machine_id
+    return problems
 
 
 def choose(wanted: Sequence[Wanted], live: Sequence[Claim]) -> dict[str, PortRange]:

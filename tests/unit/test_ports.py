@@ -40,6 +40,8 @@ from supplier.ports import (
     WorkerPorts,
     address,
     choose,
+    held_twice,
+    host_ranges,
     port_of,
     run_env,
 )
@@ -321,3 +323,18 @@ def test_the_claims_of_a_host_refuse_a_live_overlap_and_forget_a_released_one(
     finally:
         first.release()
         second.release()
+
+
+def test_a_port_held_on_two_workers_of_one_host_is_named() -> None:
+    a = WorkerPorts(PortRange(20000, 20009), Ledger((1000, 64, 0, 0, 10)), "h")
+    b = WorkerPorts(PortRange(20000, 20009), Ledger((1000, 64, 0, 0, 10)), "h")
+    # the allocators alone: each worker's own check says its ledger does not count them
+    assert a.allocator.take("m1", ["http"], always) == {"http": 20000}
+    assert held_twice({"a": a, "b": b}) == ["a: 1 ports held, the ledger commits 0"]
+    assert b.allocator.take("m2", ["http"], always) == {"http": 20000}
+    assert "port 20000 held by m1 and m2" in held_twice({"a": a, "b": b})
+
+
+def test_a_kept_range_is_preferred_when_the_host_is_chosen_without_claims() -> None:
+    got = host_ranges([Wanted("a", None, default=True)], {"a": "20500-20599"}, None, "o")
+    assert got == {"a": PortRange(20500, 20599)}
