@@ -45,6 +45,7 @@ from bourse.wire.limits import (
     ORDER_ID_PATTERN,
     PORT_NAME_PATTERN,
 )
+from bourse.wire.metadata import check_restart
 
 Region = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="region id")]
 WorkerId = Annotated[str, msgspec.Meta(pattern=ID_PATTERN, description="worker id")]
@@ -74,6 +75,9 @@ Env = Annotated[
     dict[EnvKey, Annotated[str, msgspec.Meta(max_length=MAX_ENV_VALUE)]],
     msgspec.Meta(max_length=MAX_ENV),
 ]
+# A machine's restart policy: "" (none given) or one of RESTART_POLICIES
+# (bourse/wire/metadata.py; checked where a message is made or decoded).
+RestartField = Annotated[str, msgspec.Meta(max_length=16)]
 # A port name -> the "host:port" a machine's named port is reached at.
 Addresses = dict[str, str]
 Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
@@ -238,9 +242,13 @@ class PlaceOrder(Message, kw_only=True):
     ports: Ports = []
     env: Env = {}
     checks: Checks = []
+    # The machine's restart policy (bourse/wire/metadata.py): "", "no", "on-failure" or
+    # "always"; v1's metadata["restart"] says the same, and this wins where both are.
+    restart: RestartField = ""
 
     def __post_init__(self) -> None:
         check_ports(self.ports, self.checks)
+        check_restart(self.restart)
 
 
 # The kinds of check a worker runs (protocol §4.2a).
@@ -369,13 +377,15 @@ class Commit(Message, kw_only=True):
     release_others: bool = False
     # The content the machine runs (the Bid's image_digest): "" for a catalog image.
     image_digest: Digest = ""
-    # The order's ports, environment and checks, kept with the machine.
+    # The order's ports, environment, checks and restart policy, kept with the machine.
     ports: Ports = []
     env: Env = {}
     checks: Checks = []
+    restart: RestartField = ""
 
     def __post_init__(self) -> None:
         check_ports(self.ports, self.checks)
+        check_restart(self.restart)
 
 
 class Placed(Message, kw_only=True):
@@ -394,6 +404,9 @@ class Placed(Message, kw_only=True):
     image_digest: Digest = ""
     # Where its named ports are reached: name -> "host:port" (the worker's advertised host).
     addresses: Addresses = {}
+    # The worker runs nothing (its driver is ``sim``): the machine exists on the market
+    # only. An answer from an existing-machine offer does not say (false).
+    simulated: bool = False
 
     # The three ways a Placed is made, in one home (docs/protocol.md §4.7).
     @classmethod
@@ -420,6 +433,7 @@ class Placed(Message, kw_only=True):
             existing=existing,
             image_digest=m.image_digest,
             addresses=m.addresses,
+            simulated=m.simulated,
         )
 
     @classmethod
@@ -438,6 +452,7 @@ class Placed(Message, kw_only=True):
             existing=reply.existing,
             image_digest=reply.image_digest,
             addresses=reply.addresses,
+            simulated=reply.simulated,
         )
 
     @classmethod
@@ -692,6 +707,11 @@ class Machine(Message, kw_only=True):
     health: Health | None = None
     # The names of its order's environment variables (their values are not sent back).
     env_keys: Annotated[list[EnvKey], msgspec.Meta(max_length=MAX_ENV)] = []
+    # Its restart policy, as its order gave it in the field of that name ("": none, or
+    # given as v1's metadata["restart"]).
+    restart: RestartField = ""
+    # Its worker runs nothing (driver ``sim``): the machine exists on the market only.
+    simulated: bool = False
 
 
 class MachineList(Message, kw_only=True):
