@@ -18,6 +18,7 @@ from bourse.client.orderflags import (
 )
 from bourse.runtime.cli import fail
 from bourse.wire.limits import MACHINE_ID_PATTERN
+from bourse.wire.metadata import RESTART_POLICIES
 from bourse.wire.resources import parse_cpus
 
 # Exit codes: 0 placed / done, 2 unfilled (nothing placed, a slot left empty, no spare, a
@@ -73,8 +74,6 @@ AppOpt = Annotated[
     str, typer.Option("--app", metavar="NAME", help="The app's name (its machines carry it).")
 ]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation.")]
-
-RESTART_POLICIES = ("no", "on-failure", "always")  # the process driver's (order metadata)
 
 
 def _restart(value: str | None) -> str | None:

@@ -103,6 +103,7 @@ def place(
         "deadline_ms": deadline_ms,
         "metadata": dict(pair.partition("=")[::2] for pair in meta or [])
         | ({"restart": restart} if restart is not None else {}),
+        **({"restart": restart} if restart is not None else {}),
         **{k: v for k, v in reached.items() if v},
     }
     if order_id:

@@ -77,7 +77,7 @@ DEMO_FLEET: dict[str, list[dict[str, object]]] = {
 # What the demo's machines run (process driver): a heartbeat printer named after the image.
 DEMO_CATALOG = {
     image: {
-        "command": ["{python}", "-m", "supplier.drivers.heartbeat", image, "--every-s", "5"],
+        "command": ["{python}", "-m", "supplier.machines.heartbeat", image, "--every-s", "5"],
         "size_mb": size,
         "restart": "on-failure",
         "stop_grace_s": 5,

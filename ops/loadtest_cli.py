@@ -4,8 +4,9 @@ they ask for; the harness itself is loadtest/."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -23,7 +24,9 @@ def loadtest(
         typer.Option(
             help=f"A named profile: {', '.join(SCENARIOS)}; or pulls (real pulls of images, "
             "cache-aware pricing against cache-blind: --workers per arm, --rate, --duration-s, "
-            "--lifetime-s, --seed, --images, --image-mb)."
+            "--lifetime-s, --seed, --images, --image-mb); or starts (a machine's start through "
+            "the market against its program started by hand, and the shims' memory: "
+            "--starts, --machines)."
         ),
     ] = "smoke",
     profile_file: Annotated[
@@ -150,6 +153,14 @@ def loadtest(
         str | None,
         typer.Option(metavar="MIN-MAX", help="pulls: image sizes in MB (default 20-60)."),
     ] = None,
+    starts: Annotated[
+        int | None,
+        typer.Option(min=1, help="starts: starts of each kind, market and by hand (default 30)."),
+    ] = None,
+    machines: Annotated[
+        int | None,
+        typer.Option(min=0, help="starts: machines at once for the shims' memory (default 100)."),
+    ] = None,
     soak: Annotated[
         float | None,
         typer.Option(
@@ -194,6 +205,10 @@ def loadtest(
             f"bourse loadtest needs the load-test extra ({exc.name} is missing): "
             "pip install 'bourse[loadtest]'"
         )
+    if scenario == "starts":
+        given = {"starts": starts, "machines": machines}
+        _starts({k: v for k, v in given.items() if v is not None}, out, json)
+        return
     if scenario == "pulls":
         pulls = {
             "workers": workers, "rate": rate, "duration_s": duration_s,
@@ -270,17 +285,38 @@ def loadtest(
         raise typer.Exit(1)
 
 
+def _starts(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The starts scenario (loadtest/starts.py) with the options given."""
+    from loadtest import starts
+
+    _scenario("starts", starts.profile_of, starts.run_starts, starts.table, given, out, json)
+
+
 def _pulls(given: dict[str, object], out: Path | None, json: bool) -> None:
     """The pulls scenario (loadtest/pulls.py) with the options given."""
-    from loadtest.pulls import profile_of, run_pulls, table
+    from loadtest import pulls
 
+    _scenario("pulls", pulls.profile_of, pulls.run_pulls, pulls.table, given, out, json)
+
+
+def _scenario(
+    name: str,
+    profile_of: Callable[[dict[str, Any]], Any],
+    run_it: Callable[[Any, Path, Callable[[str], None]], Awaitable[dict[str, Any]]],
+    table: Callable[[dict[str, Any]], Any],
+    given: dict[str, object],
+    out: Path | None,
+    json: bool,
+) -> None:
+    """A scenario of its own (not a load profile): its profile from the options, one run,
+    its report printed (a table, or JSON) and written to ``<out>/report.json``."""
     try:
         profile = profile_of(given)
-    except ValueError as exc:
-        fail(f"invalid pulls profile: {exc}")
-    target = out or Path(".bourse") / "loadtest" / f"pulls-{time.strftime('%Y%m%d-%H%M%S')}"
+    except (ValueError, TypeError) as exc:
+        fail(f"invalid {name} profile: {exc}")
+    target = out or Path(".bourse") / "loadtest" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
     say = (lambda _: None) if json else render.console.print
-    rep = run(lambda: run_pulls(profile, target, say))
+    rep = run(lambda: run_it(profile, target, say))
     if json:
         typer.echo(render.as_json(rep))
     else:

@@ -26,9 +26,9 @@ Importing it is cheap: none of the daemon's NATS side (supplier/host.py) is load
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
-from supplier.drivers.oci_runtime import RuntimeUnavailable
-from supplier.drivers.oci_runtime import detect as detect_runtime
 from supplier.images import CatalogCache
+from supplier.machines.oci.runtime import RuntimeUnavailable
+from supplier.machines.oci.runtime import detect as detect_runtime
 from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 

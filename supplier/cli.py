@@ -51,13 +51,13 @@ from supplier.config import (
     check_workers,
     load_fleet,
 )
-from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
 from supplier.host import (
     DEFAULT_MAX_BID_BACKLOG,
     DEFAULT_MAX_OFFERS,
     SupplierHost,
     WorkerIdInUse,
 )
+from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
 from supplier.ports import HostClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
@@ -114,10 +114,12 @@ def run_cmd(
         str,
         typer.Option(
             metavar="DRIVER",
-            help="How the worker (--worker-id) runs machines: sim (simulated), process "
-            "(supervised processes) or oci (containers through runc or crun).",
+            help="How the worker (--worker-id) runs machines: process (confined processes, "
+            "each under a shim), oci (containers through runc or crun) or sim (simulated: "
+            "nothing runs; for load tests). A fleet file's workers say their own (default "
+            "sim).",
         ),
-    ] = "sim",
+    ] = "process",
     max_db_mb: Annotated[
         int | None,
         typer.Option(min=1, help="Cap the state file (MiB); past it the supplier drains."),
@@ -361,7 +363,7 @@ def _single_worker(
     spread_ms: float,
     draining: bool,
     ports: str = "",
-    driver: str = "sim",
+    driver: str = "process",
 ) -> WorkerConfig:
     if not worker_id or not region:
         fail("--worker-id and --region are required (or use --fleet FILE)")

@@ -37,7 +37,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import owns
-from supplier.lifecycle import SETTLED
+from supplier.machines.lifecycle import SETTLED
 from supplier.worker import Worker
 
 log = structlog.get_logger("bourse.supplier.commands")

@@ -42,7 +42,7 @@ from bourse.wire.messages import (
 from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
-from supplier.machines import EventFn, Machines
+from supplier.machines.keeper import EventFn, Machines
 from supplier.ports import NoPort, WorkerPorts
 from supplier.store import Op, RunSpec, Store, StoreError
 
@@ -78,6 +78,11 @@ class CommitWorker(Placements, Protocol):
 
     def has_image(self, m: Machine) -> bool:
         """Whether ``m``'s image is here (``Placed.image_cached``)."""
+        ...
+
+    @property
+    def simulated(self) -> bool:
+        """It runs nothing (its driver is ``sim``): its machines say so."""
         ...
 
     @property
@@ -217,6 +222,8 @@ class CommitDesk:
             addresses=self.w.ports.take(machine_id, c.ports),
             checks=list(c.checks),
             env_keys=sorted(c.env),
+            restart=c.restart,
+            simulated=self.w.simulated,
         )
 
     async def _store(

@@ -32,9 +32,16 @@ from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
 from bourse.wire.resources import vec, wire_cpus
-from supplier.drivers.confine import DEFAULT_PIDS_MAX, ConfineChoice, ConfineError, Confiner
-from supplier.drivers.oci_runtime import RUNTIMES, RuntimeUnavailable, detect
-from supplier.drivers.output import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB, LogCaps
+from supplier.machines.host.confine import (
+    DEFAULT_PIDS_MAX,
+    ConfineChoice,
+    ConfineError,
+    Confiner,
+)
+from supplier.machines.host.output import LogCaps
+from supplier.machines.oci.runtime import RUNTIMES, RuntimeUnavailable, detect
+from supplier.machines.process import ImageSpec
+from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
 from supplier.ports import PortError, PortRange, overlap
 from supplier.pricing import PricingConfig, build_curves
 
@@ -44,20 +51,7 @@ from supplier.pricing import PricingConfig, build_curves
 # milliseconds of the offer, so this is rarely reached.
 DEFAULT_MAX_HOLD_MS = 5000
 
-RestartPolicy = Literal["no", "on-failure", "always"]
-RESTART_POLICIES = ("no", "on-failure", "always")
 DriverName = Literal["sim", "process", "oci"]
-
-
-class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What an image means on this worker. ``command`` is what the process driver runs;
-    ``size_mb`` is what the image costs in the cache (and, for sim, its pull time)."""
-
-    command: list[str] = []
-    env: dict[str, str] = {}
-    size_mb: Annotated[int, msgspec.Meta(ge=0)] = 200
-    restart: RestartPolicy = "no"
-    stop_grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -69,7 +63,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     pricing: PricingConfig = msgspec.field(default_factory=PricingConfig)
     draining: bool = False
     # How machines run: "sim" (none: simulated), "process" (supervised processes), "oci"
-    # (containers of content images through runc or crun: supplier/drivers/oci.py).
+    # (containers of content images through runc or crun: supplier/machines/oci/kind.py).
     driver: DriverName = "sim"
     # Process and oci drivers: machines are held by shims of their own and run on when the
     # supplier stops or dies (the next one adopts them), or stop with it (false). Unset:
@@ -83,7 +77,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
     image_cache_mb: Annotated[int, msgspec.Meta(ge=0)] | None = None
     pull_mb_per_s: Annotated[float, msgspec.Meta(ge=0)] = 1000.0  # sim pull speed
-    # Process driver: how machines are confined (supplier/drivers/confine.py): "auto" takes
+    # Process driver: how machines are confined (supplier/machines/host/confine.py): "auto" takes
     # the first usable of cgroup2, cgroup1, rlimit; naming one forces it (an error at start
     # if the host cannot). pids_max: each machine's process limit. cgroup_parent: the cgroup
     # (from the hierarchy's root) under which the worker makes bourse/<owner>/<worker_id>/
@@ -95,7 +89,7 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     max_hold_ms: Annotated[int, msgspec.Meta(ge=1, le=MAX_HOLD_MS)] | None = None
     # Process driver: a machine's output is kept in two files of at most machine_log_mb MiB
     # each (<id>.log, <id>.log.1); all the worker's machine logs together take at most
-    # worker_log_mb MiB (supplier/drivers/output.py). Unset: supplier run --machine-log-mb /
+    # worker_log_mb MiB (supplier/machines/shim/logfiles.py). Unset: supplier run --machine-log-mb /
     # --worker-log-mb, else DEFAULT_MACHINE_LOG_MB / DEFAULT_WORKER_LOG_MB.
     machine_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] | None = None
     worker_log_mb: Annotated[int, msgspec.Meta(ge=1, le=1 << 30)] | None = None

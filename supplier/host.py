@@ -59,8 +59,8 @@ from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
-from supplier.drivers.confine import owner_of
 from supplier.images import ImageListener, StoreSource
+from supplier.machines.host.confine import owner_of
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.ports import HostClaims, PortRange, Wanted, held_twice, host_ranges
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
@@ -172,7 +172,7 @@ class SupplierHost:
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():
-                w.keeper.on_pull = metrics.image_pull.observe
+                w.keeper.pulls.on_pull = metrics.image_pull.observe
 
     @staticmethod
     def _port_ranges(

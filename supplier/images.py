@@ -35,6 +35,7 @@ from nats.aio.client import Client as NATS
 from bourse.errors import BourseError
 from bourse.images import ImageCache, ImageError, ImageStore, Limits, StoreUnavailable
 from bourse.images.cache import Pulled
+from bourse.images.errors import BadImage, DigestMismatch, UnsafeEntry
 from bourse.images.oci import MAX_DOCUMENT_BYTES, Descriptor
 from bourse.nats.jetstream import jetstream_available
 from bourse.wire.messages import Layer, Machine
@@ -54,7 +55,12 @@ MAX_LEARNED = 4096
 class PullFailed(BourseError):
     """An image could not be made ready for a machine: the store unreachable, a blob that
     did not match its digest, an entry refused while unpacking, no room on disk. The
-    message says which (an unsafe entry names it)."""
+    message says which (an unsafe entry names it); ``permanent`` when trying again cannot
+    mend it (the stored content itself is bad: it must be pushed again)."""
+
+    def __init__(self, message: str, permanent: bool = False) -> None:
+        super().__init__(message)
+        self.permanent = permanent
 
 
 class CatalogCache:
@@ -294,7 +300,8 @@ class WorkerImages:
         try:
             return await self.content.pull(m.image_digest)
         except (ImageError, nats.errors.Error, OSError) as exc:
-            raise PullFailed(_why(exc)) from None
+            bad = isinstance(exc, DigestMismatch | UnsafeEntry | BadImage)
+            raise PullFailed(_why(exc), permanent=bad) from None
 
     # -- what it shows -----------------------------------------------------------------
     def names(self) -> list[str]:

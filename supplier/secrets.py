@@ -27,7 +27,7 @@ from bourse.client.apps.slots import NO_SECRETS, SECRETS, decode_fields
 from bourse.nats.jetstream import secrets_bucket_name
 from bourse.wire.messages import Machine
 from bourse.wire.tenancy import SEPARATOR
-from supplier.drivers import DriverError
+from supplier.machines.api import DriverError
 
 SECRETS_UNAVAILABLE = "secrets_unavailable"
 READ_TIMEOUT_S = 5.0

@@ -35,16 +35,17 @@ from bourse.wire.resources import amount, format_vec, leq, vec
 from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
 from supplier.desk import WaitingBids
-from supplier.drivers import Driver
-from supplier.drivers.confine import Confiner, Exit, Mechanism, owner_of
-from supplier.drivers.oci import OciDriver
-from supplier.drivers.oci_runtime import detect
-from supplier.drivers.process import ExitFn, ProcessDriver, RestartFn
-from supplier.drivers.sim import SimDriver
 from supplier.feasible import OrderLike
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
-from supplier.machines import Machines
+from supplier.machines.api import Driver, Mechanism
+from supplier.machines.host.confine import Confiner, owner_of
+from supplier.machines.keeper import Machines
+from supplier.machines.oci.kind import ContainerKind
+from supplier.machines.oci.runtime import detect
+from supplier.machines.process import ProcessKind
+from supplier.machines.runner import Kind, Runner
+from supplier.machines.sim import SimDriver
 from supplier.ports import PortRange, WorkerPorts, default_host
 from supplier.pricing import ImageCost, Pricer
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
@@ -62,54 +63,39 @@ STORE_DRAIN = "store: "
 MAX_STATUS_DIGESTS = 4096
 
 
-def make_driver(
-    cfg: WorkerConfig,
-    data_dir: Path,
-    on_exit: ExitFn,
-    on_restart: RestartFn,
-    size_mb: Callable[[str], int],
-) -> Driver:
-    """The driver a worker's config asks for; machine logs go to <data_dir>/machines/<id>/,
-    the working directories of its process machines of images to <data_dir>/work/<id>/,
-    its containers below <data_dir>/containers/<id>/; machines are confined as the host
-    allows (supplier/drivers/confine.py; containers by their runtime), in cgroups of the
-    supplier that owns ``data_dir``. ``size_mb``: an image's size, for sim's pulls. A
-    worker set to ``oci`` on a host without a runtime: RuntimeUnavailable."""
-    if cfg.driver in ("process", "oci"):
-        owner = owner_of(data_dir)
-        shims = data_dir / "shims" / cfg.worker_id if cfg.keep_machines else None
-        confiner, _ = Confiner.probe(
-            cfg.confine,
-            cfg.worker_id,
-            owner=owner,
-            pids_max=cfg.pids_max,
-            cgroup_parent=cfg.cgroup_parent,
+def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]) -> Driver:
+    """The driver a worker's config asks for: machine logs go to <data_dir>/machines/<id>/,
+    their shims to <data_dir>/shims/<id>/, the working directories of its process machines
+    of images to <data_dir>/work/<id>/, its containers below <data_dir>/containers/<id>/;
+    machines are confined as the host allows (supplier/machines/host/confine.py; containers
+    by their runtime), in cgroups of the supplier that owns ``data_dir``. ``size_mb``: an
+    image's size, for sim's pulls. A worker set to ``oci`` on a host without a runtime:
+    RuntimeUnavailable."""
+    if cfg.driver == "sim":
+        return SimDriver(cfg.pull_mb_per_s, size_mb)
+    owner = owner_of(data_dir)
+    confiner, _ = Confiner.probe(
+        cfg.confine,
+        cfg.worker_id,
+        owner=owner,
+        pids_max=cfg.pids_max,
+        cgroup_parent=cfg.cgroup_parent,
+    )
+    kind: Kind
+    if cfg.driver == "oci":
+        kind = ContainerKind.make(
+            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent
         )
-        if cfg.driver == "oci":
-            return OciDriver.make(
-                detect(cfg.runtimes),
-                data_dir,
-                owner,
-                cfg.worker_id,
-                data_dir / "machines" / cfg.worker_id,
-                on_exit,
-                confiner=confiner,
-                cgroup_parent=cfg.cgroup_parent,
-                on_restart=on_restart,
-                log_caps=cfg.log_caps,
-                shims_dir=shims,
-            )
-        return ProcessDriver(
-            cfg.catalog,
-            data_dir / "machines" / cfg.worker_id,
-            on_exit,
-            confiner=confiner,
-            on_restart=on_restart,
-            log_caps=cfg.log_caps,
-            work_dir=data_dir / "work" / cfg.worker_id,
-            shims_dir=shims,
-        )
-    return SimDriver(cfg.pull_mb_per_s, size_mb)
+    else:
+        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id)
+    return Runner(
+        kind,
+        confiner,
+        data_dir / "machines" / cfg.worker_id,
+        data_dir / "shims" / cfg.worker_id,
+        keep_machines=bool(cfg.keep_machines),
+        log_caps=cfg.log_caps,
+    )
 
 
 def _unchanged(w: Worker) -> None:
@@ -155,9 +141,8 @@ class Worker:
         self.max_hold_ms = cfg.hold_cap_ms  # a bid's hold_ms is capped here (supplier/desk.py)
         # whole: shims, machines and containers run in directories of their own
         data_dir = store.path.parent.absolute()
-        # The driver's exit callback is this worker's (it records the exit in its op log).
         self.driver: Driver = driver or make_driver(
-            cfg, data_dir, self._exited, self._restarted, lambda key: self.images.size_mb(key)
+            cfg, data_dir, lambda key: self.images.size_mb(key)
         )
         # Why the driver cannot confine a machine of some resources (it declines), or "".
         # Its own method: every bid asks it.
@@ -201,6 +186,7 @@ class Worker:
             self.emit,
             self._destroyed,
             self.store_failed,
+            self._catalog_policy,
         )
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
@@ -234,13 +220,15 @@ class Worker:
         """Whether ``m``'s image is here (``image_cached`` of its offers and Placed)."""
         return self.images.has(m)
 
-    def _exited(self, machine_id: str, how: Exit) -> None:
-        """The driver saw a machine's process end for good."""
-        self.keeper.exited(machine_id, how)
+    @property
+    def simulated(self) -> bool:
+        """It runs nothing (its driver is ``sim``): its machines and Placed say so."""
+        return self.driver.name == "sim"
 
-    def _restarted(self, machine_id: str, how: Exit, restarts: int) -> None:
-        """The driver restarts a machine whose process ended (its restart policy)."""
-        self.keeper.restarted(machine_id, how, restarts)
+    def _catalog_policy(self, m: Machine) -> str:
+        """A catalog image's own restart policy (its machines' default)."""
+        spec = self.cfg.catalog.get(m.image)
+        return spec.restart if spec is not None and not m.image_digest else "no"
 
     # -- start-up ---------------------------------------------------------------------------
     def recover(self) -> None:

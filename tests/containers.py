@@ -10,9 +10,15 @@ import signal
 import subprocess
 from pathlib import Path
 
+import anyio
 import pytest
 
-from supplier.drivers.oci_runtime import INSTALL, Runtime, RuntimeUnavailable, detect
+from supplier.machines.api import Exit
+from supplier.machines.oci.boxes import Containers
+from supplier.machines.oci.bundle import Spec, runtime_id
+from supplier.machines.oci.runtime import INSTALL, Runtime, RuntimeUnavailable, detect
+from supplier.machines.shim.client import Shim, launch
+from supplier.machines.shim.contract import Plan
 
 APPLETS = (
     *("awk", "cat", "dd", "echo", "env", "grep", "id", "ls"),
@@ -73,3 +79,56 @@ def reap_kept(top: Path) -> None:
         point = line.split()[4]
         if point.startswith(str(top)):
             subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+
+
+class Boxed:
+    """One container run the way a worker runs it (its box made by ``Containers.prepare``,
+    its runtime run by a shim), with what the container tests ask of it; its output is
+    ``<log_dir>/<machine_id>.log`` (:meth:`output`, without the shim's header line)."""
+
+    def __init__(self, boxes: Containers, machine_id: str, shim: Shim, log_dir: Path) -> None:
+        self.boxes = boxes
+        self.machine_id = machine_id
+        self.shim = shim
+        self.log_dir = log_dir
+        self.box = boxes.box(machine_id)
+        self.runtime_id = self.box.dir.name
+        self.cgroups = boxes.cgroups(boxes.cgroups_path(machine_id))
+
+    @classmethod
+    async def start(
+        cls, boxes: Containers, machine_id: str, spec: Spec, root: Path, disk_mb: int, log_dir: Path
+    ) -> Boxed:
+        run = await anyio.to_thread.run_sync(boxes.prepare, machine_id, spec, root, disk_mb)
+        plan = Plan(machine_id, run, str(log_dir), 1, 64, 10.0)
+        shim = await launch(log_dir.parent / "shims" / runtime_id(machine_id), plan)
+        return cls(boxes, machine_id, shim, log_dir)
+
+    @property
+    def running(self) -> bool:
+        return not self.shim.ended.is_set()
+
+    def output(self) -> str:
+        path = self.log_dir / f"{self.machine_id}.log"
+        text = path.read_text() if path.exists() else ""
+        return text.split("\n", 1)[1] if text.startswith("--- ") else text
+
+    async def wait(self) -> Exit:
+        await self.shim._await(self.shim.ended, 3600)
+        return exit_of_shim(self.shim)
+
+    async def stop(self, grace_s: float) -> Exit:
+        await self.shim.stop(grace_s)
+        return exit_of_shim(self.shim)
+
+    async def cleanup(self) -> None:
+        """Stopped if it runs, its shim collected (it removed what the container held)."""
+        with anyio.CancelScope(shield=True):
+            if not self.shim.collected.is_set():
+                if not self.shim.ended.is_set():
+                    await self.shim.stop(0.0)
+                await self.shim.collect()
+
+
+def exit_of_shim(shim: Shim) -> Exit:
+    return shim.exit()

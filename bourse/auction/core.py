@@ -682,6 +682,7 @@ class Auction:
             ports=self.order.ports,
             env=self.order.env,
             checks=self.order.checks,
+            restart=self.order.restart,
         )
         timeout = remaining + self.config.commit_grace_ms / 1000.0
         return [SendCommit(offer.worker_id, self.subjects.commit(offer.worker_id), commit, timeout)]

@@ -140,6 +140,7 @@ async def _fill(
             ports=list(shape.ports) if shape else [],
             env=dict(shape.env) if shape else {},
             checks=list(shape.checks) if shape else [],
+            restart=restart,
         )
         result = await place_patiently(client, order)
         if isinstance(result, Unfilled):

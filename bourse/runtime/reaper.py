@@ -7,7 +7,7 @@ driver, so a supplier killed with -9 leaves no orphan machines (its restart star
 again, without duplicates); ``bourse up`` starts its suppliers and exchange through it, so
 no daemon outlives an ``up`` that was killed.
 
-Confinement (supplier/drivers/confine.py) is applied here, in the child, before the exec:
+Confinement (supplier/machines/host/confine.py) is applied here, in the child, before the exec:
 ``--cgroup`` writes this process's pid into each given ``cgroup.procs`` file and
 ``--rlimit DATA=N`` / ``NPROC=N`` sets ``RLIMIT_<NAME>``; so the command is confined from
 its first instruction, and so is every process it forks. (Not a ``preexec_fn`` in the

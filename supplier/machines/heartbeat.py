@@ -1,4 +1,4 @@
-"""A tiny machine program for demos and tests: ``{python} -m supplier.drivers.heartbeat NAME``.
+"""A tiny machine program for demos and tests: ``{python} -m supplier.machines.heartbeat NAME``.
 
 Prints a line when it starts, one per ``--every-s`` seconds, and a last one when SIGTERM asks
 it to stop (then exits 0).

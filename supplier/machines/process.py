@@ -1,5 +1,5 @@
-"""What a process machine of a content image runs, and the files it sees, without a root of
-its own (docs/protocol.md §6.8c).
+"""What a process machine runs, and the files it sees, without a root of its own
+(docs/protocol.md §6.8c): its image's files, or its catalog image's command.
 
 The ``process`` driver runs a machine on the host's filesystem; its image is an unpacked,
 shared root in the worker's content cache. The machine sees it this way:
@@ -10,7 +10,7 @@ shared root in the worker's content cache. The machine sees it this way:
   are read from the shared root, new files are written in the machine's own directory. A
   name the machine wrote itself is never replaced by a link.
 - **argv**: the image's ``Entrypoint`` followed by its ``Cmd`` (Docker's rules:
-  supplier/drivers/bundle.py ``argv``). An absolute ``argv[0]`` names the file at that path
+  supplier/machines/oci/bundle.py ``argv``). An absolute ``argv[0]`` names the file at that path
   inside the root when there is one (symbolic links followed inside the root, as a
   container would), else the host's; a bare name is searched on ``PATH``; a relative path
   is the working directory's (so the image's). Other arguments go as they are.
@@ -31,14 +31,24 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping
+import sys
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
+
+import anyio
+import msgspec
 
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine
-from supplier.drivers import NO_ENV
-from supplier.drivers.bundle import DEFAULT_PATH, argv, check_env, image_env
+from bourse.wire.metadata import RestartPolicy
+from supplier.machines.api import NO_ENV, DriverError, ImageRun
+from supplier.machines.host.confine import Confiner
+from supplier.machines.oci.bundle import DEFAULT_PATH, BundleError, argv, check_env, image_env
+from supplier.machines.runner import confine, python_runtime
+from supplier.machines.shim import teardown
+from supplier.machines.shim.contract import ProcessRun
 
 # The host's part of a machine's PATH, after the image's directories.
 HOST_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -130,3 +140,113 @@ def working_dir(root: Path, config: RunConfig, cwd: Path) -> None:
         if not os.path.lexists(link):
             # absolute: a link is read from where it is, not from a data dir named relative
             link.symlink_to(os.path.abspath(entry.path))
+
+
+# -- a catalog image --------------------------------------------------------------------------
+# A command word "{python}" is replaced by the supplier's own interpreter (portable specs).
+PYTHON = "{python}"
+# A content image's machine: how long a stop waits after SIGTERM (as a catalog spec's default).
+IMAGE_STOP_GRACE_S = 10.0
+
+
+class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
+    """What a catalog image means on this worker (its config's ``catalog``): ``command`` is
+    what a process worker runs, ``restart`` its default restart policy, ``stop_grace_s`` how
+    long a stop waits after SIGTERM; ``size_mb`` is what the image costs in the cache (and,
+    for sim, its pull time)."""
+
+    command: list[str] = []
+    env: dict[str, str] = {}
+    size_mb: Annotated[int, msgspec.Meta(ge=0)] = 200
+    restart: RestartPolicy = "no"
+    stop_grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
+
+
+def catalog_launch(m: Machine, spec: ImageSpec, env: Mapping[str, str] = NO_ENV) -> Launch:
+    """A catalog image's process: its spec's command (``{python}`` the supplier's own
+    interpreter) with a default ``PATH``, the spec's env, the run's and Bourse's ids (never
+    the supplier's environment), in the supplier's working directory."""
+    env = {
+        "PATH": DEFAULT_PATH,
+        **spec.env,
+        **env,
+        "BOURSE_MACHINE_ID": m.machine_id,
+        "BOURSE_ORDER_ID": m.order_id,
+    }
+    command = [sys.executable if word == PYTHON else word for word in spec.command]
+    return Launch(command, env, None)
+
+
+# -- the kind --------------------------------------------------------------------------------
+class ProcessKind:
+    """Process machines (supplier/machines/runner.py's kind): the image's files or the
+    catalog's command, confined by the worker's confiner, each with a working directory of
+    its own below ``work_dir`` (a content image's)."""
+
+    name = "process"
+
+    def __init__(self, confiner: Confiner, catalog: Mapping[str, ImageSpec], work_dir: Path):
+        self.confiner = confiner
+        self.catalog = catalog
+        self.work_dir = work_dir
+
+    @property
+    def runtime_version(self) -> str:
+        return python_runtime()
+
+    def can_run(self, image: str) -> bool:
+        spec = self.catalog.get(image)
+        return spec is not None and bool(spec.command)
+
+    async def plan(
+        self, m: Machine, image: ImageRun | None, env: Mapping[str, str]
+    ) -> tuple[ProcessRun, float]:
+        if image is not None:
+            run, grace = await self._image_launch(m, image, env), IMAGE_STOP_GRACE_S
+        else:
+            spec = self.catalog.get(m.image)
+            if spec is None or not spec.command:
+                raise DriverError(f"image {m.image!r} is not in this worker's catalog")
+            run, grace = catalog_launch(m, spec, env), spec.stop_grace_s
+        mid = m.machine_id
+        cgroups, limits = await confine(self.confiner, mid, m.resources)
+        return (
+            ProcessRun(
+                argv=run.argv,
+                env=run.env,
+                cwd=str(run.cwd or Path.cwd()),
+                cgroups=cgroups,
+                rlimits=limits,
+                cgroup_dirs=self.confiner.cgroup_dirs(mid),
+                oom_files=self.confiner.oom_files(mid),
+            ),
+            grace,
+        )
+
+    async def _image_launch(self, m: Machine, image: ImageRun, env: Mapping[str, str]) -> Launch:
+        """A content image's process, its working directory made (linked to the image)."""
+        cwd = self.work_dir / m.machine_id
+        try:
+            run = launch(m, image.root, image.config, cwd, env)
+            await anyio.to_thread.run_sync(working_dir, image.root, image.config, cwd)
+        except BundleError as exc:
+            raise DriverError(f"image {m.image!r}: {exc}") from None
+        except OSError as exc:
+            raise DriverError(f"cannot make {m.machine_id}'s working directory: {exc}") from None
+        return run
+
+    async def undo(self, machine_id: str) -> None:
+        await anyio.to_thread.run_sync(self.confiner.remove, machine_id)
+
+    async def forget(self, machine_id: str) -> None:
+        await self.undo(machine_id)
+        await anyio.to_thread.run_sync(teardown.remove_tree, str(self.work_dir / machine_id))
+
+    async def sweep(self, keep: Collection[str]) -> list[str]:
+        return await anyio.to_thread.run_sync(lambda: self.confiner.sweep(keep=keep))
+
+    async def end(self) -> None:
+        await anyio.to_thread.run_sync(lambda: self.confiner.sweep(remove_base=True))
+
+    async def background(self) -> None:
+        pass

@@ -9,10 +9,9 @@ from collections.abc import Callable, Mapping
 import anyio
 import anyio.abc
 
-from bourse.wire.messages import Machine, Resources
-from supplier.drivers import NO_ENV, ImageRun
-from supplier.drivers.confine import Mechanism
+from bourse.wire.messages import Machine, Resources, now_ms
 from supplier.images import DEFAULT_IMAGE_MB, MIB
+from supplier.machines.api import NO_ENV, Exit, ImageRun, Mechanism, RunInfo
 
 # A real pull from the image store into a worker's cache, measured (docs/performance.md,
 # "pulls"): one 100 MB image pulled alone, 53 MiB/s; concurrent pulls of the pulls
@@ -33,7 +32,7 @@ class SimDriver:
     ) -> None:
         self.pull_mb_per_s = pull_mb_per_s
         self.size_mb = size_mb  # an image's size in MiB (the worker's images say)
-        self.running: set[str] = set()
+        self.running: dict[str, anyio.Event] = {}  # machine id -> set when it is stopped
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -61,16 +60,30 @@ class SimDriver:
     async def start(
         self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
     ) -> None:
-        self.running.add(m.machine_id)
+        self.running.setdefault(m.machine_id, anyio.Event())
 
-    async def stop(self, m: Machine) -> None:
-        self.running.discard(m.machine_id)
+    async def wait(self, machine_id: str) -> Exit:
+        """A simulated machine never ends by itself: only a stop ends it."""
+        stopped = self.running.get(machine_id)
+        if stopped is not None:
+            await stopped.wait()
+        return Exit(signal=15, at_ms=now_ms())
+
+    async def stop(self, machine_id: str) -> Exit | None:
+        stopped = self.running.pop(machine_id, None)
+        if stopped is None:
+            return None
+        stopped.set()
+        return Exit(signal=15, at_ms=now_ms())
 
     async def destroy(self, m: Machine) -> None:
-        self.running.discard(m.machine_id)
+        await self.stop(m.machine_id)
 
-    def is_running(self, machine_id: str) -> bool:
-        return machine_id in self.running
+    async def recover(self, m: Machine) -> bool:
+        return False  # nothing outlives a simulation
+
+    def inspect(self, machine_id: str) -> RunInfo | None:
+        return RunInfo(0, 0, True) if machine_id in self.running else None
 
     def logs(
         self, machine_id: str, tail: int, max_bytes: int, since: int = -1
@@ -81,4 +94,6 @@ class SimDriver:
         pass  # nothing outlives a simulation
 
     async def close(self) -> None:
+        for stopped in self.running.values():
+            stopped.set()
         self.running.clear()

@@ -21,12 +21,12 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.store import AppChanged, AppStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
-from supplier.drivers.process import ProcessDriver
+from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
 SPEC = """
 app = "hello"
 image = "web"
@@ -309,7 +309,7 @@ async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_p
     machines = {s["machine_id"]: s["worker_id"] for s in json.loads(out)["slots"]}
     for mid, wid in machines.items():
         driver = host.workers[wid].driver
-        assert isinstance(driver, ProcessDriver)
+        assert isinstance(driver, Runner)
         log = driver.log_path(mid)
         await wait_until(lambda log=log: log.exists() and "web alive" in log.read_text())  # type: ignore[misc]
     code, out, err = await buyer(market, "apps", "logs", "hello")
@@ -357,7 +357,7 @@ async def test_a_machine_is_given_its_apps_secrets_and_nothing_says_them(
     assert code == 0, out + err
     [mid] = [s["machine_id"] for s in json.loads(out)["slots"]]
     driver = host.workers[wid].driver
-    assert isinstance(driver, ProcessDriver)
+    assert isinstance(driver, Runner)
     log = driver.log_path(mid)
     await wait_until(lambda: log.exists() and "PORT=" in log.read_text())  # its last line
     lines = log.read_text().splitlines()

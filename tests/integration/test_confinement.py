@@ -18,12 +18,12 @@ from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from bourse.wire.subjects import Subjects
 from supplier.config import ConfigError, WorkerConfig, check_workers
-from supplier.drivers.confine import CGROUP_MECHANISMS, Confiner, owner_of
-from supplier.drivers.process import ProcessDriver
+from supplier.machines.host.confine import CGROUP_MECHANISMS, Confiner, owner_of
+from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
 # Touches 1 MiB more every step until far past any limit of these tests.
 HOG = [
     "{python}",
@@ -67,9 +67,9 @@ def _worker(wid: str = C1, **extra: object) -> WorkerConfig:
     return worker(wid, driver="process", catalog=CATALOG, pids_max=PIDS_MAX, **extra)
 
 
-def _driver(market: Market, wid: str = C1) -> ProcessDriver:
+def _driver(market: Market, wid: str = C1) -> Runner:
     d = market.hosts[0].workers[wid].driver
-    assert isinstance(d, ProcessDriver)
+    assert isinstance(d, Runner)
     return d
 
 

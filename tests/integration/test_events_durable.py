@@ -152,7 +152,7 @@ async def test_supplier_killed_mid_burst_publishes_every_committed_event_once(
     market: Market, tmp_path: Path
 ) -> None:
     data_dir = tmp_path / "k9"
-    args = ["run", "--worker-id", "k9-1", "--region", "kil", "--cpus", "4000"]
+    args = ["run", "--driver", "sim", "--worker-id", "k9-1", "--region", "kil", "--cpus", "4000"]
     args += ["--memory-mb", str(4000 * 256), "--image", "web", "--data-dir", str(data_dir)]
     args += ["--nats", market.url, "--prefix", market.subjects.prefix]
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from bourse.wire.messages import Amount, Placed, PlaceOrder, Resources, Unfilled
-from supplier.drivers.process import ProcessDriver
+from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.integration.test_confinement import _cgroups_or_skip, _driver, _worker
 from tests.market import Market, wait_until, worker
@@ -104,9 +104,7 @@ async def test_a_one_millicore_burner_gets_one_millicore_not_ten(market: Market)
     assert _cpu_files(d, mid) == ("1000", "1000000")
 
 
-async def _burner_share(
-    market: Market, millicores: int, used_ns: int
-) -> tuple[ProcessDriver, str, float]:
+async def _burner_share(market: Market, millicores: int, used_ns: int) -> tuple[Runner, str, float]:
     """Run a two-core burner sold ``millicores`` on a confining worker; once it has used
     ``used_ns``, the cores it uses over 3 s (its cgroup's usage counter)."""
     _cgroups_or_skip()
@@ -131,7 +129,7 @@ async def _burner_share(
     return d, m.machine_id, (used1 - used0) / 1e9 / (t1 - t0)
 
 
-def _cpu_files(d: ProcessDriver, machine_id: str) -> tuple[str, str]:
+def _cpu_files(d: Runner, machine_id: str) -> tuple[str, str]:
     """The machine's CFS (quota, period) as its cgroup holds them."""
     dirs = d.confiner.dirs(machine_id)
     if d.confiner.mechanism == "cgroup2":  # cpu.max is "quota period"

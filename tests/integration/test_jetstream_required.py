@@ -16,7 +16,18 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import Program, start_program, stop_all
 from tests.cli import run_module
 
-WORKER = ["--worker-id", "mad-1", "--region", "mad", "--cpus", "2", "--memory-mb", "512"]
+WORKER = [
+    "--driver",
+    "sim",
+    "--worker-id",
+    "mad-1",
+    "--region",
+    "mad",
+    "--cpus",
+    "2",
+    "--memory-mb",
+    "512",
+]
 ORDER = ["--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "web"]
 
 

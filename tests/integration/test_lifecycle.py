@@ -16,11 +16,11 @@ from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from supplier.config import WorkerConfig
-from supplier.drivers.process import ProcessDriver
+from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
 P1, K1 = own_worker_id("p1"), own_worker_id("k1")  # their cgroups are the host's
 
 
@@ -39,13 +39,18 @@ async def _placed_and_started(market: Market, image: str = "web", **meta: str) -
     return await buyer.machine("start", r.machine_id)
 
 
-def _driver(market: Market, wid: str = P1) -> ProcessDriver:
+def _driver(market: Market, wid: str = P1) -> Runner:
     d = market.hosts[0].workers[wid].driver
-    assert isinstance(d, ProcessDriver)
+    assert isinstance(d, Runner)
     return d
 
 
-def _log_says(driver: ProcessDriver, machine_id: str, text: str) -> Callable[[], bool]:
+def host_restarts(market: Market, machine_id: str, wid: str = P1) -> int:
+    """How many times the worker restarted the machine (its record's count)."""
+    return market.hosts[0].workers[wid].machines[machine_id].restarts
+
+
+def _log_says(driver: Runner, machine_id: str, text: str) -> Callable[[], bool]:
     """Whether the machine's own log file (what it printed) has a line with ``text``."""
 
     def says() -> bool:
@@ -119,7 +124,7 @@ async def test_on_failure_restarts_with_backoff_until_it_stays_up(
     await wait_until(
         lambda: counter.exists() and counter.read_text() == "3" and d.is_running(m.machine_id)
     )
-    assert d.restarts(m.machine_id) == 2
+    assert host_restarts(market, m.machine_id) == 2
     assert market.hosts[0].workers[P1].machines[m.machine_id].state == "started"
 
 
@@ -149,8 +154,7 @@ async def test_restart_policy_always_restarts_clean_exits_and_metadata_can_overr
     await market.host(process_worker(web={"command": _py("print('bye')"), "restart": "no"}))
     await market.exchange()
     m = await _placed_and_started(market, restart="always")  # order metadata wins
-    d = _driver(market)
-    await wait_until(lambda: d.restarts(m.machine_id) >= 2)
+    await wait_until(lambda: host_restarts(market, m.machine_id) >= 2)
 
 
 async def test_a_process_worker_only_offers_images_in_its_catalog(market: Market) -> None:

@@ -186,6 +186,8 @@ async def test_programs_serve_metrics_on_metrics_addr(market: Market, tmp_path: 
     sup = await start_program(
         "supplier",
         "run",
+        "--driver",
+        "sim",
         "--worker-id",
         "pm-1",
         "--region",
@@ -273,7 +275,16 @@ async def test_metrics_port_in_use_is_one_line_error(market: Market, tmp_path: P
         port = busy.getsockname()[1]
         proc = await anyio.run_process(
             [
-                *(sys.executable, "-m", "supplier", "run", "--worker-id", "busy-1"),
+                *(
+                    sys.executable,
+                    "-m",
+                    "supplier",
+                    "run",
+                    "--driver",
+                    "sim",
+                    "--worker-id",
+                    "busy-1",
+                ),
                 *("--region", "busy", "--cpus", "1", "--memory-mb", "64"),
                 *("--data-dir", str(tmp_path / "b"), "--metrics-addr", f"127.0.0.1:{port}"),
                 *("--nats", market.url, "--prefix", market.subjects.prefix),

@@ -1,7 +1,7 @@
-"""The ``oci`` driver (supplier/drivers/oci.py) on real parts: runc, loop devices, overlayfs,
-cgroups, a root made from busybox; and what every driver gives a machine of the
-supplier's environment (nothing). Container tests skip, naming what to install, where runc
-or root is missing."""
+"""The ``oci`` driver (supplier/machines/runner.py with the container kind,
+supplier/machines/oci/kind.py) on real parts: runc, loop devices, overlayfs, cgroups, a root
+made from busybox; and what every driver gives a machine of the supplier's environment
+(nothing). Container tests skip, naming what to install, where runc or root is missing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -22,11 +23,12 @@ from bourse.runtime.launcher import Program, start_program
 from bourse.wire.messages import Machine, Resources
 from supplier.cli import app as supplier
 from supplier.config import ImageSpec
-from supplier.drivers import DriverError, ImageRun
-from supplier.drivers.confine import Confiner, Exit, owner_of
-from supplier.drivers.oci import OciDriver, hostname
-from supplier.drivers.oci_runtime import Runtime
-from supplier.drivers.process import ProcessDriver
+from supplier.machines.api import DriverError, Exit, ImageRun
+from supplier.machines.host.confine import Confiner, owner_of
+from supplier.machines.oci.kind import ContainerKind, hostname
+from supplier.machines.oci.runtime import Runtime
+from supplier.machines.process import ProcessKind
+from supplier.machines.runner import Runner
 from tests.cli import run_cli
 from tests.containers import busybox_root, need_runc, reap_kept
 from tests.images import place
@@ -53,43 +55,16 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return busybox_root(tmp_path_factory.mktemp("image") / "root")
 
 
-class Ends:
-    """What the driver reported: exits, restarts."""
-
-    def __init__(self) -> None:
-        self.exits: dict[str, Exit] = {}
-        self.restarts: list[tuple[str, Exit, int]] = []
-
-    def exited(self, machine_id: str, how: Exit) -> None:
-        self.exits[machine_id] = how
-
-    def restarted(self, machine_id: str, how: Exit, restarts: int) -> None:
-        self.restarts.append((machine_id, how, restarts))
-
-
 @pytest.fixture
-def ends() -> Ends:
-    return Ends()
-
-
-@pytest.fixture
-async def driver(runtime: Runtime, tmp_path: Path, ends: Ends) -> AsyncIterator[OciDriver]:
+async def driver(runtime: Runtime, tmp_path: Path) -> AsyncIterator[Runner]:
     """A worker's oci driver, run for the test (a task of its own: a fixture's set-up and
     tear-down are not one task); when it ended nothing of its machines may be left."""
     data = tmp_path / "data"
     owner = owner_of(data)
     wid = f"w{uuid.uuid4().hex[:8]}"
     confiner, _ = Confiner.probe("auto", wid, owner=owner)
-    d = OciDriver.make(
-        runtime,
-        data,
-        owner,
-        wid,
-        data / "machines" / wid,
-        ends.exited,
-        confiner=confiner,
-        on_restart=ends.restarted,
-    )
+    kind = ContainerKind.make(runtime, data, owner, confiner, "")
+    d = Runner(kind, confiner, data / "machines" / wid, data / "shims" / wid, keep_machines=False)
     stop, ended = anyio.Event(), anyio.Event()
 
     async def run() -> None:
@@ -111,29 +86,34 @@ async def driver(runtime: Runtime, tmp_path: Path, ends: Ends) -> AsyncIterator[
     assert not any(w.exists() for w in _worker_cgroups(d))  # the worker's subtree too
 
 
-def _worker_cgroups(d: OciDriver) -> set[Path]:
+def _boxes(d: Runner) -> Any:
+    assert isinstance(d.kind, ContainerKind)
+    return d.kind.containers
+
+
+def _worker_cgroups(d: Runner) -> set[Path]:
     """The worker's cgroup directory in every hierarchy runc uses."""
-    some = d.containers.cgroups_path(f"{d.confiner.worker_id}~X")
-    return {p.parent for p in d.containers.cgroups(some).values()}
+    some = _boxes(d).cgroups_path(f"{d.confiner.worker_id}~X")
+    return {p.parent for p in _boxes(d).cgroups(some).values()}
 
 
-def _leftovers(d: OciDriver) -> list[str]:
+def _leftovers(d: Runner) -> list[str]:
     """Mounts, loop devices, cgroups (every hierarchy), runtime state of the driver's
     containers."""
-    home = str(d.containers.home)
+    home = str(_boxes(d).home)
     left = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if home in line]
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True, check=True).stdout
     left += [line for line in loops.splitlines() if home in line]
     for subtree in _worker_cgroups(d):
         if subtree.is_dir():
             left += [str(p) for p in subtree.iterdir() if p.is_dir()]
-    for sub in (d.containers.state, d.containers.machines):
+    for sub in (_boxes(d).state, _boxes(d).machines):
         if sub.is_dir():
             left += [str(p) for p in sub.iterdir()]
     return left
 
 
-def _machine(d: OciDriver, restart: str = "no", resources: Resources = RES) -> Machine:
+def _machine(d: Runner, restart: str = "no", resources: Resources = RES) -> Machine:
     wid = d.confiner.worker_id
     return Machine(
         machine_id=f"{wid}~{uuid.uuid4().hex.upper()}",
@@ -152,7 +132,7 @@ def _image(root: Path, *script: str, env: tuple[str, ...] = ()) -> ImageRun:
     return ImageRun(root, RunConfig(cmd=["sh", "-c", "\n".join(script)], env=list(env)))
 
 
-async def _logged(d: OciDriver, machine_id: str, text: str) -> list[str]:
+async def _logged(d: Runner, machine_id: str, text: str) -> list[str]:
     def has() -> bool:
         return any(text in line for line in d.logs(machine_id, 1000, 1 << 20)[0])
 
@@ -161,7 +141,7 @@ async def _logged(d: OciDriver, machine_id: str, text: str) -> list[str]:
 
 
 async def test_a_container_runs_its_image_with_the_run_env_and_nothing_of_the_suppliers(
-    driver: OciDriver, root: Path, ends: Ends, monkeypatch: pytest.MonkeyPatch
+    driver: Runner, root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SUPPLIER_ONLY", "secret")
     m = _machine(driver)
@@ -173,8 +153,8 @@ async def test_a_container_runs_its_image_with_the_run_env_and_nothing_of_the_su
         env=("GREETING=image", "WHO=image"),
     )
     await driver.start(m, image, {"WHO": "order", "BOURSE_MACHINE_ID": "forged"})
-    await wait_until(lambda: m.machine_id in ends.exits, WAIT_S)
-    assert ends.exits[m.machine_id] == Exit(code=3)
+    with anyio.fail_after(WAIT_S):
+        assert await driver.wait(m.machine_id) == Exit(code=3)
     lines = driver.logs(m.machine_id, 100, 1 << 20)[0]
     assert f"greeting=image who=order id={m.machine_id} host={hostname(m.machine_id)}" in lines
     assert "supplier=none uid=0" in lines
@@ -184,18 +164,15 @@ async def test_a_container_runs_its_image_with_the_run_env_and_nothing_of_the_su
     assert driver.logs(m.machine_id, 100, 1 << 20)[0] == []
 
 
-async def test_a_stop_ends_it_and_a_destroy_leaves_nothing(
-    driver: OciDriver, root: Path, ends: Ends
-) -> None:
+async def test_a_stop_ends_it_and_a_destroy_leaves_nothing(driver: Runner, root: Path) -> None:
     m = _machine(driver)
     await driver.start(m, _image(root, TRAP, "echo up", "sleep 60 & wait"))
     await _logged(driver, m.machine_id, "up")
     assert driver.is_running(m.machine_id) and driver.usage_ns(m.machine_id) is not None
     assert _leftovers(driver) != []  # its mount, loop device, cgroups, state
-    await driver.stop(m)
+    assert await driver.stop(m.machine_id) == Exit(code=0)
     assert not driver.is_running(m.machine_id)
     assert "bye" in driver.logs(m.machine_id, 100, 1 << 20)[0]
-    assert m.machine_id not in ends.exits  # a stop is no exit to report
     assert _leftovers(driver) == []
     await driver.start(m, _image(root, TRAP, "echo again", "sleep 60 & wait"))
     await _logged(driver, m.machine_id, "again")
@@ -203,32 +180,31 @@ async def test_a_stop_ends_it_and_a_destroy_leaves_nothing(
     assert not driver.is_running(m.machine_id) and _leftovers(driver) == []
 
 
-async def test_a_memory_hog_fails_oom(driver: OciDriver, root: Path, ends: Ends) -> None:
+async def test_a_memory_hog_fails_oom(driver: Runner, root: Path) -> None:
     m = _machine(driver, resources=Resources(cpus=1, memory_mb=32, disk_mb=8))
     hog = "awk 'BEGIN { while (1) a[i++] = sprintf(\"%100000s\", i) }'"
     await driver.start(m, _image(root, hog))
-    await wait_until(lambda: m.machine_id in ends.exits, WAIT_S)
-    how = ends.exits[m.machine_id]
+    with anyio.fail_after(WAIT_S):
+        how = await driver.wait(m.machine_id)
     assert how.oom and how.failed, how
     await driver.destroy(m)
 
 
-async def test_a_failing_container_is_restarted_by_its_policy(
-    driver: OciDriver, root: Path, ends: Ends
-) -> None:
+async def test_each_run_of_a_container_begins_from_its_image(driver: Runner, root: Path) -> None:
     m = _machine(driver, restart="on-failure")
     # its layer is new at each run: the file it leaves is gone the next time
     script = ("if [ -e /tmp/ran ]; then echo again; fi", "touch /tmp/ran; echo run; exit 1")
-    await driver.start(m, _image(root, *script))
-    await wait_until(lambda: len(ends.restarts) >= 2, WAIT_S)
-    assert [(mid, how.code) for mid, how, _ in ends.restarts[:2]] == [(m.machine_id, 1)] * 2
+    for _ in range(2):
+        await driver.start(m, _image(root, *script))
+        with anyio.fail_after(WAIT_S):
+            assert await driver.wait(m.machine_id) == Exit(code=1)
     await driver.destroy(m)
     lines = [x for x in driver.logs(m.machine_id, 100, 1 << 20)[0] if not x.startswith("---")]
     assert "again" not in lines
 
 
 async def test_a_catalog_image_or_one_without_a_command_is_refused(
-    driver: OciDriver, root: Path
+    driver: Runner, root: Path
 ) -> None:
     assert not driver.can_run("web")
     assert driver.runtime_version.startswith("runc ")
@@ -246,11 +222,12 @@ async def test_a_process_machine_sees_the_run_env_and_nothing_of_the_suppliers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("SUPPLIER_ONLY", "secret")
-    ends = Ends()
     show = "import os; print(sorted(os.environ.items()), flush=True)"
     spec = ImageSpec(command=["{python}", "-c", show], env={"SPEC": "spec", "WHO": "spec"})
     catalog = {"py": spec}
-    d = ProcessDriver(catalog, tmp_path / "logs", ends.exited, confiner=Confiner("none", "w"))
+    confiner = Confiner("none", "w")
+    kind = ProcessKind(confiner, catalog, tmp_path / "work")
+    d = Runner(kind, confiner, tmp_path / "logs", tmp_path / "shims", keep_machines=False)
     m = Machine(
         machine_id="w~A",
         order_id="o1",
@@ -263,7 +240,8 @@ async def test_a_process_machine_sees_the_run_env_and_nothing_of_the_suppliers(
     async with anyio.create_task_group() as tasks:
         await tasks.start(d.run)
         await d.start(m, None, {"WHO": "order"})
-        await wait_until(lambda: "w~A" in ends.exits, WAIT_S)
+        with anyio.fail_after(WAIT_S):
+            assert await d.wait("w~A") == Exit(code=0)
         tasks.cancel_scope.cancel()
     [_, line] = d.logs("w~A", 10, 1 << 20)[0]
     env = dict(ast.literal_eval(line))
@@ -288,7 +266,7 @@ async def test_a_pushed_root_is_placed_on_an_oci_worker_and_runs_as_a_container(
     data_dir = tmp_path / "supplier"
     host = await market.host(worker("w1", driver="oci"), data_dir=data_dir)
     d = host.workers["w1"].driver
-    assert isinstance(d, OciDriver)
+    assert isinstance(d, Runner)
     buyer = await market.client(direct=True)
     [status] = await buyer.status("mad")
     assert (status.driver, status.runtime) == ("oci", runtime.describe())

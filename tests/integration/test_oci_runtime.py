@@ -1,6 +1,7 @@
-"""Containers through runc (supplier/drivers/oci_runtime.py) on real parts: runc, loop
-devices, ext4, overlayfs, cgroups, and a root made here from busybox-static. Skipped, with
-what to install, where runc or root is missing; the pure checks at the top always run."""
+"""Containers as a worker runs them (a box made by supplier/machines/oci/boxes.py, the
+runtime run by the machine's shim) on real parts: runc, loop devices, ext4, overlayfs,
+cgroups, and a root made here from busybox-static. Skipped, with what to install, where
+runc or root is missing; the pure checks at the top always run."""
 
 from __future__ import annotations
 
@@ -20,21 +21,13 @@ import anyio
 import pytest
 
 from bourse.images.oci import RunConfig
-from supplier.drivers.bundle import CAPABILITIES, Command, runtime_spec
-from supplier.drivers.confine import MIB, Exit, Limits, Mounts
-from supplier.drivers.oci_runtime import (
-    INSTALL,
-    ContainerError,
-    Containers,
-    RunningContainer,
-    Runtime,
-    RuntimeUnavailable,
-    detect,
-    image_files,
-    read_image_file,
-    verdict,
-)
-from tests.containers import PASSWD, busybox_root, need_runc
+from supplier.machines.api import Exit
+from supplier.machines.host.confine import MIB, Limits, Mounts
+from supplier.machines.oci.boxes import ContainerError, Containers
+from supplier.machines.oci.bundle import CAPABILITIES, Command, runtime_spec
+from supplier.machines.oci.runtime import INSTALL, Runtime, RuntimeUnavailable, detect, verdict
+from supplier.machines.oci.users import UserError, image_files, read_image_file
+from tests.containers import PASSWD, Boxed, busybox_root, need_runc
 from tests.market import wait_until
 
 LIMITS = Limits(millicores=500, memory_bytes=64 * MIB, pids=64)
@@ -97,16 +90,16 @@ def test_image_files_are_read_without_following_links(tmp_path: Path) -> None:
     assert image_files(root) == ("", "")  # no account files: root by number only
     (root / "etc/passwd").write_text(PASSWD)
     (root / "etc/group").symlink_to(secret)
-    with pytest.raises(ContainerError, match="the image's /etc/group is reached through"):
+    with pytest.raises(UserError, match="the image's /etc/group is reached through"):
         image_files(root)
     (root / "etc/group").unlink()
     os.mkfifo(root / "etc/group")
-    with pytest.raises(ContainerError, match="the image's /etc/group is not a regular file"):
+    with pytest.raises(UserError, match="the image's /etc/group is not a regular file"):
         image_files(root)
     linked = tmp_path / "linked"
     linked.mkdir()
     (linked / "etc").symlink_to(root / "etc")
-    with pytest.raises(ContainerError, match="the image's /etc/passwd is reached through"):
+    with pytest.raises(UserError, match="the image's /etc/passwd is reached through"):
         read_image_file(linked, "etc/passwd")
     assert read_image_file(root, "/etc/passwd") == PASSWD
 
@@ -133,7 +126,7 @@ async def boxes(runtime: Runtime, tmp_path: Path) -> AsyncIterator[Containers]:
     the test did (and nothing may be left of it then, not even the owner's subtree)."""
     c = Containers(runtime, tmp_path / "data" / "containers", _owner())
     yield c
-    assert await c.sweep() == [], "a test left a container behind"
+    assert c.sweep() == [], "a test left a container behind"
     assert _leftovers(c) == []
     assert not any(d.exists() for d in _owner_cgroups(c))
 
@@ -175,7 +168,7 @@ async def _start(
     order_env: dict[str, str] | None = None,
     bourse_env: dict[str, str] | None = None,
     mid: str = "",
-) -> RunningContainer:
+) -> Boxed:
     mid = mid or _mid(boxes)
     passwd, group = image_files(root)
     spec = runtime_spec(
@@ -189,8 +182,7 @@ async def _start(
         group=group,
         host=boxes.host(),
     )
-    with out.open("ab") as f:  # the container holds its own descriptor
-        return await boxes.start(mid, spec, root, disk_mb, f.fileno())
+    return await Boxed.start(boxes, mid, spec, root, disk_mb, out)
 
 
 async def _run(
@@ -203,11 +195,11 @@ async def _run(
             how = await c.wait()
     finally:
         await c.cleanup()
-    return how, out.read_text()
+    return how, c.output()
 
 
-async def _said(out: Path, text: str) -> None:
-    await wait_until(lambda: out.exists() and text in out.read_text(), WAIT_S)
+async def _said(c: Boxed, text: str) -> None:
+    await wait_until(lambda: text in c.output(), WAIT_S)
 
 
 SLEEPER = "echo ready; exec sleep 60"
@@ -216,11 +208,11 @@ SLEEPER = "echo ready; exec sleep 60"
 @contextlib.asynccontextmanager
 async def _running(
     boxes: Containers, root: Path, out: Path, script: str = SLEEPER, **kw: Any
-) -> AsyncIterator[RunningContainer]:
+) -> AsyncIterator[Boxed]:
     """A container running ``sh -c script`` once it said ``ready``; cleaned up after."""
     c = await _start(boxes, root, out, ["sh", "-c", script], **kw)
     try:
-        await _said(out, "ready")
+        await _said(c, "ready")
         yield c
     finally:
         await c.cleanup()
@@ -314,7 +306,7 @@ async def test_a_container_that_handles_sigterm_ends_within_the_grace(
         with anyio.fail_after(WAIT_S):
             how = await c.stop(grace_s=WAIT_S)
         assert how == Exit(code=3)
-        assert "bye" in out.read_text()
+        assert "bye" in c.output()
 
 
 async def test_writing_past_disk_mb_gets_enospc_and_nothing_else_notices(
@@ -323,7 +315,7 @@ async def test_writing_past_disk_mb_gets_enospc_and_nothing_else_notices(
     out = tmp_path / "out"
     script = f"dd if=/dev/zero of=/fill bs=1M count=64; echo dd=$?; {SLEEPER}"
     async with _running(boxes, image_root, out, script, disk_mb=8) as c:
-        said = out.read_text()
+        said = c.output()
         assert "No space left on device" in said
         assert "dd=1" in said
         disk = c.box.disk
@@ -415,14 +407,12 @@ async def test_the_order_may_replace_the_command(
         command=Command(cmd=("ordered",)),
         host=boxes.host(),
     )
-    out = tmp_path / "out"
-    with out.open("wb") as f:
-        c = await boxes.start(mid, spec, image_root, 8, f.fileno())
+    c = await Boxed.start(boxes, mid, spec, image_root, 8, tmp_path / "out")
     try:
         assert await c.wait() == Exit(code=0)
     finally:
         await c.cleanup()
-    assert out.read_text() == "image: ordered\n"
+    assert c.output() == "image: ordered\n"
 
 
 # -- nothing left ---------------------------------------------------------------------------
@@ -431,7 +421,7 @@ async def test_cleanup_leaves_no_mount_loop_cgroup_or_state(
 ) -> None:
     out = tmp_path / "out"
     c = await _start(boxes, image_root, out, ["sh", "-c", SLEEPER])
-    await _said(out, "ready")
+    await _said(c, "ready")
     state = boxes.state / c.runtime_id
     paths = json.loads((state / "state.json").read_text())["cgroup_paths"]
     joined = [Path(p) for p in paths.values()]
@@ -452,12 +442,12 @@ async def test_a_new_start_replaces_a_stale_one_whose_cleanup_then_leaves_it_be(
 ) -> None:
     mid, script = _mid(boxes), ["sh", "-c", SLEEPER]
     stale = await _start(boxes, image_root, tmp_path / "stale", script, mid=mid)
-    await _said(tmp_path / "stale", "ready")
+    await _said(stale, "ready")
     fresh = await _start(boxes, image_root, tmp_path / "fresh", script, mid=mid)
     try:
         with anyio.fail_after(WAIT_S):
             assert (await stale.wait()).signal == 9  # its leftovers were removed first
-        await _said(tmp_path / "fresh", "ready")
+        await _said(fresh, "ready")
         await stale.cleanup()  # not the fresh one's to remove
         assert fresh.running and fresh.box.disk.exists()
     finally:
@@ -477,9 +467,9 @@ async def test_a_failed_start_leaves_nothing(
         bourse_env={},
     )
     with pytest.raises(ContainerError, match="is not a directory"):
-        await boxes.start(mid, spec, tmp_path / "no-image", 8, 1)
+        boxes.prepare(mid, spec, tmp_path / "no-image", 8)
     with pytest.raises(ContainerError, match="disk_mb must be >= 1"):
-        await boxes.start(mid, spec, image_root, 0, 1)
+        boxes.prepare(mid, spec, image_root, 0)
     assert _leftovers(boxes) == []
 
 
@@ -495,12 +485,11 @@ async def test_sweep_removes_an_owners_leftovers_and_never_another_owners(
     left = [await _start(mine, image_root, tmp_path / f"out{i}", script) for i in range(2)]
     other = await _start(theirs, image_root, tmp_path / "other", script)
     try:
-        for i in range(2):
-            await _said(tmp_path / f"out{i}", "ready")
-        await _said(tmp_path / "other", "ready")
+        for c in [*left, other]:
+            await _said(c, "ready")
         # a supplier that died left ``left``; its successor sweeps
         after = Containers(runtime, directory, mine.owner)
-        swept = await after.sweep()
+        swept = after.sweep()
         assert sorted(swept) == sorted(c.machine_id for c in left)
         for c in left:
             with anyio.fail_after(WAIT_S):
@@ -512,7 +501,7 @@ async def test_sweep_removes_an_owners_leftovers_and_never_another_owners(
         await other.cleanup()
         for c in left:
             await c.cleanup()
-    assert await theirs.sweep() == []
+    assert theirs.sweep() == []
     assert _leftovers(theirs) == []
     assert not any(d.exists() for d in _owner_cgroups(mine) + _owner_cgroups(theirs))
 

@@ -14,6 +14,8 @@ from tests.market import Market, order
 
 SUPPLIER_ARGS = (
     "run",
+    "--driver",
+    "sim",
     "--worker-id",
     "dur-1",
     "--region",

@@ -16,14 +16,14 @@ from nats.aio.msg import Msg
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
-from supplier.drivers.output import CUT_AFTER, CUT_BEFORE
-from supplier.drivers.process import ProcessDriver
-from supplier.machines import MAX_LOG_BYTES
+from supplier.machines.host.output import CUT_AFTER, CUT_BEFORE, Logs
+from supplier.machines.keeper import MAX_LOG_BYTES
+from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
 CRASH = ["{python}", "-c", "import sys; print('crashing', flush=True); sys.exit(1)"]
 MAD_1, MAD_2 = own_worker_id("mad-1"), own_worker_id("mad-2")  # their cgroups: the host's
 
@@ -124,7 +124,7 @@ async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Marke
     assert code == 0, err
     mid = out.split("placed ")[1].split()[0]
     d = host.workers[MAD_1].driver
-    assert isinstance(d, ProcessDriver)
+    assert isinstance(d, Runner)
     log = d.log_path(mid)  # the tail the follow starts with has the program's first line
     await wait_until(lambda: log.exists() and "web up" in log.read_text())
     proc = await asyncio.create_subprocess_exec(
@@ -162,23 +162,23 @@ async def test_logs_follow_prints_new_lines_once_until_interrupted(market: Marke
 
 
 def test_a_line_longer_than_a_logs_reply_comes_cut_not_left_out(tmp_path: Path) -> None:
-    d = ProcessDriver({}, tmp_path, lambda mid, how: None)
-    d.log_path("m").write_bytes(b"x" * 100_000 + b"\n")  # over the 48 KiB of a reply
-    [last], truncated, end = d.logs("m", 100, MAX_LOG_BYTES)
+    d = Logs(tmp_path)
+    d.path("m").write_bytes(b"x" * 100_000 + b"\n")  # over the 48 KiB of a reply
+    [last], truncated, end = d.read("m", 100, MAX_LOG_BYTES)
     assert last == CUT_BEFORE + "x" * (MAX_LOG_BYTES - 1) and truncated and end == 100_001
-    [first], truncated, at = d.logs("m", 100, MAX_LOG_BYTES, since=0)
+    [first], truncated, at = d.read("m", 100, MAX_LOG_BYTES, since=0)
     assert first == "x" * MAX_LOG_BYTES + CUT_AFTER and truncated and at == MAX_LOG_BYTES
 
 
 def test_logs_since_returns_complete_lines_after_an_offset(tmp_path: Path) -> None:
-    d = ProcessDriver({}, tmp_path, lambda mid, how: None)
-    d.log_path("m").write_bytes(b"one\ntwo\nthr")  # a line still being written
-    assert d.logs("m", 100, 1024) == (["one", "two", "thr"], False, 8)
-    assert d.logs("m", 100, 1024, since=0) == (["one", "two"], False, 8)
-    assert d.logs("m", 100, 1024, since=8) == ([], False, 8)  # nothing complete yet
-    with d.log_path("m").open("ab") as f:
+    d = Logs(tmp_path)
+    d.path("m").write_bytes(b"one\ntwo\nthr")  # a line still being written
+    assert d.read("m", 100, 1024) == (["one", "two", "thr"], False, 8)
+    assert d.read("m", 100, 1024, since=0) == (["one", "two"], False, 8)
+    assert d.read("m", 100, 1024, since=8) == ([], False, 8)  # nothing complete yet
+    with d.path("m").open("ab") as f:
         f.write(b"ee\n" + b"x" * 40 + b"\n")
-    assert d.logs("m", 100, 1024, since=8) == (["three", "x" * 40], False, 55)
-    assert d.logs("m", 100, 16, since=14) == (["x" * 16 + " [...]"], True, 30)  # cut: marked
-    assert d.logs("m", 100, 1024, since=999) == ([], False, 55)  # past the end: the end
-    assert d.logs("nope", 100, 1024, since=0) == ([], False, 0)
+    assert d.read("m", 100, 1024, since=8) == (["three", "x" * 40], False, 55)
+    assert d.read("m", 100, 16, since=14) == (["x" * 16 + " [...]"], True, 30)  # cut: marked
+    assert d.read("m", 100, 1024, since=999) == ([], False, 55)  # past the end: the end
+    assert d.read("nope", 100, 1024, since=0) == ([], False, 0)

@@ -1,9 +1,10 @@
-"""A machine's shim (supplier/drivers/shim.py, shims.py) on real processes: it holds the
-machine while no supplier is attached, records its exit for the next one, stops it on
-request, and goes down with its supplier in stop mode."""
+"""A machine's shim (supplier/machines/shim/) on real processes: it holds the machine while no
+supplier is attached, records its exit for the next one, stops it on request, and goes down
+with its supplier in stop mode; a launch cut short leaves nothing running."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from collections.abc import Iterator
@@ -12,8 +13,9 @@ from pathlib import Path
 import anyio
 import pytest
 
-from supplier.drivers.confine import Exit
-from supplier.drivers.shims import Plan, ProcessRun, discover, launch, read_state
+from supplier.machines.api import Exit
+from supplier.machines.shim.client import ShimError, discover, launch
+from supplier.machines.shim.contract import Plan, ProcessRun, read_state
 from tests.containers import reap_kept
 from tests.market import alive, wait_until
 
@@ -111,8 +113,6 @@ async def test_a_shim_killed_with_its_machine_leaves_nothing_to_attach_to(
 
 
 async def test_a_command_that_cannot_start_says_why(tmp_path: Path) -> None:
-    from supplier.drivers.shims import ShimError
-
     plan = Plan(
         machine_id="m5",
         run=ProcessRun(argv=["/no/such/program"], env=PATH, cwd=str(tmp_path / "nowhere")),
@@ -131,3 +131,45 @@ def _reaped(tmp_path: Path) -> Iterator[None]:
     """Kept machines a failed test left are killed, not left running on the host."""
     yield
     reap_kept(tmp_path)
+
+
+async def test_a_launch_cut_short_leaves_nothing_running(tmp_path: Path) -> None:
+    """Cancelled while the shim starts the machine: the launch hears the shim's answer
+    anyway and stops what it started, before the cancellation goes on."""
+    shims = tmp_path / "shims"
+    marker = f"sleep 61.{os.getpid()}"  # names this test's machine among the host's processes
+    with anyio.CancelScope() as scope:
+        scope.cancel()  # cancelled before the launch even began to wait
+        await launch(shims / "m6", _plan(tmp_path, "m6", f"exec {marker}"))
+    assert scope.cancelled_caught
+    assert not (shims / "m6").exists()  # collected: the shim removed it, and ended
+    assert _processes(marker) == [] and _processes(str(shims / "m6")) == []
+
+
+def _processes(text: str) -> list[int]:
+    """Live processes whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and entry.name != str(os.getpid()):
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if text in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+async def test_a_shim_of_a_protocol_it_does_not_speak_is_stopped_not_adopted(
+    tmp_path: Path,
+) -> None:
+    shims = tmp_path / "shims"
+    shim = await launch(shims / "m7", _plan(tmp_path, "m7", "echo up; exec sleep 60"))
+    pid = shim.pid
+    assert pid is not None and shim.state is not None
+    await shim.detach()
+    state = shims / "m7" / "state.json"
+    record = json.loads(state.read_text())
+    state.write_text(json.dumps({**record, "protocol": 99}))  # a later shim's record
+    assert await discover(shims) == {}
+    assert not alive(pid)

@@ -111,6 +111,8 @@ def dead_url() -> str:
 def supplier_args(url: str, prefix: str, data_dir: Path, worker_id: str = "mad-1") -> list[str]:
     return [
         "run",
+        "--driver",
+        "sim",
         "--worker-id",
         worker_id,
         "--region",

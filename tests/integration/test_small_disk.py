@@ -19,9 +19,9 @@ import pytest
 
 from bourse.client import BourseClient, ClientError
 from bourse.wire.messages import Placed
-from supplier.drivers.output import MIB
-from supplier.drivers.process import ProcessDriver
 from supplier.host import SupplierHost
+from supplier.machines.runner import Runner
+from supplier.machines.shim.logfiles import MIB
 from tests.market import Market, order, worker
 
 DISK_MB = 16
@@ -129,7 +129,7 @@ async def test_an_exit_while_the_store_is_full_is_recorded_once_room_is_back(
     host, client = await _supplier(market, small_disk)
     quiet = await _started(client, "quiet", "quiet")
     driver = host.workers["d1"].driver
-    assert isinstance(driver, ProcessDriver)
+    assert isinstance(driver, Runner)
     pid = driver.pid(quiet)
     assert pid is not None
     fill = await asyncio.to_thread(_fill, small_disk)

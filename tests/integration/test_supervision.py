@@ -1,5 +1,5 @@
 """A supplier host owns everything its machines need: after it stops, no machine process and
-no supervisor or lifecycle task is left (supplier/machines.py, supplier/drivers/process.py)."""
+no follower or lifecycle task is left (supplier/machines/keeper.py, supplier/machines/runner.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 from bourse.wire.messages import Machine, Placed
 from supplier.config import WorkerConfig
-from supplier.drivers.process import ProcessDriver
 from supplier.host import STOP_S
+from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.drivers.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
 P1 = own_worker_id("p1")  # its cgroups are the host's
 # Ignores SIGTERM, and its grace outlasts the host's whole stop: the driver's end kills it.
 STUBBORN = [
@@ -66,7 +66,7 @@ def _owned_tasks() -> list[str]:
     names = []
     for t in asyncio.all_tasks():
         name = t.get_name()
-        if name.startswith("supervise ") or "_supervise" in name or "Machines._work" in name:
+        if name.startswith("follow ") or "Machines._" in name:
             names.append(name)
     return names
 
@@ -78,7 +78,7 @@ async def test_a_stopped_host_leaves_no_machine_process_and_no_supervisor(
     await market.exchange()
     buyer = await market.client()
     d = host.workers[P1].driver
-    assert isinstance(d, ProcessDriver)
+    assert isinstance(d, Runner)
 
     started: list[Machine] = []
     for image in ("web", "stubborn", "flap"):
@@ -91,10 +91,10 @@ async def test_a_stopped_host_leaves_no_machine_process_and_no_supervisor(
     assert None not in pids
     # the stubborn one has its handler in place; the flapping one was restarted
     await wait_until(lambda: "ignoring TERM" in d.logs(stubborn.machine_id, 10, 4096)[0])
-    await wait_until(lambda: d.restarts(flap.machine_id) >= 1)
-    # one supervisor per machine, named for it (beside them, a restart's record may be
-    # under way: lifecycle work, Machines._work)
-    assert len([t for t in _owned_tasks() if t.startswith("supervise ")]) == 3
+    w = host.workers[P1]
+    await wait_until(lambda: w.machines[flap.machine_id].restarts >= 1)
+    # one follower per machine's run, named for it (the flapping one's may be between runs)
+    assert len([t for t in _owned_tasks() if t.startswith("follow ")]) >= 2
 
     t0 = time.monotonic()
     await market.stop(host)  # as on SIGTERM: returns once run() has ended
@@ -106,5 +106,4 @@ async def test_a_stopped_host_leaves_no_machine_process_and_no_supervisor(
     assert not d.is_running(web.machine_id) and not d.is_running(stubborn.machine_id)
     assert took < STOP_S + 1.0  # the stubborn one's 30 s grace did not hold the stop up
     # their recorded state still says started: a restart of the supplier resumes them
-    w = host.workers[P1]
     assert [w.machines[m.machine_id].state for m in started] == ["started"] * 3

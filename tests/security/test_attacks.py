@@ -62,7 +62,8 @@ async def test_an_unauthenticated_bid_cannot_hold_capacity_for_a_minute(
     supplier = await start_program(
         "supplier",
         "run",
-        *("--worker-id", "mad-1", "--region", "mad", "--cpus", "4", "--memory-mb", "4096"),
+        *("--driver", "sim", "--worker-id", "mad-1", "--region", "mad", "--cpus", "4"),
+        *("--memory-mb", "4096"),
         *("--max-hold-ms", str(CAP_MS), "--data-dir", str(tmp_path / "mad-1")),
         *("--nats", nats_server.url, "--prefix", prefix),
         log_path=tmp_path / "supplier.log",

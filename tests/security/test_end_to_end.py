@@ -37,7 +37,18 @@ async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Pr
             ready=f"{args[0]} ready",
         )
 
-    one = ("--worker-id", "mad-1", "--region", "mad", "--cpus", "8", "--memory-mb", "8192")
+    one = (
+        "--driver",
+        "sim",
+        "--worker-id",
+        "mad-1",
+        "--region",
+        "mad",
+        "--cpus",
+        "8",
+        "--memory-mb",
+        "8192",
+    )
     specs = [
         ("mad-1", "supplier:mad-1", ("supplier", "run", *one, "--data-dir", str(tmp_path / "m"))),
         (

@@ -22,7 +22,7 @@ async def supplier(
 ) -> Program:
     """One real supplier process serving one worker, connected with every URL given."""
     return await start_program(
-        "supplier", "run", "--worker-id", worker_id, "--region", region,
+        "supplier", "run", "--driver", "sim", "--worker-id", worker_id, "--region", region,
         "--cpus", str(cpus), "--memory-mb", str(cpus * 1024), "--image", "web",
         "--data-dir", str(root / worker_id), "--nats", ",".join(urls), "--prefix", prefix,
         log_path=root / "logs" / f"{worker_id}.log", ready="supplier ready",

@@ -6,34 +6,31 @@ puts a cgroup, and how runc's exit status reads."""
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bourse.images.oci import RunConfig
-from supplier.drivers.bundle import (
+from supplier.machines.host.confine import MIB, Limits
+from supplier.machines.oci.bundle import (
     CAPABILITIES,
     DEFAULT_PATH,
     NOFILE,
     BundleError,
     Command,
-    ExecUser,
     Host,
     Spec,
     argv,
     cfs,
     cgroup_dirs,
     encode,
-    exit_of_status,
     machine_id_of,
     merge_env,
-    resolve_user,
     runtime_id,
     runtime_spec,
 )
-from supplier.drivers.confine import MIB, Exit, Limits
+from supplier.machines.oci.users import ExecUser, UserError, resolve_user
 
 LIMITS = Limits(millicores=250, memory_bytes=64 * MIB, pids=32)
 
@@ -211,7 +208,7 @@ def test_user_without_account_files() -> None:
     ],
 )
 def test_bad_user_is_an_error_naming_it(spec: str, message: str) -> None:
-    with pytest.raises(BundleError, match=message):
+    with pytest.raises(UserError, match=message):
         resolve_user(spec, PASSWD, GROUP)
 
 
@@ -435,21 +432,3 @@ def test_cgroup_dirs_absolute_below_the_hierarchy_root() -> None:
 def test_cgroup_dirs_skip_v1_hierarchies_the_caller_is_not_in() -> None:
     dirs = cgroup_dirs(MOUNTINFO, "4:memory:/\n0::/\n", "x")
     assert set(dirs) == {"memory", ""}
-
-
-@pytest.mark.parametrize(
-    ("status", "oom_kills", "expected"),
-    [
-        (0, 0, Exit(code=0)),
-        (7, 0, Exit(code=7)),
-        (128, 0, Exit(code=128)),
-        (128 + signal.SIGKILL, 0, Exit(signal=signal.SIGKILL)),
-        (128 + signal.SIGKILL, 1, Exit(signal=signal.SIGKILL, oom=True)),
-        (128 + signal.SIGTERM, 1, Exit(signal=signal.SIGTERM)),  # not an OOM kill
-        (128 + 64, 0, Exit(signal=64)),
-        (255, 0, Exit(code=255)),
-        (-signal.SIGKILL, 0, Exit(signal=signal.SIGKILL)),  # the runtime itself was killed
-    ],
-)
-def test_exit_of_runc_status(status: int, oom_kills: int, expected: Exit) -> None:
-    assert exit_of_status(status, oom_kills) == expected

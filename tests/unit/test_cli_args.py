@@ -372,7 +372,8 @@ def test_supplier_run_sells_fractional_cpus() -> None:
 def test_supplier_log_flags_set_what_a_fleet_worker_leaves_unset() -> None:
     from supplier.cli import _unset_from
     from supplier.config import WorkerConfig
-    from supplier.drivers.output import DEFAULT_WORKER_LOG_MB, LogCaps
+    from supplier.machines.host.output import LogCaps
+    from supplier.machines.shim.logfiles import DEFAULT_WORKER_LOG_MB
 
     own = msgspec.convert(
         {"worker_id": "w1", "region": "mad", "capacity": {"cpus": 1, "memory_mb": 64}},

@@ -125,6 +125,7 @@ def placed(existing: bool = False) -> Placed:
         elapsed_ms=0.0,
         subscores={} if existing else SUBSCORES,
         existing=existing,
+        simulated=True,  # a sim worker's machine: it says so
     )
 
 

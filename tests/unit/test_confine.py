@@ -3,22 +3,18 @@ choice, the limit arithmetic, how an exit is read; and the lifecycle's ``failed`
 
 from __future__ import annotations
 
-import signal
-
 import pytest
 
 from bourse.wire.messages import Resources
-from supplier.drivers.confine import (
+from supplier.machines.api import Exit, exit_of
+from supplier.machines.host.confine import (
     MIB,
-    Exit,
     Limits,
     Mounts,
     Offer,
     choose,
     cpu_quota,
-    exit_of,
     limits_for,
-    oom_kill_count,
     parse_mountinfo,
     parse_proc_cgroup,
     rlimits,
@@ -26,7 +22,7 @@ from supplier.drivers.confine import (
     v1_files,
     v2_files,
 )
-from supplier.lifecycle import InvalidTransition, next_state
+from supplier.machines.lifecycle import InvalidTransition, next_state
 
 # This host's shape: v1 cpu, cpuacct, memory, pids; a cgroup2 mount without controllers.
 HYBRID = """\
@@ -166,13 +162,6 @@ def test_exit_of(
     assert how.failed is failed
     assert how.describe() == describe
     assert how.reason == ("oom" if how.oom else "signal" if failed else "exit")
-
-
-def test_oom_kill_count_v1_and_v2() -> None:
-    v1 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n"
-    v2 = "low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n"
-    assert (oom_kill_count(v1), oom_kill_count(v2), oom_kill_count("")) == (2, 1, 0)
-    assert signal.SIGKILL == 9
 
 
 @pytest.mark.parametrize(

@@ -35,8 +35,6 @@ from bourse.wire.resources import ZERO, vec
 from supplier.candidates import BidGroup
 from supplier.config import ImageSpec, WorkerConfig
 from supplier.desk import Desk
-from supplier.drivers.confine import Confiner, Mechanism
-from supplier.drivers.process import ProcessDriver
 from supplier.feasible import (
     BLOCKED,
     CANNOT_RUN,
@@ -58,6 +56,10 @@ from supplier.feasible import (
 )
 from supplier.images import MIB, StoreSource
 from supplier.ledger import Hold
+from supplier.machines.api import Mechanism
+from supplier.machines.host.confine import Confiner
+from supplier.machines.process import ProcessKind
+from supplier.machines.runner import Runner
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -104,8 +106,9 @@ def worker(
     driver = None
     if catalog is not None:
         specs = {image: ImageSpec(command=cmd) for image, cmd in catalog.items()}
-        logs = store.path.parent / "logs"
-        driver = ProcessDriver(specs, logs, lambda *_: None, confiner=Confiner(confine, WID))
+        top, confiner = store.path.parent, Confiner(confine, WID)
+        kind = ProcessKind(confiner, specs, top / "work")
+        driver = Runner(kind, confiner, top / "logs", top / "shims")
     source = StoreSource()
     source.available = store_there
     return Worker(cfg, store, lambda e: None, driver=driver, source=source)

@@ -1,4 +1,4 @@
-"""What a process machine of a content image runs and sees (supplier/drivers/image_files.py):
+"""What a process machine of a content image runs and sees (supplier/machines/process.py):
 its argv and environment from the image's config, its command and PATH found inside the
 image's root first, its own working directory linked to the image's files. Files in a temp
 dir; no process is started."""
@@ -12,8 +12,8 @@ import pytest
 
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine, Resources
-from supplier.drivers.bundle import BundleError
-from supplier.drivers.image_files import launch, resolve, search_path, working_dir
+from supplier.machines.oci.bundle import BundleError
+from supplier.machines.process import launch, resolve, search_path, working_dir
 
 DIGEST = "sha256:" + "ab" * 32
 MACHINE = Machine(

@@ -1,6 +1,7 @@
-"""A machine's output (supplier/drivers/output.py): over-long lines cut, replies cut by their
-byte budget with a marker (never a line left out whole), and the log files on real disk:
-rotated at their cap, held to the worker's budget, read across the rotation."""
+"""A machine's output: over-long lines cut (supplier/machines/shim/logfiles.py), replies cut
+by their byte budget with a marker, never a line left out whole (supplier/machines/host/
+output.py), and the log files on real disk as shims write them: rotated at their cap, held
+to the worker's budget, read across the rotation."""
 
 from __future__ import annotations
 
@@ -9,17 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from supplier.drivers.output import (
-    CUT_AFTER,
-    CUT_BEFORE,
-    LINE_CUT,
-    MIB,
-    LineCutter,
-    LogCaps,
-    Logs,
-    lines_after,
-    tail_lines,
-)
+from supplier.machines.host.output import CUT_AFTER, CUT_BEFORE, Logs, lines_after, tail_lines
+from supplier.machines.shim.logfiles import LINE_CUT, MIB, LineCutter, LogWriter
 
 CUT = LINE_CUT
 
@@ -84,12 +76,49 @@ def _numbered(first: int, n: int) -> bytes:
     return b"".join(f"line {i:08d}..\n".encode() for i in range(first, first + n))
 
 
-OPEN: list[Logs] = []
+class _Worker:
+    """A worker's logs as its shims write them (one writer a machine) and its supplier reads
+    them."""
+
+    def __init__(self, log_dir: Path, machine_mb: int, worker_mb: int) -> None:
+        self.log_dir = log_dir
+        self.caps = (machine_mb * MIB, worker_mb * MIB)
+        self.reader = Logs(log_dir)
+        self.writers: dict[str, LogWriter] = {}
+        self.read = self.reader.read
+        self.path = self.reader.path
+
+    def write(self, machine_id: str, data: bytes) -> None:
+        w = self.writers.get(machine_id)
+        if w is None:
+            w = self.writers[machine_id] = LogWriter(str(self.log_dir), machine_id, *self.caps)
+        w.write(data)
+
+    def remove(self, machine_id: str) -> None:
+        w = self.writers.pop(machine_id, None)
+        if w is not None:
+            w.close()
+        self.reader.remove(machine_id)
+
+    @property
+    def total(self) -> int:
+        """What the worker's logs take on disk."""
+        return sum(p.stat().st_size for p in self.log_dir.iterdir() if p.suffix in (".log", ".1"))
+
+    @property
+    def left_out(self) -> int:
+        return sum(w.left_out for w in self.writers.values())
+
+    def close(self) -> None:
+        for w in self.writers.values():
+            w.close()
 
 
-def _logs(tmp_path: Path, machine_mb: int = 1, worker_mb: int = 1024) -> Logs:
-    logs = Logs(tmp_path, LogCaps(machine_mb=machine_mb, worker_mb=worker_mb))
-    logs.count()
+OPEN: list[_Worker] = []
+
+
+def _logs(tmp_path: Path, machine_mb: int = 1, worker_mb: int = 1024) -> _Worker:
+    logs = _Worker(tmp_path, machine_mb, worker_mb)
     OPEN.append(logs)
     return logs
 
@@ -141,7 +170,10 @@ def test_over_the_workers_budget_a_machine_loses_its_old_file_then_its_output(
         first += 1000
     assert 2 * MIB - 16_000 < logs.total <= 2 * MIB
     assert logs.left_out == 16_000  # the last 1000 lines
-    logs.write("a", b"a" * 15_999 + b"\n")  # a, over the budget, gives up its old file
+    # a's writer (another shim) counts the directory again, as it does every RECOUNT_BYTES
+    # it writes: over the budget, it gives up its old file
+    logs.writers["a"].count()
+    logs.write("a", b"a" * 15_999 + b"\n")
     assert not logs.path("a").with_name("a.log.1").exists()
     logs.write("b", b"more\n")  # room again: b says what it left out, then goes on
     lines, _, _ = logs.read("b", 3, 48 * 1024)
@@ -165,7 +197,8 @@ def test_a_machine_destroyed_takes_its_logs_with_it(tmp_path: Path) -> None:
 
 def test_counting_at_start_sees_the_last_runs_logs(tmp_path: Path) -> None:
     _logs(tmp_path).write("m", _numbered(0, LINES_PER_MIB + 10))
-    assert _logs(tmp_path).total == (LINES_PER_MIB + 10) * 16
+    writer = LogWriter(str(tmp_path), "n", MIB, 1024 * MIB)
+    assert writer.total == (LINES_PER_MIB + 10) * 16
 
 
 def test_a_line_longer_than_a_reply_comes_cut_both_ways(tmp_path: Path) -> None:

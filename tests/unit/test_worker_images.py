@@ -22,10 +22,11 @@ from bourse.wire.messages import Bid, ExplainRequest, Layer, Machine, Offer, Res
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
 from supplier.desk import IMAGE_NOT_CACHED, Desk
-from supplier.drivers.confine import Confiner
-from supplier.drivers.process import ProcessDriver
 from supplier.feasible import CANNOT_RUN, IMAGE_TOO_BIG
 from supplier.images import MIB, StoreSource
+from supplier.machines.host.confine import Confiner
+from supplier.machines.process import ProcessKind
+from supplier.machines.runner import Runner
 from supplier.pricing import image_term
 from supplier.store import Store
 from supplier.worker import Worker
@@ -71,8 +72,9 @@ def process_worker(
         capacity=msgspec.convert({"cpus": 8, "memory_mb": 8192}, Resources),
         image_cache_mb=cache_mb,
     )
-    logs = store.path.parent / "logs" / wid
-    driver = ProcessDriver({}, logs, lambda *_: None, confiner=Confiner("none", wid))
+    top, confiner = store.path.parent, Confiner("none", wid)
+    kind = ProcessKind(confiner, {}, top / "work" / wid)
+    driver = Runner(kind, confiner, top / "logs" / wid, top / "shims" / wid)
     return Worker(cfg, store, lambda e: None, driver=driver, source=source(store_there))
 
 

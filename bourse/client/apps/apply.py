@@ -156,6 +156,7 @@ def _order(ctx: Context, action: ro.Place, deadline_ms: int, min_score: float) -
         ports=spec.ports,
         env=spec.env,
         checks=spec.checks,
+        restart=spec.restart,
     )
 
 

@@ -103,7 +103,7 @@ def _visible_diff(m: Machine, spec: AppSpec, want: dict[str, str]) -> list[str]:
         "image": m.image == spec.image,
         "resources": m.resources == spec.resources,
         "checks": m.checks == spec.checks,
-        "restart": m.metadata.get("restart", "") == spec.restart,
+        "restart": (m.restart or m.metadata.get("restart", "")) == spec.restart,
         "labels": m.constraints is None or m.constraints == spec.labels,
         "metadata": all(m.metadata.get(k) == v for k, v in spec.metadata.items()),
         SECRETS: want[SECRETS] == NO_SECRETS,

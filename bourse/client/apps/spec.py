@@ -17,12 +17,12 @@ import msgspec
 from bourse.errors import BourseError
 from bourse.wire.limits import ID_PATTERN
 from bourse.wire.messages import Check, Env, Image, Labels, Ports, Region, Resources
+from bourse.wire.metadata import RESERVED, RESTART_POLICIES
 from bourse.wire.resources import cpu_fields, parse_cpus
 
-RESTART_POLICIES = ("no", "on-failure", "always")
 CHECK_KINDS = ("http", "tcp")
 # Metadata keys an app's machines carry for the app itself (a spec may not set them).
-RESERVED_METADATA = frozenset({"app", "role", "slot", "gen", "restart"})
+RESERVED_METADATA = RESERVED
 MAX_PER_REGION = 64
 
 AppName = Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]

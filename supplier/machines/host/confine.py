@@ -39,7 +39,6 @@ import contextlib
 import errno
 import hashlib
 import os
-import signal
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -51,10 +50,11 @@ import structlog
 from bourse.errors import BourseError
 from bourse.wire.messages import Resources
 from bourse.wire.resources import millis_of
+from supplier.machines.api import Mechanism
+from supplier.machines.shim import teardown
 
 log = structlog.get_logger("bourse.driver.confine")
 
-Mechanism = Literal["cgroup2", "cgroup1", "rlimit", "none"]
 ConfineChoice = Literal["auto", "cgroup2", "cgroup1", "rlimit", "none"]
 MECHANISMS: tuple[Mechanism, ...] = ("cgroup2", "cgroup1", "rlimit", "none")
 CGROUP_MECHANISMS = ("cgroup2", "cgroup1")
@@ -222,52 +222,6 @@ def weaker_than_cgroups(m: Mechanism) -> bool:
     return m not in CGROUP_MECHANISMS
 
 
-# -- pure: how a machine ended -------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class Exit:
-    """How a machine's process ended: ``code`` (>= 0) or ``signal``; ``oom`` when the kernel
-    killed it at its memory limit (SIGKILL while its cgroup's oom_kill counter grew);
-    ``at_ms`` when, if it was recorded then (0: now), which an equality leaves out."""
-
-    code: int | None = None
-    signal: int | None = None
-    oom: bool = False
-    at_ms: int = field(default=0, compare=False)
-
-    @property
-    def reason(self) -> Literal["exit", "signal", "oom"]:
-        return "oom" if self.oom else "signal" if self.signal is not None else "exit"
-
-    @property
-    def failed(self) -> bool:
-        """Killed (at its limit or by a signal), as opposed to exiting with a code."""
-        return self.oom or self.signal is not None
-
-    def describe(self) -> str:
-        if self.oom:
-            return "oom: killed at its memory limit"
-        if self.signal is not None:
-            return f"killed by signal {self.signal}"
-        return f"exited with code {self.code}"
-
-
-def exit_of(returncode: int, oom_kills: int) -> Exit:
-    """Read a returncode (negative: a signal) and the oom kills seen since the spawn."""
-    if returncode < 0:
-        sig = -returncode
-        return Exit(signal=sig, oom=sig == signal.SIGKILL and oom_kills > 0)
-    return Exit(code=returncode)
-
-
-def oom_kill_count(text: str) -> int:
-    """``oom_kill N`` from memory.oom_control (v1) or memory.events (v2); 0 if absent."""
-    for line in text.splitlines():
-        key, _, value = line.partition(" ")
-        if key == "oom_kill":
-            return int(value.strip() or 0)
-    return 0
-
-
 # -- the shell ------------------------------------------------------------------------------------
 def _read(path: Path) -> str:
     return path.read_text()
@@ -305,7 +259,6 @@ class Confiner:
         self.pids_max = pids_max
         # cgroup1: controller -> the worker's directory; cgroup2: {"": directory}
         self.bases = bases or {}
-        self._baseline: dict[str, int] = {}  # machine id -> oom kills at its last spawn
 
     @classmethod
     def probe(
@@ -345,8 +298,8 @@ class Confiner:
 
     def prepare(self, machine_id: str, r: Resources) -> tuple[list[str], list[str]]:
         """Make the machine's cgroups (killing leftovers of an earlier run in them) and
-        write its limits; returns the exec wrapper's arguments: the ``cgroup.procs`` files
-        to join and the rlimits to set (``NAME=VALUE``)."""
+        write its limits; returns what its shim applies before its command runs: the
+        ``cgroup.procs`` files to join and the rlimits to set (``NAME=VALUE``)."""
         lim = limits_for(r, self.pids_max)
         if self.mechanism == "rlimit":
             return [], [f"{n}={v}" for n, v in rlimits(lim, _user_processes(os.getuid()))]
@@ -366,31 +319,17 @@ class Confiner:
             memsw = (dirs["memory"] / "memory.memsw.limit_in_bytes").exists()
             for controller, name, value in v1_files(lim, memsw):
                 _write(dirs[controller] / name, value)
-        self._baseline[machine_id] = self.oom_kills(machine_id)
         procs = dict.fromkeys(str(d / "cgroup.procs") for d in dirs.values())  # co-mounted: once
         return list(procs), []
 
-    def oom_file(self, machine_id: str) -> Path | None:
-        """The file that counts the machine's OOM kills (None without a memory cgroup)."""
+    def oom_files(self, machine_id: str) -> list[str]:
+        """The file that counts the machine's OOM kills (none without a memory cgroup)."""
         d = self.dirs(machine_id)
         if self.mechanism == "cgroup2":
-            return d[""] / "memory.events"
+            return [str(d[""] / "memory.events")]
         if self.mechanism == "cgroup1":
-            return d["memory"] / "memory.oom_control"
-        return None
-
-    def oom_kills(self, machine_id: str) -> int:
-        path = self.oom_file(machine_id)
-        if path is None:
-            return 0
-        try:
-            return oom_kill_count(_read(path))
-        except OSError:
-            return 0
-
-    def exit_of(self, machine_id: str, returncode: int) -> Exit:
-        grew = self.oom_kills(machine_id) - self._baseline.get(machine_id, 0)
-        return exit_of(returncode, grew)
+            return [str(d["memory"] / "memory.oom_control")]
+        return []
 
     def usage_ns(self, machine_id: str) -> int | None:
         """CPU time the machine's cgroup used (ns), from the cgroup's own counter."""
@@ -418,26 +357,21 @@ class Confiner:
         except OSError:
             return []
 
-    def kill_all(self, machine_id: str, timeout_s: float = 2.0) -> None:
-        """SIGKILL every process in the machine's cgroup until it is empty (bounded)."""
-        end = time.monotonic() + timeout_s
-        while pids := self.pids(machine_id):
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > end:
-                log.warning("cgroup_not_empty", machine_id=machine_id, pids=pids)
-                return
-            time.sleep(0.005)  # a pace: killed processes leave the cgroup as they exit
+    def kill_all(self, machine_id: str) -> None:
+        """SIGKILL every process in the machine's cgroups until they are empty (bounded)."""
+        left = teardown.kill_cgroups([str(d) for d in set(self.dirs(machine_id).values())])
+        if left:
+            log.warning("cgroup_not_empty", machine_id=machine_id, pids=left)
 
     def remove(self, machine_id: str) -> None:
         """Kill what is left in the machine's cgroups and remove them."""
-        self._baseline.pop(machine_id, None)
-        if not self.bases:
-            return
-        self.kill_all(machine_id)
-        for d in set(self.dirs(machine_id).values()):
-            _rmdir(d)
+        left = teardown.remove_cgroups([str(d) for d in set(self.dirs(machine_id).values())])
+        if left:
+            log.warning("cgroup_not_removed", machine_id=machine_id, paths=left)
+
+    def cgroup_dirs(self, machine_id: str) -> list[str]:
+        """The machine's cgroup directories, one per hierarchy (co-mounted ones once)."""
+        return sorted({str(d) for d in self.dirs(machine_id).values()})
 
     def sweep(self, remove_base: bool = False, keep: Collection[str] = ()) -> list[str]:
         """Remove every machine cgroup of this worker of this supplier but those of the
@@ -458,26 +392,6 @@ class Confiner:
                 _rmdir(base.parent, wait=False)  # the supplier's, if no other worker uses it
                 _rmdir(base.parent.parent, wait=False)  # .../bourse, if no other supplier does
         return sorted(gone)
-
-
-def remove_cgroups(dirs: Collection[Path], timeout_s: float = 2.0) -> None:
-    """Kill what is left in these cgroup directories (one machine's, in each hierarchy)
-    until they are empty (bounded), and remove them: what a shim does when its machine
-    ended, without the worker's Confiner."""
-    end = time.monotonic() + timeout_s
-    while True:
-        pids: set[int] = set()
-        for d in dirs:
-            with contextlib.suppress(OSError, ValueError):
-                pids.update(int(p) for p in _read(d / "cgroup.procs").split())
-        if not pids or time.monotonic() > end:
-            break
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.005)  # a pace: killed processes leave the cgroup as they exit
-    for d in dirs:
-        _rmdir(d)
 
 
 def _mkdir(d: Path) -> None:

@@ -31,13 +31,12 @@ What the spec says and where each part comes from:
 And what runc does with a bundle: a machine id (``<worker>~<ULID>``) is no valid runc
 container id, :func:`runtime_id` maps it to one (reversibly: :func:`machine_id_of`);
 :func:`cgroup_dirs` says where runc makes ``cgroupsPath`` in each hierarchy;
-:func:`exit_of_status` reads ``runc run``'s exit status.
+the shim reads ``runc run``'s exit status (supplier/machines/shim/server.py).
 """
 
 from __future__ import annotations
 
 import re
-import signal
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,7 +46,8 @@ import msgspec
 from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.limits import MACHINE_ID_PATTERN, MACHINE_ID_SEPARATOR
-from supplier.drivers.confine import Exit, Limits, exit_of, parse_proc_cgroup
+from supplier.machines.host.confine import Limits, parse_proc_cgroup
+from supplier.machines.oci.users import UserError, resolve_user
 
 OCI_VERSION = "1.0.2"
 ROOTFS = "rootfs"
@@ -94,9 +94,6 @@ MASKED_PATHS = (
 READONLY_PATHS = ("/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger")
 # Bound read-only from the host, so that names resolve as on the host's network.
 HOST_FILES = ("/etc/resolv.conf", "/etc/hosts")
-# runc's exit status for a container killed by signal N (a shell's convention).
-SIGNAL_STATUS_BASE = 128
-MAX_ID = 2**32 - 2  # the largest uid or gid (2**32 - 1 means "none" to the kernel)
 
 _ENV_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _HOSTNAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
@@ -276,87 +273,6 @@ def merge_env(
     return [f"{k}={v}" for k, v in merged.items()]
 
 
-# -- the user -------------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
-class ExecUser:
-    """Who the process runs as."""
-
-    uid: int = 0
-    gid: int = 0
-    additional_gids: tuple[int, ...] = ()
-    home: str = "/"
-
-
-@dataclass(frozen=True, slots=True)
-class _Entry:
-    name: str
-    id: int
-    gid: int = 0  # passwd: the primary group
-    home: str = "/"
-    members: tuple[str, ...] = ()  # group: its members
-
-
-def _number(text: str) -> bool:
-    return text.isascii() and text.isdigit()
-
-
-def _id(text: str, what: str) -> int:
-    if not _number(text) or int(text) > MAX_ID:
-        raise BundleError(f"{what} {text!r} is not a number from 0 to {MAX_ID}")
-    return int(text)
-
-
-def _passwd(text: str) -> list[_Entry]:
-    """``name:password:uid:gid:gecos:home:shell`` lines (others skipped, as libc does)."""
-    out = []
-    for line in text.splitlines():
-        f = line.split(":")
-        if len(f) >= 6 and _number(f[2]) and _number(f[3]):
-            out.append(_Entry(f[0], int(f[2]), gid=int(f[3]), home=f[5] or "/"))
-    return out
-
-
-def _group(text: str) -> list[_Entry]:
-    """``name:password:gid:member,member`` lines (others skipped)."""
-    out = []
-    for line in text.splitlines():
-        f = line.split(":")
-        if len(f) >= 4 and _number(f[2]):
-            out.append(_Entry(f[0], int(f[2]), members=tuple(m for m in f[3].split(",") if m)))
-    return out
-
-
-def resolve_user(spec: str, passwd: str = "", group: str = "") -> ExecUser:
-    """The image's ``User`` (``user[:group]``, each a name or a number; empty is root) read
-    with the image's ``/etc/passwd`` and ``/etc/group`` text. A number not in passwd is
-    still that uid (primary group 0, home ``/``); a name not there is an error."""
-    user_part, _, group_part = spec.partition(":")
-    users = _passwd(passwd)
-    entry: _Entry | None
-    if user_part == "" or _number(user_part):
-        uid = _id(user_part or "0", "the image's user id")
-        entry = next((e for e in users if e.id == uid), None)
-    else:
-        entry = next((e for e in users if e.name == user_part), None)
-        if entry is None:
-            raise BundleError(f"user {user_part!r} is not in the image's /etc/passwd")
-        uid = entry.id
-    groups = _group(group)
-    if group_part == "":
-        gid = entry.gid if entry else 0
-    elif _number(group_part):
-        gid = _id(group_part, "the image's group id")
-    else:
-        named = next((g for g in groups if g.name == group_part), None)
-        if named is None:
-            raise BundleError(f"group {group_part!r} is not in the image's /etc/group")
-        gid = named.id
-    extra: tuple[int, ...] = ()
-    if entry is not None:
-        extra = tuple(sorted({g.id for g in groups if entry.name in g.members} - {gid}))
-    return ExecUser(uid, gid, extra, entry.home if entry else "/")
-
-
 # -- the limits -----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
 class Host:
@@ -474,7 +390,10 @@ def runtime_spec(
     cwd = image.working_dir or "/"
     if not cwd.startswith("/"):
         raise BundleError(f"the image's working dir {cwd!r} is not an absolute path")
-    user = resolve_user(image.user, passwd, group)
+    try:
+        user = resolve_user(image.user, passwd, group)
+    except UserError as exc:
+        raise BundleError(str(exc)) from None
     base = {"PATH": DEFAULT_PATH, "HOME": user.home, "HOSTNAME": hostname}
     env = merge_env(base, image.env or [], order_env or {}, bourse_env)
     nofile = min(NOFILE, host.nofile_max)
@@ -551,13 +470,3 @@ def cgroup_dirs(mountinfo: str, proc_cgroup: str, cgroups_path: str) -> dict[str
         for key in keys:
             dirs.setdefault(key, base / inner)
     return dirs
-
-
-def exit_of_status(status: int, oom_kills: int) -> Exit:
-    """How the container ended, from ``runc run``'s exit status: the process's exit code,
-    or 128 + the signal that killed it (so a program that exits with 137 itself reads as
-    killed by SIGKILL, as in a shell); a negative status (runc itself was killed) is that
-    signal. ``oom_kills``: the OOM kills its memory cgroup counted."""
-    if SIGNAL_STATUS_BASE < status <= SIGNAL_STATUS_BASE + signal.SIGRTMAX:
-        status = SIGNAL_STATUS_BASE - status
-    return exit_of(status, oom_kills)

@@ -1,0 +1,402 @@
+"""The ``starts`` scenario: how long a start costs over the program's own start, and what a
+shim costs per machine.
+
+One market in the run (an embedded nats-server with JetStream, an exchange, one
+``supplier run`` with a process worker and, where runc works, an oci worker), the example
+apps pushed to its image store (``examples/hello-http`` for processes, a busybox httpd
+root for containers) and pulled once (a first start) so that each start finds its image
+cached. Then, alternated so that both see the same machine:
+
+- **market**: ``place`` (through the exchange) then ``start``, timed from the order sent to
+  the machine's port answering HTTP 200 (polled every millisecond), then the machine is
+  destroyed;
+- **by hand**: the same program, from the same unpacked root, started as a plain child
+  process with the same kind of environment, timed from its spawn to its first HTTP 200.
+
+It reports each one's p50 and p99 and the market's cost over the program's own (p50 minus
+p50). ``--machines N`` then starts N machines at once on the process worker (a program that
+sleeps) and reads every shim's proportional set size (PSS: shared pages divided among the
+processes that share them) from ``/proc/<pid>/smaps_rollup``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import msgspec
+from hdrh.histogram import HdrHistogram
+from rich.table import Table
+
+from bourse.client import BourseClient
+from bourse.errors import BourseError
+from bourse.images import ImageInfo, ImageStore, RunSpec
+from bourse.nats.connection import connect, shutdown
+from bourse.nats.embedded import EmbeddedNats
+from bourse.nats.jetstream import EventStream
+from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.wire.messages import Placed, PlaceOrder, Resources
+from bourse.wire.subjects import Subjects
+from loadtest.runner import fresh_run_dir
+from ops.hello import HELLO_DIR
+from ops.jetstream import set_up
+
+Say = Callable[[str], None]
+REGION = "starts"
+ORDER = Resources(cpus=1, memory_mb=256, disk_mb=64)
+HELLO = RunSpec(cmd=("python3", "server.py"), env=("HELLO_VERSION=1",))
+HELLO_ENV = {"HELLO_VERSION": "1"}
+BOX = RunSpec(cmd=("sh", "-c", "trap 'exit 0' TERM; httpd -f -p $PORT -h /www & wait"))
+SLEEPER = RunSpec(cmd=("sleep", "3600"))
+READY_S = 30.0  # a start that does not answer in this long is a failure
+
+
+class StartsError(BourseError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class StartsProfile:
+    starts: int = 30  # per kind, market and by hand each
+    machines: int = 100  # started at once for the shims' memory (0: skipped)
+    containers: bool = True  # where runc works here
+
+
+@dataclass(slots=True)
+class Kind:
+    """One kind of machine: its worker, its image, and the times measured."""
+
+    name: str
+    worker: str
+    image: str
+    market_ms: list[float] = field(default_factory=list)
+    hand_ms: list[float] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def http_ok(host: str, port: int, deadline: float) -> None:
+    """Until ``GET /`` answers 200 (polled every millisecond: a pace); StartsError past
+    ``deadline``."""
+    request = f"GET / HTTP/1.0\r\nHost: {host}\r\n\r\n".encode()
+    while True:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(request)
+                await writer.drain()
+                head = await reader.readline()
+            finally:
+                writer.close()
+            if head.split(b" ")[1:2] == [b"200"]:
+                return
+        except OSError:
+            pass
+        if time.perf_counter() > deadline:
+            raise StartsError(f"{host}:{port} did not answer 200 in {READY_S:.0f}s")
+        await anyio.sleep(0.001)  # a pace while the program starts listening
+
+
+def fleet(path: Path, containers: bool) -> Path:
+    """The run's workers: a process one and, where runc works, an oci one, each with its
+    own label (an order names its kind) and port range, advertising loopback."""
+    kinds = [("starts-p", "process", "process", "27100-27399")]
+    if containers:
+        kinds.append(("starts-c", "oci", "container", "27400-27499"))
+    workers = [
+        {
+            "worker_id": wid,
+            "region": REGION,
+            "capacity": {"cpus": 64, "memory_mb": 65536, "disk_mb": 200_000},
+            "driver": driver,
+            "labels": {"kind": kind},
+            "ports": ports,
+            "advertise_host": "127.0.0.1",
+        }
+        for wid, driver, kind, ports in kinds
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(msgspec.json.encode({"worker": workers}))
+    return path
+
+
+def box_root(out: Path) -> Path | None:
+    """The busybox httpd example's root, built here (None without a static busybox)."""
+    build = HELLO_DIR.parent / "busybox-httpd" / "build.sh"
+    root = out / "box"
+    done = subprocess.run(["sh", str(build), str(root)], capture_output=True, check=False)
+    return root if done.returncode == 0 else None
+
+
+def runc_works() -> bool:
+    from supplier import RuntimeUnavailable, detect_runtime
+
+    try:
+        detect_runtime()
+    except RuntimeUnavailable:
+        return False
+    return True
+
+
+async def market_start(client: BourseClient, kind: Kind) -> tuple[float, str]:
+    """Place and start one machine of ``kind`` with a port ``web``; the ms from the order
+    to its port answering 200, and its id."""
+    order = PlaceOrder(
+        region=REGION,
+        resources=ORDER,
+        image=kind.image,
+        ports=["web"],
+        constraints={"kind": kind.name},
+    )
+    began = time.perf_counter()
+    placed = await client.place(order)
+    if not isinstance(placed, Placed):
+        raise StartsError(f"unfilled: {placed.reason} {placed.detail}")
+    m = await client.machine("start", placed.machine_id)
+    if m.state != "started":
+        raise StartsError(f"{m.machine_id} is {m.state}")
+    host, _, port = m.addresses["web"].rpartition(":")
+    await http_ok(host, int(port), began + READY_S)
+    return (time.perf_counter() - began) * 1000, placed.machine_id
+
+
+# A program started by hand: its argv for a port, its working directory, its environment.
+Hand = tuple[Callable[[int], list[str]], Path, dict[str, str]]
+
+
+async def hand_start(hand: Hand) -> float:
+    """The same program as a plain child process: ms from its spawn to its first 200."""
+    argv_for, cwd, env = hand
+    port = free_port()
+    began = time.perf_counter()
+    proc = await anyio.open_process(
+        argv_for(port),
+        cwd=cwd,
+        env={"PATH": os.defpath, **env, "PORT": str(port)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        await http_ok("127.0.0.1", port, began + READY_S)
+        return (time.perf_counter() - began) * 1000
+    finally:
+        proc.kill()
+        await proc.wait()
+
+
+def hand_command(kind: Kind, roots: Path) -> Hand | None:
+    """How to start the kind's program by hand: from its unpacked root in the worker's
+    content cache (the same files the market's machine ran)."""
+    if kind.name == "process":
+        found = sorted(roots.glob("roots/*/server.py"))
+        if found:
+            return (lambda port: [sys.executable, "server.py"]), found[0].parent, HELLO_ENV
+        return None
+    boxes = sorted(roots.glob("roots/*/www"))
+    if not boxes:
+        return None
+    root = boxes[0].parent
+    httpd = [str(root / "bin" / "busybox"), "httpd", "-f", "-h", str(root / "www")]
+    return (lambda port: [*httpd, "-p", str(port)]), root, {}
+
+
+async def measure(client: BourseClient, kind: Kind, roots: Path, n: int, say: Say) -> None:
+    """``n`` starts each way, alternated."""
+    _, first = await market_start(client, kind)  # the image pulled into the cache
+    await client.machine("destroy", first)
+    hand = hand_command(kind, roots / kind.worker)
+    if hand is None:
+        raise StartsError(f"no unpacked root of {kind.image} found below {roots}")
+    say(f"{kind.name}: {n} starts through the market and {n} by hand, alternated...")
+    for _ in range(n):
+        try:
+            ms, mid = await market_start(client, kind)
+            kind.market_ms.append(ms)
+            await client.machine("destroy", mid)
+        except (BourseError, OSError) as exc:
+            kind.failed.append(str(exc))
+        kind.hand_ms.append(await hand_start(hand))
+
+
+# -- the shims' memory ---------------------------------------------------------------------
+def pss_kib(pid: int) -> int | None:
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return None
+
+
+def shim_pids(shims_dir: Path) -> list[int]:
+    pids = []
+    for state in shims_dir.glob("*/state.json"):
+        try:
+            pids.append(int(msgspec.json.decode(state.read_bytes())["shim_pid"]))
+        except (OSError, msgspec.DecodeError, KeyError, TypeError, ValueError):
+            continue
+    return pids
+
+
+async def memory(client: BourseClient, n: int, shims_dir: Path, say: Say) -> dict[str, Any]:
+    """``n`` machines at once on the process worker: each shim's PSS (KiB)."""
+    say(f"{n} machines at once for the shims' memory...")
+    ids: list[str] = []
+
+    async def one() -> None:
+        order = PlaceOrder(
+            region=REGION,
+            resources=Resources(cpus=1, memory_mb=64),
+            image="sleeper:latest",
+            constraints={"kind": "process"},
+        )
+        placed = await client.place(order)
+        if isinstance(placed, Placed):
+            ids.append(placed.machine_id)
+            await client.machine("start", placed.machine_id)
+
+    try:
+        async with anyio.create_task_group() as tasks:
+            for _ in range(n):
+                tasks.start_soon(one)
+        pss = [p for p in (pss_kib(pid) for pid in shim_pids(shims_dir)) if p is not None]
+    finally:
+        with anyio.CancelScope(shield=True):
+            async with anyio.create_task_group() as tasks:
+                for mid in ids:
+                    tasks.start_soon(client.machine, "destroy", mid)
+    pss.sort()
+    return {
+        "machines": len(ids),
+        "shims": len(pss),
+        "pss_kib_mean": round(sum(pss) / len(pss)) if pss else None,
+        "pss_kib_p50": pss[len(pss) // 2] if pss else None,
+        "pss_kib_max": pss[-1] if pss else None,
+    }
+
+
+# -- the run -------------------------------------------------------------------------------
+async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, Any]:
+    fresh_run_dir(out)
+    server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True).start()
+    subjects = Subjects(f"st{os.urandom(4).hex()}")
+    programs: list[Program] = []
+    box = box_root(out) if profile.containers and runc_works() else None
+    kinds = [Kind("process", "starts-p", "hello:latest")]
+    if box is not None:
+        kinds.append(Kind("container", "starts-c", "box:latest"))
+    data = out / "data"
+    try:
+        nc = await connect([server.url], name="bourse-starts", service=False)
+        try:
+            await set_up(nc, subjects, EventStream.of(subjects), replicas=1)
+            store = await ImageStore.open(nc, subjects.prefix)
+            await _push(store, "hello:latest", HELLO_DIR, HELLO)
+            await _push(store, "sleeper:latest", HELLO_DIR, SLEEPER)
+            if box is not None:
+                await _push(store, "box:latest", box, BOX)
+            args = ("--nats", server.url, "--prefix", subjects.prefix, "--metrics-addr", "off")
+            path = fleet(out / "config" / "fleet.json", box is not None)
+            programs.append(
+                await start_program(
+                    "supplier", "run", "--fleet", str(path), "--data-dir", str(data),
+                    "--machines-stop-with-supplier", *args,
+                    log_path=out / "logs" / "supplier.log", ready="supplier ready",
+                )
+            )  # fmt: skip
+            programs.append(
+                await start_program(
+                    "exchange", "serve", *args,
+                    log_path=out / "logs" / "exchange.log", ready="exchange ready",
+                )
+            )  # fmt: skip
+            client = BourseClient(nc, subjects)
+            for kind in kinds:
+                await measure(client, kind, data / "images", profile.starts, say)
+            mem = {}
+            if profile.machines:
+                mem = await memory(client, profile.machines, data / "shims" / "starts-p", say)
+        finally:
+            await shutdown(nc)
+    finally:
+        await stop_all(programs)
+        server.stop()
+    rep = report(profile, kinds, mem)
+    (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(rep)))
+    return rep
+
+
+async def _push(store: ImageStore, ref: str, directory: Path, run: RunSpec) -> ImageInfo:
+    await store.push_directory(directory, ref, run)
+    return await store.inspect(ref)
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    hist = HdrHistogram(1, 600_000_000, 3)  # microseconds
+    for v in values:
+        hist.record_value(max(1, round(v * 1000)))
+    return round(hist.get_value_at_percentile(q) / 1000, 1)
+
+
+def report(profile: StartsProfile, kinds: list[Kind], mem: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {"scenario": "starts", "profile": asdict(profile), "kinds": {}}
+    for k in kinds:
+        m50, h50 = percentile(k.market_ms, 50), percentile(k.hand_ms, 50)
+        out["kinds"][k.name] = {
+            "starts": len(k.market_ms),
+            "failed": k.failed,
+            "market_p50_ms": m50,
+            "market_p99_ms": percentile(k.market_ms, 99),
+            "hand_p50_ms": h50,
+            "hand_p99_ms": percentile(k.hand_ms, 99),
+            "over_p50_ms": None if m50 is None or h50 is None else round(m50 - h50, 1),
+        }
+    out["shims"] = mem
+    return out
+
+
+def table(rep: dict[str, Any]) -> Table:
+    t = Table(title="starts: the order to the port answering, against the program by hand")
+    for column in ("kind", "starts", "market p50", "p99", "by hand p50", "p99", "over p50"):
+        t.add_column(column, justify="right")
+    for name, k in rep["kinds"].items():
+        t.add_row(
+            name,
+            str(k["starts"]),
+            f"{k['market_p50_ms']} ms",
+            f"{k['market_p99_ms']} ms",
+            f"{k['hand_p50_ms']} ms",
+            f"{k['hand_p99_ms']} ms",
+            f"{k['over_p50_ms']} ms",
+        )
+    mem = rep.get("shims") or {}
+    if mem:
+        t.caption = (
+            f"{mem['shims']} shims of {mem['machines']} machines at once: PSS mean "
+            f"{mem['pss_kib_mean']} KiB, p50 {mem['pss_kib_p50']} KiB, max {mem['pss_kib_max']} KiB"
+        )
+    return t
+
+
+def profile_of(given: dict[str, Any]) -> StartsProfile:
+    fields = {k: v for k, v in given.items() if k in StartsProfile.__dataclass_fields__}
+    return StartsProfile(**fields)

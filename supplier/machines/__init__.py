@@ -1,0 +1,1 @@
+"""How a worker runs machines (the map is docs/architecture.md's)."""

@@ -1,0 +1,189 @@
+"""The driver API: how a worker runs machines, whatever runs them.
+
+A driver only knows how to run one thing, as Nomad's driver plugins and containerd's
+runtimes do: start a machine, wait for its end, stop it, destroy what it held, recover a
+machine an earlier supplier left running, and say what it knows of one. Restarts, backoff
+and health live outside every driver, once (supplier/machines/restart.py, applied by the
+worker's keeper, supplier/machines/keeper.py).
+
+The drivers:
+
+- ``sim`` (supplier/machines/sim.py): no process; a start pulls a catalog image that is not
+  cached in simulated time. For the load-test harness and virtual fleets.
+- ``process`` and ``oci`` (supplier/machines/runner.py): every machine runs under a shim
+  of its own (supplier/machines/shim/), which holds it beyond its supplier's life; a
+  process machine is a confined process (supplier/machines/process.py), an ``oci`` one a
+  container of its content image (supplier/machines/oci/).
+
+The worker writes every transition to its op log; a driver only does the work and reports
+failures by raising :class:`DriverError` (a clear message for the requester).
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Literal, Protocol
+
+import anyio.abc
+
+from bourse.errors import BourseError
+from bourse.images.oci import RunConfig
+from bourse.wire.messages import Machine, Resources
+
+# A machine run without environment of its own (the default of Driver.start's ``env``).
+NO_ENV: Mapping[str, str] = MappingProxyType({})
+
+# How machines are held to what was sold: cgroup2, cgroup1, rlimit or none
+# (supplier/machines/host/confine.py).
+Mechanism = Literal["cgroup2", "cgroup1", "rlimit", "none"]
+
+
+class DriverError(BourseError, RuntimeError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Exit:
+    """How a machine's run ended: ``code`` (>= 0) or ``signal``; ``oom`` when the kernel
+    killed it at its memory limit (SIGKILL while its cgroup's oom_kill counter grew);
+    ``at_ms`` when, if it was recorded then (0: now), which an equality leaves out."""
+
+    code: int | None = None
+    signal: int | None = None
+    oom: bool = False
+    at_ms: int = field(default=0, compare=False)
+
+    @property
+    def reason(self) -> Literal["exit", "signal", "oom"]:
+        return "oom" if self.oom else "signal" if self.signal is not None else "exit"
+
+    @property
+    def failed(self) -> bool:
+        """Killed (at its limit or by a signal), as opposed to exiting with a code."""
+        return self.oom or self.signal is not None
+
+    @property
+    def clean(self) -> bool:
+        return self.code == 0
+
+    def describe(self) -> str:
+        if self.oom:
+            return "oom: killed at its memory limit"
+        if self.signal is not None:
+            return f"killed by signal {self.signal}"
+        return f"exited with code {self.code}"
+
+
+def exit_of(returncode: int, oom_kills: int) -> Exit:
+    """Read a returncode (negative: a signal) and the oom kills seen since the start."""
+    if returncode < 0:
+        sig = -returncode
+        return Exit(signal=sig, oom=sig == signal.SIGKILL and oom_kills > 0)
+    return Exit(code=returncode)
+
+
+@dataclass(frozen=True, slots=True)
+class ImageRun:
+    """A content image made ready for a machine: its unpacked root (read-only by
+    convention: other machines share it) and what it runs (its config)."""
+
+    root: Path
+    config: RunConfig
+
+
+@dataclass(frozen=True, slots=True)
+class RunInfo:
+    """What a driver knows of a machine's current run (``inspect``)."""
+
+    pid: int
+    started_at_ms: int
+    running: bool
+
+
+class Driver(Protocol):
+    name: str
+
+    @property
+    def runtime_version(self) -> str:
+        """What runs its machines, with its version ("runc 1.1.5", "python 3.11.2",
+        "simulated"): a worker's status says it."""
+        ...
+
+    @property
+    def confinement(self) -> Mechanism:
+        """How machines are held to their resources: cgroup2, cgroup1, rlimit or none."""
+        ...
+
+    async def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None:
+        """Own the driver's tasks until cancelled. Started by the worker's keeper before
+        the host serves; when it ends, nothing of the driver's runs unowned."""
+        ...
+
+    def can_run(self, image: str) -> bool:
+        """Whether this worker can run the catalog image at all (offers are only made if
+        so); a content image is the worker's business (supplier/images.py)."""
+        ...
+
+    def refuses(self, r: Resources) -> str:
+        """Why it cannot run a machine of these resources confined (an order it should
+        decline), or ""."""
+        ...
+
+    async def pull(self, image: str) -> tuple[int, float]:
+        """Fetch a catalog image that is not cached; the bytes and seconds it took."""
+        ...
+
+    async def start(
+        self, m: Machine, image: ImageRun | None = None, env: Mapping[str, str] = NO_ENV
+    ) -> None:
+        """StartTask: run the machine once: its content image's files (``image``), else
+        its catalog image's command, with ``env``, its run environment (the order's env
+        and its ports, computed by the caller), above the image's own env and below
+        Bourse's ids. Nothing of the supplier's own environment reaches a machine. Returns
+        once it runs; a run that cannot start raises DriverError and leaves nothing."""
+        ...
+
+    async def wait(self, machine_id: str) -> Exit:
+        """WaitTask: how the current run ended, once it ended (by itself or a stop)."""
+        ...
+
+    async def stop(self, machine_id: str) -> Exit | None:
+        """StopTask: SIGTERM, then SIGKILL after the machine's grace period; how it ended
+        (None: it was not running)."""
+        ...
+
+    async def destroy(self, m: Machine) -> None:
+        """DestroyTask: release whatever the machine held, its logs and working directory
+        (stopped first if it runs)."""
+        ...
+
+    async def recover(self, m: Machine) -> bool:
+        """RecoverTask: take over the run an earlier supplier left of ``m`` (it ran on, or
+        it ended meanwhile: ``wait`` then says how); False when there is none."""
+        ...
+
+    def inspect(self, machine_id: str) -> RunInfo | None:
+        """InspectTask: the current run, if any."""
+        ...
+
+    def logs(
+        self, machine_id: str, tail: int, max_bytes: int, since: int = -1
+    ) -> tuple[list[str], bool, int]:
+        """The last ``tail`` lines of output (within ``max_bytes``), or with ``since`` >= 0
+        the complete lines after that byte offset (within ``max_bytes``); whether some were
+        left out; and the offset just past the last complete line read."""
+        ...
+
+    async def settle(self) -> None:
+        """The supplier resumed (recovered or started) the machines its store says should
+        run: anything an earlier run left that none of them took over is stopped."""
+        ...
+
+    async def close(self) -> None:
+        """The supplier is stopping: stop every machine (they keep their recorded state),
+        or, where machines outlive their supplier, let go of them (they run on)."""
+        ...
