@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 import anyio
 import msgspec
+import structlog
 import typer
 from nats.aio.client import Client as NATS
 
@@ -50,6 +51,7 @@ from supplier.config import (
     WorkerConfig,
     check_workers,
     load_fleet,
+    unrunnable_images,
 )
 from supplier.host import (
     DEFAULT_MAX_BID_BACKLOG,
@@ -61,6 +63,8 @@ from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORK
 from supplier.ports import HostClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
+
+log = structlog.get_logger("bourse.supplier")
 
 app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
 
@@ -265,6 +269,17 @@ def run_cmd(
         }
         workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
+        for w in workers:
+            if images := unrunnable_images(w):
+                log.warning(
+                    "images_not_runnable",
+                    worker_id=w.worker_id,
+                    driver=w.driver,
+                    images=images,
+                    detail="its orders are declined: give each a catalog entry with a command "
+                    "(process), push it to the image store and order it by tag (process, oci), "
+                    "or run --driver sim (nothing runs)",
+                )
         subjects = Subjects(prefix)
         metrics_at = parse_addr(metrics_addr)
         owner = lock_state_dir(data_dir)  # one supplier per state directory, or none

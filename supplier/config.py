@@ -179,6 +179,18 @@ def fractional_cpus(raw: object) -> object:
     return {**raw, "worker": workers}
 
 
+def unrunnable_images(w: WorkerConfig) -> list[str]:
+    """The images a worker lists as cached that its driver cannot run: a process worker
+    runs a catalog image only when its catalog gives it a command; an oci worker runs only
+    images pushed to the market's store (by tag or digest), never a catalog image; sim runs
+    anything (nothing runs)."""
+    if w.driver == "sim":
+        return []
+    if w.driver == "oci":
+        return list(w.images)
+    return [i for i in w.images if not (i in w.catalog and w.catalog[i].command)]
+
+
 def check_workers(workers: list[WorkerConfig]) -> None:
     """Raise ConfigError unless the workers can be served together: unique ids, a capacity
     of more than 0 CPUs (a millicore at least) and 1 MB of memory, pricing curves that build,

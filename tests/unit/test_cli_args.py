@@ -386,3 +386,25 @@ def test_supplier_log_flags_set_what_a_fleet_worker_leaves_unset() -> None:
     assert got.log_caps == LogCaps(machine_mb=5, worker_mb=64)  # the worker's own wins
     assert got.max_hold_ms is None  # a flag not given sets nothing
     assert _unset_from(own, {"worker_log_mb": None}).log_caps.worker_mb == DEFAULT_WORKER_LOG_MB
+
+
+@pytest.mark.parametrize(
+    ("driver", "catalog", "unrunnable"),
+    [
+        ("sim", {}, []),
+        ("process", {}, ["web"]),
+        ("process", {"web": {"command": ["true"]}}, []),
+        ("process", {"web": {"command": []}}, ["web"]),
+        ("oci", {"web": {"command": ["true"]}}, ["web"]),  # an oci worker runs no catalog image
+    ],
+)
+def test_a_worker_names_the_images_it_lists_but_cannot_run(
+    driver: str, catalog: dict[str, object], unrunnable: list[str]
+) -> None:
+    from supplier.config import WorkerConfig, unrunnable_images
+
+    raw = {"worker_id": "w1", "region": "mad", "capacity": {"cpus": 1, "memory_mb": 64}}
+    w = msgspec.convert(
+        {**raw, "images": ["web"], "driver": driver, "catalog": catalog}, WorkerConfig
+    )
+    assert unrunnable_images(w) == unrunnable
