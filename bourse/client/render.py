@@ -150,6 +150,8 @@ def outcome(r: Placed | Unfilled) -> None:
         )
         if r.addresses:
             console.print(f"  addresses: {safe(addresses(r.addresses))}")
+        if r.simulated:
+            console.print(f"  simulated: {SIMULATED}")
     else:
         console.print(
             f"[yellow]unfilled[/] ({safe(r.reason)}) in {safe(r.region)}: {safe(r.detail)}\n"
@@ -203,6 +205,15 @@ def health(m: Machine, now: int | None = None) -> str:
     return f"{h.status} {since}"
 
 
+# What a sim worker's machine is: said wherever one is shown.
+SIMULATED = "its worker runs nothing (driver sim)"
+
+
+def state_of(m: Machine) -> str:
+    """A machine's state as a listing shows it: a sim worker's says so."""
+    return f"{m.state} (simulated)" if m.simulated else m.state
+
+
 def machines(ms: Iterable[Machine]) -> Table:
     t = Table(title="machines")
     for col in ("machine", "order", "state", "cpus", "memory MiB", "image", "score"):
@@ -212,7 +223,7 @@ def machines(ms: Iterable[Machine]) -> Table:
         t.add_row(
             safe(m.machine_id),
             safe(m.order_id),
-            safe(m.state),
+            safe(state_of(m)),
             _cpus(m.resources),
             str(m.resources.memory_mb),
             safe(m.image),
@@ -250,7 +261,7 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
             safe(m.machine_id),
             safe(m.worker_id),
             safe(m.region),
-            safe(m.state),
+            safe(state_of(m)),
             format_cpus(millis_of(m.resources)),
             str(m.resources.memory_mb),
             safe(m.image),
