@@ -18,7 +18,7 @@ import contextlib
 import secrets
 import time
 from collections import Counter
-from collections.abc import Awaitable, Iterable
+from collections.abc import Iterable
 
 import anyio
 import anyio.abc
@@ -35,23 +35,18 @@ from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
 from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.supervise import cleanup_scope
-from bourse.wire.codec import BadMessage, decode, encode
+from bourse.wire.codec import decode, encode
 from bourse.wire.limits import MAX_BATCH_ITEMS
 from bourse.wire.messages import (
-    MACHINE_VERBS,
     Answers,
     Batch,
     Bid,
-    Commit,
     Event,
     ExplainRequest,
     ListMachines,
-    MachineRequest,
     Offers,
-    Placed,
     Release,
     StatusRequest,
-    worker_of_machine,
 )
 from bourse.wire.signing import OfferSigner
 from bourse.wire.subjects import Subjects
@@ -69,6 +64,7 @@ from supplier.replies import Replies
 from supplier.store import Store
 from supplier.upkeep import Upkeep
 from supplier.worker import Worker
+from supplier.worker_subjects import WorkerSubjects
 
 log = structlog.get_logger("bourse.supplier")
 
@@ -156,6 +152,10 @@ class SupplierHost:
         self.events = EventOutbox(nc, store, self.subjects, durable=jetstream)
         # Stops and destroys kept for these workers while they were away (supplier/commands.py).
         self.commands = Commands(nc, self.subjects, self.workers, self._announce)
+        # Each worker's own subjects: commits, releases, machine verbs.
+        self.worker_subjects = WorkerSubjects(
+            self.subjects, self.workers, self.desk, lambda: self.responder, self._release_region
+        )
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
@@ -257,7 +257,8 @@ class SupplierHost:
             await self.responder.subscribe_fanout(s.machines_every, self._on_machines)
         )
         for wid in self.workers:
-            self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=g(self._on_worker)))
+            answer = g(self.worker_subjects.on_message)
+            self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=answer))
         await flush_all(self.nc)
         await tasks.start(self.upkeep.run)
         if self.jetstream:  # the commands kept for these workers, before any machine resumes
@@ -458,58 +459,6 @@ class SupplierHost:
                 continue
             for page in w.machine_pages(req):
                 await self.responder.reply(msg, page)
-
-    # -- one worker's subjects -------------------------------------------------------------------
-    async def _on_worker(self, msg: Msg) -> None:
-        wid, *rest = self.subjects.tail(msg.subject, 1)
-        w = self.workers[wid]
-        if rest == ["commit"]:
-            commit = decode(msg.data, Commit)
-            self.responder.spawn(msg, self._committed(msg, w, commit))
-        elif rest == ["release"]:
-            rel = decode(msg.data, Release)
-            if rel.worker_id and rel.worker_id != wid:
-                raise BadMessage(f"release for worker {rel.worker_id!r} sent to worker {wid!r}")
-            w.release(rel.order_id, rel.auction_id, rel.abort_commit)
-        elif len(rest) == 2 and rest[0] == "machine" and rest[1] in MACHINE_VERBS:
-            await self._machine(w, msg, rest[1])
-        else:
-            await self.responder.error(
-                msg,
-                "unknown_subject",
-                f"unknown subject {msg.subject!r}: a worker answers commit, release and "
-                f"machine.<{'|'.join(MACHINE_VERBS)}>",
-            )
-
-    async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:
-        result = await w.commits.commit(commit)
-        if isinstance(result, Placed):
-            self.desk.placed(result.order_id, w)
-        await self.responder.reply(msg, result)
-        if isinstance(result, Placed) and commit.release_others and commit.auction_id:
-            # every offer was this process's: the auction sends no region release (§4.6)
-            self._release_region(
-                Release(order_id=commit.order_id, auction_id=commit.auction_id), w.region
-            )
-
-    async def _answer(self, msg: Msg, result: Awaitable[msgspec.Struct]) -> None:
-        await self.responder.reply(msg, await result)
-
-    async def _machine(self, w: Worker, msg: Msg, verb: str) -> None:
-        if verb == "list":
-            req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
-            await self.responder.reply(msg, w.list_machines(req=req))
-            return
-        mreq = decode(msg.data, MachineRequest)
-        if worker_of_machine(mreq.machine_id) != w.worker_id:
-            raise BadMessage(f"machine {mreq.machine_id} does not belong to worker {w.worker_id}")
-        if verb == "get":
-            await self.responder.reply(msg, w.get_machine(mreq.machine_id))
-        elif verb == "logs":
-            logs = await w.logs(mreq.machine_id, mreq.tail, mreq.since)
-            await self.responder.reply(msg, logs)
-        else:
-            self.responder.spawn(msg, self._answer(msg, w.transition(verb, mreq.machine_id)))
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host, and I8 (no port held twice, by the machines of
