@@ -43,8 +43,9 @@ from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
 from supplier.machines.keeper import EventFn, Machines
+from supplier.oplog import Op, RunSpec
 from supplier.ports import NoPort, WorkerPorts
-from supplier.store import Op, RunSpec, Store, StoreError
+from supplier.store import Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
 

@@ -27,7 +27,8 @@ from nats.js.api import PubAck
 
 from bourse.nats.jetstream import DEGRADED, HEADER_MSG_ID, NO_JETSTREAM_FLAG, stream_name
 from bourse.wire.subjects import Subjects
-from supplier.store import OutboxRow, Store
+from supplier.oplog import OutboxRow
+from supplier.store import Store
 
 log = structlog.get_logger("bourse.supplier")
 

@@ -33,7 +33,6 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -41,64 +40,19 @@ import msgspec
 import structlog
 
 from bourse.errors import BourseError
-from bourse.wire.messages import Event, Machine, now_ms
+from bourse.wire.messages import Machine
+from supplier.oplog import (
+    OUTBOX_RUN,
+    SCHEMA,
+    Op,
+    OutboxRow,
+    RunSpec,
+    apply,
+    rollback,
+    spec_decoder,
+)
 
 log = structlog.get_logger("bourse.store")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS oplog (
-    seq        INTEGER PRIMARY KEY AUTOINCREMENT,
-    worker_id  TEXT    NOT NULL,
-    at_ms      INTEGER NOT NULL,
-    op         TEXT    NOT NULL,
-    order_id   TEXT    NOT NULL,
-    machine_id TEXT    NOT NULL,
-    state      TEXT    NOT NULL,
-    detail     TEXT    NOT NULL DEFAULT '',
-    machine    BLOB    NOT NULL
-);
-CREATE TABLE IF NOT EXISTS machines (
-    machine_id    TEXT PRIMARY KEY,
-    worker_id     TEXT    NOT NULL,
-    order_id      TEXT    NOT NULL,
-    state         TEXT    NOT NULL,
-    updated_at_ms INTEGER NOT NULL,
-    machine       BLOB    NOT NULL
-);
--- I3 on disk: at most one live machine per order id on a worker.
-CREATE UNIQUE INDEX IF NOT EXISTS machines_live_order
-    ON machines (worker_id, order_id) WHERE state != 'destroyed';
-CREATE INDEX IF NOT EXISTS oplog_machine ON oplog (machine_id);
--- What a machine runs with beyond its record (RunSpec): its order's environment (values
--- may be secrets: they never travel). A row only for a machine with an environment;
--- removed when it is destroyed.
-CREATE TABLE IF NOT EXISTS machine_specs (
-    machine_id TEXT PRIMARY KEY,
-    worker_id  TEXT NOT NULL,
-    spec       BLOB NOT NULL
-);
--- A worker's default port range, kept across its supplier's restarts (supplier/ports.py).
-CREATE TABLE IF NOT EXISTS worker_ports (
-    worker_id  TEXT PRIMARY KEY,
-    port_range TEXT NOT NULL
-);
--- The event outbox: each event of a committed change, written in the change's transaction,
--- deleted once JetStream acknowledged it (supplier/outbox.py EventOutbox). Its message id
--- for deduplication is "<worker_id>:<run>:<id>" (OutboxRow.msg_id): AUTOINCREMENT never
--- reuses an id in this file, and ``run`` (random, new each time the store is opened)
--- keeps a fresh or restored file's ids apart from every id another file published.
-CREATE TABLE IF NOT EXISTS outbox (
-    id         INTEGER PRIMARY KEY AUTOINCREMENT,
-    worker_id  TEXT    NOT NULL,
-    region     TEXT    NOT NULL,
-    kind       TEXT    NOT NULL,
-    event      BLOB    NOT NULL,
-    run        TEXT    NOT NULL DEFAULT ''
-);
-"""
-# An outbox of a store made before ``run`` existed gets the column (its rows keep '': their
-# message ids stay "<worker_id>:<id>", as they may have been published under them).
-OUTBOX_RUN = "ALTER TABLE outbox ADD COLUMN run TEXT NOT NULL DEFAULT ''"
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
@@ -117,51 +71,6 @@ MAX_GROUP = 1024
 
 class StoreError(BourseError, RuntimeError):
     """The data dir cannot take writes (disk full, read-only, corrupt file)."""
-
-
-class RunSpec(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What a machine runs with beyond its wire record: its order's environment (kept here
-    only: its values may be secrets, they never travel back)."""
-
-    env: dict[str, str] = {}
-
-
-_spec_dec = msgspec.json.Decoder(RunSpec)
-
-
-@dataclass(slots=True)
-class Op:
-    """One change: ``op`` names it (place, start, stop, destroy, ...); ``machine`` is the
-    machine's full state after it."""
-
-    op: str
-    machine: Machine
-    detail: str = ""
-    # Events of this change: written to the outbox in the same transaction (exactly-once
-    # publishing: a change is never durable without its events, nor an event without it).
-    events: tuple[Event, ...] = ()
-    # The machine's run spec, written with the change (None: unchanged); a destroyed
-    # machine's is removed.
-    spec: RunSpec | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class OutboxRow:
-    """One event waiting in the outbox: published with ``Nats-Msg-Id: msg_id``."""
-
-    id: int
-    worker_id: str
-    region: str
-    kind: str
-    data: bytes
-    run: str = ""  # the store opening that wrote it ("": a row of an older supplier)
-
-    @property
-    def msg_id(self) -> str:
-        """Unique across data dirs: a fresh one restarts the row ids at 1."""
-        if not self.run:
-            return f"{self.worker_id}:{self.id}"
-        return f"{self.worker_id}:{self.run}:{self.id}"
 
 
 # Told (on the writer's event loop, before the writes' waiters) the outbox rows a group
@@ -240,7 +149,7 @@ class Store:
             ).fetchall()
         finally:
             conn.close()
-        return {r[0]: _spec_dec.decode(r[1]) for r in rows}
+        return {r[0]: spec_decoder.decode(r[1]) for r in rows}
 
     def kept_port_ranges(self) -> dict[str, str]:
         """Worker id -> the default port range it had (supplier/ports.py)."""
@@ -384,7 +293,7 @@ class Store:
                 raise sqlite3.OperationalError("database could not be opened")
             self._check_identity()
             t0 = time.perf_counter()
-            rows = self._apply(conn, [op for ops, _, _ in batch for op in ops], self.run, forget)
+            rows = apply(conn, [op for ops, _, _ in batch for op in ops], self.run, forget)
             if self.on_commit is not None:  # metrics: the transaction and its fsync
                 self.on_commit(time.perf_counter() - t0)
             self.batches += 1
@@ -434,7 +343,7 @@ class Store:
                 conn.execute("DELETE FROM probe")
                 conn.execute("COMMIT")
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 raise
             self.failure = ""
         except sqlite3.Error as exc:
@@ -453,79 +362,16 @@ class Store:
                 conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
                 conn.execute("COMMIT")
             except BaseException:
-                _rollback(conn)
+                rollback(conn)
                 raise
         except sqlite3.Error as exc:  # the rows stay: republished, then dropped as duplicates
             log.warning("outbox_forget_failed", rows=len(ids), error=str(exc))
-
-    @staticmethod
-    def _apply(
-        conn: sqlite3.Connection, ops: list[Op], run: str, forget: Sequence[int] = ()
-    ) -> list[OutboxRow]:
-        """One transaction: the ops (op log, machines, their events into the outbox, marked
-        with the store's ``run``) and the deletes of acknowledged outbox rows; returns the
-        outbox rows it wrote."""
-        at = now_ms()
-        rows: list[OutboxRow] = []
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            if forget:
-                conn.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in forget])
-            for op in ops:
-                m = op.machine
-                blob = _enc.encode(m)
-                conn.execute(
-                    "INSERT INTO oplog (worker_id, at_ms, op, order_id, machine_id, state, detail,"
-                    " machine) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    (m.worker_id, at, op.op, m.order_id, m.machine_id, m.state, op.detail, blob),
-                )
-                conn.execute(
-                    "INSERT INTO machines (machine_id, worker_id, order_id, state, updated_at_ms,"
-                    " machine) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (machine_id) DO UPDATE SET"
-                    " state = excluded.state, updated_at_ms = excluded.updated_at_ms,"
-                    " machine = excluded.machine",
-                    (m.machine_id, m.worker_id, m.order_id, m.state, m.updated_at_ms, blob),
-                )
-                if op.spec is not None or m.state == "destroyed":
-                    _write_spec(conn, m, op.spec or RunSpec())
-                for e in op.events:
-                    data = _enc.encode(e)
-                    cur = conn.execute(
-                        "INSERT INTO outbox (worker_id, region, kind, event, run)"
-                        " VALUES (?, ?, ?, ?, ?)",
-                        (e.worker_id, e.region, e.kind, data, run),
-                    )
-                    rowid = cast(int, cur.lastrowid)
-                    rows.append(OutboxRow(rowid, e.worker_id, e.region, e.kind, data, run))
-            conn.execute("COMMIT")
-        except BaseException:
-            _rollback(conn)
-            raise
-        return rows
 
     def close(self) -> None:
         self._closed = True
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._thread.join(timeout=10)
-
-
-def _write_spec(conn: sqlite3.Connection, m: Machine, spec: RunSpec) -> None:
-    if m.state == "destroyed" or spec == RunSpec():
-        conn.execute("DELETE FROM machine_specs WHERE machine_id = ?", (m.machine_id,))
-        return
-    conn.execute(
-        "INSERT INTO machine_specs (machine_id, worker_id, spec) VALUES (?, ?, ?)"
-        " ON CONFLICT (machine_id) DO UPDATE SET spec = excluded.spec",
-        (m.machine_id, m.worker_id, _enc.encode(spec)),
-    )
-
-
-def _rollback(conn: sqlite3.Connection) -> None:
-    """Roll back if a transaction is still open: SQLite ends some on its own (a full disk),
-    and a second ROLLBACK would hide the real error behind "no transaction is active"."""
-    if conn.in_transaction:
-        conn.execute("ROLLBACK")
 
 
 def _is_storage_fault(exc: sqlite3.Error) -> bool:

@@ -65,9 +65,10 @@ from supplier.machines.lifecycle import (
 from supplier.machines.pulls import Pulls
 from supplier.machines.records import Records
 from supplier.machines.restart import Backoff, BadPolicy, Cause, decide, policy_of
+from supplier.oplog import RunSpec
 from supplier.ports import run_env
 from supplier.secrets import with_secrets
-from supplier.store import RunSpec, Store, StoreError
+from supplier.store import Store, StoreError
 
 MAX_LOG_BYTES = 48 * 1024  # a logs reply stays well under the 64 KiB payload limit
 # How long a stop waits for the lifecycle work under way (a store write each) to finish.

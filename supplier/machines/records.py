@@ -17,7 +17,8 @@ from supplier.checks import Verdict
 from supplier.images import WorkerImages
 from supplier.machines.api import Exit
 from supplier.machines.events import AnnounceFn, EventFn, Fact, last_exit
-from supplier.store import Op, RunSpec, Store, StoreError
+from supplier.oplog import Op, RunSpec
+from supplier.store import Store, StoreError
 
 
 class Records:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from bourse.wire.messages import ListMachines, Machine, Placed, Resources, new_machine_id
 from bourse.wire.paging import PAGE_BYTES
-from supplier.store import Op, Store
+from supplier.oplog import Op
+from supplier.store import Store
 from tests.cli import buyer
 from tests.market import Market, order, worker
 

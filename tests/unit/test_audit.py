@@ -10,7 +10,8 @@ import pytest
 
 from bourse.wire.messages import Amount, Machine, Resources, WorkerStatus
 from loadtest.audit import OrderRecord, audit
-from supplier.store import Op, Store
+from supplier.oplog import Op
+from supplier.store import Store
 
 CAP = {"w-1": Amount(cpus=4, memory_mb=4096), "w-2": Amount(cpus=4, memory_mb=4096)}
 REGION = {"w-1": "mad", "w-2": "mad"}

@@ -40,7 +40,8 @@ from bourse.wire.resources import ZERO, Vec
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
 from supplier.desk import Desk
-from supplier.store import Op, Store
+from supplier.oplog import Op
+from supplier.store import Store
 from supplier.worker import Worker
 
 WID = "mad-1"

@@ -12,7 +12,8 @@ import msgspec
 import pytest
 
 from bourse.wire.messages import Event, Machine, MachineState, Resources
-from supplier.store import Op, Store, StoreError
+from supplier.oplog import Op
+from supplier.store import Store, StoreError
 
 
 def machine(
