@@ -9,7 +9,7 @@ import anyio
 import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.auction.room import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_S, ClaimLimits
 from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode

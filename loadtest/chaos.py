@@ -36,7 +36,7 @@ import structlog
 from hdrh.histogram import HdrHistogram
 from nats.aio.client import Client as NATS
 
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats

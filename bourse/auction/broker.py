@@ -19,8 +19,8 @@ import anyio
 import nats.errors
 
 from bourse.auction.admission import ConcurrencyLimit, overloaded_detail
+from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.content import ImageContent, Resolver
-from bourse.auction.driver import Auctioneer
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.wire.messages import (

@@ -1,7 +1,7 @@
 """One order under its id's claim (docs/protocol.md §5.3c), as a pure state machine
 (sans-I/O, like ``bourse.auction.core.Auction``).
 
-``Claiming`` never touches NATS, JetStream or a timer: the driver performs each decision
+``Claiming`` never touches NATS, JetStream or a timer: the auctioneer performs each decision
 it returns, in order, and feeds back what came of it. The clock (monotonic seconds and
 wall-clock milliseconds) is injected: tests give a fake one.
 
@@ -158,7 +158,7 @@ class Unrecorded(msgspec.Struct, frozen=True):
     why: str
 
 
-# What the driver asks of the claims bucket.
+# What the auctioneer asks of the claims bucket.
 ClaimRequest = WriteClaim | ReadClaim | RemoveClaim | WaitForChange | OpenClaims
 
 ClaimStep = (

@@ -35,7 +35,7 @@ made up.
 
 ``decide`` and ``judge`` are the pure parts (a claim and the time in, what to do out; an
 order's whole way through its claim is ``bourse.auction.claiming.Claiming``);
-``ClaimStore`` is the thin KV shell the auction driver and the exchange's reclaim desk call,
+``ClaimStore`` is the thin KV shell the auctioneer and the exchange's reclaim desk call,
 ``ClaimBucket`` opens it.
 """
 

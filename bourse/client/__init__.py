@@ -20,10 +20,10 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.auction.admission import ConcurrencyLimit
+from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.broker import Broker, Refused
 from bourse.auction.content import CATALOG, ImageContent, Resolver
-from bourse.auction.core import describe
-from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.auction.core import AuctionConfig, describe
 from bourse.errors import BourseError
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.images.store import ImageStore

@@ -2,7 +2,7 @@
 messages). The exchange runs it, and so can a buyer directly against the suppliers
 ("direct" mode).
 
-The driver only moves messages, in two loops. The claim's (``_claimed``) performs what
+The auctioneer only moves messages, in two loops. The claim's (``_claimed``) performs what
 ``bourse.auction.claiming.Claiming`` decides about the order id's claim: the KV requests
 and their answers, pauses, the auction to run and the order's end. The auction's
 (``_drive``) feeds the replies the inbox (``bourse.auction.inbox``) routed to its mailbox to
