@@ -45,9 +45,8 @@ from bourse.images.errors import ImageError
 from bourse.nats.commands import (
     CommandNotKept,
     CommandStream,
-    command_for,
     ensure_command_stream,
-    keep,
+    probe_or_keep,
 )
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
@@ -89,9 +88,6 @@ from exchange.reclaim import ReclaimDesk
 log = structlog.get_logger("bourse.exchange")
 
 MACHINE_TIMEOUT_S = 55.0  # a stop may wait its grace, a start an image pull
-# How long a ``queue_if_away`` request waits for the worker before the command is kept
-# (a worker that answers does so in milliseconds; §4.20).
-QUEUE_PROBE_S = 2.0
 # A stop's bounds: the auctions under way (most end by their deadline, 500 ms by default),
 # and the whole stop, so SIGTERM ends the process within 2 s.
 HANDLERS_S = 0.8
@@ -355,34 +351,26 @@ class ExchangeService:
     async def _or_keep(
         self, msg: Msg, req: MachineRequest, verb: str, requester: str
     ) -> bytes | None:
-        """The worker's answer to a ``get`` of the machine when it answers within
-        QUEUE_PROBE_S; else None once the command is kept for the worker in the command
-        stream and ``msg`` answered with it (or with why it could not be kept, §4.20)."""
-        worker_id = worker_of_machine(req.machine_id)
-        subject = self.subjects.worker_machine(worker_id, "get")
-        body = encode(MachineRequest(machine_id=req.machine_id))
+        """The worker's answer to a ``get`` of the machine when it answers in time; else
+        None once the command is kept for the worker in the command stream and ``msg``
+        answered with it (or with why it could not be kept, §4.20)."""
         try:
-            return (await self.nc.request(subject, body, timeout=QUEUE_PROBE_S)).data
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            pass
-        command = command_for(verb, req.machine_id, requester)
-        try:
-            await keep(self.nc.jetstream(), self.subjects, command)
+            shown = await probe_or_keep(self.nc, self.subjects, verb, req.machine_id, requester)
         except CommandNotKept as exc:
-            await self.responder.error(
-                msg, "internal", f"worker {worker_id!r} does not answer, and {exc}"
-            )
+            await self.responder.error(msg, "internal", str(exc))
             return None
+        if isinstance(shown, bytes):
+            return shown
         self.responder.counts["command_kept"] += 1
         log.info(
             "command_kept",
-            worker_id=worker_id,
+            worker_id=shown.worker_id,
             machine_id=req.machine_id,
             verb=verb,
-            command_id=command.command_id,
+            command_id=shown.command_id,
             requested_by=requester,
         )
-        await self.responder.reply(msg, command)
+        await self.responder.reply(msg, shown)
         return None
 
     async def _known_verb(self, msg: Msg, verb: str) -> bool:

@@ -27,7 +27,7 @@ from bourse.auction.core import AuctionConfig, describe
 from bourse.errors import BourseError
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.images.store import ImageStore
-from bourse.nats.commands import CommandNotKept, command_for, keep
+from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
@@ -70,8 +70,6 @@ log = structlog.get_logger("bourse.client")
 REPLY_SLACK_S = 2.0
 # Machine verbs may wait for a stop grace or an image pull.
 MACHINE_TIMEOUT_S = 60.0
-# How long a stop or destroy that may be kept waits for the machine's worker (§4.20).
-QUEUE_PROBE_S = 2.0
 
 
 # ClientError.code of an order the exchange (or a direct buyer's own admission control)
@@ -576,19 +574,14 @@ class BourseClient:
         return _expect(reply, Machine)
 
     async def _direct_or_kept(self, verb: str, machine_id: str) -> Machine | MachineCommand:
-        worker_id = worker_of_machine(machine_id)
-        body = encode(MachineRequest(machine_id=machine_id))
         try:
-            await self.nc.request(
-                self.subjects.worker_machine(worker_id, "get"), body, timeout=QUEUE_PROBE_S
+            shown = await probe_or_keep(
+                self.nc, self.subjects, verb, machine_id, EXCHANGE_REQUESTER
             )
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
-            command = command_for(verb, machine_id, EXCHANGE_REQUESTER)
-            try:
-                await keep(self.nc.jetstream(), self.subjects, command)
-            except CommandNotKept as exc:
-                raise ClientError(f"worker {worker_id!r} does not answer, and {exc}") from None
-            return command
+        except CommandNotKept as exc:
+            raise ClientError(str(exc)) from None
+        if isinstance(shown, MachineCommand):
+            return shown
         return await self.machine(verb, machine_id)
 
     async def logs(self, machine_id: str, tail: int = 100, since: int = -1) -> MachineLogs:
