@@ -12,8 +12,6 @@ it made up, nor another region's order adopt its own.
 
 from __future__ import annotations
 
-import contextlib
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -22,6 +20,7 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.auction.claims import Claim, ClaimStore, vouched
+from bourse.nats.scatter import scatter
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     ListMachines,
@@ -94,22 +93,16 @@ class ReclaimDesk:
         page is taken as the answer's last: any supplier of the region hears the request
         and could send one, so only the machine's turning up ends the wait early."""
         region, worker_id = machine.region, machine.worker_id
-        # a reply subject no other user can guess (a supplier may publish into our inboxes)
-        inbox = f"{self.nc.new_inbox()}.{secrets.token_hex(16)}"
-        sub = await self.nc.subscribe(inbox)
+        ask = encode(ListMachines(worker_id=worker_id, states=["reserved"]))
         try:
-            ask = ListMachines(worker_id=worker_id, states=["reserved"])
-            await self.nc.publish(self.subjects.machines(region), encode(ask), reply=inbox)
-            while (region, machine.machine_id) not in listed:
-                msg = await sub.next_msg(timeout=max(0.001, until - time.monotonic()))
-                if msg.headers and msg.headers.get("Status") == "503":
-                    return  # nobody serves the region's machines subject
-                page = decode(msg.data, MachinePage)
-                if page.worker_id == worker_id and page.region == region:
-                    listed.update(((region, m.machine_id), m) for m in page.machines)
+            async with scatter(self.nc, self.subjects.machines(region), ask) as replies:
+                while (region, machine.machine_id) not in listed:
+                    data = await replies.next(max(0.001, until - time.monotonic()))
+                    if data is None:
+                        return  # nobody serves the region's machines subject
+                    page = decode(data, MachinePage)
+                    if page.worker_id == worker_id and page.region == region:
+                        listed.update(((region, m.machine_id), m) for m in page.machines)
         except (TimeoutError, nats.errors.Error, BadMessage) as exc:
             said = log.bind(region=region, worker_id=worker_id, machine_id=machine.machine_id)
             said.info("reclaim_machine_unlisted", error=repr(exc))
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()

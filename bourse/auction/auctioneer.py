@@ -66,10 +66,11 @@ from bourse.auction.core import (
     WakeAt,
 )
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
-from bourse.auction.inbox import Inbox, Mailbox, no_responders, reply_shard, shard_token
+from bourse.auction.inbox import Inbox, Mailbox, reply_shard, shard_token
 from bourse.auction.responders import Responders
 from bourse.auction.room import ClaimLimits, no_room, store_full_detail
 from bourse.errors import BourseError
+from bourse.nats.scatter import no_responders
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     BatchBid,

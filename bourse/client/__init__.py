@@ -28,6 +28,7 @@ from bourse.errors import BourseError
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.images.store import ImageStore
 from bourse.nats.commands import CommandNotKept, probe_or_keep
+from bourse.nats.scatter import scatter
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
@@ -388,26 +389,18 @@ class BourseClient:
     ) -> list[WorkerStatus]:
         """Scatter-gather: every worker of the region (None: of every region) answers; stop
         after ``quiet_s`` silence."""
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
+        subject = self.subjects.status(region) if region is not None else self.subjects.status_every
         out: list[WorkerStatus] = []
-        try:
-            await self.nc.publish(
-                self.subjects.status(region) if region is not None else self.subjects.status_every,
-                encode(StatusRequest()),
-                reply=inbox,
-            )
+        async with scatter(self.nc, subject, encode(StatusRequest())) as replies:
             end = time.monotonic() + within_s
             while (left := end - time.monotonic()) > 0:
                 try:
-                    msg = await sub.next_msg(timeout=min(left, quiet_s if out else left))
+                    data = await replies.next(min(left, quiet_s if out else left))
                 except nats.errors.TimeoutError:
                     break
-                if msg.headers and msg.headers.get("Status") == "503":
+                if data is None:
                     break  # nobody in that region
-                out.append(decode(msg.data, WorkerStatus))
-        finally:
-            await sub.unsubscribe()
+                out.append(decode(data, WorkerStatus))
         return sorted(out, key=lambda s: (s.region, s.worker_id))
 
     async def explain(self, order: PlaceOrder, within_s: float | None = None) -> DryRun:
@@ -458,30 +451,24 @@ class BourseClient:
         until it is complete or ``end`` (monotonic s) passes. Meanwhile the status of
         ``region`` (None: of every region) tells the gather which workers exist, so it
         knows when it has heard from all of them."""
-        inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
-        try:
-            async with anyio.create_task_group() as tasks:
-                left = max(0.0, end - time.monotonic())
-                reading = anyio.CancelScope(deadline=anyio.current_time() + left)
+        async with anyio.create_task_group() as tasks:
+            left = max(0.0, end - time.monotonic())
+            reading = anyio.CancelScope(deadline=anyio.current_time() + left)
 
-                async def known() -> None:
-                    within = max(0.0, min(EXPLAIN_STATUS_S, end - time.monotonic()))
-                    statuses = await self.status(region, within_s=within)
-                    gather.known = {s.worker_id for s in statuses}
-                    gather.regions.update(s.region for s in statuses)
-                    if gather.complete():
-                        reading.cancel()
+            async def known() -> None:
+                within = max(0.0, min(EXPLAIN_STATUS_S, end - time.monotonic()))
+                statuses = await self.status(region, within_s=within)
+                gather.known = {s.worker_id for s in statuses}
+                gather.regions.update(s.region for s in statuses)
+                if gather.complete():
+                    reading.cancel()
 
-                tasks.start_soon(known)
-                await self.nc.publish(subject, body, reply=inbox)
+            tasks.start_soon(known)
+            async with scatter(self.nc, subject, body) as replies:
                 with reading:
                     while not gather.complete():
-                        msg = await sub.next_msg(timeout=None)
-                        gather.add(msg.data, bool(msg.headers and msg.headers.get("Status")))
-                tasks.cancel_scope.cancel()  # the deadline passed before the status came
-        finally:
-            await sub.unsubscribe()
+                        gather.add(await replies.next())
+            tasks.cancel_scope.cancel()  # the deadline passed before the status came
 
     async def list_machines(
         self,
@@ -650,8 +637,9 @@ class _Gather:
         self.nobody = False  # no supplier subscribes to the subject (no responders)
         self.errors: list[str] = []
 
-    def add(self, data: bytes, no_responders: bool) -> None:
-        if no_responders:
+    def add(self, data: bytes | None) -> None:
+        """One reply's bytes; None: nobody heard the request (no responders)."""
+        if data is None:
             self.nobody = True
             return
         try:
