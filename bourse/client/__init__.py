@@ -21,11 +21,11 @@ from nats.aio.client import Client as NATS
 
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.auctioneer import Auctioneer
-from bourse.auction.broker import Broker, Refused
+from bourse.auction.broker import RESOLVE_ERRORS, Broker, Refused, image_refusal, resolve_image
 from bourse.auction.content import CATALOG, ImageContent, Resolver
 from bourse.auction.core import AuctionConfig, describe
 from bourse.errors import BourseError
-from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
+from bourse.images.errors import ImageError, ImageNotFound
 from bourse.images.store import ImageStore
 from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.nats.scatter import scatter
@@ -352,22 +352,26 @@ class BourseClient:
         direct mode from the watched copy, else with one read of its tag. ClientError
         ``image_unknown`` for a digest the store lacks, ``bad_request`` for a malformed one
         or one that names no image manifest."""
+        if self._broker is not None:
+            if not self._watching:
+                await self._watch_images(self._broker.images)
+            found = await resolve_image(self._broker.images, image)
+        else:
+            found = await self._resolve_in_store(image)
+        if isinstance(found, Refused):
+            raise _refusal(found.error())
+        return found
+
+    async def _resolve_in_store(self, image: str) -> ImageContent | Refused:
+        """``image`` resolved with one read of its tag in the store (no watched copy here);
+        every name is a catalog name where there is no image store yet."""
         try:
-            if self._broker is not None:
-                if not self._watching:
-                    await self._watch_images(self._broker.images)
-                return await self._broker.images.resolve(image)
-            try:
-                store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
-            except ImageNotFound:
-                return CATALOG  # no image store: every name is a catalog name
-            return await Resolver(blobs=store, lookup=store).resolve(image)
-        except ImageNotFound as exc:
-            raise ClientError(str(exc), IMAGE_UNKNOWN_CODE) from None
-        except (BadReference, BadImage) as exc:
-            raise ClientError(str(exc), "bad_request") from None
-        except (ImageError, nats.errors.Error, TimeoutError) as exc:
-            raise ClientError(f"image {image!r}: the image store: {exc!r}") from None
+            store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
+        except ImageNotFound:
+            return CATALOG
+        except RESOLVE_ERRORS as exc:
+            return image_refusal(image, exc)
+        return await resolve_image(Resolver(blobs=store, lookup=store), image)
 
     async def reasons(
         self, order: PlaceOrder, unfilled: Unfilled, explained: DryRun | None = None
