@@ -10,6 +10,7 @@ import pytest
 
 from bourse.auction.broker import RefusalKind, Refused, image_refusal, resolve_image
 from bourse.auction.content import CATALOG, Resolver
+from bourse.client.errors import refusal
 from bourse.images.errors import BadImage, BadReference, ImageNotFound, StoreUnavailable
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (
@@ -70,6 +71,20 @@ def test_an_image_that_does_not_resolve_is_refused(
     exc: Exception, kind: RefusalKind, detail: str
 ) -> None:
     assert image_refusal("x", exc) == Refused(kind, detail)
+
+
+@pytest.mark.parametrize(
+    ("exc", "code"),
+    [
+        (ImageNotFound("no such blob"), "image_unknown"),
+        (BadReference("bad digest"), "bad_request"),
+        (TimeoutError(), "internal"),
+    ],
+)
+def test_a_buyer_is_told_an_image_refusal_by_its_code(exc: Exception, code: str) -> None:
+    """The exchange's refusal and a buyer's own dry run raise the same ClientError."""
+    told = refusal(image_refusal("x", exc).error())
+    assert (told.code, str(told)) == (code, image_refusal("x", exc).detail)
 
 
 class Stalled:
