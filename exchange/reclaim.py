@@ -5,7 +5,7 @@ A verdict that changes a claim (adopting a dead auction's machine, reclaiming an
 order's orphan) takes the worker's word only once the machine's region vouches for it: the
 desk asks ``<root>.machines.<region>`` for the worker's reserved machines (only the
 suppliers of that region hear it; under ``bourse auth init`` only they may subscribe) and
-checks the machine there against the claim (``bourse.auction.claims.vouched``). Otherwise
+checks the machine there against the claim (``bourse.auction.verdicts.vouched``). Otherwise
 the verdict is refused (wait) and logged: a supplier cannot make an order adopt a machine
 it made up, nor another region's order adopt its own.
 """
@@ -19,7 +19,9 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
-from bourse.auction.claims import Claim, ClaimStore, vouched
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim
+from bourse.auction.verdicts import vouched
 from bourse.nats.scatter import scatter
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (

@@ -38,7 +38,7 @@ from nats.aio.subscription import Subscription
 from bourse.auction.admission import DEFAULT_TARGET_MS, adaptive_limit
 from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.broker import Broker, Refused
-from bourse.auction.claims import ClaimStore
+from bourse.auction.claim_store import ClaimStore
 from bourse.auction.core import AuctionConfig
 from bourse.auction.room import ClaimLimits
 from bourse.images.errors import ImageError

@@ -28,9 +28,8 @@ from nats.aio.client import Client as NATS
 from ulid import ULID
 
 from bourse.auction.batches import BatchSender
-from bourse.auction.claiming import (
+from bourse.auction.claim_steps import (
     BackOff,
-    Claiming,
     ClaimRequest,
     ClaimStep,
     NoRoom,
@@ -43,7 +42,9 @@ from bourse.auction.claiming import (
     Unrecorded,
     WriteClaim,
 )
-from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprint
+from bourse.auction.claim_store import KV_ERRORS, ClaimBucket, ClaimStore
+from bourse.auction.claiming import Claiming
+from bourse.auction.claims import fingerprint
 from bourse.auction.content import CATALOG, ImageContent
 from bourse.auction.core import (
     Auction,

@@ -17,7 +17,7 @@ import pytest
 import structlog
 from nats.js.api import StreamConfig
 
-from bourse.auction.claims import ClaimStore
+from bourse.auction.claim_store import ClaimStore
 from bourse.images import ImageStore
 from bourse.nats import grants
 from bourse.nats.auth import AuthFiles
