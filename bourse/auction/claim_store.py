@@ -28,7 +28,7 @@ from nats.js.kv import KeyValue
 from bourse.auction.claims import KV_TIMEOUT_S, Claim, key_of
 from bourse.auction.room import FULL, ROOM_LOOK_S, ClaimLimits, Room
 from bourse.auction.verdicts import WAIT, Verdict, judge
-from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, replicas_for
+from bourse.nats.jetstream import DETECT_TIMEOUT_S, claims_bucket_name, replicas_for, says_none
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import encode
 from bourse.wire.messages import Placed, now_ms
@@ -345,12 +345,6 @@ class ClaimBucket:
         self._checked = True
 
 
-# JetStream's error codes for "not enabled" (a server or an account without it): the only
-# answers that mean there are no claims. Any other failure (a timeout, "temporarily
-# unavailable" while a cluster elects its leader) is an outage of the claims.
-_NOT_ENABLED = frozenset({10039, 10076})
-
-
 def put_result(data: bytes, headers: dict[str, str] | None) -> int | None:
     """The answer to a ``put``'s write: the claim's new revision, or None when someone else
     changed it first; raises as ``put`` does (no JetStream responder, an API error)."""
@@ -380,10 +374,8 @@ async def _has_jetstream(nc: NATS, timeout_s: float) -> bool:
     except nats.errors.NoRespondersError:
         return False
     except nats.js.errors.APIError as exc:
-        if exc.err_code in _NOT_ENABLED:
+        if says_none(exc):
             return False
-        if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None:
-            return False  # a bare 503 status: nothing serves the JetStream API (core-only)
         raise
     return True
 

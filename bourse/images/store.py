@@ -70,7 +70,7 @@ from bourse.images.oci import (
 )
 from bourse.images.reference import Reference, check_digest, tag_key
 from bourse.images.tags import TagIndex, TagRecord, decode_record
-from bourse.nats.jetstream import prefix_token
+from bourse.nats.jetstream import prefix_token, says_none
 
 log = structlog.get_logger("bourse.images")
 
@@ -87,7 +87,6 @@ FETCH_MIN_BYTES_PER_S = 4 * 1024 * 1024
 GC_GRACE_S = 3600.0
 # Bounds an unsubscribe run shielded from cancellation.
 CLEANUP_TIMEOUT_S = 2.0
-_NOT_ENABLED = frozenset({10039, 10076})  # JetStream's "not enabled" error codes
 
 
 def bucket_names(prefix: str) -> tuple[str, str]:
@@ -212,9 +211,7 @@ class ImageStore:
         except nats.errors.NoRespondersError:
             raise StoreUnavailable(_NO_JETSTREAM) from None
         except nats.js.errors.APIError as exc:
-            if exc.err_code in _NOT_ENABLED or (
-                isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None
-            ):
+            if says_none(exc):
                 raise StoreUnavailable(_NO_JETSTREAM) from None
             raise StoreUnavailable(f"image buckets {blobs}, {tags}: {exc}") from None
         store = cls(js, objects, kv, blobs)
