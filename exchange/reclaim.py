@@ -18,10 +18,12 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from bourse.auction.claim_store import ClaimStore
 from bourse.auction.claims import Claim
 from bourse.auction.verdicts import vouched
+from bourse.nats.responder import Responder
 from bourse.nats.scatter import scatter
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
@@ -32,6 +34,7 @@ from bourse.wire.messages import (
     ReclaimCheck,
     ReclaimVerdict,
     ReclaimVerdicts,
+    worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
 
@@ -47,11 +50,34 @@ class ReclaimDesk:
     bucket, None without claims) and what the machines' regions list."""
 
     def __init__(
-        self, nc: NATS, subjects: Subjects, claims: Callable[[], Awaitable[ClaimStore | None]]
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        claims: Callable[[], Awaitable[ClaimStore | None]],
+        responder: Responder,
     ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.claims = claims
+        self.responder = responder  # answers the workers' checks
+
+    async def on_reclaim(self, msg: Msg) -> None:
+        """A worker asks about its reserved machines (docs/protocol.md §5.3d). Only its own:
+        the subject names the worker (a supplier key may publish only its workers'), and
+        every machine must be that worker's."""
+        worker_id = self.subjects.tail(msg.subject, 1)[0]
+        check = decode(msg.data, ReclaimCheck)
+        if check.worker_id != worker_id:
+            raise BadMessage(f"reclaim for worker {check.worker_id!r} sent as {worker_id!r}")
+        for m in check.machines:
+            if m.worker_id != worker_id or worker_of_machine(m.machine_id) != worker_id:
+                raise BadMessage(f"machine {m.machine_id} is not worker {worker_id!r}'s")
+        self.responder.spawn(msg, self._reclaim(msg, check))
+
+    async def _reclaim(self, msg: Msg, check: ReclaimCheck) -> None:
+        verdicts = await self.verdicts(check)
+        self.responder.counts["reclaim_checks"] += 1
+        await self.responder.reply(msg, verdicts)
 
     async def verdicts(self, check: ReclaimCheck) -> ReclaimVerdicts:
         """One verdict per machine of ``check`` (every one the asking worker's)."""
