@@ -29,7 +29,8 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
 )
-from bourse.runtime.metrics import ExchangeMetrics, MetricsAddrError, parse_addr, start_endpoint
+from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
+from bourse.runtime.metrics import ExchangeMetrics
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.signing import TrustError, TrustStore
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id

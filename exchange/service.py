@@ -44,7 +44,8 @@ from bourse.nats.commands import CommandStream, ensure_command_stream
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder
-from bourse.runtime.metrics import AdmissionView, ClaimsView, ExchangeMetrics
+from bourse.runtime.collectors import AdmissionView, ClaimsView
+from bourse.runtime.metrics import ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.signing import TrustStore
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
