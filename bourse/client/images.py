@@ -30,11 +30,12 @@ from ulid import ULID
 from bourse.client.client import BourseClient, ask
 from bourse.client.errors import ClientError, expect
 from bourse.images import ImageInfo, ImageStore, Reference, RunSpec
+from bourse.images.blobstore import fetch_timeout
 from bourse.images.errors import ImageNotFound
 from bourse.images.importer import Blob, reading
 from bourse.images.oci import Descriptor
 from bourse.images.staging import Staging
-from bourse.images.store import GC_GRACE_S, directory_image, fetch_timeout
+from bourse.images.store import GC_GRACE_S, directory_image
 from bourse.wire.codec import encode
 from bourse.wire.messages import (
     ImagePush,
