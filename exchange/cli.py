@@ -9,7 +9,7 @@ import anyio
 import typer
 
 from bourse.auction.admission import DEFAULT_TARGET_MS
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.auction.room import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_S, ClaimLimits
 from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode
@@ -29,7 +29,8 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
 )
-from bourse.runtime.metrics import ExchangeMetrics, MetricsAddrError, parse_addr, start_endpoint
+from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
+from bourse.runtime.metrics import ExchangeMetrics
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.signing import TrustError, TrustStore
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id

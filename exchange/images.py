@@ -16,11 +16,15 @@ copied from that tenant's upload only once its size and sha256 match
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 import anyio
 import nats.errors
 import structlog
 from anyio.abc import TaskStatus
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from bourse.auction.content import Resolver, layers_of
 from bourse.images.errors import BadImage, BadReference, DigestMismatch, ImageError, ImageNotFound
@@ -29,7 +33,15 @@ from bourse.images.reference import Reference
 from bourse.images.staging import Staging, make_staging
 from bourse.images.store import ImageStore
 from bourse.nats.jetstream import replicas_for
-from bourse.wire.messages import ImagePush, ImageTag, ImageTagged, ImageUntag
+from bourse.nats.responder import Responder
+from bourse.wire.codec import decode
+from bourse.wire.messages import (
+    SHUTTING_DOWN_REASON,
+    ImagePush,
+    ImageTag,
+    ImageTagged,
+    ImageUntag,
+)
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.exchange")
@@ -39,6 +51,12 @@ RETRY_S = 2.0
 RETRY_MAX_S = 60.0
 # Pushes copied at once (each reads a tenant's upload and writes the store): more wait.
 PUSHES_AT_ONCE = 2
+# A tenant's image requests, by verb (the subject's last token).
+IMAGE_VERBS: dict[str, type[ImagePush | ImageTag | ImageUntag]] = {
+    "push": ImagePush,
+    "tag": ImageTag,
+    "untag": ImageUntag,
+}
 
 
 class NotYours(ImageError, ValueError):
@@ -53,9 +71,10 @@ REQUEST_ERRORS = (BadImage, BadReference, ImageNotFound, DigestMismatch, NotYour
 class ExchangeImages:
     """The image store as one exchange instance uses it; see the module's docstring."""
 
-    def __init__(self, nc: NATS, subjects: Subjects) -> None:
+    def __init__(self, nc: NATS, subjects: Subjects, responder: Responder) -> None:
         self.nc = nc
         self.subjects = subjects
+        self.responder = responder  # answers the tenants' requests
         self.resolver = Resolver()
         self.store: ImageStore | None = None
         self.staging: Staging | None = None
@@ -95,6 +114,41 @@ class ExchangeImages:
         if self.store is None:
             raise ImageError("the image store is not open on this exchange (yet): try again")
         return self.store, self.staging
+
+    async def on_tenant_image(self, msg: Msg) -> None:
+        """A tenant's image push, tag or untag: its own names only."""
+        tenant, _, verb = self.subjects.tail(msg.subject, 1)
+        kind = IMAGE_VERBS.get(verb)
+        if kind is None:
+            await self.responder.error(
+                msg,
+                "unknown_subject",
+                f"unknown image verb {verb!r}: use one of {', '.join(IMAGE_VERBS)}",
+            )
+            return
+        self.responder.spawn(msg, self._request(msg, tenant, decode(msg.data, kind)))
+
+    async def _request(self, msg: Msg, tenant: str, req: ImagePush | ImageTag | ImageUntag) -> None:
+        try:
+            if isinstance(req, ImagePush):
+                done: ImageTagged = await self.push(tenant, req)
+            elif isinstance(req, ImageTag):
+                done = await self.tag(tenant, req)
+            else:
+                done = await self.untag(tenant, req)
+        except asyncio.CancelledError:  # the stop cut it short: say so, then go
+            with contextlib.suppress(Exception):
+                detail = "the exchange is stopping: send the image request again"
+                await self.responder.error(msg, "internal", detail, SHUTTING_DOWN_REASON)
+            raise
+        except REQUEST_ERRORS as exc:
+            log.warning("image_request_refused", tenant=tenant, error=str(exc))
+            await self.responder.error(msg, "bad_request", str(exc))
+            return
+        except (ImageError, nats.errors.Error, TimeoutError) as exc:
+            await self.responder.error(msg, "internal", str(exc) or type(exc).__name__)
+            return
+        await self.responder.reply(msg, done)
 
     async def push(self, tenant: str, req: ImagePush) -> ImageTagged:
         """Publish the image a tenant staged: its manifest and every blob it names in the

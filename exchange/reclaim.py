@@ -5,23 +5,26 @@ A verdict that changes a claim (adopting a dead auction's machine, reclaiming an
 order's orphan) takes the worker's word only once the machine's region vouches for it: the
 desk asks ``<root>.machines.<region>`` for the worker's reserved machines (only the
 suppliers of that region hear it; under ``bourse auth init`` only they may subscribe) and
-checks the machine there against the claim (``bourse.auction.claims.vouched``). Otherwise
+checks the machine there against the claim (``bourse.auction.verdicts.vouched``). Otherwise
 the verdict is refused (wait) and logged: a supplier cannot make an order adopt a machine
 it made up, nor another region's order adopt its own.
 """
 
 from __future__ import annotations
 
-import contextlib
-import secrets
 import time
 from collections.abc import Awaitable, Callable
 
 import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
-from bourse.auction.claims import Claim, ClaimStore, vouched
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim
+from bourse.auction.verdicts import vouched
+from bourse.nats.responder import Responder
+from bourse.nats.scatter import scatter
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     ListMachines,
@@ -31,6 +34,7 @@ from bourse.wire.messages import (
     ReclaimCheck,
     ReclaimVerdict,
     ReclaimVerdicts,
+    worker_of_machine,
 )
 from bourse.wire.subjects import Subjects
 
@@ -46,11 +50,34 @@ class ReclaimDesk:
     bucket, None without claims) and what the machines' regions list."""
 
     def __init__(
-        self, nc: NATS, subjects: Subjects, claims: Callable[[], Awaitable[ClaimStore | None]]
+        self,
+        nc: NATS,
+        subjects: Subjects,
+        claims: Callable[[], Awaitable[ClaimStore | None]],
+        responder: Responder,
     ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.claims = claims
+        self.responder = responder  # answers the workers' checks
+
+    async def on_reclaim(self, msg: Msg) -> None:
+        """A worker asks about its reserved machines (docs/protocol.md §5.3d). Only its own:
+        the subject names the worker (a supplier key may publish only its workers'), and
+        every machine must be that worker's."""
+        worker_id = self.subjects.tail(msg.subject, 1)[0]
+        check = decode(msg.data, ReclaimCheck)
+        if check.worker_id != worker_id:
+            raise BadMessage(f"reclaim for worker {check.worker_id!r} sent as {worker_id!r}")
+        for m in check.machines:
+            if m.worker_id != worker_id or worker_of_machine(m.machine_id) != worker_id:
+                raise BadMessage(f"machine {m.machine_id} is not worker {worker_id!r}'s")
+        self.responder.spawn(msg, self._reclaim(msg, check))
+
+    async def _reclaim(self, msg: Msg, check: ReclaimCheck) -> None:
+        verdicts = await self.verdicts(check)
+        self.responder.counts["reclaim_checks"] += 1
+        await self.responder.reply(msg, verdicts)
 
     async def verdicts(self, check: ReclaimCheck) -> ReclaimVerdicts:
         """One verdict per machine of ``check`` (every one the asking worker's)."""
@@ -94,22 +121,16 @@ class ReclaimDesk:
         page is taken as the answer's last: any supplier of the region hears the request
         and could send one, so only the machine's turning up ends the wait early."""
         region, worker_id = machine.region, machine.worker_id
-        # a reply subject no other user can guess (a supplier may publish into our inboxes)
-        inbox = f"{self.nc.new_inbox()}.{secrets.token_hex(16)}"
-        sub = await self.nc.subscribe(inbox)
+        ask = encode(ListMachines(worker_id=worker_id, states=["reserved"]))
         try:
-            ask = ListMachines(worker_id=worker_id, states=["reserved"])
-            await self.nc.publish(self.subjects.machines(region), encode(ask), reply=inbox)
-            while (region, machine.machine_id) not in listed:
-                msg = await sub.next_msg(timeout=max(0.001, until - time.monotonic()))
-                if msg.headers and msg.headers.get("Status") == "503":
-                    return  # nobody serves the region's machines subject
-                page = decode(msg.data, MachinePage)
-                if page.worker_id == worker_id and page.region == region:
-                    listed.update(((region, m.machine_id), m) for m in page.machines)
+            async with scatter(self.nc, self.subjects.machines(region), ask) as replies:
+                while (region, machine.machine_id) not in listed:
+                    data = await replies.next(max(0.001, until - time.monotonic()))
+                    if data is None:
+                        return  # nobody serves the region's machines subject
+                    page = decode(data, MachinePage)
+                    if page.worker_id == worker_id and page.region == region:
+                        listed.update(((region, m.machine_id), m) for m in page.machines)
         except (TimeoutError, nats.errors.Error, BadMessage) as exc:
             said = log.bind(region=region, worker_id=worker_id, machine_id=machine.machine_id)
             said.info("reclaim_machine_unlisted", error=repr(exc))
-        finally:
-            with contextlib.suppress(nats.errors.Error):
-                await sub.unsubscribe()

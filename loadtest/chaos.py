@@ -7,6 +7,9 @@ stopped and started again on the same port, a supplier's state file filled up to
 The end of a run is :meth:`ChaosRun.finish`: wait out the longest hold TTL, collect the
 workers' status, stop everything and audit the SQLite files against the client's records.
 
+What a fault is done with (a program handle, the state-file filler, the bad input) is
+loadtest/faults.py; what a run records and reports, loadtest/chaos_report.py.
+
 Every task has an owner (anyio task groups): :meth:`ChaosRun.load` owns the sends and the
 lifecycles of the machines they placed; a fault's waits are plain awaits of its caller.
 What a fault changes is undone in ``finally`` (a stalled process resumed, a filled file
@@ -16,16 +19,9 @@ run that is cancelled (Ctrl-C on a soak) leaves no process or nats-server behind
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
 import random
-import signal
-import sqlite3
 import time
 import uuid
-from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,21 +29,22 @@ import anyio
 import anyio.abc
 import msgspec
 import structlog
-from hdrh.histogram import HdrHistogram
 from nats.aio.client import Client as NATS
 
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.supercluster import Supercluster
-from bourse.runtime.launcher import Program, stop_all
+from bourse.runtime.launcher import stop_all
 from bourse.runtime.supervise import cleanup_scope
 from bourse.wire.codec import decode
 from bourse.wire.messages import Amount, Error, Placed, WorkerStatus
 from bourse.wire.subjects import Subjects
 from loadtest.audit import AuditResult, OrderRecord, audit
-from loadtest.runner import HIST_MAX_US, Spec, fleet_specs, fresh_run_dir, new_hist
+from loadtest.chaos_report import ChaosStats, FaultRecord, chaos_report
+from loadtest.faults import GARBAGE, Managed, fill_store, free_store
+from loadtest.runner import HIST_MAX_US, fleet_specs, fresh_run_dir
 from loadtest.workload import Profile, TraceOrder, fleet
 
 log = structlog.get_logger("bourse.chaos")
@@ -61,97 +58,6 @@ FAULTS = (
     "bad-input",
 )
 RETRY_BACKOFF_S = 0.2
-# Bad input sent by the bad-input fault: (subject kind, payload). Every one is a request.
-GARBAGE: list[tuple[str, bytes]] = [
-    ("order", b"{nope"),
-    ("order", b'{"type":"PlaceOrder","region":"r0","resources":{"cpus":"2"},"image":"x"}'),
-    ("order", b"\xff\xfe" * 40),
-    ("commit", b'{"type":"Commit"}'),
-    ("commit", b"[]"),
-    ("machine", b'{"type":"MachineRequest","machine_id":""}'),
-    ("status", b'{"type":"Bid"}'),
-]
-
-
-class Managed:
-    """One program that faults may kill, stall and restart."""
-
-    def __init__(self, spec: Spec) -> None:
-        self.spec = spec
-        self.prog: Program | None = None
-        self.starts = 0
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def pid(self) -> int:
-        assert self.prog is not None, f"{self.name} is not running"
-        return self.prog.proc.pid
-
-    @property
-    def alive(self) -> bool:
-        return self.prog is not None and self.prog.proc.returncode is None
-
-    async def start(self) -> None:
-        self.prog = await self.spec.start()
-        self.starts += 1
-
-    async def kill9(self) -> None:
-        if self.prog is not None and self.alive:
-            self.prog.kill9()
-            await self.prog.proc.wait()
-
-    def stall(self) -> None:
-        os.kill(self.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        os.kill(self.pid, signal.SIGCONT)
-
-    def wake(self) -> None:
-        """SIGCONT if it runs: a stalled program cannot handle the SIGTERM that stops it."""
-        if self.alive:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGCONT)
-
-    async def stop(self) -> int | None:
-        """SIGTERM (SIGKILL if it does not exit in time); its exit code, None if never
-        started."""
-        if self.prog is None:
-            return None
-        self.wake()
-        return await self.prog.stop()
-
-
-@dataclass
-class FaultRecord:
-    at_s: float
-    kind: str
-    target: str
-    detail: str = ""
-
-
-@dataclass
-class ChaosStats:
-    sent: int = 0
-    attempts: int = 0
-    placed: int = 0
-    unfilled: Counter[str] = field(default_factory=Counter)
-    failed: Counter[str] = field(default_factory=Counter)  # final answer an error, by code
-    retried_errors: Counter[str] = field(default_factory=Counter)
-    destroy_errors: int = 0
-    slowest_ms: float = 0.0
-    # send -> Placed/Unfilled, every answered attempt (an error's time is the client's own
-    # timeout, not the market's)
-    answer_us: HdrHistogram = field(default_factory=new_hist)
-    faults: list[FaultRecord] = field(default_factory=list)
-    bad_input_sent: int = 0
-    violations: list[str] = field(default_factory=list)  # found during the run (I6)
-    # duplicates: the extra sends of an order id at once (another path, as a retry), and
-    # how many of them were answered Placed (always with the order's one machine: I3)
-    duplicate_sends: int = 0
-    duplicate_placed: int = 0
 
 
 class ChaosRun:
@@ -526,61 +432,5 @@ class ChaosRun:
         return result
 
     def report(self, result: AuditResult) -> dict[str, Any]:
-        st = self.stats
-        return {
-            "orders": {
-                "sent": st.sent,
-                "attempts": st.attempts,
-                "duplicate_sends": st.duplicate_sends,
-                "duplicate_placed": st.duplicate_placed,
-                "placed": st.placed,
-                "unfilled": dict(st.unfilled),
-                "failed": dict(st.failed),
-                "retried_after_error": dict(st.retried_errors),
-                "slowest_answer_ms": round(st.slowest_ms, 1),
-                "answer_ms": {
-                    f"p{q:g}": round(st.answer_us.get_value_at_percentile(q) / 1000, 1)
-                    for q in (50, 99, 99.9, 100)
-                },
-            },
-            "faults": {
-                "total": len(st.faults),
-                "by_kind": dict(Counter(f.kind for f in st.faults)),
-                "log": [f.__dict__ for f in st.faults],
-            },
-            "bad_input_requests": st.bad_input_sent,
-            "audit": {
-                "files": result.files,
-                "machines": result.machines,
-                "ops_replayed": result.ops,
-                "violations": result.violations,
-            },
-        }
-
-
-def fill_store(path: Path, cap_mb: int) -> None:
-    """Take the room left in a supplier's capped state file (from another connection)."""
-    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
-    try:
-        conn.execute("CREATE TABLE IF NOT EXISTS chaos_filler (data BLOB)")
-        size = conn.execute("PRAGMA page_count").fetchone()[0]
-        page = conn.execute("PRAGMA page_size").fetchone()[0]
-        room = max(0, cap_mb * 1024 * 1024 - size * page)
-        conn.execute("INSERT INTO chaos_filler VALUES (zeroblob(?))", (room + 1024 * 1024,))
-    finally:
-        conn.close()
-
-
-def free_store(path: Path) -> None:
-    """Give back what :func:`fill_store` took."""
-    conn = sqlite3.connect(path, timeout=10, isolation_level=None)
-    try:
-        conn.execute("DROP TABLE IF EXISTS chaos_filler")
-    finally:
-        conn.close()
-
-
-def write_report(report: dict[str, Any], out: Path) -> Path:
-    path = out / "soak-report.json"
-    path.write_text(json.dumps(report, indent=2))
-    return path
+        """What this run saw and its audit found (``chaos_report``)."""
+        return chaos_report(self.stats, result)

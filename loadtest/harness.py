@@ -15,7 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bourse.auction.admission import adaptive_limit
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats, read_connz, read_varz

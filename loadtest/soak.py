@@ -25,7 +25,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from loadtest.chaos import ChaosRun, Managed, write_report
+from loadtest.chaos import ChaosRun
+from loadtest.chaos_report import write_report
+from loadtest.faults import Managed
 from loadtest.workload import Profile, trace
 
 # Each supplier's state file is capped, so the fill-disk fault can fill it (and it frees

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from bourse.nats.auth import SupplierSpec, parse_worker_flag, write_auth_dir
+from bourse.nats.authdir import SupplierSpec, parse_worker_flag, write_auth_dir
 from bourse.nats.tls import DEFAULT_HOSTS, TLS_CONF, write_tls_dir
 from bourse.runtime.cli import PrefixOpt, fail
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects

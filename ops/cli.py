@@ -34,7 +34,7 @@ from bourse.runtime.cli import (
     fail,
     json_flag,
 )
-from bourse.runtime.metrics import DEFAULT_PORT, parse_addr
+from bourse.runtime.endpoint import DEFAULT_PORT, parse_addr
 from bourse.runtime.statedir import lock_state_dir
 from bourse.runtime.supervise import run
 from bourse.wire.messages import Placed, Unfilled

@@ -16,7 +16,7 @@ from nats.aio.client import Client as NATS
 from nats.js import errors as js_errors
 from rich.table import Table
 
-from bourse.auction.claims import ClaimStore
+from bourse.auction.claim_store import ClaimStore
 from bourse.client import render
 from bourse.client.apps.store import AppStore, SecretStore
 from bourse.images import ImageStore

@@ -20,8 +20,8 @@ from bourse.images import ImageError, ImageInfo
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.nats.jetstream import NO_JETSTREAM_FLAG, jetstream_mode
+from bourse.runtime.endpoint import format_addr, free_port
 from bourse.runtime.launcher import Program, start_program, stop_all
-from bourse.runtime.metrics import format_addr, free_port
 from bourse.wire.messages import Placed, Unfilled, WorkerStatus
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from ops.demo import (

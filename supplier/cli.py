@@ -31,12 +31,8 @@ from bourse.runtime.cli import (
     fail,
     parse_labels,
 )
-from bourse.runtime.metrics import (
-    MetricsAddrError,
-    SupplierMetrics,
-    parse_addr,
-    start_endpoint,
-)
+from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
+from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run, settle_heap
 from bourse.wire.codec import validation_detail

@@ -3,13 +3,13 @@
 No NATS, no timer, no task: every entry point takes the monotonic ``now`` (and the desk a
 wall clock for ``hold_expires_at_ms``) and returns what to send: a bid's replies, each with
 its inbox and delay, and how they go out, as a :class:`Plan` of :class:`Post` s (prompt
-answers, batched offers, replies alone); the host (supplier/host.py, supplier/replies.py)
-only decodes, asks the desk and performs the plan. What a worker is, for the desk, is a
-:class:`Seat`: its ledger, pricer, labels, images, drain flag, machines by order and the
-queue of bids waiting for its held capacity. The desk also keeps what its process's
-auctions told it: who placed each order (a retry must price that worker: I3), which
-auctions were released (a bid that comes after its release is ignored) and which workers
-each auction asked (its release reaches those).
+answers, batched offers, replies alone: supplier/plans.py); the host (supplier/host.py,
+supplier/replies.py) only decodes, asks the desk and performs the plan. What a worker is,
+for the desk, is a :class:`Seat` (supplier/seat.py): its ledger, pricer, labels, images,
+drain flag, machines by order and the queue of bids waiting for its held capacity. The
+desk also keeps what its process's auctions told it: who placed each order (a retry must
+price that worker: I3), which auctions were released (a bid that comes after its release
+is ignored) and which workers each auction asked (its release reaches those).
 
 Answering one bid (docs/protocol.md §6.2), per candidate worker: first what a bid changes,
 then the chain of checks (supplier/feasible.py), once:
@@ -33,52 +33,46 @@ lasts the bid's ``hold_ms``, capped at the worker's ``max_hold_ms`` (its config,
 5 s): a bid cannot lock a worker's capacity longer than its supplier allows.
 
 Explaining an order ("why not", §4.15) runs the same chain on EVERY worker it is given,
-read-only (nothing held, dropped or expired: the order's own hold and expired holds are left
-out of what is free instead), collecting every reason: :meth:`Desk.explain` returns one
-``WorkerVerdict`` per worker with all its reasons and their numbers, or the score and
-subscores it would offer with; :func:`explanation_pages` cuts them into reply pages.
+read-only (supplier/explain.py): :meth:`Desk.explain` returns one ``WorkerVerdict`` per
+worker with all its reasons and their numbers, or the score and subscores it would offer
+with; :func:`explanation_pages` cuts them into reply pages.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Generic, Literal, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Sequence
+from typing import Generic, TypeVar
 
-from bourse.wire.codec import encode
-from bourse.wire.limits import MAX_BATCH_OFFERS, MAX_HOLD_MS
+from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import (
-    EXPLAIN_PAGE_BYTES,
     Bid,
-    Explanation,
-    Machine,
     Offer,
-    Reason,
     Waiting,
     WorkerVerdict,
     now_ms,
 )
-from bourse.wire.paging import cut
-from bourse.wire.resources import ZERO, Vec, leq, sub
+from bourse.wire.resources import Vec, leq
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup
+from supplier.explain import IMAGE_NOT_CACHED, explanation_pages, verdict
 from supplier.feasible import (
     BLOCKED,
     CHECKS,
     EXISTING,
     FEASIBLE,
     INSUFFICIENT,
-    STANDING,
     Check,
     OrderLike,
-    WorkerView,
-    every_failure,
     first_failure,
     wanted,
 )
 from supplier.ledger import Hold
-from supplier.pricing import ImageCost, Pricer
+from supplier.plans import Answer, Plan, Post, Send, Shape, due, late, plan, prompt, still_due
+from supplier.pricing import ImageCost
+from supplier.seat import MAX_WAITING, S, Seat, WaitingBid, WaitingBids
 
+# The desk's face: what the host and the supplier's other modules use of it, wherever it
+# lives (the seat, the plans, the explanations: supplier/seat.py, plans.py, explain.py).
 __all__ = [
     "DEFAULT_MAX_OFFERS",
     "IMAGE_NOT_CACHED",
@@ -102,104 +96,12 @@ __all__ = [
 # Beside the chain's reasons (supplier/feasible.py): a worker that could offer, silent
 # because the process offered its best max_offers only.
 OUTRANKED = "outranked"
-# Not a decline: a price note in an explanation (the image term it forgoes).
-IMAGE_NOT_CACHED = "image_not_cached"
 
 # A process offers at most this many of its workers per bid (the best-scoring); 0: all.
 DEFAULT_MAX_OFFERS = 3
-# At most this many bids wait for held capacity on one worker; more are not answered.
-MAX_WAITING = 1024
 # A region release can overtake its own bid (they travel on two subscriptions): released
 # (order, auction) pairs are remembered this long, and such late bids ignored.
 TOMBSTONE_TTL_S = 5.0
-
-
-class WaitingBid:
-    """A bid kept by a worker until ``until`` (monotonic s), blocked only by holds."""
-
-    __slots__ = ("bid", "inbox", "until")
-
-    def __init__(self, bid: Bid, inbox: str, until: float) -> None:
-        self.bid = bid
-        self.inbox = inbox
-        self.until = until
-
-
-class WaitingBids:
-    """One worker's waiting bids, oldest first (first come, first served)."""
-
-    __slots__ = ("_q",)
-
-    def __init__(self) -> None:
-        self._q: deque[WaitingBid] = deque()
-
-    def __len__(self) -> int:
-        return len(self._q)
-
-    def __iter__(self) -> Iterator[WaitingBid]:
-        return iter(self._q)
-
-    def append(self, w: WaitingBid) -> None:
-        self._q.append(w)
-
-    def take_all(self) -> deque[WaitingBid]:
-        """Empty the queue; returns what it held (the caller puts back what still waits)."""
-        q, self._q = self._q, deque()
-        return q
-
-    def drop(self, order_id: str, auction_id: str = "") -> None:
-        """A release: forget the order's waiting bids (of that auction, if given)."""
-        if self._q:
-            self._q = deque(
-                w
-                for w in self._q
-                if w.bid.order_id != order_id or (auction_id and w.bid.auction_id != auction_id)
-            )
-
-    def prune(self, now: float) -> None:
-        """Forget bids past their ``wait_ms`` (their auctions have moved on)."""
-        if any(w.until <= now for w in self._q):
-            self._q = deque(w for w in self._q if w.until > now)
-
-
-class Seat(WorkerView, Protocol):
-    """What the desk reads (and, through the ledger and queue, changes) of one worker:
-    beside what the checks read, its price, images, waiting bids and hold cap."""
-
-    @property
-    def region(self) -> str: ...
-    @property
-    def pricer(self) -> Pricer: ...
-    @property
-    def waiting(self) -> WaitingBids: ...
-    @property
-    def max_hold_ms(self) -> int:
-        """The longest this worker holds capacity for one bid, whatever it asks."""
-        ...
-
-    def machine_for(self, order_id: str) -> Machine | None:
-        """The machine this worker placed for the order (not aborted), if any."""
-        ...
-
-    def image_cost(self, order: OrderLike) -> ImageCost:
-        """What starting the order's image costs this worker (supplier/images.py)."""
-        ...
-
-    def has_image(self, m: Machine) -> bool:
-        """Whether ``m``'s image is here (an offer's and a Placed's ``image_cached``)."""
-        ...
-
-    def hand_out(self, order_id: str) -> None:
-        """The order's machine goes to an auction that may not be the one that committed it:
-        from now on no abort undoes it (docs/protocol.md §6.6)."""
-        ...
-
-    def release(self, order_id: str, auction_id: str = "") -> None:
-        """Drop the order's waiting bids and its hold (of ``auction_id`` when given)."""
-        ...
-
-
-S = TypeVar("S", bound=Seat)
 
 
 class Quote:
@@ -211,85 +113,6 @@ class Quote:
         self.score = score
         self.image = image
         self.want = want
-
-
-@dataclass(slots=True, frozen=True)
-class Send(Generic[S]):
-    """One bid reply to send to ``inbox`` after ``delay_s`` (from the decision's ``now``)."""
-
-    delay_s: float
-    inbox: str
-    auction_id: str
-    reply: Offer | Waiting
-    worker: S
-    # The bid asked for prompt answers (§4.4.3): an offer goes out at once, in an Offers
-    # naming this process, with ``delay_s`` as its ``delay_ms``.
-    prompt: bool = False
-
-
-def prompt(bid: Bid) -> bool:
-    """Whether the bid's auction ranks the offers itself (§4.4.3): answered at once, in
-    Offers naming this process (prompt offers come only with batched ones)."""
-    return bid.prompt_offers and bid.batch_offers
-
-
-# How a Post goes out (see Post).
-Shape = Literal["one", "offers", "answer"]
-
-
-@dataclass(slots=True, frozen=True)
-class Post(Generic[S]):
-    """One message for the host to send to ``inbox``, ``delay_s`` after the decision:
-
-    - ``one``: the reply alone (an Offer, signed when the host signs; a Waiting);
-    - ``offers``: one process's offers for one bid in one ``Offers`` (§4.4.2), at its best
-      offer's delay, so the spread still ranks processes by their best offer;
-    - ``answer``: a prompt answer (§4.4.3): an ``Offers`` naming this process and the
-      auction, each offer with the delay it would have waited as ``delay_ms``.
-
-    What goes is what is still due then (:meth:`Desk.due`)."""
-
-    delay_s: float
-    inbox: str
-    auction_id: str
-    shape: Shape
-    sends: tuple[Send[S], ...]
-
-
-@dataclass(slots=True)
-class Plan(Generic[S]):
-    """How the replies a bid caused go out, for the host to perform."""
-
-    # Prompt answers (§4.4.3), at once: to the bid's inbox, or in its Batch's Answers. A
-    # prompt bid always gets one, empty if this process offers nothing: the auction then
-    # knows not to wait for it.
-    answers: list[Post[S]] = field(default_factory=list)
-    # The rest, each at its delay, in this order: replies to other bids that capacity this
-    # one freed went to first, then this bid's, best first.
-    posts: list[Post[S]] = field(default_factory=list)
-
-
-@dataclass(slots=True)
-class Answer(Generic[S]):
-    """The desk's decisions for one bid."""
-
-    # Replies to this bid, best first (ascending delay): offers, existing-machine offers,
-    # Waiting notes.
-    replies: list[Send[S]] = field(default_factory=list)
-    # Replies to OTHER bids that were waiting: capacity this bid freed (a re-bid's old
-    # hold, expired holds) went to them first.
-    late: list[Send[S]] = field(default_factory=list)
-    # worker id -> why it stays silent (a named reason above or pricing's)
-    silent: dict[str, str] = field(default_factory=dict)
-    # holds found expired while answering, to announce (hold_expired events)
-    expired: list[tuple[S, list[Hold]]] = field(default_factory=list)
-    # worker id -> (worker, another auction's live hold for this order that this bid took
-    # the place of: a concurrent duplicate's); a new hold there keeps it (Hold.replaced),
-    # and where this bid holds nothing it is put back
-    replaced: dict[str, tuple[S, Hold]] = field(default_factory=dict)
-    # The bid came after its auction's release (they travel on two subscriptions): it is
-    # not answered at all.
-    ignored: bool = False
 
 
 class Desk(Generic[S]):
@@ -361,6 +184,25 @@ class Desk(Generic[S]):
         self._asked(key, now, ans.replies)
         return ans
 
+    def plan(self, bid: Bid, inbox: str, ans: Answer[S]) -> Plan[S]:
+        """How the replies of ``ans`` go out (supplier/plans.py ``plan``)."""
+        return plan(bid, inbox, ans)
+
+    @staticmethod
+    def late(sends: Iterable[Send[S]]) -> list[Post[S]]:
+        """Replies to waiting bids, each alone at its delay (supplier/plans.py ``late``)."""
+        return late(sends)
+
+    @staticmethod
+    def due(post: Post[S]) -> list[Send[S]] | None:
+        """The replies of ``post`` still worth sending now (supplier/plans.py ``due``)."""
+        return due(post)
+
+    @staticmethod
+    def still_due(send: Send[S]) -> bool:
+        """Is a delayed reply still worth sending (supplier/plans.py ``still_due``)?"""
+        return still_due(send)
+
     def _asked(self, key: tuple[str, str], now: float, replies: list[Send[S]]) -> None:
         """Remember the workers that hold or wait for the auction: its release goes there."""
         if not replies:
@@ -369,50 +211,6 @@ class Desk(Generic[S]):
         if asked is None:
             asked = self.asked[key] = (now, [])
         asked[1].extend(r.worker for r in replies)
-
-    def plan(self, bid: Bid, inbox: str, ans: Answer[S]) -> Plan[S]:
-        """How the replies of ``ans`` go out: prompt answers at once; else, with batched
-        offers (§4.4.2), a bid's offers in Offers messages of at most MAX_BATCH_OFFERS; a
-        lone offer and Waiting notes alone; late replies to other bids first."""
-        if ans.ignored:
-            return Plan()
-        plan = Plan(posts=self.late(ans.late))
-        offers = [r for r in ans.replies if isinstance(r.reply, Offer)]
-        alone = [r for r in ans.replies if not isinstance(r.reply, Offer)]  # Waiting notes
-        if prompt(bid):
-            plan.answers = [
-                Post(0.0, inbox, bid.auction_id, "answer", chunk)
-                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
-            ]
-        elif bid.batch_offers and len(offers) > 1:
-            plan.posts += [
-                Post(chunk[0].delay_s, inbox, bid.auction_id, "offers", chunk)
-                for chunk in _chunks(offers, MAX_BATCH_OFFERS)
-            ]
-        else:
-            alone = ans.replies
-        plan.posts += [Post(r.delay_s, r.inbox, r.auction_id, "one", (r,)) for r in alone]
-        return plan
-
-    @staticmethod
-    def late(sends: Iterable[Send[S]]) -> list[Post[S]]:
-        """Replies to waiting bids (:meth:`freed`, :meth:`withdraw_hopeless`), each alone
-        at its delay; a prompt bid's offer at once, as a prompt answer."""
-        return [
-            Post(0.0, s.inbox, s.auction_id, "answer", (s,))
-            if s.prompt
-            else Post(s.delay_s, s.inbox, s.auction_id, "one", (s,))
-            for s in sends
-        ]
-
-    def due(self, post: Post[S]) -> list[Send[S]] | None:
-        """The replies of ``post`` still worth sending now that it goes (an offer whose hold
-        was released meanwhile is dropped), or None when nothing goes; a prompt answer
-        planned empty goes all the same (it tells the auction this process answered)."""
-        due = [s for s in post.sends if self.still_due(s)]
-        if due or (post.shape == "answer" and not post.sends):
-            return due
-        return None
 
     # -- what the process's auctions told it -----------------------------------------------------
     def placed(self, order_id: str, w: S) -> None:
@@ -559,56 +357,12 @@ class Desk(Generic[S]):
         return None
 
     # -- "why not" ------------------------------------------------------------------------------
-    def explain(self, order: OrderLike, now: float, workers: Iterable[S]) -> list[WorkerVerdict]:
-        """Each worker's verdict on the order, as :meth:`answer` would decide it at ``now``
-        but for every worker (no sample, no ``max_offers``) and read-only: what is free is
-        what a bid would find (``Ledger.free_for``: the order's own hold and expired holds
-        left out); nothing is held, dropped or expired. Waiting bids that a bid's drops
-        would answer first are not foreseen."""
-        return [self.verdict(w, order, now) for w in workers]
-
     @staticmethod
-    def verdict(w: S, order: OrderLike, now: float) -> WorkerVerdict:
-        """One worker's verdict: ``existing`` (a machine for the order is there), ``offer``
-        (score and subscores as the Offer would carry them; an image not here is noted with
-        what the image term costs: for a content image, the bytes and seconds of its pull),
-        ``wait`` (only other orders' holds are in the way) or ``decline`` with every reason,
-        in the chain's order, numbers in each ``detail``."""
-        wid = w.worker_id
-        want = wanted(order)
-        why: list[Reason] = []
-        reason = first_failure(STANDING, w, order, want, ZERO, why)  # they read no capacity
-        if reason == EXISTING:
-            m = w.machine_for(order.order_id)
-            assert m is not None, "the chain said EXISTING"
-            return WorkerVerdict(
-                worker_id=wid,
-                verdict="existing",
-                score=m.score,
-                image_cached=w.has_image(m),
-                machine_id=m.machine_id,
-            )
-        if reason is not None:
-            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=why)
-        ledger = w.ledger
-        free = ledger.free_for(order.order_id, now)
-        reasons = every_failure(FEASIBLE, w, order, want, free)
-        if any(r.code != BLOCKED for r in reasons):
-            return WorkerVerdict(worker_id=wid, verdict="decline", reasons=reasons)
-        image = w.image_cost(order)
-        # a worker that would wait is priced as once the holds in its way are gone
-        used = sub(ledger.capacity, free) if not reasons else ledger.committed
-        score, subscores = w.pricer.price(ledger.capacity, used, want, image)
-        if not image.cached:
-            reasons.append(_not_cached(w.pricer, order.image, image, score))
-        return WorkerVerdict(
-            worker_id=wid,
-            verdict="wait" if reasons and reasons[0].code == BLOCKED else "offer",
-            score=score,
-            subscores=subscores,
-            image_cached=image.cached,
-            reasons=reasons,
-        )
+    def explain(order: OrderLike, now: float, workers: Iterable[S]) -> list[WorkerVerdict]:
+        """Each worker's verdict on the order, as :meth:`answer` would decide it at ``now``
+        but for every worker (no sample, no ``max_offers``) and read-only
+        (supplier/explain.py ``verdict``)."""
+        return [verdict(w, order, now) for w in workers]
 
     # -- capacity changes ---------------------------------------------------------------------
     def freed(self, w: S, now: float) -> list[Send[S]]:
@@ -652,16 +406,6 @@ class Desk(Generic[S]):
                 sends.append(Send(0.0, wb.inbox, wb.bid.auction_id, _waiting(w, wb.bid, 0), w))
         return sends
 
-    @staticmethod
-    def still_due(send: Send[S]) -> bool:
-        """Is a delayed reply still worth sending? An offer whose hold was released (or
-        replaced by another auction's) in the meantime is dropped."""
-        reply = send.reply
-        if isinstance(reply, Waiting) or reply.machine_id:
-            return True
-        h = send.worker.ledger.holds.get(reply.order_id)
-        return h is not None and h.auction_id == send.auction_id
-
 
 def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
     return Waiting(order_id=bid.order_id, worker_id=w.worker_id, region=w.region, wait_ms=wait_ms)
@@ -669,11 +413,6 @@ def _waiting(w: Seat, bid: Bid, wait_ms: int) -> Waiting:
 
 def _by_delay(s: Send[S]) -> float:
     return s.delay_s
-
-
-def _chunks(sends: list[Send[S]], size: int) -> list[tuple[Send[S], ...]]:
-    """``sends`` in runs of at most ``size``; one empty run when there are none."""
-    return [tuple(sends[i : i + size]) for i in range(0, max(1, len(sends)), size)]
 
 
 V = TypeVar("V")
@@ -686,50 +425,3 @@ def _forget(
     before ``cutoff``."""
     while memory and at(next(iter(memory.values()))) <= cutoff:
         memory.popitem(last=False)
-
-
-def _not_cached(pricer: Pricer, image: str, cost: ImageCost, score: float) -> Reason:
-    """The image term's price effect: what the score forgoes against a cached image
-    (``image_weight`` for a catalog image; for a content image, its share lost to the pull,
-    whose bytes and expected seconds the detail says)."""
-    forgone = round(pricer.image_weight * (1.0 - pricer.image(cost)), 6)
-    cached = min(1.0, round(score + forgone, 6))
-    if cost.content:
-        lacks = f"lacks {cost.pull_bytes} bytes here (a pull of about {cost.pull_s:.3g} s)"
-    else:
-        lacks = "not cached"
-    return Reason(
-        code=IMAGE_NOT_CACHED,
-        detail=f"image {image!r} {lacks}: the image term costs {forgone:g} "
-        f"(score {score:g}, {cached:g} if cached)",
-        cost=forgone,
-    )
-
-
-def explanation_pages(
-    order_id: str,
-    region: str,
-    responder: str,
-    verdicts: Sequence[WorkerVerdict],
-    limit_bytes: int = EXPLAIN_PAGE_BYTES,
-) -> list[Explanation]:
-    """Cut one process's verdicts into Explanation pages of at most ``limit_bytes`` encoded
-    each (at least one verdict per page, and one page when there are none), numbered
-    1..n, ``last`` on page n (bourse/wire/paging.py ``cut``)."""
-    frame = len(
-        encode(Explanation(order_id=order_id, region=region, responder=responder, last=False))
-    )
-    chunks = cut(verdicts, frame, limit_bytes)
-    total = len(chunks)
-    return [
-        Explanation(
-            order_id=order_id,
-            region=region,
-            responder=responder,
-            page=i,
-            pages=total,
-            last=i == total,
-            verdicts=chunk,
-        )
-        for i, chunk in enumerate(chunks, 1)
-    ]

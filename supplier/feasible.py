@@ -13,9 +13,9 @@ each constraint not met, each short resource. The chain is read two ways:
 so an offer and its explanation cannot disagree: they run the same checks, one of them
 with a collector attached (as Nomad's feasibility checkers serve both a placement and its
 plan). A bid (supplier/desk.py ``Desk.quote``) first drops the order's earlier hold and the
-expired holds, then runs the whole chain once; an explanation (``Desk.verdict``) leaves
-those holds out of ``free`` instead, stops at the order's ``STANDING`` as a bid does, and
-collects every reason of the ``FEASIBLE`` stage.
+expired holds, then runs the whole chain once; an explanation (supplier/explain.py
+``verdict``) leaves those holds out of ``free`` instead, stops at the order's ``STANDING``
+as a bid does, and collects every reason of the ``FEASIBLE`` stage.
 
 The existing-machine rule is here too (:func:`handout`): the commit path asks it as well.
 """

@@ -116,7 +116,7 @@ class Ledger:
         """What a bid for ``order_id`` would find free at ``now``, changing nothing: the
         steps the desk takes before it prices (the order's earlier hold dropped, then the
         expired ones, a replaced hold they carry coming back in their place), on a copy.
-        "Why not" asks it (supplier/desk.py ``Desk.verdict``)."""
+        "Why not" asks it (supplier/explain.py ``verdict``)."""
         copy = Ledger(self._capacity)
         copy.holds = dict(self.holds)
         copy._expiry = list(self._expiry)  # a heap still: stale entries are skipped as here

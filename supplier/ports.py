@@ -287,8 +287,9 @@ class WorkerPorts:
 
 # -- the ranges of a host's suppliers (files and locks) ---------------------------------------
 @dataclass(frozen=True, slots=True)
-class Claim:
-    """A range a live supplier serves for one of its workers."""
+class RangeClaim:
+    """A range a live supplier serves for one of its workers: a host's port claim, read
+    from its claim file (not an order's claim, bourse/auction/claims.py ``Claim``)."""
 
     worker_id: str
     owner: str
@@ -346,7 +347,7 @@ class HostClaims:
             os.close(fd)
         self._held.clear()
 
-    def _live(self) -> list[Claim]:
+    def _live(self) -> list[RangeClaim]:
         """The claims of live suppliers (stale ones are removed where this user may)."""
         live = []
         for path in sorted(self.directory.glob("*" + CLAIM_SUFFIX)):
@@ -414,7 +415,7 @@ def held_twice(workers: Mapping[str, WorkerPorts]) -> list[str]:
     return problems
 
 
-def choose(wanted: Sequence[Wanted], live: Sequence[Claim]) -> dict[str, PortRange]:
+def choose(wanted: Sequence[Wanted], live: Sequence[RangeClaim]) -> dict[str, PortRange]:
     """Each worker's range among the live claims of the host (pure: see HostClaims.claim):
     own ranges first, checked against the live claims; then the default blocks."""
     taken: list[tuple[str, PortRange]] = [(_who(c), c.range) for c in live]
@@ -460,13 +461,15 @@ def _in(r: PortRange, taken: Sequence[tuple[str, PortRange]]) -> bool:
     return any(r.overlaps(other) for _, other in taken)
 
 
-def _who(c: Claim) -> str:
+def _who(c: RangeClaim) -> str:
     return f"worker {c.worker_id} (supplier pid {c.pid})"
 
 
-def _read_claim(fd: int) -> Claim | None:
+def _read_claim(fd: int) -> RangeClaim | None:
     try:
         body = json.loads(os.pread(fd, 4096, 0))
-        return Claim(body["worker_id"], body["owner"], PortRange.parse(body["range"]), body["pid"])
+        return RangeClaim(
+            body["worker_id"], body["owner"], PortRange.parse(body["range"]), body["pid"]
+        )
     except (OSError, ValueError, KeyError, TypeError):
         return None  # being written, or not ours: its writer holds it, the range is unknown

@@ -18,8 +18,10 @@ import msgspec
 from bourse.wire.codec import encode
 from bourse.wire.messages import Offer, Offers, Waiting
 from bourse.wire.signing import OfferSigner
-from supplier.desk import Desk, Post, S, Send
+from supplier.desk import Desk
 from supplier.outbox import Outbox
+from supplier.plans import Post, Send
+from supplier.seat import S
 
 
 class Replies(Generic[S]):

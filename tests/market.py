@@ -24,7 +24,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bourse.auction.claims import Claim
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.nats.jetstream import EventStream

@@ -7,6 +7,9 @@ resolved to content once (``bourse/auction/content.py``, §4.3a). ``place`` neve
 an order it could not place: it returns ``Placed``, ``Unfilled`` or a typed ``Refused``
 (an unknown image, overloaded, a conflicting order id, or the auction could not run), and
 ``Refused.error()`` is the wire ``Error`` for it (docs/protocol.md §5.5, §7).
+
+``resolve_image`` is the one way an image reference becomes content or a refusal, for the
+broker and for a buyer's own dry run (``BourseClient.content``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import anyio
 import nats.errors
 
 from bourse.auction.admission import ConcurrencyLimit, overloaded_detail
+from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.content import ImageContent, Resolver
-from bourse.auction.driver import Auctioneer
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
 from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
 from bourse.wire.messages import (
@@ -160,16 +163,7 @@ class Broker:
     async def content(self, order: PlaceOrder) -> ImageContent | Refused:
         """What the order's image names (§4.3a), within the order's deadline; the refusal
         when it names no image the store holds, or the store cannot be read in time."""
-        try:
-            with anyio.fail_after(order.deadline_ms / 1000.0):
-                return await self.images.resolve(order.image)
-        except ImageNotFound as exc:
-            return Refused("image_unknown", str(exc))
-        except (BadReference, BadImage) as exc:
-            return Refused("bad_image", str(exc))
-        except (ImageError, nats.errors.Error, TimeoutError) as exc:
-            why = str(exc) or type(exc).__name__
-            return Refused("cannot_run", f"image {order.image!r}: the image store: {why}")
+        return await resolve_image(self.images, order.image, order.deadline_ms / 1000.0)
 
     async def _admitted(
         self, limit: ConcurrencyLimit, order: PlaceOrder, t0: float, content: ImageContent
@@ -188,6 +182,36 @@ class Broker:
             return result
         finally:
             limit.release(load_ms)
+
+
+# What resolving an image reference may raise: its own errors (ImageNotFound, BadReference,
+# BadImage) and the store's (unreachable, refused, not in time).
+RESOLVE_ERRORS = (ImageError, nats.errors.Error, TimeoutError)
+
+
+async def resolve_image(
+    images: Resolver, image: str, within_s: float | None = None
+) -> ImageContent | Refused:
+    """What ``image`` names now (§4.3a), resolved by ``images`` within ``within_s`` (None:
+    unbounded), or the refusal of an order of it (``image_refusal``)."""
+    try:
+        with anyio.fail_after(within_s):
+            return await images.resolve(image)
+    except RESOLVE_ERRORS as exc:
+        return image_refusal(image, exc)
+
+
+def image_refusal(image: str, exc: Exception) -> Refused:
+    """The refusal of an order whose image reference ``image`` did not resolve (``exc``,
+    one of RESOLVE_ERRORS): ``image_unknown`` for a digest the store does not hold,
+    ``bad_image`` for a malformed digest reference or one naming no image manifest,
+    ``cannot_run`` when the store could not be read."""
+    if isinstance(exc, ImageNotFound):
+        return Refused("image_unknown", str(exc))
+    if isinstance(exc, BadReference | BadImage):
+        return Refused("bad_image", str(exc))
+    why = str(exc) or type(exc).__name__
+    return Refused("cannot_run", f"image {image!r}: the image store: {why}")
 
 
 def _ms_since(t0: float) -> float:

@@ -1,7 +1,7 @@
 """One order under its id's claim (docs/protocol.md §5.3c), as a pure state machine
 (sans-I/O, like ``bourse.auction.core.Auction``).
 
-``Claiming`` never touches NATS, JetStream or a timer: the driver performs each decision
+``Claiming`` never touches NATS, JetStream or a timer: the auctioneer performs each decision
 it returns, in order, and feeds back what came of it. The clock (monotonic seconds and
 wall-clock milliseconds) is injected: tests give a fake one.
 
@@ -21,16 +21,9 @@ Events in (methods):
 - ``ended(result)``: the auction ended with an outcome.
 - ``refused(detail)``: the auction refused the order (its id names another order's machine).
 
-Decisions out: ``OpenClaims``, ``ReadClaim``, ``WriteClaim``, ``RemoveClaim``,
-``WaitForChange`` and ``BackOff`` (a KV request or a pause, then the event it answers);
-``RunAuction`` (fresh, or as a retry), then ``ended`` or ``refused``; and the order's end:
-``RunUnclaimed`` (no claims on this server: the auction's outcome is the order's),
-``Finish`` (``Placed``, adopted from the claim or recorded in it; ``Unfilled``),
-``Refuse`` (ConflictingOrder), ``Unavailable`` (AuctionError: the claim could not be
-written, nothing was placed), ``NoRoom`` (StoreFull: the claims bucket takes no new order,
-nothing was placed) and ``Unrecorded`` (UnrecordedPlacement: a machine was placed
-that the claim could not be made to name). ``Log`` (a structlog event with ``order_id``
-and ``region`` bound) may come before any of them.
+Decisions out: the steps of ``bourse.auction.claim_steps`` (a KV request or a pause,
+then the event it answers; the auction to run; the order's end), each list possibly
+preceded by a ``Log`` (a structlog event with ``order_id`` and ``region`` bound).
 """
 
 from __future__ import annotations
@@ -42,6 +35,20 @@ from typing import Literal
 
 import msgspec
 
+from bourse.auction.claim_steps import (
+    BackOff,
+    ClaimStep,
+    NoRoom,
+    OpenClaims,
+    ReadClaim,
+    RemoveClaim,
+    RunAuction,
+    RunUnclaimed,
+    Unavailable,
+    Unrecorded,
+    WaitForChange,
+    WriteClaim,
+)
 from bourse.auction.claims import (
     KV_TIMEOUT_S,
     Adopt,
@@ -78,105 +85,6 @@ class Clock:
 
 SYSTEM_CLOCK = Clock()
 
-
-# -- decisions -----------------------------------------------------------------------------
-# msgspec Structs, where the auction core's are dataclasses: several are made for every
-# order, and a frozen dataclass costs five times as much to make.
-
-
-class OpenClaims(msgspec.Struct, frozen=True):
-    """Open the claims bucket; feed ``opened`` (or ``failed``)."""
-
-
-class ReadClaim(msgspec.Struct, frozen=True):
-    """Read the order's claim; feed ``read`` (or ``failed``)."""
-
-
-class WriteClaim(msgspec.Struct, frozen=True):
-    """Write ``claim`` if the key is still at ``revision`` (0: absent), waiting at most
-    ``timeout_s``; feed ``written`` (or ``failed``)."""
-
-    claim: Claim
-    revision: int
-    timeout_s: float = KV_TIMEOUT_S
-
-
-class RemoveClaim(msgspec.Struct, frozen=True):
-    """Delete the claim if it is still at ``revision``; feed ``removed`` (or ``failed``)."""
-
-    revision: int
-
-
-class WaitForChange(msgspec.Struct, frozen=True):
-    """Wait until monotonic ``until`` at most for the claim to move past ``revision``;
-    feed ``changed`` (or ``failed``)."""
-
-    revision: int
-    until: float
-
-
-class BackOff(msgspec.Struct, frozen=True):
-    """Pause until monotonic ``until`` (a failed request's back-off); feed ``woke``."""
-
-    until: float
-
-
-class RunAuction(msgspec.Struct, frozen=True):
-    """Run the auction for ``order`` (``order.retry``: it gathers as a retry), ``spent_ms``
-    of its deadline gone; feed ``ended``, or ``refused`` if it refuses the order."""
-
-    order: PlaceOrder
-    spent_ms: float
-
-
-class RunUnclaimed(msgspec.Struct, frozen=True):
-    """The server has no claims: run the auction without one; its outcome is the order's."""
-
-    spent_ms: float
-
-
-class Unavailable(msgspec.Struct, frozen=True):
-    """The claim could not be written in the order's time: refuse it (AuctionError)."""
-
-    detail: str
-
-
-class NoRoom(msgspec.Struct, frozen=True):
-    """The claims bucket takes no new order (``why``): refuse it, nothing was placed
-    (StoreFull). ``refused``: JetStream refused this order's write for room (then the
-    bucket takes no new order for a while, bourse/auction/room.py)."""
-
-    why: str
-    refused: bool = False
-
-
-class Unrecorded(msgspec.Struct, frozen=True):
-    """``placed`` was placed but the claim could not be made to name it (``why``): the
-    buyer is not told Placed (UnrecordedPlacement)."""
-
-    placed: Placed
-    why: str
-
-
-# What the driver asks of the claims bucket.
-ClaimRequest = WriteClaim | ReadClaim | RemoveClaim | WaitForChange | OpenClaims
-
-ClaimStep = (
-    OpenClaims
-    | ReadClaim
-    | WriteClaim
-    | RemoveClaim
-    | WaitForChange
-    | BackOff
-    | RunAuction
-    | RunUnclaimed
-    | Finish
-    | Refuse
-    | Unavailable
-    | NoRoom
-    | Unrecorded
-    | Log
-)
 
 Phase = Literal[
     "new",

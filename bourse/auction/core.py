@@ -1,8 +1,8 @@
 """The immediate-or-cancel auction as a pure state machine (sans-I/O, like h11).
 
-One ``Auction`` per run of an order. It never touches NATS, a timer or a clock: the driver
-(``bourse/auction/driver.py``) feeds it events with the current monotonic time and performs
-the decisions it returns, in order.
+One ``Auction`` per run of an order. It never touches NATS, a timer or a clock: the
+auctioneer (``bourse/auction/auctioneer.py``, its NATS shell) feeds it events with the
+current monotonic time and performs the decisions it returns, in order.
 
 Events in (methods):
 
@@ -17,13 +17,13 @@ Events in (methods):
 
 Decisions out: ``SendBid``, ``BroadcastBid`` (sampled fallback), ``SendCommit``,
 ``VerifyMachine`` (show me the machine of an existing-machine offer), ``Refuse`` (the order
-id names a different order: the driver raises ConflictingOrder), ``PublishAbort`` (Release
-abort_commit), ``Log`` (a structlog event the driver emits with
+id names a different order: the auctioneer raises ConflictingOrder), ``PublishAbort`` (Release
+abort_commit), ``Log`` (a structlog event the auctioneer emits with
 ``order_id`` and ``region`` bound), ``WakeAt`` and ``Finish`` (Placed or Unfilled). The
-driver stops at ``Finish``.
+auctioneer stops at ``Finish``.
 
 Not a decision: the region-wide ``Release{order_id, auction_id}`` on the way out. It must
-go out whatever happens, exceptions included, so it is the driver's ``finally``
+go out whatever happens, exceptions included, so it is the auctioneer's ``finally``
 (docs/protocol.md §5.2 step 8).
 
 The steps, reasons and details are those of docs/protocol.md §5.2-§5.4.
@@ -111,7 +111,7 @@ class AuctionConfig:
 
 
 class AuctionStateError(BourseError, RuntimeError):
-    """An event the auction cannot take in its current state (a driver bug)."""
+    """An event the auction cannot take in its current state (an auctioneer bug)."""
 
 
 # -- decisions -----------------------------------------------------------------------------
@@ -176,7 +176,7 @@ class Refuse:
 
 @dataclass(frozen=True, slots=True)
 class Log:
-    """A structlog event to emit (``order_id`` and ``region`` are bound by the driver)."""
+    """A structlog event to emit (``order_id`` and ``region`` are bound by the auctioneer)."""
 
     level: Literal["info", "warning"]
     event: str
@@ -257,10 +257,10 @@ class Tally:
     rejections: list[str] = field(default_factory=list)
     waited: int = 0  # workers that said they were waiting for held capacity
     # supplier processes that answered a prompt bid (Offers.responder), and answers that
-    # named no process (an older or foreign supplier): the driver learns the region's
+    # named no process (an older or foreign supplier): the auctioneer learns the region's
     # processes from them
     responders: set[str] = field(default_factory=set)
-    # of them, those that answered a sampled bid, per shard (the driver learns each shard's
+    # of them, those that answered a sampled bid, per shard (the auctioneer learns each shard's
     # processes from them, §5.3a)
     shard_responders: dict[int, set[str]] = field(default_factory=dict)
     anonymous: int = 0
@@ -324,7 +324,7 @@ class Auction:
         self._committing: Offer | None = None
         self._verifying: Offer | None = None
         # Prompt answers (§4.4.3): the supplier processes expected to answer a region-wide
-        # bid (learned by the driver; 0: unknown) and, per kept offer, when it would have
+        # bid (learned by the auctioneer; 0: unknown) and, per kept offer, when it would have
         # arrived with its supplier's delay.
         self.responders: Collection[str] = responders if self.bid.prompt_offers else ()
         # A sampled bid's shards. Per reply subject (a shard, or None: the region's), the
@@ -338,7 +338,7 @@ class Auction:
         if self.sampled:
             n = config.bid_shards
             self.shards = tuple(sampled_shards(order.order_id, order.image, n, config.bid_sample))
-            # looked up per shard: never len() or bool() of the driver's lazy mapping
+            # looked up per shard: never len() or bool() of the auctioneer's lazy mapping
             if shard_responders is not None and self.bid.prompt_offers:
                 expected: dict[int | None, Collection[str]] = {
                     k: shard_responders.get(k, ()) for k in self.shards
@@ -477,7 +477,7 @@ class Auction:
 
     @property
     def release_needed(self) -> bool:
-        """Must the driver publish the region release on the way out? Not after a Placed
+        """Must the auctioneer publish the region release on the way out? Not after a Placed
         whose commit asked its process to drop the other holds (§4.6 ``release_others``)."""
         return not self._release_folded
 

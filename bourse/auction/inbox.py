@@ -181,11 +181,6 @@ def reply_shard(subject: str) -> int | None:
     return int(subject[dash + 1 :]) if dash >= 0 else None
 
 
-def no_responders(msg: Msg) -> bool:
-    """A 503 status: the bid reached nobody on that subject."""
-    return msg.headers is not None and msg.headers.get("Status") == "503"
-
-
 def _wake(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)

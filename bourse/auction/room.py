@@ -1,6 +1,6 @@
 """How much the order claims take (docs/operations.md, "Sizing the order claims"), and
 whether the claims bucket takes a new order now. Pure: the bucket's shell
-(``bourse.auction.claims.ClaimBucket``) feeds ``Room`` what it reads of the bucket and what
+(``bourse.auction.claim_store.ClaimBucket``) feeds ``Room`` what it reads of the bucket and what
 JetStream refused.
 
 The bucket is bounded twice: by age (the idempotency window, docs/protocol.md §5.3c: a

@@ -12,7 +12,8 @@ from collections.abc import AsyncIterator
 
 import anyio
 
-from bourse.client import BourseClient, ClientError
+from bourse.client.client import BourseClient
+from bourse.client.errors import ClientError
 from bourse.wire.messages import MachineLogs
 
 POLL_S = 0.5

@@ -27,16 +27,17 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from ulid import ULID
 
-from bourse.client import BourseClient, ClientError
+from bourse.client.client import BourseClient, ask
+from bourse.client.errors import ClientError, expect
 from bourse.images import ImageInfo, ImageStore, Reference, RunSpec
+from bourse.images.blobstore import fetch_timeout
 from bourse.images.errors import ImageNotFound
 from bourse.images.importer import Blob, reading
 from bourse.images.oci import Descriptor
 from bourse.images.staging import Staging
-from bourse.images.store import GC_GRACE_S, directory_image, fetch_timeout
-from bourse.wire.codec import BadMessage, decode, encode
+from bourse.images.store import GC_GRACE_S, directory_image
+from bourse.wire.codec import encode
 from bourse.wire.messages import (
-    Error,
     ImagePush,
     ImageReply,
     ImageTag,
@@ -220,19 +221,8 @@ class ImageClient:
         """A tenant's image request to the exchange, and its answer (ClientError: its
         Error, or none in time)."""
         subject = self.subjects.tenant_image(self.tenant, verb)
-        try:
-            msg = await self.nc.request(subject, body, timeout=timeout_s)
-        except nats.errors.NoRespondersError:
-            raise ClientError(f"no exchange is listening on {subject}") from None
-        except (TimeoutError, nats.errors.TimeoutError):
-            raise ClientError(f"no answer on {subject} within {timeout_s:.1f}s") from None
-        try:
-            reply: ImageTagged | Error = decode(msg.data, ImageReply)
-        except BadMessage as exc:
-            raise ClientError(f"unreadable reply on {subject}: {exc}") from None
-        if isinstance(reply, Error):
-            raise ClientError(reply.detail, reply.code)
-        return reply
+        reply = await ask(self.nc, subject, body, ImageReply, timeout_s, "exchange")
+        return expect(reply, ImageTagged)
 
     async def ls(self) -> list[Listed]:
         """Every tag with its image's digest, size, creation time, and the workers that

@@ -19,8 +19,9 @@ import msgspec
 import nats.errors
 import nats.js.errors
 
-from bourse.client import OVERLOADED_CODE, UNRECORDED_CODE, BourseClient, ClientError
 from bourse.client.apps.store import AppStore
+from bourse.client.client import BourseClient
+from bourse.client.errors import OVERLOADED_CODE, UNRECORDED_CODE, ClientError
 from bourse.errors import BourseError
 from bourse.wire.messages import (
     Check,

@@ -22,8 +22,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from bourse.client import DryRun
 from bourse.client.policy import Failover
+from bourse.client.ranking import DryRun
 from bourse.wire.messages import (
     Amount,
     Event,

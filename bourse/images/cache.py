@@ -32,14 +32,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import secrets
-import shutil
 import stat
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -47,7 +45,12 @@ import anyio
 import msgspec
 import structlog
 
+from bourse.images.disk import disk_usage, remove_all, set_mtime
+
+# supplier/drivers/process.py removes a machine's trees with it, from here
+from bourse.images.disk import remove_tree as remove_tree
 from bourse.images.errors import BadImage, CacheFull, DigestMismatch
+from bourse.images.flights import Flights
 from bourse.images.oci import (
     MAX_DOCUMENT_BYTES,
     Descriptor,
@@ -133,44 +136,6 @@ class _Held:
     last_used: float
 
 
-@dataclass(slots=True)
-class _Flight:
-    done: anyio.Event = field(default_factory=anyio.Event)
-    error: Exception | None = None
-    finished: bool = False
-
-
-class _Flights:
-    """At most one run of a job per key: who comes while it runs waits for it and shares its
-    error; if the run was cancelled, the next waiter runs it."""
-
-    def __init__(self) -> None:
-        self._running: dict[str, _Flight] = {}
-
-    def __contains__(self, key: str) -> bool:
-        """Whether a run of ``key``'s job is under way."""
-        return key in self._running
-
-    async def run(self, key: str, job: Callable[[], Awaitable[None]]) -> None:
-        while (flight := self._running.get(key)) is not None:
-            await flight.done.wait()
-            if flight.error is not None:
-                raise flight.error
-            if flight.finished:
-                return
-        flight = _Flight()
-        self._running[key] = flight
-        try:
-            await job()
-            flight.finished = True
-        except Exception as exc:
-            flight.error = exc
-            raise
-        finally:
-            del self._running[key]
-            flight.done.set()
-
-
 class ImageCache:
     """The image cache in ``directory``, fed by ``source``, bounded by ``limits``;
     ``clock`` gives wall-clock seconds (last uses are kept as file times)."""
@@ -197,8 +162,8 @@ class ImageCache:
         self._roots: dict[str, _Held] = {}
         self._layers_of: dict[str, tuple[str, ...]] = {}  # manifest -> its layers, once known
         self._pins: Counter[str] = Counter()
-        self._fetches = _Flights()
-        self._unpacks = _Flights()
+        self._fetches = Flights()
+        self._unpacks = Flights()
         self._counts: Counter[str] = Counter()
         self._lacked: dict[str, int] = {}  # manifest -> bytes its last making had to fetch
         self._records = msgspec.json.Decoder(RootRecord)
@@ -432,7 +397,7 @@ class ImageCache:
             self._counts["evictions"] += 1
             self.log.info("image_cache_evicted", kind=kind, digest=digest)
         if doomed:
-            await anyio.to_thread.run_sync(_remove_all, doomed)
+            await anyio.to_thread.run_sync(remove_all, doomed)
 
     def _move_out(self, path: Path) -> Path:
         target = self.tmp / f"gone-{path.name}-{secrets.token_hex(4)}"
@@ -452,12 +417,12 @@ class ImageCache:
     def _touch_layer(self, digest: str) -> None:
         held = self._layers[digest]
         held.last_used = self.clock()
-        _set_mtime(self.blob_dir / _hex(digest), held.last_used)
+        set_mtime(self.blob_dir / _hex(digest), held.last_used)
 
     def _touch_root(self, manifest: str) -> None:
         held = self._roots[manifest]
         held.last_used = self.clock()
-        _set_mtime(self.root_dir / f"{_hex(manifest)}.json", held.last_used)
+        set_mtime(self.root_dir / f"{_hex(manifest)}.json", held.last_used)
 
     # -- rebuilding from disk ------------------------------------------------------------
 
@@ -512,62 +477,9 @@ class ImageCache:
         return discarded
 
 
-def disk_usage(top: Path) -> int:
-    """Bytes on disk under ``top`` (allocated blocks; a hard-linked file once)."""
-    seen: set[tuple[int, int]] = set()
-    total = 0
-    pending = [top]
-    while pending:
-        with os.scandir(pending.pop()) as entries:
-            for entry in entries:
-                st = entry.stat(follow_symlinks=False)
-                if (st.st_dev, st.st_ino) not in seen:
-                    seen.add((st.st_dev, st.st_ino))
-                    total += st.st_blocks * 512
-                if entry.is_dir(follow_symlinks=False):
-                    pending.append(Path(entry.path))
-    return total
-
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` whatever it is; directories an image made read-only included."""
-    try:
-        mode = path.lstat().st_mode
-    except FileNotFoundError:
-        return
-    if not stat.S_ISDIR(mode):
-        path.unlink()
-        return
-    if os.geteuid() != 0:  # root may remove what it cannot write; others make it writable
-        _writable(path)
-    shutil.rmtree(path)
-
-
-def _writable(top: Path) -> None:
-    """Give the owner full rights on every directory under ``top``, never through a link
-    (an image's absolute symlink names a path of the host here)."""
-    top.chmod(stat.S_IMODE(top.lstat().st_mode) | stat.S_IRWXU)
-    for parent, dirs, _ in os.walk(top):
-        for name in dirs:
-            path = Path(parent, name)
-            if not path.is_symlink():
-                path.chmod(stat.S_IMODE(path.lstat().st_mode) | stat.S_IRWXU)
-
-
-def _remove_all(paths: Iterable[Path]) -> None:
-    for path in paths:
-        remove_tree(path)
-
-
 def _hex(digest: str) -> str:
     return digest.removeprefix("sha256:")
 
 
 def _is_hex(name: str) -> bool:
     return len(name) == 64 and set(name) <= _HEX
-
-
-def _set_mtime(path: Path, when: float) -> None:
-    """Keep a last use as the file's time (best effort: an entry being evicted may be gone)."""
-    with contextlib.suppress(FileNotFoundError):
-        os.utime(path, (when, when))

@@ -32,10 +32,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
+from bourse.images.blobstore import CHUNK_BYTES
 from bourse.images.errors import BadImage, DigestMismatch, StoreUnavailable
 from bourse.images.importer import Blob
 from bourse.images.oci import Descriptor
-from bourse.images.store import API_TIMEOUT_S, CHUNK_BYTES, ImageStore
+from bourse.images.store import API_TIMEOUT_S, ImageStore
 from bourse.nats.jetstream import NOT_ENABLED, prefix_token
 from bourse.wire.subjects import Subjects
 

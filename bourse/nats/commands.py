@@ -7,6 +7,10 @@ commands when full rather than drop kept ones, and the duplicate window that mak
 command sent twice under one ``Nats-Msg-Id`` one. The exchange makes it at its start (or
 the operator, ``bourse jetstream init``); only the operator and the exchange publish into
 it; each worker reads its own subject through a durable consumer of its own.
+
+Whoever keeps a command first asks the machine's worker (``probe_or_keep``: the exchange
+for a buyer's or tenant's ``queue_if_away`` request, a direct-mode buyer for itself): a
+command is kept only for a worker that does not answer.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import structlog
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import (
     AckPolicy,
@@ -39,6 +44,7 @@ from bourse.wire.codec import encode
 from bourse.wire.messages import (
     CommandVerb,
     MachineCommand,
+    MachineRequest,
     new_order_id,
     now_ms,
     worker_of_machine,
@@ -69,6 +75,9 @@ DEFAULT_MAX_BYTES = -(-command_stream_bytes(1000, 50) // MIB) * MIB
 MAX_COMMAND_BYTES = 4096
 # How long a worker's fetch waits for a command while it runs (a long poll, not a pace).
 FETCH_WAIT_S = 5.0
+# How long a stop or destroy that may be kept waits for the machine's worker before the
+# command is kept (a worker that answers does so in milliseconds; §4.20).
+QUEUE_PROBE_S = 2.0
 
 
 class CommandNotKept(BourseError, RuntimeError):
@@ -179,6 +188,34 @@ def command_for(verb: str, machine_id: str, requested_by: str) -> MachineCommand
         reason=f"{verb} asked while worker {worker_id} did not answer",
         at_ms=now_ms(),
     )
+
+
+async def probe_or_keep(
+    nc: NATS,
+    subjects: Subjects,
+    verb: str,
+    machine_id: str,
+    requested_by: str,
+    probe_s: float = QUEUE_PROBE_S,
+) -> bytes | MachineCommand:
+    """The machine's worker's answer to a ``get`` of it (the reply's bytes: the machine,
+    or the worker's Error) when it answers within ``probe_s``; else ``verb`` (stop or
+    destroy) kept for that worker in the command stream, and the MachineCommand kept
+    (§4.20). CommandNotKept, naming the worker that does not answer, when it was not
+    kept."""
+    worker_id = worker_of_machine(machine_id)
+    subject = subjects.worker_machine(worker_id, "get")
+    body = encode(MachineRequest(machine_id=machine_id))
+    try:
+        return (await nc.request(subject, body, timeout=probe_s)).data
+    except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+        pass
+    command = command_for(verb, machine_id, requested_by)
+    try:
+        await keep(nc.jetstream(), subjects, command)
+    except CommandNotKept as exc:
+        raise CommandNotKept(f"worker {worker_id!r} does not answer, and {exc}") from None
+    return command
 
 
 def consumer_config(subjects: Subjects, worker_id: str) -> ConsumerConfig:

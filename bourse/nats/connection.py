@@ -2,8 +2,8 @@
 
 Every program takes ``--nats URL`` (repeatable, or comma-separated; env ``BOURSE_NATS_URL``)
 and ``--creds FILE`` (env ``BOURSE_NATS_CREDS``): a JWT ``.creds`` file or an nkey seed file,
-told apart by content (see exchange/auth.py). Long-running services reconnect forever;
-connection events are logged with structlog.
+told apart by content (bourse/nats/auth.py ``read_credentials``). Long-running services
+reconnect forever; connection events are logged with structlog.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Who may do what with the market's JetStream, as ONE table (:data:`GRANTS`): the server
-config grants each verb's API subjects from it (bourse/nats/auth.py), docs/security.md
+config grants each verb's API subjects from it (bourse/nats/permissions.py), docs/security.md
 shows it (bourse/nats/permtable.py renders it), and tests/security/test_jetstream_grants.py
 finds the same table again in the generated config and, verb by verb, on a live server.
 
@@ -47,7 +47,7 @@ ROLE_OPERATOR = "operator"
 ROLE_BUYER = "buyer"
 ROLE_EXCHANGE = "exchange"
 ROLE_SUPPLIER = "supplier"
-# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): bourse/nats/auth.py.
+# A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): bourse/nats/permissions.py.
 ROLE_TENANT = "tenant"
 ROLES = (ROLE_OPERATOR, ROLE_EXCHANGE, ROLE_SUPPLIER, ROLE_BUYER, ROLE_TENANT)
 

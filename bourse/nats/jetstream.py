@@ -76,6 +76,16 @@ HOW_TO_TURN_ON = (
 NOT_ENABLED = frozenset({10039, 10076})
 
 
+def says_none(exc: nats.js.errors.APIError) -> bool:
+    """Whether a JetStream API error says there is no JetStream here: "not enabled" (for
+    the server or the account), or a bare 503 status (nothing serves the JetStream API: a
+    core-only server). Any other error (a timeout, "temporarily unavailable" while a
+    cluster elects its leader) is an outage, not an absence."""
+    if exc.err_code in NOT_ENABLED:
+        return True
+    return isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None
+
+
 class JetStreamMissing(BourseError, RuntimeError):
     """The NATS server has no JetStream and the program was not started without it."""
 
@@ -175,9 +185,7 @@ async def detect(nc: NATS, timeout_s: float = DETECT_TIMEOUT_S) -> bool | None:
     except nats.errors.TimeoutError:
         return None
     except nats.js.errors.APIError as exc:
-        if exc.err_code in NOT_ENABLED:
-            return False
-        if isinstance(exc, nats.js.errors.ServiceUnavailableError) and exc.err_code is None:
+        if says_none(exc):
             return False
         log.debug("jetstream_info_unclear", error=str(exc))
         return None

@@ -1,5 +1,5 @@
 """The permission tables of the docs, rendered from what the server config is generated
-from: each role's subjects (bourse/nats/auth.py ``permissions_for``) and its JetStream
+from: each role's subjects (bourse/nats/permissions.py ``permissions_for``) and its JetStream
 grants (bourse/nats/grants.py). docs/security.md holds all three tables, docs/protocol.md
 §2.1 the subject table, each between ``<!-- begin generated: NAME -->`` and ``<!-- end
 generated: NAME -->``; ``python -m bourse.nats.permtable docs/security.md
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from bourse.nats import grants
-from bourse.nats.auth import User, inbox_prefix_for, new_seed, permissions_for
+from bourse.nats.auth import inbox_prefix_for, new_seed
 from bourse.nats.grants import (
     RESOURCES,
     ROLE_BUYER,
@@ -28,6 +28,7 @@ from bourse.nats.grants import (
     ROLES,
     VERBS,
 )
+from bourse.nats.permissions import User, permissions_for
 from bourse.wire.subjects import Subjects
 
 PREFIX = "bourse"

@@ -10,7 +10,7 @@ the per-user prefixes included: ``bourse.nats.auth.is_inbox``) is dropped before
 handler runs, counted (``reply_not_inbox``, the ``bourse_requests_dropped`` metric) and
 logged. Otherwise a requester could make this program publish, with its rights, on a
 subject the requester may not use (a worker's commit or destroy subject: a confused
-deputy). The generated server permissions say the same (bourse/nats/auth.py).
+deputy). The generated server permissions say the same (bourse/nats/permissions.py).
 
 A fan-out request (status, explain: every worker of the region answers) is subscribed
 with :meth:`Responder.subscribe` and a backlog bound: one queued behind more than

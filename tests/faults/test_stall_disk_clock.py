@@ -20,7 +20,8 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Offer, PlaceOrder, Resources, WorkerStatus
 from loadtest.audit import OrderRecord
-from loadtest.chaos import ChaosRun, fill_store, free_store
+from loadtest.chaos import ChaosRun
+from loadtest.faults import fill_store, free_store
 from loadtest.workload import TraceOrder, trace
 from tests.faults.conftest import (
     ANSWER_BOUND_MS,

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from bourse.auction.admission import ConcurrencyLimit
-from bourse.auction.driver import Auctioneer
+from bourse.auction.auctioneer import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import OVERLOADED_REASON, Error, Placed, Unfilled

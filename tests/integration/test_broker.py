@@ -9,8 +9,8 @@ import asyncio
 import pytest
 
 from bourse.auction.admission import ConcurrencyLimit
+from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.broker import Broker, Refused
-from bourse.auction.driver import Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.messages import Placed, Unfilled
 from tests.market import Market, collect, order, wait_until, worker

@@ -15,7 +15,7 @@ import anyio
 import pytest
 
 from bourse.images import ImageStore, RunSpec
-from bourse.runtime.metrics import free_port
+from bourse.runtime.endpoint import free_port
 from bourse.wire.messages import Check, Machine, Placed
 from tests.containers import need_runc
 from tests.isolation import own_worker_id

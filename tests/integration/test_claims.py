@@ -14,7 +14,8 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from bourse.auction.claims import Claim, ClaimStore, fingerprint
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim, fingerprint
 from bourse.client import BourseClient, ClientError
 from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats

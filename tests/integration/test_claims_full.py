@@ -14,7 +14,7 @@ from pathlib import Path
 import structlog
 from nats.aio.client import Client as NATS
 
-from bourse.auction.claims import ClaimStore
+from bourse.auction.claim_store import ClaimStore
 from bourse.auction.room import CLAIM_BYTES, ClaimLimits
 from bourse.client import BourseClient, ClientError
 from bourse.nats.embedded import EmbeddedNats

@@ -17,7 +17,14 @@ from nats.aio.msg import Msg
 
 from bourse.client import BourseClient
 from bourse.client.policy import failover
-from bourse.nats.commands import command_for, command_stream_name, keep
+from bourse.nats.commands import (
+    CommandStream,
+    command_for,
+    command_stream_name,
+    keep,
+    make_command_stream,
+    probe_or_keep,
+)
 from bourse.nats.connection import connect
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, MachineCommand, Placed
@@ -61,6 +68,34 @@ async def _host(market: Market, data_dir: Path, url: str | None = None) -> Suppl
     await market.serve(host)
     market.hosts.append(host)
     return host
+
+
+async def test_probe_or_keep_keeps_a_command_only_for_a_worker_that_does_not_answer(
+    market: Market,
+) -> None:
+    """The one probe-else-keep (the exchange's queue_if_away and a direct buyer's): the
+    worker's answer to a get when it answers; else the command kept for it."""
+    nc = await market.connect("keeper")
+    s = market.subjects
+    away = "k9~01J00000000000000000000000"
+    await make_command_stream(nc.jetstream(), CommandStream.of(s))
+    kept = await probe_or_keep(nc, s, "destroy", away, "operator")
+    assert isinstance(kept, MachineCommand)
+    assert (kept.worker_id, kept.machine_id, kept.verb, kept.requested_by) == (
+        "k9",
+        away,
+        "destroy",
+        "operator",
+    )
+    assert await _kept(market) == 1
+
+    await market.host(worker("k1"))
+    placed = await (await market.client(direct=True)).place(order())
+    assert isinstance(placed, Placed)
+    shown = await probe_or_keep(nc, s, "stop", placed.machine_id, "operator")
+    assert isinstance(shown, bytes)
+    assert decode(shown, Machine).machine_id == placed.machine_id
+    assert await _kept(market) == 1  # the worker answered: nothing more kept
 
 
 async def test_a_stop_kept_while_the_worker_was_down_is_applied_before_it_resumes(

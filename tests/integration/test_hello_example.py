@@ -13,7 +13,7 @@ import pytest
 
 from bourse.client.follow import follow_logs
 from bourse.images import ImageStore, RunSpec
-from bourse.runtime.metrics import free_port
+from bourse.runtime.endpoint import free_port
 from ops.hello import HELLO_DIR, HELLO_RUN
 from tests.images import place
 from tests.market import Market, worker

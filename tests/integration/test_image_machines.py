@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from bourse.images import ImageInfo, ImageStore, RunSpec
-from bourse.runtime.metrics import MetricsServer, SupplierMetrics
+from bourse.runtime.endpoint import MetricsServer
+from bourse.runtime.metrics import SupplierMetrics
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig

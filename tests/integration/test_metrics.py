@@ -19,14 +19,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bourse.nats.connection import stats_of
+from bourse.runtime.endpoint import MetricsAddrError, MetricsServer, parse_addr
 from bourse.runtime.launcher import start_program
-from bourse.runtime.metrics import (
-    ExchangeMetrics,
-    MetricsAddrError,
-    MetricsServer,
-    SupplierMetrics,
-    parse_addr,
-)
+from bourse.runtime.metrics import ExchangeMetrics, SupplierMetrics
 from bourse.wire.messages import Placed, Unfilled
 from exchange.cli import app as exchange
 from exchange.service import ExchangeService

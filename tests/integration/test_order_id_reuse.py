@@ -9,7 +9,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bourse.auction.claims import ClaimStore, key_of
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import key_of
 from bourse.client import BourseClient, ClientError
 from bourse.wire.messages import Placed, Resources
 from tests.market import Market, order, worker

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import msgspec
 
-from bourse.auction.claims import Claim, ClaimState, ClaimStore, fingerprint, order_shape
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim, ClaimState, fingerprint, order_shape
 from bourse.client import BourseClient
 from bourse.wire.messages import Machine, Offer, Placed, PlaceOrder, Unfilled, now_ms
 from bourse.wire.resources import ZERO

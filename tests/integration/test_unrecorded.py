@@ -17,8 +17,9 @@ from typing import Literal
 
 import pytest
 
-from bourse.auction.claims import KV_TIMEOUT_S, Claim, ClaimStore
-from bourse.auction.driver import Auctioneer
+from bourse.auction.auctioneer import Auctioneer
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import KV_TIMEOUT_S, Claim
 from bourse.client import UNRECORDED_CODE, ClientError
 from bourse.client.policy import place_patiently
 from bourse.wire.messages import Placed

@@ -121,7 +121,8 @@ async def test_an_overloaded_supplier_sheds_queued_bids_and_keeps_answering(
 async def test_a_region_release_reaches_the_asked_workers_and_leaves_nothing_behind(
     market: Market,
 ) -> None:
-    from bourse.auction.driver import AuctionConfig, Auctioneer
+    from bourse.auction.auctioneer import Auctioneer
+    from bourse.auction.core import AuctionConfig
     from bourse.wire.messages import PlaceOrder
 
     host = await market.host(*(worker(f"w{i}") for i in range(30)), max_offers=3)

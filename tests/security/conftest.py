@@ -1,4 +1,4 @@
-"""A secured market: keys from exchange/auth.py (what `bourse auth init` writes), a real
+"""A secured market: keys from bourse/nats/authdir.py (what `bourse auth init` writes), a real
 nats-server started with the generated config, and connections as each role.
 
 Users: operator (the market's JetStream set-up), buyer (the shared buyer key), buyer:alice and
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from nats.aio.client import Client as NATS
 
-from bourse.nats.auth import AuthFiles, SupplierSpec, write_auth_dir
+from bourse.nats.authdir import AuthFiles, SupplierSpec, write_auth_dir
 from bourse.nats.connection import connect
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.subjects import Subjects

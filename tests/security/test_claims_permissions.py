@@ -9,7 +9,8 @@ import asyncio
 
 import pytest
 
-from bourse.auction.claims import Claim, ClaimStore
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim
 from tests.security.conftest import PREFIX, Secured
 
 

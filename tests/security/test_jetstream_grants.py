@@ -17,10 +17,10 @@ import pytest
 import structlog
 from nats.js.api import StreamConfig
 
-from bourse.auction.claims import ClaimStore
+from bourse.auction.claim_store import ClaimStore
 from bourse.images import ImageStore
 from bourse.nats import grants
-from bourse.nats.auth import AuthFiles
+from bourse.nats.authdir import AuthFiles
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, EventStream, ensure_stream
 from ops.cli import app as ops_app

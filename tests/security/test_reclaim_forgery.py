@@ -14,7 +14,8 @@ import pytest
 from nats.aio.msg import Msg
 from ulid import ULID
 
-from bourse.auction.claims import Claim, ClaimStore, fingerprint, order_shape
+from bourse.auction.claim_store import ClaimStore
+from bourse.auction.claims import Claim, fingerprint, order_shape
 from bourse.client import BourseClient
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (

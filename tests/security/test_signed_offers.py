@@ -15,8 +15,8 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bourse.auction.core import MACHINE_UNSHOWN
-from bourse.auction.driver import AuctionConfig, Auctioneer
+from bourse.auction.auctioneer import Auctioneer
+from bourse.auction.core import MACHINE_UNSHOWN, AuctionConfig
 from bourse.nats.auth import new_seed
 from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bourse.client import BourseClient
-from bourse.nats.auth import AuthFiles
+from bourse.nats.authdir import AuthFiles
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.tls import TLS_CONF, TlsError, TlsFiles, client_context, write_tls_dir

@@ -10,13 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from bourse.auction.claiming import (
-    KV_BACKOFF_S,
-    TAKEN_OVER,
+from bourse.auction.claim_steps import (
     BackOff,
-    Claiming,
     ClaimStep,
-    Clock,
     NoRoom,
     OpenClaims,
     ReadClaim,
@@ -27,8 +23,8 @@ from bourse.auction.claiming import (
     Unrecorded,
     WaitForChange,
     WriteClaim,
-    waited_out,
 )
+from bourse.auction.claiming import KV_BACKOFF_S, TAKEN_OVER, Claiming, Clock, waited_out
 from bourse.auction.claims import (
     KV_TIMEOUT_S,
     TAKEOVER_SLACK_MS,

@@ -7,6 +7,7 @@ import pytest
 from nats.js.errors import APIError, NoStreamResponseError
 from nats.js.errors import Error as JsError
 
+from bourse.auction.claim_store import put_result
 from bourse.auction.claims import (
     TAKEOVER_SLACK_MS,
     Adopt,
@@ -16,16 +17,13 @@ from bourse.auction.claims import (
     Conflict,
     Create,
     TakeOver,
-    Verdict,
     Wait,
     decide,
     fingerprint,
-    judge,
     key_of,
     order_shape,
-    put_result,
-    vouched,
 )
+from bourse.auction.verdicts import Verdict, judge, vouched
 from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.messages import Machine, OrderId, Placed, PlaceOrder, Resources
 

@@ -144,7 +144,7 @@ def test_the_packages_are_found() -> None:
     assert {"bourse.wire.messages", "exchange.service", "supplier.host", "buyer_cli.cli"} <= set(
         names
     )
-    assert any(i.target == "bourse.wire.messages" for i in imports_of("exchange.service"))
+    assert any(i.target == "bourse.wire.messages" for i in imports_of("exchange.orders"))
 
 
 def test_no_program_imports_another_program() -> None:

@@ -10,6 +10,7 @@ import re
 
 import pytest
 
+from bourse.images.blobstore import StoredBlob
 from bourse.images.errors import BadImage, DigestMismatch
 from bourse.images.oci import (
     DOCKER_LAYER,
@@ -28,7 +29,7 @@ from bourse.images.oci import (
     pick_manifest,
     references,
 )
-from bourse.images.store import StoredBlob, sweep
+from bourse.images.store import sweep
 
 
 def digest(n: int) -> str:

@@ -31,11 +31,11 @@ from supplier.feasible import INSUFFICIENT, every_failure, fits, wanted
 from supplier.ledger import Ledger
 from supplier.ports import (
     Allocator,
-    Claim,
     HostClaims,
     NoPort,
     PortError,
     PortRange,
+    RangeClaim,
     Wanted,
     WorkerPorts,
     address,
@@ -96,7 +96,7 @@ def test_workers_of_one_fleet_with_overlapping_ranges_are_refused() -> None:
 
 
 def test_a_host_refuses_a_range_a_live_supplier_serves_and_gives_defaults_apart() -> None:
-    live = [Claim("x", "o1", PortRange(20000, 20099), 42)]
+    live = [RangeClaim("x", "o1", PortRange(20000, 20099), 42)]
     with pytest.raises(PortError) as err:
         choose([Wanted("a", PortRange(20050, 20060))], live)
     assert str(err.value) == (
@@ -113,7 +113,7 @@ def test_a_host_refuses_a_range_a_live_supplier_serves_and_gives_defaults_apart(
 def test_a_default_range_is_kept_across_restarts_unless_another_supplier_took_it() -> None:
     kept = PortRange(20500, 20599)
     assert choose([Wanted("a", None, default=True, kept=kept)], []) == {"a": kept}
-    live = [Claim("x", "o1", kept, 42)]  # taken while this worker's supplier was away
+    live = [RangeClaim("x", "o1", kept, 42)]  # taken while this worker's supplier was away
     assert choose([Wanted("a", None, default=True, kept=kept)], live) == {
         "a": PortRange(20000, 20099)
     }

@@ -6,15 +6,13 @@ from __future__ import annotations
 
 import pytest
 
-from bourse.nats.auth import (
+from bourse.nats.auth import inbox_prefix_for, is_inbox, new_seed
+from bourse.nats.permissions import (
     ROLE_BUYER,
     ROLE_EXCHANGE,
     ROLE_SUPPLIER,
     ROLE_TENANT,
     User,
-    inbox_prefix_for,
-    is_inbox,
-    new_seed,
     permissions_for,
     render_authorization,
 )

@@ -12,12 +12,13 @@ import anyio
 import msgspec
 import structlog
 
-from bourse.client import BourseClient, ClientError
 from bourse.client.apps import rollout as ro
 from bourse.client.apps.plan import Plan, plan
 from bourse.client.apps.slots import machine_metadata, slot_key
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppChanged, AppRecord, AppStore, next_generation
+from bourse.client.client import BourseClient
+from bourse.client.errors import ClientError
 from bourse.client.policy import place_patiently
 from bourse.errors import BourseError
 from bourse.images import BadReference, ImageError, ImageStore, Reference

@@ -2,7 +2,7 @@
 messages). The exchange runs it, and so can a buyer directly against the suppliers
 ("direct" mode).
 
-The driver only moves messages, in two loops. The claim's (``_claimed``) performs what
+The auctioneer only moves messages, in two loops. The claim's (``_claimed``) performs what
 ``bourse.auction.claiming.Claiming`` decides about the order id's claim: the KV requests
 and their answers, pauses, the auction to run and the order's end. The auction's
 (``_drive``) feeds the replies the inbox (``bourse.auction.inbox``) routed to its mailbox to
@@ -28,9 +28,8 @@ from nats.aio.client import Client as NATS
 from ulid import ULID
 
 from bourse.auction.batches import BatchSender
-from bourse.auction.claiming import (
+from bourse.auction.claim_steps import (
     BackOff,
-    Claiming,
     ClaimRequest,
     ClaimStep,
     NoRoom,
@@ -43,7 +42,9 @@ from bourse.auction.claiming import (
     Unrecorded,
     WriteClaim,
 )
-from bourse.auction.claims import KV_ERRORS, ClaimBucket, ClaimStore, fingerprint
+from bourse.auction.claim_store import KV_ERRORS, ClaimBucket, ClaimStore
+from bourse.auction.claiming import Claiming
+from bourse.auction.claims import fingerprint
 from bourse.auction.content import CATALOG, ImageContent
 from bourse.auction.core import (
     Auction,
@@ -66,10 +67,11 @@ from bourse.auction.core import (
     WakeAt,
 )
 from bourse.auction.errors import AuctionError, ConflictingOrder, StoreFull, UnrecordedPlacement
-from bourse.auction.inbox import Inbox, Mailbox, no_responders, reply_shard, shard_token
+from bourse.auction.inbox import Inbox, Mailbox, reply_shard, shard_token
 from bourse.auction.responders import Responders
 from bourse.auction.room import ClaimLimits, no_room, store_full_detail
 from bourse.errors import BourseError
+from bourse.nats.scatter import no_responders
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     BatchBid,
