@@ -53,7 +53,8 @@ from bourse.wire.subjects import Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
-from supplier.desk import DEFAULT_MAX_OFFERS, Desk, explanation_pages
+from supplier.desk import DEFAULT_MAX_OFFERS, Desk
+from supplier.explain import explanation_pages
 from supplier.images import ImageListener, StoreSource
 from supplier.machines.host.confine import owner_of
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import structlog
 
-from bourse.runtime.metrics import CacheSample, WorkerSample
+from bourse.runtime.collectors import CacheSample, WorkerSample
 from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
@@ -34,7 +34,7 @@ from bourse.wire.messages import (
 from bourse.wire.resources import amount, format_vec, leq, vec
 from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
-from supplier.desk import WaitingBids
+from supplier.seat import WaitingBids
 from supplier.feasible import OrderLike
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
