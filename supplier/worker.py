@@ -34,7 +34,6 @@ from bourse.wire.messages import (
 from bourse.wire.resources import amount, format_vec, leq, vec
 from supplier.commits import CommitDesk
 from supplier.config import WorkerConfig
-from supplier.seat import WaitingBids
 from supplier.feasible import OrderLike
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
@@ -50,6 +49,7 @@ from supplier.ports import PortRange, WorkerPorts, default_host
 from supplier.pricing import ImageCost, Pricer
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import Reclaims
+from supplier.seat import WaitingBids
 from supplier.store import Store
 
 log = structlog.get_logger("bourse.supplier")
