@@ -135,7 +135,8 @@ async def keep(js: JetStreamContext, subjects: Subjects, command: MachineCommand
             stream=command_stream_name(subjects.prefix),
             headers={HEADER_MSG_ID: command.command_id},
         )
-    except nats.errors.NoRespondersError:
+    except (nats.errors.NoRespondersError, nats.js.errors.NoStreamResponseError):
+        # nats-py says a missing stream either way (no responders; no stream response)
         raise CommandNotKept("the command stream is not there (bourse jetstream init)") from None
     except nats.js.errors.APIError as exc:
         raise CommandNotKept(f"the command stream refused it: {exc.description}") from None

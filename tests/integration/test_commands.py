@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 from bourse.client import BourseClient
 from bourse.client.policy import failover
 from bourse.nats.commands import (
+    CommandNotKept,
     CommandStream,
     command_for,
     command_stream_name,
@@ -328,3 +329,12 @@ async def test_failover_queues_the_stop_and_the_returning_worker_never_resumes_t
         assert await _kept(market) == 0
     finally:
         await proc.stop()
+
+
+async def test_a_command_for_a_market_without_its_command_stream_says_so(market: Market) -> None:
+    """No command stream (nobody ran bourse jetstream init, no exchange made it): the keep
+    is refused with the one line that says what to do, whichever error nats-py raises."""
+    nc = await market.connect("keeper")
+    away = "k9~01J00000000000000000000000"
+    with pytest.raises(CommandNotKept, match=r"the command stream is not there \(bourse jetstream"):
+        await probe_or_keep(nc, market.subjects, "stop", away, "operator")
