@@ -17,6 +17,7 @@ never from its modules. What it offers:
 - the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
   bid), ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid) and
   ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d);
+- ``HEARTBEAT``: the path of a tiny machine program for demos (``{python} HEARTBEAT NAME``);
 - the container runtime the ``oci`` driver would use here: ``detect_runtime()`` (its name
   and version), or ``RuntimeUnavailable`` naming what to install.
 
@@ -27,6 +28,7 @@ from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
 from supplier.images import CatalogCache
+from supplier.machines.heartbeat import SCRIPT as HEARTBEAT
 from supplier.machines.oci.runtime import RuntimeUnavailable
 from supplier.machines.oci.runtime import detect as detect_runtime
 from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
@@ -36,6 +38,7 @@ __all__ = [
     "DEFAULT_MAX_OFFERS",
     "DEFAULT_QUOTE_SAMPLE",
     "DEFAULT_RECLAIM_AFTER_S",
+    "HEARTBEAT",
     "CatalogCache",
     "ConfigError",
     "ImageCost",

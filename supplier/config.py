@@ -70,6 +70,9 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # supplier run's --keep-machines (its default) or --machines-stop-with-supplier; a
     # worker driven in-process without a value stops them.
     keep_machines: bool | None = None
+    # Process and oci drivers: each machine its own users and mounts ("auto": where the
+    # supplier is root; supplier/machines/host/ids.py), or as the supplier ("off").
+    isolate: Literal["auto", "off"] = "auto"
     # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
     oci_runtime: Literal["auto", "runc", "crun"] = "auto"
     # Images this worker knows (the process driver runs only these); sim runs any image.

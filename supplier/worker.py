@@ -12,6 +12,7 @@ drain, and what a commit tells it).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,7 +39,9 @@ from supplier.feasible import OrderLike
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines.api import Driver, Mechanism
+from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import Confiner, owner_of
+from supplier.machines.host.ids import UidBlocks
 from supplier.machines.keeper import Machines
 from supplier.machines.oci.kind import ContainerKind
 from supplier.machines.oci.runtime import detect
@@ -81,13 +84,18 @@ def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]
         pids_max=cfg.pids_max,
         cgroup_parent=cfg.cgroup_parent,
     )
+    ids = None
+    if cfg.isolate == "auto" and os.geteuid() == 0:  # each machine its own users
+        claims = host_claims()
+        claims.live(owner)
+        ids = UidBlocks(claims, owner)
     kind: Kind
     if cfg.driver == "oci":
         kind = ContainerKind.make(
-            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent
+            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent, ids
         )
     else:
-        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id)
+        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id, ids)
     return Runner(
         kind,
         confiner,

@@ -6,6 +6,7 @@ machine cgroup of its worker, whoever made it)."""
 from __future__ import annotations
 
 import fcntl
+import os
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -38,3 +39,31 @@ def demo_fleet_alone() -> Iterator[None]:
 
 
 ONE_DEMO_FLEET_AT_A_TIME = pytest.mark.usefixtures("demo_fleet_alone")
+
+
+# -- the host's claims: a directory of this session's own, and a slice of the user ids ------
+SESSIONS_DIR = Path(tempfile.gettempdir()) / "bourse-test-sessions"
+SLICE_BLOCKS = 256  # user id blocks a session's machines draw from
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Once per session (in the controller; xdist's workers inherit the environment): the
+    suppliers of this session claim the host's ports, subnets and user ids in a directory
+    of its own, and draw user ids from a slice no other session on the host uses (held for
+    the session's life: its claim's owner lock is this process's)."""
+    if hasattr(config, "workerinput") or os.environ.get("BOURSE_CLAIMS_DIR"):
+        return
+    import supplier.machines.host.ids as ids
+    from supplier.machines.host.claims import Claim, HostClaims
+
+    os.environ["BOURSE_CLAIMS_DIR"] = tempfile.mkdtemp(prefix="bourse-claims-")
+    sessions = HostClaims(SESSIONS_DIR)
+    owner = f"session-{os.getpid()}-{_THIS_RUN}"
+    sessions.live(owner)
+    with sessions.locked():
+        taken = {int(c.key) for c in sessions.standing("slice")}
+        free = next(i for i in range(120) if i not in taken)
+        sessions.take(Claim("slice", str(free), owner, owner))
+    first = ids.FIRST_BLOCK + free * SLICE_BLOCKS
+    os.environ["BOURSE_UID_BLOCKS"] = f"{first}-{first + SLICE_BLOCKS - 1}"
+    config._bourse_sessions = sessions  # type: ignore[attr-defined]  # its lock lives on

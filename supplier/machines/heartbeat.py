@@ -1,4 +1,6 @@
-"""A tiny machine program for demos and tests: ``{python} -m supplier.machines.heartbeat NAME``.
+"""A tiny machine program for demos and tests: ``{python} <this file> NAME`` (:data:`SCRIPT`:
+run as a file it needs nothing but the standard library, so any Python a machine's user may
+run runs it).
 
 Prints a line when it starts, one per ``--every-s`` seconds, and a last one when SIGTERM asks
 it to stop (then exits 0).
@@ -11,6 +13,8 @@ import os
 import signal
 import sys
 import time
+
+SCRIPT = os.path.abspath(__file__)
 
 
 def main() -> None:

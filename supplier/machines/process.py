@@ -34,6 +34,7 @@ import stat
 import sys
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import cache
 from pathlib import Path
 from typing import Annotated
 
@@ -45,6 +46,7 @@ from bourse.wire.messages import Machine
 from bourse.wire.metadata import RestartPolicy
 from supplier.machines.api import NO_ENV, DriverError, ImageRun
 from supplier.machines.host.confine import Confiner
+from supplier.machines.host.ids import UidBlocks
 from supplier.machines.oci.bundle import DEFAULT_PATH, BundleError, argv, check_env, image_env
 from supplier.machines.runner import confine, python_runtime
 from supplier.machines.shim import teardown
@@ -54,6 +56,11 @@ from supplier.machines.shim.contract import ProcessRun
 HOST_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
 # Symbolic links followed while resolving one path inside a root (Linux's own limit).
 MAX_LINK_HOPS = 40
+# Where a machine of its own user sees its image (read-only) and its working directory:
+# bound there in its own mount namespace, so that it needs no way into the supplier's data
+# dir (which only root may enter) and sees no other machine's files.
+SEEN_IMAGE = Path("/run/bourse/mnt/image")
+SEEN_WORK = Path("/run/bourse/mnt/work")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,28 +73,37 @@ class Launch:
 
 
 def launch(
-    m: Machine, root: Path, config: RunConfig, cwd: Path, env: Mapping[str, str] = NO_ENV
+    m: Machine,
+    root: Path,
+    config: RunConfig,
+    cwd: Path,
+    env: Mapping[str, str] = NO_ENV,
+    seen: Path | None = None,
 ) -> Launch:
     """The process a machine of the image at ``root`` runs, in ``cwd`` (see the module doc),
-    with the image's env, then the run's ``env``, then Bourse's own variables. ``BundleError``
+    with the image's env, then the run's ``env``, then Bourse's own variables. ``seen``:
+    where the machine sees the root (a machine of its own user sees its image and its
+    working directory bound at fixed paths: :data:`SEEN_IMAGE`, ``cwd`` being then
+    :data:`SEEN_WORK`); files are looked for at ``root`` all the same. ``BundleError``
     names what the image lacks (no command) or carries badly (its env, or the run's)."""
     args = argv(config)
     check_env(env, "the order's")
     own = {**image_env(config.env or ()), **env}
-    path = search_path(root, own.pop("PATH", DEFAULT_PATH))
+    shown = seen or root
+    path = search_path(shown, own.pop("PATH", DEFAULT_PATH))
     environment = {
         "HOME": str(cwd),
         "PATH": path,
         **own,
         "BOURSE_MACHINE_ID": m.machine_id,
         "BOURSE_ORDER_ID": m.order_id,
-        "BOURSE_IMAGE_ROOT": str(root),
+        "BOURSE_IMAGE_ROOT": str(shown),
         "BOURSE_IMAGE_DIGEST": m.image_digest,
     }
     if args[0].startswith("/"):
         inside = resolve(root, args[0])
         if inside is not None:
-            args[0] = str(inside)
+            args[0] = str(shown / inside.relative_to(root))
     return Launch(args, environment, cwd)
 
 
@@ -128,18 +144,27 @@ def resolve(root: Path, path: str) -> Path | None:
     return root.joinpath(*at)
 
 
-def working_dir(root: Path, config: RunConfig, cwd: Path) -> None:
-    """Make the machine's working directory ``cwd`` (if missing) and link each top-level
-    entry of the image's working directory there, but for names it holds already."""
+def working_dir(
+    root: Path, config: RunConfig, cwd: Path, seen: Path | None = None, owner: int = -1
+) -> None:
+    """Make the machine's working directory ``cwd`` (if missing; owned by ``owner`` when
+    >= 0) and link each top-level entry of the image's working directory there, but for
+    names it holds already; a link names the entry where the machine sees the root
+    (``seen``, default ``root``)."""
     cwd.mkdir(parents=True, exist_ok=True)
+    if owner >= 0:
+        os.chown(cwd, owner, owner)
+        cwd.chmod(0o700)
     source = resolve(root, config.working_dir or "/")
     if source is None or not source.is_dir():
         return  # an image without its working directory: the machine starts in an empty one
+    shown = seen or root.absolute()
     for entry in os.scandir(source):
         link = cwd / entry.name
         if not os.path.lexists(link):
             # absolute: a link is read from where it is, not from a data dir named relative
-            link.symlink_to(os.path.abspath(entry.path))
+            target = shown / Path(os.path.abspath(entry.path)).relative_to(root.absolute())
+            link.symlink_to(target)
 
 
 # -- a catalog image --------------------------------------------------------------------------
@@ -162,10 +187,14 @@ class ImageSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     stop_grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 10.0
 
 
-def catalog_launch(m: Machine, spec: ImageSpec, env: Mapping[str, str] = NO_ENV) -> Launch:
+def catalog_launch(
+    m: Machine, spec: ImageSpec, env: Mapping[str, str] = NO_ENV, own_user: bool = False
+) -> Launch:
     """A catalog image's process: its spec's command (``{python}`` the supplier's own
-    interpreter) with a default ``PATH``, the spec's env, the run's and Bourse's ids (never
-    the supplier's environment), in the supplier's working directory."""
+    interpreter, or for a machine of its own user one it can run: :func:`machine_python`)
+    with a default ``PATH``, the spec's env, the run's and Bourse's ids (never the
+    supplier's environment), in the supplier's working directory."""
+    python = machine_python() if own_user else sys.executable
     env = {
         "PATH": DEFAULT_PATH,
         **spec.env,
@@ -173,22 +202,62 @@ def catalog_launch(m: Machine, spec: ImageSpec, env: Mapping[str, str] = NO_ENV)
         "BOURSE_MACHINE_ID": m.machine_id,
         "BOURSE_ORDER_ID": m.order_id,
     }
-    command = [sys.executable if word == PYTHON else word for word in spec.command]
+    command = [python if word == PYTHON else word for word in spec.command]
     return Launch(command, env, None)
+
+
+def reachable(path: Path) -> bool:
+    """Whether any user may reach ``path`` (each directory on its way searchable by
+    others, the file itself readable or searchable), links followed."""
+    try:
+        real = path.resolve(strict=True)
+    except OSError:
+        return False
+    for d in real.parents:
+        if not d.stat().st_mode & stat.S_IXOTH:
+            return False
+    return bool(real.stat().st_mode & (stat.S_IXOTH | stat.S_IROTH))
+
+
+@cache
+def machine_python() -> str:
+    """``{python}`` for a machine of its own user: the supplier's interpreter when any user
+    may run it (a Python installed below a home only its owner enters may not be), else the
+    host's ``python3``."""
+    if reachable(Path(sys.executable)):
+        return sys.executable
+    for d in HOST_PATH:
+        candidate = Path(d) / "python3"
+        if reachable(candidate):
+            return str(candidate)
+    return sys.executable
 
 
 # -- the kind --------------------------------------------------------------------------------
 class ProcessKind:
     """Process machines (supplier/machines/runner.py's kind): the image's files or the
     catalog's command, confined by the worker's confiner, each with a working directory of
-    its own below ``work_dir`` (a content image's)."""
+    its own below ``work_dir``. With ``ids`` (a root supplier's: supplier/machines/host/
+    ids.py) each machine runs as its own user in a mount namespace of its own: a /tmp of its
+    own, its image read-only at :data:`SEEN_IMAGE` and its working directory at
+    :data:`SEEN_WORK`, nothing of the supplier's data dir reachable."""
 
     name = "process"
 
-    def __init__(self, confiner: Confiner, catalog: Mapping[str, ImageSpec], work_dir: Path):
+    def __init__(
+        self,
+        confiner: Confiner,
+        catalog: Mapping[str, ImageSpec],
+        work_dir: Path,
+        ids: UidBlocks | None = None,
+    ) -> None:
         self.confiner = confiner
         self.catalog = catalog
         self.work_dir = work_dir
+        self.ids = ids
+        if ids is not None:
+            for seen in (SEEN_IMAGE, SEEN_WORK):
+                seen.mkdir(parents=True, exist_ok=True)  # mount points, empty on the host
 
     @property
     def runtime_version(self) -> str:
@@ -201,34 +270,64 @@ class ProcessKind:
     async def plan(
         self, m: Machine, image: ImageRun | None, env: Mapping[str, str]
     ) -> tuple[ProcessRun, float]:
+        mid = m.machine_id
+        user = -1 if self.ids is None else self.ids.base(mid)
+        work = self.work_dir / mid
+        binds: list[list[str]] = []
         if image is not None:
-            run, grace = await self._image_launch(m, image, env), IMAGE_STOP_GRACE_S
+            run, grace = await self._image_launch(m, image, env, user), IMAGE_STOP_GRACE_S
+            if user >= 0:
+                binds.append([str(image.root.absolute()), str(SEEN_IMAGE), "ro"])
         else:
             spec = self.catalog.get(m.image)
             if spec is None or not spec.command:
                 raise DriverError(f"image {m.image!r} is not in this worker's catalog")
-            run, grace = catalog_launch(m, spec, env), spec.stop_grace_s
-        mid = m.machine_id
+            run, grace = catalog_launch(m, spec, env, own_user=user >= 0), spec.stop_grace_s
+            if user >= 0:
+                await self._work_dir(mid, user)
+        if user >= 0:
+            binds.append([str(work.absolute()), str(SEEN_WORK), "rw"])
         cgroups, limits = await confine(self.confiner, mid, m.resources)
         return (
             ProcessRun(
                 argv=run.argv,
-                env=run.env,
-                cwd=str(run.cwd or Path.cwd()),
+                env=run.env | ({"HOME": str(SEEN_WORK)} if user >= 0 else {}),
+                cwd=str(SEEN_WORK if user >= 0 else run.cwd or Path.cwd()),
                 cgroups=cgroups,
                 rlimits=limits,
                 cgroup_dirs=self.confiner.cgroup_dirs(mid),
                 oom_files=self.confiner.oom_files(mid),
+                uid=user,
+                gid=user,
+                tmp_mb=max(16, min(m.resources.memory_mb, 1024)) if user >= 0 else 0,
+                binds=binds,
             ),
             grace,
         )
 
-    async def _image_launch(self, m: Machine, image: ImageRun, env: Mapping[str, str]) -> Launch:
+    async def _work_dir(self, machine_id: str, user: int) -> None:
+        """A catalog machine's working directory, its user's."""
+        work = self.work_dir / machine_id
+
+        def make() -> None:
+            work.mkdir(parents=True, exist_ok=True)
+            os.chown(work, user, user)
+            work.chmod(0o700)
+
+        try:
+            await anyio.to_thread.run_sync(make)
+        except OSError as exc:
+            raise DriverError(f"cannot make {machine_id}'s working directory: {exc}") from None
+
+    async def _image_launch(
+        self, m: Machine, image: ImageRun, env: Mapping[str, str], user: int
+    ) -> Launch:
         """A content image's process, its working directory made (linked to the image)."""
         cwd = self.work_dir / m.machine_id
+        seen = SEEN_IMAGE if user >= 0 else None
         try:
-            run = launch(m, image.root, image.config, cwd, env)
-            await anyio.to_thread.run_sync(working_dir, image.root, image.config, cwd)
+            run = launch(m, image.root, image.config, SEEN_WORK if seen else cwd, env, seen)
+            await anyio.to_thread.run_sync(working_dir, image.root, image.config, cwd, seen, user)
         except BundleError as exc:
             raise DriverError(f"image {m.image!r}: {exc}") from None
         except OSError as exc:
@@ -241,6 +340,8 @@ class ProcessKind:
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
         await anyio.to_thread.run_sync(teardown.remove_tree, str(self.work_dir / machine_id))
+        if self.ids is not None:  # nothing of its user may be left: then its ids go back
+            await anyio.to_thread.run_sync(self.ids.give_back, machine_id)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
         return await anyio.to_thread.run_sync(lambda: self.confiner.sweep(keep=keep))

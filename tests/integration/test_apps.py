@@ -21,12 +21,13 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.store import AppChanged, AppStore
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
+from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
 SPEC = """
 app = "hello"
 image = "web"

@@ -18,12 +18,13 @@ from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from bourse.wire.subjects import Subjects
 from supplier.config import ConfigError, WorkerConfig, check_workers
+from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.host.confine import CGROUP_MECHANISMS, Confiner, owner_of
 from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
 # Touches 1 MiB more every step until far past any limit of these tests.
 HOG = [
     "{python}",

@@ -7,7 +7,6 @@ next placement lands on the worker that holds it and starts without a pull (byte
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -35,7 +34,7 @@ print("supplier env:", "SUPPLIER_ONLY" in os.environ, flush=True)
 """
 
 
-RUN_APP = RunSpec(cmd=(sys.executable, "app.py"))
+RUN_APP = RunSpec(cmd=("python3", "app.py"))
 
 
 def image_worker(wid: str, **extra: object) -> WorkerConfig:
@@ -60,7 +59,7 @@ async def test_a_pushed_directory_is_pulled_once_run_from_its_files_then_started
 ) -> None:
     monkeypatch.setenv("SUPPLIER_ONLY", "1")  # the supplier's environment: not the machine's
     source = tree(tmp_path / "app", **{"app.py": PROGRAM, "data/motd.txt": "good morning\n"})
-    run = RunSpec(cmd=(sys.executable, "app.py"), env=("GREETING=the image",))
+    run = RunSpec(cmd=("python3", "app.py"), env=("GREETING=the image",))
     pushed = await store.push_directory(source, "app:v1", run)
     info = await store.inspect("app:v1")
     [layer] = info.layers
@@ -222,7 +221,7 @@ async def test_a_100_mb_image_first_start_with_its_pull_then_without(
         for _ in range(100):
             f.write(os.urandom(1 << 20))  # incompressible, as a real layer mostly is
     (source / "app.py").write_text("print('up', flush=True)\n")
-    run = RunSpec(cmd=(sys.executable, "app.py"))
+    run = RunSpec(cmd=("python3", "app.py"))
     await store.push_directory(source, "big:v1", run, compresslevel=1)
     info = await store.inspect("big:v1")
     await market.host(image_worker("w1"))

@@ -16,11 +16,12 @@ from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
 from supplier.config import WorkerConfig
+from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
 P1, K1 = own_worker_id("p1"), own_worker_id("k1")  # their cgroups are the host's
 
 
@@ -111,9 +112,8 @@ async def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(market:
 async def test_on_failure_restarts_with_backoff_until_it_stays_up(
     market: Market, tmp_path: Path
 ) -> None:
-    counter = tmp_path / "runs"
-    flaky = _py(
-        f"import pathlib,sys,time; p=pathlib.Path({str(counter)!r});"
+    flaky = _py(  # counts its runs in its working directory (the one the test reaches too)
+        "import pathlib,sys,time; p=pathlib.Path('runs');"
         " n=int(p.read_text()) if p.exists() else 0; p.write_text(str(n+1));"
         " sys.exit(1) if n < 2 else time.sleep(60)"  # the third run stays up
     )
@@ -121,6 +121,7 @@ async def test_on_failure_restarts_with_backoff_until_it_stays_up(
     await market.exchange()
     m = await _placed_and_started(market)
     d = _driver(market)
+    counter = market.tmp_path / "supplier-0" / "work" / P1 / m.machine_id / "runs"
     await wait_until(
         lambda: counter.exists() and counter.read_text() == "3" and d.is_running(m.machine_id)
     )

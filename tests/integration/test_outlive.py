@@ -88,9 +88,9 @@ async def test_a_machine_runs_on_through_a_kill_9_and_a_sigterm_of_its_supplier(
 async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
     market: Market, tmp_path: Path
 ) -> None:
-    # the first run ends when told to (a file), the later ones run on
-    flag = tmp_path / "end-now"
-    script = f"echo pid $$; while [ ! -e {flag} ]; do sleep 0.05; done; rm {flag}; exit 3"
+    # the first run ends when told to (a file in its working directory, the one place of
+    # the host a machine of its own user and the test both reach), the later ones run on
+    script = "echo pid $$; while [ ! -e end-now ]; do sleep 0.05; done; rm end-now; exit 3"
     fleet = _fleet(tmp_path, script)
     sup = await _supplier(market, tmp_path, fleet)
     buyer = await market.client(direct=True)
@@ -103,7 +103,8 @@ async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
     sup.kill9()
     await sup.proc.wait()
 
-    flag.touch()  # a's machine exits while no supplier runs
+    (tmp_path / "data" / "work" / WID / a.machine_id / "end-now").touch()  # a's machine exits
+    # while no supplier runs
     state = tmp_path / "data" / "shims" / WID / a.machine_id / "state.json"
     await wait_until(lambda: '"exit"' in state.read_text(), WAIT_S)
     # b's shim and machine are killed (a reboot, say)

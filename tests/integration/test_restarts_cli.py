@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
+from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.host.output import CUT_AFTER, CUT_BEFORE, Logs
 from supplier.machines.keeper import MAX_LOG_BYTES
 from supplier.machines.runner import Runner
@@ -23,7 +24,7 @@ from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
 CRASH = ["{python}", "-c", "import sys; print('crashing', flush=True); sys.exit(1)"]
 MAD_1, MAD_2 = own_worker_id("mad-1"), own_worker_id("mad-2")  # their cgroups: the host's
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from bourse.wire.messages import Machine, Placed
 from supplier.config import WorkerConfig
 from supplier.host import STOP_S
+from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.runner import Runner
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
-HEARTBEAT = ["{python}", "-m", "supplier.machines.heartbeat", "web", "--every-s", "0.2"]
+HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
 P1 = own_worker_id("p1")  # its cgroups are the host's
 # Ignores SIGTERM, and its grace outlasts the host's whole stop: the driver's end kills it.
 STUBBORN = [

@@ -59,6 +59,9 @@ log = structlog.get_logger("bourse.driver.oci")
 
 # Characters that overlayfs's option string cannot carry in a path.
 OVERLAY_UNSAFE = ",:\\\n"
+# Where boxes' bundles are (a directory each, searchable by anyone, so that a container's
+# root, mapped into a user namespace, can be entered; below it only the container's own).
+BUNDLES = Path("/run/bourse/bundles")
 # A container's writable layer when its order buys no disk (MiB).
 DEFAULT_DISK_MB = 1024
 # Layers formatted ahead, per size; the sizes kept ready (the default's, and the last few
@@ -82,9 +85,12 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
 
 @dataclass(frozen=True, slots=True)
 class Box:
-    """One machine's directory and the paths in it."""
+    """One machine's directory and the paths in it, and its bundle's directory (outside the
+    data dir: runc enters a user-namespaced container's root as the container's root, which
+    may not pass through the supplier's data dir)."""
 
     dir: Path
+    bundle: Path
 
     @property
     def record(self) -> Path:
@@ -97,10 +103,6 @@ class Box:
     @property
     def layer(self) -> Path:
         return self.dir / "layer"
-
-    @property
-    def bundle(self) -> Path:
-        return self.dir / "bundle"
 
 
 def _must(what: str, *args: str) -> None:
@@ -210,6 +212,7 @@ class Containers:
         self.state = self.home / "state"
         self.machines = self.home / "machines"
         self.pool = LayerPool(self.home / "pool")
+        self.bundles = BUNDLES / f"{subtree.strip('/').rsplit('/', 1)[-1]}-{owner}"
         self.cgroup_parent = cgroup_parent.strip("/")
         self.subtree = subtree.strip("/")
         self.log = log.bind(worker_id=owner)
@@ -249,9 +252,12 @@ class Containers:
 
     # -- a box ------------------------------------------------------------------------------
     def box(self, machine_id: str) -> Box:
-        return Box(self.machines / runtime_id(machine_id))
+        rid = runtime_id(machine_id)
+        return Box(self.machines / rid, self.bundles / rid)
 
-    def prepare(self, machine_id: str, spec: Spec, image_root: Path, disk_mb: int) -> ContainerRun:
+    def prepare(
+        self, machine_id: str, spec: Spec, image_root: Path, disk_mb: int, ids: int = -1
+    ) -> ContainerRun:
         """Make the machine's box (blocking: run it in a worker thread): its record, its
         writable layer (from the pool, else formatted now) mounted, its root (the image
         root under the layer) mounted, its bundle; what its shim runs. Leftovers of an
@@ -269,7 +275,7 @@ class Containers:
                 raise ContainerError(f"{path} holds a character overlayfs options cannot carry")
         if not image_root.is_dir():
             raise ContainerError(f"the image root {image_root} is not a directory")
-        if box.dir.exists():
+        if box.dir.exists() or box.bundle.exists():
             self.remove(machine_id)  # an earlier run's leftovers
         run = uuid.uuid4().hex
         try:
@@ -280,6 +286,7 @@ class Containers:
                 image_root,
                 rootfs,
                 disk_mb,
+                ids,
             )
         except BaseException as exc:
             self._remove_quietly(machine_id)
@@ -303,10 +310,22 @@ class Containers:
         )
 
     def _make(
-        self, box: Box, record: Record, spec: Spec, image_root: Path, rootfs: Path, disk_mb: int
+        self,
+        box: Box,
+        record: Record,
+        spec: Spec,
+        image_root: Path,
+        rootfs: Path,
+        disk_mb: int,
+        ids: int,
     ) -> None:
         t0 = time.monotonic()
         box.dir.mkdir(parents=True, mode=0o700)
+        for d in reversed([box.bundle, *box.bundle.parents]):  # searchable on the way in
+            if d == BUNDLES.parent or d in BUNDLES.parents:
+                continue
+            d.mkdir(mode=0o711, exist_ok=True)
+            d.chmod(0o711)
         box.record.write_bytes(msgspec.json.encode(record))
         if not self.pool.take(disk_mb, box.disk):
             format_layer(box.disk, disk_mb)
@@ -314,14 +333,37 @@ class Containers:
         loop = ("mount", "-o", "loop,nodev,nosuid", str(box.disk), str(box.layer))
         _must("mount the writable layer", *loop)
         upper, work = box.layer / "upper", box.layer / "work"
-        upper.mkdir()
-        work.mkdir()
-        rootfs.mkdir(parents=True)
+        upper.mkdir(mode=0o755)
+        work.mkdir(mode=0o700)
+        if ids >= 0:  # the container's root owns its writable layer (its ids are the block's)
+            for d in (upper, work):
+                os.chown(d, ids, ids)
+            self._mount_points(upper, spec, ids)
+        rootfs.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={image_root},upperdir={upper},workdir={work}"
         _must("mount the root", "mount", "-t", "overlay", "overlay", "-o", options, str(rootfs))
         (box.bundle / "config.json").write_bytes(encode(spec))
         ms = round((time.monotonic() - t0) * 1e3)
         self.log.debug("box_made", machine_id=record.machine_id, ms=ms)
+
+    @staticmethod
+    def _mount_points(upper: Path, spec: Spec, ids: int) -> None:
+        """The files the spec binds into a directory of the image (its /etc/resolv.conf,
+        /etc/hosts), made in the writable layer beforehand, the container's: the image's
+        directories are the host's root's, which the container's root is not, so the
+        runtime could not make them there itself."""
+        for m in spec.mounts:
+            if m.type != "bind" or not Path(m.source).is_file():
+                continue
+            target = upper / m.destination.lstrip("/")
+            for d in reversed(target.parents):
+                if d == upper or upper not in d.parents:
+                    continue
+                if not d.exists():
+                    d.mkdir(mode=0o755)
+                    os.chown(d, ids, ids)
+            target.touch(mode=0o644, exist_ok=True)
+            os.chown(target, ids, ids)
 
     # -- removal ----------------------------------------------------------------------------
     def remove(self, machine_id: str) -> None:
@@ -332,7 +374,12 @@ class Containers:
         path = record.cgroups_path if record is not None else self.cgroups_path(machine_id)
         cgroups = [str(d) for d in self.cgroups(path).values()]
         left = teardown.remove_container(
-            self.runtime.path, str(self.state), box.dir.name, str(box.dir), cgroups
+            self.runtime.path,
+            str(self.state),
+            box.dir.name,
+            str(box.dir),
+            cgroups,
+            bundle=str(box.bundle),
         )
         if left:
             raise ContainerError(f"container {box.dir.name} left {', '.join(left)}")
@@ -353,7 +400,9 @@ class Containers:
         kept = {runtime_id(m) for m in keep}
         boxes = sorted(self.machines.iterdir()) if self.machines.is_dir() else []
         orphans = sorted(self.state.iterdir()) if self.state.is_dir() else []
-        for d in [*boxes, *(o for o in orphans if not (self.machines / o.name).exists())]:
+        orphans += sorted(self.bundles.iterdir()) if self.bundles.is_dir() else []
+        names = {b.name for b in boxes}
+        for d in [*boxes, *{o.name: o for o in orphans if o.name not in names}.values()]:
             if d.name in kept:
                 continue
             with contextlib.suppress(BourseError):

@@ -50,6 +50,8 @@ from supplier.machines.host.confine import Limits, parse_proc_cgroup
 from supplier.machines.oci.users import UserError, resolve_user
 
 OCI_VERSION = "1.0.2"
+# The host ids a user namespace maps a container's ids to (supplier/machines/host/ids.py).
+ID_BLOCK = 65536
 ROOTFS = "rootfs"
 DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 CFS_PERIOD_US = 100_000
@@ -151,8 +153,15 @@ class Mount(msgspec.Struct, frozen=True, kw_only=True):
     options: list[str]
 
 
-class Namespace(msgspec.Struct, frozen=True, kw_only=True):
+class Namespace(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     type: str
+    path: str = ""  # join this one (a network namespace made for the machine) instead
+
+
+class IdMapping(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+    container_id: int
+    host_id: int
+    size: int
 
 
 class DeviceRule(msgspec.Struct, frozen=True, kw_only=True):
@@ -181,12 +190,14 @@ class LinuxResources(msgspec.Struct, frozen=True, kw_only=True):
     pids: Pids
 
 
-class Linux(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
+class Linux(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
     cgroups_path: str
     namespaces: list[Namespace]
     resources: LinuxResources
     masked_paths: list[str]
     readonly_paths: list[str]
+    uid_mappings: list[IdMapping] = []
+    gid_mappings: list[IdMapping] = []
 
 
 class Spec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -314,8 +325,16 @@ def _resources(limits: Limits, host: Host) -> LinuxResources:
 
 
 # -- mounts and the rest --------------------------------------------------------------------
-def _mounts(host_files: Sequence[str]) -> list[Mount]:
+def _mounts(host_files: Sequence[str], own_sysfs: bool = True) -> list[Mount]:
+    """``own_sysfs``: a sysfs of its own (a container of the host's users, or one of a
+    network namespace of its own); else the host's /sys bound read-only (a user namespace
+    may mount sysfs only for a network namespace it owns)."""
     hidden = ("nosuid", "noexec", "nodev")
+    sys = (
+        Mount(destination="/sys", type="sysfs", source="sysfs", options=[*hidden, "ro"])
+        if own_sysfs
+        else Mount(destination="/sys", type="bind", source="/sys", options=["rbind", "ro", *hidden])
+    )
     return [
         Mount(destination="/proc", type="proc", source="proc", options=[*hidden]),
         Mount(
@@ -337,7 +356,7 @@ def _mounts(host_files: Sequence[str]) -> list[Mount]:
             options=[*hidden, "mode=1777", "size=65536k"],
         ),
         Mount(destination="/dev/mqueue", type="mqueue", source="mqueue", options=[*hidden]),
-        Mount(destination="/sys", type="sysfs", source="sysfs", options=[*hidden, "ro"]),
+        sys,
         Mount(
             destination="/sys/fs/cgroup",
             type="cgroup",
@@ -376,12 +395,16 @@ def runtime_spec(
     group: str = "",
     host: Host = Host(),
     rootfs: str = ROOTFS,
+    ids: int = -1,
+    netns: str = "",
 ) -> Spec:
     """The bundle's spec for one machine: ``image`` (the image config's ``config``),
     ``limits`` (the order's), ``passwd``/``group`` (the text of the image's
     ``/etc/passwd`` and ``/etc/group``, "" where it has none), ``host`` (what the host
-    gives). ``rootfs`` is relative to the bundle. Bad input raises BundleError naming
-    it."""
+    gives). ``rootfs`` is relative to the bundle. ``ids``: the first of the machine's
+    block of host ids (>= 0: a user namespace maps its ids 0..65535 there, root
+    included); ``netns``: the network namespace it joins ("": the host's network). Bad
+    input raises BundleError naming it."""
     if not _HOSTNAME.fullmatch(hostname):
         raise BundleError(
             f"hostname {hostname!r} is not a host name label (1 to 63 letters, digits, -)"
@@ -407,19 +430,28 @@ def runtime_spec(
         rlimits=[Rlimit(type="RLIMIT_NOFILE", hard=nofile, soft=nofile)],
         no_new_privileges=True,
     )
+    namespaces = [Namespace(type=n) for n in NAMESPACES]
+    mapped: list[IdMapping] = []
+    if ids >= 0:
+        namespaces.append(Namespace(type="user"))
+        mapped = [IdMapping(container_id=0, host_id=ids, size=ID_BLOCK)]
+    if netns:
+        namespaces.append(Namespace(type="network", path=netns))
     linux = Linux(
         cgroups_path=cgroups_path,
-        namespaces=[Namespace(type=n) for n in NAMESPACES],
+        namespaces=namespaces,
         resources=_resources(limits, host),
         masked_paths=list(MASKED_PATHS),
         readonly_paths=list(READONLY_PATHS),
+        uid_mappings=mapped,
+        gid_mappings=mapped,
     )
     return Spec(
         oci_version=OCI_VERSION,
         process=process,
         root=Root(path=rootfs, readonly=False),
         hostname=hostname,
-        mounts=_mounts(host.files),
+        mounts=_mounts(host.files, own_sysfs=ids < 0 or bool(netns)),
         linux=linux,
     )
 

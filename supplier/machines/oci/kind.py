@@ -30,6 +30,7 @@ import structlog
 from bourse.wire.messages import Machine
 from supplier.machines.api import DriverError, ImageRun
 from supplier.machines.host.confine import SUBTREE, Confiner, limits_for
+from supplier.machines.host.ids import UidBlocks
 from supplier.machines.oci.boxes import DEFAULT_DISK_MB, ContainerError, Containers
 from supplier.machines.oci.bundle import BundleError, runtime_spec
 from supplier.machines.oci.runtime import Runtime
@@ -45,14 +46,27 @@ class ContainerKind:
 
     name = "oci"
 
-    def __init__(self, runtime: Runtime, containers: Containers, confiner: Confiner) -> None:
+    def __init__(
+        self,
+        runtime: Runtime,
+        containers: Containers,
+        confiner: Confiner,
+        ids: UidBlocks | None = None,
+    ) -> None:
         self.runtime = runtime
         self.containers = containers
         self.confiner = confiner
+        self.ids = ids  # each container's users mapped into a block of its own
 
     @classmethod
     def make(
-        cls, runtime: Runtime, data_dir: Path, owner: str, confiner: Confiner, cgroup_parent: str
+        cls,
+        runtime: Runtime,
+        data_dir: Path,
+        owner: str,
+        confiner: Confiner,
+        cgroup_parent: str,
+        ids: UidBlocks | None = None,
     ) -> ContainerKind:
         """The containers of ``confiner``'s worker of the supplier ``owner`` (its data
         dir's, supplier/machines/host/confine.py ``owner_of``): below
@@ -64,7 +78,7 @@ class ContainerKind:
             cgroup_parent,
             subtree=f"{SUBTREE}/{owner}",
         )
-        return cls(runtime, containers, confiner)
+        return cls(runtime, containers, confiner, ids)
 
     @property
     def runtime_version(self) -> str:
@@ -85,6 +99,7 @@ class ContainerKind:
                 "the market's image store"
             )
         boxes = self.containers
+        base = -1 if self.ids is None else self.ids.base(m.machine_id)
         try:
             passwd, group = await anyio.to_thread.run_sync(image_files, image.root)
             spec = runtime_spec(
@@ -97,13 +112,14 @@ class ContainerKind:
                 passwd=passwd,
                 group=group,
                 host=boxes.host(),
+                ids=base,
             )
         except (BundleError, UserError) as exc:
             raise DriverError(f"image {m.image!r}: {exc}") from None
         disk_mb = m.resources.disk_mb or DEFAULT_DISK_MB
         try:
             run = await anyio.to_thread.run_sync(
-                boxes.prepare, m.machine_id, spec, image.root, disk_mb
+                boxes.prepare, m.machine_id, spec, image.root, disk_mb, base
             )
         except (BundleError, ContainerError) as exc:
             raise DriverError(str(exc)) from None  # the caller names the machine
@@ -117,6 +133,8 @@ class ContainerKind:
 
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
+        if self.ids is not None:  # nothing of its users may be left: then its ids go back
+            await anyio.to_thread.run_sync(self.ids.give_back, machine_id)
 
     async def sweep(self, keep: Collection[str]) -> list[str]:
         try:

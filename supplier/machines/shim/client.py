@@ -268,6 +268,9 @@ async def launch(directory: Path, plan: Plan) -> Shim:
         except OSError as exc:
             contract.remove_dir(directory)
             raise ShimError(await _said(proc) or str(exc)) from None
+        except ShimError:
+            contract.remove_dir(directory)
+            raise
         finally:
             await _reap(proc)
     try:

@@ -63,10 +63,23 @@ class ProcessRun:
     """A process machine: its command, environment and working directory; the
     ``cgroup.procs`` files it joins and the rlimits it gets (``NAME=VALUE``) before its
     command runs; its cgroup directories (emptied and removed when it ended) and the files
-    counting its OOM kills."""
+    counting its OOM kills; the user it runs as, its own /tmp, and the directories bound
+    where it sees them (its image, read-only; its working directory)."""
 
     kind = "process"
-    __slots__ = ("argv", "cgroup_dirs", "cgroups", "cwd", "env", "oom_files", "rlimits")
+    __slots__ = (
+        "argv",
+        "binds",
+        "cgroup_dirs",
+        "cgroups",
+        "cwd",
+        "env",
+        "gid",
+        "oom_files",
+        "rlimits",
+        "tmp_mb",
+        "uid",
+    )
 
     def __init__(
         self,
@@ -77,6 +90,10 @@ class ProcessRun:
         rlimits: list[str] | None = None,
         cgroup_dirs: list[str] | None = None,
         oom_files: list[str] | None = None,
+        uid: int = -1,
+        gid: int = -1,
+        tmp_mb: int = 0,
+        binds: list[list[str]] | None = None,
     ) -> None:
         self.argv = argv
         self.env = env
@@ -85,6 +102,11 @@ class ProcessRun:
         self.rlimits = rlimits or []
         self.cgroup_dirs = cgroup_dirs or []
         self.oom_files = oom_files or []
+        self.uid = uid  # its user and group (-1: the shim's own, root)
+        self.gid = gid
+        self.tmp_mb = tmp_mb  # a /tmp of its own this big (0: the host's)
+        # [source, target, "ro" | "rw"]: bound in its own mount namespace before it runs
+        self.binds = binds or []
 
 
 class ContainerRun:

@@ -118,8 +118,8 @@ class Shim:
         except (StartFailed, OSError) as exc:
             why = exc.args[0] if isinstance(exc, StartFailed) else f"{exc.strerror}: {exc}"
             say(f"machine {self.plan.machine_id} not started: {why}")
+            contract.remove_dir(self.directory)  # before the answer: nothing is left then
             self._tell_first({"error": str(why)})
-            contract.remove_dir(self.directory)
             return contract.START_FAILED
         while not self.done:
             self._turn()
@@ -137,7 +137,18 @@ class Shim:
                 argv += ["--bundle", run.bundle, run.runtime_id]
                 self.pid = spawn(argv, RUNTIME_ENV, run.bundle, w)
             else:
-                self.pid = spawn(run.argv, run.env, run.cwd, w, run.cgroups, run.rlimits)
+                self.pid = spawn(
+                    run.argv,
+                    run.env,
+                    run.cwd,
+                    w,
+                    run.cgroups,
+                    run.rlimits,
+                    uid=run.uid,
+                    gid=run.gid,
+                    tmp_mb=run.tmp_mb,
+                    binds=run.binds,
+                )
         except StartFailed as exc:
             os.close(r)
             self._cleanup()  # what the supplier made for it (its cgroups, its box)
@@ -275,7 +286,13 @@ class Shim:
         run = self.run_
         if isinstance(run, contract.ContainerRun):
             left = teardown.remove_container(
-                run.runtime, run.state_root, run.runtime_id, run.box, run.cgroup_dirs, run.run
+                run.runtime,
+                run.state_root,
+                run.runtime_id,
+                run.box,
+                run.cgroup_dirs,
+                run.run,
+                bundle=run.bundle,
             )
         else:
             left = teardown.remove_cgroups(run.cgroup_dirs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import os
 import time
+from errno import ENOENT
 
 from supplier.machines.shim import contract
 
@@ -37,17 +38,62 @@ class StartFailed(Exception):
     """The machine could not be started (the reason goes to the supplier)."""
 
 
+PR_SET_NO_NEW_PRIVS = 38
+CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+MS_REC, MS_PRIVATE = 16384, 1 << 18
+
 _libc = None
 
 
-def _prctl_pdeathsig(sig: int) -> None:
-    """Die by ``sig`` when the shim (this process's parent) ends."""
+def libc() -> object:
+    """The C library (ctypes, loaded once, before a fork: never in the child)."""
     global _libc
     if _libc is None:
         import ctypes
 
         _libc = ctypes.CDLL(None, use_errno=True)
-    _libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    return _libc
+
+
+def _call(name: str, *args: object) -> None:
+    """A libc call that must succeed (OSError with its errno otherwise)."""
+    import ctypes
+
+    if getattr(libc(), name)(*args) != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, os.strerror(errno))
+
+
+def _prctl_pdeathsig(sig: int) -> None:
+    """Die by ``sig`` when the shim (this process's parent) ends."""
+    _call("prctl", PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
+    """A mount namespace of its own: its /tmp a tmpfs of its own (``tmp_mb``: another
+    machine's /tmp files, and the host's, are not there), and each bind (source, target,
+    ro|rw) where it sees it."""
+    _call("unshare", CLONE_NEWNS)
+    _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
+    for source, target, mode in binds:  # before /tmp: a source may be below it
+        _call("mount", source.encode(), target.encode(), None, MS_BIND | MS_REC, None)
+        if mode == "ro":
+            flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
+            _call("mount", b"none", target.encode(), None, flags, None)
+    if tmp_mb > 0:
+        options = f"mode=1777,size={tmp_mb}m".encode()
+        _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options)
+
+
+def _become(uid: int, gid: int) -> None:
+    """The machine's own user and group, nothing else, and no new privileges (a setuid
+    program of the host gives it none)."""
+    _call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    if uid >= 0:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
 
 
 def spawn(
@@ -57,12 +103,19 @@ def spawn(
     output: int,
     cgroups: list[str] | tuple[str, ...] = (),
     rlimits: list[str] | tuple[str, ...] = (),
+    uid: int = -1,
+    gid: int = -1,
+    tmp_mb: int = 0,
+    binds: list[list[str]] | tuple[list[str], ...] = (),
 ) -> int:
     """Fork and execute ``argv`` in a session of its own, confined (its cgroups joined,
-    its rlimits set) before its first instruction, its stdin ``/dev/null`` and its stdout
-    and stderr ``output``; its pid. A command that cannot be executed raises StartFailed
-    with the reason (told through a close-on-exec pipe: nothing is left running)."""
-    _prctl_pdeathsig(0)  # ctypes loaded before the fork, not in the child
+    its rlimits set, a /tmp of its own of ``tmp_mb`` when > 0, its user ``uid``:``gid``
+    when >= 0, no new privileges) before its first instruction, its stdin ``/dev/null``
+    and its stdout and stderr ``output``; its pid. A command that cannot be executed
+    raises StartFailed with the reason (told through a close-on-exec pipe: nothing is left
+    running)."""
+    libc()  # ctypes loaded before the fork, not in the child
+    paths = exec_paths(argv[0], env)
     r, w = os.pipe()  # close-on-exec: EOF when the exec succeeded
     null = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
     parent = os.getpid()
@@ -95,6 +148,11 @@ def spawn(
                     resource.setrlimit(res, (n, n))
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores them: not the machine
                 _signal.signal(sig, _signal.SIG_DFL)
+            if tmp_mb > 0 or binds:
+                step = "give it mounts of its own"
+                _own_mounts(tmp_mb, list(binds))
+            step = "make it its own user"
+            _become(uid, gid)
             step = "connect its output"
             os.dup2(null, 0)
             os.dup2(output, 1)
@@ -102,7 +160,13 @@ def spawn(
             step = f"enter {cwd}"
             os.chdir(cwd)
             step = f"run {argv[0]!r}"
-            os.execvpe(argv[0], argv, env)
+            failed: OSError | None = None
+            for path in paths:  # as execvpe, without the imports it makes (the stdlib may
+                try:  # be out of this user's reach)
+                    os.execve(path, argv, env)
+                except OSError as exc:
+                    failed = failed if exc.errno == ENOENT and failed else exc
+            raise failed or OSError(ENOENT, "No such file or directory")
         except BaseException as exc:
             why = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
             try:
@@ -119,6 +183,15 @@ def spawn(
         os.waitpid(pid, 0)
         raise StartFailed(why.decode(errors="replace"))
     return pid
+
+
+def exec_paths(command: str, env: dict[str, str]) -> list[str]:
+    """Where to look for ``command``: itself when it names a path, else each directory of
+    the machine's ``PATH`` (its own, not the shim's)."""
+    if "/" in command:
+        return [command]
+    path = env.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    return [os.path.join(d or ".", command) for d in path.split(":")]
 
 
 def output_pipe() -> tuple[int, int]:

@@ -271,6 +271,7 @@ def remove_container(
     box: str,
     cgroup_dirs: list[str],
     token: str = "",
+    bundle: str = "",
 ) -> list[str]:
     """Everything of one container, removed: its runtime state (the container killed),
     its cgroups in every hierarchy, the mounts below its box (its root and writable
@@ -286,10 +287,13 @@ def remove_container(
         if code != 0 and os.path.exists(os.path.join(state_root, runtime_id)):
             left.append(f"runtime state ({out})")
     left += [f"cgroup {d}" for d in remove_cgroups(cgroups)]
+    if bundle:  # its root is mounted there, over the layer: unmounted first
+        left += [f"mount {p}" for p in unmount_below(bundle)]
     left += [f"mount {p}" for p in unmount_below(box)]
     disk = os.path.join(box, DISK)
     if os.path.exists(disk):
         left += [f"loop device {d}" for d in detach_loops(disk)]
-    if not left and not remove_tree(box):
-        left.append(f"directory {box}")
+    for d in (bundle, box) if bundle else (box,):
+        if not left and not remove_tree(d):
+            left.append(f"directory {d}")
     return left
