@@ -38,6 +38,7 @@ from supplier.machines.host.confine import (
     ConfineError,
     Confiner,
 )
+from supplier.machines.host.network import machine_net_problem
 from supplier.machines.host.output import LogCaps
 from supplier.machines.oci.runtime import RUNTIMES, RuntimeUnavailable, detect
 from supplier.machines.process import ImageSpec
@@ -73,6 +74,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Process and oci drivers: each machine its own users and mounts ("auto": where the
     # supplier is root; supplier/machines/host/ids.py), or as the supplier ("off").
     isolate: Literal["auto", "off"] = "auto"
+    # The addresses its machines' private networks are drawn from: a /24 of it per worker,
+    # claimed on the host, never one of the host's own networks. Unset: BOURSE_MACHINE_NET,
+    # else 10.77.0.0/16 (supplier/machines/host/network.py).
+    machine_net: Annotated[str, msgspec.Meta(max_length=32)] = ""
     # The oci driver's runtime: the first usable of runc and crun ("auto"), or that one.
     oci_runtime: Literal["auto", "runc", "crun"] = "auto"
     # Images this worker knows (the process driver runs only these); sim runs any image.
@@ -220,6 +225,10 @@ def check_workers(workers: list[WorkerConfig]) -> None:
                 detect(w.runtimes)
             except RuntimeUnavailable as exc:
                 raise ConfigError(f"worker {w.worker_id}: driver oci: {exc}") from None
+        if w.machine_net:
+            why = machine_net_problem(w.machine_net)
+            if why:
+                raise ConfigError(f"worker {w.worker_id}: machine_net {w.machine_net!r}: {why}")
         if w.capacity.ports:
             raise ConfigError(
                 f"worker {w.worker_id}: capacity.ports: give it a port range instead "

@@ -42,6 +42,9 @@ from supplier.machines.api import Driver, Mechanism
 from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import UidBlocks
+from supplier.machines.host.isolation import Isolation
+from supplier.machines.host.netns import available
+from supplier.machines.host.network import WorkerNetwork, resolv_conf
 from supplier.machines.keeper import Machines
 from supplier.machines.oci.kind import ContainerKind
 from supplier.machines.oci.runtime import detect
@@ -84,18 +87,14 @@ def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]
         pids_max=cfg.pids_max,
         cgroup_parent=cfg.cgroup_parent,
     )
-    ids = None
-    if cfg.isolate == "auto" and os.geteuid() == 0:  # each machine its own users
-        claims = host_claims()
-        claims.live(owner)
-        ids = UidBlocks(claims, owner)
+    isolation = isolation_of(cfg, owner, data_dir)
     kind: Kind
     if cfg.driver == "oci":
         kind = ContainerKind.make(
-            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent, ids
+            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent, isolation
         )
     else:
-        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id, ids)
+        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id, isolation)
     return Runner(
         kind,
         confiner,
@@ -104,6 +103,23 @@ def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]
         keep_machines=bool(cfg.keep_machines),
         log_caps=cfg.log_caps,
     )
+
+
+def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
+    """What a worker's machines get of their own here: their users and a network each (a
+    root supplier's, unless the config says ``isolate = "off"``); the network only where
+    the host has what it takes (supplier/machines/host/network.py ``available``)."""
+    if cfg.isolate == "off" or os.geteuid() != 0:
+        return Isolation()
+    claims = host_claims()
+    claims.live(owner)
+    ids = UidBlocks(claims, owner)
+    why = available()
+    if why:
+        log.warning("machines_share_the_hosts_network", worker_id=cfg.worker_id, why=why)
+        return Isolation(ids)
+    network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
+    return Isolation(ids, network, resolv_conf(data_dir / "network"))
 
 
 def _unchanged(w: Worker) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -44,13 +45,14 @@ ONE_DEMO_FLEET_AT_A_TIME = pytest.mark.usefixtures("demo_fleet_alone")
 # -- the host's claims: a directory of this session's own, and a slice of the user ids ------
 SESSIONS_DIR = Path(tempfile.gettempdir()) / "bourse-test-sessions"
 SLICE_BLOCKS = 256  # user id blocks a session's machines draw from
+SLICES = 100  # sessions at once on a host (the second octet of a session's machine network)
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Once per session (in the controller; xdist's workers inherit the environment): the
     suppliers of this session claim the host's ports, subnets and user ids in a directory
-    of its own, and draw user ids from a slice no other session on the host uses (held for
-    the session's life: its claim's owner lock is this process's)."""
+    of its own, and draw user ids and machines' networks from a slice no other session on
+    the host uses (held for the session's life: its claim's owner lock is this process's)."""
     if hasattr(config, "workerinput") or os.environ.get("BOURSE_CLAIMS_DIR"):
         return
     import supplier.machines.host.ids as ids
@@ -62,8 +64,28 @@ def pytest_configure(config: pytest.Config) -> None:
     sessions.live(owner)
     with sessions.locked():
         taken = {int(c.key) for c in sessions.standing("slice")}
-        free = next(i for i in range(120) if i not in taken)
+        free = next(i for i in range(SLICES) if i not in taken)
         sessions.take(Claim("slice", str(free), owner, owner))
     first = ids.FIRST_BLOCK + free * SLICE_BLOCKS
     os.environ["BOURSE_UID_BLOCKS"] = f"{first}-{first + SLICE_BLOCKS - 1}"
+    os.environ["BOURSE_MACHINE_NET"] = f"10.{100 + free}.0.0/16"
     config._bourse_sessions = sessions  # type: ignore[attr-defined]  # its lock lives on
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The session ends (in the controller): what its suppliers' machines' networks left on
+    the host (a supplier a test killed, its data dir then removed) is removed, as the next
+    supplier to claim their subnets would; then the session's claims."""
+    if not hasattr(config, "_bourse_sessions"):
+        return
+    from supplier.machines.host.claims import HostClaims
+    from supplier.machines.host.netns import available
+    from supplier.machines.host.network import KIND, remove_leftovers
+
+    directory = Path(os.environ["BOURSE_CLAIMS_DIR"])
+    if not available():
+        claims = HostClaims(directory)
+        with claims.locked():
+            for c in claims.all(KIND):
+                remove_leftovers(c.owner, c.holder)
+    shutil.rmtree(directory, ignore_errors=True)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -46,11 +46,11 @@ from bourse.wire.messages import Machine
 from bourse.wire.metadata import RestartPolicy
 from supplier.machines.api import NO_ENV, DriverError, ImageRun
 from supplier.machines.host.confine import Confiner
-from supplier.machines.host.ids import UidBlocks
+from supplier.machines.host.isolation import Entered, Isolation
 from supplier.machines.oci.bundle import DEFAULT_PATH, BundleError, argv, check_env, image_env
 from supplier.machines.runner import confine, python_runtime
 from supplier.machines.shim import teardown
-from supplier.machines.shim.contract import ProcessRun
+from supplier.machines.shim.contract import ProcessRun, Run
 
 # The host's part of a machine's PATH, after the image's directories.
 HOST_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -249,13 +249,13 @@ class ProcessKind:
         confiner: Confiner,
         catalog: Mapping[str, ImageSpec],
         work_dir: Path,
-        ids: UidBlocks | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.confiner = confiner
         self.catalog = catalog
         self.work_dir = work_dir
-        self.ids = ids
-        if ids is not None:
+        self.isolation = isolation or Isolation()
+        if self.isolation.ids is not None:
             for seen in (SEEN_IMAGE, SEEN_WORK):
                 seen.mkdir(parents=True, exist_ok=True)  # mount points, empty on the host
 
@@ -271,7 +271,19 @@ class ProcessKind:
         self, m: Machine, image: ImageRun | None, env: Mapping[str, str]
     ) -> tuple[ProcessRun, float]:
         mid = m.machine_id
-        user = -1 if self.ids is None else self.ids.base(mid)
+        own = await self.isolation.enter(m)
+        try:
+            return await self._plan(m, image, env, own)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.isolation.leave(mid)
+            raise
+
+    async def _plan(
+        self, m: Machine, image: ImageRun | None, env: Mapping[str, str], own: Entered
+    ) -> tuple[ProcessRun, float]:
+        mid = m.machine_id
+        user = own.ids
         work = self.work_dir / mid
         binds: list[list[str]] = []
         if image is not None:
@@ -287,11 +299,14 @@ class ProcessKind:
                 await self._work_dir(mid, user)
         if user >= 0:
             binds.append([str(work.absolute()), str(SEEN_WORK), "rw"])
+        if own.resolv:
+            binds.append([own.resolv, "/etc/resolv.conf", "ro"])
+        private = {"BOURSE_PRIVATE_ADDRESS": own.address} if own.address else {}
         cgroups, limits = await confine(self.confiner, mid, m.resources)
         return (
             ProcessRun(
                 argv=run.argv,
-                env=run.env | ({"HOME": str(SEEN_WORK)} if user >= 0 else {}),
+                env=run.env | ({"HOME": str(SEEN_WORK)} if user >= 0 else {}) | private,
                 cwd=str(SEEN_WORK if user >= 0 else run.cwd or Path.cwd()),
                 cgroups=cgroups,
                 rlimits=limits,
@@ -301,6 +316,7 @@ class ProcessKind:
                 gid=user,
                 tmp_mb=max(16, min(m.resources.memory_mb, 1024)) if user >= 0 else 0,
                 binds=binds,
+                netns=own.netns,
             ),
             grace,
         )
@@ -336,18 +352,29 @@ class ProcessKind:
 
     async def undo(self, machine_id: str) -> None:
         await anyio.to_thread.run_sync(self.confiner.remove, machine_id)
+        await self.isolation.leave(machine_id)
+
+    async def start(self) -> None:
+        await self.isolation.start()
+
+    async def close(self) -> None:
+        await self.isolation.close()
+
+    async def ended(self, machine_id: str) -> None:
+        await self.isolation.leave(machine_id)
 
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
         await anyio.to_thread.run_sync(teardown.remove_tree, str(self.work_dir / machine_id))
-        if self.ids is not None:  # nothing of its user may be left: then its ids go back
-            await anyio.to_thread.run_sync(self.ids.give_back, machine_id)
+        await self.isolation.forget(machine_id)  # nothing of its user left: its ids go back
 
-    async def sweep(self, keep: Collection[str]) -> list[str]:
+    async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
+        nets = {mid: run.netns for mid, run in keep.items() if isinstance(run, ProcessRun)}
+        await self.isolation.keep(nets)
         return await anyio.to_thread.run_sync(lambda: self.confiner.sweep(keep=keep))
 
     async def end(self) -> None:
         await anyio.to_thread.run_sync(lambda: self.confiner.sweep(remove_base=True))
 
     async def background(self) -> None:
-        pass
+        await self.isolation.background()

@@ -21,9 +21,10 @@ Restarts are not a driver's business (supplier/machines/restart.py).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -69,16 +70,31 @@ class Kind(Protocol):
         """What :meth:`plan` made for the machine, removed (idempotent)."""
         ...
 
+    async def ended(self, machine_id: str) -> None:
+        """The machine's run ended (its shim collected): what the run alone held goes (its
+        network); what the machine keeps between runs stays."""
+        ...
+
     async def forget(self, machine_id: str) -> None:
         """The machine was destroyed: what it kept between runs, removed too."""
         ...
 
-    async def sweep(self, keep: Collection[str]) -> list[str]:
-        """What dead shims left of this worker's machines but ``keep``'s, removed."""
+    async def start(self) -> None:
+        """Make what the worker's machines share (its network), before any of them."""
+        ...
+
+    async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
+        """What dead shims left of this worker's machines but ``keep``'s (the runs that go
+        on, by machine id), removed; what those runs hold is theirs again."""
         ...
 
     async def end(self) -> None:
         """The driver ends with no machine of its own left: the worker's empty trees."""
+        ...
+
+    async def close(self) -> None:
+        """The driver ends, whether its machines stopped or run on: what the worker's
+        machines share goes where none of them uses it any more."""
         ...
 
     async def background(self) -> None:
@@ -154,7 +170,8 @@ class Runner:
         self._found = await discover(self.shims_dir)
         if self._found:
             self.log.info("shims_found", machines=sorted(self._found))
-        swept = await self.kind.sweep(keep=self._found)
+        await self.kind.start()
+        swept = await self.kind.sweep(keep=_runs_of(self._found))
         if swept:
             self.log.warning("machines_swept", machines=swept)
         try:
@@ -175,6 +192,7 @@ class Runner:
                     with anyio.move_on_after(CLOSE_S):
                         await self._stop_all(grace_s=0.0)
                     await self.kind.end()
+                await self.kind.close()
 
     async def settle(self) -> None:
         """The supplier resumed its machines: a shim found that no machine recovered holds
@@ -249,11 +267,12 @@ class Runner:
         return how
 
     async def _collect(self, machine_id: str, run: _Run) -> None:
-        """The run ended and its exit was read: its shim may go."""
+        """The run ended and its exit was read: its shim may go, and what the run held."""
         if not run.collected:
             run.collected = True
             with anyio.CancelScope(shield=True):
                 await run.shim.collect()
+                await self.kind.ended(machine_id)
         if self._runs.get(machine_id) is run:
             del self._runs[machine_id]
 
@@ -319,6 +338,15 @@ class Runner:
     def usage_ns(self, machine_id: str) -> int | None:
         """CPU time used by the machine's cgroup (ns), from the cgroup's own counter."""
         return self.confiner.usage_ns(machine_id)
+
+
+def _runs_of(found: Mapping[str, Shim]) -> dict[str, Run]:
+    """What the shims found run (their plans: a plan of an older shim has none)."""
+    runs: dict[str, Run] = {}
+    for mid, shim in found.items():
+        with contextlib.suppress(contract.ContractError):
+            runs[mid] = contract.read_plan(shim.directory).run
+    return runs
 
 
 def _grace(directory: Path) -> float:

@@ -77,7 +77,8 @@ async def test_place_json_start_and_human_output(market: Market) -> None:
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].startswith("placed mad-1~") and lines[1].startswith("  score ")
-    assert lines[3].endswith(" is started")
+    assert lines[-1].endswith(" is started")
+    assert "  simulated: its worker runs nothing (driver sim)" in lines  # a sim worker says so
     code, out, err = await buyer(market, *PLACE, "--order-id", "cli-1", "--json")
     assert code == 0, err
     assert json.loads(out)["machine"] is None  # not started: no machine asked for

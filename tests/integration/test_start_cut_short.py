@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import uuid
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 
 import anyio
@@ -59,14 +59,23 @@ class Gated:
         self.undone.append(machine_id)
         await self.inner.undo(machine_id)
 
+    async def ended(self, machine_id: str) -> None:
+        await self.inner.ended(machine_id)
+
     async def forget(self, machine_id: str) -> None:
         await self.inner.forget(machine_id)
 
-    async def sweep(self, keep: Collection[str]) -> list[str]:
+    async def start(self) -> None:
+        await self.inner.start()
+
+    async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
         return await self.inner.sweep(keep)
 
     async def end(self) -> None:
         await self.inner.end()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
     async def background(self) -> None:
         await self.inner.background()

@@ -231,13 +231,15 @@ class Containers:
             _read(Path("/proc/self/mountinfo")), _read(Path("/proc/self/cgroup")), cgroups_path
         )
 
-    def host(self) -> Host:
-        """What this host gives a container (for ``runtime_spec``)."""
+    def host(self, resolv: str = "") -> Host:
+        """What this host gives a container (for ``runtime_spec``); ``resolv``: the
+        resolv.conf it sees ("": the host's)."""
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         return Host(
             swap_accounted=self._swap_accounted(),
             nofile_max=NOFILE if hard == resource.RLIM_INFINITY else hard,
             files=tuple(f for f in HOST_FILES if Path(f).is_file()),
+            sources=(("/etc/resolv.conf", resolv),) if resolv else (),
         )
 
     def _swap_accounted(self) -> bool:

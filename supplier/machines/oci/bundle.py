@@ -17,14 +17,16 @@ What the spec says and where each part comes from:
 - **limits** (the order's): CPU as a CFS quota over a period (100 ms, or 1 s for shares
   under 10 millicores, so that every share is exact: 1m is 1 ms of CPU per second),
   memory, swap equal to memory (no swap beyond it, where the kernel accounts swap), pids.
-- **isolation**: pid, mount, ipc and uts namespaces, no network namespace (machines use the
-  host's network and bind the ports Bourse gives them), no user namespace;
+- **isolation**: pid, mount, ipc and uts namespaces; a user namespace mapping the machine's
+  users to its block of host ids and the network namespace its worker made for it, where
+  the host allows (else the host's users and network, binding the ports Bourse gives);
   ``noNewPrivileges``; the capability set :data:`CAPABILITIES`; runc's default masked and
   read-only paths; every device denied but runc's defaults (null, zero, tty, …).
 - **mounts**: ``/proc``, ``/dev`` (tmpfs), ``/dev/pts``, ``/dev/shm``, ``/dev/mqueue``,
-  ``/sys`` and ``/sys/fs/cgroup`` (read-only: runtimes read their limits there), and the
-  host's ``/etc/resolv.conf`` and ``/etc/hosts`` bound read-only (the host's network, so
-  the host's resolver). Nothing else of the host: not the supplier's data or credentials.
+  ``/sys`` and ``/sys/fs/cgroup`` (read-only: runtimes read their limits there; the host's
+  /sys bound where a user namespace may not mount one), and a resolv.conf and
+  ``/etc/hosts`` bound read-only (the host's, or the worker's for machines' networks).
+  Nothing else of the host: not the supplier's data or credentials.
 - **paths**: the root is the bundle's ``rootfs`` (the shell mounts the machine's overlay
   there); ``cgroupsPath`` is the caller's, keyed by its owner.
 
@@ -295,6 +297,9 @@ class Host:
     swap_accounted: bool = True
     nofile_max: int = NOFILE
     files: tuple[str, ...] = HOST_FILES
+    # where each of ``files`` is bound from, where that is not the host's own file (a
+    # machine of a network of its own gets a resolv.conf it can use)
+    sources: tuple[tuple[str, str], ...] = ()
 
 
 def cfs(millicores: int) -> tuple[int, int]:
@@ -325,10 +330,12 @@ def _resources(limits: Limits, host: Host) -> LinuxResources:
 
 
 # -- mounts and the rest --------------------------------------------------------------------
-def _mounts(host_files: Sequence[str], own_sysfs: bool = True) -> list[Mount]:
-    """``own_sysfs``: a sysfs of its own (a container of the host's users, or one of a
-    network namespace of its own); else the host's /sys bound read-only (a user namespace
-    may mount sysfs only for a network namespace it owns)."""
+def _mounts(
+    host_files: Sequence[str], own_sysfs: bool = True, sources: Mapping[str, str] = {}
+) -> list[Mount]:
+    """``own_sysfs``: a sysfs of its own (a container of the host's users); else the host's
+    /sys bound read-only (a user namespace may mount sysfs only for a network namespace it
+    owns, and a machine's is made by its worker, owned by the host's)."""
     hidden = ("nosuid", "noexec", "nodev")
     sys = (
         Mount(destination="/sys", type="sysfs", source="sysfs", options=[*hidden, "ro"])
@@ -364,7 +371,12 @@ def _mounts(host_files: Sequence[str], own_sysfs: bool = True) -> list[Mount]:
             options=[*hidden, "relatime", "ro"],
         ),
         *(
-            Mount(destination=path, type="bind", source=path, options=["bind", "ro", *hidden])
+            Mount(
+                destination=path,
+                type="bind",
+                source=sources.get(path, path),
+                options=["bind", "ro", *hidden],
+            )
             for path in host_files
         ),
     ]
@@ -451,7 +463,7 @@ def runtime_spec(
         process=process,
         root=Root(path=rootfs, readonly=False),
         hostname=hostname,
-        mounts=_mounts(host.files, own_sysfs=ids < 0 or bool(netns)),
+        mounts=_mounts(host.files, ids < 0, dict(host.sources)),
         linux=linux,
     )
 

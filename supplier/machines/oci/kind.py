@@ -21,22 +21,23 @@ Catalog images (no content) are not run: the worker declines them (``image_not_r
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import anyio
+import msgspec
 import structlog
 
 from bourse.wire.messages import Machine
 from supplier.machines.api import DriverError, ImageRun
 from supplier.machines.host.confine import SUBTREE, Confiner, limits_for
-from supplier.machines.host.ids import UidBlocks
+from supplier.machines.host.isolation import Entered, Isolation
 from supplier.machines.oci.boxes import DEFAULT_DISK_MB, ContainerError, Containers
 from supplier.machines.oci.bundle import BundleError, runtime_spec
 from supplier.machines.oci.runtime import Runtime
 from supplier.machines.oci.users import UserError, image_files
 from supplier.machines.process import IMAGE_STOP_GRACE_S
-from supplier.machines.shim.contract import ContainerRun
+from supplier.machines.shim.contract import ContainerRun, Run
 
 log = structlog.get_logger("bourse.driver.oci")
 
@@ -51,12 +52,13 @@ class ContainerKind:
         runtime: Runtime,
         containers: Containers,
         confiner: Confiner,
-        ids: UidBlocks | None = None,
+        isolation: Isolation | None = None,
     ) -> None:
         self.runtime = runtime
         self.containers = containers
         self.confiner = confiner
-        self.ids = ids  # each container's users mapped into a block of its own
+        # each container's users mapped into a block of its own, its network its own
+        self.isolation = isolation or Isolation()
 
     @classmethod
     def make(
@@ -66,7 +68,7 @@ class ContainerKind:
         owner: str,
         confiner: Confiner,
         cgroup_parent: str,
-        ids: UidBlocks | None = None,
+        isolation: Isolation | None = None,
     ) -> ContainerKind:
         """The containers of ``confiner``'s worker of the supplier ``owner`` (its data
         dir's, supplier/machines/host/confine.py ``owner_of``): below
@@ -78,7 +80,7 @@ class ContainerKind:
             cgroup_parent,
             subtree=f"{SUBTREE}/{owner}",
         )
-        return cls(runtime, containers, confiner, ids)
+        return cls(runtime, containers, confiner, isolation)
 
     @property
     def runtime_version(self) -> str:
@@ -98,8 +100,21 @@ class ContainerKind:
                 f"image {m.image!r} has no content: an oci worker runs only images pushed to "
                 "the market's image store"
             )
+        own = await self.isolation.enter(m)
+        try:
+            return await self._plan(m, image, env, own)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                await self.isolation.leave(m.machine_id)
+            raise
+
+    async def _plan(
+        self, m: Machine, image: ImageRun, env: Mapping[str, str], own: Entered
+    ) -> tuple[ContainerRun, float]:
         boxes = self.containers
-        base = -1 if self.ids is None else self.ids.base(m.machine_id)
+        base = own.ids
+        if own.address:
+            env = {**env, "BOURSE_PRIVATE_ADDRESS": own.address}
         try:
             passwd, group = await anyio.to_thread.run_sync(image_files, image.root)
             spec = runtime_spec(
@@ -111,8 +126,9 @@ class ContainerKind:
                 order_env=env,
                 passwd=passwd,
                 group=group,
-                host=boxes.host(),
+                host=boxes.host(own.resolv),
                 ids=base,
+                netns=own.netns,
             )
         except (BundleError, UserError) as exc:
             raise DriverError(f"image {m.image!r}: {exc}") from None
@@ -130,13 +146,24 @@ class ContainerKind:
             await anyio.to_thread.run_sync(self.containers.remove, machine_id)
         except ContainerError as exc:
             log.error("container_teardown_failed", machine_id=machine_id, error=str(exc))
+        await self.isolation.leave(machine_id)
+
+    async def start(self) -> None:
+        await self.isolation.start()
+
+    async def close(self) -> None:
+        await self.isolation.close()
+
+    async def ended(self, machine_id: str) -> None:
+        await self.isolation.leave(machine_id)
 
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
-        if self.ids is not None:  # nothing of its users may be left: then its ids go back
-            await anyio.to_thread.run_sync(self.ids.give_back, machine_id)
+        await self.isolation.forget(machine_id)  # nothing of its users left: its ids go back
 
-    async def sweep(self, keep: Collection[str]) -> list[str]:
+    async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
+        nets = {mid: _netns_of(run) for mid, run in keep.items() if isinstance(run, ContainerRun)}
+        await self.isolation.keep(nets)
         try:
             swept = await anyio.to_thread.run_sync(self.containers.sweep, keep)
         except ContainerError as exc:
@@ -150,7 +177,21 @@ class ContainerKind:
         await anyio.to_thread.run_sync(lambda: self.confiner.sweep(remove_base=True))
 
     async def background(self) -> None:
-        await self.containers.pool.keep_filled()
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(self.isolation.background)
+            await self.containers.pool.keep_filled()
+
+
+def _netns_of(run: ContainerRun) -> str:
+    """The network namespace a container's spec joins ("" : none)."""
+    try:
+        spec = msgspec.json.decode(Path(run.bundle, "config.json").read_bytes())
+        for ns in spec["linux"]["namespaces"]:
+            if ns.get("type") == "network":
+                return str(ns.get("path", ""))
+    except (OSError, msgspec.DecodeError, KeyError, TypeError):
+        pass
+    return ""
 
 
 def hostname(machine_id: str) -> str:

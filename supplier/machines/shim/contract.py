@@ -75,6 +75,7 @@ class ProcessRun:
         "cwd",
         "env",
         "gid",
+        "netns",
         "oom_files",
         "rlimits",
         "tmp_mb",
@@ -94,6 +95,7 @@ class ProcessRun:
         gid: int = -1,
         tmp_mb: int = 0,
         binds: list[list[str]] | None = None,
+        netns: str = "",
     ) -> None:
         self.argv = argv
         self.env = env
@@ -107,6 +109,7 @@ class ProcessRun:
         self.tmp_mb = tmp_mb  # a /tmp of its own this big (0: the host's)
         # [source, target, "ro" | "rw"]: bound in its own mount namespace before it runs
         self.binds = binds or []
+        self.netns = netns  # the network namespace it joins ("": the host's network)
 
 
 class ContainerRun:

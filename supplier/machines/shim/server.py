@@ -148,6 +148,7 @@ class Shim:
                     gid=run.gid,
                     tmp_mb=run.tmp_mb,
                     binds=run.binds,
+                    netns=run.netns,
                 )
         except StartFailed as exc:
             os.close(r)

@@ -40,6 +40,7 @@ class StartFailed(Exception):
 
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
+CLONE_NEWNET = 0x40000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 
@@ -86,6 +87,15 @@ def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
         _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
+def _join_network(path: str) -> None:
+    """The network namespace made for the machine (it sees none of the host's)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        _call("setns", fd, CLONE_NEWNET)
+    finally:
+        os.close(fd)
+
+
 def _become(uid: int, gid: int) -> None:
     """The machine's own user and group, nothing else, and no new privileges (a setuid
     program of the host gives it none)."""
@@ -107,6 +117,7 @@ def spawn(
     gid: int = -1,
     tmp_mb: int = 0,
     binds: list[list[str]] | tuple[list[str], ...] = (),
+    netns: str = "",
 ) -> int:
     """Fork and execute ``argv`` in a session of its own, confined (its cgroups joined,
     its rlimits set, a /tmp of its own of ``tmp_mb`` when > 0, its user ``uid``:``gid``
@@ -148,6 +159,9 @@ def spawn(
                     resource.setrlimit(res, (n, n))
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores them: not the machine
                 _signal.signal(sig, _signal.SIG_DFL)
+            if netns:
+                step = "enter its network"
+                _join_network(netns)
             if tmp_mb > 0 or binds:
                 step = "give it mounts of its own"
                 _own_mounts(tmp_mb, list(binds))

@@ -1,0 +1,125 @@
+"""What a machine gets of its own on its worker's host, whatever kind it is: its users (a
+block of ids: supplier/machines/host/ids.py) and its network (a namespace with a private
+address, its ports published: supplier/machines/host/network.py). Both kinds of machine
+(supplier/machines/process.py, supplier/machines/oci/kind.py) take them here before a run
+and give them back after it, so that the rules are written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import anyio
+
+from bourse.wire.messages import Machine
+from supplier.machines.api import DriverError
+from supplier.machines.host.ids import UidBlocks
+from supplier.machines.host.netns import NetworkError
+from supplier.machines.host.network import MachineNet, WorkerNetwork
+
+# What a worker's machines get, as its status says it (a closed set: each part or none).
+USERS = "users"
+NETWORK = "network"
+
+
+@dataclass(frozen=True, slots=True)
+class Entered:
+    """A machine's run's own: its ids' first (-1: the supplier's), its network namespace
+    ("" : the host's network) and private address, and the resolv.conf it sees."""
+
+    ids: int = -1
+    netns: str = ""
+    address: str = ""
+    resolv: str = ""
+
+
+class Isolation:
+    """One worker's machines' users and networks (either may be off: None)."""
+
+    def __init__(
+        self,
+        ids: UidBlocks | None = None,
+        network: WorkerNetwork | None = None,
+        resolv: Path | None = None,
+    ) -> None:
+        self.ids = ids
+        self.network = network
+        self.resolv = resolv
+        self.wanted = anyio.Event()  # a namespace was taken: make another ahead
+
+    def describe(self) -> str:
+        """``users,network``, ``users`` or ``none`` (a worker's status says it)."""
+        parts = [p for p, on in ((USERS, self.ids), (NETWORK, self.network)) if on is not None]
+        return ",".join(parts) or "none"
+
+    async def enter(self, m: Machine) -> Entered:
+        """The machine's ids (kept from its first start to its destroy) and a network for
+        this run, its ports published (DriverError naming what failed)."""
+        ids = -1 if self.ids is None else self.ids.base(m.machine_id)
+        if self.network is None:
+            return Entered(ids=ids)
+        try:
+            net = await anyio.to_thread.run_sync(self.network.take, m.machine_id)
+            self.wanted.set()
+            await anyio.to_thread.run_sync(self.network.publish, m.machine_id, m.addresses)
+        except NetworkError as exc:
+            await self.leave(m.machine_id)
+            raise DriverError(f"cannot give {m.machine_id} a network: {exc}") from None
+        resolv = str(self.resolv) if self.resolv is not None else ""
+        return Entered(ids=ids, netns=net.path, address=net.address, resolv=resolv)
+
+    async def leave(self, machine_id: str) -> None:
+        """The run ended: its network goes (its ids stay with the machine)."""
+        if self.network is not None:
+            await anyio.to_thread.run_sync(self.network.release, machine_id)
+
+    async def forget(self, machine_id: str) -> None:
+        """The machine is destroyed: its network and then its ids go back (nothing of its
+        users left running)."""
+        await self.leave(machine_id)
+        if self.ids is not None:
+            await anyio.to_thread.run_sync(self.ids.give_back, machine_id)
+
+    async def start(self) -> None:
+        """The worker's part made (its subnet claimed, its bridge, its rules): before any
+        machine's (pyroute2 runs an event loop of its own: never on ours)."""
+        if self.network is not None:
+            await anyio.to_thread.run_sync(self.network.setup)
+
+    async def keep(self, runs: dict[str, str]) -> list[str]:
+        """At a supplier's start: the networks of the runs that go on (machine id -> its
+        namespace's path) are theirs again; the rest an earlier run left is removed."""
+        if self.network is None:
+            return []
+        network = self.network
+
+        def keep() -> list[str]:
+            for mid, path in runs.items():
+                if path:
+                    network.adopt(mid, MachineNet.of_path(path))
+            return network.sweep({Path(p).name for p in runs.values() if p})
+
+        return await anyio.to_thread.run_sync(keep)
+
+    def private(self, machine_id: str) -> str:
+        return self.network.private(machine_id) if self.network is not None else ""
+
+    async def background(self) -> None:
+        """Namespaces made ahead, after every take, until cancelled."""
+        if self.network is None:
+            return
+        network = self.network
+        try:
+            while True:
+                self.wanted = anyio.Event()
+                await anyio.to_thread.run_sync(network.fill, abandon_on_cancel=True)
+                await self.wanted.wait()
+        finally:
+            self.wanted = anyio.Event()
+
+    async def close(self) -> None:
+        """The worker ends (its machines stopped, or let go of): nothing of its networks
+        is left but what kept machines use."""
+        if self.network is not None:
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(self.network.close)
