@@ -27,19 +27,17 @@ async def _apps(c: BourseClient, create: bool = False) -> AppStore:
 
 
 def list_apps(ctx: typer.Context) -> None:
-    """The apps deployed: name, generation, regions, count and spares per region."""
+    """The apps deployed: name, tenant, generation, regions, count and spares per region
+    (the shared buyer key: every tenant's)."""
 
-    async def go(c: BourseClient) -> list[AppRecord]:
-        store = await _apps(c)
-        got = [await store.get(name) for name in await store.names()]
-        return [r for r in got if r is not None and r.spec is not None]
+    async def go(c: BourseClient) -> list[tuple[str, AppRecord]]:
+        return await (await _apps(c)).listed()
 
-    records = with_client(ctx, go)
-    specs = [r.spec for r in records if r.spec is not None]
     rows = [
-        {"app": s.app, "generation": r.generation, "image": s.image,
+        {"app": s.app, "tenant": tenant, "generation": r.generation, "image": s.image,
          "regions": s.regions, "count": s.count, "spares": s.spares}
-        for r, s in zip(records, specs, strict=True)
+        for tenant, r in with_client(ctx, go)
+        if (s := r.spec) is not None
     ]  # fmt: skip
     if session(ctx).json:
         session(ctx).echo_json({"apps": rows})

@@ -11,6 +11,7 @@ import typer
 from bourse.auction.admission import DEFAULT_TARGET_MS
 from bourse.auction.core import AuctionConfig
 from bourse.auction.room import DEFAULT_MAX_BYTES, DEFAULT_WINDOW_S, ClaimLimits
+from bourse.images.bounds import DEFAULT_MAX_IMAGE_MB, MAX_RATIO, Bounds
 from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
@@ -127,6 +128,16 @@ def serve(
             "offers signed by their worker's key."
         ),
     ] = None,
+    max_image_mb: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            metavar="MIB",
+            help="Refuse a tenant's push whose layers unpack to more than this many MiB in "
+            f"all, or a layer past {MAX_RATIO} times its compressed size (each layer the "
+            "store lacks is read once before it is stored).",
+        ),
+    ] = DEFAULT_MAX_IMAGE_MB,
     metrics_addr: MetricsAddrOpt = "",
     log_level: LogLevelOpt = "info",
     log_json: LogJsonOpt = False,
@@ -173,6 +184,7 @@ def serve(
                 trust=trust_store,
                 target_auction_ms=target_auction_ms,
                 metrics=metrics,
+                image_bounds=Bounds.of_mb(max_image_mb),
                 claims=claims,
                 claim_limits=ClaimLimits(claims_window_s, claims_max_bytes),
                 jetstream=jetstream,

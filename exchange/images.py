@@ -11,13 +11,19 @@ A tenant's push, tag and untag (``ImagePush``, ``ImageTag``, ``ImageUntag`` on
 ``<root>.tenant.<name>.image.<verb>``) are carried out here: the tenant is the subject's
 (the server attests it), the tag must be under ``<name>/``, and a blob the store lacks is
 copied from that tenant's upload only once its size and sha256 match
-(bourse/images/staging.py). A blob the store holds is never written again.
+(bourse/images/staging.py) and, a layer, once it was read within the exchange's bounds
+(``--max-image-mb``: each entry checked, its uncompressed size counted and recorded,
+bourse/images/bounds.py). A blob the store holds is never written again; its recorded
+size counts toward the image's (a layer stored before records were kept counts nothing:
+the worker's own caps bound it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from pathlib import Path
 
 import anyio
 import nats.errors
@@ -27,11 +33,20 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from bourse.auction.content import Resolver, layers_of
-from bourse.images.errors import BadImage, BadReference, DigestMismatch, ImageError, ImageNotFound
+from bourse.images.bounds import Bounds, Cap, ImageTooBig, Tally
+from bourse.images.errors import (
+    BadImage,
+    BadReference,
+    DigestMismatch,
+    ImageError,
+    ImageNotFound,
+    UnsafeEntry,
+)
 from bourse.images.oci import OCI_MANIFEST, Descriptor, decode_manifest
 from bourse.images.reference import Reference
 from bourse.images.staging import Staging, make_staging
 from bourse.images.store import ImageStore
+from bourse.images.unpack import scan
 from bourse.nats.jetstream import replicas_for
 from bourse.nats.responder import Responder
 from bourse.wire.codec import decode
@@ -65,16 +80,27 @@ class NotYours(ImageError, ValueError):
 
 # Failures that are the request's own (answered bad_request); other image errors (the
 # store unreachable, not open yet) are the market's (internal).
-REQUEST_ERRORS = (BadImage, BadReference, ImageNotFound, DigestMismatch, NotYours)
+REQUEST_ERRORS = (
+    BadImage,
+    BadReference,
+    ImageNotFound,
+    DigestMismatch,
+    NotYours,
+    UnsafeEntry,
+    ImageTooBig,
+)
 
 
 class ExchangeImages:
     """The image store as one exchange instance uses it; see the module's docstring."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, responder: Responder) -> None:
+    def __init__(
+        self, nc: NATS, subjects: Subjects, responder: Responder, bounds: Bounds | None = None
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.responder = responder  # answers the tenants' requests
+        self.bounds = bounds or Bounds()  # what a tenant's push lets in
         self.resolver = Resolver()
         self.store: ImageStore | None = None
         self.staging: Staging | None = None
@@ -181,12 +207,19 @@ class ExchangeImages:
         data = await store.read_blob(want.digest)
         layers_of(data, f"manifest {want.digest}")  # an image manifest, as orders need
         manifest = decode_manifest(data, f"manifest {want.digest}")
+        tally = Tally(self.bounds)
         for blob in (manifest.config, *manifest.layers):
+            layer = blob is not manifest.config
             if await store.stat_blob(blob.digest) == blob.size:
                 reused += blob.size
-            else:
-                await staging.copy(tenant, req.upload, blob, store)
-                uploaded += blob.size
+                if layer and (known := await store.unpacked_size(blob.digest)) is not None:
+                    tally.add(blob.digest, blob.size, known, known)
+                continue
+            check = functools.partial(_bounded, blob, tally.cap(blob.size)) if layer else None
+            unpacked = await staging.copy(tenant, req.upload, blob, store, check)
+            if unpacked is not None:
+                tally.add(blob.digest, blob.size, unpacked)
+            uploaded += blob.size
         await store.set_tag(ref, want.digest)
         log.info(
             "image_pushed_for_tenant",
@@ -230,3 +263,10 @@ def own(tenant: str, reference: str) -> Reference:
             f"({tenant}/…): a tenant pushes and tags only those"
         )
     return ref
+
+
+def _bounded(layer: Descriptor, cap: Cap, path: Path) -> int:
+    """A staged layer's file read once within ``cap`` (its digest was checked as it was
+    staged): its uncompressed size."""
+    with path.open("rb") as f:
+        return scan(f, layer.digest, cap, verify=False)

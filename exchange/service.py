@@ -40,6 +40,7 @@ from bourse.auction.broker import Broker
 from bourse.auction.claim_store import ClaimStore
 from bourse.auction.core import AuctionConfig
 from bourse.auction.room import ClaimLimits
+from bourse.images.bounds import Bounds
 from bourse.nats.commands import CommandStream, ensure_command_stream
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
@@ -84,6 +85,7 @@ class ExchangeService:
         claim_store: ClaimStore | None = None,
         claim_limits: ClaimLimits = ClaimLimits(),
         jetstream: bool = True,
+        image_bounds: Bounds | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = subjects or Subjects()
@@ -109,8 +111,8 @@ class ExchangeService:
         # Every request's answer, counted; the work it starts runs in the responder's tasks.
         self.responder = Responder(nc, "exchange")
         # The image store: orders' references resolved (a watched copy of its tags), and
-        # tenants' pushes; opened by run() (with JetStream).
-        self.images = ExchangeImages(nc, self.subjects, self.responder)
+        # tenants' pushes (within image_bounds); opened by run() (with JetStream).
+        self.images = ExchangeImages(nc, self.subjects, self.responder, image_bounds)
         # Resolution + admission + auction: the same broker a direct-mode buyer runs.
         self.broker = Broker(self.auctioneer, self.admission, self.images.resolver)
         self.metrics = metrics

@@ -33,6 +33,7 @@ from rich.table import Table
 from bourse.client import ClientError, render
 from bourse.client.images import ImageClient, Pushed
 from bourse.images import ImageInfo, RunSpec
+from bourse.images.bounds import DEFAULT_MAX_IMAGE_MB, MAX_RATIO, Bounds
 from bourse.images.store import GC_GRACE_S
 from bourse.nats.auth import tenant_of
 from bourse.nats.connection import shutdown
@@ -59,6 +60,17 @@ image_app = typer.Typer(
     no_args_is_help=True,
 )
 RefArg = Annotated[str, typer.Argument(metavar="NAME[:TAG]", help="The image's tag.")]
+MaxImageOpt = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        metavar="MIB",
+        help="Refuse an image whose layers unpack to more than this many MiB in all (each "
+        f"layer is read once before anything is sent; one past {MAX_RATIO} times its "
+        "compressed size is refused too). A tenant's push is bounded by the exchange's "
+        "own --max-image-mb.",
+    ),
+]
 
 
 @dataclass
@@ -95,9 +107,11 @@ def _session(ctx: typer.Context) -> ImageSession:
     return found
 
 
-def _run(ctx: typer.Context, fn: Callable[[ImageClient], Awaitable[T]]) -> T:
-    """``fn`` on an image client of the invocation's market; NATS's own failures are one
-    error line too."""
+def _run(
+    ctx: typer.Context, fn: Callable[[ImageClient], Awaitable[T]], bounds: Bounds | None = None
+) -> T:
+    """``fn`` on an image client of the invocation's market (its pushes within
+    ``bounds``); NATS's own failures are one error line too."""
     s = _session(ctx)
     logs.configure("warning")
     conn = Connection.from_options(s.nats, s.creds, s.tls_ca, s.tls_cert, s.tls_key)
@@ -109,7 +123,7 @@ def _run(ctx: typer.Context, fn: Callable[[ImageClient], Awaitable[T]]) -> T:
         except Exception as exc:  # nats-py's own errors, OSError, TimeoutError: one line
             raise ClientError(f"cannot connect to NATS at {', '.join(conn.urls)}: {exc}") from None
         try:
-            return await fn(ImageClient(nc, Subjects(s.prefix), tenant))
+            return await fn(ImageClient(nc, Subjects(s.prefix), tenant, bounds))
         except (nats.errors.Error, TimeoutError) as exc:
             raise ClientError(f"the image store: {exc or type(exc).__name__}") from None
         except OSError as exc:
@@ -197,6 +211,7 @@ def push(
     ] = None,
     workdir: Annotated[str, typer.Option(help="Working directory, absolute.")] = "",
     user: Annotated[str, typer.Option(help="The config's User.")] = "",
+    max_image_mb: MaxImageOpt = DEFAULT_MAX_IMAGE_MB,
 ) -> None:
     """Push DIR as a one-layer image tagged NAME[:TAG].
 
@@ -209,7 +224,7 @@ def push(
     async def go(c: ImageClient) -> Pushed:
         return await _pushing(ctx, f"push {ref}", lambda bar: c.push(directory, ref, run, bar))
 
-    _pushed(ctx, _run(ctx, go))
+    _pushed(ctx, _run(ctx, go, Bounds.of_mb(max_image_mb)))
 
 
 @image_app.command("import")
@@ -225,6 +240,7 @@ def import_(
     pick: Annotated[
         str, typer.Option(metavar="NAME", help="Which image of several the archive holds.")
     ] = "",
+    max_image_mb: MaxImageOpt = DEFAULT_MAX_IMAGE_MB,
 ) -> None:
     """Import what docker, podman, skopeo or buildah wrote as NAME[:TAG].
 
@@ -236,7 +252,7 @@ def import_(
             ctx, f"import {ref}", lambda bar: c.import_image(path, ref, pick, bar)
         )
 
-    _pushed(ctx, _run(ctx, go))
+    _pushed(ctx, _run(ctx, go, Bounds.of_mb(max_image_mb)))
 
 
 @image_app.command("ls")

@@ -11,6 +11,7 @@ import structlog
 import typer
 from nats.aio.client import Client as NATS
 
+from bourse.images.bounds import DEFAULT_MAX_IMAGE_MB
 from bourse.nats.auth import AuthError, signing_seed
 from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode
@@ -186,6 +187,17 @@ def run_cmd(
             f"(a fleet worker's own worker_log_mb wins) [default: {DEFAULT_WORKER_LOG_MB}]",
         ),
     ] = None,
+    max_image_mb: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            metavar="MIB",
+            help="Unpack no image past this many MiB in all: a pull stops the moment its "
+            "layers pass it, a layer its size recorded at push or the image cache's budget "
+            "left, and keeps nothing of it (a fleet worker's own max_image_mb wins) "
+            f"[default: {DEFAULT_MAX_IMAGE_MB}]",
+        ),
+    ] = None,
     ports: Annotated[
         str,
         typer.Option(
@@ -261,6 +273,7 @@ def run_cmd(
             "max_hold_ms": max_hold_ms,
             "machine_log_mb": machine_log_mb,
             "worker_log_mb": worker_log_mb,
+            "max_image_mb": max_image_mb,
             "keep_machines": keep_machines,
         }
         workers = [_unset_from(w, flags) for w in workers]

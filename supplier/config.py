@@ -84,6 +84,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     catalog: dict[Image, ImageSpec] = {}
     # LRU budget of the image cache; default: a fifth of the disk, at least 10 GiB.
     image_cache_mb: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # The most an image's layers may unpack to, in all (bourse/images/bounds.py: a pull
+    # stops the moment it passes this, a layer's recorded size or the cache's budget left).
+    # Unset: supplier run --max-image-mb, else DEFAULT_MAX_IMAGE_MB.
+    max_image_mb: Annotated[int, msgspec.Meta(ge=1)] | None = None
     pull_mb_per_s: Annotated[float, msgspec.Meta(ge=0)] = 1000.0  # sim pull speed
     # Process driver: how machines are confined (supplier/machines/host/confine.py): "auto" takes
     # the first usable of cgroup2, cgroup1, rlimit; naming one forces it (an error at start

@@ -34,6 +34,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.errors import BourseError
 from bourse.images import ImageCache, ImageError, ImageStore, Limits, StoreUnavailable
+from bourse.images.bounds import Bounds, ImageTooBig
 from bourse.images.cache import Pulled
 from bourse.images.errors import BadImage, DigestMismatch, UnsafeEntry
 from bourse.images.oci import MAX_DOCUMENT_BYTES, Descriptor
@@ -152,6 +153,9 @@ class StoreSource:
 
     async def read_blob(self, digest: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
         return await (await self._opened()).read_blob(digest, max_bytes)
+
+    async def unpacked_size(self, digest: str) -> int | None:
+        return await (await self._opened()).unpacked_size(digest)
 
     async def fetch_blob(
         self,
@@ -295,12 +299,15 @@ class WorkerImages:
 
     async def pull(self, m: Machine) -> Pulled:
         """Make ``m``'s content image ready: its root, what it runs, what it took. Any
-        failure is :class:`PullFailed` saying why; the cache keeps nothing half made."""
+        failure is :class:`PullFailed` saying why (``image_too_big: layer …`` for a layer
+        that passed its cap); the cache keeps nothing half made."""
         assert self.content is not None and m.image_digest, "a content image on a process worker"
         try:
             return await self.content.pull(m.image_digest)
         except (ImageError, nats.errors.Error, OSError) as exc:
             bad = isinstance(exc, DigestMismatch | UnsafeEntry | BadImage)
+            if isinstance(exc, ImageTooBig):
+                bad = exc.permanent  # the cache's budget left may grow: tried again then
             raise PullFailed(_why(exc), permanent=bad) from None
 
     # -- what it shows -----------------------------------------------------------------
@@ -327,13 +334,19 @@ class WorkerImages:
 
 
 def open_content(
-    directory: Path, budget_mb: int, source: StoreSource, worker_id: str
+    directory: Path,
+    budget_mb: int,
+    source: StoreSource,
+    worker_id: str,
+    max_image_mb: int | None = None,
 ) -> ImageCache:
-    """A process worker's content cache in ``directory`` (rebuilt from what it holds)."""
+    """A process worker's content cache in ``directory`` (rebuilt from what it holds), each
+    image unpacked to at most ``max_image_mb`` (the default's unless given)."""
     return ImageCache.open(
         directory,
         source,
         Limits(budget_bytes=max(1, budget_mb) * MIB),
+        bounds=Bounds.of_mb(max_image_mb),
         logger=log.bind(worker_id=worker_id),
     )
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import queue
+import re
 import secrets
 import sqlite3
 import threading
@@ -35,11 +36,13 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
+from urllib.parse import quote
 
 import msgspec
 import structlog
 
 from bourse.errors import BourseError
+from bourse.wire.limits import CONTROL_CHARACTERS
 from bourse.wire.messages import Machine
 from supplier.oplog import (
     OUTBOX_RUN,
@@ -56,6 +59,24 @@ log = structlog.get_logger("bourse.store")
 
 _enc = msgspec.json.Encoder()
 _dec = msgspec.json.Decoder(Machine)
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
+
+
+def _machine(raw: bytes) -> Machine:
+    """A stored machine. One stored before the wire refused control characters in a check's
+    path (a CR LF that injected a header into the probe) loads with each of them
+    percent-encoded: its check probes that path, and the supplier starts."""
+    try:
+        return _dec.decode(raw)
+    except msgspec.ValidationError:
+        data = msgspec.json.decode(raw)
+        for check in data.get("checks") or ():
+            path = check.get("path") if isinstance(check, dict) else None
+            if isinstance(path, str):
+                check["path"] = _CONTROL.sub(lambda c: quote(c.group(), safe=""), path)
+        return msgspec.convert(data, Machine)
+
+
 _STOP = object()
 _PROBE = object()
 _FORGET = object()  # queued as (_FORGET, ids): outbox rows acknowledged, to delete
@@ -138,7 +159,7 @@ class Store:
             ).fetchall()
         finally:
             conn.close()
-        return [_dec.decode(r[0]) for r in rows]
+        return [_machine(r[0]) for r in rows]
 
     def load_specs(self, worker_id: str) -> dict[str, RunSpec]:
         """Machine id -> run spec, of one worker's machines that have one."""

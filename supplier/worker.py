@@ -176,7 +176,9 @@ class Worker:
         content = None
         if self.driver.name in ("process", "oci"):
             directory = data_dir / "images" / cfg.worker_id
-            content = open_content(directory, cfg.image_budget_mb, source, cfg.worker_id)
+            content = open_content(
+                directory, cfg.image_budget_mb, source, cfg.worker_id, cfg.max_image_mb
+            )
         self.images = WorkerImages(
             cfg.image_budget_mb,
             cfg.images,

@@ -110,8 +110,34 @@ def hand_layer(members: Sequence[tuple[tarfile.TarInfo, bytes]]) -> tuple[BuiltL
     return BuiltLayer(descriptor, "sha256:" + hashlib.sha256(raw).hexdigest()), packed
 
 
+ZEROS = 16 << 20  # one gzip member of a bomb: 16 MiB of zeros, ~16 KB compressed
+BOMB_CHUNKS = 183  # ~3 MB of gzip that unpack to 2.86 GiB
+
+
+def bomb(chunks: int = BOMB_CHUNKS) -> tuple[BuiltLayer, bytes]:
+    """A decompression bomb as an attacker writes it: a tar of one file of ``chunks`` x 16
+    MiB of zeros, gzipped as many members (one compressed once, repeated: built in
+    milliseconds). Its diff_id is not its tar's (that would mean hashing the GiBs): nothing
+    may read it to the end."""
+    info = tarfile.TarInfo("bomb")
+    info.size, info.mode = chunks * ZEROS, 0o644
+    header = info.tobuf(tarfile.PAX_FORMAT)
+    member = gzip.compress(bytes(ZEROS), compresslevel=9, mtime=0)
+    # the data ends on a block: the end-of-archive blocks follow, zeros too
+    packed = gzip.compress(header, mtime=0) + member * chunks + gzip.compress(bytes(1024), mtime=0)
+    descriptor = Descriptor(
+        media_type=OCI_LAYER_GZIP,
+        digest="sha256:" + hashlib.sha256(packed).hexdigest(),
+        size=len(packed),
+    )
+    never = "sha256:" + hashlib.sha256(b"never read to the end").hexdigest()
+    return BuiltLayer(descriptor, never), packed
+
+
 async def push_layer(store: ImageStore, ref: str, layer: BuiltLayer, data: bytes) -> str:
-    """Store a one-layer image of ``layer`` (its bytes ``data``), tagged ``ref``; its digest."""
+    """Store a one-layer image of ``layer`` (its bytes ``data``), tagged ``ref``, straight
+    into the store (no push's checks, no record of its size, as a store written by an older
+    version holds it); its digest."""
     docs = documents([layer], RunSpec(cmd=("/bin/true",)))
     await store.put_blob(Blob(layer.descriptor, data))
     await store.put_blob(Blob(decode_manifest(docs.manifest, "m").config, docs.config))

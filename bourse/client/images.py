@@ -31,6 +31,7 @@ from bourse.client.client import BourseClient, ask
 from bourse.client.errors import ClientError, expect
 from bourse.images import ImageInfo, ImageStore, Reference, RunSpec
 from bourse.images.blobstore import fetch_timeout
+from bourse.images.bounds import Bounds
 from bourse.images.errors import ImageNotFound
 from bourse.images.importer import Blob, reading
 from bourse.images.oci import Descriptor
@@ -105,10 +106,14 @@ class ImageClient:
     """The image commands on one connection; ``tenant``: the tenant the key is for ("" for
     the operator's, or none)."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, tenant: str = "") -> None:
+    def __init__(
+        self, nc: NATS, subjects: Subjects, tenant: str = "", bounds: Bounds | None = None
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.tenant = tenant
+        # what a push of the operator's lets in (a tenant's: the exchange's own bounds)
+        self.bounds = bounds or Bounds()
         self._store: ImageStore | None = None
 
     async def store(self) -> ImageStore:
@@ -116,7 +121,7 @@ class ImageClient:
         is told that nothing was pushed yet."""
         if self._store is None:
             self._store = await ImageStore.open(
-                self.nc, self.subjects.prefix, create=not self.tenant
+                self.nc, self.subjects.prefix, create=not self.tenant, bounds=self.bounds
             )
         return self._store
 
@@ -127,7 +132,8 @@ class ImageClient:
         tag = Reference.parse(ref)
         if not await anyio.Path(directory).is_dir():
             raise ClientError(f"{directory}: not a directory", "bad_request")
-        async with directory_image(directory, run) as (blobs, manifest):
+        bounds = None if self.tenant else self.bounds
+        async with directory_image(directory, run, bounds=bounds) as (blobs, manifest):
             return await self._push(blobs, tag, manifest, f"directory {directory}", progress)
 
     async def import_image(
@@ -155,10 +161,11 @@ class ImageClient:
             progress.total(sum(b.descriptor.size for b in blobs))
         if self.tenant:
             return await self._push_as_tenant(blobs, ref, manifest, progress)
-        counted = [counting(b, progress.advance) for b in blobs] if progress else blobs
         with writing(f"push {ref.tagged}"):
             store = await self.store()
-            done = await store.push_blobs(counted, ref, manifest, note)
+            blobs = await store.bound(blobs, manifest)  # read once, checked, nothing sent yet
+            counted = [counting(b, progress.advance) for b in blobs] if progress else blobs
+            done = await store.push_blobs(counted, ref, manifest, note, bounded=True)
         return Pushed(
             done.reference,
             done.digest,
@@ -331,7 +338,7 @@ def counting(blob: Blob, progress: Callable[[int], None]) -> Blob:
         with opener() as raw:
             yield cast(IO[bytes], _Counted(cast(io.BufferedIOBase, raw), progress))
 
-    return Blob(blob.descriptor, open=opened)
+    return Blob(blob.descriptor, open=opened, unpacked=blob.unpacked)
 
 
 class _Counted(io.RawIOBase):

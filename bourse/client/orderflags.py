@@ -10,7 +10,9 @@ from collections.abc import Sequence
 
 from bourse.errors import BourseError
 from bourse.wire.limits import (
+    CONTROL_CHARACTERS,
     ENV_KEY_PATTERN,
+    MAX_CHECK_PATH,
     MAX_CHECKS,
     MAX_ENV,
     MAX_PORTS,
@@ -24,6 +26,7 @@ DEFAULT_CHECK_TIMEOUT_S = 2.0
 
 _PORT_NAME = re.compile(PORT_NAME_PATTERN)
 _ENV_KEY = re.compile(ENV_KEY_PATTERN)
+_CONTROL = re.compile(f"[{CONTROL_CHARACTERS}]")
 
 
 class FlagError(BourseError, ValueError):
@@ -99,4 +102,11 @@ def parse_check(spec: str, ports: Sequence[str], interval_s: float, timeout_s: f
         raise FlagError(f"--check {spec!r}: an http check needs a path from /: PORT:http:/PATH")
     if kind == "tcp" and path:
         raise FlagError(f"--check {spec!r}: a tcp check has no path: PORT:tcp")
+    if control := _CONTROL.search(path):
+        raise FlagError(
+            f"--check {spec!r}: its path has the control character {control.group()!r}: "
+            "percent-encode it (%0D for CR, %0A for LF)"
+        )
+    if len(path) > MAX_CHECK_PATH:
+        raise FlagError(f"--check {spec!r}: its path is longer than {MAX_CHECK_PATH} characters")
     return Check(port=port, kind=kind, path=path, interval_s=interval_s, timeout_s=timeout_s)

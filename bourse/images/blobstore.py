@@ -10,6 +10,11 @@ buckets once open; ``bourse.images.store.ImageStore`` (which opens them) adds th
   checks no size): into memory for a manifest or config (at most 4 MiB), into a temporary
   file for a layer, each bounded in time, counted against the descriptor's size and hashed;
   only a file that matched is renamed into place (I7).
+- A layer's uncompressed size, once a push checked it (bourse/images/bounds.py), is
+  recorded beside the blob: the object's header ``Bourse-Unpacked-Size`` (its meta, written
+  with the object, so a blob never exists without the record a push gave it; neither its
+  digest nor its manifest's changes). A blob stored before without one gets it from the
+  next push that checks the same bytes.
 - A tag's key is ``name:tag`` escaped (``reference.tag_key``); its value is the manifest's
   digest (``TagRecord``).
 """
@@ -39,6 +44,7 @@ from nats.js.api import ObjectInfo, ObjectMeta, ObjectMetaOptions
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
+from bourse.images.bounds import UNPACKED_HEADER
 from bourse.images.errors import BadImage, DigestMismatch, ImageNotFound, PullTimeout
 from bourse.images.importer import Blob
 from bourse.images.oci import MAX_DOCUMENT_BYTES, Descriptor, check_blob, digest_of_object
@@ -91,14 +97,28 @@ class BlobStore:
             return None
         return info.size or 0
 
+    async def unpacked_size(self, digest: str) -> int | None:
+        """A layer's uncompressed size as its push recorded it (None: no record, or no
+        such blob)."""
+        info = await self._info(digest)
+        return _recorded(info) if info is not None else None
+
     async def put_blob(self, blob: Blob, what: str = "") -> bool:
-        """Store ``blob`` unless it is there already (False then); the bytes sent are
-        checked against its descriptor (``DigestMismatch`` names it, nothing is kept)."""
+        """Store ``blob`` unless it is there already (False then; its uncompressed size,
+        if given, recorded where the stored one has none); the bytes sent are checked
+        against its descriptor (``DigestMismatch`` names it, nothing is kept)."""
         want = blob.descriptor
-        if await self.stat_blob(want.digest) == want.size:
+        info = await self._info(want.digest)
+        stored = info is not None and digest_of_object(info.digest or "") == want.digest
+        if info is not None and stored and info.size == want.size:
+            if blob.unpacked is not None and _recorded(info) is None:
+                info.headers = {**(info.headers or {}), **_record(blob.unpacked)}
+                await self.objects.update_meta(want.digest, info.meta)
             return False
         meta = ObjectMeta(
-            name=want.digest, options=ObjectMetaOptions(max_chunk_size=self.chunk_bytes)
+            name=want.digest,
+            headers=_record(blob.unpacked) if blob.unpacked is not None else None,
+            options=ObjectMetaOptions(max_chunk_size=self.chunk_bytes),
         )
         async with _opened(blob) as data:
             # nats-py's put reads any object with readinto (files, tar members, BytesIO)
@@ -245,6 +265,24 @@ class BlobStore:
     def watch_tags(self) -> contextlib.AbstractAsyncContextManager[TagIndex]:
         """A ``TagIndex`` of this store, replayed, followed until the block ends."""
         return TagIndex.watching(self.tags)
+
+
+def _record(unpacked: int) -> dict[str, list[str]]:
+    """An object's header recording a layer's uncompressed size (as NATS headers are in
+    an object's meta: a name, its values)."""
+    return {UNPACKED_HEADER: [str(unpacked)]}
+
+
+def _recorded(info: ObjectInfo) -> int | None:
+    """The uncompressed size an object's header records, None without one (or unreadable)."""
+    value = (info.headers or {}).get(UNPACKED_HEADER)
+    if isinstance(value, list):
+        value = value[0] if value else None
+    try:
+        size = int(value) if isinstance(value, str | int) else -1
+    except ValueError:
+        return None
+    return size if size >= 0 else None
 
 
 def tag_only(ref: Reference | str) -> Reference:

@@ -7,6 +7,11 @@ files' own, whole seconds, with ``keep_mtime``), hard links kept as links to the
 in that order; then gzip with no name and time 0. The config carries the layer's
 ``rootfs.diff_ids`` and what to run; the manifest names both. Same tree, same options:
 same digest.
+
+Each entry is checked as it is written, as a push checks an imported layer
+(bourse/images/unpack.py ``check_entry``: a symlink that climbs out of the root is refused
+here, not first on a worker), and the tar's bytes are counted: the layer's uncompressed
+size, recorded with it in the store, and the writing stops once it passes ``max_bytes``.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from bourse.images.bounds import Cap, ImageTooBig
 from bourse.images.errors import BadImage
 from bourse.images.oci import (
     OCI_LAYER_GZIP,
@@ -33,6 +39,7 @@ from bourse.images.oci import (
     encode,
     image_manifest,
 )
+from bourse.images.unpack import check_entry
 
 # zlib's default trade of time for size; 9 costs about twice the time for a few percent.
 DEFAULT_COMPRESSLEVEL = 6
@@ -80,10 +87,12 @@ class RunSpec:
 
 @dataclass(frozen=True, slots=True)
 class Layer:
-    """A layer written: its descriptor and the digest of its uncompressed tar."""
+    """A layer written: its descriptor, the digest of its uncompressed tar and that tar's
+    size (0: not counted, a layer made elsewhere)."""
 
     descriptor: Descriptor
     diff_id: str
+    unpacked: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,16 +105,23 @@ class Documents:
 
 
 class _Hashing:
-    """A write-only stream that hashes and counts what it passes on."""
+    """A write-only stream that hashes and counts what it passes on (past ``cap``,
+    ``ImageTooBig`` naming ``what``)."""
 
-    def __init__(self, out: BinaryIO | gzip.GzipFile) -> None:
+    def __init__(
+        self, out: BinaryIO | gzip.GzipFile, cap: Cap | None = None, what: str = ""
+    ) -> None:
         self.out = out
         self.sha = hashlib.sha256()
         self.size = 0
+        self.cap = cap
+        self.what = what
 
     def write(self, data: bytes) -> int:
         self.sha.update(data)
         self.size += len(data)
+        if self.cap is not None and self.size > self.cap.bytes:
+            raise ImageTooBig(self.what, self.cap)
         return self.out.write(data)
 
     def flush(self) -> None:
@@ -122,15 +138,17 @@ def write_layer(
     *,
     keep_mtime: bool = False,
     compresslevel: int = DEFAULT_COMPRESSLEVEL,
+    max_bytes: Cap | None = None,
 ) -> Layer:
-    """Write ``source``'s contents to ``out`` as a gzip-compressed tar layer."""
+    """Write ``source``'s contents to ``out`` as a gzip-compressed tar layer (its tar at
+    most ``max_bytes``: ``ImageTooBig`` past it)."""
     if not source.is_dir():
         raise BadImage(f"{source} is not a directory")
     compressed = _Hashing(out)
     with gzip.GzipFile(
         filename="", mode="wb", fileobj=compressed, mtime=0, compresslevel=compresslevel
     ) as gz:
-        plain = _Hashing(gz)
+        plain = _Hashing(gz, max_bytes, f"of directory {source}")
         # a stream ("w|") only writes: the file protocol tarfile declares is more than it uses
         stream = cast(BinaryIO, plain)
         with tarfile.open(fileobj=stream, mode="w|", format=tarfile.PAX_FORMAT) as tar:
@@ -138,7 +156,7 @@ def write_layer(
             for path, name in _walk(source):
                 _add(tar, path, name, links, keep_mtime)
     layer = Descriptor(media_type=OCI_LAYER_GZIP, digest=compressed.digest, size=compressed.size)
-    return Layer(layer, plain.digest)
+    return Layer(layer, plain.digest, plain.size)
 
 
 def _walk(top: Path, prefix: str = "") -> Iterator[tuple[Path, str]]:
@@ -160,25 +178,27 @@ def _add(
     info.uid, info.gid = st.st_uid, st.st_gid
     info.uname = info.gname = ""
     info.mtime = int(st.st_mtime) if keep else 0
-    if stat.S_ISREG(st.st_mode) and st.st_nlink > 1 and (st.st_dev, st.st_ino) in links:
+    regular = stat.S_ISREG(st.st_mode)
+    if regular and st.st_nlink > 1 and (st.st_dev, st.st_ino) in links:
         info.type, info.linkname = tarfile.LNKTYPE, links[(st.st_dev, st.st_ino)]
-        tar.addfile(info)
-    elif stat.S_ISREG(st.st_mode):
+        regular = False
+    elif regular:
         links.setdefault((st.st_dev, st.st_ino), name)
         info.size = st.st_size
-        with path.open("rb") as f:
-            tar.addfile(info, f)
     elif stat.S_ISDIR(st.st_mode):
         info.type = tarfile.DIRTYPE
-        tar.addfile(info)
     elif stat.S_ISLNK(st.st_mode):
         info.type, info.linkname = tarfile.SYMTYPE, os.readlink(path)
-        tar.addfile(info)
     elif stat.S_ISFIFO(st.st_mode):
         info.type = tarfile.FIFOTYPE
-        tar.addfile(info)
     else:  # a device node or a socket: nothing an image may carry
         raise BadImage(f"{path}: a device or socket cannot go into an image layer")
+    check_entry(info)  # as a worker would refuse it (a symlink climbing out of the root)
+    if regular:
+        with path.open("rb") as f:
+            tar.addfile(info, f)
+    else:
+        tar.addfile(info)
 
 
 def documents(layers: list[Layer], run: RunSpec, created: str | None = None) -> Documents:

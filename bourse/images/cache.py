@@ -22,10 +22,16 @@ is checked again as it is unpacked (``unpack``), so bytes changed on disk since 
 never reach a root (I7).
 
 The bytes held are bounded by ``policy.plan``: before a pull, room is made for the layers
-it lacks and the root (estimated at its layers' size, counted exactly once made); a pull
-that cannot fit raises ``CacheFull``. ``pin``/``unpin`` mark the images live or reserved
-machines use: never evicted, nor their layers. After a restart nothing is pinned until the
-owner pins again (the eviction delay covers that moment).
+it lacks and the root (estimated at the layers' uncompressed sizes the store recorded,
+else at their compressed size; counted exactly once made); a pull that cannot fit raises
+``CacheFull``. The unpack itself stops the moment a layer passes its recorded size, the
+image passes ``bounds``' max_image_mb, or the root passes what is left of the budget (less
+what other unpacks under way expect): ``ImageTooBig`` naming the layer
+(bourse/images/bounds.py), nothing of the root kept.
+
+``pin``/``unpin`` mark the images live or reserved machines use: never evicted, nor their
+layers. After a restart nothing is pinned until the owner pins again (the eviction delay
+covers that moment).
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import anyio
 import msgspec
 import structlog
 
+from bourse.images.bounds import Bounds, Cap, Tally
 from bourse.images.disk import disk_usage, remove_all, set_mtime
 
 # supplier/drivers/process.py removes a machine's trees with it, from here
@@ -72,6 +79,8 @@ class BlobSource(Protocol):
     """Where the cache gets blobs: an ``ImageStore`` (or anything that checks as it does)."""
 
     async def read_blob(self, digest: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes: ...
+
+    async def unpacked_size(self, digest: str) -> int | None: ...
 
     async def fetch_blob(
         self,
@@ -137,8 +146,9 @@ class _Held:
 
 
 class ImageCache:
-    """The image cache in ``directory``, fed by ``source``, bounded by ``limits``;
-    ``clock`` gives wall-clock seconds (last uses are kept as file times)."""
+    """The image cache in ``directory``, fed by ``source``, bounded by ``limits``, each
+    image unpacked within ``bounds``; ``clock`` gives wall-clock seconds (last uses are kept
+    as file times)."""
 
     def __init__(
         self,
@@ -146,12 +156,14 @@ class ImageCache:
         source: BlobSource,
         limits: Limits,
         *,
+        bounds: Bounds | None = None,
         clock: Callable[[], float] = time.time,
         logger: Any = None,
     ) -> None:
         self.directory = directory
         self.source = source
         self.limits = limits
+        self.bounds = bounds or Bounds()
         self.clock = clock
         self.log = logger if logger is not None else _log
         self.blob_dir = directory / "blobs" / "sha256"
@@ -166,6 +178,7 @@ class ImageCache:
         self._unpacks = Flights()
         self._counts: Counter[str] = Counter()
         self._lacked: dict[str, int] = {}  # manifest -> bytes its last making had to fetch
+        self._expected: dict[str, int] = {}  # manifest -> its root's bytes, while unpacked
         self._records = msgspec.json.Decoder(RootRecord)
 
     @classmethod
@@ -175,12 +188,13 @@ class ImageCache:
         source: BlobSource,
         limits: Limits,
         *,
+        bounds: Bounds | None = None,
         clock: Callable[[], float] = time.time,
         logger: Any = None,
     ) -> ImageCache:
         """The cache rebuilt from what ``directory`` holds (made if missing). Start-up work:
         it reads the directory, so call it before serving (or in a worker thread)."""
-        cache = cls(directory, source, limits, clock=clock, logger=logger)
+        cache = cls(directory, source, limits, bounds=bounds, clock=clock, logger=logger)
         cache._rebuild()
         return cache
 
@@ -298,18 +312,27 @@ class ImageCache:
         started = time.perf_counter()
         lacking = self.lacking(image.layers)
         self._lacked[manifest] = lacking
-        await self._make_room(lacking + sum(x.size for x in image.layers))
+        records = [await self.source.unpacked_size(x.digest) for x in image.layers]
+        expected = sum(
+            r if r is not None else x.size for r, x in zip(records, image.layers, strict=True)
+        )
+        await self._make_room(lacking + expected)
         for layer in image.layers:
             await self._fetches.run(layer.digest, functools.partial(self._fetch, layer))
         files = [
-            LayerFile(self.blob_dir / layer.hex, layer.digest, diff_id)
-            for layer, diff_id in zip(image.layers, diff_ids, strict=True)
+            LayerFile(self.blob_dir / layer.hex, layer.digest, diff_id, record)
+            for layer, diff_id, record in zip(image.layers, diff_ids, records, strict=True)
         ]
+        tally = Tally(self.bounds, self._room(manifest, expected))
         try:
-            size = await anyio.to_thread.run_sync(self._unpack, manifest, files, decoded.config)
+            size = await anyio.to_thread.run_sync(
+                self._unpack, manifest, files, decoded.config, tally
+            )
         except DigestMismatch as exc:
             self._forget_layer(exc.digest)  # changed on disk since its fetch: fetch it again
             raise
+        finally:
+            self._expected.pop(manifest, None)
         self._roots[manifest] = _Held(size, self.clock())
         self._touch_root(manifest)
         log.info(
@@ -336,12 +359,22 @@ class ImageCache:
             "image_layer_pulled", digest=layer.digest, bytes=layer.size, seconds=round(seconds, 3)
         )
 
-    def _unpack(self, manifest: str, files: list[LayerFile], run: RunConfig) -> int:
-        """Unpack into ``tmp/``, then record and rename into ``roots/`` (a worker thread)."""
+    def _room(self, manifest: str, expected: int) -> Cap:
+        """What the root of ``manifest`` may take of the budget: what is left of it, less
+        what the other unpacks under way expect; it expects ``expected`` from now on."""
+        others = sum(self._expected.values())
+        self._expected[manifest] = expected
+        left = self.limits.budget_bytes - self._used() - others
+        why = f"the {max(left, 0)} bytes left of the image cache's budget"
+        return Cap(left, why, permanent=False)
+
+    def _unpack(self, manifest: str, files: list[LayerFile], run: RunConfig, tally: Tally) -> int:
+        """Unpack into ``tmp/`` within ``tally``, then record and rename into ``roots/`` (a
+        worker thread)."""
         work = self.tmp / f"root-{_hex(manifest)}-{secrets.token_hex(4)}"
         work.mkdir()
         try:
-            unpack(work, files)
+            unpack(work, files, tally)
             size = disk_usage(work)
             layers = [f.digest for f in files]
             record = RootRecord(manifest=manifest, layers=layers, size=size, run=run)

@@ -56,11 +56,14 @@ Opener = Callable[[], contextlib.AbstractContextManager[IO[bytes]]]
 
 @dataclass(frozen=True, slots=True)
 class Blob:
-    """A blob to store: its descriptor, and its bytes (small documents) or an opener."""
+    """A blob to store: its descriptor, and its bytes (small documents) or an opener; a
+    layer's uncompressed size once known (checked: bourse/images/bounds.py), recorded
+    beside it in the store."""
 
     descriptor: Descriptor
     data: bytes | None = None
     open: Opener | None = field(default=None, repr=False)
+    unpacked: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

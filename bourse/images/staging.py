@@ -12,6 +12,10 @@ before a byte of it reaches the store (``copy``), writes the tag and clears the 
 (``clear``). A blob the store holds already is never written again, so no tenant can
 replace another's content; a tenant reads nothing of the stream.
 
+Each layer is read once more before it is stored, as the operator's push reads it
+(bourse/images/bounds.py: entries checked, its uncompressed size within the exchange's
+``max_image_mb`` and ratio, recorded beside it); a layer the store holds is not.
+
 The stream keeps what it is given for ``MAX_AGE_S`` at most (an abandoned upload goes by
 itself) and refuses new chunks past ``DEFAULT_MAX_BYTES`` (never drops another upload's).
 """
@@ -145,11 +149,15 @@ class Staging:
         upload: str,
         want: Descriptor,
         store: ImageStore,
-    ) -> None:
+        check: Callable[[Path], int] | None = None,
+    ) -> int | None:
         """Read the staged chunks of ``want`` from the tenant's upload into a temporary
-        file, check their size and digest, then store them. Refused (nothing stored):
-        ``BadImage`` when the upload lacks the blob or part of it, ``DigestMismatch`` when
-        its bytes are not ``want``'s."""
+        file, check their size and digest, then ``check`` the file (a layer: read once
+        within its bounds, bourse/images/bounds.py; in a worker thread), then store them
+        with what it found, the layer's uncompressed size (returned; None: not a layer).
+        Refused (nothing stored): ``BadImage`` when the upload lacks the blob or part of
+        it, ``DigestMismatch`` when its bytes are not ``want``'s, whatever ``check``
+        raises."""
         subject = self.subjects.stage(tenant, upload, want.hex)
         with tempfile.TemporaryDirectory(prefix="bourse-stage-") as tmp:
             path = Path(tmp) / want.hex
@@ -176,7 +184,10 @@ class Staging:
                 raise DigestMismatch(
                     want.digest, f"the {size} bytes staged have digest {got}: not stored"
                 )
-            await store.put_blob(Blob(want, open=lambda: path.open("rb")), "staged blob")
+            unpacked = await anyio.to_thread.run_sync(check, path) if check else None
+            blob = Blob(want, open=lambda: path.open("rb"), unpacked=unpacked)
+            await store.put_blob(blob, "staged blob")
+            return unpacked
 
     async def _next(self, subject: str, after: int) -> tuple[int, bytes] | None:
         """The first chunk on ``subject`` after sequence ``after`` (a direct get), or None."""

@@ -6,8 +6,12 @@ age limit: a blob goes only by ``gc``, a tag only by ``remove_tag``. ``ImageStor
 makes or finds them; how blobs and tags are written and read, checked, is
 ``bourse.images.blobstore.BlobStore``; this module holds the images made of them:
 
-- Pushing (a directory as a one-layer image, an imported image, any set of blobs) writes
-  every blob first and the tag last, so a tag never names a manifest with missing blobs.
+- Pushing (a directory as a one-layer image, an imported image, any set of blobs) first
+  bounds every layer (``bound``: read once, each entry checked, its uncompressed size
+  counted within the store's ``bounds``, bourse/images/bounds.py; a layer built here was
+  checked as it was written, one stored with a record is not read again), then writes every
+  blob, each layer with its uncompressed size recorded beside it, and the tag last, so a
+  tag never names a manifest with missing blobs, and nothing of a refused image is stored.
 - ``inspect`` and ``ls`` read an image's manifest and config (checked like any blob).
 - ``gc`` removes the blobs that no manifest reachable from a tag or from the digests the
   caller says are in use references, and never a digest in use. A blob younger than
@@ -18,11 +22,14 @@ makes or finds them; how blobs and tags are written and read, checked, is
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import io
 import tempfile
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, cast
 
 import anyio
 import nats.errors
@@ -36,6 +43,7 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from bourse.images.blobstore import CHUNK_BYTES, BlobStore, StoredBlob, tag_only
+from bourse.images.bounds import Bounds, Cap, Tally
 from bourse.images.build import DEFAULT_COMPRESSLEVEL, Layer, RunSpec, documents, write_layer
 from bourse.images.errors import BadImage, ImageNotFound, StoreUnavailable
 from bourse.images.importer import Blob, reading
@@ -48,6 +56,7 @@ from bourse.images.oci import (
     references,
 )
 from bourse.images.reference import Reference, check_digest
+from bourse.images.unpack import scan
 from bourse.nats.jetstream import prefix_token, says_none
 
 log = structlog.get_logger("bourse.images")
@@ -138,14 +147,23 @@ class ImageStore(BlobStore):
     """The image store of one subject prefix, on one connection: its blobs and tags
     (``BlobStore``), and the images made of them."""
 
+    bounds = Bounds()  # what a push lets in (open's ``bounds``)
+
     @classmethod
     async def open(
-        cls, nc: NATS, prefix: str = DEFAULT_PREFIX, *, replicas: int = 1, create: bool = True
+        cls,
+        nc: NATS,
+        prefix: str = DEFAULT_PREFIX,
+        *,
+        replicas: int = 1,
+        create: bool = True,
+        bounds: Bounds | None = None,
     ) -> ImageStore:
         """The store of ``prefix``, its buckets made if missing (with ``replicas``; an
         existing bucket keeps its own settings). ``StoreUnavailable`` without JetStream.
         ``create=False`` (a reader: a supplier) makes nothing: ``ImageNotFound`` while the
-        buckets are missing (nothing was pushed yet)."""
+        buckets are missing (nothing was pushed yet). ``bounds``: what its pushes let in
+        (the defaults unless given)."""
         blobs, tags = bucket_names(prefix)
         js = nc.jetstream(timeout=API_TIMEOUT_S)
         try:
@@ -166,6 +184,7 @@ class ImageStore(BlobStore):
             raise StoreUnavailable(f"image buckets {blobs}, {tags}: {exc}") from None
         store = cls(js, objects, kv, blobs)
         store.chunk_bytes = min(CHUNK_BYTES, nc.max_payload // 2)
+        store.bounds = bounds or Bounds()
         return store
 
     # -- images ------------------------------------------------------------------------
@@ -184,7 +203,9 @@ class ImageStore(BlobStore):
         """Store ``directory`` as a one-layer image running ``run`` and tag it ``ref``
         (``build``: the same tree and options give the same digest)."""
         ref = tag_only(ref)
-        built = directory_image(directory, run, keep_mtime, compresslevel, created, tmp_dir)
+        built = directory_image(
+            directory, run, keep_mtime, compresslevel, created, tmp_dir, self.bounds
+        )
         async with built as (blobs, manifest):
             return await self.push_blobs(blobs, ref, manifest, f"directory {directory}")
 
@@ -198,13 +219,47 @@ class ImageStore(BlobStore):
             note = f"{path}: {plan.note}"
             return await self.push_blobs(list(plan.blobs()), ref, plan.descriptor, note)
 
+    async def bound(self, blobs: Sequence[Blob], manifest: Descriptor) -> list[Blob]:
+        """``blobs`` with each layer of ``manifest`` (its blob among them) bounded: its
+        uncompressed size known (given, recorded in the store for the same bytes, or read
+        once here: ``scan``) and within ``bounds`` in order (``ImageTooBig`` names the
+        layer; ``UnsafeEntry`` an entry, ``DigestMismatch`` bytes not the layer's)."""
+        layers = _layer_digests(blobs, manifest)
+        tally = Tally(self.bounds)
+        out = []
+        for blob in blobs:
+            d = blob.descriptor
+            if d.digest not in layers:
+                out.append(blob)
+                continue
+            known = blob.unpacked
+            if known is None and await self.stat_blob(d.digest) == d.size:
+                known = await self.unpacked_size(d.digest)
+            if known is None:
+                known = await anyio.to_thread.run_sync(_scan_blob, blob, tally.cap(d.size))
+                tally.add(d.digest, d.size, known)
+            else:
+                tally.add(d.digest, d.size, known, known if blob.unpacked is None else None)
+            out.append(dataclasses.replace(blob, unpacked=known))
+        return out
+
     async def push_blobs(
-        self, blobs: Sequence[Blob], ref: Reference, manifest: Descriptor, note: str
+        self,
+        blobs: Sequence[Blob],
+        ref: Reference,
+        manifest: Descriptor,
+        note: str,
+        *,
+        bounded: bool = False,
     ) -> PushResult:
-        """Store ``blobs`` (the manifest's last, so no manifest names a missing blob), then
-        tag ``ref`` with ``manifest``; ``note`` says what they were read from."""
+        """Store ``blobs`` (the manifest's last, so no manifest names a missing blob),
+        each layer bounded first (``bound``, unless the caller did: ``bounded``; nothing
+        stored of a refused image), then tag ``ref`` with ``manifest``; ``note`` says what
+        they were read from."""
         started = time.perf_counter()
         uploaded = reused = 0
+        if not bounded:
+            blobs = await self.bound(blobs, manifest)
         for blob in blobs:
             if await self.put_blob(blob, f"{note}: {blob.descriptor.digest}"):
                 uploaded += blob.descriptor.size
@@ -381,20 +436,23 @@ async def directory_image(
     compresslevel: int = DEFAULT_COMPRESSLEVEL,
     created: str | None = None,
     tmp_dir: Path | None = None,
+    bounds: Bounds | None = None,
 ) -> AsyncIterator[tuple[list[Blob], Descriptor]]:
     """``directory`` as a one-layer image running ``run`` (``build``): its blobs (the layer
-    in a temporary file while the block runs, the manifest last) and the manifest's
-    descriptor."""
+    in a temporary file while the block runs, with its uncompressed size; the manifest
+    last) and the manifest's descriptor. The layer's entries are checked as it is written,
+    and the writing stops past ``bounds``' max_image_mb."""
+    cap = (bounds or Bounds()).left(0)
     with tempfile.TemporaryDirectory(prefix="bourse-push-", dir=tmp_dir) as tmp:
         path = Path(tmp) / "layer"
         layer = await anyio.to_thread.run_sync(
-            _write_layer_file, directory, path, keep_mtime, compresslevel
+            _write_layer_file, directory, path, keep_mtime, compresslevel, cap
         )
         docs = documents([layer], run, created)
         manifest = decode_manifest(docs.manifest, "manifest")
         yield (
             [
-                Blob(layer.descriptor, open=lambda: path.open("rb")),
+                Blob(layer.descriptor, open=lambda: path.open("rb"), unpacked=layer.unpacked),
                 Blob(manifest.config, docs.config),
                 Blob(docs.descriptor, docs.manifest),
             ],
@@ -402,6 +460,27 @@ async def directory_image(
         )
 
 
-def _write_layer_file(directory: Path, path: Path, keep_mtime: bool, level: int) -> Layer:
+def _write_layer_file(directory: Path, path: Path, keep_mtime: bool, level: int, cap: Cap) -> Layer:
     with path.open("wb") as out:
-        return write_layer(directory, out, keep_mtime=keep_mtime, compresslevel=level)
+        return write_layer(
+            directory, out, keep_mtime=keep_mtime, compresslevel=level, max_bytes=cap
+        )
+
+
+def _layer_digests(blobs: Sequence[Blob], manifest: Descriptor) -> set[str]:
+    """The layers ``manifest`` names, read from its blob among ``blobs``."""
+    for blob in blobs:
+        if blob.descriptor.digest == manifest.digest and blob.data is not None:
+            image = decode_manifest(blob.data, f"manifest {manifest.digest}")
+            return {x.digest for x in image.layers}
+    raise BadImage(f"manifest {manifest.digest} is not among the blobs to push")
+
+
+def _scan_blob(blob: Blob, cap: Cap) -> int:
+    """A layer blob read once within ``cap`` (a worker thread): its uncompressed size."""
+    d = blob.descriptor
+    if blob.data is not None:
+        return scan(io.BytesIO(blob.data), d.digest, cap)
+    assert blob.open is not None  # a Blob has bytes or an opener
+    with blob.open() as f:
+        return scan(cast(BinaryIO, f), d.digest, cap)

@@ -20,9 +20,17 @@ here:
 
 Each layer file's digest is checked before a byte of it is read into the root, and its
 uncompressed tar's digest against the config's ``diff_id`` as it is read; a mismatch
-raises ``DigestMismatch`` (I7). The caller unpacks into a fresh directory and renames it
-into place only when every layer went in: a refused entry or a mismatch leaves nothing
+raises ``DigestMismatch`` (I7). Its uncompressed bytes are counted as they are read, and
+the read stops the moment they pass the layer's cap (bourse/images/bounds.py: the image's
+``max_image_mb``, the layer's recorded size or ratio, a cache's budget left):
+``ImageTooBig`` naming the layer; a sparse file entry (which unpacks to more than its tar
+bytes) is refused. The caller unpacks into a fresh directory and renames it into place
+only when every layer went in: a refused entry, a mismatch or a cap passed leaves nothing
 behind but that directory, for the caller to remove.
+
+``scan`` reads a layer the way ``unpack`` does and writes nothing: what a push checks
+before a byte of the layer is stored (each entry as above, as far as an entry alone says:
+names, link targets, devices; the cap), and the uncompressed size it records.
 """
 
 from __future__ import annotations
@@ -39,6 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from bourse.images.bounds import Bounds, Cap, ImageTooBig, Tally
 from bourse.images.errors import BadImage, DigestMismatch, UnsafeEntry
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -54,20 +63,43 @@ _COPY_BYTES = 1 << 20
 
 @dataclass(frozen=True, slots=True)
 class LayerFile:
-    """A layer on disk: its file, its digest (of the file's bytes) and its ``diff_id`` (of
-    the uncompressed tar, from the image config)."""
+    """A layer on disk: its file, its digest (of the file's bytes), its ``diff_id`` (of
+    the uncompressed tar, from the image config) and its uncompressed size as the store
+    recorded it (None: no record, a blob stored before records were kept)."""
 
     path: Path
     digest: str
     diff_id: str
+    recorded: int | None = None
 
 
-def unpack(root: Path, layers: Sequence[LayerFile]) -> None:
-    """Unpack ``layers`` in order into ``root`` (an empty directory)."""
-    unpacker = _Unpacker(root, owners=os.geteuid() == 0)
+def unpack(root: Path, layers: Sequence[LayerFile], tally: Tally | None = None) -> None:
+    """Unpack ``layers`` in order into ``root`` (an empty directory), each within its cap
+    by ``tally`` (the default bounds unless given)."""
+    unpacker = _Unpacker(root, owners=os.geteuid() == 0, tally=tally or Tally(Bounds()))
     for layer in layers:
         unpacker.layer(layer)
     unpacker.finish()
+
+
+def scan(raw: BinaryIO, digest: str, cap: Cap, *, verify: bool = True) -> int:
+    """Read the layer ``digest`` from ``raw`` once, as ``unpack`` would, writing nothing:
+    each entry checked in itself (``check_entry``), its uncompressed bytes counted within
+    ``cap`` (``ImageTooBig``), and (``verify``) its bytes' digest checked (``DigestMismatch``).
+    Its uncompressed size."""
+    hashed = _Reader(raw, digest, hashing=verify)
+    plain = _Reader(_decompressed(hashed, digest), digest, cap=cap, hashing=False)
+    try:
+        with tarfile.open(fileobj=cast(BinaryIO, plain), mode="r|") as tar:
+            for info in _members(tar):
+                check_entry(info)
+        plain.drain()
+        got = hashed.drain()
+    except (tarfile.TarError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
+        raise BadImage(f"layer {digest} is not a readable tar: {exc}") from None
+    if verify and got != digest:
+        raise DigestMismatch(digest, f"the layer's bytes have digest {got}: not stored")
+    return plain.count
 
 
 def file_digest(path: Path) -> str:
@@ -76,23 +108,68 @@ def file_digest(path: Path) -> str:
         return "sha256:" + hashlib.file_digest(f, "sha256").hexdigest()
 
 
-class _HashingReader:
-    """A read-only stream that hashes what it hands on."""
+class _Reader:
+    """A read-only stream that counts (and hashes) what it hands on, at most
+    ``_COPY_BYTES`` a read (a bomb's bytes come a bounded step at a time); past ``cap`` it
+    raises ``ImageTooBig`` naming the layer."""
 
-    def __init__(self, raw: BinaryIO | gzip.GzipFile) -> None:
+    def __init__(
+        self,
+        raw: BinaryIO | gzip.GzipFile | _Prepended,
+        layer: str,
+        cap: Cap | None = None,
+        hashing: bool = True,
+    ) -> None:
         self.raw = raw
-        self.sha = hashlib.sha256()
+        self.layer = layer
+        self.cap = cap
+        self.sha = hashlib.sha256() if hashing else None
+        self.count = 0
 
     def read(self, size: int = -1) -> bytes:
+        if size < 0 or size > _COPY_BYTES:
+            size = _COPY_BYTES  # a short read: callers (tarfile, drain) read again
         data = self.raw.read(size)
-        self.sha.update(data)
+        self.count += len(data)
+        if self.cap is not None and self.count > self.cap.bytes:
+            raise ImageTooBig(self.layer, self.cap)
+        if self.sha is not None:
+            self.sha.update(data)
         return data
 
     def drain(self) -> str:
         """Read to the end (a tar's trailing padding counts too); the digest of it all."""
         while self.read(_COPY_BYTES):
             pass
-        return "sha256:" + self.sha.hexdigest()
+        return "sha256:" + (self.sha.hexdigest() if self.sha is not None else "")
+
+
+class _Prepended:
+    """``head`` (bytes read already), then the rest of ``rest``."""
+
+    def __init__(self, head: bytes, rest: _Reader) -> None:
+        self.head = head
+        self.rest = rest
+
+    def read(self, size: int = -1) -> bytes:
+        if not self.head:
+            return self.rest.read(size)
+        out, self.head = (self.head, b"") if size < 0 else (self.head[:size], self.head[size:])
+        return out
+
+
+def _decompressed(raw: _Reader, digest: str) -> gzip.GzipFile | _Prepended:
+    """The layer's tar from ``raw``: its bytes, or their gzip stream; zstd is refused."""
+    head = raw.read(4)
+    if head.startswith(ZSTD_MAGIC):
+        raise BadImage(
+            f"layer {digest} is zstd-compressed, which this library does not read (no zstd in "
+            "Python 3.11's standard library)"
+        )
+    source = _Prepended(head, raw)
+    if head[:2] == GZIP_MAGIC:
+        return gzip.GzipFile(fileobj=cast(BinaryIO, source), mode="rb")
+    return source
 
 
 def _members(tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
@@ -151,12 +228,42 @@ def _remove(path: Path) -> None:
         path.unlink()
 
 
-class _Unpacker:
-    """One root being unpacked, layer after layer."""
+def check_entry(info: tarfile.TarInfo) -> list[str]:
+    """What an entry alone says is unsafe, refused (``UnsafeEntry``): an absolute name or a
+    ``..`` component, a root that is no directory, a whiteout of ``.`` or ``..``, a device
+    node, a sparse file, a symlink whose target climbs out, a hard link whose target is
+    absolute, climbs or is the root, an unknown type. Its name's components."""
+    parts = _parts(info.name, info.name)
+    if not parts:  # the root itself ("./")
+        if not info.isdir():
+            raise UnsafeEntry(info.name, "the root must be a directory")
+        return parts
+    if parts[-1].startswith(WHITEOUT):
+        name = parts[-1].removeprefix(WHITEOUT)
+        if name in ("", ".", ".."):  # would hide its own directory or the one above
+            raise UnsafeEntry(info.name, f"a whiteout of {name!r}")
+        return parts
+    if info.ischr() or info.isblk():
+        kind = "character" if info.ischr() else "block"
+        raise UnsafeEntry(info.name, f"a {kind} device node is not allowed in a layer")
+    if info.issparse():
+        raise UnsafeEntry(info.name, "a sparse file is not allowed in a layer (it unpacks to more)")
+    if info.issym() and (not info.linkname or _escapes(parts, info.linkname)):
+        raise UnsafeEntry(info.name, f"symlink to {info.linkname!r} escapes the root")
+    if info.islnk() and not _parts(info.linkname, info.name, "its hard link target"):
+        raise UnsafeEntry(info.name, "a hard link to the root")
+    if not (info.isreg() or info.isdir() or info.issym() or info.islnk() or info.isfifo()):
+        raise UnsafeEntry(info.name, f"unknown tar entry type {info.type!r}")
+    return parts
 
-    def __init__(self, root: Path, owners: bool) -> None:
+
+class _Unpacker:
+    """One root being unpacked, layer after layer, each within its cap by ``tally``."""
+
+    def __init__(self, root: Path, owners: bool, tally: Tally) -> None:
         self.root = root
         self.owners = owners  # chown to the entries' numeric owners (only root may)
+        self.tally = tally
         self.dirs: dict[Path, tuple[int, int]] = {}  # mode and mtime, applied at the end
         self.created: set[Path] = set()  # written by the current layer: whiteouts spare them
 
@@ -165,16 +272,11 @@ class _Unpacker:
         if got != layer.digest:
             raise DigestMismatch(layer.digest, f"the layer file holds {got}: nothing unpacked")
         self.created = set()
+        compressed = layer.path.stat().st_size
+        cap = self.tally.cap(compressed, layer.recorded)
         with layer.path.open("rb") as raw:
-            head = raw.read(4)
-            raw.seek(0)
-            if head.startswith(ZSTD_MAGIC):
-                raise BadImage(
-                    f"layer {layer.digest} is zstd-compressed, which this library does not "
-                    "read (no zstd in Python 3.11's standard library)"
-                )
-            source = gzip.GzipFile(fileobj=raw, mode="rb") if head[:2] == GZIP_MAGIC else raw
-            plain = _HashingReader(source)
+            source = _decompressed(_Reader(raw, layer.digest, hashing=False), layer.digest)
+            plain = _Reader(source, layer.digest, cap=cap)
             try:
                 with tarfile.open(fileobj=cast(BinaryIO, plain), mode="r|") as tar:
                     for info in _members(tar):
@@ -186,12 +288,11 @@ class _Unpacker:
             raise DigestMismatch(
                 layer.digest, f"its tar has digest {diff_id}, the config says {layer.diff_id}"
             )
+        self.tally.add(layer.digest, compressed, plain.count, layer.recorded)
 
     def entry(self, tar: tarfile.TarFile, info: tarfile.TarInfo) -> None:
-        parts = _parts(info.name, info.name)
+        parts = check_entry(info)
         if not parts:  # the root itself ("./")
-            if not info.isdir():
-                raise UnsafeEntry(info.name, "the root must be a directory")
             self._own(self.root, info)
             self.dirs[self.root] = (self._mode(info), int(info.mtime))
             return
@@ -204,7 +305,7 @@ class _Unpacker:
         if info.isdir():
             self.directory(path, info)
         else:
-            self.node(tar, info, parts, path)
+            self.node(tar, info, path)
         self.created.add(path)
 
     def resolve(self, parts: Sequence[str], entry: str, create: bool) -> Path | None:
@@ -247,8 +348,6 @@ class _Unpacker:
 
     def whiteout(self, parts: list[str], entry: str) -> None:
         name = parts[-1].removeprefix(WHITEOUT)
-        if name in ("", ".", ".."):  # would hide its own directory or the one above
-            raise UnsafeEntry(entry, f"a whiteout of {name!r}")
         parent = self.resolve(parts[:-1], entry, create=False)
         if parent is None:
             return  # nothing below to hide
@@ -276,29 +375,20 @@ class _Unpacker:
         self._own(path, info)
         self.dirs[path] = (self._mode(info), int(info.mtime))
 
-    def node(
-        self, tar: tarfile.TarFile, info: tarfile.TarInfo, parts: list[str], path: Path
-    ) -> None:
-        if info.ischr() or info.isblk():
-            kind = "character" if info.ischr() else "block"
-            raise UnsafeEntry(info.name, f"a {kind} device node is not allowed in a layer")
+    def node(self, tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> None:
         if info.islnk():
             self.hardlink(info, path)
             return
-        if info.issym() and (not info.linkname or _escapes(parts, info.linkname)):
-            raise UnsafeEntry(info.name, f"symlink to {info.linkname!r} escapes the root")
         _remove(path)
         if info.isreg():
             self.file(tar, info, path)
         elif info.issym():
             os.symlink(info.linkname, path)
             self._own(path, info)
-        elif info.isfifo():
+        else:  # a FIFO: check_entry let no other kind through
             os.mkfifo(path, 0o600)
             self._own(path, info)
             os.chmod(path, self._mode(info))
-        else:
-            raise UnsafeEntry(info.name, f"unknown tar entry type {info.type!r}")
         os.utime(path, (info.mtime, info.mtime), follow_symlinks=False)
 
     def file(self, tar: tarfile.TarFile, info: tarfile.TarInfo, path: Path) -> None:
@@ -312,9 +402,7 @@ class _Unpacker:
             os.fchmod(out.fileno(), self._mode(info))
 
     def hardlink(self, info: tarfile.TarInfo, path: Path) -> None:
-        link = _parts(info.linkname, info.name, "its hard link target")
-        if not link:
-            raise UnsafeEntry(info.name, "a hard link to the root")
+        link = _parts(info.linkname, info.name, "its hard link target")  # not the root
         parent = self.resolve(link[:-1], info.name, create=False)
         source = parent / link[-1] if parent is not None else None
         try:

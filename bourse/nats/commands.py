@@ -220,7 +220,10 @@ async def probe_or_keep(
 
 
 def consumer_config(subjects: Subjects, worker_id: str) -> ConsumerConfig:
-    """A worker's durable consumer: its own subject only, each command acknowledged."""
+    """A worker's durable consumer: its own subject only, each command acknowledged. Its
+    name makes nats-py create it with the filter in the subject
+    (``CONSUMER.CREATE.<stream>.cmd-<worker>.<filter>``): the only form a supplier's key may
+    use, for its own workers only (bourse/nats/grants.py ``CONSUMERS_OWN``)."""
     return ConsumerConfig(
         name=consumer_name(worker_id),
         durable_name=consumer_name(worker_id),

@@ -27,14 +27,20 @@ the keys under its name. A listing is a consumer made with its filter in the sub
 makes it (``CONSUMER.CREATE.<stream>.<name>.<filter>``: the server refuses a body whose
 filter differs), and a tenant may not look a bucket up (a stream's info lists its
 subjects: every tenant's keys).
+
+A supplier's verbs on the command stream are its *own workers'* (``consumers own``, ``pull
+own``): their subjects carry each of its workers' durable consumer, ``cmd-<worker>``, made
+only with that worker's subject as its filter (in the subject that makes it), so a supplier
+key makes, fetches from and acknowledges only its own workers' consumers, never another
+worker's queued command.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from bourse.nats.commands import command_stream_name
+from bourse.nats.commands import command_stream_name, consumer_name
 from bourse.nats.jetstream import (
     apps_bucket_name,
     claims_bucket_name,
@@ -42,6 +48,7 @@ from bourse.nats.jetstream import (
     secrets_bucket_name,
     stream_name,
 )
+from bourse.wire.subjects import Subjects
 
 ROLE_OPERATOR = "operator"
 ROLE_BUYER = "buyer"
@@ -55,6 +62,9 @@ API = "$JS.API"
 # A name the probes use where a verb's subject takes one (a consumer, a key, a stream that
 # is none of the market's).
 PROBE = "PROBE"
+# Whose a verb's own subjects are: a tenant's (its keys), a worker's (its consumer).
+OWN_TENANT = "tenant"
+OWN_WORKER = "worker"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,9 +113,11 @@ class Verb:
     allows: Callable[[str, str], tuple[str, ...]]
     # subjects tried besides the grants' own (each ``>`` and ``*`` made a concrete token)
     more: Callable[[str, str], tuple[str, ...]] = lambda s, d: ()
-    # a tenant's own: ``d`` is its keys' subjects, ``$KV.<bucket>.<tenant>``; ``within``
-    # the verb that grants it on every key
-    own: bool = False
+    # whose own (OWN_TENANT, OWN_WORKER; "": anyone's): a tenant's ``d`` is its keys'
+    # subjects, ``$KV.<bucket>.<tenant>``; a worker's its consumer and that consumer's
+    # filter, ``cmd-<worker>.<R>.command.<worker>``; ``within`` the verb that grants it on
+    # every key or consumer
+    own: str = ""
     within: str = ""
 
     def probes(self, s: str, d: str) -> tuple[str, ...]:
@@ -113,10 +125,18 @@ class Verb:
         concrete = (a.replace(">", PROBE).replace("*", PROBE) for a in self.allows(s, d))
         return tuple(concrete) + self.more(s, d)
 
-    def data(self, resource: Resource, prefix: str, tenant: str) -> str:
-        """The data prefix the verb's subjects are made with (a tenant's own: its keys')."""
+    def data(self, resource: Resource, prefix: str, owner: str) -> str:
+        """What the verb's subjects are made with: the data prefix, or a tenant's own keys',
+        or a worker's own consumer and its filter."""
+        if self.own == OWN_WORKER:
+            return f"{consumer_name(owner)}.{Subjects(prefix).command(owner)}"
         d = resource.data(prefix)
-        return f"{d}.{tenant}" if self.own else d
+        return f"{d}.{owner}" if self.own else d
+
+
+def _consumer(d: str) -> str:
+    """A worker's own verb's consumer name (``d``'s first token: ``cmd-<worker>``)."""
+    return d.partition(".")[0]
 
 
 def _stream_op(op: str, what: str) -> Verb:
@@ -202,7 +222,7 @@ READ_OWN = Verb(
     "get a key under its own name",
     KV,
     lambda s, d: (f"{API}.DIRECT.GET.{s}.{d}.>",),
-    own=True,
+    own=OWN_TENANT,
     within=READ.name,
 )
 WRITE_OWN = Verb(
@@ -210,7 +230,7 @@ WRITE_OWN = Verb(
     "put or delete a key under its own name",
     KV,
     lambda s, d: (f"{d}.>",),
-    own=True,
+    own=OWN_TENANT,
     within=WRITE.name,
 )
 LIST_OWN = Verb(
@@ -219,11 +239,30 @@ LIST_OWN = Verb(
     "it; removed by the server once unused)",
     KV,
     lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
-    own=True,
+    own=OWN_TENANT,
     within=CONSUMERS.name,
 )
+STREAM = frozenset({"stream"})
+CONSUMERS_OWN = Verb(
+    "consumers own",
+    "make its own workers' durable consumers (`cmd-<worker>`, each with its worker's "
+    "subject as its filter, in the subject that makes it)",
+    STREAM,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.{d}",),
+    own=OWN_WORKER,
+    within=CONSUMERS.name,
+)
+PULL_OWN = Verb(
+    "pull own",
+    "take and acknowledge messages of its own workers' durable consumers",
+    STREAM,
+    lambda s, d: (f"{API}.CONSUMER.MSG.NEXT.{s}.{_consumer(d)}", f"$JS.ACK.{s}.{_consumer(d)}.>"),
+    own=OWN_WORKER,
+    within=PULL.name,
+)
 VERBS: tuple[Verb, ...] = (INFO, CREATE, UPDATE, DELETE, PURGE, READ, ERASE, WRITE, REPLAY)
-VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, DETECT, OTHERS)
+VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, CONSUMERS_OWN, PULL_OWN)
+VERBS += (DETECT, OTHERS)
 
 
 def applies(verb: Verb, resource: Resource) -> bool:
@@ -262,10 +301,11 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
     },
     # checks the event stream is there (its events: the subject table); reads images; reads
     # an app's secrets by key when it starts the app's machine; takes the commands kept for
-    # its workers (a durable consumer per worker, each command acknowledged)
+    # its workers (a durable consumer per worker, each command acknowledged), only its own
+    # workers' (never another worker's queued stop)
     ROLE_SUPPLIER: {
         EVENTS.key: _of(INFO),
-        COMMANDS.key: _of(INFO, CONSUMERS, PULL),
+        COMMANDS.key: _of(INFO, CONSUMERS_OWN, PULL_OWN),
         IMAGES.key: _READ_IMAGES,
         IMAGE_TAGS.key: _READ_IMAGES,
         APP_SECRETS.key: _of(INFO, READ),
@@ -300,12 +340,16 @@ def granted(role: str, resource: Resource) -> frozenset[str]:
     return GRANTS[role].get(resource.key, frozenset())
 
 
-def allows(role: str, prefix: str, tenant: str = "") -> tuple[str, ...]:
+def allows(
+    role: str, prefix: str, tenant: str = "", workers: Sequence[str] = ()
+) -> tuple[str, ...]:
     """The publish allows of ``role``'s JetStream grants for a market's ``prefix`` (a
-    tenant's own verbs: under ``tenant``)."""
+    tenant's own verbs: under ``tenant``; a worker's own: for each of ``workers``)."""
     out: list[str] = []
     for r in RESOURCES:
         for v in VERBS:
-            if v.name in granted(role, r):
-                out += v.allows(r.stream(prefix), v.data(r, prefix, tenant))
+            if v.name not in granted(role, r):
+                continue
+            for owner in workers if v.own == OWN_WORKER else (tenant,):
+                out += v.allows(r.stream(prefix), v.data(r, prefix, owner))
     return tuple(dict.fromkeys(out))

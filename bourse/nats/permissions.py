@@ -202,7 +202,7 @@ def supplier_permissions(
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
-    pub += grants.allows(ROLE_SUPPLIER, s.prefix)
+    pub += grants.allows(ROLE_SUPPLIER, s.prefix, workers=[wid for wid, _ in workers])
     pub += _inboxes(inbox, answers)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub))
 

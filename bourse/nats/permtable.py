@@ -116,12 +116,20 @@ def verbs_table() -> str:
         subjects: list[str] = []
         for kind, data in (("stream", ""), ("kv", "$KV.B"), ("objects", "$O.B")):
             if kind in v.kinds:
-                subjects += v.allows("S", f"{data}.<name>" if v.own else data)
+                subjects += v.allows("S", _owned(v, data))
         if "account" in v.kinds:  # what no role may use is shown by what it tries
             subjects += v.allows("", "") or v.probes("", "")
         shown = _cell(f"`{x}`".replace(grants.PROBE, "<other>") for x in dict.fromkeys(subjects))
         rows.append(f"| {v.name} | {v.what} | {shown} |")
     return "\n".join(rows)
+
+
+def _owned(v: grants.Verb, data: str) -> str:
+    """What a verb's subjects are shown made with: its data, a tenant's own keys, or a
+    worker's own consumer and its filter."""
+    if v.own == grants.OWN_WORKER:
+        return "cmd-<worker>.R.command.<worker>"
+    return f"{data}.<name>" if v.own else data
 
 
 TABLES = {"subjects": subjects_table, "jetstream": jetstream_table, "verbs": verbs_table}

@@ -55,6 +55,11 @@ MAX_PORTS = 16
 MAX_ENV = 128
 MAX_ENV_VALUE = 4096
 MAX_CHECKS = 16
+# An http check's path goes into the probe's request line: no control character (C0, DEL,
+# C1), so no CR or LF can end the line and inject a header or a request of its own.
+CONTROL_CHARACTERS = r"\x00-\x1f\x7f-\x9f"  # a regex character range
+CHECK_PATH_PATTERN = rf"^[^{CONTROL_CHARACTERS}]*\Z"
+MAX_CHECK_PATH = 1024
 MAX_LAYER_BYTES = 1 << 40  # 1 TiB: one layer's size
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"

@@ -16,6 +16,7 @@ import msgspec
 from ulid import ULID
 
 from bourse.wire.limits import (
+    CHECK_PATH_PATTERN,
     DEFAULT_DEADLINE_MS,
     DIGEST_PATTERN,
     ENV_KEY_PATTERN,
@@ -27,6 +28,7 @@ from bourse.wire.limits import (
     MACHINE_ID_SEPARATOR,
     MAX_BATCH_ITEMS,
     MAX_BATCH_OFFERS,
+    MAX_CHECK_PATH,
     MAX_CHECKS,
     MAX_CPU_MILLIS,
     MAX_CPUS,
@@ -185,7 +187,7 @@ class Check(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True, gc=Fa
 
     port: PortName
     kind: Annotated[str, msgspec.Meta(pattern=r"^[a-z][a-z0-9]{0,15}\Z")]
-    path: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    path: Annotated[str, msgspec.Meta(max_length=MAX_CHECK_PATH, pattern=CHECK_PATH_PATTERN)] = ""
     interval_s: Annotated[float, msgspec.Meta(ge=0.1, le=3600)] = 10.0
     timeout_s: Annotated[float, msgspec.Meta(ge=0.01, le=600)] = 2.0
 

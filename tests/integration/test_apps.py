@@ -146,7 +146,8 @@ async def test_deploy_plan_rolling_update_again_and_scale_down(
         ("destroy", "spare"), ("destroy", "spare"), ("keep", "primary"), ("keep", "primary")
     ]  # fmt: skip
     code, out, _ = await buyer(market, "apps", "list", "--json")
-    listed = {"app": "hello", "generation": 3, "image": "web", "regions": ["mad", "ams"]}
+    listed = {"app": "hello", "tenant": "", "generation": 3, "image": "web"}
+    listed["regions"] = ["mad", "ams"]
     assert json.loads(out)["apps"] == [listed | {"count": 1, "spares": 0}]
 
 

@@ -40,6 +40,9 @@ class Counting:
     async def read_blob(self, digest: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes:
         return await self.store.read_blob(digest, max_bytes)
 
+    async def unpacked_size(self, digest: str) -> int | None:
+        return await self.store.unpacked_size(digest)
+
     async def fetch_blob(
         self,
         descriptor: Descriptor,

@@ -104,6 +104,22 @@ async def test_the_shared_buyer_key_writes_secrets_and_reads_none_back(
     assert violations.denied() == {s.lower() for s in attempts}
 
 
+async def test_the_shared_buyer_key_lists_every_tenants_apps(secured_js: Secured) -> None:
+    """As docs/security.md says: it reads every record (it lists every machine). Issue 36
+    found `apps list --json` showing `{"apps": []}` while two tenants had apps."""
+    await _set_up(secured_js)  # bob's web
+    alice, _ = await secured_js.connect("buyer:alice")
+    await (await AppStore.open(alice, PREFIX, tenant="alice")).write("web", _record(), 0)
+    shared, _ = await secured_js.connect("buyer")
+    await (await AppStore.open(shared, PREFIX)).write("api", _record("api"), 0)
+    code, out, err = await run_buyer(secured_js, "buyer", "apps", "list", "--json")
+    assert code == 0, err
+    rows = [(a["tenant"], a["app"], a["generation"]) for a in json.loads(out)["apps"]]
+    assert rows == [("", "api", 1), ("alice", "web", 1), ("bob", "web", 1)]
+    code, out, err = await run_buyer(secured_js, "buyer:alice", "apps", "list", "--json")
+    assert code == 0 and [a["app"] for a in json.loads(out)["apps"]] == ["web"], err
+
+
 @pytest.mark.slow
 async def test_a_tenant_deploys_its_app_and_another_sees_none_of_it(
     secured: Secured, tmp_path: Path
@@ -125,7 +141,8 @@ async def test_a_tenant_deploys_its_app_and_another_sees_none_of_it(
         [slot] = json.loads(out)["slots"]
         assert slot["result"] == "done" and slot["order_id"] == "web.g1.mad.0", slot
         code, out, err = await run_buyer(secured, "buyer:alice", "apps", "list", "--json")
-        assert code == 0 and [a["app"] for a in json.loads(out)["apps"]] == ["web"], err
+        listed = [(a["tenant"], a["app"]) for a in json.loads(out)["apps"]]
+        assert code == 0 and listed == [("alice", "web")], err
         code, out, err = await run_buyer(secured, "buyer:alice", "apps", "status", "web", "--json")
         assert code == 0 and [m["state"] for m in json.loads(out)["machines"]] == ["started"]
         code, out, _ = await run_buyer(secured, "buyer:alice", "apps", "secrets", "list", "web")

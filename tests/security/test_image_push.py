@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -19,6 +20,8 @@ from bourse.client import ClientError
 from bourse.client.images import ImageClient
 from bourse.images import ImageStore, RunSpec
 from bourse.images import store as store_module
+from bourse.images.bounds import Bounds
+from bourse.images.build import write_layer
 from bourse.images.importer import Blob
 from bourse.images.oci import OCI_CONFIG, OCI_LAYER_GZIP, OCI_MANIFEST, Descriptor
 from bourse.images.reference import Reference, tag_key
@@ -27,6 +30,7 @@ from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Error, ImagePush, ImageReply, ImageTagged
 from exchange.service import ExchangeService
+from tests.images import bomb, hand_layer
 from tests.market import Market
 from tests.security.conftest import PREFIX, Secured
 
@@ -221,3 +225,46 @@ async def test_the_shared_buyer_key_reads_the_store_and_cannot_write_it(
             await attempt
     store = await operator_store(secured_js)
     assert [t.reference for t in await store.ls()] == ["alice/web:v1"]
+
+
+async def test_a_tenants_bomb_or_unsafe_layer_is_refused_by_the_exchange_nothing_stored(
+    secured_js: Secured, tmp_path: Path
+) -> None:
+    """Issue 36's bomb, pushed by a tenant: the exchange reads each layer it would store
+    once, within its own --max-image-mb (1 here), and refuses naming the layer; an entry
+    that climbs out of the root is refused naming the entry; a layer it stores has its
+    uncompressed size recorded beside it."""
+    async with Market(secured_js.url, secured_js.subjects, tmp_path) as m:
+        exchange, _ = await secured_js.connect("exchange")
+        await m.serve(ExchangeService(exchange, secured_js.subjects, image_bounds=Bounds.of_mb(1)))
+        nc, _ = await secured_js.connect("buyer:alice")
+        staging = Staging(nc, secured_js.subjects)
+        store = await operator_store(secured_js)
+
+        built, data = bomb()
+        staged = await stage(staging, "alice", "01BOMB", [(built.descriptor, data)])
+        refused = await ask_push(nc, secured_js, "alice/bomb:v1", "01BOMB", staged)
+        assert isinstance(refused, Error) and refused.code == "bad_request", refused
+        assert refused.detail == (
+            f"image_too_big: layer {built.descriptor.digest} passed {1 << 20} bytes unpacked "
+            "(max_image_mb 1 for the whole image, 0 bytes before it)"
+        )
+        assert await store.stat_blob(built.descriptor.digest) is None
+
+        link = tarfile.TarInfo("app/link")
+        link.type, link.linkname = tarfile.SYMTYPE, "../../etc"
+        unsafe, packed = hand_layer([(link, b"")])
+        staged = await stage(staging, "alice", "01LINK", [(unsafe.descriptor, packed)])
+        refused = await ask_push(nc, secured_js, "alice/link:v1", "01LINK", staged)
+        assert isinstance(refused, Error) and refused.code == "bad_request", refused
+        assert refused.detail == "layer entry 'app/link': symlink to '../../etc' escapes the root"
+        assert await store.stat_blob(unsafe.descriptor.digest) is None
+        assert await staged_messages(secured_js) == 0
+        assert await store.ls() == []
+
+        alice = await client(secured_js, "buyer:alice")
+        await alice.push(tree(tmp_path / "a", b"mine"), "alice/web:v1", RUN)
+        [layer] = (await store.inspect("alice/web:v1")).layers
+        with (tmp_path / "layer").open("wb") as out:
+            assert write_layer(tmp_path / "a", out).descriptor.digest == layer.digest
+        assert await store.unpacked_size(layer.digest) == 10240  # one tar record

@@ -23,13 +23,16 @@ from bourse.nats import grants
 from bourse.nats.authdir import AuthFiles
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import DEFAULT_MAX_AGE_S, DEFAULT_MAX_BYTES, EventStream, ensure_stream
+from bourse.nats.permissions import User
 from ops.cli import app as ops_app
 from tests.cli import run_cli
 from tests.security.conftest import PREFIX, Secured
 
 Table = dict[str, set[str]]
-# The name a key that is no tenant's tries a tenant's own verbs under.
+# The name a key that is no tenant's tries a tenant's own verbs under, and the worker a key
+# that is no supplier's tries a worker's own verbs for.
 PROBE_TENANT = "alice"
+PROBE_WORKER = "mad-1"
 
 
 def matches(pattern: str, subject: str) -> bool:
@@ -49,19 +52,21 @@ def configured(auth_conf: str) -> dict[str, list[str]]:
     return {name: json.loads(allowed) for name, allowed in users}
 
 
-def derive(allowed: Callable[[str], bool], tenant: str = "") -> Table:
+def derive(allowed: Callable[[str], bool], tenant: str = "", worker: str = "") -> Table:
     """The table as ``allowed`` (is this subject allowed?) shows it: a verb is granted on
     a resource when every subject it uses is allowed; one allowed in part is a finding.
-    A tenant's own verbs are tried under its name (they are a tenant's only, and shown
-    only where the verb on every key is not granted)."""
+    A tenant's own verbs are tried under its name, a worker's own for its (first) worker
+    (they are theirs only, and shown only where the verb on every key or consumer is not
+    granted)."""
     table: Table = {}
     for r in grants.RESOURCES:
         for v in grants.VERBS:
-            if not grants.applies(v, r) or (v.own and not tenant):
+            owner = {grants.OWN_TENANT: tenant, grants.OWN_WORKER: worker}.get(v.own, "")
+            if not grants.applies(v, r) or (v.own and not owner):
                 continue
             if v.within in table.get(r.key, set()):
                 continue
-            results = [allowed(p) for p in _probes(v, r, tenant)]
+            results = [allowed(p) for p in _probes(v, r, owner)]
             if all(results):
                 table.setdefault(r.key, set()).add(v.name)
             elif any(results):
@@ -69,8 +74,13 @@ def derive(allowed: Callable[[str], bool], tenant: str = "") -> Table:
     return table
 
 
-def _probes(v: grants.Verb, r: grants.Resource, tenant: str) -> tuple[str, ...]:
-    return v.probes(r.stream(PREFIX), v.data(r, PREFIX, tenant))
+def _probes(v: grants.Verb, r: grants.Resource, owner: str) -> tuple[str, ...]:
+    return v.probes(r.stream(PREFIX), v.data(r, PREFIX, owner))
+
+
+def worker_of(user: User) -> str:
+    """The worker a user's own verbs are tried for: a supplier's first, "" for the rest."""
+    return user.workers[0][0] if user.workers else ""
 
 
 def documented(role: str) -> Table:
@@ -85,7 +95,9 @@ def test_the_generated_config_grants_exactly_the_table(auth_files: AuthFiles) ->
     for user in auth_files.users:
         allowed = allows[user.name]
         table = derive(
-            lambda subject, allowed=allowed: any(matches(p, subject) for p in allowed), user.tenant
+            lambda subject, allowed=allowed: any(matches(p, subject) for p in allowed),
+            user.tenant,
+            worker_of(user),
         )
         assert table == documented(user.role), user.name
 
@@ -100,11 +112,18 @@ async def test_a_live_server_grants_exactly_the_table(secured: Secured) -> None:
         inbox = nc.new_inbox()
         for r in grants.RESOURCES:
             for v in grants.VERBS:
-                for subject in _probes(v, r, user.tenant or PROBE_TENANT):
+                owner = user.tenant or PROBE_TENANT
+                if v.own == grants.OWN_WORKER:
+                    owner = worker_of(user) or PROBE_WORKER
+                for subject in _probes(v, r, owner):
                     await nc.publish(subject, b"{}", reply=inbox)
         await flush_all(nc)
         denied = violations.denied()
-        table = derive(lambda subject, denied=denied: subject.lower() not in denied, user.tenant)
+        table = derive(
+            lambda subject, denied=denied: subject.lower() not in denied,
+            user.tenant,
+            worker_of(user),
+        )
         assert table == documented(user.role), user.name
 
 

@@ -66,6 +66,16 @@ def test_checks_read_port_kind_and_path() -> None:
         ("http:http", "--check 'http:http': an http check needs a path from /"),
         ("http:http:healthz", "--check 'http:http:healthz': an http check needs a path from /"),
         ("http:tcp:/x", "--check 'http:tcp:/x': a tcp check has no path"),
+        (
+            "http:http:/healthz\r\nX-Injected: 1",
+            "--check 'http:http:/healthz\\r\\nX-Injected: 1': its path has the control "
+            "character '\\r': percent-encode it (%0D for CR, %0A for LF)",
+        ),
+        ("http:http:/a\x7f", "--check 'http:http:/a\\x7f': its path has the control character"),
+        (
+            "http:http:/" + "a" * 1024,
+            f"--check 'http:http:/{'a' * 1024}': its path is longer than 1024 characters",
+        ),
     ],
 )
 def test_a_bad_check_is_one_error(spec: str, error: str) -> None:

@@ -36,9 +36,10 @@ def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket(
     """Deny by default: the exchange may only make what is missing, and empty only the
     uploads tenants staged once it published them; no supplier, buyer or tenant may make,
     change or empty anything, nor use a consumer it did not make (a supplier makes and pulls
-    its workers' consumers of the command stream only); a buyer writes keys of
-    the apps' buckets only (its apps' specs and secrets)."""
+    its own workers' consumers of the command stream only, never another worker's); a buyer
+    writes keys of the apps' buckets only (its apps' specs and secrets)."""
     admin = {"update", "delete", "purge", "erase", "consumers", "pull", "others"}
+    own = {"consumers own", "pull own"}  # a supplier's, for its own workers only
     for role in grants.ROLES:
         used = {v for r in grants.RESOURCES for v in grants.granted(role, r)}
         if role == grants.ROLE_OPERATOR:
@@ -46,10 +47,10 @@ def test_no_key_but_the_operators_may_change_delete_or_purge_a_stream_or_bucket(
         elif role == grants.ROLE_EXCHANGE:
             assert _admin_on(role, grants.STAGING, admin) == ({"purge"}, set())
         elif role == grants.ROLE_SUPPLIER:
-            # its workers' durable consumers of the command stream, and nothing else
-            assert _admin_on(role, grants.COMMANDS, admin) == ({"consumers", "pull"}, set())
+            # its own workers' durable consumers of the command stream, and nothing else
+            assert _admin_on(role, grants.COMMANDS, admin | own) == (own, set())
             assert "create" not in used and "write" not in used
         else:
-            assert not used & (admin | {"create"}), role
+            assert not used & (admin | own | {"create"}), role
             writes = {r.key for r in grants.RESOURCES if "write" in grants.granted(role, r)}
             assert writes <= {grants.APPS.key, grants.APP_SECRETS.key}, role

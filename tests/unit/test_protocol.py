@@ -535,6 +535,25 @@ def test_constraint_errors_name_the_path(overrides: dict[str, Any], expected: st
 
 
 @pytest.mark.parametrize(
+    "path",
+    ["/healthz\r\nX-Injected: 1", "/a\nb", "/a\rb", "/a\x00b", "/a\tb", "/a\x7fb", "/a\x85b"],
+)
+def test_a_check_path_with_a_control_character_is_refused(path: str) -> None:
+    """A CR LF in a check's path went into the probe's request line: a header injected."""
+    check = {"port": "web", "kind": "http", "path": path}
+    assert _bad(_order(ports=["web"], checks=[check])) == (
+        r"invalid PlaceOrder: Expected `str` matching regex '^[^\\x00-\\x1f\\x7f-\\x9f]*$'"
+        " - at `$.checks[0].path`"
+    )
+
+
+def test_a_check_path_may_be_percent_encoded_or_unicode() -> None:
+    checks = [{"port": "web", "kind": "http", "path": p} for p in ("/a%0D%0Ab?q=1", "/café")]
+    order = decode(_order(ports=["web"], checks=checks), PlaceOrder)
+    assert [c.path for c in order.checks] == ["/a%0D%0Ab?q=1", "/café"]
+
+
+@pytest.mark.parametrize(
     "resources",
     [{"cpus": 1, "memory_mb": 1}, {"cpus": MAX_CPUS, "memory_mb": MAX_MEMORY_MB}],
 )

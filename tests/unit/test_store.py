@@ -11,7 +11,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from bourse.wire.messages import Event, Machine, MachineState, Resources
+from bourse.wire.messages import Check, Event, Machine, MachineState, Resources
 from supplier.oplog import Op
 from supplier.store import Store, StoreError
 
@@ -97,6 +97,19 @@ async def test_write_then_load(store: Store) -> None:
     await store.write(Op("place", m))
     assert store.load_machines("mad-1") == [m]
     assert store.load_machines("mad-2") == []
+
+
+async def test_a_machine_stored_with_a_control_character_in_a_check_path_still_loads(
+    store: Store,
+) -> None:
+    """Stored before the wire refused them (the CR LF that injected a header into the
+    probe): each is percent-encoded as the machine loads, so its supplier starts."""
+    check = Check(port="web", kind="http", path="/healthz\r\nX-Injected: 1\x85")
+    m = msgspec.structs.replace(machine("order-1"), checks=[check])
+    await store.write(Op("place", m))  # as an older supplier took it (nothing refused it)
+    [loaded] = store.load_machines("mad-1")
+    encoded = msgspec.structs.replace(check, path="/healthz%0D%0AX-Injected: 1%C2%85")
+    assert loaded == msgspec.structs.replace(m, checks=[encoded])
 
 
 async def test_load_returns_latest_state(store: Store) -> None:

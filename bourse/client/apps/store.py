@@ -194,10 +194,13 @@ class AppStore(_KvStore):
     async def read(self, app: str) -> tuple[AppRecord | None, int]:
         """The app's record (None: never applied, or destroyed) and its KV revision (0:
         no key, or the revision of its deletion: what a revision-checked write names)."""
+        return await self._read_key(_scoped(self.tenant, app))
+
+    async def _read_key(self, key: str) -> tuple[AppRecord | None, int]:
         if self.kv is None:
             return None, 0
         try:
-            entry = await self.kv.get(_scoped(self.tenant, app))
+            entry = await self.kv.get(key)
         except nats.js.errors.KeyNotFoundError as exc:
             return None, (exc.entry.revision or 0) if exc.entry is not None else 0
         except nats.errors.NoRespondersError:
@@ -242,21 +245,35 @@ class AppStore(_KvStore):
         slots' order ids are new and no claim hands back a destroyed machine."""
         await self.change(app, lambda r: AppRecord(generation=r.generation))
 
+    async def listed(self) -> list[tuple[str, AppRecord]]:
+        """Every app this key sees, with a spec, as (its tenant, its record): a tenant's
+        own (its name); the shared key's, every tenant's too ("" for those of no tenant:
+        it reads every record, as it lists every machine), by tenant, then app."""
+        out = []
+        for key in sorted(await self._keys(), key=lambda k: k.rpartition(".")[::2]):
+            record, _ = await self._read_key(key)
+            if record is not None and record.spec is not None:
+                out.append((key.rpartition(".")[0], record))
+        return out
+
     async def names(self) -> list[str]:
         """The apps kept (this tenant's, or those of no tenant)."""
-        if self.kv is None:
-            return []
-        if self.tenant:
-            keys = await self._own_keys()
-        else:
-            try:
-                keys = await self.kv.keys()
-            except nats.js.errors.NoKeysError:
-                return []
         scope = f"{self.tenant}." if self.tenant else ""
+        keys = await self._keys()
         return sorted(
             k.removeprefix(scope) for k in keys if k.startswith(scope) and (scope or "." not in k)
         )
+
+    async def _keys(self) -> list[str]:
+        """The keys this store sees: a tenant's own (``<tenant>.<app>``), or every key."""
+        if self.kv is None:
+            return []
+        if self.tenant:
+            return await self._own_keys()
+        try:
+            return await self.kv.keys()
+        except nats.js.errors.NoKeysError:
+            return []
 
     async def _own_keys(self) -> list[str]:
         """The tenant's keys: a consumer of the bucket's stream whose filter, its keys'
