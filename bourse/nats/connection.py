@@ -20,12 +20,11 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.nats.auth import read_credentials
-from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
+from bourse.nats.names import ENV_CA, ENV_CERT, ENV_CREDS, ENV_KEY, ENV_URL
+from bourse.nats.tls import client_context
 
 log = structlog.get_logger("bourse.nats")
 
-ENV_URL = "BOURSE_NATS_URL"
-ENV_CREDS = "BOURSE_NATS_CREDS"
 # A slow consumer drops messages one error at a time: log at most this often (with totals).
 SLOW_LOG_INTERVAL_S = 1.0
 

@@ -20,9 +20,17 @@ from typer.core import TyperGroup
 
 from bourse.errors import BourseError
 from bourse.nats.auth import read_credentials
-from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
-from bourse.nats.jetstream import DEGRADED, NO_JETSTREAM_FLAG
-from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
+from bourse.nats.connection import connect, split_urls
+from bourse.nats.names import (
+    DEGRADED,
+    ENV_CA,
+    ENV_CERT,
+    ENV_CREDS,
+    ENV_KEY,
+    ENV_URL,
+    NO_JETSTREAM_FLAG,
+)
+from bourse.nats.tls import client_context
 from bourse.wire.codec import validation_detail
 from bourse.wire.messages import Labels
 from bourse.wire.subjects import Subjects
