@@ -26,6 +26,7 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    VersionOpt,
     cli_main,
     fail,
 )
@@ -35,11 +36,14 @@ from bourse.wire.signing import TrustError, TrustStore
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 from exchange.service import ExchangeService
 
-app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
+app = typer.Typer(
+    help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.",
+    rich_markup_mode=None,  # plain help: rendering it with rich cost more than the rest
+)
 
 
 @app.callback()
-def _callback() -> None:
+def _callback(version: VersionOpt = False) -> None:
     """Bourse exchange."""
 
 

@@ -30,6 +30,7 @@ from bourse.runtime.cli import (
     NoJetStreamOpt,
     OwnServerNatsOpt,
     PrefixOpt,
+    VersionOpt,
     cli_main,
     fail,
     json_flag,
@@ -52,6 +53,7 @@ app = typer.Typer(
     cls=BourseGroup,
     help="Bourse: a market-style machine scheduler on NATS.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: rendering it with rich cost more than the rest
 )
 app.add_typer(auth_app, name="auth")
 app.add_typer(jetstream_app, name="jetstream")
@@ -59,7 +61,7 @@ app.add_typer(image_app, name="image")
 
 
 @app.callback()
-def _callback() -> None:
+def _callback(version: VersionOpt = False) -> None:
     """Bourse."""
 
 

@@ -26,6 +26,7 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    VersionOpt,
     cli_main,
     fail,
     parse_labels,
@@ -62,13 +63,16 @@ from supplier.ports import HostClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
-app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
+app = typer.Typer(
+    help="Bourse supplier: sells a worker's capacity on the market.",
+    rich_markup_mode=None,  # plain help: rendering it with rich cost more than the rest
+)
 
 DB_NAME = "supplier.db"
 
 
 @app.callback()
-def _callback() -> None:
+def _callback(version: VersionOpt = False) -> None:
     """Bourse supplier daemon."""
 
 
