@@ -102,6 +102,15 @@ def test_a_command_is_listed_as_its_own_help_begins(program: str) -> None:
             assert listed.get_short_help_str() == first, f"{path} {name}"
 
 
+def test_the_machine_states_of_the_help_are_the_wire_contracts() -> None:
+    from typing import get_args
+
+    from bourse.wire.messages import MachineState
+    from buyer_cli.machines import MACHINE_STATES
+
+    assert get_args(MachineState) == MACHINE_STATES
+
+
 def test_the_readme_says_every_buyer_commands_json_shape() -> None:
     """The README's --json table has a row for every command (named in its first column)."""
     import re
