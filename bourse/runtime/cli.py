@@ -7,19 +7,22 @@ How a program runs (the event loop, signals) is bourse/runtime/supervise.py.
 Help answers at once: this module imports only typer and leaves at its top (nats-py,
 cryptography and msgspec when an option is checked or a connection made), every program's
 help is plain text (typer's ``rich_markup_mode=None``: rendering it with rich cost more than
-the rest of a ``--help``)."""
+the rest of a ``--help``), and a program may load a command only when it is run or its
+help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to that."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import importlib
 import inspect
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn
 
 import typer
+import typer.main
 from typer.core import TyperGroup
 
 from bourse.errors import BourseError
@@ -319,6 +322,20 @@ def _error_json(meta: dict[str, Any], message: str) -> str:
     return msgspec.json.encode({**meta.get(ERROR_FIELDS, {}), "error": message}).decode()
 
 
+@dataclass(frozen=True)
+class Lazy:
+    """A command of a program imported only when it is run or its help is asked for: its
+    module may load what the program's own ``--help`` must not (nats-py, the auction).
+
+    ``target`` is ``module:attribute``: a command's function, or a ``typer.Typer`` for a
+    group. ``help`` is its line in the program's list of commands: a group's help (said
+    here only, as ``add_typer(help=...)`` would), or the first paragraph of the function's
+    docstring (tests/unit/test_cli_help.py checks that they agree)."""
+
+    target: str
+    help: str
+
+
 class BourseGroup(TyperGroup):
     """A program's root command (``typer.Typer(cls=BourseGroup)``).
 
@@ -333,7 +350,16 @@ class BourseGroup(TyperGroup):
     where the callback keeps its options as attributes of the same names.
 
     Its list of commands gives each the first paragraph of its help, whole (click's plain
-    help would cut it at the line's width)."""
+    help would cut it at the line's width). ``BourseGroup.loading({...})`` is one whose
+    commands are :class:`Lazy`: listed from their line, imported when one is used."""
+
+    lazy: ClassVar[Mapping[str, Lazy]] = {}
+
+    @classmethod
+    def loading(cls, commands: Mapping[str, Lazy]) -> type[BourseGroup]:
+        """A BourseGroup whose commands are ``commands`` (in this order), each imported at
+        its first use."""
+        return type(cls.__name__, (cls,), {"lazy": dict(commands)})
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
@@ -347,6 +373,49 @@ class BourseGroup(TyperGroup):
             if command.short_help is None and command.help:
                 first = inspect.cleandoc(command.help).split("\n\n")[0]
                 command.short_help = first.replace("\n", " ")
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in self.lazy if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.commands[cmd_name] = self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def _load(self, name: str) -> Any:
+        """The command ``name`` as typer makes it from its :class:`Lazy` target, as if it
+        had been there from the start (this program's options after it, its help plain)."""
+        lazy = self.lazy[name]
+        module, _, attribute = lazy.target.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+        command: Any  # typer's TyperGroup or click's Command
+        if isinstance(found, typer.Typer):
+            command = typer.main.get_group(found)
+            command.help = lazy.help  # as add_typer(help=...) would give it
+        else:
+            one = typer.Typer(add_completion=False)
+            one.command(name)(found)
+            command = typer.main.get_command(one)
+        command.name = name
+        loaded = [command, *_descendants(command)]
+        for c in loaded:
+            c.rich_markup_mode = self.rich_markup_mode
+        self._adopt(iter(loaded))
+        return command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The list of commands; one not imported yet by its :class:`Lazy` line (printing
+        the list imports none)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands.get(name)
+            if command is None:
+                rows.append((name, self.lazy[name].help))
+            elif not command.hidden:
+                rows.append((name, command.get_short_help_str()))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: Any) -> Any:  # click's Context (typer's own click since 0.29)
         try:

@@ -1,6 +1,6 @@
 """Every option of every program (buyer, bourse, supplier, exchange) has a help line, and
-its help shows what it takes: a metavar for a value, nothing for a flag; a program lists
-each command as its own help begins."""
+its help shows what it takes: a metavar for a value, nothing for a flag. A command listed
+before it is imported (bourse/runtime/cli.py ``Lazy``) is listed as its own help says."""
 
 from __future__ import annotations
 
@@ -90,8 +90,10 @@ def _commands(command: Any, path: str) -> list[tuple[str, Any]]:
 @pytest.mark.parametrize("program", ["bourse", "buyer"])
 def test_a_command_is_listed_as_its_own_help_begins(program: str) -> None:
     """A program (a BourseGroup) lists each command by the first paragraph of its help,
-    whole (click's plain list would cut it to the line)."""
+    whole (click's plain list would cut it to the line); a command imported at its first use
+    by its Lazy line, which is that paragraph too."""
     command = typer.main.get_command(importlib.import_module(PROGRAMS[program]).app)
+    lazy = getattr(command, "lazy", {})
     for path, sub in [(program, command), *_commands(command, program)]:
         if not subcommands(sub):
             continue
@@ -100,6 +102,25 @@ def test_a_command_is_listed_as_its_own_help_begins(program: str) -> None:
             listed = sub.get_command(ctx, name)
             first = inspect.cleandoc(listed.help).split("\n\n")[0].replace("\n", " ")
             assert listed.get_short_help_str() == first, f"{path} {name}"
+            if sub is command and name in lazy:
+                assert lazy[name].help == first, f"{path} {name}: its Lazy line"
+
+
+def test_lazy_commands_are_listed_without_being_imported() -> None:
+    """`bourse --help` lists every command from its Lazy line: none is made (imported)."""
+    from typer.testing import CliRunner
+
+    command = typer.main.get_command(importlib.import_module(PROGRAMS["bourse"]).app)
+    ctx = command.make_context("bourse", [], resilient_parsing=True)
+    lines = []
+    with ctx:
+        formatter = ctx.make_formatter()
+        command.format_commands(ctx, formatter)
+        lines = formatter.getvalue().split()
+    assert command.lazy and not command.commands, command.commands
+    assert set(command.lazy) <= set(lines)
+    result = CliRunner().invoke(importlib.import_module(PROGRAMS["bourse"]).app, ["--help"])
+    assert result.exit_code == 0 and "nats-config" in result.output
 
 
 def test_the_machine_states_of_the_help_are_the_wire_contracts() -> None:
