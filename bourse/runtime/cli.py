@@ -8,7 +8,8 @@ Help answers at once: this module imports only typer and leaves at its top (nats
 cryptography and msgspec when an option is checked or a connection made), every program's
 help is plain text (typer's ``rich_markup_mode=None``: rendering it with rich cost more than
 the rest of a ``--help``), and a program may load a command only when it is run or its
-help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to that."""
+help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to that. A
+command's options are converted without pydantic (bourse/runtime/coercion.py)."""
 
 from __future__ import annotations
 
@@ -35,6 +36,7 @@ from bourse.nats.names import (
     ENV_URL,
     NO_JETSTREAM_FLAG,
 )
+from bourse.runtime import coercion
 from bourse.wire.subjects import Subjects
 
 if TYPE_CHECKING:
@@ -90,6 +92,7 @@ def _help_metavars() -> None:
 
 
 _help_metavars()
+coercion.install()  # options converted without pydantic (bourse/runtime/coercion.py)
 
 NatsOpt = Annotated[
     list[str] | None,
