@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Iterable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import msgspec
@@ -19,14 +19,7 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
-from bourse.auction.admission import ConcurrencyLimit
-from bourse.auction.broker import Broker, Refused
-from bourse.auction.content import CATALOG, ImageContent, Resolver
-from bourse.auction.core import describe
-from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.errors import BourseError
-from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
-from bourse.images.store import ImageStore
 from bourse.nats.commands import CommandNotKept, command_for, keep
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
@@ -64,6 +57,12 @@ from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import scoped_order
 
 T = TypeVar("T")
+
+if TYPE_CHECKING:  # and imported where used: an order through the exchange needs neither
+    from bourse.auction.admission import ConcurrencyLimit
+    from bourse.auction.content import ImageContent, Resolver
+    from bourse.auction.driver import AuctionConfig
+
 log = structlog.get_logger("bourse.client")
 
 # How long past an order's own deadline the buyer waits for the exchange's answer.
@@ -228,6 +227,8 @@ def why_unfilled(order: PlaceOrder, dry: DryRun) -> str | None:
         parts.append(f"{_names_of(offers)} would offer now (capacity freed since)")
     if silent:
         parts.append(f"no explanation from {_names_of(silent)}")
+    from bourse.auction.core import describe
+
     what = f"{describe(order)} of image {order.image!r}"
     return f"no worker in {order.region!r} took {what}: " + "; ".join(parts)
 
@@ -284,8 +285,13 @@ class BourseClient:
         self.admission = admission
         # Direct mode: the same broker (admission + auction) the exchange runs.
         # ``claims``: order claims in JetStream KV where the server has it (§5.3c).
-        auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims) if direct else None
-        self._broker = Broker(auctioneer, admission) if auctioneer is not None else None
+        self._broker = None
+        if direct:
+            from bourse.auction.broker import Broker
+            from bourse.auction.driver import Auctioneer
+
+            auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims)
+            self._broker = Broker(auctioneer, admission)
         # Direct mode: the watch of the image store's tags, started at the first order.
         self._tasks = TaskSet("client.images")
         self._watching = False
@@ -306,6 +312,8 @@ class BourseClient:
         if self._broker is not None:
             if not self._watching:
                 await self._watch_images(self._broker.images)
+            from bourse.auction.broker import Refused
+
             outcome = await self._broker.place(order)
             if isinstance(outcome, Refused):
                 raise _refusal(outcome.error())
@@ -327,6 +335,9 @@ class BourseClient:
         owns, for ``resolver`` (once the copy is replayed, or ``WATCH_START_S``). A market
         with no image store yet is asked again ``STORE_RETRY_S`` later; meanwhile every
         image is a catalog name and a digest is refused."""
+        from bourse.images.errors import ImageError
+        from bourse.images.store import ImageStore
+
         async with self._opening:
             if self._watching or time.monotonic() < self._store_at:
                 return
@@ -353,6 +364,10 @@ class BourseClient:
         direct mode from the watched copy, else with one read of its tag. ClientError
         ``image_unknown`` for a digest the store lacks, ``bad_request`` for a malformed one
         or one that names no image manifest."""
+        from bourse.auction.content import CATALOG, Resolver
+        from bourse.images.errors import BadImage, BadReference, ImageError, ImageNotFound
+        from bourse.images.store import ImageStore
+
         try:
             if self._broker is not None:
                 if not self._watching:
