@@ -26,6 +26,7 @@ import typer
 import typer.main
 from typer.core import TyperGroup
 
+import bourse
 from bourse.errors import BourseError
 from bourse.nats.names import (
     DEGRADED,
@@ -197,9 +198,7 @@ JsonOpt = Annotated[bool, json_flag()]
 
 def _version(ctx: typer.Context, value: bool) -> None:
     if value:
-        from importlib.metadata import version  # only now: it reads the installed packages
-
-        typer.echo(f"{ctx.find_root().info_name} {version('bourse')}")
+        typer.echo(f"{ctx.find_root().info_name} {bourse.__version__}")
         raise typer.Exit()
 
 
