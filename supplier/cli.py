@@ -65,7 +65,7 @@ from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
 app = typer.Typer(
     help="Bourse supplier: sells a worker's capacity on the market.",
-    rich_markup_mode=None,  # plain help: rendering it with rich cost more than the rest
+    rich_markup_mode=None,  # plain help: rich would nearly double a help's time
 )
 
 DB_NAME = "supplier.db"

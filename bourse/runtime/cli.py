@@ -6,10 +6,10 @@ How a program runs (the event loop, signals) is bourse/runtime/supervise.py.
 
 Help answers at once: this module imports only typer and leaves at its top (nats-py,
 cryptography and msgspec when an option is checked or a connection made), every program's
-help is plain text (typer's ``rich_markup_mode=None``: rendering it with rich cost more than
-the rest of a ``--help``), and a program may load a command only when it is run or its
-help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to that. A
-command's options are converted without pydantic (bourse/runtime/coercion.py)."""
+help is plain text (typer's ``rich_markup_mode=None``: rich's import and rendering would
+nearly double a ``--help``'s time), and a program may load a command only when it is run
+or its help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to
+that. A command's options are converted without pydantic (bourse/runtime/coercion.py)."""
 
 from __future__ import annotations
 
