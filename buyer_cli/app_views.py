@@ -3,32 +3,34 @@ bucket, its machines on the workers)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import anyio
 import typer
-from rich.table import Table
 
-from bourse.client import BourseClient, render
-from bourse.client.apps import view
-from bourse.client.apps.plan import plan
-from bourse.client.apps.store import AppRecord, AppStore, SecretStore
-from bourse.client.follow import follow_logs
 from bourse.runtime.cli import fail
-from bourse.wire.messages import ListMachines, Machine
 from buyer_cli.options import MachineDirectOpt
 from buyer_cli.session import session, with_client
+
+if TYPE_CHECKING:
+    from bourse.client import BourseClient
+    from bourse.client.apps.store import AppRecord, AppStore
+    from bourse.wire.messages import Machine
 
 AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 
 
 async def _apps(c: BourseClient, create: bool = False) -> AppStore:
+    from bourse.client.apps.store import AppStore
+
     return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
 
 
 def list_apps(ctx: typer.Context) -> None:
     """The apps deployed: name, tenant, generation, regions, count and spares per region
     (the shared buyer key: every tenant's)."""
+    from rich.table import Table
+
+    from bourse.client import render
 
     async def go(c: BourseClient) -> list[tuple[str, AppRecord]]:
         return await (await _apps(c)).listed()
@@ -52,6 +54,9 @@ def list_apps(ctx: typer.Context) -> None:
 
 async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
     """The app's machines, and each one's slot and role as the planner sees them."""
+    from bourse.client.apps.plan import plan
+    from bourse.wire.messages import ListMachines
+
     rec = await (await _apps(c)).get(name)
     # one filtered listing of every region (§4.17), as a deploy lists the app's machines
     machines = (await c.list_machines(None, ListMachines(app=name))).machines
@@ -67,6 +72,8 @@ async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str
 def status(ctx: typer.Context, name: AppArg) -> None:
     """Each slot of the app: machine, region, worker, state, address, check, image digest,
     restarts."""
+    from bourse.client import render
+    from bourse.client.apps import view
 
     async def go(c: BourseClient) -> list[dict[str, object]]:
         machines, roles = await _machines(c, name)
@@ -91,6 +98,11 @@ def logs(
     direct: MachineDirectOpt = False,
 ) -> None:
     """Every machine's lines, each prefixed with its machine (--json: one object a line)."""
+    import anyio
+
+    from bourse.client import render
+    from bourse.client.follow import follow_logs
+
     json = session(ctx).json
 
     def emit(m: Machine, lines: list[str]) -> None:
@@ -123,6 +135,8 @@ def logs(
 
 def destroy(ctx: typer.Context, name: AppArg) -> None:
     """Destroy every machine of the app, then its spec and secrets."""
+    from bourse.client import render
+    from bourse.client.apps.store import SecretStore
 
     async def go(c: BourseClient) -> list[str]:
         machines, _ = await _machines(c, name)

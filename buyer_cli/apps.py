@@ -5,20 +5,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 import typer
 
-from bourse.client import BourseClient, ClientError, policy, render
-from bourse.client.apps import spec as spec_mod
-from bourse.client.apps import view
-from bourse.client.apps.apply import DEFAULT_CHECK_WAIT_S, Applied, apply, context
-from bourse.client.apps.plan import Plan
-from bourse.client.apps.spec import AppSpec
-from bourse.client.apps.store import AppStore
-from bourse.client.orderflags import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.runtime.cli import error_fields, fail, parse_labels
+from bourse.runtime.defaults import (
+    DEFAULT_CHECK_INTERVAL_S,
+    DEFAULT_CHECK_TIMEOUT_S,
+    DEFAULT_CHECK_WAIT_S,
+)
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
 from buyer_cli.options import (
     EXIT_UNFILLED,
@@ -41,6 +37,12 @@ from buyer_cli.options import (
 )
 from buyer_cli.session import session, with_client
 
+if TYPE_CHECKING:
+    from bourse.client import BourseClient, policy
+    from bourse.client.apps.apply import Applied
+    from bourse.client.apps.plan import Plan
+    from bourse.client.apps.spec import AppSpec
+
 RegionsOpt = Annotated[
     list[str] | None,
     typer.Option(metavar="REGION", help="A region the app runs in (repeatable)."),
@@ -53,6 +55,8 @@ def _spec_from_flags(flags: Mapping[str, object], more: dict[str, object]) -> Ap
     """The whole spec the flags say (they patch nothing): ``--app … --region …``."""
     if missing := [name for name, v in zip(SPEC_FLAGS, flags.values(), strict=True) if not v]:
         fail(f"deploy needs -f APP.TOML or the spec's flags: {', '.join(missing)} missing")
+    from bourse.client.apps import spec as spec_mod
+
     app_name, region, cpus, memory_mb, image = flags.values()
     resources: dict[str, object] = {"cpus": f"{cpus}m", "memory_mb": memory_mb}
     resources |= {k: more.pop(k) for k in ("disk_mb", "gpus")}
@@ -61,6 +65,8 @@ def _spec_from_flags(flags: Mapping[str, object], more: dict[str, object]) -> Ap
 
 
 def _read_spec(path: Path) -> AppSpec:
+    from bourse.client.apps import spec as spec_mod
+
     try:
         text = path.read_text()
     except OSError as exc:
@@ -122,6 +128,14 @@ def deploy(
     updates rolling one slot at a time. --plan prints the plan only. Exit 2 when a slot is
     left unfilled or the rollout stopped (no room, checks not passing in time), 1 on an
     error."""
+    import msgspec
+
+    from bourse.client import render
+    from bourse.client.apps import view
+    from bourse.client.apps.apply import apply, context
+    from bourse.client.apps.plan import Plan
+    from bourse.client.apps.store import AppStore
+
     flags = {"app": app_name, "region": region, "cpus": cpus, "memory": memory_mb, "image": image}
     given = [f for f, v in zip(SPEC_FLAGS, flags.values(), strict=True) if v]
     others: dict[str, object] = {"--count": count != 1, "--spares": spares, "--gpus": gpus}
@@ -203,6 +217,8 @@ def failover(
     the machine first), then place a new spare as deploy would (--label as given to deploy).
     Exit 2 when no spare is left, 1 on an error; --json prints the same object whatever
     happens ("error" says what went wrong)."""
+    from bourse.client import ClientError, policy, render
+
     error_fields(ctx, **render.failover_json(app_name, machine, None))
     constraints = parse_labels(label)
 

@@ -22,6 +22,7 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    VersionOpt,
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
@@ -32,6 +33,7 @@ app = typer.Typer(
     cls=BourseGroup,
     help="Bourse buyer: place machine orders on the market.",
     no_args_is_help=True,
+    rich_markup_mode=None,  # plain help: rich would nearly double a help's time
 )
 machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)
 apps_app = typer.Typer(help="Apps as a whole: their slots, logs and secrets.", no_args_is_help=True)
@@ -51,6 +53,7 @@ def _options(
     prefix: PrefixOpt = DEFAULT_PREFIX,
     json: JsonOpt = False,
     no_jetstream: NoJetStreamOpt = False,
+    version: VersionOpt = False,
 ) -> None:
     """Bourse buyer: place machine orders on the market."""
     ctx.obj = Session(nats, creds, tls_ca, tls_cert, tls_key, prefix, json, no_jetstream)

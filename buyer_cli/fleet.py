@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bourse.client import BourseClient, render
-from bourse.wire.messages import WorkerStatus
 from buyer_cli.options import EXIT_UNFILLED
 from buyer_cli.session import session, with_client
+
+if TYPE_CHECKING:
+    from bourse.client import BourseClient
+    from bourse.wire.messages import WorkerStatus
 
 
 def fleet(
@@ -22,6 +24,7 @@ def fleet(
     """Every worker's capacity, commitments, holds, image cache (bytes used / budget) and
     images (status scatter-gather), in every region or those given. Exit 2 when a region
     asked for (or, with none given, any region) has no worker that answers."""
+    from bourse.client import render
 
     async def go(c: BourseClient) -> list[WorkerStatus]:
         if not region:

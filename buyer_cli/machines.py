@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from typing import Annotated, get_args
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bourse.client import BourseClient, Listing, policy, render
-from bourse.client.follow import follow_logs
 from bourse.runtime.cli import fail, parse_labels
-from bourse.wire.messages import ListMachines, Machine, MachineState
 from buyer_cli.options import (
     EXIT_UNFILLED,
     MachineDirectOpt,
@@ -22,7 +19,14 @@ from buyer_cli.options import (
 )
 from buyer_cli.session import session, with_client
 
-MACHINE_STATES: tuple[str, ...] = get_args(MachineState)
+if TYPE_CHECKING:
+    from bourse.client import BourseClient, Listing
+    from bourse.wire.messages import Machine
+
+# bourse.wire.messages.MachineState's values, for --state and its help: that module loads
+# msgspec and ulid (a quarter of `buyer --help`), which the help does not need; the two are
+# checked to agree (tests/unit/test_cli_help.py).
+MACHINE_STATES = ("reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed")
 
 
 def _states(values: list[str] | None) -> list[str]:
@@ -77,6 +81,9 @@ def list_machines(
     and age, with filters; --worker: one worker's. Every worker answers in pages, so any
     number of machines lists completely. Exit 2 when a region asked for (or, with none
     given, any region) has no worker that answers, or a worker's answer is missing."""
+    from bourse.client import Listing, render
+    from bourse.wire.messages import ListMachines
+
     req = ListMachines(
         include_destroyed=all_,
         states=_states(state),  # type: ignore[arg-type]  # checked against MachineState
@@ -111,6 +118,8 @@ def list_machines(
 def _listing_problems(got: Listing, regions: list[str]) -> None:
     """One line on stderr per problem (a silent region, missing workers, a supplier's
     error); exit 2 if there was one."""
+    from bourse.client import render
+
     problems = [f"supplier: {e}" for e in got.errors]
     if not regions and not got.regions:
         problems.append("no worker answers in any region")
@@ -136,6 +145,8 @@ def verb_command(verb: str, help_text: str) -> Callable[..., None]:
         m = with_client(ctx, lambda c: c.machine(verb, machine_id), direct=direct)
         verb_shown(ctx, m)
         if verb == "get" and not session(ctx).json:
+            from bourse.client import render
+
             render.console.print(render.last_exit(m))
             for line in render.reach(m):
                 typer.echo(line)
@@ -170,6 +181,8 @@ def stop(
 def _kept_or_shown(ctx: typer.Context, verb: str, machine_id: str, direct: bool) -> None:
     """``verb`` (stop, destroy) kept for the worker when it does not answer: the machine as
     it is after, or the command queued for its worker."""
+    from bourse.wire.messages import Machine
+
     got = with_client(ctx, lambda c: c.machine_or_kept(verb, machine_id), direct=direct)
     if isinstance(got, Machine) and verb == "destroy":
         _destroyed(ctx, [got])
@@ -190,6 +203,8 @@ def verb_shown(ctx: typer.Context, m: Machine) -> None:
     if session(ctx).json:
         session(ctx).echo_json({"machine": m})
         return
+    from bourse.client import render
+
     render.show(render.machines([m]))
 
 
@@ -222,6 +237,9 @@ def logs(
 
 async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> None:
     """Print the tail, then new lines as they come (one MachineLogs per line with --json)."""
+    from bourse.client import render
+    from bourse.client.follow import follow_logs
+
     async for got in follow_logs(c, machine_id, tail):
         if json:
             typer.echo(render.as_json(got))
@@ -275,6 +293,8 @@ def destroy(
         _destroyed(ctx, [with_client(ctx, lambda c: c.machine("destroy", mid), direct=direct)])
         return
     assert app_name is not None
+    from bourse.client import policy
+
     name = app_name
     found = with_client(ctx, lambda c: policy.app_machines(c, name, region or None), direct=direct)
     if not found:
@@ -297,6 +317,8 @@ def _destroyed(ctx: typer.Context, machines: list[Machine]) -> None:
     if session(ctx).json:
         session(ctx).echo_json({"machines": machines})
     else:
+        from bourse.client import render
+
         render.show(render.machines(machines))
 
 
@@ -304,6 +326,8 @@ def _confirm(what: str, machines: list[Machine]) -> None:
     """Ask on the terminal; without one (a script, a pipe) refuse: --yes says it."""
     if not sys.stdin.isatty():
         fail(f"{what}: not confirmed (no terminal to ask on); pass --yes")
+    from bourse.client import render
+
     render.show(render.machines(machines))
     if not typer.confirm(f"{what}?", default=False):
         fail(f"{what}: not confirmed")

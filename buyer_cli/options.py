@@ -8,18 +8,10 @@ from typing import Annotated
 
 import typer
 
-from bourse.client.orderflags import (
-    DEFAULT_CHECK_INTERVAL_S,
-    DEFAULT_CHECK_TIMEOUT_S,
-    FlagError,
-    parse_checks,
-    parse_env,
-    parse_ports,
-)
 from bourse.runtime.cli import fail
+from bourse.runtime.defaults import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.wire.limits import MACHINE_ID_PATTERN
 from bourse.wire.metadata import RESTART_POLICIES
-from bourse.wire.resources import parse_cpus
 
 # Exit codes: 0 placed / done, 2 unfilled (nothing placed, a slot left empty, no spare, a
 # region with no worker), 1 an error.
@@ -28,6 +20,8 @@ EXIT_UNFILLED = 2
 
 def _cpus(text: str) -> int:
     """``--cpus`` as people write it (2, 0.5, 250m), in millicores; one clear error else."""
+    from bourse.wire.resources import parse_cpus
+
     try:
         return parse_cpus(text)
     except ValueError as exc:
@@ -194,6 +188,8 @@ def reach(
 ) -> dict[str, object]:
     """``ports``, ``env`` and ``checks`` from their flags; a bad one ends the command with
     one line naming it."""
+    from bourse.client.orderflags import FlagError, parse_checks, parse_env, parse_ports
+
     try:
         ports = parse_ports(port)
         return {

@@ -3,18 +3,13 @@ of an unfilled one (--explain)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 import typer
 
-from bourse.client import BourseClient, DryRun, render
-from bourse.client.orderflags import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.runtime.cli import fail, parse_labels
-from bourse.wire.codec import validation_detail
+from bourse.runtime.defaults import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
-from bourse.wire.messages import Machine, Placed, PlaceOrder, Unfilled
-from bourse.wire.resources import cpu_fields
 from buyer_cli.options import (
     EXIT_UNFILLED,
     CheckIntervalOpt,
@@ -36,6 +31,10 @@ from buyer_cli.options import (
     reach,
 )
 from buyer_cli.session import session, with_client
+
+if TYPE_CHECKING:
+    from bourse.client import BourseClient, DryRun
+    from bourse.wire.messages import Machine, Placed, PlaceOrder, Unfilled
 
 RegionOpt = Annotated[str, typer.Option(metavar="REGION", help="Region to place in (strict).")]
 
@@ -92,6 +91,13 @@ def place(
     direct: DirectOpt = False,
 ) -> None:
     """Place one immediate-or-cancel order."""
+    import msgspec
+
+    from bourse.client import render
+    from bourse.wire.codec import validation_detail
+    from bourse.wire.messages import Placed, PlaceOrder
+    from bourse.wire.resources import cpu_fields
+
     reached = reach(port, env, check, check_interval, check_timeout)
     raw: dict[str, object] = {
         "region": region,
@@ -154,5 +160,7 @@ def _dry_run(ctx: typer.Context, order: PlaceOrder) -> None:
 
 
 def _show_dry_run(d: DryRun) -> None:
+    from bourse.client import render
+
     render.show(render.dry_run(d))
     render.console.print(render.dry_run_summary(d))

@@ -5,29 +5,36 @@ its next deploy."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import msgspec
 import typer
 
-from bourse.client import BourseClient
-from bourse.client.apps.store import AppRecord, AppStore, SecretStore, check_secret_name
 from bourse.errors import BourseError
 from bourse.runtime.cli import fail
 from buyer_cli.session import session, with_client
+
+if TYPE_CHECKING:
+    from bourse.client import BourseClient
+    from bourse.client.apps.store import AppRecord, AppStore, SecretStore
 
 AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 
 
 async def _store(c: BourseClient, create: bool) -> SecretStore:
+    from bourse.client.apps.store import SecretStore
+
     return await SecretStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
 
 
 async def _apps(c: BourseClient, create: bool) -> AppStore:
+    from bourse.client.apps.store import AppStore
+
     return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
 
 
 def _pairs(items: list[str]) -> dict[str, str]:
+    from bourse.client.apps.store import check_secret_name
+
     out: dict[str, str] = {}
     for item in items:
         name, eq, value = item.partition("=")
@@ -46,6 +53,8 @@ def set_secrets(
     pairs: Annotated[list[str], typer.Argument(metavar="NAME=VALUE...", help="Secrets to set.")],
 ) -> None:
     """Set secrets of the app (given to its machines as env at start)."""
+    import msgspec
+
     values = _pairs(pairs)
 
     async def go(c: BourseClient) -> list[str]:
@@ -67,6 +76,10 @@ def unset_secrets(
     names: Annotated[list[str], typer.Argument(metavar="NAME...", help="Secrets to remove.")],
 ) -> None:
     """Remove secrets of the app."""
+    import msgspec
+
+    from bourse.client.apps.store import check_secret_name
+
     for n in names:
         try:
             check_secret_name(n)

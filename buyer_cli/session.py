@@ -1,22 +1,24 @@
 """One ``buyer`` invocation: the common options (given before the command or after it), the
-connection they make, checked once, and a command's work run on a client."""
+connection they make, checked once, and a command's work run on a client.
+
+The client, nats-py and the rest are imported when a command first needs them, not with
+this module: ``buyer --help`` imports none of them (bourse/runtime/cli.py)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import typer
-from nats.aio.client import Client as NATS
 
-from bourse.client import BourseClient, ClientError, render
-from bourse.nats.auth import tenant_of
-from bourse.nats.jetstream import jetstream_mode
-from bourse.runtime import logs
 from bourse.runtime.cli import Connection
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from bourse.client import BourseClient
 
 T = TypeVar("T")
 
@@ -52,10 +54,16 @@ class Session:
     def tenant(self) -> str:
         """The tenant the --creds file is for ("" for the operator's shared buyer key)."""
         creds = self.connection().creds
-        return tenant_of(creds) if creds else ""
+        if not creds:
+            return ""
+        from bourse.nats.auth import tenant_of
+
+        return tenant_of(creds)
 
     async def connect(self, name: str) -> NATS:
         """A NATS connection for a command; one that cannot be made is a ClientError."""
+        from bourse.client import ClientError
+
         conn = self.connection()
         try:
             return await conn.connect(name, service=False)
@@ -66,7 +74,9 @@ class Session:
             ) from None
 
     def echo_json(self, obj: object) -> None:
-        typer.echo(render.as_json(obj))
+        from bourse.client.render import as_json
+
+        typer.echo(as_json(obj))
 
 
 def session(ctx: typer.Context) -> Session:
@@ -87,6 +97,12 @@ def with_client(
     requests without the exchange) and close it; its errors go on to the app's one line.
     ``places``: ``fn`` places orders, so in direct mode it runs auctions, whose claims need
     JetStream (refused without it, unless --no-jetstream)."""
+    import asyncio
+
+    from bourse.client import BourseClient
+    from bourse.nats.jetstream import jetstream_mode
+    from bourse.runtime import logs
+
     s = session(ctx)
     tenant = s.tenant()
     logs.configure("warning")

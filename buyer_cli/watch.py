@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from nats.aio.client import Client as NATS
 
-from bourse.client import render
-from bourse.client.events import EventFeed, Since, event_json, parse_since
-from bourse.nats.connection import shutdown
-from bourse.runtime import logs
 from bourse.runtime.cli import fail
-from bourse.runtime.supervise import run
-from bourse.wire.codec import BadMessage
-from bourse.wire.subjects import Subjects
 from buyer_cli.session import session
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from bourse.client.events import Since
+    from bourse.wire.codec import BadMessage
+    from bourse.wire.subjects import Subjects
 
 
 def watch(
@@ -47,6 +46,11 @@ def watch(
     """Print market events as they happen (order outcomes: placed, unfilled; machine events),
     until Ctrl-C; with --since, replay stored ones first. --json: one event per line, with
     its stream sequence ("seq")."""
+    from bourse.client.events import parse_since
+    from bourse.nats.connection import shutdown
+    from bourse.runtime import logs
+    from bourse.runtime.supervise import run
+
     logs.configure("warning")
     s = session(ctx)
     if tenant := s.tenant():
@@ -75,6 +79,8 @@ async def _watch(
     json: bool,
 ) -> None:
     """Print events until ``count`` were printed (0: until cancelled: Ctrl-C, SIGTERM)."""
+    from bourse.client import render
+    from bourse.client.events import EventFeed, event_json
 
     def unreadable(subject: str, exc: BadMessage) -> None:
         typer.echo(render.visible(f"(unreadable event on {subject}: {exc})"), err=True)

@@ -27,6 +27,7 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    VersionOpt,
     cli_main,
     fail,
 )
@@ -37,11 +38,14 @@ from bourse.wire.signing import TrustError, TrustStore
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects, is_valid_id
 from exchange.service import ExchangeService
 
-app = typer.Typer(help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.")
+app = typer.Typer(
+    help="Bourse exchange: a stateless broker running immediate-or-cancel auctions.",
+    rich_markup_mode=None,  # plain help: rich would nearly double a help's time
+)
 
 
 @app.callback()
-def _callback() -> None:
+def _callback(version: VersionOpt = False) -> None:
     """Bourse exchange."""
 
 

@@ -15,7 +15,8 @@ from bourse.runtime.cli import PrefixOpt, fail
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier import load_fleet
 
-auth_app = typer.Typer(help="Credentials and TLS for a Bourse market on NATS.")
+# its help: its line in ops/cli.py
+auth_app = typer.Typer()
 
 
 def supplier_specs(fleets: list[Path], workers: list[str]) -> list[SupplierSpec]:

@@ -53,12 +53,7 @@ from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 T = TypeVar("T")
 
-image_app = typer.Typer(
-    cls=BourseGroup,
-    help="The market's images: push a directory, import what docker, podman, skopeo or "
-    "buildah write, list, inspect, tag, remove, collect.",
-    no_args_is_help=True,
-)
+image_app = typer.Typer(cls=BourseGroup, no_args_is_help=True)  # its help: ops/cli.py
 RefArg = Annotated[str, typer.Argument(metavar="NAME[:TAG]", help="The image's tag.")]
 MaxImageOpt = Annotated[
     int,

@@ -59,7 +59,7 @@ from bourse.runtime.cli import (
 )
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
-jetstream_app = typer.Typer(help="The market's JetStream: its streams and buckets.")
+jetstream_app = typer.Typer()  # its help: its line in ops/cli.py
 MIB = 1024 * 1024
 HOUR_S = 3600.0
 

@@ -28,6 +28,7 @@ from bourse.runtime.cli import (
     TlsCaOpt,
     TlsCertOpt,
     TlsKeyOpt,
+    VersionOpt,
     cli_main,
     fail,
     parse_labels,
@@ -63,13 +64,16 @@ from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")
 
-app = typer.Typer(help="Bourse supplier: sells a worker's capacity on the market.")
+app = typer.Typer(
+    help="Bourse supplier: sells a worker's capacity on the market.",
+    rich_markup_mode=None,  # plain help: rich would nearly double a help's time
+)
 
 DB_NAME = "supplier.db"
 
 
 @app.callback()
-def _callback() -> None:
+def _callback(version: VersionOpt = False) -> None:
     """Bourse supplier daemon."""
 
 

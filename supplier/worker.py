@@ -43,7 +43,6 @@ from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import UidBlocks
 from supplier.machines.host.isolation import Isolation
-from supplier.machines.host.netns import available
 from supplier.machines.host.network import WorkerNetwork, resolv_conf
 from supplier.machines.keeper import Machines
 from supplier.machines.oci.kind import ContainerKind
@@ -108,18 +107,13 @@ def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]
 def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
     """What a worker's machines get of their own here: their users and a network each (a
     root supplier's, unless the config says ``isolate = "off"``); the network only where
-    the host has what it takes (supplier/machines/host/network.py ``available``)."""
+    the host has what it takes (known when the driver starts: Isolation.start)."""
     if cfg.isolate == "off" or os.geteuid() != 0:
         return Isolation()
     claims = host_claims()
     claims.live(owner)
-    ids = UidBlocks(claims, owner)
-    why = available()
-    if why:
-        log.warning("machines_share_the_hosts_network", worker_id=cfg.worker_id, why=why)
-        return Isolation(ids)
     network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
-    return Isolation(ids, network, resolv_conf(data_dir / "network"))
+    return Isolation(UidBlocks(claims, owner), network, resolv_conf(data_dir / "network"))
 
 
 def _unchanged(w: Worker) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import msgspec
@@ -18,16 +18,9 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
-from bourse.auction.admission import ConcurrencyLimit
-from bourse.auction.auctioneer import Auctioneer
-from bourse.auction.broker import RESOLVE_ERRORS, Broker, Refused, image_refusal, resolve_image
-from bourse.auction.content import CATALOG, ImageContent, Resolver
-from bourse.auction.core import AuctionConfig
 from bourse.client.errors import ClientError, expect, refusal
 from bourse.client.gathers import ExplainGather, Gather, Listing, MachinesGather
 from bourse.client.ranking import DryRun, rank, why_unfilled
-from bourse.images.errors import ImageError, ImageNotFound
-from bourse.images.store import ImageStore
 from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.nats.scatter import scatter
 from bourse.runtime.tasks import TaskSet
@@ -54,6 +47,12 @@ from bourse.wire.messages import (
 )
 from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import scoped_order
+
+if TYPE_CHECKING:  # and imported where used: an order through the exchange needs neither
+    from bourse.auction.admission import ConcurrencyLimit
+    from bourse.auction.broker import Broker, Refused
+    from bourse.auction.content import ImageContent, Resolver
+    from bourse.auction.core import AuctionConfig
 
 log = structlog.get_logger("bourse.client")
 
@@ -97,8 +96,12 @@ class BourseClient:
         self.admission = admission
         # Direct mode: the same broker (admission + auction) the exchange runs.
         # ``claims``: order claims in JetStream KV where the server has it (§5.3c).
-        auctioneer = Auctioneer(nc, self.subjects, auction, claims=claims) if direct else None
-        self._broker = Broker(auctioneer, admission) if auctioneer is not None else None
+        self._broker: Broker | None = None
+        if direct:
+            from bourse.auction.auctioneer import Auctioneer
+            from bourse.auction.broker import Broker
+
+            self._broker = Broker(Auctioneer(nc, self.subjects, auction, claims=claims), admission)
         # Direct mode: the watch of the image store's tags, started at the first order.
         self._tasks = TaskSet("client.images")
         self._watching = False
@@ -119,6 +122,8 @@ class BourseClient:
         if self._broker is not None:
             if not self._watching:
                 await self._watch_images(self._broker.images)
+            from bourse.auction.broker import Refused
+
             outcome = await self._broker.place(order)
             if isinstance(outcome, Refused):
                 raise refusal(outcome.error())
@@ -145,6 +150,9 @@ class BourseClient:
         owns, for ``resolver`` (once the copy is replayed, or ``WATCH_START_S``). A market
         with no image store yet is asked again ``STORE_RETRY_S`` later; meanwhile every
         image is a catalog name and a digest is refused."""
+        from bourse.images.errors import ImageError
+        from bourse.images.store import ImageStore
+
         async with self._opening:
             if self._watching or time.monotonic() < self._store_at:
                 return
@@ -171,6 +179,8 @@ class BourseClient:
         direct mode from the watched copy, else with one read of its tag. ClientError
         ``image_unknown`` for a digest the store lacks, ``bad_request`` for a malformed one
         or one that names no image manifest."""
+        from bourse.auction.broker import Refused, resolve_image
+
         if self._broker is not None:
             if not self._watching:
                 await self._watch_images(self._broker.images)
@@ -184,6 +194,11 @@ class BourseClient:
     async def _resolve_in_store(self, image: str) -> ImageContent | Refused:
         """``image`` resolved with one read of its tag in the store (no watched copy here);
         every name is a catalog name where there is no image store yet."""
+        from bourse.auction.broker import RESOLVE_ERRORS, image_refusal, resolve_image
+        from bourse.auction.content import CATALOG, Resolver
+        from bourse.images.errors import ImageNotFound
+        from bourse.images.store import ImageStore
+
         try:
             store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
         except ImageNotFound:

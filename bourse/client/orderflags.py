@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from bourse.errors import BourseError
+from bourse.runtime.defaults import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
 from bourse.wire.limits import (
     CONTROL_CHARACTERS,
     ENV_KEY_PATTERN,
@@ -19,10 +20,6 @@ from bourse.wire.limits import (
     PORT_NAME_PATTERN,
 )
 from bourse.wire.messages import CHECK_KINDS, Check
-
-# Like Nomad's: a check every 10 s, given 2 s to answer.
-DEFAULT_CHECK_INTERVAL_S = 10.0
-DEFAULT_CHECK_TIMEOUT_S = 2.0
 
 _PORT_NAME = re.compile(PORT_NAME_PATTERN)
 _ENV_KEY = re.compile(ENV_KEY_PATTERN)

@@ -12,7 +12,6 @@ from collections.abc import Iterable
 
 import msgspec
 
-from bourse.auction.core import describe
 from bourse.wire.messages import PlaceOrder, Reason, WorkerVerdict
 
 # Declines are grouped by their first reason, in the order of the desk's stages (§6.2).
@@ -132,6 +131,8 @@ def why_unfilled(order: PlaceOrder, dry: DryRun) -> str | None:
         parts.append(f"{_names_of(offers)} would offer now (capacity freed since)")
     if silent:
         parts.append(f"no explanation from {_names_of(silent)}")
+    from bourse.auction.core import describe
+
     what = f"{describe(order)} of image {order.image!r}"
     return f"no worker in {order.region!r} took {what}: " + "; ".join(parts)
 

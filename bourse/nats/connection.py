@@ -19,13 +19,10 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
-from bourse.nats.auth import read_credentials
-from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
+from bourse.nats.names import ENV_CA, ENV_CERT, ENV_CREDS, ENV_KEY, ENV_URL
 
 log = structlog.get_logger("bourse.nats")
 
-ENV_URL = "BOURSE_NATS_URL"
-ENV_CREDS = "BOURSE_NATS_CREDS"
 # A slow consumer drops messages one error at a time: log at most this often (with totals).
 SLOW_LOG_INTERVAL_S = 1.0
 
@@ -132,15 +129,20 @@ async def connect(
         opts.update(max_reconnect_attempts=-1, reconnect_time_wait=0.25)
     else:
         opts.update(max_reconnect_attempts=2, reconnect_time_wait=0.1, allow_reconnect=True)
+    # Credentials and TLS load nkeys and cryptography: only when they are asked for.
     if creds:
+        from bourse.nats.auth import read_credentials
+
         opts.update(read_credentials(creds))
-    tls = client_context(
+    tls_files = (
         tls_ca or os.environ.get(ENV_CA),
         tls_cert or os.environ.get(ENV_CERT),
         tls_key or os.environ.get(ENV_KEY),
     )
-    if tls is not None:
-        opts["tls"] = tls
+    if any(tls_files):
+        from bourse.nats.tls import client_context
+
+        opts["tls"] = client_context(*tls_files)
     opts.update(options)
     nc = NATS()
     try:

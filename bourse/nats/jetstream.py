@@ -27,6 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from bourse.errors import BourseError
+from bourse.nats.names import DEGRADED, NO_JETSTREAM_FLAG
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.jetstream")
@@ -66,9 +67,6 @@ DETECT_TIMEOUT_S = 2.0
 REQUIRE_WITHIN_S = 15.0
 ASK_AGAIN_S = 0.25
 HEADER_MSG_ID = "Nats-Msg-Id"
-# The degraded mode's flag, the same for every program (bourse/runtime/cli.py defines it).
-NO_JETSTREAM_FLAG = "--no-jetstream"
-DEGRADED = "no order claims, events at most once"
 HOW_TO_TURN_ON = (
     "start nats-server with -js -sd DIR (or put jetstream { store_dir: DIR } in its config)"
 )

@@ -29,9 +29,6 @@ TLS_CONF = "tls.conf"
 DEFAULT_HOSTS = ("localhost", "127.0.0.1")
 CA_DAYS = 3650
 CERT_DAYS = 825
-ENV_CA = "BOURSE_NATS_TLS_CA"
-ENV_CERT = "BOURSE_NATS_TLS_CERT"
-ENV_KEY = "BOURSE_NATS_TLS_KEY"
 
 
 class TlsError(BourseError, ValueError):

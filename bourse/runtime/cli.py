@@ -2,30 +2,46 @@
 --tls-*, --prefix, --json, logging), the Connection they make, and the error and exit-code
 contract: an error Bourse raises on purpose is ONE ``error: …`` line on stderr and exit 1
 (with --json also ONE JSON object on stdout); anything else is a bug and stays a traceback.
-How a program runs (the event loop, signals) is bourse/runtime/supervise.py."""
+How a program runs (the event loop, signals) is bourse/runtime/supervise.py.
+
+Help answers at once: this module imports only typer and leaves at its top (nats-py,
+cryptography and msgspec when an option is checked or a connection made), every program's
+help is plain text (typer's ``rich_markup_mode=None``: rich's import and rendering would
+nearly double a ``--help``'s time), and a program may load a command only when it is run
+or its help asked for (:class:`Lazy`); tests/integration/test_cli_start.py holds it to
+that. A command's options are converted without pydantic (bourse/runtime/coercion.py)."""
 
 from __future__ import annotations
 
 import copy
 import functools
+import importlib
+import inspect
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, NoReturn
 
-import msgspec
 import typer
-from nats.aio.client import Client as NATS
+import typer.main
 from typer.core import TyperGroup
 
+import bourse
 from bourse.errors import BourseError
-from bourse.nats.auth import read_credentials
-from bourse.nats.connection import ENV_CREDS, ENV_URL, connect, split_urls
-from bourse.nats.jetstream import DEGRADED, NO_JETSTREAM_FLAG
-from bourse.nats.tls import ENV_CA, ENV_CERT, ENV_KEY, client_context
-from bourse.wire.codec import validation_detail
-from bourse.wire.messages import Labels
+from bourse.nats.names import (
+    DEGRADED,
+    ENV_CA,
+    ENV_CERT,
+    ENV_CREDS,
+    ENV_KEY,
+    ENV_URL,
+    NO_JETSTREAM_FLAG,
+)
+from bourse.runtime import coercion
 from bourse.wire.subjects import Subjects
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
 
 # Typer >= 0.29 carries its own click; older ones use click's exceptions.
 try:
@@ -77,6 +93,7 @@ def _help_metavars() -> None:
 
 
 _help_metavars()
+coercion.install()  # options converted without pydantic (bourse/runtime/coercion.py)
 
 NatsOpt = Annotated[
     list[str] | None,
@@ -177,6 +194,19 @@ def json_flag(help: str = "Print JSON instead of tables.") -> Any:
 
 
 JsonOpt = Annotated[bool, json_flag()]
+
+
+def _version(ctx: typer.Context, value: bool) -> None:
+    if value:
+        typer.echo(f"{ctx.find_root().info_name} {bourse.__version__}")
+        raise typer.Exit()
+
+
+VERSION = "version"  # the parameter's name in a program's callback (not after a command)
+VersionOpt = Annotated[
+    bool,
+    typer.Option("--version", help="Print the version and exit.", callback=_version, is_eager=True),
+]
 LogLevelOpt = Annotated[
     str,
     typer.Option(
@@ -225,6 +255,8 @@ class Connection:
 
     async def connect(self, name: str, *, service: bool = True) -> NATS:
         """bourse.nats.connection.connect with these options."""
+        from bourse.nats.connection import connect
+
         return await connect(
             self.urls,
             name=name,
@@ -238,6 +270,11 @@ class Connection:
 
 def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, str]:
     """``["disk=ssd", "zone=a"]`` -> dict; a clear error names the bad pair."""
+    import msgspec
+
+    from bourse.wire.codec import validation_detail
+    from bourse.wire.messages import Labels
+
     out: dict[str, str] = {}
     for pair in pairs or []:
         key, sep, value = pair.partition("=")
@@ -282,7 +319,23 @@ def error_fields(ctx: typer.Context, **fields: object) -> None:
 
 
 def _error_json(meta: dict[str, Any], message: str) -> str:
+    import msgspec
+
     return msgspec.json.encode({**meta.get(ERROR_FIELDS, {}), "error": message}).decode()
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A command of a program imported only when it is run or its help is asked for: its
+    module may load what the program's own ``--help`` must not (nats-py, the auction).
+
+    ``target`` is ``module:attribute``: a command's function, or a ``typer.Typer`` for a
+    group. ``help`` is its line in the program's list of commands: a group's help (said
+    here only, as ``add_typer(help=...)`` would), or the first paragraph of the function's
+    docstring (tests/unit/test_cli_help.py checks that they agree)."""
+
+    target: str
+    help: str
 
 
 class BourseGroup(TyperGroup):
@@ -293,17 +346,78 @@ class BourseGroup(TyperGroup):
     with --json, ALSO one JSON object on stdout: ``{"error": "…"}`` plus the command's
     :func:`error_fields`. Any other exception is a bug and goes on as a traceback.
 
-    The options of the app's callback may also be given after any command, at any depth
-    (``buyer place --nats URL``, as people type them): every command gets them too, and a
-    value given after the command replaces the one before it in ``ctx.obj``, where the
-    callback keeps its options as attributes of the same names."""
+    The options of the app's callback (but --version) may also be given after any command,
+    at any depth (``buyer place --nats URL``, as people type them): every command gets them
+    too, and a value given after the command replaces the one before it in ``ctx.obj``,
+    where the callback keeps its options as attributes of the same names.
+
+    Its list of commands gives each the first paragraph of its help, whole (click's plain
+    help would cut it at the line's width). ``BourseGroup.loading({...})`` is one whose
+    commands are :class:`Lazy`: listed from their line, imported when one is used."""
+
+    lazy: ClassVar[Mapping[str, Lazy]] = {}
+
+    @classmethod
+    def loading(cls, commands: Mapping[str, Lazy]) -> type[BourseGroup]:
+        """A BourseGroup whose commands are ``commands`` (in this order), each imported at
+        its first use."""
+        return type(cls.__name__, (cls,), {"lazy": dict(commands)})
 
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
-        after = [_after_the_command(p) for p in self.params]
-        for command in _descendants(self):
+        self._after = [_after_the_command(p) for p in self.params if p.name != VERSION]
+        self._adopt(_descendants(self))
+
+    def _adopt(self, commands: Iterator[Any]) -> None:
+        for command in commands:
             own = {p.name for p in command.params}
-            command.params.extend(p for p in after if p.name not in own)
+            command.params.extend(p for p in self._after if p.name not in own)
+            if command.short_help is None and command.help:
+                first = inspect.cleandoc(command.help).split("\n\n")[0]
+                command.short_help = first.replace("\n", " ")
+
+    def list_commands(self, ctx: Any) -> list[str]:
+        return [*super().list_commands(ctx), *(n for n in self.lazy if n not in self.commands)]
+
+    def get_command(self, ctx: Any, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in self.lazy:
+            self.commands[cmd_name] = self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def _load(self, name: str) -> Any:
+        """The command ``name`` as typer makes it from its :class:`Lazy` target, as if it
+        had been there from the start (this program's options after it, its help plain)."""
+        lazy = self.lazy[name]
+        module, _, attribute = lazy.target.partition(":")
+        found = getattr(importlib.import_module(module), attribute)
+        command: Any  # typer's TyperGroup or click's Command
+        if isinstance(found, typer.Typer):
+            command = typer.main.get_group(found)
+            command.help = lazy.help  # as add_typer(help=...) would give it
+        else:
+            one = typer.Typer(add_completion=False)
+            one.command(name)(found)
+            command = typer.main.get_command(one)
+        command.name = name
+        loaded = [command, *_descendants(command)]
+        for c in loaded:
+            c.rich_markup_mode = self.rich_markup_mode
+        self._adopt(iter(loaded))
+        return command
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        """The list of commands; one not imported yet by its :class:`Lazy` line (printing
+        the list imports none)."""
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.commands.get(name)
+            if command is None:
+                rows.append((name, self.lazy[name].help))
+            elif not command.hidden:
+                rows.append((name, command.get_short_help_str()))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
 
     def invoke(self, ctx: Any) -> Any:  # click's Context (typer's own click since 0.29)
         try:
@@ -355,7 +469,8 @@ def cli_main(app: typer.Typer, args: Sequence[str] | None = None) -> NoReturn:
         code = app(args=args, standalone_mode=False)
     except _USAGE_ERRORS as exc:
         message = exc.format_message()  # type: ignore[attr-defined]  # click/typer usage errors have it
-        if not message:  # no arguments: the help was shown, which is what was asked for
+        if type(exc).__name__ == "NoArgsIsHelpError":  # no arguments: the help, as asked for
+            typer.echo(message)
             sys.exit(0)
         _error_line(message)
         ctx = getattr(exc, "ctx", None)
@@ -385,6 +500,8 @@ def _asks_json(argv: Sequence[str]) -> bool:
 
 def nats_urls(given: list[str] | None) -> list[str]:
     """The servers from --nats / $BOURSE_NATS_URL, or one clear error."""
+    from bourse.nats.connection import split_urls
+
     urls = split_urls(given)
     if not urls:
         fail(f"no NATS server given: pass --nats URL or set {ENV_URL}")
@@ -394,11 +511,16 @@ def nats_urls(given: list[str] | None) -> list[str]:
 def creds_file(given: str | None) -> str | None:
     """The --creds file, read now so that a bad one is one clear error before connecting."""
     if given:
+        from bourse.nats.auth import read_credentials
+
         read_credentials(given)  # an AuthError says what is wrong with it
     return given or None
 
 
 def check_tls(ca: str | None, cert: str | None, key: str | None) -> dict[str, str | None]:
     """The TLS options, checked now (one clear error), as connect() keyword arguments."""
-    client_context(ca, cert, key)  # a TlsError says which file and why
+    if ca or cert or key:  # the TLS module loads cryptography: only for TLS
+        from bourse.nats.tls import client_context
+
+        client_context(ca, cert, key)  # a TlsError says which file and why
     return {"tls_ca": ca, "tls_cert": cert, "tls_key": key}

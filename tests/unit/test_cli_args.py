@@ -174,6 +174,18 @@ def test_direct_says_what_it_means_on_each_command() -> None:
     assert "Run the auction here" in place.output
 
 
+@pytest.mark.parametrize(
+    ("app", "args"), [(buyer, []), (buyer, ["machines"]), (bourse, []), (bourse, ["image"])]
+)
+def test_no_command_shows_the_help(app: typer.Typer, args: list[str]) -> None:
+    """What was asked for: the help on stdout and exit 0, not an error line."""
+    code, out, err = run_cli(app, *args)
+    usage = out.splitlines()[0]
+    assert (code, err) == (0, "") and "\nCommands:\n" in out
+    assert usage.startswith("Usage: ") and usage.endswith(" [OPTIONS] COMMAND [ARGS]...")
+    assert usage.split()[2:-3] == args
+
+
 MALFORMED = ["bogus", "mad-1~", "MAD-1~01J", "mad-1~01J!"]
 
 

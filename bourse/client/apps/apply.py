@@ -22,6 +22,7 @@ from bourse.client.errors import ClientError
 from bourse.client.policy import place_patiently
 from bourse.errors import BourseError
 from bourse.images import BadReference, ImageError, ImageStore, Reference
+from bourse.runtime.defaults import DEFAULT_CHECK_WAIT_S
 from bourse.wire.messages import ListMachines, Machine, Placed, PlaceOrder, WorkerVerdict
 
 # The reason a worker declines an image it cannot run (a dry run's verdict).
@@ -29,7 +30,6 @@ CANNOT_RUN = "image_not_runnable"
 
 log = structlog.get_logger("bourse.apps")
 
-DEFAULT_CHECK_WAIT_S = 60.0
 # How often a new machine's health is looked at while its checks run (a worker answers
 # each look with the machine as it is: the poll is the watch, not a synchronisation).
 HEALTH_POLL_S = 0.25

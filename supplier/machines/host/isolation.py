@@ -10,12 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
+import structlog
 
 from bourse.wire.messages import Machine
 from supplier.machines.api import DriverError
 from supplier.machines.host.ids import UidBlocks
-from supplier.machines.host.netns import NetworkError
+from supplier.machines.host.netns import NetworkError, available
 from supplier.machines.host.network import MachineNet, WorkerNetwork
+
+log = structlog.get_logger("bourse.isolation")
 
 # What a worker's machines get, as its status says it (a closed set: each part or none).
 USERS = "users"
@@ -82,9 +85,18 @@ class Isolation:
 
     async def start(self) -> None:
         """The worker's part made (its subnet claimed, its bridge, its rules): before any
-        machine's (pyroute2 runs an event loop of its own: never on ours)."""
-        if self.network is not None:
-            await anyio.to_thread.run_sync(self.network.setup)
+        machine's (pyroute2 runs an event loop of its own: never on ours). A host without
+        what it takes (supplier/machines/host/netns.py ``available``) gives machines its own
+        network, and the log says why."""
+        if self.network is None:
+            return
+        why = await anyio.to_thread.run_sync(available)
+        if why:
+            worker_id = self.network.worker_id
+            log.warning("machines_share_the_hosts_network", worker_id=worker_id, why=why)
+            self.network = None
+            return
+        await anyio.to_thread.run_sync(self.network.setup)
 
     async def keep(self, runs: dict[str, str]) -> list[str]:
         """At a supplier's start: the networks of the runs that go on (machine id -> its

@@ -1,0 +1,117 @@
+"""A command line answers at once: help and --version import nothing of NATS, the auction,
+cryptography, rich or pydantic, and an order through the exchange loads neither the auction
+nor cryptography (no --creds) nor pydantic (typer's conversion: bourse/runtime/coercion.py).
+
+Each command runs in an interpreter of its own (a subprocess of this Python) that then
+writes down every module it imported: what one must not load is a list, so the test is
+deterministic where a timed one would not be. The times themselves are measured by
+``python -m loadtest.clistart`` (docs/performance.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import bourse
+from bourse.nats.embedded import EmbeddedNats
+from bourse.wire.subjects import Subjects
+
+# Runs a program's console script (its ``main``) with the given arguments, then writes its
+# exit code and the names of every module imported into the file named first.
+PROBE = """
+import json, sys
+out, program, module, *args = sys.argv[1:]
+sys.argv = [program, *args]
+code = 0
+try:
+    __import__(module, fromlist=["main"]).main()
+except SystemExit as done:
+    code = done.code
+with open(out, "w") as f:
+    json.dump({"code": code, "modules": sorted(sys.modules)}, f)
+"""
+SCRIPTS = {"buyer": "buyer_cli.cli", "bourse": "ops.cli"}
+# What no help may import: the client library and all it stands on.
+HEAVY = ("nats", "bourse.auction", "bourse.client", "bourse.images", "cryptography", "nkeys")
+HEAVY += ("rich", "pydantic", "structlog", "anyio", "msgspec", "ulid")
+
+
+def run(tmp_path: Path, program: str, *args: str) -> tuple[int, str, str, list[str]]:
+    """``program args`` in a fresh interpreter: its exit code, stdout and stderr, and the
+    modules it imported."""
+    out = tmp_path / "modules.json"
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE, str(out), program, SCRIPTS[program], *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    got = json.loads(out.read_text())
+    return got["code"], done.stdout, done.stderr, got["modules"]
+
+
+def loaded(modules: list[str], names: tuple[str, ...]) -> list[str]:
+    return [m for m in modules if m.split(".")[0] in names or m.startswith(names)]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["buyer", "--help"],
+        ["buyer"],  # no command: the help
+        ["buyer", "place", "--help"],
+        ["buyer", "machines", "list", "--help"],
+        ["buyer", "apps", "secrets", "set", "--help"],
+        ["bourse", "--help"],
+    ],
+    ids=" ".join,
+)
+def test_help_imports_nothing_heavy(tmp_path: Path, argv: list[str]) -> None:
+    code, out, _, modules = run(tmp_path, *argv)
+    assert code == 0 and out.startswith("Usage: "), out
+    assert loaded(modules, HEAVY) == []
+
+
+@pytest.mark.parametrize("program", sorted(SCRIPTS))
+def test_version_imports_nothing_heavy(tmp_path: Path, program: str) -> None:
+    code, out, _, modules = run(tmp_path, program, "--version")
+    assert code == 0 and out.split() == [program, bourse.__version__], out
+    assert loaded(modules, HEAVY) == []
+
+
+def test_an_order_loads_no_auction_no_cryptography_no_pydantic(
+    tmp_path: Path, nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    """Through the exchange (none here: the order is refused at once, after it was sent),
+    without --creds: the auction, the image store, nkeys, cryptography and pydantic stay
+    out. The refusal says the order reached NATS, so the whole path ran."""
+    args = ["place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "web"]
+    args += ["--nats", nats_server.url, "--prefix", subjects.prefix]
+    code, _, err, modules = run(tmp_path, "buyer", *args)
+    assert (code, err) == (1, f"error: no exchange is listening on {subjects.order('mad')}\n")
+    assert "nats.aio.client" in modules and "bourse.client" in modules
+    assert loaded(modules, ("bourse.auction", "bourse.images", "cryptography")) == []
+    assert loaded(modules, ("nkeys", "nacl", "pydantic", "pydantic_core")) == []
+
+
+@pytest.mark.slow
+def test_the_benchmark_reports_each_command(tmp_path: Path) -> None:
+    """``python -m loadtest.clistart`` (help and version; one run each): a figure per
+    command and what its imports cost, as JSON. Its numbers are not judged here."""
+    done = subprocess.run(
+        [sys.executable, "-m", "loadtest.clistart", "--runs", "1", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    rows = json.loads(done.stdout)
+    assert [r["command"] for r in rows][:2] == ["buyer --help", "buyer --version"]
+    for r in rows:
+        assert r["runs"] == 1 and r["cpu_p50"] > 0 and 0 < r["wall_p50"] <= r["wall_max"]
+        assert r["imports_ms"]["(all)"] > 0 and "typer" in r["imports_ms"], r
