@@ -45,6 +45,8 @@ from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import (
     DEFAULT_MAX_HOLD_MS,
+    DEFAULT_TENANT_IMAGES,
+    TENANT_IMAGES,
     ConfigError,
     WorkerConfig,
     check_workers,
@@ -228,6 +230,16 @@ def run_cmd(
             "keep_machines wins).",
         ),
     ] = True,
+    tenant_images: Annotated[
+        str | None,
+        typer.Option(
+            metavar="POLICY",
+            help="Where a tenant's orders may run (docs/protocol.md §6.8e): isolated, only "
+            "on a worker whose machines have users and a network of their own; oci-only, "
+            "only in such a worker's containers; allow, anywhere (a fleet worker's own "
+            f"tenant_images wins) [default: {DEFAULT_TENANT_IMAGES}]",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -272,13 +284,16 @@ def run_cmd(
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
+        if tenant_images is not None and tenant_images not in TENANT_IMAGES:
+            fail(f"--tenant-images {tenant_images!r}: use one of {', '.join(TENANT_IMAGES)}")
         # a worker's own settings (fleet file) win over these flags
-        flags = {
+        flags: dict[str, int | bool | str | None] = {
             "max_hold_ms": max_hold_ms,
             "machine_log_mb": machine_log_mb,
             "worker_log_mb": worker_log_mb,
             "max_image_mb": max_image_mb,
             "keep_machines": keep_machines,
+            "tenant_images": tenant_images,
         }
         workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
@@ -420,7 +435,7 @@ def main() -> None:
     cli_main(app)
 
 
-def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | None]) -> WorkerConfig:
+def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | str | None]) -> WorkerConfig:
     """``w`` with each of its settings it leaves unset taken from the flag of that name
     (given: not None)."""
     unset = {k: v for k, v in flags.items() if v is not None and getattr(w, k) is None}

@@ -42,6 +42,7 @@ from bourse.wire.messages import (
 from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
+from supplier.machines.api import Driver
 from supplier.machines.keeper import EventFn, Machines
 from supplier.oplog import Op, RunSpec
 from supplier.ports import NoPort, WorkerPorts
@@ -70,6 +71,11 @@ class CommitWorker(Placements, Protocol):
     @property
     def keeper(self) -> Machines:
         """The worker's machines: the order -> machine map of I3, aborts."""
+        ...
+
+    @property
+    def driver(self) -> Driver:
+        """What runs its machines: a commit reserves the machine's private address there."""
         ...
 
     @property
@@ -225,6 +231,7 @@ class CommitDesk:
             env_keys=sorted(c.env),
             restart=c.restart,
             simulated=self.w.simulated,
+            private_address=self.w.driver.private_address(machine_id),
         )
 
     async def _store(
@@ -238,11 +245,13 @@ class CommitDesk:
             machine.machine_id,
             image_digest=machine.image_digest,
             addresses=machine.addresses,
+            private_address=machine.private_address,
         )
         try:
             await w.store.write(Op("place", machine, events=(placed,), spec=spec))
         except StoreError as exc:
             w.ports.give_back(machine.machine_id)
+            w.driver.give_back_address(machine.machine_id)
             w.ledger.unpin(h)
             w.store_failed(str(exc))
             return Error(code="internal", detail=f"worker {w.worker_id} cannot store: {exc}")

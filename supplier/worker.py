@@ -33,9 +33,10 @@ from bourse.wire.messages import (
     now_ms,
 )
 from bourse.wire.resources import amount, format_vec, leq, vec
+from bourse.wire.tenancy import SEPARATOR
 from supplier.commits import CommitDesk
-from supplier.config import WorkerConfig
-from supplier.feasible import OrderLike
+from supplier.config import DEFAULT_TENANT_IMAGES, WorkerConfig
+from supplier.feasible import OrderLike, tenant_refusal
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines.api import Driver, Mechanism
@@ -222,6 +223,11 @@ class Worker:
     def unrunnable(self, order: OrderLike) -> str:
         """Why this worker cannot run the order's image, or "": a catalog image its driver
         does not know, a content image without a store to pull it from."""
+        if SEPARATOR in order.order_id:  # a tenant's (bourse/wire/tenancy.py)
+            policy = self.cfg.tenant_images or DEFAULT_TENANT_IMAGES
+            refused = tenant_refusal(policy, self.driver.name, self.driver.isolation)
+            if refused:
+                return refused
         if order.image_digest:
             return self.images.runnable(order)
         if self.driver.can_run(order.image):
@@ -257,6 +263,7 @@ class Worker:
             if m.state != "destroyed":
                 self.ledger.load_committed(vec(m.resources, len(m.addresses)))
                 self.ports.hold(m.machine_id, m.addresses)
+                self.driver.private_address(m.machine_id, m.private_address)
         if not leq(self.ledger.committed, self.ledger.capacity):
             self.set_draining(
                 f"committed {format_vec(self.ledger.committed)} exceeds capacity "
@@ -318,10 +325,12 @@ class Worker:
         pulled: tuple[int, float] = (0, 0.0),
         addresses: dict[str, str] | None = None,
         health: Health | None = None,
+        private_address: str = "",
     ) -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
         with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds;
-        ``addresses``: a placed or started machine's; ``health``: a check's."""
+        ``addresses``, ``private_address``: a placed or started machine's; ``health``: a
+        check's."""
         return Event(
             kind=kind,
             region=self.region,
@@ -335,6 +344,7 @@ class Worker:
             seconds=round(pulled[1], 3),
             addresses=addresses or {},
             health=health,
+            private_address=private_address,
         )
 
     # -- holds and releases -----------------------------------------------------------------
@@ -417,6 +427,7 @@ class Worker:
             holds=len(self.ledger.holds),
             drain_reason=self.drain_reason,
             confinement=self.confinement,
+            isolation=self.driver.isolation,
             driver=self.driver.name,
             runtime=self.driver.runtime_version,
             cache_bytes=cache.used_bytes,

@@ -150,6 +150,8 @@ def outcome(r: Placed | Unfilled) -> None:
         )
         if r.addresses:
             console.print(f"  addresses: {safe(addresses(r.addresses))}")
+        if r.private_address:
+            console.print(f"  private address: {safe(r.private_address)}")
         if r.simulated:
             console.print(f"  simulated: {SIMULATED}")
     else:
@@ -162,11 +164,11 @@ def outcome(r: Placed | Unfilled) -> None:
 def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     """Each worker's capacity, commitments, holds, image cache (bytes used / budget; the
     images it holds: catalog names, and digests by their first 12 hex digits), labels, and
-    how it runs machines (its driver and runtime)."""
+    how it runs machines (its driver and runtime, how it confines and isolates them)."""
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines", "cache"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "driver", "confined", "jetstream"):
+    for col in ("images", "labels", "state", "driver", "confined", "isolated", "jetstream"):
         t.add_column(col)
     for s in statuses:
         cache = f"{_size(s.cache_bytes)}/{_size(s.cache_budget_bytes)}"
@@ -183,9 +185,18 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             "draining" if s.draining else "ok",
             safe(f"{s.driver} ({s.runtime})" if s.runtime else s.driver or "-"),
             safe(s.confinement or "-"),  # "" from a worker older than the field
+            _isolated(s.isolation),
             "on" if s.jetstream else "[yellow]off[/]",
         )
     return t
+
+
+def _isolated(isolation: str) -> str:
+    """What a worker's machines have of their own (docs/protocol.md §6.8e): ``users,network``
+    as is, less in yellow (a tenant's order is not run there by default), ``-`` unsaid."""
+    if not isolation:
+        return "-"  # a worker older than the field
+    return safe(isolation) if isolation == "users,network" else f"[yellow]{safe(isolation)}[/]"
 
 
 def addresses(a: dict[str, str]) -> str:
@@ -407,6 +418,8 @@ def reach(m: Machine) -> list[str]:
     """``buyer machines show``: its addresses, its environment's keys (values may be
     secrets: never shown), its checks and their health."""
     lines = [f"addresses: {addresses(m.addresses)}"]
+    if m.private_address:
+        lines.append(f"private address: {m.private_address} (its named ports there too)")
     if m.env_keys:
         lines.append(f"env: {' '.join(m.env_keys)} (values not shown)")
     for c in m.checks:

@@ -33,9 +33,10 @@ import anyio
 import anyio.abc
 import structlog
 
-from bourse.wire.messages import Machine, Resources
+from bourse.wire.messages import IsolationLevel, Machine, Resources
 from supplier.machines.api import NO_ENV, DriverError, Exit, ImageRun, Mechanism, RunInfo
 from supplier.machines.host.confine import ConfineError, Confiner, too_small, weaker_than_cgroups
+from supplier.machines.host.isolation import Isolation
 from supplier.machines.host.output import LogCaps, Logs
 from supplier.machines.shim import contract
 from supplier.machines.shim.client import Shim, ShimError, discover, launch
@@ -51,6 +52,7 @@ class Kind(Protocol):
     """What one kind of machine is made of before its shim runs it."""
 
     name: str
+    isolation: Isolation  # what its machines have of their own (users, a network)
 
     @property
     def runtime_version(self) -> str: ...
@@ -108,7 +110,7 @@ class _Run:
 
     shim: Shim
     grace_s: float
-    collected: bool = False
+    collecting: anyio.Event | None = None  # set once its shim and what it held are gone
 
 
 class Runner:
@@ -145,6 +147,17 @@ class Runner:
     @property
     def runtime_version(self) -> str:
         return self.kind.runtime_version
+
+    @property
+    def isolation(self) -> IsolationLevel:
+        return self.kind.isolation.describe()
+
+    def private_address(self, machine_id: str, kept: str = "") -> str:
+        return self.kind.isolation.reserve(machine_id, kept)
+
+    def give_back_address(self, machine_id: str) -> None:
+        if self.kind.isolation.network is not None:
+            self.kind.isolation.network.give_back(machine_id)
 
     def refuses(self, r: Resources) -> str:
         return too_small(r.memory_mb, self.confiner.mechanism)
@@ -267,12 +280,19 @@ class Runner:
         return how
 
     async def _collect(self, machine_id: str, run: _Run) -> None:
-        """The run ended and its exit was read: its shim may go, and what the run held."""
-        if not run.collected:
-            run.collected = True
-            with anyio.CancelScope(shield=True):
-                await run.shim.collect()
-                await self.kind.ended(machine_id)
+        """The run ended and its exit was read: its shim may go, and what the run held. A
+        second caller (a stop and the run's follower both collect it) waits for the first:
+        when either returns, nothing of the run is left (its network, its ports)."""
+        with anyio.CancelScope(shield=True):
+            if run.collecting is None:
+                run.collecting = anyio.Event()
+                try:
+                    await run.shim.collect()
+                    await self.kind.ended(machine_id)
+                finally:
+                    run.collecting.set()
+            else:
+                await run.collecting.wait()
         if self._runs.get(machine_id) is run:
             del self._runs[machine_id]
 
@@ -316,6 +336,7 @@ class Runner:
             pid=run.shim.pid or 0,
             started_at_ms=run.shim.started_at_ms,
             running=not run.shim.ended.is_set(),
+            address=self.kind.isolation.private(machine_id),
         )
 
     def is_running(self, machine_id: str) -> bool:

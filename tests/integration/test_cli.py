@@ -412,7 +412,7 @@ async def test_fleet_asks_every_region_when_none_is_given(market: Market) -> Non
     lines = out.splitlines()
     assert lines[0].split() == [
         "region", "worker", "cpus", "mem", "MiB", "held", "machines", "cache", "images", "labels",
-        "state", "driver", "confined", "jetstream",
+        "state", "driver", "confined", "isolated", "jetstream",
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [["fra", long_id], ["mad", "mad-1"]]
     assert [line.split()[6] for line in lines[1:]] == ["0/10G", "0/10G"]  # sim caches, empty

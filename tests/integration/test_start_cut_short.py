@@ -36,6 +36,7 @@ class Gated:
     def __init__(self, inner: Kind) -> None:
         self.inner = inner
         self.name = inner.name
+        self.isolation = inner.isolation
         self.made = anyio.Event()
         self.go = anyio.Event()
         self.undone: list[str] = []

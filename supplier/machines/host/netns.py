@@ -92,21 +92,18 @@ def in_namespace(path: str | None, work: Callable[[int], T]) -> T:
     return out[0]
 
 
-def make(name: str, veth: str, address: str, gateway: str, bridge: str) -> None:
-    """A namespace ``/run/netns/<name>``: its ``eth0`` with ``address``/24 and a default
-    route through ``gateway``, its loopback up; the other end of the pair, ``veth``, an
-    isolated port of ``bridge`` on the host (blocking; nothing left on failure)."""
+def make(name: str, veth: str, bridge: str) -> None:
+    """A namespace ``/run/netns/<name>``: its loopback and ``eth0`` up (no address yet:
+    :func:`address_it`); the other end of the pair, ``veth``, an isolated port of
+    ``bridge`` on the host (blocking; nothing left on failure)."""
     from pyroute2 import IPRoute, netns
 
     def inside(host: int) -> None:
         netns.attach(name, "thread-self")  # the thread's new namespace, named
         with IPRoute() as ns:
             ns.link("add", ifname="eth0", kind="veth", peer={"ifname": veth, "net_ns_fd": host})
-            eth0 = ns.link_lookup(ifname="eth0")[0]
-            ns.addr("add", index=eth0, address=address, prefixlen=24)
-            ns.link("set", index=eth0, state="up")
+            ns.link("set", index=ns.link_lookup(ifname="eth0")[0], state="up")
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-            ns.route("add", dst="default", gateway=gateway)
 
     try:
         in_namespace(None, inside)
@@ -120,6 +117,20 @@ def make(name: str, veth: str, address: str, gateway: str, bridge: str) -> None:
             for index in ipr.link_lookup(ifname=veth):
                 ipr.link("del", index=index)
         raise
+
+
+def address_it(path: str, address: str, gateway: str, prefix: int) -> None:
+    """The namespace at ``path``'s ``eth0`` gets ``address``/``prefix`` and a default route
+    through ``gateway`` (blocking)."""
+    from pyroute2 import IPRoute
+
+    def inside(host: int) -> None:
+        with IPRoute() as ns:
+            eth0 = ns.link_lookup(ifname="eth0")[0]
+            ns.addr("add", index=eth0, address=address, prefixlen=prefix)
+            ns.route("add", dst="default", gateway=gateway)
+
+    in_namespace(path, inside)
 
 
 def remove(name: str) -> bool:

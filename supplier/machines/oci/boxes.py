@@ -102,7 +102,10 @@ class Box:
 
     @property
     def layer(self) -> Path:
-        return self.dir / "layer"
+        """Where its disk is mounted: beside its root, below /run/bourse, which a process
+        machine's mount namespace drops whole (so no machine's copy of the host's mounts
+        holds another's layer, nor its loop device, after its end)."""
+        return self.bundle / "layer"
 
 
 def _must(what: str, *args: str) -> None:
@@ -331,7 +334,7 @@ class Containers:
         box.record.write_bytes(msgspec.json.encode(record))
         if not self.pool.take(disk_mb, box.disk):
             format_layer(box.disk, disk_mb)
-        box.layer.mkdir()
+        box.layer.mkdir(mode=0o700)
         loop = ("mount", "-o", "loop,nodev,nosuid", str(box.disk), str(box.layer))
         _must("mount the writable layer", *loop)
         upper, work = box.layer / "upper", box.layer / "work"
