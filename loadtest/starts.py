@@ -259,10 +259,22 @@ def _get_ms(host: str, port: int) -> float:
     return (time.perf_counter() - began) * 1000
 
 
+def primary_address() -> str:
+    """The host's address on its default route (no packet is sent), or "" without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+            return str(s.getsockname()[0])
+        except OSError:
+            return ""
+
+
 async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[str, Any]:
-    """``n`` GETs each to a started machine of ``kind`` through its published address and
-    straight to its private one (from the host), alternated: what the port's publication
-    costs a request. Empty when the machine has no network of its own."""
+    """``n`` GETs each to a started machine of ``kind`` through its published address
+    (loopback: DNAT with route_localnet and a masquerade), through the host's routable
+    address at the same port (DNAT alone) and straight to its private one (from the host),
+    alternated: what the port's publication costs a request. Empty when the machine has no
+    network of its own."""
     _, mid = await market_start(client, kind)
     try:
         m = await client.machine("get", mid)
@@ -271,10 +283,13 @@ async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[s
             return {}
         host, _, port = m.addresses["web"].rpartition(":")
         say(f"{kind.name}: {n} requests through {host}:{port} and to {private}:{port}...")
-        published, direct = [], []
+        routable = primary_address()
+        published, direct, routed = [], [], []
         for _ in range(n):
             published.append(await anyio.to_thread.run_sync(_get_ms, host, int(port)))
             direct.append(await anyio.to_thread.run_sync(_get_ms, private, int(port)))
+            if routable:
+                routed.append(await anyio.to_thread.run_sync(_get_ms, routable, int(port)))
     finally:
         await client.machine("destroy", mid)
     p50, d50 = percentile(published, 50), percentile(direct, 50)
@@ -284,6 +299,7 @@ async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[s
         "private_p50_ms": d50,
         "published_p99_ms": percentile(published, 99),
         "private_p99_ms": percentile(direct, 99),
+        "routable_p50_ms": percentile(routed, 50),
         "ratio_p50": None if not p50 or not d50 else round(p50 / d50, 3),
     }
 
@@ -461,7 +477,8 @@ def table(rep: dict[str, Any]) -> Table:
     if req:
         notes.append(
             f"{req['requests']} GETs through the published port: p50 {req['published_p50_ms']} "
-            f"ms, to the private address {req['private_p50_ms']} ms (x{req['ratio_p50']})"
+            f"ms, to the private address {req['private_p50_ms']} ms (x{req['ratio_p50']}), "
+            f"through the host's routable address {req['routable_p50_ms']} ms"
         )
     mem = rep.get("shims") or {}
     if mem:

@@ -275,25 +275,7 @@ class Machines:
             stopped = self.records.event_of("stopped", m, f"start failed: {why}")
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
             raise DriverError(why) from None
-        # Its private address, as its run has it (its own since its commit; another only
-        # when the worker's subnet changed meanwhile).
-        info = self.driver.inspect(m.machine_id)
-        private = info.address if info is not None and info.address else m.private_address
-        started = self.event(
-            "started",
-            m.order_id,
-            m.machine_id,
-            "resumed" if resumed else "",
-            image_digest=m.image_digest,
-            addresses=m.addresses,
-            private_address=private,
-        )
-        # A machine already started before a restart is recorded as resumed: its event is a
-        # committed change like any other (the op log says when the supplier resumed it).
-        op = "start" if m.state != "started" else "resume"
-        return await self.records.record(
-            m, "started", op, events=(*pulled, started), private_address=private
-        )
+        return await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
 
     # -- runs followed, and the restart policy ------------------------------------------------
     def _follow(self, machine_id: str) -> None:

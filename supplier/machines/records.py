@@ -15,7 +15,7 @@ from bourse.images.cache import Pulled
 from bourse.wire.messages import Error, Event, Machine, now_ms
 from supplier.checks import Verdict
 from supplier.images import WorkerImages
-from supplier.machines.api import Exit
+from supplier.machines.api import Exit, RunInfo
 from supplier.machines.events import AnnounceFn, EventFn, Fact, last_exit
 from supplier.oplog import Op, RunSpec
 from supplier.store import Store, StoreError
@@ -215,6 +215,26 @@ class Records:
                 await self.record(m, m.state, "pulled", ev.detail, (ev,))
             except StoreError as exc:
                 self.on_store_error(str(exc))
+
+    async def started(
+        self, m: Machine, resumed: bool, pulled: tuple[Event, ...], run: RunInfo | None
+    ) -> Machine:
+        """``m`` recorded started, with its event: its private address as its run has it
+        (its own since its commit; another only when its worker's subnet changed). A
+        machine started before its supplier's restart is recorded as resumed: its event is
+        a committed change like any other (the op log says when it was resumed)."""
+        private = run.address if run is not None and run.address else m.private_address
+        ev = self.event(
+            "started",
+            m.order_id,
+            m.machine_id,
+            "resumed" if resumed else "",
+            image_digest=m.image_digest,
+            addresses=m.addresses,
+            private_address=private,
+        )
+        op = "start" if m.state != "started" else "resume"
+        return await self.record(m, "started", op, events=(*pulled, ev), private_address=private)
 
     def pulled_event(self, m: Machine, got: Pulled) -> Event:
         detail = f"{m.image} ({m.image_digest}): {got.bytes} bytes in {got.seconds:.3f}s"

@@ -133,6 +133,17 @@ def address_it(path: str, address: str, gateway: str, prefix: int) -> None:
     in_namespace(path, inside)
 
 
+def forget_neighbour(bridge: str, address: str) -> None:
+    """The host forgets which link-layer address ``address`` had on ``bridge`` (blocking):
+    a machine's address moves to a new namespace, with a new MAC, at each of its runs, and
+    the old entry would black-hole traffic to it until it went stale (tens of seconds)."""
+    from pyroute2 import IPRoute
+
+    with contextlib.suppress(Exception), IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=bridge)[0]
+        ipr.neigh("del", dst=address, ifindex=index)
+
+
 def remove(name: str) -> bool:
     """The namespace's name removed (it ends, its veth with it, when nothing runs in it)."""
     from pyroute2 import netns

@@ -334,6 +334,7 @@ class WorkerNetwork:
         try:
             gateway = str(next(self.subnet.hosts()))
             netns.address_it(made.path, address, gateway, WORKER_PREFIX)
+            netns.forget_neighbour(self.bridge, address)
         except BaseException:
             self._remove(made)
             raise
