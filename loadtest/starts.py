@@ -292,14 +292,14 @@ async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[s
                 routed.append(await anyio.to_thread.run_sync(_get_ms, routable, int(port)))
     finally:
         await client.machine("destroy", mid)
-    p50, d50 = percentile(published, 50), percentile(direct, 50)
+    p50, d50 = percentile(published, 50, 3), percentile(direct, 50, 3)
     return {
         "requests": n,
         "published_p50_ms": p50,
         "private_p50_ms": d50,
-        "published_p99_ms": percentile(published, 99),
-        "private_p99_ms": percentile(direct, 99),
-        "routable_p50_ms": percentile(routed, 50),
+        "published_p99_ms": percentile(published, 99, 3),
+        "private_p99_ms": percentile(direct, 99, 3),
+        "routable_p50_ms": percentile(routed, 50, 3),
         "ratio_p50": None if not p50 or not d50 else round(p50 / d50, 3),
     }
 
@@ -426,13 +426,14 @@ async def _push(store: ImageStore, ref: str, directory: Path, run: RunSpec) -> I
     return await store.inspect(ref)
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float, digits: int = 1) -> float | None:
+    """The ``q`` percentile of ``values`` (ms), in ms rounded to ``digits``."""
     if not values:
         return None
     hist = HdrHistogram(1, 600_000_000, 3)  # microseconds
     for v in values:
         hist.record_value(max(1, round(v * 1000)))
-    return round(hist.get_value_at_percentile(q) / 1000, 1)
+    return round(hist.get_value_at_percentile(q) / 1000, digits)
 
 
 def report(profile: StartsProfile, kinds: list[Kind], mem: dict[str, Any]) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from supplier.machines.api import DriverError
 from supplier.machines.host.ids import UidBlocks
 from supplier.machines.host.netns import NetworkError, available
 from supplier.machines.host.network import MachineNet, WorkerNetwork
+from supplier.machines.host.nftables import NftError
 
 log = structlog.get_logger("bourse.isolation")
 
@@ -101,7 +102,7 @@ class Isolation:
             net = await anyio.to_thread.run_sync(self.network.take, m.machine_id, address)
             self.wanted.set()
             await anyio.to_thread.run_sync(self.network.publish, m.machine_id, m.addresses)
-        except NetworkError as exc:
+        except (NetworkError, NftError) as exc:
             await self.leave(m.machine_id)
             raise DriverError(f"cannot give {m.machine_id} a network: {exc}") from None
         resolv = str(self.resolv) if self.resolv is not None else ""

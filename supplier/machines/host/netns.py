@@ -8,15 +8,14 @@ import contextlib
 import ctypes
 import ipaddress
 import os
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from bourse.errors import BourseError
+from supplier.machines.host import nftables
 
-NFT = "nft"
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
@@ -33,9 +32,8 @@ def available() -> str:
         import pyroute2  # noqa: F401 - whether it is there
     except ImportError:
         return "pyroute2 is not installed"
-    done = subprocess.run([NFT, "--version"], capture_output=True, check=False)
-    if done.returncode != 0:
-        return "nft is not installed (apt-get install nftables)"
+    if not nftables.installed():
+        return "nftables is not installed (apt-get install nftables)"
     return ""
 
 
@@ -175,13 +173,6 @@ def address(path: str) -> str:
         return in_namespace(path, read)
     except Exception:
         return ""
-
-
-def nft(script: str) -> None:
-    """Run an nftables script (one transaction); NetworkError with nft's words."""
-    done = subprocess.run([NFT, "-f", "-"], input=script, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise NetworkError(f"nft: {done.stderr.strip()}")
 
 
 def sysctl(key: str, value: str) -> None:

@@ -34,7 +34,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import subprocess
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -44,7 +43,8 @@ import structlog
 
 from supplier.machines.host import netns
 from supplier.machines.host.claims import Claim, HostClaims
-from supplier.machines.host.netns import NFT, NetworkError, host_networks, nft, sysctl
+from supplier.machines.host.netns import NetworkError, host_networks, sysctl
+from supplier.machines.host.nftables import NftError, nft
 
 log = structlog.get_logger("bourse.network")
 
@@ -231,10 +231,8 @@ class WorkerNetwork:
         )
 
     def _has_rules(self, net: str) -> bool:
-        done = subprocess.run(
-            [NFT, "list", "table", "ip", self.table], capture_output=True, text=True, check=False
-        )
-        return f'iifname "{self.bridge}" drop' in done.stdout and net in done.stdout
+        listed = nft(f"list table ip {self.table}")
+        return f'iifname "{self.bridge}" drop' in listed and net in listed
 
     def _forwarding(self) -> None:
         if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
@@ -366,7 +364,7 @@ class WorkerNetwork:
         published = self._published.pop(machine_id, {})
         if published:
             ports = ", ".join(str(p) for p in published)
-            with contextlib.suppress(NetworkError):
+            with contextlib.suppress(NftError):
                 nft(f"delete element ip {self.table} ports {{ {ports} }}")
         made = self._taken.pop(machine_id, None)
         if made is not None:
@@ -394,15 +392,10 @@ class WorkerNetwork:
 
     def _map(self) -> dict[int, str]:
         """The published ports' map as nftables holds it (host port -> private address)."""
-        done = subprocess.run(
-            [NFT, "-j", "list", "map", "ip", self.table, "ports"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
         found: dict[int, str] = {}
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            for item in json.loads(done.stdout)["nftables"]:
+        with contextlib.suppress(ValueError, KeyError, TypeError, NftError):
+            listed = nft(f"list map ip {self.table} ports", json=True)
+            for item in json.loads(listed)["nftables"]:
                 for port, addr in item.get("map", {}).get("elem", []):
                     found[int(port)] = str(addr)
         return found
@@ -423,7 +416,7 @@ class WorkerNetwork:
         kept = {m.address for m in self._taken.values()}
         stale = [port for port, addr in self._map().items() if addr not in kept]
         if stale:
-            with contextlib.suppress(NetworkError):
+            with contextlib.suppress(NftError):
                 nft(f"delete element ip {self.table} ports {{ {', '.join(map(str, stale))} }}")
         return gone
 
@@ -441,7 +434,8 @@ class WorkerNetwork:
             self._remove(made)
         if self._taken:
             return  # kept machines run on: they need their bridge and rules
-        subprocess.run([NFT, "delete", "table", "ip", self.table], capture_output=True)
+        with contextlib.suppress(NftError):
+            nft(f"delete table ip {self.table}")
         with IPRoute() as ipr, contextlib.suppress(Exception):
             for index in ipr.link_lookup(ifname=self.bridge):
                 ipr.link("del", index=index)
@@ -461,8 +455,8 @@ def remove_leftovers(owner: str, worker_id: str) -> list[str]:
 
     names = Names.of(owner, worker_id)
     gone = [name for name in netns.listed("bn" + names.tag) if netns.remove(name)]
-    done = subprocess.run([NFT, "delete", "table", "ip", names.table], capture_output=True)
-    if done.returncode == 0:
+    with contextlib.suppress(NftError):
+        nft(f"delete table ip {names.table}")
         gone.append(names.table)
     with IPRoute() as ipr, contextlib.suppress(Exception):
         for index in ipr.link_lookup(ifname=names.bridge):
