@@ -365,15 +365,6 @@ class ProcessKind:
         await anyio.to_thread.run_sync(self.confiner.remove, machine_id)
         await self.isolation.leave(machine_id)
 
-    async def start(self) -> None:
-        await self.isolation.start()
-
-    async def close(self) -> None:
-        await self.isolation.close()
-
-    async def ended(self, machine_id: str) -> None:
-        await self.isolation.leave(machine_id)
-
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
         await anyio.to_thread.run_sync(teardown.remove_tree, str(self.work_dir / machine_id))

@@ -72,17 +72,8 @@ class Kind(Protocol):
         """What :meth:`plan` made for the machine, removed (idempotent)."""
         ...
 
-    async def ended(self, machine_id: str) -> None:
-        """The machine's run ended (its shim collected): what the run alone held goes (its
-        network); what the machine keeps between runs stays."""
-        ...
-
     async def forget(self, machine_id: str) -> None:
         """The machine was destroyed: what it kept between runs, removed too."""
-        ...
-
-    async def start(self) -> None:
-        """Make what the worker's machines share (its network), before any of them."""
         ...
 
     async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
@@ -92,11 +83,6 @@ class Kind(Protocol):
 
     async def end(self) -> None:
         """The driver ends with no machine of its own left: the worker's empty trees."""
-        ...
-
-    async def close(self) -> None:
-        """The driver ends, whether its machines stopped or run on: what the worker's
-        machines share goes where none of them uses it any more."""
         ...
 
     async def background(self) -> None:
@@ -183,7 +169,7 @@ class Runner:
         self._found = await discover(self.shims_dir)
         if self._found:
             self.log.info("shims_found", machines=sorted(self._found))
-        await self.kind.start()
+        await self.kind.isolation.start()  # what its machines share (its network) first
         swept = await self.kind.sweep(keep=_runs_of(self._found))
         if swept:
             self.log.warning("machines_swept", machines=swept)
@@ -205,7 +191,7 @@ class Runner:
                     with anyio.move_on_after(CLOSE_S):
                         await self._stop_all(grace_s=0.0)
                     await self.kind.end()
-                await self.kind.close()
+                await self.kind.isolation.close()  # what no machine uses any more
 
     async def settle(self) -> None:
         """The supplier resumed its machines: a shim found that no machine recovered holds
@@ -288,7 +274,7 @@ class Runner:
                 run.collecting = anyio.Event()
                 try:
                     await run.shim.collect()
-                    await self.kind.ended(machine_id)
+                    await self.kind.isolation.leave(machine_id)  # what the run alone held
                 finally:
                     run.collecting.set()
             else:
