@@ -25,9 +25,12 @@ from dataclasses import dataclass
 
 import anyio
 import anyio.abc
+import structlog
 
 from bourse.images.cache import ImageCache
 from supplier.worker import Worker
+
+log = structlog.get_logger("bourse.supplier")
 
 MIB = 1024 * 1024
 TAMPERED = "image_tampered"
@@ -73,9 +76,17 @@ class Scrub:
         """Read every root that is due, each worker's in turn; what was found is announced
         as it is found. The roots read."""
         read = 0
-        for _, cache in self._caches():
+        for w, cache in self._caches():
             for manifest in cache.due(self.scrubbing.every_s):
-                await cache.check(manifest, self._pace)
+                try:
+                    await cache.check(manifest, self._pace)
+                except Exception as exc:  # the scrub never takes its supplier down
+                    log.error(
+                        "image_scrub_failed",
+                        worker_id=w.worker_id,
+                        manifest=manifest,
+                        error=repr(exc),
+                    )
                 self.announce()
                 read += 1
         return read

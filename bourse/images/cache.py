@@ -175,7 +175,7 @@ class _Held:
     size: int
     last_used: float
     files: str = ""  # a root's: its inventory's digest
-    checked: float = 0.0  # a root's: when it was last read whole (clock), 0 if never
+    checked: float = 0.0  # a root's: when check() last began to read it (clock), 0 if never
 
 
 class ImageCache:
@@ -488,6 +488,7 @@ class ImageCache:
         held = self._roots.get(manifest)
         if held is None:
             return ""
+        held.checked = self.clock()  # tried now: one that fails waits its turn again
         root = self.root_dir / _hex(manifest)
         inventory, differences = await anyio.to_thread.run_sync(self._walked, manifest, held.files)
         if inventory is not None and not differences:
@@ -502,7 +503,6 @@ class ImageCache:
             differences = hasher.findings()
         if self._roots.get(manifest) is not held:
             return ""
-        held.checked = self.clock()
         if not differences:
             return ""
         why = "; ".join(differences)

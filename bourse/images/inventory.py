@@ -298,13 +298,19 @@ class Hasher:
             if self._fd < 0:
                 self._open(self.entries[self._next])
                 continue
-            chunk = os.read(self._fd, min(limit - spent, STEP_BYTES) or 1)
+            entry = self.entries[self._next - 1]
+            try:
+                chunk = os.read(self._fd, min(limit - spent, STEP_BYTES) or 1)
+            except OSError as exc:  # EIO: a disk that fails is a root that cannot be trusted
+                self.close()
+                self.differences.append(f"{shown(entry.path)}: cannot be read ({exc.strerror})")
+                continue
             spent += len(chunk)
             if chunk:
                 assert self._sha is not None
                 self._sha.update(chunk)
             else:
-                self._finish(self.entries[self._next - 1], self._sha)
+                self._finish(entry, self._sha)
         self.read += spent
         return spent
 
