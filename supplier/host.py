@@ -62,6 +62,7 @@ from supplier.ports import HostClaims, PortRange, Wanted, held_twice, host_range
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
+from supplier.scrub import Scrubbing
 from supplier.store import Store
 from supplier.upkeep import Upkeep
 from supplier.worker import Worker
@@ -106,6 +107,7 @@ class SupplierHost:
         reclaim_every_s: float | None = None,
         port_claims: HostClaims | None = None,
         advertise_host: str = "",
+        scrubbing: Scrubbing = Scrubbing(),
     ) -> None:
         check_workers(workers)
         # The workers' port ranges, claimed against the host's other suppliers when
@@ -160,8 +162,17 @@ class SupplierHost:
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
+        # The timed work: the sweep, orphans, the store's probe, and the scrub of the
+        # workers' image roots (supplier/scrub.py: ``scrubbing`` paces it).
         self.upkeep = Upkeep(
-            nc, self.subjects, store, self.workers, self.desk, every_s, lambda: self.bids_shed
+            nc,
+            self.subjects,
+            store,
+            self.workers,
+            self.desk,
+            every_s,
+            lambda: self.bids_shed,
+            scrubbing,
         )
         if metrics is not None:  # state is read at scrape time; only a commit is timed
             metrics.watch_workers(

@@ -20,7 +20,8 @@ What the spec says and where each part comes from:
 - **isolation**: pid, mount, ipc and uts namespaces; a user namespace mapping the machine's
   users to its block of host ids and the network namespace its worker made for it, where
   the host allows (else the host's users and network, binding the ports Bourse gives);
-  ``noNewPrivileges``; the capability set :data:`CAPABILITIES`; runc's default masked and
+  ``noNewPrivileges``; the capability set :data:`CAPABILITIES`; Docker's default seccomp
+  profile for that set (supplier/machines/oci/seccomp.py); runc's default masked and
   read-only paths; every device denied but runc's defaults (null, zero, tty, …).
 - **mounts**: ``/proc``, ``/dev`` (tmpfs), ``/dev/pts``, ``/dev/shm``, ``/dev/mqueue``,
   ``/sys`` and ``/sys/fs/cgroup`` (read-only: runtimes read their limits there; the host's
@@ -49,6 +50,7 @@ from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.limits import MACHINE_ID_PATTERN, MACHINE_ID_SEPARATOR
 from supplier.machines.host.confine import Limits, parse_proc_cgroup
+from supplier.machines.oci.seccomp import Seccomp, for_container
 from supplier.machines.oci.users import UserError, resolve_user
 
 OCI_VERSION = "1.0.2"
@@ -200,6 +202,7 @@ class Linux(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defa
     readonly_paths: list[str]
     uid_mappings: list[IdMapping] = []
     gid_mappings: list[IdMapping] = []
+    seccomp: Seccomp | None = None
 
 
 class Spec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
@@ -457,6 +460,7 @@ def runtime_spec(
         readonly_paths=list(READONLY_PATHS),
         uid_mappings=mapped,
         gid_mappings=mapped,
+        seccomp=for_container(tuple(process.capabilities.bounding)),
     )
     return Spec(
         oci_version=OCI_VERSION,
