@@ -15,8 +15,9 @@ import pytest
 
 from supplier.machines.api import Exit
 from supplier.machines.oci.boxes import Containers
-from supplier.machines.oci.bundle import Spec, runtime_id
+from supplier.machines.oci.bundle import runtime_id
 from supplier.machines.oci.runtime import INSTALL, Runtime, RuntimeUnavailable, detect
+from supplier.machines.oci.spec import Spec
 from supplier.machines.shim.client import Shim, launch
 from supplier.machines.shim.contract import Plan
 

@@ -12,7 +12,7 @@ import pytest
 
 from bourse.images.oci import RunConfig
 from supplier.machines.host.confine import MIB, Limits
-from supplier.machines.oci.bundle import CAPABILITIES, encode, runtime_spec
+from supplier.machines.oci.bundle import CAPABILITIES, runtime_spec
 from supplier.machines.oci.seccomp import (
     PROFILE,
     Seccomp,
@@ -23,6 +23,7 @@ from supplier.machines.oci.seccomp import (
     load,
     resolve,
 )
+from supplier.machines.oci.spec import encode
 
 KERNEL = (6, 18)
 EPERM, ENOSYS = 1, 38

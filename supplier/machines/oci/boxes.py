@@ -45,13 +45,12 @@ from supplier.machines.oci.bundle import (
     HOST_FILES,
     NOFILE,
     Host,
-    Spec,
     cgroup_dirs,
-    encode,
     machine_id_of,
     runtime_id,
 )
 from supplier.machines.oci.runtime import Runtime
+from supplier.machines.oci.spec import Spec, encode
 from supplier.machines.shim import teardown
 from supplier.machines.shim.contract import ContainerRun
 
