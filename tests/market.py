@@ -24,12 +24,12 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from bourse.auction.claims import Claim
-from bourse.auction.driver import AuctionConfig
+from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.nats.jetstream import EventStream
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources
+from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources, Unfilled
 from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
 from ops.jetstream import set_up
@@ -65,6 +65,23 @@ def order(
     return PlaceOrder(
         region=region, resources=Resources(cpus=cpus, memory_mb=memory_mb), image=image, **kw
     )
+
+
+async def learn_processes(
+    client: BourseClient, auctioneer: Auctioneer, region: str, processes: int
+) -> None:
+    """Orders nobody can fill until ``auctioneer`` (``client``'s own) knows ``processes``
+    supplier processes in ``region``. An auction learns who answered it by its end: a placed
+    order may end before a second process answers (it commits at its first offer's delay,
+    a few ms, while no process is known); one nobody can fill listens for the quiet window,
+    and one more is sent in the rare run where even that ended first."""
+    for i in range(20):
+        probe = await client.place(order(region, cpus=1000, order_id=f"probe-{i}"))
+        assert isinstance(probe, Unfilled) and probe.reason == "no_offers", probe
+        if len(auctioneer.expected_responders(region)) == processes:
+            return
+    known = auctioneer.expected_responders(region)
+    raise AssertionError(f"{len(known)} of {processes} processes known in {region}")
 
 
 def alive(pid: int) -> bool:

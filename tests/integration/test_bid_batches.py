@@ -19,9 +19,8 @@ from bourse.wire.messages import (
     Placed,
     Release,
     Resources,
-    Unfilled,
 )
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, learn_processes, order, wait_until, worker
 
 
 def _bid(order_id: str, auction_id: str, region: str = "mad") -> Bid:
@@ -121,16 +120,7 @@ async def test_no_batches_where_a_supplier_does_not_take_them(market: Market) ->
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
     assert not auctioneer.batching("mad")  # nothing known yet
-    # An auction learns who answered it by its end. A placed order may end before the
-    # second process answers (it commits at the first offer's delay, a few ms, while no
-    # process is known); an order nobody can fill listens for the quiet window, and one
-    # more is sent in the rare run where even that came first.
-    for i in range(20):
-        probe = await client.place(order(cpus=1000, order_id=f"probe-{i}"))
-        assert isinstance(probe, Unfilled) and probe.reason == "no_offers"
-        if len(auctioneer.expected_responders("mad")) == 2:  # both answered, named
-            break
-    assert len(auctioneer.expected_responders("mad")) == 2
+    await learn_processes(client, auctioneer, "mad", 2)  # both answered, named
     assert not auctioneer.batching("mad")
     assert isinstance(await client.place(order(order_id="first")), Placed)
     results = await asyncio.gather(*(client.place(order(order_id=f"o-{i}")) for i in range(10)))

@@ -26,7 +26,15 @@ from bourse.wire.messages import (
     Resources,
 )
 from bourse.wire.subjects import Subjects
-from tests.market import Market, answer_commits, order, placed_for, wait_until, worker
+from tests.market import (
+    Market,
+    answer_commits,
+    learn_processes,
+    order,
+    placed_for,
+    wait_until,
+    worker,
+)
 
 
 def _bid(order_id: str = "o", cpus: int = 1) -> Bid:
@@ -71,13 +79,13 @@ async def test_the_auction_learns_the_processes_of_a_region(market: Market) -> N
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None and auctioneer.expected_responders("mad") == set()
-    r = await client.place(order(order_id="first"))
-    assert isinstance(r, Placed)
-    # both answer every bid at once, so the first auction heard both, by name
+    await learn_processes(client, auctioneer, "mad", 2)
+    # both answer every bid at once: the auctions heard both, by name
     assert auctioneer.expected_responders("mad") == {h.responder_id for h in hosts}
-    for i in range(5):
+    for i in range(6):
         r = await client.place(order(order_id=f"o-{i}"))
         assert isinstance(r, Placed)
+    assert auctioneer.expected_responders("mad") == {h.responder_id for h in hosts}
     workers = [w for h in hosts for w in h.workers.values()]
     await wait_until(lambda: all(not w.ledger.holds for w in workers))  # losers released
     assert sum(len(w.by_order) for w in workers) == 6
