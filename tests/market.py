@@ -41,6 +41,11 @@ from supplier.store import Store
 # at once, CPU burners beside it) the hops, the auctions and the commit's durable write can
 # take longer than the default 500 ms. It lengthens no order that is placed.
 ROOMY_DEADLINE_MS = 10_000
+# The same for how long an auction listens for a first offer (the quiet window, 100 ms by
+# default): a busy machine's supplier process answers a burst of bids later than that, and
+# an auction that heard nothing then ends no_offers whatever its deadline. It lengthens
+# only the auctions nobody offers in (and a retry's gathering).
+ROOMY_QUIET_MS = 1000.0
 
 
 def worker(
