@@ -37,14 +37,16 @@ from supplier.config import WorkerConfig
 from supplier.host import SupplierHost
 from supplier.store import Store
 
-# A deadline for an order whose test is not about time: on a busy machine (the suite twice
-# at once, CPU burners beside it) the hops, the auctions and the commit's durable write can
-# take longer than the default 500 ms. It lengthens no order that is placed.
+# A deadline for an order whose test is not about time (``order``'s unless a test gives
+# one): on a busy machine (the suite twice at once, CPU burners beside it) the hops, the
+# auctions and the commit's durable write can take longer than the protocol's default
+# 500 ms. It lengthens no order that is placed, nor one nobody offers for.
 ROOMY_DEADLINE_MS = 10_000
 # The same for how long an auction listens for a first offer (the quiet window, 100 ms by
-# default): a busy machine's supplier process answers a burst of bids later than that, and
-# an auction that heard nothing then ends no_offers whatever its deadline. It lengthens
-# only the auctions nobody offers in (and a retry's gathering).
+# default; the market's exchanges' and direct buyers' unless a test gives one): a busy
+# machine's supplier process answers later than that, and an auction that heard nothing
+# then ends no_offers whatever its deadline. It lengthens only the auctions nobody offers
+# in (and a retry's gathering).
 ROOMY_QUIET_MS = 1000.0
 
 
@@ -67,6 +69,8 @@ def worker(
 def order(
     region: str = "mad", cpus: int = 1, memory_mb: int = 256, image: str = "web", **kw: Any
 ) -> PlaceOrder:
+    """An order for tests; its deadline ROOMY_DEADLINE_MS unless ``deadline_ms`` is given."""
+    kw.setdefault("deadline_ms", ROOMY_DEADLINE_MS)
     return PlaceOrder(
         region=region, resources=Resources(cpus=cpus, memory_mb=memory_mb), image=image, **kw
     )
@@ -101,8 +105,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll a condition (not a sleep-as-sync: it returns as soon as the condition holds)."""
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll a condition (not a sleep-as-sync: it returns as soon as the condition holds).
+    ``timeout_s`` only bounds a test that is failing: generous, as a busy machine starts a
+    machine's process, or answers, seconds later than an idle one."""
     end = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > end:
@@ -184,6 +190,9 @@ class Market:
         return host
 
     async def exchange(self, jetstream: bool = True, **auction: Any) -> ExchangeService:
+        """An exchange whose auctions have the config ``auction`` says (ROOMY_QUIET_MS for
+        a quiet window it does not give)."""
+        auction.setdefault("quiet_ms", ROOMY_QUIET_MS)
         svc = ExchangeService(
             await self.connect("exchange"),
             self.subjects,
@@ -197,11 +206,14 @@ class Market:
     async def client(
         self, direct: bool = False, claims: bool = True, **auction: Any
     ) -> BourseClient:
+        """A buyer; ``direct``: it runs the auctions itself, with the config ``auction``
+        says (ROOMY_QUIET_MS for a quiet window it does not give)."""
+        auction.setdefault("quiet_ms", ROOMY_QUIET_MS)
         c = BourseClient(
             await self.connect("buyer"),
             self.subjects,
             direct=direct,
-            auction=AuctionConfig(**auction) if auction else None,
+            auction=AuctionConfig(**auction),
             claims=claims,
         )
         self.clients.append(c)

@@ -14,7 +14,7 @@ from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import OVERLOADED_REASON, Error, Placed, Unfilled
 from exchange.service import ExchangeService
-from tests.market import ROOMY_DEADLINE_MS, ROOMY_QUIET_MS, Market, order, wait_until, worker
+from tests.market import Market, order, wait_until, worker
 
 
 async def _one_slot_busy(buyer: BourseClient, limit: ConcurrencyLimit) -> None:
@@ -27,7 +27,7 @@ async def _one_slot_busy(buyer: BourseClient, limit: ConcurrencyLimit) -> None:
     assert exc.value.code == OVERLOADED_CODE  # told apart from other internal errors
     slow_result = await slow
     assert isinstance(slow_result, Unfilled) and slow_result.reason == "no_offers"
-    placed = await buyer.place(order(order_id="late", deadline_ms=100))  # the slot is free
+    placed = await buyer.place(order(order_id="late"))  # the slot is free
     assert isinstance(placed, Placed)
 
 
@@ -103,14 +103,12 @@ async def test_a_burst_on_an_idle_fleet_with_room_is_placed_not_refused(market: 
     quiet window. How long an order may wait (its deadline less an average auction, not a
     quarter of it) is tests/unit/test_admission.py's."""
     await market.host(*(worker(f"mad-{i}", cpus=64, memory_mb=1 << 16) for i in range(4)))
-    svc = await market.exchange(quiet_ms=ROOMY_QUIET_MS)
+    svc = await market.exchange()
     buyers = [await market.client() for _ in range(4)]
 
     async def place(i: int) -> Placed | Unfilled | ClientError:
         try:
-            return await buyers[i % 4].place(
-                order(order_id=f"burst-{i}", deadline_ms=ROOMY_DEADLINE_MS)
-            )
+            return await buyers[i % 4].place(order(order_id=f"burst-{i}"))
         except ClientError as exc:
             return exc
 

@@ -22,7 +22,7 @@ from bourse.nats.jetstream import claims_bucket_name
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Placed, PlaceOrder, Resources, Unfilled
 from bourse.wire.subjects import Subjects
-from tests.market import ROOMY_QUIET_MS, Market, order, outcome_trail, worker
+from tests.market import Market, order, outcome_trail, worker
 
 Outcome = Placed | Unfilled | ClientError
 
@@ -53,15 +53,13 @@ async def _store(market: Market) -> ClaimStore:
 async def test_a_duplicate_storm_places_one_machine_per_order_id(market: Market) -> None:
     """60 order ids, each sent 8 times at once through 3 exchanges and 2 direct-mode buyers,
     two of the 8 for another image: every id has at most one live machine, every Placed a
-    buyer got for it names that machine, and the other image is refused as a conflict.
-    The auctions listen for a first offer as long as a busy machine needs (ROOMY_QUIET_MS),
-    its one supplier process answering 480 bids."""
+    buyer got for it names that machine, and the other image is refused as a conflict."""
     workers = [f"w{i}" for i in range(4)]
     await market.host(*(worker(w, cpus=256, memory_mb=1 << 20) for w in workers))
     for _ in range(3):
-        await market.exchange(quiet_ms=ROOMY_QUIET_MS)
+        await market.exchange()
     paths = [await market.client() for _ in range(3)]
-    paths += [await market.client(direct=True, quiet_ms=ROOMY_QUIET_MS) for _ in range(2)]
+    paths += [await market.client(direct=True) for _ in range(2)]
     ids = [f"storm-{i}" for i in range(60)]
     sends = [
         (

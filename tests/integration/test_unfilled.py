@@ -8,7 +8,7 @@ from nats.aio.msg import Msg
 
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Offers, Placed, Rejected, Release, Unfilled
-from tests.market import ROOMY_DEADLINE_MS, Market, answer_commits, order, wait_until, worker
+from tests.market import Market, answer_commits, order, wait_until, worker
 
 # The stalled auction's quiet window: the bid reaches the stalling supplier well within it
 # however busy the machine, so it is the stall that outlasts it.
@@ -121,5 +121,5 @@ async def test_no_offers_only_after_listening_the_quiet_window_not_while_the_pro
     await answer_commits(nc, market.subjects, "k1", score=0.9)
     await nc.flush()
     client = await market.client(direct=True, quiet_ms=STALL_QUIET_MS)
-    placed = await client.place(order(order_id="stalled", deadline_ms=ROOMY_DEADLINE_MS))
+    placed = await client.place(order(order_id="stalled"))
     assert isinstance(placed, Placed) and placed.worker_id == "k1"
