@@ -16,6 +16,7 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.auction.claims import ClaimStore
+from bourse.auction.core import AuctionConfig
 from bourse.auction.room import CLAIM_BYTES, ROOM_SHARE, ClaimLimits
 from bourse.client import BourseClient, ClientError
 from bourse.nats.embedded import EmbeddedNats
@@ -25,18 +26,21 @@ from bourse.wire.codec import decode, encode
 from bourse.wire.messages import STORE_FULL_REASON, Error, Placed, Unfilled
 from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
-from tests.market import Market, order, wait_until, worker
+from tests.market import ROOMY_QUIET_MS, Market, order, wait_until, worker
 
 # Room for about ten placed claims: new orders are refused from 95% of it.
 SMALL = ClaimLimits(window_s=3600.0, max_bytes=6000)
 
 
 async def _exchange(market: Market, limits: ClaimLimits) -> ExchangeService:
+    """An exchange whose claims bucket has ``limits``; its auctions listen for a first offer
+    as long as a busy machine needs (ROOMY_QUIET_MS: bursts of orders here)."""
     svc = ExchangeService(
         await market.connect("exchange"),
         market.subjects,
         claim_limits=limits,
         metrics=ExchangeMetrics(),
+        auction=AuctionConfig(quiet_ms=ROOMY_QUIET_MS),
     )
     await market.serve(svc)
     market.exchanges.append(svc)
@@ -115,7 +119,9 @@ async def test_a_burst_into_a_full_bucket_places_no_order_twice(market: Market) 
 
     async def send(client: BourseClient, oid: str) -> Placed | Unfilled | ClientError:
         try:
-            return await client.place(order(order_id=oid, deadline_ms=1000))
+            # a duplicate whose order's claim is never written (unrecorded) waits out its
+            # deadline, then asks again: long enough for a busy machine, not much longer
+            return await client.place(order(order_id=oid, deadline_ms=3000))
         except ClientError as exc:
             return exc
 
