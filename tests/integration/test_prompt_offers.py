@@ -98,8 +98,10 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
 ) -> None:
     """An older supplier answers a prompt bid with plain delayed offers: the auction then
     waits out delays in that region instead of committing when the known processes
-    answered (so the older supplier's better offer can still win)."""
-    await market.host(worker("new-1"))
+    answered (so the older supplier's better offer can still win). new-1's offers would
+    wait about 350 ms (a wide score spread): however busy the machine, the older
+    supplier's offer comes within it."""
+    await market.host(worker("new-1", pricing={"spread_ms": 1000}))
     nc = await market.connect("older-supplier")
     s = market.subjects
 
@@ -120,8 +122,9 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
-    r = await client.place(order(order_id="o-1"))
-    assert isinstance(r, Placed)
+    # too big for new-1: the auction commits the older supplier's offer, so it has seen it
+    r = await client.place(order(order_id="o-1", cpus=16))
+    assert isinstance(r, Placed) and r.worker_id == "old-1"
     assert auctioneer.expected_responders("mad") == set()  # an unnamed answer was seen
     r = await client.place(order(order_id="o-2"))
     assert isinstance(r, Placed) and r.worker_id == "old-1"  # the best offer, as before
