@@ -10,14 +10,17 @@ import pytest
 
 from bourse.auction.admission import ConcurrencyLimit
 from bourse.auction.broker import Broker, Refused
-from bourse.auction.driver import Auctioneer
+from bourse.auction.driver import AuctionConfig, Auctioneer
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.messages import Placed, Unfilled
-from tests.market import Market, collect, order, wait_until, worker
+from tests.market import ROOMY_QUIET_MS, Market, collect, order, wait_until, worker
 
 
 async def _broker(market: Market, limit: ConcurrencyLimit | None = None) -> Broker:
-    return Broker(Auctioneer(await market.connect("broker"), market.subjects), limit)
+    """A broker whose auctions listen as long as the market's do (ROOMY_QUIET_MS): an order
+    nobody can fill stays under way that long, time for a busy machine's next step."""
+    config = AuctionConfig(quiet_ms=ROOMY_QUIET_MS)
+    return Broker(Auctioneer(await market.connect("broker"), market.subjects, config), limit)
 
 
 async def test_a_placement_feeds_the_limit_and_frees_its_slot(market: Market) -> None:
