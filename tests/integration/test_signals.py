@@ -28,7 +28,9 @@ from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import Market, order, wait_until, worker
 
 STOP_BOUND_S = 2.0
-READY_S = 30.0
+# How long a program may take to say it is ready: only a failing test waits it out, and a
+# busy machine (the suite twice at once) took over 30 s to bring bourse up's five up.
+READY_S = 90.0
 
 
 class Proc:
