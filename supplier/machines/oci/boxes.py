@@ -344,7 +344,13 @@ class Containers:
         rootfs.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={image_root},upperdir={upper},workdir={work}"
         _must("mount the root", "mount", "-t", "overlay", "overlay", "-o", options, str(rootfs))
-        (box.bundle / "config.json").write_bytes(encode(spec))
+        # the spec holds the machine's env (its secrets): the runtime reads it as root
+        config = os.open(box.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(config, "wb") as f:
+            f.write(encode(spec))
+        if ids >= 0:  # its root is entered as the container's root, and by no other user
+            os.chown(box.bundle, ids, ids)
+            box.bundle.chmod(0o700)
         ms = round((time.monotonic() - t0) * 1e3)
         self.log.debug("box_made", machine_id=record.machine_id, ms=ms)
 
