@@ -112,7 +112,7 @@ def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
         return Isolation()
     keep_private(data_dir)
     claims = host_claims()
-    claims.live(owner)
+    claims.live(owner, data_dir)
     network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
     return Isolation(UidBlocks(claims, owner), network, resolv_conf(data_dir / "network"))
 

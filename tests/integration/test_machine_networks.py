@@ -22,7 +22,7 @@ def network(tmp_path: Path) -> Iterator[WorkerNetwork]:
     if os.geteuid() != 0 or available():
         pytest.skip(f"machines cannot have networks of their own here: {available()}")
     owner = owner_of(tmp_path)
-    host_claims().live(owner)
+    host_claims().live(owner, tmp_path)
     net = WorkerNetwork(host_claims(), owner, own_worker_id("net"))
     net.setup()
     try:
