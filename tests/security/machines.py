@@ -135,9 +135,10 @@ def image_root(top: Path) -> Path:
 async def arena(tmp: Path) -> AsyncIterator[Arena]:
     """The arena (see the module doc), everything of it stopped and removed at its end."""
     need_isolation()
-    # not below /tmp, which a process machine sees none of (a /tmp of its own)
-    base = Path(tempfile.mkdtemp(prefix="bourse-attacks-", dir="/var/tmp"))
-    base.chmod(0o755)  # as /var/lib/bourse: any user may enter
+    # as /var/lib/bourse: any user may enter (not below /tmp or /var/tmp, which a process
+    # machine sees none of: they are its own)
+    base = Path(tempfile.mkdtemp(prefix="bourse-tests-attacks-", dir="/var/lib"))
+    base.chmod(0o755)
     programs: list[Program] = []
     server: EmbeddedNats | None = None
     try:
@@ -296,6 +297,9 @@ class Attacker:
 
     def refused(self, what: str) -> list[str]:
         return [x for x in self.lines if x.startswith(f"NO {what}")]
+
+    def lines_of(self, start: str) -> list[str]:
+        return [x for x in self.lines if x.startswith(start)]
 
     @property
     def pids(self) -> list[int]:

@@ -19,6 +19,7 @@ import pytest_asyncio
 
 from supplier.machines.oci.bundle import runtime_id
 from supplier.machines.shim.contract import PLAN, SOCKET, STATE
+from supplier.machines.shim.spawn import SHARED_DIRS
 from supplier.ports import default_host
 from tests.security.machines import (
     DRIVERS,
@@ -280,3 +281,28 @@ def reachable(target: str) -> bool:
             return True
     except OSError:
         return False
+
+
+# -- the host's shared directories ---------------------------------------------------------------
+SHARED = """
+for d in $DIRS; do
+  t "write $d" sh -c 'echo alice > "$1/alice-$2" && cat "$1/alice-$2"' - "$d" "$BOURSE_MACHINE_ID"
+done
+"""
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_a_machine_writes_nothing_into_the_hosts_shared_directories(
+    a: Arena, driver: str
+) -> None:
+    """The host's /tmp, /var/tmp, /dev/shm and /run/lock are any user's: what alice's machine
+    writes there is its own (a process machine: a tmpfs of its own each; a container: its
+    root), and none of it reaches the host's, where another machine would read it, or the
+    next machine of its user ids find it, or which it could fill."""
+    dirs = [d for d in SHARED_DIRS if Path(d).is_dir()]
+    async with attack(a, driver, SHARED, DIRS=words(*dirs)) as alice:
+        if driver == "process":  # its own, each
+            assert all(alice.lines_of(f"GOT write {d}: alice") for d in dirs), alice.lines
+        mine = f"alice-{alice.machine.machine_id}"
+        assert [d for d in dirs if Path(d, mine).exists()] == []
+    await unharmed(a)

@@ -71,10 +71,16 @@ def _prctl_pdeathsig(sig: int) -> None:
     _call("prctl", PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
+# The host's directories any user may write: a machine of its own user gets each as a tmpfs
+# of its own, so that it writes nothing on the host (no file another machine reads, none
+# left for the next machine of its user ids, no disk of the host filled).
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
 def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
-    """A mount namespace of its own: its /tmp a tmpfs of its own (``tmp_mb``: another
-    machine's /tmp files, and the host's, are not there), and each bind (source, target,
-    ro|rw) where it sees it."""
+    """A mount namespace of its own: each of :data:`SHARED_DIRS` the host has a tmpfs of
+    its own (``tmp_mb`` each: another machine's files, and the host's, are not there), and
+    each bind (source, target, ro|rw) where it sees it."""
     _call("unshare", CLONE_NEWNS)
     _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     for source, target, mode in binds:  # before /tmp: a source may be below it
@@ -84,7 +90,9 @@ def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
             _call("mount", b"none", target.encode(), None, flags, None)
     if tmp_mb > 0:
         options = f"mode=1777,size={tmp_mb}m".encode()
-        _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        for shared in SHARED_DIRS:
+            if os.path.isdir(shared):
+                _call("mount", b"tmpfs", shared.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
 
 
 def _join_network(path: str) -> None:
@@ -120,7 +128,8 @@ def spawn(
     netns: str = "",
 ) -> int:
     """Fork and execute ``argv`` in a session of its own, confined (its cgroups joined,
-    its rlimits set, a /tmp of its own of ``tmp_mb`` when > 0, its user ``uid``:``gid``
+    its rlimits set, a /tmp (and the host's other shared directories) of its own of
+    ``tmp_mb`` when > 0, its user ``uid``:``gid``
     when >= 0, no new privileges) before its first instruction, its stdin ``/dev/null``
     and its stdout and stderr ``output``; its pid. A command that cannot be executed
     raises StartFailed with the reason (told through a close-on-exec pipe: nothing is left
