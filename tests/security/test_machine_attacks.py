@@ -63,6 +63,7 @@ def shim_dirs(a: Arena) -> list[Path]:
 ENVIRON = """
 for p in $PIDS; do
   t "environ of $p" cat /proc/$p/environ
+  t "command line of $p" cat /proc/$p/cmdline
   t "root of $p" ls /proc/$p/root/
   t "cwd of $p" ls /proc/$p/cwd/
 done
@@ -72,9 +73,10 @@ for f in $FILES; do t "read $f" cat "$f"; done
 
 @pytest.mark.parametrize("driver", DRIVERS)
 async def test_a_machine_cannot_read_another_machines_environment(a: Arena, driver: str) -> None:
-    """bob's web machines' env (his secret) through /proc/<pid>/environ, their roots and
-    working directories through /proc, a container's runtime spec (its bundle's config.json)
-    and the shims' plans (each holds its machine's env)."""
+    """bob's web machines' env (his secret) through /proc/<pid>/environ, their command
+    lines (a secret passed as an argument), roots and working directories through /proc, a
+    container's runtime spec (its bundle's config.json) and the shims' plans (each holds
+    its machine's env)."""
     pids = [p for v in a.victims.values() for p in v.pids]
     bundles = [
         p
@@ -84,7 +86,8 @@ async def test_a_machine_cannot_read_another_machines_environment(a: Arena, driv
     assert len(bundles) == 1, bundles  # bob's container's
     files = [*bundles, *(d / PLAN for d in shim_dirs(a))]
     async with attack(a, driver, ENVIRON, PIDS=words(*pids), FILES=words(*files)) as alice:
-        nothing_got(alice, *(f"environ of {p}" for p in pids), *(f"read {f}" for f in files))
+        tried = [*(f"environ of {p}" for p in pids), *(f"command line of {p}" for p in pids)]
+        nothing_got(alice, *tried, *(f"read {f}" for f in files))
         assert not any(a.secret in x for x in alice.lines)
     await unharmed(a)
 

@@ -41,7 +41,7 @@ class StartFailed(Exception):
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
 
 _libc = None
@@ -79,8 +79,9 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
     """A mount namespace of its own: each of :data:`SHARED_DIRS` the host has a tmpfs of
-    its own (``tmp_mb`` each: another machine's files, and the host's, are not there), and
-    each bind (source, target, ro|rw) where it sees it."""
+    its own (``tmp_mb`` each: another machine's files, and the host's, are not there), a
+    /proc that shows its own user's processes only (another machine's command line may
+    carry a secret), and each bind (source, target, ro|rw) where it sees it."""
     _call("unshare", CLONE_NEWNS)
     _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     for source, target, mode in binds:  # before /tmp: a source may be below it
@@ -93,6 +94,18 @@ def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
         for shared in SHARED_DIRS:
             if os.path.isdir(shared):
                 _call("mount", b"tmpfs", shared.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        if _proc_options_per_mount():  # before 5.8 they were the pid namespace's: the host's
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            _call("mount", b"proc", b"/proc", b"proc", flags, b"hidepid=invisible")
+
+
+def _proc_options_per_mount() -> bool:
+    """Whether a mount of /proc has options of its own (Linux 5.8 and later)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 8)
 
 
 def _join_network(path: str) -> None:
