@@ -1,7 +1,8 @@
 """What a supplier's worker leaves on the host, found by the names it gives things
 (supplier/machines/host/network.py ``Names``, its data dir's owner): network namespaces,
-veths, its bridge and nftables table, mounts below its data dir, its host claims (ports,
-user id blocks, subnet), and processes running as a user id block."""
+veths, its bridge and nftables table, mounts below its data dir, its cgroups, its
+containers' bundles' directory, its host claims (ports, user id blocks, subnet), and
+processes running as a user id block."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import subprocess
 from pathlib import Path
 
 from supplier.machines.host.claims import default_directory
-from supplier.machines.host.confine import owner_of
+from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import processes_of
 from supplier.machines.host.netns import NFT
 from supplier.machines.host.network import NETNS_DIR, Names
+from supplier.machines.oci.boxes import BUNDLES
 
 
 def processes_with(marker: str) -> list[int]:
@@ -80,6 +82,11 @@ def leftovers(data_dir: Path, worker_id: str, blocks: tuple[int, ...] = ()) -> l
     for line in Path("/proc/self/mountinfo").read_text().splitlines():
         if line.split()[4].startswith(top):
             left.append(f"mount {line.split()[4]}")
+    confiner, _ = Confiner.probe("auto", worker_id, owner=owner_of(data_dir))
+    left += [f"cgroup {d}" for d in sorted(set(confiner.bases.values())) if d.exists()]
+    bundles = BUNDLES / f"{owner_of(data_dir)}-{worker_id}"
+    if bundles.exists():
+        left.append(f"bundles {bundles}")
     left += [f"claim {c['kind']} {c['key']}" for c in claims_of(data_dir)]
     left += [f"process {pid} of block {base}" for base in blocks for pid in processes_of(base)]
     return left

@@ -428,7 +428,10 @@ class Containers:
         return gone
 
     def remove_empty_parents(self) -> None:
-        """The owner's cgroup directories and the subtree's above them, where empty."""
+        """The owner's bundles' directory, its cgroup directories and the subtree's above
+        them, where empty."""
+        with contextlib.suppress(OSError):
+            self.bundles.rmdir()
         owner_dirs = set(self.cgroups(self._below(f"{self.subtree}/{self.owner}")).values())
         levels = len(self.subtree.split("/"))  # bourse/<owner>: 2 above a machine's
         parents = {p.parents[i] for p in owner_dirs for i in range(levels)}
