@@ -60,7 +60,7 @@ from supplier.host import (
     WorkerIdInUse,
 )
 from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
-from supplier.ports import HostClaims, PortError
+from supplier.ports import PortClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
@@ -338,7 +338,7 @@ def run_cmd(
         "signer": signer,
         "quote_sample": quote_sample,
         "reclaim_after_s": reclaim_after_s,
-        "port_claims": HostClaims(),
+        "port_claims": PortClaims(),
         "advertise_host": advertise_host,
     }
     run(main)

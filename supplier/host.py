@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 import time
 from collections import Counter
@@ -58,7 +59,7 @@ from supplier.explain import explanation_pages
 from supplier.images import ImageListener, StoreSource
 from supplier.machines.host.confine import owner_of
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
-from supplier.ports import HostClaims, PortRange, Wanted, held_twice, host_ranges
+from supplier.ports import PortClaims, PortRange, Wanted, held_twice, host_ranges
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
@@ -105,7 +106,7 @@ class SupplierHost:
         metrics: SupplierMetrics | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
         reclaim_every_s: float | None = None,
-        port_claims: HostClaims | None = None,
+        port_claims: PortClaims | None = None,
         advertise_host: str = "",
         scrubbing: Scrubbing = Scrubbing(),
     ) -> None:
@@ -143,6 +144,8 @@ class SupplierHost:
                 port_range=ranges.get(cfg.worker_id),
                 advertise_host=advertise_host,
             )
+            if port_claims is not None and w.ports.range is not None:
+                w.ports.on_held = functools.partial(port_claims.hold, cfg.worker_id)
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
         self.groups = BidGroups(self.subjects, self.workers.values(), bid_shards)
@@ -188,7 +191,7 @@ class SupplierHost:
 
     @staticmethod
     def _port_ranges(
-        workers: list[WorkerConfig], store: Store, claims: HostClaims | None
+        workers: list[WorkerConfig], store: Store, claims: PortClaims | None
     ) -> dict[str, PortRange]:
         """Each worker's range: its own, else (a process or oci worker) a default block of
         the host, the one it had before where it can (kept in the store)."""
@@ -197,7 +200,8 @@ class SupplierHost:
             Wanted(w.worker_id, w.port_range, default=w.driver != "sim" and not w.ports)
             for w in workers
         ]
-        ranges = host_ranges(wanted, kept, claims, owner_of(store.path.parent))
+        home = store.path.parent
+        ranges = host_ranges(wanted, kept, claims, owner_of(home), home)
         store.keep_port_ranges({w.worker_id: str(ranges[w.worker_id]) for w in wanted if w.default})
         return ranges
 
@@ -245,6 +249,7 @@ class SupplierHost:
         for w in self.workers.values():
             await tasks.start(w.keeper.run)  # before anything may start or abort a machine
             w.recover()
+            w.ports.tell()  # its range's claim lasts past this process while machines hold ports
             for order_id in w.by_order:
                 self.desk.placed(order_id, w)
         g = self.responder.guard

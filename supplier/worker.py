@@ -43,7 +43,7 @@ from supplier.machines.api import Driver, Mechanism
 from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import UidBlocks
-from supplier.machines.host.isolation import Isolation
+from supplier.machines.host.isolation import Isolation, keep_private
 from supplier.machines.host.network import WorkerNetwork, resolv_conf
 from supplier.machines.keeper import Machines
 from supplier.machines.oci.kind import ContainerKind
@@ -111,8 +111,9 @@ def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
     the host has what it takes (known when the driver starts: Isolation.start)."""
     if cfg.isolate == "off" or os.geteuid() != 0:
         return Isolation()
+    keep_private(data_dir)
     claims = host_claims()
-    claims.live(owner)
+    claims.live(owner, data_dir)
     network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
     return Isolation(UidBlocks(claims, owner), network, resolv_conf(data_dir / "network"))
 

@@ -240,8 +240,9 @@ class ProcessKind:
     catalog's command, confined by the worker's confiner, each with a working directory of
     its own below ``work_dir``. With ``ids`` (a root supplier's: supplier/machines/host/
     ids.py) each machine runs as its own user in a mount namespace of its own: a /tmp of its
-    own, its image read-only at :data:`SEEN_IMAGE` and its working directory at
-    :data:`SEEN_WORK`, nothing of the supplier's data dir reachable."""
+    own (and /var/tmp, /dev/shm, /run/lock: nothing it writes is the host's), its image
+    read-only at :data:`SEEN_IMAGE` and its working directory at :data:`SEEN_WORK`, nothing
+    of the supplier's data dir reachable."""
 
     name = "process"
 

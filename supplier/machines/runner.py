@@ -187,6 +187,8 @@ class Runner:
             with anyio.CancelScope(shield=True):
                 if self.keep_machines:
                     await self._detach_all()
+                    if not self._runs and not self._found:  # none kept: nothing of them left
+                        await self.kind.end()
                 else:  # what close() did not stop in its time is killed now
                     with anyio.move_on_after(CLOSE_S):
                         await self._stop_all(grace_s=0.0)

@@ -50,6 +50,15 @@ def own_mount_point(path: Path = RUN_DIR) -> None:
             raise RuntimeError(f"cannot make {path} a shared mount point: {done.stderr.strip()}")
 
 
+def keep_private(data_dir: Path) -> None:
+    """The supplier's data dir is root's alone: its store (every machine's env), the
+    machines' logs, the shims' sockets and states, the image cache. Nothing of a machine
+    runs from it as the machine's user (its image and working directory are bound where it
+    sees them before it becomes its user; a container's bundle is outside it)."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+
+
 @dataclass(frozen=True, slots=True)
 class Entered:
     """A machine's run's own: its ids' first (-1: the supplier's), its network namespace

@@ -191,6 +191,10 @@ class WorkerNetwork:
             if not ipr.link_lookup(ifname=self.bridge):
                 ipr.link("add", ifname=self.bridge, kind="bridge")
             index = ipr.link_lookup(ifname=self.bridge)[0]
+            # an address of its own: a bridge without one takes its ports' lowest, which
+            # changes as machines come and go, and every machine's gateway entry goes stale
+            # (another machine's start or end cut a running machine's connections)
+            ipr.link("set", index=index, address=bridge_mac(self.bridge))
             have = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=index)]
             if gateway not in have:
                 ipr.addr("add", index=index, address=gateway, prefixlen=WORKER_PREFIX)
@@ -441,6 +445,13 @@ class WorkerNetwork:
                 ipr.link("del", index=index)
         if self.subnet is not None:
             self.claims.drop(KIND, _key(self.subnet), self.owner)
+
+
+def bridge_mac(bridge: str) -> str:
+    """A fixed, locally administered unicast MAC address for ``bridge`` (from its name)."""
+    raw = bytearray(hashlib.blake2b(bridge.encode(), digest_size=6).digest())
+    raw[0] = (raw[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in raw)
 
 
 def _key(net: ipaddress.IPv4Network) -> str:

@@ -346,7 +346,13 @@ class Containers:
         rootfs.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={image_root},upperdir={upper},workdir={work}"
         _must("mount the root", "mount", "-t", "overlay", "overlay", "-o", options, str(rootfs))
-        (box.bundle / "config.json").write_bytes(encode(spec))
+        # the spec holds the machine's env (its secrets): the runtime reads it as root
+        config = os.open(box.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(config, "wb") as f:
+            f.write(encode(spec))
+        if ids >= 0:  # its root is entered as the container's root, and by no other user
+            os.chown(box.bundle, ids, ids)
+            box.bundle.chmod(0o700)
         ms = round((time.monotonic() - t0) * 1e3)
         self.log.debug("box_made", machine_id=record.machine_id, ms=ms)
 
@@ -424,7 +430,10 @@ class Containers:
         return gone
 
     def remove_empty_parents(self) -> None:
-        """The owner's cgroup directories and the subtree's above them, where empty."""
+        """The owner's bundles' directory, its cgroup directories and the subtree's above
+        them, where empty."""
+        with contextlib.suppress(OSError):
+            self.bundles.rmdir()
         owner_dirs = set(self.cgroups(self._below(f"{self.subtree}/{self.owner}")).values())
         levels = len(self.subtree.split("/"))  # bourse/<owner>: 2 above a machine's
         parents = {p.parents[i] for p in owner_dirs for i in range(levels)}

@@ -108,7 +108,7 @@ class ProcessRun:
         self.oom_files = oom_files or []
         self.uid = uid  # its user and group (-1: the shim's own, root)
         self.gid = gid
-        self.tmp_mb = tmp_mb  # a /tmp of its own this big (0: the host's)
+        self.tmp_mb = tmp_mb  # a /tmp (/var/tmp, /dev/shm, ...) of its own this big (0: the host's)
         # [source, target, "ro" | "rw"]: bound in its own mount namespace before it runs
         self.binds = binds or []
         self.netns = netns  # the network namespace it joins ("": the host's network)

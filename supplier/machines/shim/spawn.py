@@ -78,13 +78,20 @@ def _prctl_pdeathsig(sig: int) -> None:
     _call("prctl", PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
+# The host's directories any user may write: a machine of its own user gets each as a tmpfs
+# of its own, so that it writes nothing on the host (no file another machine reads, none
+# left for the next machine of its user ids, no disk of the host filled).
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
 def _own_mounts(tmp_mb: int, binds: list[list[str]], hide: list[str]) -> None:
     """A mount namespace of its own: each ``hide`` path an empty read-only tmpfs (what the
     host mounted there and below detached first: this copy of the host's mounts holds no
     other machine's root, layer or network namespace after their end), each bind (source,
-    target, ro|rw) where it sees it (its sources opened first: one may be hidden), and its
-    /tmp a tmpfs of its own (``tmp_mb``: another machine's /tmp files, and the host's, are
-    not there)."""
+    target, ro|rw) where it sees it (its sources opened first: one may be hidden), each of
+    :data:`SHARED_DIRS` the host has a tmpfs of its own (``tmp_mb`` each: another machine's
+    files, and the host's, are not there) and a /proc that shows its own user's processes
+    only (another machine's command line may carry a secret)."""
     _call("unshare", CLONE_NEWNS)
     _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     sources = [os.open(source, O_PATH | os.O_CLOEXEC) for source, _, _ in binds]
@@ -110,7 +117,21 @@ def _own_mounts(tmp_mb: int, binds: list[list[str]], hide: list[str]) -> None:
             _call("mount", b"none", path.encode(), None, MS_REMOUNT | MS_RDONLY | flat, None)
     if tmp_mb > 0:
         options = f"mode=1777,size={tmp_mb}m".encode()
-        _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        for shared in SHARED_DIRS:
+            if os.path.isdir(shared):
+                _call("mount", b"tmpfs", shared.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        if _proc_options_per_mount():  # before 5.8 they were the pid namespace's: the host's
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            _call("mount", b"proc", b"/proc", b"proc", flags, b"hidepid=invisible")
+
+
+def _proc_options_per_mount() -> bool:
+    """Whether a mount of /proc has options of its own (Linux 5.8 and later)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 8)
 
 
 def _join_network(path: str) -> None:
@@ -147,7 +168,8 @@ def spawn(
     hide: list[str] | tuple[str, ...] = (),
 ) -> int:
     """Fork and execute ``argv`` in a session of its own, confined (its cgroups joined,
-    its rlimits set, a /tmp of its own of ``tmp_mb`` when > 0, its user ``uid``:``gid``
+    its rlimits set, a /tmp (and the host's other shared directories) of its own of
+    ``tmp_mb`` when > 0, its user ``uid``:``gid``
     when >= 0, no new privileges) before its first instruction, its stdin ``/dev/null``
     and its stdout and stderr ``output``; its pid. A command that cannot be executed
     raises StartFailed with the reason (told through a close-on-exec pipe: nothing is left
