@@ -14,8 +14,8 @@ from pathlib import Path
 from supplier.machines.host.claims import default_directory
 from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import processes_of
-from supplier.machines.host.netns import NFT
 from supplier.machines.host.network import NETNS_DIR, Names
+from supplier.machines.host.nftables import NFT
 from supplier.machines.oci.boxes import BUNDLES
 
 

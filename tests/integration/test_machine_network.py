@@ -20,9 +20,10 @@ from bourse.images import ImageStore, RunSpec
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Placed
 from ops.hello import HELLO_DIR, HELLO_RUN
+from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import owner_of
 from supplier.machines.host.netns import available
-from supplier.machines.host.network import Names
+from supplier.machines.host.network import Names, WorkerNetwork, bridge_mac
 from tests.containers import busybox_root, need_runc
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
@@ -135,3 +136,29 @@ async def test_placed_and_started_events_say_the_private_address(
         assert said("started")[0].private_address == placed.private_address
     finally:
         await buyer.machine("destroy", placed.machine_id)
+
+
+def test_a_bridge_keeps_its_address_as_machines_come_and_go(tmp_path: Path) -> None:
+    """A bridge without an address of its own takes its ports' lowest, so a machine's start
+    or end changed it and every other machine's gateway entry went stale: their
+    connections were cut until it expired (tests/security/test_machine_attacks.py saw bob's
+    web machine unreachable after alice's machine ended)."""
+    _need_networks()
+    owner = owner_of(tmp_path)
+    host_claims().live(owner, tmp_path)
+    network = WorkerNetwork(host_claims(), owner, own_worker_id("net"))
+    network.setup()
+    try:
+        address = Path(f"/sys/class/net/{network.bridge}/address")
+        seen = {address.read_text().strip()}
+        for i in range(4):
+            network.take(f"m{i}", network.reserve(f"m{i}"))
+            seen.add(address.read_text().strip())
+        for i in range(4):
+            network.release(f"m{i}")
+            network.give_back(f"m{i}")
+            seen.add(address.read_text().strip())
+        assert seen == {bridge_mac(network.bridge)}
+    finally:
+        network.close()
+        host_claims().gone(owner)

@@ -213,7 +213,7 @@ async def arena(tmp: Path) -> AsyncIterator[Arena]:
                     assert (await a.bob.machine("destroy", m.machine_id)).state == "destroyed"
             for w in workers.values():  # nothing of their workers left on the host
                 assert await w.program.stop() == 0, w.program.log
-                assert leftovers(w.data, w.id) == []
+                assert not (left := leftovers(w.data, w.id)), left
         finally:
             for client in (a.alice, a.bob):
                 await client.close()

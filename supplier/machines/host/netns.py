@@ -143,9 +143,14 @@ def forget_neighbour(bridge: str, address: str) -> None:
 
 
 def remove(name: str) -> bool:
-    """The namespace's name removed (it ends, its veth with it, when nothing runs in it)."""
-    from pyroute2 import netns
+    """The namespace ``bn…`` removed with its veth pair: the host's end ``bv…`` deleted
+    first, which takes the pair away at once (a namespace's own end would go only when the
+    kernel's cleanup of the namespace gets to it, a moment after its last process ended)."""
+    from pyroute2 import IPRoute, netns
 
+    with contextlib.suppress(Exception), IPRoute() as ipr:
+        for index in ipr.link_lookup(ifname="bv" + name[2:]):
+            ipr.link("del", index=index)
     try:
         netns.remove(name)
     except Exception:

@@ -85,13 +85,14 @@ SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 
 
 def _own_mounts(tmp_mb: int, binds: list[list[str]], hide: list[str]) -> None:
-    """A mount namespace of its own: each ``hide`` path an empty read-only tmpfs (what the
-    host mounted there and below detached first: this copy of the host's mounts holds no
-    other machine's root, layer or network namespace after their end), each bind (source,
-    target, ro|rw) where it sees it (its sources opened first: one may be hidden), each of
-    :data:`SHARED_DIRS` the host has a tmpfs of its own (``tmp_mb`` each: another machine's
-    files, and the host's, are not there) and a /proc that shows its own user's processes
-    only (another machine's command line may carry a secret)."""
+    """A mount namespace of its own: each ``hide`` path an empty read-only tmpfs that its
+    user may pass, not list (what the host mounted there and below detached first: this
+    copy of the host's mounts holds no other machine's root, layer or network namespace
+    after their end), each bind (source, target, ro|rw) where it sees it (its sources
+    opened first: one may be hidden), each of :data:`SHARED_DIRS` the host has a tmpfs of
+    its own (``tmp_mb`` each: another machine's files, and the host's, are not there) and
+    a /proc that shows its own user's processes only (another machine's command line may
+    carry a secret)."""
     _call("unshare", CLONE_NEWNS)
     _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
     sources = [os.open(source, O_PATH | os.O_CLOEXEC) for source, _, _ in binds]
@@ -99,7 +100,7 @@ def _own_mounts(tmp_mb: int, binds: list[list[str]], hide: list[str]) -> None:
     for path in hide:
         if os.path.isdir(path):
             _try("umount2", path.encode(), MNT_DETACH)  # fails where it is no mount point
-            _call("mount", b"tmpfs", path.encode(), b"tmpfs", flat, b"mode=0755,size=64k")
+            _call("mount", b"tmpfs", path.encode(), b"tmpfs", flat, b"mode=0711,size=64k")
     for fd, (_, target, mode) in zip(sources, binds, strict=True):
         source = f"/proc/self/fd/{fd}"
         if os.path.isdir(source):
