@@ -22,6 +22,7 @@ probe (edge/probe.py).
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -60,6 +61,7 @@ REPLAY_MAX = 64 * 1024
 # A request body waiting for its upstream connection: past this, the client is not read.
 PENDING_MAX = 256 * 1024
 NO_BODY_STATUS = frozenset({204, 304})
+HOSTS_KEPT = 4096
 CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 REASONS = {
     400: b"Bad Request",
@@ -89,73 +91,42 @@ class EdgeConfig:
 
 
 class Request:
-    """One request through the edge: what was parsed, where it went, how it ended."""
+    """One request through the edge: what was parsed, where it went, how it ended. The
+    plain values' defaults are the class's: an instance sets only what it changes (a
+    request's object is made per request, on the hot path)."""
 
-    __slots__ = (
-        "address",
-        "app",
-        "attempts",
-        "backend_id",
-        "body_done",
-        "body_in",
-        "bytes_out",
-        "chunked_in",
-        "chunked_out",
-        "close_after",
-        "content_length",
-        "continue_100",
-        "discard",
-        "error",
-        "head_only",
-        "headers",
-        "host",
-        "keep_alive",
-        "method",
-        "pending",
-        "pending_bytes",
-        "replay",
-        "responded",
-        "response_done",
-        "started",
-        "status",
-        "tried",
-        "up",
-        "upgrade",
-        "url",
-        "version",
-    )
+    url = b""
+    host = b""
+    method = b""
+    version = "1.1"
+    keep_alive = True
+    upgrade: bytes | None = None
+    content_length: int | None = None
+    chunked_in = False
+    continue_100 = False
+    body_in = 0
+    body_done = False
+    pending_bytes = 0
+    app = ""
+    backend_id = ""
+    address: tuple[str, int] = ("", 0)
+    attempts = 0
+    up: Upstream | None = None
+    responded = False  # a byte of the response went to the client
+    response_done = False
+    chunked_out = False
+    close_after = False
+    head_only = False
+    discard = False  # the rest of the body is read and dropped
+    status = 0
+    error = ""
+    bytes_out = 0
 
     def __init__(self) -> None:
-        self.url = b""
         self.headers: list[tuple[bytes, bytes]] = []
-        self.host = b""
-        self.method = b""
-        self.version = "1.1"
-        self.keep_alive = True
-        self.upgrade: bytes | None = None
-        self.content_length: int | None = None
-        self.chunked_in = False
-        self.continue_100 = False
-        self.body_in = 0
-        self.body_done = False
         self.pending: list[bytes] = []
-        self.pending_bytes = 0
         self.replay: list[bytes] | None = []  # None: too big to send again
-        self.app = ""
-        self.backend_id = ""
-        self.address: tuple[str, int] = ("", 0)
         self.tried: list[str] = []
-        self.attempts = 0
-        self.up: Upstream | None = None
-        self.responded = False  # a byte of the response went to the client
-        self.response_done = False
-        self.chunked_out = False
-        self.close_after = False
-        self.head_only = False
-        self.discard = False  # the rest of the body is read and dropped
-        self.status = 0
-        self.error = ""
-        self.bytes_out = 0
         self.started = time.perf_counter()
 
 
@@ -174,9 +145,10 @@ class Proxy:
         self.clients: set[Abortable] = set()
         self.per_ip: dict[str, int] = {}
         self.in_flight = 0
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self._idle: asyncio.Event | None = None  # made by wait_idle, set at 0
         self.loop = asyncio.get_running_loop()
+        self.period = min(config.header_timeout_s, config.idle_timeout_s)
+        self.hosts: dict[bytes, str] = {}  # Host -> app key, as app_of said
 
     def client(self) -> Client:
         return Client(self)
@@ -207,10 +179,25 @@ class Proxy:
 
     def busy(self, delta: int) -> None:
         self.in_flight += delta
-        if self.in_flight == 0:
-            self.idle.set()
-        elif self.idle.is_set():
-            self.idle = asyncio.Event()
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+            self._idle = None
+
+    async def wait_idle(self) -> None:
+        """Until no request is in flight."""
+        if self.in_flight:
+            self._idle = self._idle or asyncio.Event()
+            await self._idle.wait()
+
+    def app_of(self, host: bytes) -> str:
+        """edge/hosts.py ``app_of``, remembered per Host (a few thousand at most)."""
+        key = self.hosts.get(host)
+        if key is None:
+            key = app_of(host, self.config.domain)
+            if len(self.hosts) >= HOSTS_KEPT:
+                self.hosts.clear()
+            self.hosts[host] = key
+        return key
 
     def close(self) -> None:
         """Every connection, client and upstream, closed at once (the stop's last step)."""
@@ -245,12 +232,14 @@ class Client(asyncio.Protocol):
         self.active: Request | None = None  # being proxied
         self.queued: deque[Request] = deque()
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = math.inf
         self.closed = False
         self.upgrading = False  # the parser stopped at an Upgrade: the rest is raw bytes
         self.early: list[bytes] = []  # those bytes, until the tunnel is open
         self.tunnel: Upstream | None = None
         self.bad = ""  # a parse error after the active request: said once it is done
         self.counted = False
+        self.out: list[bytes] = []  # a response's parts, written at once (flush)
 
     # -- the connection --------------------------------------------------------------------
 
@@ -273,7 +262,9 @@ class Client(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
-        self._disarm()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
         proxy = self.proxy
         proxy.clients.discard(self)
         if self.counted:
@@ -339,19 +330,34 @@ class Client(asyncio.Protocol):
 
     # -- timers ----------------------------------------------------------------------------
 
+    # A deadline per connection, set per request (a float); the timer that checks it is
+    # made at most once per ``period`` (never per request: a timer handle made and cancelled
+    # twice a request cost more than routing it), and never waits past ``period``, so a
+    # nearer deadline set later is still met on time.
+
     def _arm(self, seconds: float) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.proxy.loop.call_later(seconds, self._timed_out)
+        now = self.proxy.loop.time()
+        self.deadline = now + seconds
+        if self.timer is None:
+            self.timer = self.proxy.loop.call_at(
+                min(self.deadline, now + self.proxy.period), self._timed_out
+            )
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = math.inf  # the timer, if any, fires and finds nothing due
 
     def _timed_out(self) -> None:
         self.timer = None
-        if self.closed or self.active is not None:
+        if self.closed:
+            return
+        now = self.proxy.loop.time()
+        if self.deadline > now:
+            if self.deadline != math.inf:
+                self.timer = self.proxy.loop.call_at(
+                    min(self.deadline, now + self.proxy.period), self._timed_out
+                )
+            return
+        if self.active is not None:
             return
         if self.cur is not None:  # a head begun, not finished in time
             self.transport.write(_local(408, "request head not received in time", close=True))
@@ -434,7 +440,7 @@ class Client(asyncio.Protocol):
         self.active = r
         self.proxy.busy(+1)
         try:
-            r.app = app_of(r.host, self.config.domain)
+            r.app = self.proxy.app_of(r.host)
         except BadHost as exc:
             self._respond(r, 400, str(exc), close=True)
             return
@@ -581,19 +587,27 @@ class Client(asyncio.Protocol):
             elif r.version == "1.0":
                 parts.append(b"Connection: keep-alive\r\n")
         parts.append(b"\r\n")
-        self.transport.write(b"".join(parts))
+        self.out.append(b"".join(parts))
 
     def response_body(self, body: bytes) -> None:
         r = self.active
         assert r is not None
         r.bytes_out += len(body)
-        self.transport.write(_chunk(body) if r.chunked_out else body)
+        self.out.append(_chunk(body) if r.chunked_out else body)
+
+    def flush(self) -> None:
+        """Write what the response's callbacks gathered: one write (one system call) for
+        a small answer's head and body, parsed from one read."""
+        out = self.out
+        if out:
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
 
     def response_end(self, up: Upstream, keep: bool) -> None:
         r = self.active
         assert r is not None
         if r.chunked_out:
-            self.transport.write(b"0\r\n\r\n")
+            self.out.append(b"0\r\n\r\n")
         r.response_done = True
         r.up = None
         up.detach()
@@ -622,6 +636,7 @@ class Client(asyncio.Protocol):
             r.response_done = True
             self._done(r)
             self.active = None
+            self.out.clear()
             self.transport.abort()
             return
         retry = not up.got_bytes and r.method in IDEMPOTENT and r.replay is not None
@@ -636,6 +651,7 @@ class Client(asyncio.Protocol):
         r.up = None
         r.response_done = True
         self.upgrading = False
+        self.flush()
         if rest:
             self.transport.write(rest)
         for chunk in self.early:
@@ -703,6 +719,7 @@ class Client(asyncio.Protocol):
 
     def _finish(self, r: Request) -> None:
         """``r`` is over, its answer sent: the next request (or the connection's end)."""
+        self.flush()
         self._done(r)
         self.active = None
         if self.closed:
@@ -806,6 +823,7 @@ class Upstream(asyncio.Protocol):
         r = client.active
         if r is not None and r.up is self and r.responded and not (self.length or self.chunked):
             client.response_end(self, keep=False)  # a body that ends with the connection
+            client.flush()
             return
         self.client = None
         client.upstream_lost(self, self.reused)
@@ -830,6 +848,7 @@ class Upstream(asyncio.Protocol):
         self.got_bytes = True
         try:
             self.parser.feed_data(data)
+            client.flush()
         except httptools.HttpParserUpgrade as exc:
             self.tunnel = True
             client.start_tunnel(self, data[exc.args[0] :])

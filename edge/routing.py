@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 
 # A machine's health as routing reads it: its checks pass, one failed, none ran yet, or it
@@ -231,23 +231,44 @@ class Router:
 
     # -- a request -------------------------------------------------------------------------
 
-    def pick(self, key: str, port: str = "", exclude: Iterable[str] = ()) -> Choice | NoRoute:
+    def pick(self, key: str, port: str = "", exclude: Collection[str] = ()) -> Choice | NoRoute:
         """The machine of app ``key`` for the next request (or connection, on ``port``),
         other than those in ``exclude`` (tried already)."""
         ready = self._ready_of(key, port)
         if ready is None:
             return NoRoute(UNKNOWN_APP, key)
-        skip = frozenset(exclude)
-        passed = dict(ready.passed_over)
         hard = ready.route.hard_limit
         soft = ready.route.soft_limit
+        outstanding = self.outstanding
+        skipped = self.skipped
         best: list[tuple[Backend, tuple[str, int]]] = []
         best_rank: tuple[bool, bool, int] | None = None
         for backend, address in ready.backends:
             mid = backend.machine_id
+            load = outstanding.get(mid, 0)
+            if mid in exclude or mid in skipped or (hard and load >= hard):
+                continue
+            rank = (bool(soft) and load >= soft, backend.region != self.region, load)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = [(backend, address)], rank
+            elif rank == best_rank:
+                best.append((backend, address))
+        if not best:
+            return NoRoute(NO_MACHINE, key, self._passed_over(ready, exclude))
+        turn = self._turn.get(key, 0)
+        self._turn[key] = turn + 1
+        backend, address = best[turn % len(best)]
+        return Choice(backend, address)
+
+    def _passed_over(self, ready: _Ready, exclude: Collection[str]) -> dict[str, int]:
+        """Why each machine of the app was passed over (the 503's words)."""
+        passed = dict(ready.passed_over)
+        hard = ready.route.hard_limit
+        for backend, _ in ready.backends:
+            mid = backend.machine_id
             why = (
                 TRIED
-                if mid in skip
+                if mid in exclude
                 else SKIPPED
                 if mid in self.skipped
                 else AT_HARD_LIMIT
@@ -256,19 +277,7 @@ class Router:
             )
             if why is not None:
                 passed[why] = passed.get(why, 0) + 1
-                continue
-            load = self.outstanding.get(mid, 0)
-            rank = (bool(soft) and load >= soft, backend.region != self.region, load)
-            if best_rank is None or rank < best_rank:
-                best, best_rank = [(backend, address)], rank
-            elif rank == best_rank:
-                best.append((backend, address))
-        if not best:
-            return NoRoute(NO_MACHINE, key, passed)
-        turn = self._turn.get(key, 0)
-        self._turn[key] = turn + 1
-        backend, address = best[turn % len(best)]
-        return Choice(backend, address)
+        return passed
 
     def begin(self, machine_id: str) -> None:
         """A request (or connection) went to ``machine_id``."""

@@ -121,7 +121,7 @@ class EdgeService:
         for server in servers:
             server.close()
         with anyio.move_on_after(self.stop_grace_s):
-            await proxy.idle.wait()
+            await proxy.wait_idle()
         cut = proxy.in_flight
         proxy.close()
         await proxy.tasks.finish(0)
