@@ -15,9 +15,13 @@ a loopback port of its own:
 ``wrk`` (Debian's) drives each the same way, the three alternated for ``rounds`` rounds so
 that all see the same machine: one connection for ``latency_s`` (the p50 of a request
 with nothing queued: the overhead), then ``connections`` connections for ``duration_s``
-(requests a second at saturation). The report gives each arm's median over the rounds,
-the edge's p50 over direct (target <= 1 ms) and its throughput over nginx's (target >=
-0.5). ``python -m loadtest.edge --help``; ``bourse loadtest --scenario edge``.
+(requests a second at saturation, and the CPU the proxy's processes used a request). The
+report gives each arm's median over the rounds, the edge's p50 over direct (target <= 1 ms),
+its throughput over nginx's (target >= 0.5), and nginx's CPU a request over the edge's (what
+that ratio would be with a core each: on a machine others load, the raw throughputs follow
+the CPU each process happens to get).
+
+``python -m loadtest.edge --help``; ``bourse loadtest --scenario edge``.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import shutil
 import statistics
@@ -79,7 +84,9 @@ class Arm:
     rps: list[float] = field(default_factory=list)  # at saturation
     sat_p50_ms: list[float] = field(default_factory=list)
     sat_p99_ms: list[float] = field(default_factory=list)
+    cpu_us: list[float] = field(default_factory=list)  # the proxy's CPU per request
     errors: list[str] = field(default_factory=list)
+    pids: list[int] = field(default_factory=list)  # the processes whose CPU is counted
 
 
 def tool(name: str) -> str:
@@ -157,6 +164,8 @@ def parse_wrk(text: str) -> dict[str, float]:
     out: dict[str, float] = {}
     if m := re.search(r"Requests/sec:\s+([\d.]+)", text):
         out["rps"] = float(m.group(1))
+    if m := re.search(r"^\s+(\d+) requests in", text, re.MULTILINE):
+        out["requests"] = float(m.group(1))
     for pct, key in (("50", "p50_ms"), ("99", "p99_ms")):
         if m := re.search(rf"^\s+{pct}%\s+([\d.]+)(us|ms|s)\s*$", text, re.MULTILINE):
             out[key] = float(m.group(1)) * _UNITS[m.group(2)]
@@ -192,11 +201,33 @@ async def check(address: str) -> None:
         raise EdgeRunError(f"{address} did not answer the upstream's 200: {answer[:200]!r}")
 
 
+def cpu_s(pids: list[int]) -> float:
+    """CPU seconds (user and system) the processes ``pids`` have used so far."""
+    import psutil
+
+    total = 0.0
+    for pid in pids:
+        times = psutil.Process(pid).cpu_times()
+        total += times.user + times.system
+    return total
+
+
+def workers_of(master: int) -> list[int]:
+    """nginx's worker processes (the master only watches them)."""
+    import psutil
+
+    return [c.pid for c in psutil.Process(master).children()]
+
+
 async def measure(arms: list[Arm], profile: EdgeProfile, say: Say) -> None:
     for n in range(profile.rounds):
         for arm in arms:
             one = await wrk(arm.address, 1, 1, profile.latency_s)
+            before = cpu_s(arm.pids)
             sat = await wrk(arm.address, profile.connections, profile.threads, profile.duration_s)
+            used = cpu_s(arm.pids) - before
+            if sat.get("requests"):
+                arm.cpu_us.append(used / sat["requests"] * 1e6)
             arm.p50_ms.append(one["p50_ms"])
             arm.rps.append(sat["rps"])
             arm.sat_p50_ms.append(sat["p50_ms"])
@@ -205,14 +236,22 @@ async def measure(arms: list[Arm], profile: EdgeProfile, say: Say) -> None:
                 arm.errors.append(f"round {n + 1}: {one['errors'] + sat['errors']:.0f} errors")
             say(
                 f"round {n + 1} {arm.name}: p50 {one['p50_ms']:.3f} ms (1 connection), "
-                f"{sat['rps']:.0f} requests/s ({profile.connections} connections)"
+                f"{sat['rps']:.0f} requests/s ({profile.connections} connections), "
+                f"{used / max(sat.get('requests', 1), 1) * 1e6:.1f} us of CPU a request"
             )
 
 
-async def run_edge(profile: EdgeProfile, out: Path, say: Say) -> dict[str, Any]:
+def prepare(out: Path) -> Path:
+    """The run's directory made afresh; the absolute path of its nginx configs (nginx
+    reads a relative path from its prefix)."""
     fresh_run_dir(out)
-    conf_dir = out / "nginx"
+    conf_dir = Path(os.path.abspath(out)) / "nginx"
     conf_dir.mkdir(parents=True, exist_ok=True)
+    return conf_dir
+
+
+async def run_edge(profile: EdgeProfile, out: Path, say: Say) -> dict[str, Any]:
+    conf_dir = prepare(out)
     taken: list[int] = []
 
     def port() -> int:
@@ -247,9 +286,9 @@ async def run_edge(profile: EdgeProfile, out: Path, say: Say) -> dict[str, Any]:
                 )
             )  # fmt: skip
         arms = [
-            Arm("direct", f"{HOST}:{up_port}"),
-            Arm("edge", f"{HOST}:{edge_port}"),
-            Arm("nginx", f"{HOST}:{px_port}"),
+            Arm("direct", f"{HOST}:{up_port}", pids=workers_of(nginxes[0].pid)),
+            Arm("edge", f"{HOST}:{edge_port}", pids=[p.proc.pid for p in edges]),
+            Arm("nginx", f"{HOST}:{px_port}", pids=workers_of(nginxes[1].pid)),
         ]
         for arm in arms:
             await check(arm.address)
@@ -277,7 +316,8 @@ def report(profile: EdgeProfile, arms: list[Arm]) -> dict[str, Any]:
             "rps": round(_median(a.rps)),
             "saturated_p50_ms": _median(a.sat_p50_ms),
             "saturated_p99_ms": _median(a.sat_p99_ms),
-            "rounds": {"p50_ms": a.p50_ms, "rps": a.rps},
+            "cpu_us_per_request": _median(a.cpu_us),
+            "rounds": {"p50_ms": a.p50_ms, "rps": a.rps, "cpu_us": a.cpu_us},
             "errors": a.errors,
         }
         for a in arms
@@ -292,6 +332,11 @@ def report(profile: EdgeProfile, arms: list[Arm]) -> dict[str, Any]:
         "edge_over_direct_p50_ms": overhead,
         "nginx_over_direct_p50_ms": round(nginx["p50_ms"] - direct["p50_ms"], 3),
         "edge_over_nginx_rps": ratio,
+        # nginx's CPU a request over the edge's: the throughput ratio each would reach on a
+        # core of its own (the load-independent figure on a shared machine)
+        "nginx_over_edge_cpu": round(nginx["cpu_us_per_request"] / edge["cpu_us_per_request"], 3)
+        if edge["cpu_us_per_request"]
+        else 0.0,
         "overhead_met": overhead <= OVERHEAD_TARGET_MS,
         "ratio_met": ratio >= RATIO_TARGET,
     }
@@ -303,7 +348,8 @@ def table(rep: dict[str, Any]) -> Table:
         title=f"edge: {p['processes']} edge process(es) against nginx with as many workers, "
         f"median of {p['rounds']} rounds"
     )
-    for column in ("arm", "p50 (1 conn)", f"requests/s ({p['connections']} conns)", "p50", "p99"):
+    columns = ("arm", "p50 (1 conn)", f"requests/s ({p['connections']} conns)", "p50", "p99")
+    for column in (*columns, "CPU/request"):
         t.add_column(column, justify="right")
     for name, a in rep["arms"].items():
         t.add_row(
@@ -312,12 +358,14 @@ def table(rep: dict[str, Any]) -> Table:
             f"{a['rps']}",
             f"{a['saturated_p50_ms']:.2f} ms",
             f"{a['saturated_p99_ms']:.2f} ms",
+            f"{a['cpu_us_per_request']:.1f} us",
         )
     t.caption = (
         f"edge p50 over direct: {rep['edge_over_direct_p50_ms']:.3f} ms (target <= "
         f"{OVERHEAD_TARGET_MS} ms: {'met' if rep['overhead_met'] else 'NOT met'}); edge/nginx "
         f"throughput: {rep['edge_over_nginx_rps']:.2f} (target >= {RATIO_TARGET}: "
-        f"{'met' if rep['ratio_met'] else 'NOT met'})"
+        f"{'met' if rep['ratio_met'] else 'NOT met'}); nginx's CPU a request over the "
+        f"edge's: {rep['nginx_over_edge_cpu']:.2f}"
     )
     return t
 

@@ -26,7 +26,13 @@ Requests/sec:   4999.50
 
 
 def test_wrk_output_is_read() -> None:
-    assert parse_wrk(WRK) == {"rps": 4999.5, "p50_ms": 0.132, "p99_ms": 2500.0, "errors": 7.0}
+    assert parse_wrk(WRK) == {
+        "rps": 4999.5,
+        "requests": 5000.0,
+        "p50_ms": 0.132,
+        "p99_ms": 2500.0,
+        "errors": 7.0,
+    }
 
 
 @pytest.mark.slow
@@ -37,6 +43,7 @@ async def test_a_short_edge_run_reports_every_arm(tmp_path: Path) -> None:
     assert set(rep["arms"]) == {"direct", "edge", "nginx"}
     for arm in rep["arms"].values():
         assert arm["rps"] > 0 and arm["p50_ms"] > 0 and arm["errors"] == []
+        assert arm["cpu_us_per_request"] > 0
     assert rep["edge_over_nginx_rps"] > 0
     assert (tmp_path / "run" / "report.json").exists()
     assert table(rep).row_count == 3 and len(said) == 4
