@@ -121,6 +121,7 @@ class Request:
     status = 0
     error = ""
     bytes_out = 0
+    hosts = 0  # Host headers seen
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
@@ -381,6 +382,7 @@ class Client(asyncio.Protocol):
         if lower not in DROPPED_REQUEST:
             r.headers.append((name, value))
             if lower == b"host":
+                r.hosts += 1  # two: routed by one, read upstream by the other? refused
                 r.host = value
             elif lower == b"content-length" and value.isdigit():
                 r.content_length = int(value)
@@ -440,6 +442,8 @@ class Client(asyncio.Protocol):
         self.active = r
         self.proxy.busy(+1)
         try:
+            if r.hosts > 1:
+                raise BadHost("more than one Host header")
             r.app = self.proxy.app_of(r.host)
         except BadHost as exc:
             self._respond(r, 400, str(exc), close=True)

@@ -211,8 +211,9 @@ async def test_bad_input_gets_its_status(tmp_path: Path, ups: dict[str, Upstream
         )
         got = await get(e.address, host="example.com")
         assert got.status == 404 and b"<app>.<tenant>.localhost" in got.body
-        # control characters in Host: refused by the parser or by the edge, 400 either way
-        for raw in (b"web\x01.localhost", b"web\x7f.localhost"):
+        # control characters in Host (refused by the parser or by the edge: 400 either way),
+        # or two Host headers
+        for raw in (b"web\x01.localhost", b"web\x7f.localhost", b"web.localhost\r\nHost: x"):
             conn = await Conn.open(e.address)
             conn.send(b"GET / HTTP/1.1\r\nHost: " + raw + b"\r\n\r\n")
             got = await conn.answer()
