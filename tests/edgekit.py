@@ -269,7 +269,8 @@ class Edge:
 
 @asynccontextmanager
 async def edge(tmp_path: Path, *args: str) -> AsyncIterator[Edge]:
-    """``edge serve --listen 127.0.0.1:0 ARGS``, ready (its address read from its line)."""
+    """``edge serve --listen 127.0.0.1:0 ARGS`` (a --listen in ARGS wins: the last is
+    taken), ready (its address read from its line)."""
     log_path = tmp_path / f"edge-{time.monotonic_ns()}.log"
     with log_path.open("ab") as stderr:
         proc = await asyncio.create_subprocess_exec(

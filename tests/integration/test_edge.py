@@ -251,6 +251,23 @@ async def test_bad_input_gets_its_status(tmp_path: Path, ups: dict[str, Upstream
             await c.close()
 
 
+async def test_two_edges_share_one_port(tmp_path: Path, ups: dict[str, Upstream]) -> None:
+    """SO_REUSEPORT: a second edge listens on the port the first was given, and each
+    connection is served by one of them (the kernel spreads them)."""
+    routes = routes_file(tmp_path / "r.json", {"web": [http(ups["a"])]})
+    async with edge(tmp_path, "--routes", str(routes)) as first:
+        host, shared = first.address.rsplit(":", 1)
+        async with edge(tmp_path, "--routes", str(routes), "--listen", f"{host}:{shared}") as e2:
+            assert e2.address == first.address
+            for _ in range(8):
+                got = await get(first.address)
+                assert (got.status, got.body) == (200, b"a")
+            code, _ = await first.stop()
+            assert code == 0
+            got = await get(e2.address)  # the second serves on alone
+            assert (got.status, got.body) == (200, b"a")
+
+
 async def test_a_raw_tcp_service(tmp_path: Path) -> None:
     async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while data := await r.read(65536):
