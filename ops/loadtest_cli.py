@@ -26,7 +26,9 @@ def loadtest(
             "cache-aware pricing against cache-blind: --workers per arm, --rate, --duration-s, "
             "--lifetime-s, --seed, --images, --image-mb); or starts (a machine's start through "
             "the market against its program started by hand, and the shims' memory: "
-            "--starts, --machines)."
+            "--starts, --machines); or edge (the edge's p50 over a direct request and its "
+            "throughput against nginx's reverse proxy, by wrk: --processes edge processes "
+            "and nginx workers, --concurrency connections, --duration-s)."
         ),
     ] = "smoke",
     profile_file: Annotated[
@@ -209,6 +211,12 @@ def loadtest(
         given = {"starts": starts, "machines": machines}
         _starts({k: v for k, v in given.items() if v is not None}, out, json)
         return
+    if scenario == "edge":
+        edge: dict[str, object] = {
+            "processes": processes, "concurrency": concurrency, "duration_s": duration_s
+        }  # fmt: skip
+        _edge({k: v for k, v in edge.items() if v is not None}, out, json)
+        return
     if scenario == "pulls":
         pulls = {
             "workers": workers, "rate": rate, "duration_s": duration_s,
@@ -290,6 +298,13 @@ def _starts(given: dict[str, object], out: Path | None, json: bool) -> None:
     from loadtest import starts
 
     _scenario("starts", starts.profile_of, starts.run_starts, starts.table, given, out, json)
+
+
+def _edge(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The edge scenario (loadtest/edge.py) with the options given."""
+    from loadtest import edge
+
+    _scenario("edge", edge.profile_of, edge.run_edge, edge.table, given, out, json)
 
 
 def _pulls(given: dict[str, object], out: Path | None, json: bool) -> None:

@@ -1,4 +1,4 @@
-"""Every option of every program (buyer, bourse, supplier, exchange) has a help line, and
+"""Every option of every program (buyer, bourse, supplier, exchange, edge) has a help line, and
 its help shows what it takes: a metavar for a value, nothing for a flag. A command listed
 before it is imported (bourse/runtime/cli.py ``Lazy``) is listed as its own help says."""
 
@@ -17,6 +17,7 @@ PROGRAMS = {
     "bourse": "ops.cli",
     "supplier": "supplier.cli",
     "exchange": "exchange.cli",
+    "edge": "edge.cli",
 }
 
 
