@@ -42,6 +42,8 @@ from bourse.nats.jetstream import (
     secrets_bucket_name,
     stream_name,
 )
+from bourse.nats.state import state_stream_name
+from bourse.wire.subjects import Subjects
 
 ROLE_OPERATOR = "operator"
 ROLE_BUYER = "buyer"
@@ -72,7 +74,10 @@ class Resource:
         return {"kv": f"KV_{name}", "objects": f"OBJ_{name}"}.get(self.kind, name)
 
     def data(self, prefix: str) -> str:
-        """The subjects its entries are written to (a bucket's), "" for a stream."""
+        """The subjects its entries are written to (a bucket's; the state stream's rows),
+        "" for another stream."""
+        if self.kind == "state":
+            return f"{Subjects(prefix).root}.state"
         name = self.bucket(prefix)
         return {"kv": f"$KV.{name}", "objects": f"$O.{name}"}.get(self.kind, "")
 
@@ -87,8 +92,10 @@ STAGING = Resource(
 APPS = Resource("apps", "app specs", "kv", apps_bucket_name)
 APP_SECRETS = Resource("secrets", "app secrets", "kv", secrets_bucket_name)
 COMMANDS = Resource("commands", "machine commands", "stream", command_stream_name)
+STATE = Resource("state", "state stream", "state", state_stream_name)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS, APP_SECRETS, COMMANDS, ACCOUNT)
+RESOURCES: tuple[Resource, ...] = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS)
+RESOURCES += (APP_SECRETS, COMMANDS, STATE, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,8 +110,9 @@ class Verb:
     allows: Callable[[str, str], tuple[str, ...]]
     # subjects tried besides the grants' own (each ``>`` and ``*`` made a concrete token)
     more: Callable[[str, str], tuple[str, ...]] = lambda s, d: ()
-    # a tenant's own: ``d`` is its keys' subjects, ``$KV.<bucket>.<tenant>``; ``within``
-    # the verb that grants it on every key
+    # a tenant's own: ``d`` is its keys' subjects, ``$KV.<bucket>.<tenant>`` (the state
+    # stream's: its machines' rows, ``R.state.machine.<tenant>``); ``within`` the verb that
+    # grants it on every key (a verb with ``within`` is never granted beside that one)
     own: bool = False
     within: str = ""
 
@@ -116,14 +124,16 @@ class Verb:
     def data(self, resource: Resource, prefix: str, tenant: str) -> str:
         """The data prefix the verb's subjects are made with (a tenant's own: its keys')."""
         d = resource.data(prefix)
-        return f"{d}.{tenant}" if self.own else d
+        if not self.own:
+            return d
+        return f"{d}.machine.{tenant}" if resource.kind == "state" else f"{d}.{tenant}"
 
 
 def _stream_op(op: str, what: str) -> Verb:
     return Verb(op.lower(), what, MARKET, lambda s, d: (f"{API}.STREAM.{op}.{s}",))
 
 
-MARKET = frozenset({"stream", "kv", "objects"})
+MARKET = frozenset({"stream", "kv", "objects", "state"})
 BUCKETS = frozenset({"kv", "objects"})
 INFO = _stream_op("INFO", "look it up: its settings and state")
 CREATE = _stream_op("CREATE", "make it, with its limits")
@@ -150,7 +160,7 @@ REPLAY = Verb(
     "replay",
     "read it from a sequence or a time, then follow (an ordered consumer of its own, and "
     "its state: a KV watch asks how much is pending)",
-    MARKET,
+    MARKET - {"state"},  # its filter is in no subject: the state stream is read by views
     lambda s, d: (
         f"{API}.CONSUMER.CREATE.{s}",
         f"{API}.CONSUMER.INFO.{s}.>",
@@ -222,8 +232,38 @@ LIST_OWN = Verb(
     own=True,
     within=CONSUMERS.name,
 )
+# Views of the state stream (bourse/view): a consumer of its own whose filter is in the
+# subject that makes it (the server refuses a body whose filter differs), its flow control,
+# and the last fleet row's sequence (a direct get: has the stream been made again?).
+STATE_KIND = frozenset({"state"})
+VIEW = Verb(
+    "view",
+    "read every row (a consumer of its own over the whole stream)",
+    STATE_KIND,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
+)
+VIEW_FLEET = Verb(
+    "view fleet",
+    "read the worker rows and heartbeats (a consumer of its own over them), with the "
+    "flow control of its consumers and the last fleet row (a direct get)",
+    STATE_KIND,
+    lambda s, d: (
+        f"{API}.CONSUMER.CREATE.{s}.*.{d}.fleet.>",
+        f"$JS.FC.{s}.>",
+        f"{API}.DIRECT.GET.{s}.{d}.fleet.>",
+    ),
+)
+VIEW_OWN = Verb(
+    "view own",
+    "read the rows of its own machines (a consumer of its own over them)",
+    STATE_KIND,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
+    own=True,
+    within=VIEW.name,
+)
 VERBS: tuple[Verb, ...] = (INFO, CREATE, UPDATE, DELETE, PURGE, READ, ERASE, WRITE, REPLAY)
-VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, DETECT, OTHERS)
+VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, VIEW, VIEW_FLEET, VIEW_OWN)
+VERBS += (DETECT, OTHERS)
 
 
 def applies(verb: Verb, resource: Resource) -> bool:
@@ -232,7 +272,7 @@ def applies(verb: Verb, resource: Resource) -> bool:
 
 def _all(resource: Resource) -> frozenset[str]:
     return frozenset(
-        v.name for v in VERBS if applies(v, resource) and v is not OTHERS and not v.own
+        v.name for v in VERBS if applies(v, resource) and v is not OTHERS and not v.within
     )
 
 
@@ -258,6 +298,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
         STAGING.key: _of(INFO, CREATE, READ, PURGE),
         COMMANDS.key: _of(INFO, CREATE),  # its commands: the subject table
+        STATE.key: _of(INFO, CREATE),
         ACCOUNT.key: _of(DETECT),
     },
     # checks the event stream is there (its events: the subject table); reads images; reads
@@ -281,6 +322,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _READ_IMAGES,
         APPS.key: _of(INFO, READ, WRITE, REPLAY),
         APP_SECRETS.key: _of(INFO, WRITE),
+        STATE.key: _of(VIEW, VIEW_FLEET),
         ACCOUNT.key: _of(DETECT),
     },
     # reads images (dry runs, ``ls``, ``inspect``, what a push need not send); pushes
@@ -291,6 +333,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _READ_IMAGES,
         APPS.key: _of(READ_OWN, WRITE_OWN, LIST_OWN),
         APP_SECRETS.key: _of(WRITE_OWN),
+        STATE.key: _of(VIEW_FLEET, VIEW_OWN),
     },
 }
 

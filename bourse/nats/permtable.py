@@ -110,13 +110,19 @@ def jetstream_table() -> str:
 
 def verbs_table() -> str:
     """What each verb is, and the API subjects it grants (``S``: the stream; ``B``: the
-    bucket)."""
+    bucket; ``R.state``: the state stream's rows)."""
     rows = ["| verb | what | API subjects |", "|---|---|---|"]
     for v in VERBS:
         subjects: list[str] = []
-        for kind, data in (("stream", ""), ("kv", "$KV.B"), ("objects", "$O.B")):
+        for kind, data in (
+            ("stream", ""),
+            ("kv", "$KV.B"),
+            ("objects", "$O.B"),
+            ("state", "R.state"),
+        ):
             if kind in v.kinds:
-                subjects += v.allows("S", f"{data}.<name>" if v.own else data)
+                own = f"{data}.machine.<name>" if kind == "state" else f"{data}.<name>"
+                subjects += v.allows("S", own if v.own else data)
         if "account" in v.kinds:  # what no role may use is shown by what it tries
             subjects += v.allows("", "") or v.probes("", "")
         shown = _cell(f"`{x}`".replace(grants.PROBE, "<other>") for x in dict.fromkeys(subjects))

@@ -198,6 +198,10 @@ class Subjects:
         """A supplier process's heartbeat, keyed by its first worker (``beat``)."""
         return f"{self.root}.state.fleet.beat.{region}.{beat}"
 
+    def state_fleet_rows(self, region: str, worker_id: str) -> str:
+        """A worker's own fleet rows: its row and the heartbeat keyed by it (a grant)."""
+        return f"{self.root}.state.fleet.*.{region}.{worker_id}"
+
     def state_machine(self, owner: str, region: str, worker_id: str, machine_id: str) -> str:
         return f"{self.root}.state.machine.{owner}.{region}.{worker_id}.{machine_id}"
 
