@@ -6,7 +6,6 @@ catches up with their current rows."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import nats.js.errors
@@ -14,9 +13,10 @@ from nats.aio.client import Client as NATS
 
 from bourse.nats.state import HEADER_TTL, RETENTION_S, StateStream, state_stream_name
 from bourse.wire.codec import decode
-from bourse.wire.messages import Heartbeat, Machine, WorkerRow
+from bourse.wire.messages import Heartbeat, WorkerRow
 from bourse.wire.subjects import Subjects
 from tests.market import Market, order, wait_until, worker
+from tests.views import published
 
 
 async def last(nc: NATS, subjects: Subjects, subject: str) -> nats.aio.msg.Msg | None:
@@ -24,23 +24,6 @@ async def last(nc: NATS, subjects: Subjects, subject: str) -> nats.aio.msg.Msg |
         return await nc.jetstream().get_last_msg(state_stream_name(subjects.prefix), subject)
     except nats.js.errors.NotFoundError:
         return None
-
-
-async def row_of(nc: NATS, subjects: Subjects, m: Machine) -> Machine | None:
-    got = await last(nc, subjects, subjects.state_machine("_", m.region, m.worker_id, m.machine_id))
-    return None if got is None else decode(got.data, Machine)
-
-
-async def wait_row(
-    nc: NATS, subjects: Subjects, m: Machine, state: str, timeout_s: float = 5.0
-) -> Machine:
-    end = time.monotonic() + timeout_s
-    while time.monotonic() < end:
-        row = await row_of(nc, subjects, m)
-        if row is not None and row.state == state:
-            return row
-        await nc.flush()  # a round trip: the pace of asking again
-    raise AssertionError(f"no {state} row of {m.machine_id} within {timeout_s} s")
 
 
 async def test_a_machine_its_worker_and_the_process_have_their_rows(
@@ -52,11 +35,13 @@ async def test_a_machine_its_worker_and_the_process_have_their_rows(
     c = await market.client()
     placed = await c.place(order(cpus=2))
     m = await c.machine("get", placed.machine_id)
-    row = await wait_row(nc, subjects, m, "reserved")
+    row = await published(nc, subjects, m.machine_id, "reserved")
     assert row == m  # the row is the machine as its worker answers machine.get
 
     started = await c.machine("start", m.machine_id)
-    assert (await wait_row(nc, subjects, m, "started")).updated_at_ms == started.updated_at_ms
+    assert (
+        await published(nc, subjects, m.machine_id, "started")
+    ).updated_at_ms == started.updated_at_ms
 
     w = await last(nc, subjects, subjects.state_worker("mad", placed.worker_id))
     assert w is not None
@@ -73,7 +58,7 @@ async def test_a_machine_its_worker_and_the_process_have_their_rows(
     assert beat.headers is not None and beat.headers[HEADER_TTL] == str(RETENTION_S)
 
     await c.machine("destroy", m.machine_id)
-    await wait_row(nc, subjects, m, "destroyed")
+    await published(nc, subjects, m.machine_id, "destroyed")
     got = await last(nc, subjects, subjects.state_machine("_", "mad", m.worker_id, m.machine_id))
     assert got is not None and got.headers is not None
     assert 0 < int(got.headers[HEADER_TTL]) <= RETENTION_S  # it leaves after the window
@@ -87,10 +72,10 @@ async def test_every_row_comes_back_after_the_stream_is_purged(
     nc = await market.connect("reader")
     c = await market.client()
     m = await c.machine("get", (await c.place(order())).machine_id)
-    await wait_row(nc, subjects, m, "reserved")
+    await published(nc, subjects, m.machine_id, "reserved")
     await nc.jetstream().purge_stream(state_stream_name(subjects.prefix))
     # the next heartbeat finds the one before it gone and sends every row again
-    await wait_row(nc, subjects, m, "reserved", timeout_s=5.0)
+    await published(nc, subjects, m.machine_id, "reserved", timeout_s=5.0)
     assert await last(nc, subjects, subjects.state_worker("mad", "mad-1")) is not None
 
 
@@ -104,11 +89,11 @@ async def test_a_supplier_that_cannot_publish_catches_up_with_current_rows(
     nc = await market.connect("reader")
     c = await market.client()
     m = await c.machine("get", (await c.place(order())).machine_id)
-    await wait_row(nc, subjects, m, "reserved")
+    await published(nc, subjects, m.machine_id, "reserved")
     js = nc.jetstream()
     await js.delete_stream(state_stream_name(subjects.prefix))
     assert (await c.machine("start", m.machine_id)).state == "started"  # it keeps going
     await wait_until(lambda: host.rows is not None and host.rows.stream_missing)
     await js.add_stream(StateStream.of(subjects).config())
-    row = await wait_row(nc, subjects, m, "started", timeout_s=10.0)
+    row = await published(nc, subjects, m.machine_id, "started", timeout_s=10.0)
     assert row == await c.machine("get", m.machine_id)
