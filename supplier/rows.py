@@ -116,7 +116,9 @@ class StateRows:
         self._workers: set[str] = set()  # marked workers
         self._keys: dict[str, tuple[object, ...]] = {}  # each worker's last row, compared
         self._beat_seq: dict[str, int] = {}  # a heartbeat's last stream sequence
-        self._lost = False  # no stream took a heartbeat: every row again once one does
+        self._lost = False  # no stream took a row or heartbeat: every row again once one does
+        self._beat_now = asyncio.Event()  # the stream is back: beat without waiting
+        self._back = asyncio.Event()  # ... and send the rows without waiting
         self._ready = asyncio.Event()
         self._wait_s = RETRY_S
         self.stream_missing = False
@@ -170,8 +172,10 @@ class StateRows:
     async def _beats(self) -> None:
         while True:
             self._changed_workers()
+            self._beat_now.clear()
             await self.beat()
-            await anyio.sleep(self.interval_ms / 1000)  # the heartbeat's pace
+            with anyio.move_on_after(self.interval_ms / 1000):  # the heartbeat's pace
+                await self._beat_now.wait()
 
     async def _rounds(self) -> None:
         while True:
@@ -179,7 +183,9 @@ class StateRows:
             await anyio.sleep(FLUSH_S)  # the batch window: what is marked meanwhile goes too
             self._ready.clear()
             if not await self.flush():
-                await anyio.sleep(self._retry_s())
+                self._back.clear()
+                with anyio.move_on_after(self._retry_s()):  # or as soon as a stream is back
+                    await self._back.wait()
                 self._ready.set()
 
     def _retry_s(self) -> float:
@@ -220,9 +226,19 @@ class StateRows:
             log.debug("heartbeat_not_acked", beat=beat, error=repr(exc))
             return  # not known whether it was stored: the next goes without expectation
         self._beat_seq[beat] = ack.seq
+        self._found()
+
+    def _found(self) -> None:
+        """A stream took a row or a heartbeat: after none did, every row again, and the
+        heartbeats now (a view calls workers gone without them)."""
+        if self.stream_missing:
+            self.stream_missing = False
+            log.info("state_stream_found")
         if self._lost:
             self._lost = False
             self.everything()
+            self._beat_now.set()
+            self._back.set()
 
     def _missing(self, exc: Exception) -> None:
         if isinstance(exc, nats.js.errors.NoStreamResponseError):
@@ -263,9 +279,8 @@ class StateRows:
             ok = await self._send(rows[i : i + ROWS_BATCH]) and ok
         if ok:
             self._wait_s = RETRY_S
-            if self.stream_missing and rows:
-                self.stream_missing = False
-                log.info("state_stream_found")
+            if rows:
+                self._found()
         return ok
 
     async def _send(self, rows: list[tuple[str, bytes, int, Machine | str]]) -> bool:
