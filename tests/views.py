@@ -34,3 +34,17 @@ async def published(
         if got is not None and got.state == state:
             return got
     raise AssertionError(f"no {state} row of {machine_id} in the state stream in {timeout_s} s")
+
+
+async def worker_published(
+    nc: NATS, subjects: Subjects, region: str, worker_id: str, timeout_s: float = 5.0
+) -> None:
+    """Once the stream holds the worker's row."""
+    stream = state_stream_name(subjects.prefix)
+    subject = f"$JS.API.DIRECT.GET.{stream}.{subjects.state_worker(region, worker_id)}"
+    end = time.monotonic() + timeout_s
+    while time.monotonic() < end:
+        msg = await nc.request(subject, b"", timeout=2.0)
+        if not (msg.headers or {}).get("Status"):
+            return
+    raise AssertionError(f"no row of worker {worker_id} in the state stream in {timeout_s} s")

@@ -37,6 +37,8 @@ from bourse.view.rows import (
 
 # Bumped when the tables change: a view of another version is thrown away and rebuilt.
 SCHEMA_VERSION = 1
+# SQLite's page cache (KiB): the indexes of 100,000 machines stay in memory while it builds.
+CACHE_KIB = 64 * 1024
 
 _MACHINES = ", ".join(MACHINE_COLUMNS)
 _WORKERS = ", ".join(WORKER_COLUMNS)
@@ -65,10 +67,11 @@ CREATE TABLE IF NOT EXISTS machines (
     simulated INTEGER, created_at_ms INTEGER, updated_at_ms INTEGER, row TEXT NOT NULL,
     worker_gone_since_ms INTEGER, seq INTEGER NOT NULL, seen_ms INTEGER NOT NULL
 );
-CREATE INDEX IF NOT EXISTS machines_region_state ON machines (region, state);
+CREATE INDEX IF NOT EXISTS machines_listing
+    ON machines (region, worker_id, created_at_ms, machine_id);
 CREATE INDEX IF NOT EXISTS machines_worker ON machines (worker_id);
 CREATE INDEX IF NOT EXISTS machines_app ON machines (tenant, app);
-CREATE INDEX IF NOT EXISTS machines_state ON machines (state);
+CREATE INDEX IF NOT EXISTS machines_destroyed ON machines (seen_ms) WHERE state = 'destroyed';
 CREATE TABLE IF NOT EXISTS apps (
     tenant TEXT NOT NULL, app TEXT NOT NULL, generation INTEGER, regions TEXT NOT NULL,
     machines INTEGER NOT NULL, started INTEGER NOT NULL, spares INTEGER NOT NULL,
@@ -90,6 +93,24 @@ SELECT max(generation), group_concat(DISTINCT region), count(*),
        coalesce(sum(worker_gone_since_ms IS NOT NULL), 0), max(updated_at_ms)
 FROM machines WHERE tenant = ? AND app = ? AND state != 'destroyed'
 """
+
+
+def _files(path: Path | str) -> list[Path]:
+    if str(path) == ":memory:":
+        return []
+    return [Path(f"{path}{tail}") for tail in ("", "-wal", "-shm")]
+
+
+def _open(path: Path | str) -> sqlite3.Connection:
+    db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=5.0)
+    db.execute("PRAGMA journal_mode=WAL")
+    # A view is a cache: a kill -9 loses nothing committed (the system has it), an OS crash
+    # may lose or damage the last batches, and a damaged view is made anew (above). So no
+    # fsync: a build writes 100,000 rows in a few large transactions.
+    db.execute("PRAGMA synchronous=OFF")
+    db.execute(f"PRAGMA cache_size=-{CACHE_KIB}")
+    db.executescript(SCHEMA)
+    return db
 
 
 @dataclass(slots=True)
@@ -138,14 +159,15 @@ class ViewDB:
 
     def __init__(self, path: Path | str) -> None:
         self.path = path
-        self.db = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        # a view is a cache: a power cut may lose its last batches, and their sequences with
-        # them (one transaction), so it resumes from before them
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = _open(path)
+        except sqlite3.DatabaseError:  # not a view's database, or damaged: made anew
+            for stale in _files(path):
+                stale.unlink(missing_ok=True)
+            self.db = _open(path)
         self.beats: dict[str, Beat] = {}
         self.workers: dict[str, Liveness] = {}
+        self._stale_apps: set[tuple[str, str | None]] = set()
         self._load()
 
     def close(self) -> None:
@@ -198,11 +220,18 @@ class ViewDB:
             self.workers[wid] = Liveness(beat, seen, gone)
 
     # -- a batch ------------------------------------------------------------------------------
-    def apply(self, ops: Iterable[tuple[Op, int, int]], seqs: dict[str, int], now_ms: int) -> Batch:
-        """Apply one batch (each op with its stream sequence and stored time, ms) and record
-        the feeds' sequences it reaches, in one transaction: fleet rows first, then the
-        liveness they change, then machines (each with its worker's liveness), then the apps
-        they touch."""
+    def apply(
+        self,
+        ops: Iterable[tuple[Op, int, int]],
+        meta: dict[str, object],
+        now_ms: int,
+        apps: bool = True,
+    ) -> Batch:
+        """Apply one batch (each op with its stream sequence and stored time, ms) and
+        ``meta`` (the feeds' sequences it reaches, ...), in one transaction: fleet rows
+        first, then the liveness they change, then machines (each with its worker's
+        liveness), then the apps they touch (``apps`` False: later, :meth:`refresh_apps`;
+        a build's batches touch every app again and again)."""
         out = Batch()
         machines: dict[str, tuple[MachineRowOp, int, int]] = {}
         workers: dict[str, tuple[WorkerRowOp, int, int]] = {}
@@ -224,8 +253,9 @@ class ViewDB:
             out.changed = self._sweep(now_ms, set(workers) | named)
             self._machines(machines.values())
             touched = {(op.values[2], op.values[6]) for op, _, _ in machines.values()}
-            self._apps(touched | self._apps_of(out.changed))
-            self.put("seqs", seqs)
+            self._apps_later(touched | self._apps_of(out.changed), now=apps)
+            for key, value in meta.items():
+                self.put(key, value)
             if out.dropped:
                 self.put("dropped", self.counts() + out.dropped)
         out.applied = len(machines) + len(workers) + len(beats)
@@ -293,6 +323,30 @@ class ViewDB:
             [(self.workers[wid].gone_since_ms, wid) for wid in changed],
         )
         return changed
+
+    def _apps_later(self, keys: set[tuple[str, str | None]], now: bool) -> None:
+        keys = {k for k in keys if k[1] is not None}
+        if now and not self._stale_apps:
+            self._apps(keys)
+        elif keys:
+            self._stale_apps |= keys
+            self.put("apps_stale", "1")  # a view killed before the refresh refreshes at open
+
+    def refresh_apps(self) -> None:
+        """The apps touched by batches applied without them, made again."""
+        if not self._stale_apps and self.get("apps_stale") != "1":
+            return
+        with self.transaction():
+            if not self._stale_apps:  # a view killed before its refresh: every app
+                self.db.execute("DELETE FROM apps")
+                self._stale_apps.update(
+                    self.db.execute(
+                        "SELECT DISTINCT tenant, app FROM machines WHERE app IS NOT NULL"
+                    )
+                )
+            self._apps(self._stale_apps)
+            self.put("apps_stale", "0")
+        self._stale_apps.clear()
 
     def _apps_of(self, workers: list[str]) -> set[tuple[str, str | None]]:
         out: set[tuple[str, str | None]] = set()

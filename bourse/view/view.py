@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,14 +28,16 @@ from bourse.errors import BourseError
 from bourse.nats.state import RETENTION_S, state_stream_name
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
-from bourse.view.rows import Reader
+from bourse.view.rows import Op, Reader
 from bourse.wire.messages import now_ms
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.view")
 
-# Rows applied in one transaction at most.
+# Rows applied in one transaction at most (of each feed).
 BATCH = 4096
+# While catching up, rows wait at most this long for a batch to fill.
+FILL_S = 0.05
 # How often a following view looks for workers gone (and removes old destroyed rows).
 SWEEP_S = 0.5
 # How long opening a view may take to catch up before it says it cannot.
@@ -80,6 +82,9 @@ class View:
         self.fleet_seq = int(db.get("fleet_seq", "0"))
         self.dropped: Counter[str] = db.counts()
         self.rebuilds = 0
+        self._filling = 0.0  # when the rows queued began to wait for a batch to fill
+        # Told each batch's rows once they are applied (a harness measures their delay).
+        self.observe: Callable[[list[tuple[Op, int, int]]], None] | None = None
 
     # -- starting ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -157,7 +162,8 @@ class View:
 
     def apply(self) -> Batch:
         """Apply what the feeds have queued (up to BATCH rows each) in one transaction."""
-        ops = []
+        ops: list[tuple[Op, int, int]] = []
+        self._filling = 0.0
         for feed in self.feeds:
             for d in feed.take(BATCH):
                 ops.append((self.reader.read(d.subject, d.data), d.seq, d.at_ms))
@@ -165,17 +171,26 @@ class View:
                     self.fleet_seq = max(self.fleet_seq, d.seq)
         if not ops:
             if self.current:
+                self.db.refresh_apps()
                 self.db.put("synced_ms", str(now_ms()))
             return Batch()
-        seqs = {f.filter: f.last_seq for f in self.feeds}
-        batch = self.db.apply(ops, seqs, now_ms())
-        self.db.put("fleet_seq", str(self.fleet_seq))
+        meta: dict[str, object] = {
+            "seqs": {f.filter: f.last_seq for f in self.feeds},
+            "fleet_seq": str(self.fleet_seq),
+        }
+        current = self.current
+        if current:
+            meta["synced_ms"] = str(now_ms())
+        # while it catches up, the apps wait for the end (a build touches each again and again)
+        batch = self.db.apply(ops, meta, now_ms(), apps=current)
+        if current:
+            self.db.refresh_apps()
+        if self.observe is not None:
+            self.observe(ops)
         for reason, n in batch.dropped.items():
             if not self.dropped[reason]:
                 log.warning("view_rows_dropped", reason=reason)
             self.dropped[reason] += n
-        if self.current:
-            self.db.put("synced_ms", str(now_ms()))
         return batch
 
     def freshness(self) -> Freshness:
@@ -188,16 +203,33 @@ class View:
         with anyio.move_on_after(timeout_s):
             while True:
                 await self._repair()
-                self.apply()
+                if self._fill() or all(f.caught_up for f in self.feeds):
+                    self.apply()
                 if self.current:
                     self.db.sweep(now_ms())
+                    self.db.refresh_apps()
                     self.db.put("synced_ms", str(now_ms()))
                     return
                 self._ready.clear()
-                if not any(f.queue for f in self.feeds):
-                    with anyio.move_on_after(RETRY_S):
-                        await self._ready.wait()
+                with anyio.move_on_after(FILL_S if self._queued() else RETRY_S):
+                    await self._ready.wait()
         raise ViewUnavailable(f"the view did not catch up with {self.stream} in {timeout_s} s")
+
+    def _queued(self) -> int:
+        return sum(len(f.queue) for f in self.feeds)
+
+    def _fill(self) -> bool:
+        """Whether a batch is full enough to apply while catching up (a build applies a few
+        large transactions, not many small ones): BATCH rows queued, or the oldest queued
+        for FILL_S."""
+        if self._queued() >= BATCH:
+            return True
+        if not self._queued():
+            self._filling = 0.0
+            return False
+        if not self._filling:
+            self._filling = time.monotonic()
+        return time.monotonic() - self._filling >= FILL_S
 
     async def follow(self) -> AsyncIterator[Batch]:
         """Apply and sweep until cancelled, yielding each batch that changed something

@@ -17,7 +17,7 @@ import anyio
 from bourse.view import open_view
 from tests.cli import buyer
 from tests.market import Market, order, worker
-from tests.views import published
+from tests.views import published, worker_published
 
 APP = ("deploy", "--app", "web", "--region", "mad", "--count", "1", "--spares", "1")
 APP += ("--cpus", "1", "--memory-mb", "64", "--image", "web", "--json")
@@ -82,6 +82,7 @@ async def test_a_gone_workers_machines_are_shown_unknown(market: Market) -> None
 async def test_a_query_may_only_read(market: Market) -> None:
     await market.host(worker("mad-1"))
     await market.exchange()
+    await worker_published(await market.connect(), market.subjects, "mad", "mad-1")
     for sql in ("DELETE FROM machines", "ATTACH DATABASE '/tmp/x' AS x", "PRAGMA user_version = 3"):
         code, out, err = await buyer(market, "query", sql)
         assert (code, out) == (1, "") and err.startswith("error: refused: "), err

@@ -19,7 +19,7 @@ from bourse.wire.subjects import Subjects
 S = Subjects("bourse")
 READER = Reader(S)
 T0 = 1_800_000_000_000
-FEED = {"bourse.v1.state.>": 0}
+FEED: dict[str, object] = {"seqs": {"bourse.v1.state.>": 0}}
 
 
 def worker_op(wid: str, beat: str = "mad-1") -> Op:
@@ -103,6 +103,14 @@ def test_apps_are_made_of_their_live_machines() -> None:
     db.apply(ops, FEED, T0)
     row = db.db.execute("SELECT * FROM apps").fetchall()
     assert row == [("", "shop", 3, '["mad"]', 2, 1, 1, 1, 0)]  # mad-2: no row of its own
+    # a build applies without them, then makes them once (and so would a view killed first)
+    db.apply([(machine_op(5, role="primary", app="blog"), 7, T0)], FEED, T0, apps=False)
+    assert db.get("apps_stale") == "1"
+    assert [a for (a,) in db.db.execute("SELECT app FROM apps")] == ["shop"]
+    ViewDB.refresh_apps(db)
+    assert [a for (a,) in db.db.execute("SELECT app FROM apps ORDER BY 1")] == ["blog", "shop"]
+    assert db.get("apps_stale") == "0"
+    db.apply([(machine_op(5, state="destroyed", app="blog"), 8, T0)], FEED, T0)
     db.apply([(machine_op(1, state="destroyed", **app), 7, T0)], FEED, T0)
     db.apply([(machine_op(2, "mad-2", state="destroyed", **app), 8, T0)], FEED, T0)
     assert db.db.execute("SELECT count(*) FROM apps").fetchone() == (0,)
@@ -111,7 +119,7 @@ def test_apps_are_made_of_their_live_machines() -> None:
 def test_a_batch_and_its_sequences_are_one_transaction(tmp_path: Path) -> None:
     path = tmp_path / "view.sqlite"
     db = ViewDB(path)
-    db.apply([(machine_op(1), 7, T0), (beat_op("mad-1"), 9, T0)], {"f": 9}, T0)
+    db.apply([(machine_op(1), 7, T0), (beat_op("mad-1"), 9, T0)], {"seqs": {"f": 9}}, T0)
     with pytest.raises(ZeroDivisionError), db.transaction():
         db.put("seqs", {"f": 99})
         raise ZeroDivisionError  # a batch cut short: neither its rows nor its sequences
@@ -140,3 +148,12 @@ def test_destroyed_rows_older_than_the_retention_window_are_pruned() -> None:
     db.wipe()
     assert db.db.execute("SELECT count(*) FROM machines").fetchone() == (0,)
     assert db.seqs() == {} and not db.workers and not db.beats
+
+
+def test_a_damaged_view_is_made_anew(tmp_path: Path) -> None:
+    """A view is a cache: a file that is no view's database (or a damaged one) is replaced,
+    and the view then builds from sequence 1."""
+    path = tmp_path / "view.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    db = ViewDB(path)
+    assert db.seqs() == {} and db.db.execute("SELECT count(*) FROM machines").fetchone() == (0,)
