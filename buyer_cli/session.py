@@ -4,6 +4,7 @@ connection they make, checked once, and a command's work run on a client."""
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -66,7 +67,10 @@ class Session:
             ) from None
 
     def echo_json(self, obj: object) -> None:
-        typer.echo(render.as_json(obj))
+        """One JSON object on stdout. Written as it is: its text holds no terminal control
+        (JSON escapes it), and echo would scan a 10,000 machines' listing (8 MB) for some."""
+        sys.stdout.write(render.as_json(obj) + "\n")
+        sys.stdout.flush()
 
 
 def session(ctx: typer.Context) -> Session:

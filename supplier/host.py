@@ -178,6 +178,10 @@ class SupplierHost:
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
             metrics.watch_event_stream(lambda: self.events.stream_missing)
+            if self.rows is not None:
+                rows = self.rows
+                metrics.watch_outbox("rows", lambda: rows.backlog)  # marked, unacked
+                metrics.watch_state_stream(lambda: rows.stream_missing)
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():

@@ -158,10 +158,14 @@ class Feed:
             self.ready.set()
         elif msg.reply:  # flow control: the server waits for this before it sends on
             await self.nc.publish(msg.reply, b"")
-        else:  # an idle heartbeat: nothing more to send, unless some never arrived
-            last = msg.headers.get("Nats-Last-Consumer") if msg.headers else None
-            if last is not None and int(last) > self._cseq:
+        else:  # an idle heartbeat
+            headers = msg.headers or {}
+            stalled = headers.get("Nats-Consumer-Stalled")
+            last = headers.get("Nats-Last-Consumer")
+            if stalled:  # it waits for a flow control answer (its request came while busy)
+                await self.nc.publish(stalled, b"")
+            elif last is not None and int(last) > self._cseq:
                 self.broken = f"idle heartbeat says {last} delivered, {self._cseq} arrived"
-            else:
+            else:  # nothing more to send: caught up (rows it counted may have left since)
                 self.caught_up = True
             self.ready.set()

@@ -12,9 +12,11 @@ import nats.js.errors
 from nats.aio.client import Client as NATS
 
 from bourse.nats.state import HEADER_TTL, RETENTION_S, StateStream, state_stream_name
+from bourse.runtime.metrics import SupplierMetrics
 from bourse.wire.codec import decode
 from bourse.wire.messages import Heartbeat, WorkerRow
 from bourse.wire.subjects import Subjects
+from tests.integration.test_events_durable import _gauge
 from tests.market import Market, order, wait_until, worker
 from tests.views import published
 
@@ -85,7 +87,8 @@ async def test_a_supplier_that_cannot_publish_catches_up_with_current_rows(
     """No stream takes the rows (deleted under the supplier): its machines go on, their
     changes wait, and once the stream is made again the current rows are there."""
     await market.exchange()
-    host = await market.host(worker("mad-1"))
+    metrics = SupplierMetrics()
+    host = await market.host(worker("mad-1"), metrics=metrics)
     nc = await market.connect("reader")
     c = await market.client()
     m = await c.machine("get", (await c.place(order())).machine_id)
@@ -94,6 +97,8 @@ async def test_a_supplier_that_cannot_publish_catches_up_with_current_rows(
     await js.delete_stream(state_stream_name(subjects.prefix))
     assert (await c.machine("start", m.machine_id)).state == "started"  # it keeps going
     await wait_until(lambda: host.rows is not None and host.rows.stream_missing)
+    assert _gauge(metrics, "bourse_state_stream_missing") == 1  # what an operator alerts on
     await js.add_stream(StateStream.of(subjects).config())
     row = await published(nc, subjects, m.machine_id, "started", timeout_s=10.0)
     assert row == await c.machine("get", m.machine_id)
+    await wait_until(lambda: _gauge(metrics, "bourse_state_stream_missing") == 0)
