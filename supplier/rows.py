@@ -13,7 +13,8 @@ heartbeat is published with the stream sequence of the one before it as its expe
 subject sequence, which the stream checks.
 
 A worker's row is compared every heartbeat (its committed capacity, drain, image cache: a
-tuple, cheap) besides being marked with each of its machines' changes.
+tuple, cheap) and sent when it differs: at most once a heartbeat, however many machines it
+placed or destroyed meanwhile (a busy worker's free capacity changes with every commit).
 """
 
 from __future__ import annotations
@@ -133,9 +134,9 @@ class StateRows:
 
     # -- marking (the hot path: a dict and a set) --------------------------------------------
     def machine(self, m: Machine) -> None:
-        """``m`` changed (durably): its row goes out with the next round, and its worker's."""
+        """``m`` changed (durably): its row goes out with the next round (its worker's, if
+        that changed with it, at the next heartbeat)."""
         self._machines[m.machine_id] = m
-        self._workers.add(m.worker_id)
         self._ready.set()
 
     def everything(self) -> None:

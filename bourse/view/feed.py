@@ -34,6 +34,9 @@ CREATE_TIMEOUT_S = 2.0
 # What a subscription may hold before nats-py drops (a view reads it in batches).
 PENDING_MSGS = 1_000_000
 PENDING_BYTES = 1024 * 1024 * 1024
+# Past this many rows queued for the view, a flow control request is answered only once the
+# view has taken them: the server then waits, and a build's memory stays bounded.
+HOLD_ROWS = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class Feed:
         self.caught_up = False  # nothing pending on the server after what is queued
         self.broken = ""  # why it must be made again ("" while it runs)
         self._sub: Subscription | None = None
+        self._held = ""  # a flow control answer held while the queue is long
         self._cseq = 0
         self._seen = time.monotonic()
 
@@ -84,6 +88,7 @@ class Feed:
         self.queue.clear()
         self.last_seq = after_seq
         self._cseq = 0
+        self._held = ""
         self.broken = ""
         self._seen = time.monotonic()
         inbox = self.nc.new_inbox()
@@ -122,6 +127,19 @@ class Feed:
             self.last_seq = out[-1].seq
         return out
 
+    async def flow(self) -> None:
+        """Answer the flow control held while the queue was long, once it is short again."""
+        if self._held and len(self.queue) < HOLD_ROWS:
+            held, self._held = self._held, ""
+            with suppress(nats.errors.Error):
+                await self.nc.publish(held, b"")
+
+    async def _answer(self, reply: str) -> None:
+        if len(self.queue) >= HOLD_ROWS:
+            self._held = reply
+        else:
+            await self.nc.publish(reply, b"")
+
     @property
     def current(self) -> bool:
         """Caught up, with nothing left to hand over."""
@@ -157,13 +175,13 @@ class Feed:
             )
             self.ready.set()
         elif msg.reply:  # flow control: the server waits for this before it sends on
-            await self.nc.publish(msg.reply, b"")
+            await self._answer(msg.reply)
         else:  # an idle heartbeat
             headers = msg.headers or {}
             stalled = headers.get("Nats-Consumer-Stalled")
             last = headers.get("Nats-Last-Consumer")
-            if stalled:  # it waits for a flow control answer (its request came while busy)
-                await self.nc.publish(stalled, b"")
+            if stalled:  # it waits for a flow control answer (held, or it came while busy)
+                await self._answer(stalled)
             elif last is not None and int(last) > self._cseq:
                 self.broken = f"idle heartbeat says {last} delivered, {self._cseq} arrived"
             else:  # nothing more to send: caught up (rows it counted may have left since)

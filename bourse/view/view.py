@@ -205,6 +205,7 @@ class View:
                 await self._repair()
                 if self._fill() or all(f.caught_up for f in self.feeds):
                     self.apply()
+                    await self._flow()
                 if self.current:
                     self.db.sweep(now_ms())
                     self.db.refresh_apps()
@@ -214,6 +215,10 @@ class View:
                 with anyio.move_on_after(FILL_S if self._queued() else RETRY_S):
                     await self._ready.wait()
         raise ViewUnavailable(f"the view did not catch up with {self.stream} in {timeout_s} s")
+
+    async def _flow(self) -> None:
+        for f in self.feeds:
+            await f.flow()
 
     def _queued(self) -> int:
         return sum(len(f.queue) for f in self.feeds)
@@ -241,8 +246,10 @@ class View:
             self._ready.clear()
             await self._repair()
             batch = self.apply()
+            await self._flow()
             while any(f.queue for f in self.feeds):
                 more = self.apply()
+                await self._flow()
                 batch.applied += more.applied
                 batch.changed += more.changed
             if time.monotonic() - last_sweep >= SWEEP_S:

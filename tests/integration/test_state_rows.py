@@ -6,6 +6,8 @@ catches up with their current rows."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import nats.js.errors
@@ -28,6 +30,19 @@ async def last(nc: NATS, subjects: Subjects, subject: str) -> nats.aio.msg.Msg |
         return None
 
 
+async def worker_row(
+    nc: NATS, subjects: Subjects, wid: str, holds: Callable[[WorkerRow], bool]
+) -> WorkerRow:
+    """The worker's row once the stream holds one for which ``holds`` (each look a round
+    trip to the server)."""
+    end = time.monotonic() + 5.0
+    while time.monotonic() < end:
+        got = await last(nc, subjects, subjects.state_worker("mad", wid))
+        if got is not None and holds(row := decode(got.data, WorkerRow)):
+            return row
+    raise AssertionError(f"no such row of worker {wid} in 5 s")
+
+
 async def test_a_machine_its_worker_and_the_process_have_their_rows(
     market: Market, subjects: Subjects
 ) -> None:
@@ -45,14 +60,9 @@ async def test_a_machine_its_worker_and_the_process_have_their_rows(
         await published(nc, subjects, m.machine_id, "started")
     ).updated_at_ms == started.updated_at_ms
 
-    w = await last(nc, subjects, subjects.state_worker("mad", placed.worker_id))
-    assert w is not None
-    wrow = decode(w.data, WorkerRow)
-    assert (wrow.region, wrow.capacity.cpus, wrow.free.cpus) == (
-        "mad",
-        wrow.capacity.cpus,
-        wrow.capacity.cpus - 2,
-    )
+    # its worker's row, at its next heartbeat: 2 of its 8 cpus committed
+    wrow = await worker_row(nc, subjects, placed.worker_id, lambda w: w.free.cpus == 6)
+    assert (wrow.region, wrow.capacity.cpus, wrow.machines) == ("mad", 8, 1)
     beat = await last(nc, subjects, subjects.state_beat("mad", wrow.beat))
     assert beat is not None
     hb = decode(beat.data, Heartbeat)
