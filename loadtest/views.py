@@ -114,12 +114,14 @@ async def place_all(client: BourseClient, n: int) -> list[tuple[str, str]]:
     async def one() -> None:
         order = PlaceOrder(
             region=REGION, resources=Resources(cpus=1, memory_mb=64), image="web",
-            metadata={"app": "lat"},
+            metadata={"app": "lat"}, deadline_ms=10_000,
         )  # fmt: skip
-        async with limit:
-            got = await client.place(order)
-        if isinstance(got, Placed):
-            placed.append((got.worker_id, got.machine_id))
+        for attempt in range(3):  # a slow machine may leave one unfilled: its id again
+            async with limit:
+                got = await client.place(msgspec.structs.replace(order, retry=attempt > 0))
+            if isinstance(got, Placed):
+                placed.append((got.worker_id, got.machine_id))
+                return
 
     async with anyio.create_task_group() as tasks:
         for _ in range(n):
