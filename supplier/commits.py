@@ -83,6 +83,10 @@ class CommitWorker(Placements, Protocol):
         """Where a machine is written before ``Placed`` is sent (I2)."""
         ...
 
+    def machine_changed(self, m: Machine) -> None:
+        """A machine's change is durable: its row goes to the state stream (§4.21)."""
+        ...
+
     def has_image(self, m: Machine) -> bool:
         """Whether ``m``'s image is here (``Placed.image_cached``)."""
         ...
@@ -261,6 +265,7 @@ class CommitDesk:
         else:
             w.capacity_grew()
         w.keeper.added(machine, spec)
+        w.machine_changed(machine)
         self.log.info(
             "machine_placed",
             order_id=machine.order_id,

@@ -63,6 +63,7 @@ from supplier.ports import PortClaims, PortRange, Wanted, held_twice, host_range
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
+from supplier.rows import StateRows
 from supplier.scrub import Scrubbing
 from supplier.store import Store
 from supplier.upkeep import Upkeep
@@ -76,10 +77,12 @@ DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
 # A stop's bounds: the answers under way (a commit's fsync), the machines (their lifecycle
 # work, then their processes: SIGTERM, SIGKILL after the grace or when this runs out), the
-# outbox's last messages, and the whole stop, so SIGTERM ends the process within 2 s.
+# outbox's last messages, the state rows of the stop, and the whole stop, so SIGTERM ends
+# the process within 2 s.
 HANDLERS_S = 0.5
 MACHINES_S = 0.7
 OUTBOX_S = 0.3
+ROWS_S = 0.2
 STOP_S = 1.5
 
 
@@ -156,6 +159,11 @@ class SupplierHost:
         # JetStream; at most once in the degraded mode, ``jetstream`` False).
         self.jetstream = jetstream
         self.events = EventOutbox(nc, store, self.subjects, durable=jetstream)
+        # Their rows in the state stream (supplier/rows.py; with JetStream only).
+        self.rows = StateRows(nc, self.subjects, self.workers) if jetstream else None
+        for w in self.workers.values():
+            if self.rows is not None:
+                w.on_row = self.rows.machine
         # Stops and destroys kept for these workers while they were away (supplier/commands.py).
         self.commands = Commands(nc, self.subjects, self.workers, self._announce)
         # Each worker's own subjects: commits, releases, machine verbs.
@@ -184,6 +192,10 @@ class SupplierHost:
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
             metrics.watch_event_stream(lambda: self.events.stream_missing)
+            if self.rows is not None:
+                rows = self.rows
+                metrics.watch_outbox("rows", lambda: rows.backlog)  # marked, unacked
+                metrics.watch_state_stream(lambda: rows.stream_missing)
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():
@@ -235,6 +247,8 @@ class SupplierHost:
             await tasks.start(self.events.run)
             try:
                 await self._start(tasks)
+                if self.rows is not None:  # every row, then heartbeats and changes
+                    await tasks.start(self.rows.run)
                 task_status.started()
                 await anyio.sleep_forever()
             finally:
@@ -331,6 +345,8 @@ class SupplierHost:
                 # SQLite outbox and goes out after the restart (exactly once all the same)
                 await self.outbox.close(OUTBOX_S)
                 await self.events.close(OUTBOX_S)
+                if self.rows is not None:  # the rows of the stop, as far as time allows
+                    await self.rows.close(ROWS_S)
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _emit(self, event: Event) -> None:

@@ -29,10 +29,11 @@ from bourse.wire.messages import (
     MachineList,
     MachinePage,
     MachineReply,
+    WorkerRow,
     WorkerStatus,
     now_ms,
 )
-from bourse.wire.resources import amount, format_vec, leq, vec
+from bourse.wire.resources import amount, format_vec, leq, sub, vec
 from bourse.wire.tenancy import SEPARATOR
 from supplier.commits import CommitDesk
 from supplier.config import DEFAULT_TENANT_IMAGES, WorkerConfig
@@ -61,6 +62,8 @@ from supplier.store import Store
 log = structlog.get_logger("bourse.supplier")
 
 EmitFn = Callable[[Event], None]
+# Told a machine whose change is durable (its row goes to the state stream, supplier/rows.py).
+RowFn = Callable[[Machine], None]
 # Told about a worker whose capacity changed outside a bid (the host asks the desk).
 CapacityFn = Callable[["Worker"], None]
 # Drain reasons that a store failure sets start with this; only they are lifted by a probe.
@@ -122,6 +125,10 @@ def _unchanged(w: Worker) -> None:
     """No desk listens (a worker driven alone): nothing waits on its capacity."""
 
 
+def _unpublished(m: Machine) -> None:
+    """No state stream (a worker driven alone, or without JetStream)."""
+
+
 class Worker:
     """One worker of a supplier process. Collaborators are given here, once:
 
@@ -132,6 +139,8 @@ class Worker:
       destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
     - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
     - ``on_image(image, cached)``: the catalog's image cache gained or lost an image;
+    - ``on_row(machine)``: a machine's change is durable (its row goes to the state stream,
+      supplier/rows.py; set by the host after the worker is made);
     - ``source``: the market's image store (supplier/images.py), which a process worker's
       content cache pulls from (default: none, a worker driven alone);
     - ``port_range``: its host ports when the config names none (the host's default block,
@@ -210,6 +219,8 @@ class Worker:
             self.store_failed,
             self._catalog_policy,
         )
+        self.on_row: RowFn = _unpublished
+        self.keeper.records.published = self.machine_changed
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
@@ -274,6 +285,10 @@ class Worker:
 
     def live_machines(self) -> int:
         return self.keeper.live()
+
+    def machine_changed(self, m: Machine) -> None:
+        """A change of ``m`` is durable (a commit, every recorded change): its row goes out."""
+        self.on_row(m)
 
     def _destroyed(self, m: Machine) -> None:
         """A machine is gone: its resources go back to the market."""
@@ -437,6 +452,36 @@ class Worker:
             advertise_host=self.ports.host,
             port_range=str(self.ports.range) if self.ports.range else "",
         )
+
+    def row(self, beat: str, version: str = "") -> WorkerRow:
+        """This worker's row of the state stream (§4.21): ``beat``, the heartbeat that
+        names it; free is what committed machines leave (holds left out)."""
+        cap = self.ledger.capacity
+        return WorkerRow(
+            worker_id=self.worker_id,
+            region=self.region,
+            beat=beat,
+            labels=self.labels,
+            capacity=amount(cap),
+            free=amount(sub(cap, self.ledger.committed)),
+            machines=self.live_machines(),
+            draining=self.draining,
+            drain_reason=self.drain_reason,
+            driver=self.driver.name,
+            runtime=self.driver.runtime_version,
+            confinement=self.confinement,
+            cache_bytes=self.images.used_bytes(),
+            cache_budget_bytes=self.images.budget_bytes,
+            advertise_host=self.ports.host,
+            port_range=str(self.ports.range) if self.ports.range else "",
+            version=version,
+            at_ms=now_ms(),
+        )
+
+    def row_key(self) -> tuple[object, ...]:
+        """What a change of this worker's row shows in, cheap to compare (committed
+        capacity, drain, image cache use): the host compares it every heartbeat."""
+        return (self.ledger.committed, self.draining, self.drain_reason, self.images.used_bytes())
 
     @property
     def confinement(self) -> Mechanism:

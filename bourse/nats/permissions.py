@@ -30,7 +30,9 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   ``R.machines`` (every region) and its
   workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
-  worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
+  worker id), ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d) and their
+  rows of the state stream, ``R.state.fleet.*.<region>.<id>`` (a worker's row, the
+  heartbeat keyed by it) and ``R.state.machine.*.<region>.<id>.*`` (its machines', §4.21);
   answers the exchange, buyers and the operator: it may publish into their inboxes (and
   its own).
 
@@ -202,6 +204,9 @@ def supplier_permissions(
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
+    # its workers' rows of the state stream: theirs and their machines' (any owner's), §4.21
+    pub += [s.state_fleet_rows(region, wid) for wid, region in workers]
+    pub += [s.state_machines("*", region, wid) for wid, region in workers]
     pub += grants.allows(ROLE_SUPPLIER, s.prefix, workers=[wid for wid, _ in workers])
     pub += _inboxes(inbox, answers)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub))

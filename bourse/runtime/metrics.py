@@ -238,6 +238,11 @@ class SupplierMetrics(Metrics):
         """Expose ``missing()`` as ``bourse_event_stream_missing`` (1 or 0)."""
         self.registry.register(FlagCollector("bourse_event_stream_missing", _MISSING_DOC, missing))
 
+    def watch_state_stream(self, missing: Callable[[], bool]) -> None:
+        """Expose ``missing()`` as ``bourse_state_stream_missing`` (1 or 0)."""
+        doc = _STATE_MISSING_DOC
+        self.registry.register(FlagCollector("bourse_state_stream_missing", doc, missing))
+
 
 # A request through the edge: a pooled connection to a machine on the same host answers in
 # a fraction of a millisecond; a cold or remote one in tens or hundreds of ms.
@@ -330,7 +335,13 @@ class EdgeMetrics(Metrics):
 
 _OUTBOX_DOC = (
     "Messages waiting in an outbox to be published (publish: the host's send queue; "
-    "events: committed events not yet acknowledged by the event stream)."
+    "events: committed events not yet acknowledged by the event stream; rows: machine and "
+    "worker rows changed and not yet acknowledged by the state stream)."
+)
+_STATE_MISSING_DOC = (
+    "1 while no JetStream stream takes this supplier's state rows: they wait, marked "
+    '(bourse_outbox_backlog{outbox="rows"}), until the stream is made; views see its '
+    "workers gone meanwhile."
 )
 _MISSING_DOC = (
     "1 while no JetStream stream takes this supplier's events: they wait in its outbox "

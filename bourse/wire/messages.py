@@ -612,6 +612,56 @@ class WorkerStatus(Message, kw_only=True):
     isolation: IsolationLevel = ""
 
 
+# -- the state stream (docs/protocol.md §4.21) ------------------------------------------------
+# A heartbeat names at most this many workers; a process with more sends one heartbeat per
+# this many (each keyed by its first worker).
+MAX_BEAT_WORKERS = 4096
+
+
+class WorkerRow(Message, kw_only=True):
+    """A worker as its supplier has it now, on ``<prefix>.v1.state.fleet.worker.<region>.
+    <worker_id>`` of the state stream (§4.21): published when it changes (its free capacity,
+    its drain, its image cache), the stream keeping the last one. ``free`` is its capacity
+    less its committed machines (holds are left out: they last seconds). ``beat`` names the
+    heartbeat that says it is alive: the worker whose ``state.fleet.beat`` subject its
+    process beats on (§4.21)."""
+
+    worker_id: WorkerId
+    region: Region
+    beat: WorkerId
+    labels: dict[str, str] = {}
+    capacity: Amount
+    free: Amount
+    machines: Annotated[int, msgspec.Meta(ge=0)] = 0
+    draining: bool = False
+    drain_reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    driver: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    runtime: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    confinement: Confinement = ""
+    cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cache_budget_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    port_range: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    # The supplier's version (its package's), for an operator rolling an upgrade out.
+    version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    at_ms: Millis = 0
+
+
+class Heartbeat(Message, kw_only=True):
+    """A supplier process is alive, on ``<prefix>.v1.state.fleet.beat.<region>.<beat>`` of
+    the state stream (§4.21), every ``interval_ms``: ONE message for all its workers (up to
+    MAX_BEAT_WORKERS: a process with more sends one per that many), named here. ``beat`` is
+    the first of ``workers`` and the subject's last token; each worker's row names it. A
+    view calls a worker ``gone`` once the heartbeat that names it is 3 intervals (at least
+    3 s) old."""
+
+    beat: WorkerId
+    workers: Annotated[list[WorkerId], msgspec.Meta(max_length=MAX_BEAT_WORKERS)]
+    at_ms: Millis
+    interval_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 1000
+    version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+
+
 class MachineRequest(Message, kw_only=True):
     """Body of machine.get / start / stop / destroy / logs."""
 
@@ -945,3 +995,5 @@ ExplainReply = Explanation | Error
 MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error
 ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>
+# What the state stream holds (§4.21): a machine's row is the Machine as its worker has it.
+StateRow = Machine | WorkerRow | Heartbeat

@@ -51,6 +51,8 @@ class Records:
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
         self.specs: dict[str, RunSpec] = {}  # machine id -> its order's env, when it has one
         self.facts: dict[str, Fact] = {}  # machine id -> what the store has not recorded yet
+        # Told every recorded change too: the machine's row goes to the state stream.
+        self.published: Callable[[Machine], None] = lambda m: None
         self._locks: dict[str, asyncio.Lock] = {}
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
@@ -106,6 +108,7 @@ class Records:
         await self.store.write(Op(op, new, detail, events))
         self.by_id[m.machine_id] = new
         self.changed(new)
+        self.published(new)
         for e in events:
             self.announce(e)
         return new

@@ -81,7 +81,7 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
         "gpus": 0,
         "cpu_millis": 250,
     }
-    code, out, err = await buyer(market, "fleet", "--region", "mad")
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--fresh")  # the worker's
     assert code == 0, err
     [row] = [line for line in out.splitlines() if "mad-1" in line]
     assert "0.75/1" in row.split()
