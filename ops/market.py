@@ -37,6 +37,8 @@ from ops.demo import (
 from ops.hello import HELLO_REF, place_hello, push_hello
 
 Say = Callable[[str], None]
+# The host a demo market's machines' addresses name.
+DEMO_HOST = "127.0.0.1"
 
 
 class MetricsPorts:
@@ -129,6 +131,9 @@ async def start_market(
                     "--data-dir",
                     str(root / "data" / region),
                     "--machines-stop-with-supplier",  # the demo's machines go with it
+                    # a local market: its machines are reached on loopback, not on the
+                    # host's outward address (which a laptop's network may change)
+                    *("--advertise-host", DEMO_HOST),
                     *common,
                     log_path=root / "logs" / f"supplier-{region}.log",
                     ready="supplier ready",

@@ -53,9 +53,14 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         hello = await (await ImageStore.open(nc, create=False)).inspect(HELLO_REF)
         assert (hello.cmd, hello.env) == (HELLO_RUN.cmd, HELLO_RUN.env)
         client = BourseClient(nc)
-        r = await client.place(order(region="mad", image="web", cpus=1, memory_mb=256))
+        r = await client.place(
+            order(region="mad", image="web", cpus=1, memory_mb=256, ports=["http"])
+        )
         assert isinstance(r, Placed)
-        assert (await client.machine("start", r.machine_id)).state == "started"
+        started = await client.machine("start", r.machine_id)
+        assert started.state == "started"
+        # a local market's machines are reached on loopback, not the host's outward address
+        assert started.addresses["http"].startswith("127.0.0.1:")
         log = data / "data" / "mad" / "machines" / r.worker_id / f"{r.machine_id}.log"
         # its program is up (a SIGTERM before its handler is installed would just kill it)
         await wait_until(lambda: "web up" in log.read_text())
