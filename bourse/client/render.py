@@ -193,10 +193,15 @@ def addresses(a: dict[str, str]) -> str:
     return " ".join(f"{name}={addr}" for name, addr in a.items()) or "-"
 
 
+# The states in which a machine's checks run (or are about to, once it is started).
+CHECKED_STATES = ("starting", "started")
+
+
 def health(m: Machine, now: int | None = None) -> str:
     """``passing 3m`` / ``critical 12s`` (since when), ``checking`` before the first run,
-    ``-`` without checks."""
-    if not m.checks:
+    ``-`` without checks or when it does not run (a spare not started, a stopped machine:
+    a health a worker of an older version kept is not shown)."""
+    if not m.checks or m.state not in CHECKED_STATES:
         return "-"
     h = m.health
     if h is None or not h.status:

@@ -9,10 +9,10 @@ import socket
 
 import anyio
 
-from bourse.client import BourseClient
+from bourse.client import BourseClient, render
 from bourse.client.policy import failover
 from bourse.wire.codec import decode
-from bourse.wire.messages import Check, Event, Machine, Placed
+from bourse.wire.messages import Check, Event, ListMachines, Machine, Placed
 from supplier.checks import probe
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
@@ -31,6 +31,21 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
 """
+
+
+async def serving(market: Market) -> BourseClient:
+    """A market of one process worker that runs SERVER as image ``srv``; a buyer on it."""
+    await market.host(
+        worker(
+            W1,
+            driver="process",
+            catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
+            ports="29320-29329",
+            advertise_host="127.0.0.1",
+        )
+    )
+    await market.exchange()
+    return await market.client()
 
 
 async def placed_started(buyer: BourseClient, status: int, **meta: str) -> Machine:
@@ -57,17 +72,7 @@ async def until(
 
 
 async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Market) -> None:
-    await market.host(
-        worker(
-            W1,
-            driver="process",
-            catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
-            ports="29320-29329",
-            advertise_host="127.0.0.1",
-        )
-    )
-    await market.exchange()
-    buyer = await market.client()
+    buyer = await serving(market)
     events = await collect(await market.connect("watch"), market.subjects.events(kind="check"))
     good = await placed_started(buyer, 200)
     bad = await placed_started(buyer, 500, restart="on-failure")
@@ -90,6 +95,22 @@ async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Ma
         lambda m: m.health and m.health.detail.endswith("/healthz: status 500"),
     )
     assert critical.health is not None and critical.health.status == "critical"
+    assert market.violations() == []
+
+
+async def test_a_machine_that_is_not_started_has_no_health(market: Market) -> None:
+    """Health is what a run's checks say: a stopped machine's is cleared by its worker
+    (shown ``-``, not the last run's ``passing 47s``), and a start checks from scratch."""
+    buyer = await serving(market)
+    m = await placed_started(buyer, 200)
+    await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
+    stopped = await buyer.machine("stop", m.machine_id)
+    assert (stopped.state, stopped.health) == ("stopped", None)
+    [listed] = (await buyer.list_machines(None, ListMachines(app=""))).machines
+    assert (listed.machine_id, listed.health, render.health(listed)) == (m.machine_id, None, "-")
+    again = await buyer.machine("start", m.machine_id)
+    assert again.state == "started" and render.health(again) == "checking"
+    await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
     assert market.violations() == []
 
 

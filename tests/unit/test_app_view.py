@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from bourse.client import render
 from bourse.client.apps.apply import Applied
 from bourse.client.apps.plan import Plan, Step
 from bourse.client.apps.rollout import Outcome
-from bourse.client.apps.view import applied_json, plan_json, plan_table
+from bourse.client.apps.view import applied_json, plan_json, plan_table, status_rows
 from bourse.client.render import plain
+from bourse.wire.messages import Check, Health, Machine, Resources
 
 UPDATE = Step(region="mad", slot=0, role="primary", action="update", machine_id="w1~OLD",
               worker_id="w1", order_id="a.g2.mad.0", fields=["image", "resources"])  # fmt: skip
@@ -39,3 +41,30 @@ def test_an_apply_says_what_became_of_each_step() -> None:
         "unfilled", "-", "unfilled in ams: no_workers"
     )  # fmt: skip
     assert (keep["result"], keep["machine_id"]) == ("kept", "w2~S")
+
+
+def test_a_slot_shows_its_health_only_while_it_runs() -> None:
+    """A spare (placed, not started) and a stopped machine show ``-``, not ``pending`` or
+    the last run's status; a started one what its checks say, ``pending`` before the first."""
+    check = Check(port="http", kind="http", path="/healthz")
+    passing = Health(status="passing", since_ms=1)
+
+    def machine(mid: str, state: str, health: Health | None, checks: bool = True) -> Machine:
+        return Machine(machine_id=f"w1~{mid}", order_id=mid, worker_id="w1", region="mad",
+                       state=state, resources=Resources(cpus=1, memory_mb=64), image="web",
+                       created_at_ms=1, checks=[check] if checks else [], health=health)  # type: ignore[arg-type]  # fmt: skip
+
+    machines = [
+        machine("A", "reserved", None),
+        machine("B", "started", None),
+        machine("C", "started", passing),
+        machine("D", "stopped", passing),  # as a worker of an older version kept it
+        machine("E", "started", None, checks=False),
+    ]
+    rows = status_rows(machines, {})
+    assert {r["machine_id"]: r["check"] for r in rows} == {
+        "w1~A": "-", "w1~B": "pending", "w1~C": "passing", "w1~D": "-", "w1~E": "-",
+    }  # fmt: skip
+    assert [render.health(m, now=1001) for m in machines] == [
+        "-", "checking", "passing 1s", "-", "-",
+    ]  # fmt: skip

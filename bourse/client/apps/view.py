@@ -8,7 +8,7 @@ from rich.table import Table
 from bourse.client.apps.apply import Applied
 from bourse.client.apps.plan import KEEP, Plan, Step
 from bourse.client.apps.rollout import Outcome
-from bourse.client.render import safe
+from bourse.client.render import CHECKED_STATES, safe
 from bourse.wire.messages import Machine
 
 
@@ -90,9 +90,10 @@ def applied_json(a: Applied) -> dict[str, object]:
 
 
 def _check(m: Machine) -> str:
-    if m.health is not None:
-        return m.health.status or "pending"
-    return "pending" if m.checks else "-"
+    """What a slot's checks say: ``-`` without checks or while it does not run (a spare)."""
+    if not m.checks or m.state not in CHECKED_STATES:
+        return "-"
+    return (m.health.status if m.health is not None else "") or "pending"
 
 
 def status_rows(
