@@ -390,9 +390,15 @@ def dry_run_summary(d: DryRun) -> str:
     return f"{where}; {', '.join(parts) or 'no workers'}; {d.elapsed_ms:.1f} ms{partial}"
 
 
-def last_exit(m: Machine) -> str:
+# How a worker words an exit in a last exit's detail (supplier/machines/api.py describe):
+# a detail that only says this says nothing the line does not.
+_RESTATED = ("exited with code ", "killed by signal ", "oom: ")
+
+
+def last_exit(m: Machine, detail: bool = False) -> str:
     """How the machine's process last ended and how often it was restarted, in one line
-    (``buyer machines show``)."""
+    (``buyer machines show``); ``detail``: and what its worker said of it when that says
+    more (why a start ended before its command ran: ``pull_failed: …``)."""
     restarts = f"restarts: {m.restarts}"
     e = m.last_exit
     if e is None:
@@ -405,7 +411,8 @@ def last_exit(m: Machine) -> str:
         else f"code {e.code}"
     )
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
-    return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"
+    said = f"; {e.detail}" if detail and e.detail and not e.detail.startswith(_RESTATED) else ""
+    return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}{said}"
 
 
 def reach(m: Machine) -> list[str]:

@@ -14,6 +14,7 @@ from bourse.client.policy import failover
 from bourse.wire.codec import decode
 from bourse.wire.messages import Check, Event, ListMachines, Machine, Placed
 from supplier.checks import probe
+from tests.cli import buyer as cli
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
 
@@ -112,6 +113,21 @@ async def test_a_machine_that_is_not_started_has_no_health(market: Market) -> No
     assert again.state == "started" and render.health(again) == "checking"
     await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
     assert market.violations() == []
+
+
+async def test_place_start_says_started_once_the_checks_pass(market: Market) -> None:
+    """`place --start` waits for a machine's first passing check rather than a fixed time
+    (a --start-timeout this long would otherwise be waited whole)."""
+    await serving(market)
+    code, out, err = await cli(
+        market,
+        *("place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "srv"),
+        *("--port", "http", "--env", "STATUS=200", "--check", "http:http:/healthz"),
+        *("--check-interval", "0.1", "--start", "--start-timeout", "600"),
+    )
+    assert (code, err) == (0, ""), out + err
+    mid = out.split("placed ")[1].split()[0]
+    assert out.splitlines()[-1] == f"  machine {mid} is started, its checks passing"
 
 
 async def test_probes_on_real_sockets() -> None:
