@@ -24,6 +24,7 @@ from bourse.runtime.endpoint import CANNOT_LISTEN, format_addr, free_port
 from bourse.runtime.launcher import Program, ProgramFailed, start_program, stop_all
 from bourse.wire.messages import Placed, Unfilled, WorkerStatus
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+from ops.busybox import BUSYBOX_PLACE, BUSYBOX_REF, push_busybox
 from ops.demo import (
     DEMO_APP,
     DEMO_FLEET,
@@ -264,6 +265,38 @@ async def pushed_hello(nc: NATS, subjects: Subjects, say: Say) -> ImageInfo | No
     return info
 
 
+async def pushed_busybox(nc: NATS, subjects: Subjects, root: Path, say: Say) -> None:
+    """The container example pushed as ``busybox-httpd:latest`` (said), or why not (said
+    too: the market runs without it)."""
+    try:
+        info = await push_busybox(nc, subjects.prefix, root)
+    except ImageError as exc:
+        say(f"[yellow]{BUSYBOX_REF} not pushed[/]: {exc}")
+        return
+    say(f"pushed the container example as {BUSYBOX_REF} ({info.digest}, {info.size} bytes)")
+
+
+def up_hints(url: str, prefix: str, driver: str) -> list[str]:
+    """The commands ``bourse up`` suggests, each one that works on its market: process
+    workers run the demo's catalog (web) and the example app; oci workers run containers,
+    the busybox example (the demo's orders name catalog images they do not run)."""
+    px = "" if prefix == DEFAULT_PREFIX else f" --prefix {prefix}"
+    place = (
+        [BUSYBOX_PLACE]
+        if driver == "oci"
+        else [
+            "buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start",
+            f"buyer place --region mad --cpus 1 --memory-mb 256 --image {HELLO_REF} "
+            "--port http --check http:http:/healthz --check-interval 1 --start",
+        ]
+    )
+    demo = [] if driver == "oci" else [f"bourse demo --nats {url}"]
+    return [
+        f"export BOURSE_NATS_URL={url}",
+        *(f"{cmd}{px}" for cmd in [*place, "buyer fleet", "buyer watch", *demo]),
+    ]
+
+
 async def run_up(
     urls: list[str],
     subjects: Subjects,
@@ -301,18 +334,14 @@ async def run_up(
             nc = await connect(urls, name="bourse-up", service=False)
             try:
                 await pushed_hello(nc, subjects, say)
+                if driver == "oci":
+                    await pushed_busybox(nc, subjects, root / "busybox-httpd", say)
             finally:
                 await shutdown(nc)
-        px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
-            f"  export BOURSE_NATS_URL={urls[0]}\n"
-            f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
-            f"  buyer place --region mad --cpus 1 --memory-mb 256 --image {HELLO_REF} --start{px}\n"
-            f"  buyer fleet{px}\n"
-            f"  buyer watch{px}\n"
-            f"  bourse demo --nats {urls[0]}{px}\n"
-            "Ctrl-C stops everything; machines that were running start again on the next up."
+            + "".join(f"  {line}\n" for line in up_hints(urls[0], subjects.prefix, driver))
+            + "Ctrl-C stops everything; machines that were running start again on the next up."
         )
         await watch_programs(programs, say)
     finally:
