@@ -25,7 +25,7 @@ import contextlib
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -104,11 +104,13 @@ class Kind(Protocol):
 
 @dataclass(slots=True)
 class _Run:
-    """One machine's current run: its shim and its stop grace."""
+    """One machine's current run: its shim and its stop grace; ``collected`` is set once
+    what the run held is gone (its shim collected, the kind told it ended)."""
 
     shim: Shim
     grace_s: float
-    collected: bool = False
+    collecting: bool = False
+    collected: anyio.Event = field(default_factory=anyio.Event)
 
 
 class Runner:
@@ -267,12 +269,21 @@ class Runner:
         return how
 
     async def _collect(self, machine_id: str, run: _Run) -> None:
-        """The run ended and its exit was read: its shim may go, and what the run held."""
-        if not run.collected:
-            run.collected = True
+        """The run ended and its exit was read: its shim may go, and what the run held.
+        Whoever comes second (a stop, the run's follower, the next start) waits until the
+        first is done: a start must not take a network the end of the last run then
+        releases (it is the machine's, by its id)."""
+        if not run.collecting:
+            run.collecting = True
             with anyio.CancelScope(shield=True):
-                await run.shim.collect()
-                await self.kind.ended(machine_id)
+                try:
+                    await run.shim.collect()
+                    await self.kind.ended(machine_id)
+                finally:
+                    run.collected.set()
+        else:
+            with anyio.CancelScope(shield=True):
+                await run.collected.wait()
         if self._runs.get(machine_id) is run:
             del self._runs[machine_id]
 

@@ -112,6 +112,20 @@ async def test_the_demo_program_runs_where_the_checkout_is_out_of_a_machines_rea
         await wait_until(_log_says(_driver(market), api.machine_id, "can't open file"))
 
 
+async def test_a_machine_stopped_and_started_again_runs_each_time(market: Market) -> None:
+    """A stop ends the run and its end releases what the run held (as root: its network,
+    by the machine's id); the next start must not take a network that release then removes
+    (it did: "cannot enter its network", the stop's and the follower's ends racing)."""
+    await market.host(process_worker())
+    await market.exchange()
+    buyer = await market.client()
+    m = await _placed_and_started(market)
+    for _ in range(5):
+        assert (await buyer.machine("stop", m.machine_id)).state == "stopped"
+        assert (await buyer.machine("start", m.machine_id)).state == "started"
+        assert _driver(market).is_running(m.machine_id)
+
+
 async def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(market: Market) -> None:
     stubborn = _py(
         "import signal,time; signal.signal(signal.SIGTERM, signal.SIG_IGN);"
