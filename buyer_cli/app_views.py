@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 
 
-async def _apps(c: BourseClient, create: bool = False) -> AppStore:
+async def app_store(c: BourseClient, create: bool = False) -> AppStore:
     from bourse.client.apps.store import AppStore
 
     return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
@@ -33,7 +33,7 @@ def list_apps(ctx: typer.Context) -> None:
     from bourse.client import render
 
     async def go(c: BourseClient) -> list[tuple[str, AppRecord]]:
-        return await (await _apps(c)).listed()
+        return await (await app_store(c)).listed()
 
     rows = [
         {"app": s.app, "tenant": tenant, "generation": r.generation, "image": s.image,
@@ -57,7 +57,7 @@ async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str
     from bourse.client.apps.plan import plan
     from bourse.wire.messages import ListMachines
 
-    rec = await (await _apps(c)).get(name)
+    rec = await (await app_store(c)).get(name)
     # one filtered listing of every region (§4.17), as a deploy lists the app's machines
     machines = (await c.list_machines(None, ListMachines(app=name))).machines
     if rec is None and not machines:
@@ -144,7 +144,7 @@ def destroy(ctx: typer.Context, name: AppArg) -> None:
         for m in machines:
             await c.machine("destroy", m.machine_id)
             gone.append(m.machine_id)
-        apps = await _apps(c)
+        apps = await app_store(c)
         rec = await apps.get(name)
         await apps.retire(name)
         if rec is not None and rec.secrets:
