@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from bourse.runtime.cli import fail
-from buyer_cli.options import MachineDirectOpt
+from buyer_cli.machines import confirm
+from buyer_cli.options import MachineDirectOpt, YesOpt
 from buyer_cli.session import session, with_client
 
 if TYPE_CHECKING:
@@ -133,15 +134,20 @@ def logs(
     with_client(ctx, go, direct=direct)
 
 
-def destroy(ctx: typer.Context, name: AppArg) -> None:
-    """Destroy every machine of the app, then its spec and secrets."""
+def destroy(ctx: typer.Context, name: AppArg, yes: YesOpt = False) -> None:
+    """Destroy every machine of the app, then its spec and secrets (asks first unless
+    --yes, as machines destroy --app does)."""
     from bourse.client import render
     from bourse.client.apps.store import SecretStore
 
+    machines, _ = with_client(ctx, lambda c: _machines(c, name))
+    live = [m for m in machines if m.state != "destroyed"]
+    if not yes:
+        confirm(f"destroy app {name!r} ({len(live)} machine(s), its spec and secrets)", live)
+
     async def go(c: BourseClient) -> list[str]:
-        machines, _ = await _machines(c, name)
         gone = []
-        for m in machines:
+        for m in live:
             await c.machine("destroy", m.machine_id)
             gone.append(m.machine_id)
         apps = await app_store(c)

@@ -427,7 +427,7 @@ def destroy(
     if not _none_chosen(ctx, chosen, "destroy"):
         if chosen.listed is not None and not yes:
             whose = f"of app {app_name!r}" if app_name is not None else "selected"
-            _confirm(f"destroy {len(chosen.ids)} machine(s) {whose}", chosen.listed)
+            confirm(f"destroy {len(chosen.ids)} machine(s) {whose}", chosen.listed)
         _act(ctx, "destroy", chosen, direct)
     if app_name is not None:
         _spec_stays(ctx, app_name, direct)
@@ -459,12 +459,13 @@ def _destroyed(ctx: typer.Context, machines: list[Machine]) -> None:
         render.show(render.machines(machines))
 
 
-def _confirm(what: str, machines: list[Machine]) -> None:
+def confirm(what: str, machines: list[Machine]) -> None:
     """Ask on the terminal; without one (a script, a pipe) refuse: --yes says it."""
     if not sys.stdin.isatty():
         fail(f"{what}: not confirmed (no terminal to ask on); pass --yes")
     from bourse.client import render
 
-    render.show(render.machines(machines))
+    if machines:
+        render.show(render.machines(machines))
     if not typer.confirm(f"{what}?", default=False):
         fail(f"{what}: not confirmed")

@@ -244,7 +244,16 @@ async def test_secrets_are_names_only_and_a_change_rolls_the_app(
     assert len(out.splitlines()) == 3 and "s3cr3t" not in out
     code, out, err = await buyer(market, "apps", "logs", "hello", "--json")
     assert (code, out, err) == (0, "", "")  # simulated machines print nothing
-    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--json")
+    # a script is refused without --yes (no terminal to ask on), as machines destroy --app
+    code, out, err = await buyer(market, "apps", "destroy", "hello", "--json")
+    said = (
+        "destroy app 'hello' (2 machine(s), its spec and secrets): not confirmed (no terminal "
+        "to ask on); pass --yes"
+    )
+    assert (code, err, json.loads(out)) == (1, f"error: {said}\n", {"error": said})
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    assert len(json.loads(out)["machines"]) == 2  # nothing destroyed
+    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--yes", "--json")
     assert code == 0 and len(json.loads(out)["destroyed"]) == 2
     code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
     assert json.loads(out)["secrets"] == []
@@ -319,7 +328,7 @@ async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_p
     for mid in machines:
         assert f"{mid} | web alive" in out.splitlines()
     assert all(line.split(" | ")[0] in machines for line in out.splitlines())
-    code, out, _ = await buyer(market, "apps", "destroy", "hello")
+    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--yes")
     assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
 
 
