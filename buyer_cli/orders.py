@@ -115,6 +115,7 @@ def place(
     import msgspec
 
     from bourse.client import render
+    from bourse.runtime.words import in_words
     from bourse.wire.codec import validation_detail
     from bourse.wire.messages import Placed, PlaceOrder
     from bourse.wire.resources import cpu_fields
@@ -139,7 +140,7 @@ def place(
     try:
         order = msgspec.convert(raw, PlaceOrder, strict=True)
     except msgspec.ValidationError as exc:
-        fail(f"invalid order: {flag_names(validation_detail(exc))}")
+        fail(f"invalid order: {flag_names(in_words(validation_detail(exc)))}")
     if dry_run:
         if start:
             fail("--dry-run places nothing: --start does not apply")

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.client.errors import ClientError, expect, refusal
 from bourse.client.gathers import ExplainGather, Gather, Listing, MachinesGather
-from bourse.client.ranking import DryRun, rank, why_unfilled
+from bourse.client.ranking import DryRun, rank, served_nowhere, why_unfilled
 from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.nats.scatter import scatter
 from bourse.runtime.tasks import TaskSet
@@ -213,13 +213,22 @@ class BourseClient:
         """An Unfilled ``no_offers`` with its detail made true: the region's workers are
         asked why not (an explain gather, §4.15, within the order's deadline) only now that
         the order has ended unfilled, so placing costs no extra message; ``explained``: an
-        explain of the order already gathered (it is used instead). Any other outcome, or a
-        region where nobody explains, is returned as it is."""
+        explain of the order already gathered (it is used instead). A region no worker
+        serves, or an image none runs, gets the nearest one the market has ("did you
+        mean"). Any other outcome, or a region where nobody explains, is returned as it is."""
+        from bourse.client.suggest import image_hint, region_hint
+
+        if unfilled.reason == "no_workers":
+            hint = await region_hint(self, order.region)
+            return msgspec.structs.replace(unfilled, detail=unfilled.detail + hint)
         if unfilled.reason != "no_offers":
             return unfilled
-        detail = why_unfilled(order, explained or await self.explain(order))
+        dry = explained or await self.explain(order)
+        detail = why_unfilled(order, dry)
         if detail is None:
             return unfilled
+        if served_nowhere(dry):
+            detail += await image_hint(self, order.image, [order.region])
         return msgspec.structs.replace(unfilled, detail=detail)
 
     async def status(

@@ -189,11 +189,18 @@ async def test_bad_input_is_refused_before_anything_is_placed(
     catalog = {"web": {"command": HEARTBEAT}}
     for region in ("mad", "ams"):
         wid = own_worker_id(f"{region}-1")
-        await market.host(worker(wid, region=region, driver="process", catalog=catalog))
+        await market.host(
+            worker(wid, region=region, driver="process", catalog=catalog, images=["web"])
+        )
     await market.exchange()
     cases = [
-        (SPEC.replace('"ams"]', '"xyz"]'), "region 'xyz': no worker serves it"),
+        (SPEC.replace('"ams"]', '"xyz"]'), "region 'xyz': no worker serves it ("),
+        (SPEC.replace('"ams"]', '"amz"]'),  # the nearest region the market has
+         "region 'amz': no worker serves it (did you mean 'ams'?) (buyer fleet lists regions)"),
         (SPEC.replace('image = "web"', 'image = "nowhere:v1"'), "image 'nowhere:v1' is not in"),
+        (SPEC.replace('image = "web"', 'image = "wbe"'),  # a catalog's image, misspelt
+         "image 'wbe' is not in the image store and no worker of mad, ams can run it (did you "
+         "mean 'web'?): push it first"),
         (SPEC.replace("count = 1", "count = -1"), "[count]: Expected `int` >= 0"),
         (SPEC + '[[checks]]\nport = "web2"\nkind = "tcp"\n',
          "[checks][0].port: 'web2' is not a declared port"),

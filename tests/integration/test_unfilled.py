@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from nats.aio.msg import Msg
 
+from bourse.images import ImageStore, RunSpec
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Placed, Rejected, Release, Unfilled
+from tests.cli import buyer
+from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 
 
@@ -93,3 +98,31 @@ async def test_deadline_when_the_commit_goes_unanswered_and_the_worker_is_told_t
     assert r.elapsed_ms < 200 + 50 + 100
     await wait_until(lambda: bool(releases))
     assert releases and releases[0].order_id == "late-1" and releases[0].abort_commit is True
+
+
+async def test_an_unfilled_order_says_the_region_or_image_it_most_likely_meant(
+    market: Market, tmp_path: Path
+) -> None:
+    """A region no worker serves, or an image no worker runs, is answered with the nearest
+    one the market has (asked only once the order is unfilled): a region whose workers
+    answer, a store's tag, a worker's catalog image."""
+    await market.jetstream_init()
+    store = await ImageStore.open(await market.connect("images"), market.subjects.prefix)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "server.py").write_text("print('hi')\n")
+    await store.push_directory(tmp_path / "app", "hello:latest", RunSpec(cmd=("python3",)))
+    catalog = {"web": {"command": ["{python}", "-c", "pass"]}}
+    await market.host(
+        worker(own_worker_id("mad-1"), driver="process", catalog=catalog, images=["web"])
+    )
+    await market.exchange()
+    place = ("place", "--cpus", "1", "--memory-mb", "64")
+    for args, said in [
+        (("--region", "madd", "--image", "web"), "(did you mean 'mad'?)"),
+        (("--region", "mad", "--image", "wbe"), "(did you mean 'web'?)"),
+        (("--region", "mad", "--image", "helo"), "(did you mean 'hello'?)"),
+        (("--region", "mad", "--image", "zzz"), ": no worker serves image 'zzz'"),
+    ]:
+        code, out, err = await buyer(market, *place, *args)
+        assert (code, err) == (2, ""), out + err
+        assert out.splitlines()[0].endswith(said), out
