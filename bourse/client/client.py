@@ -28,6 +28,7 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
     EXCHANGE_REQUESTER,
+    ControlReply,
     Error,
     ExplainRequest,
     ListMachines,
@@ -42,6 +43,9 @@ from bourse.wire.messages import (
     PlaceOrder,
     StatusRequest,
     Unfilled,
+    WorkerAction,
+    WorkerControl,
+    WorkerState,
     WorkerStatus,
     worker_of_machine,
 )
@@ -60,6 +64,9 @@ log = structlog.get_logger("bourse.client")
 REPLY_SLACK_S = 2.0
 # Machine verbs may wait for a stop grace or an image pull.
 MACHINE_TIMEOUT_S = 60.0
+# A worker's stop waits for its machines to stop (each its stop grace), its start for them
+# to start again.
+CONTROL_TIMEOUT_S = 120.0
 # Direct mode: a market with no image store yet (nothing pushed) is asked again after this.
 STORE_RETRY_S = 5.0
 # Direct mode: how long the first order waits for the watched copy of the tags.
@@ -417,6 +424,15 @@ class BourseClient:
         if isinstance(shown, MachineCommand):
             return shown
         return await self.machine(verb, machine_id)
+
+    async def control(self, worker_id: str, action: WorkerAction) -> WorkerState:
+        """The operator's verb on one worker (drain, stop, start: docs/protocol.md §4.21),
+        answered by its supplier; the worker as it is after. No supplier hosts it (or the
+        key may not ask): ClientError."""
+        body = encode(WorkerControl(worker_id=worker_id, action=action))
+        subject = self.subjects.control(worker_id)
+        reply = await ask(self.nc, subject, body, ControlReply, CONTROL_TIMEOUT_S, "supplier")
+        return expect(reply, WorkerState)
 
     async def logs(self, machine_id: str, tail: int = 100, since: int = -1) -> MachineLogs:
         """The last ``tail`` lines, or with ``since`` (a previous reply's ``end``) the lines

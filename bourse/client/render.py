@@ -31,6 +31,7 @@ from bourse.wire.messages import (
     Placed,
     Resources,
     Unfilled,
+    WorkerState,
     WorkerStatus,
     WorkerVerdict,
     now_ms,
@@ -184,6 +185,23 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             safe(f"{s.driver} ({s.runtime})" if s.runtime else s.driver or "-"),
             safe(s.confinement or "-"),  # "" from a worker older than the field
             "on" if s.jetstream else "[yellow]off[/]",
+        )
+    return t
+
+
+def worker_states(states: Iterable[WorkerState]) -> Table:
+    """``buyer workers drain|stop|start``: each worker as it is after (serving or stopped,
+    draining and why, its live machines)."""
+    t = Table(title="workers")
+    for col in ("worker", "region", "state", "draining", "machines"):
+        t.add_column(col, no_wrap=True)
+    for s in states:
+        t.add_row(
+            safe(s.worker_id),
+            safe(s.region),
+            "serving" if s.serving else "stopped",
+            safe(s.drain_reason or "yes") if s.draining else "-",
+            str(s.machines),
         )
     return t
 

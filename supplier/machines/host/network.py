@@ -151,6 +151,7 @@ class WorkerNetwork:
         """Claim the worker's subnet, make its bridge and the supplier's table (blocking)."""
         self.subnet = self._claim_subnet()
         self._free = [str(a) for a in list(self.subnet.hosts())[1:]]
+        self._closed = False  # a worker started again (§4.21) makes namespaces ahead again
         self._bridge()
         self._table()
         self._forwarding()
