@@ -8,13 +8,15 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from bourse.runtime.cli import fail
-from buyer_cli.machines import confirm
+from buyer_cli.machines import confirm, own
 from buyer_cli.options import MachineDirectOpt, YesOpt
 from buyer_cli.session import session, with_client
+from buyer_cli.views import FreshOpt, from_view, view_json, with_view
 
 if TYPE_CHECKING:
     from bourse.client import BourseClient
     from bourse.client.apps.store import AppRecord, AppStore
+    from bourse.view import View
     from bourse.wire.messages import Machine
 
 AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
@@ -55,36 +57,63 @@ def list_apps(ctx: typer.Context) -> None:
 
 async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str, tuple[int, str]]]:
     """The app's machines, and each one's slot and role as the planner sees them."""
-    from bourse.client.apps.plan import plan
     from bourse.wire.messages import ListMachines
 
     rec = await (await app_store(c)).get(name)
     # one filtered listing of every region (§4.17), as a deploy lists the app's machines
     machines = (await c.list_machines(None, ListMachines(app=name))).machines
+    return machines, _roles(name, rec, machines)
+
+
+def _roles(name: str, rec: AppRecord | None, machines: list[Machine]) -> dict[str, tuple[int, str]]:
+    """Each machine's slot and role as the planner sees them (none without a spec)."""
     if rec is None and not machines:
         fail(f"no app {name!r}: neither a spec kept nor a machine (buyer apps list)")
     if rec is None or rec.spec is None:
-        return machines, {}
+        return {}
+    from bourse.client.apps.plan import plan
+
     # the roles as the planner sees them now: a spare a failover started is the primary
     now = plan(rec.spec, rec.generation, machines, rec.slots, secrets_revision=rec.secrets_revision)
-    return machines, {s.machine_id: (s.slot, s.role) for s in now.steps if s.machine_id}
+    return {s.machine_id: (s.slot, s.role) for s in now.steps if s.machine_id}
 
 
-def status(ctx: typer.Context, name: AppArg) -> None:
+def status(ctx: typer.Context, name: AppArg, fresh: FreshOpt = False) -> None:
     """Each slot of the app: machine, region, worker, state, address, check, image digest,
-    restarts."""
+    restarts; from the view of the market (a machine whose worker is gone: unknown, since
+    when); --fresh: its workers answer now."""
     from bourse.client import render
     from bourse.client.apps import view
 
-    async def go(c: BourseClient) -> list[dict[str, object]]:
-        machines, roles = await _machines(c, name)
-        return view.status_rows(machines, roles)
+    s = session(ctx)
+    fresh_view: dict[str, int] | None = None
+    if from_view(ctx, fresh):
 
-    rows = with_client(ctx, go)
-    if session(ctx).json:
-        session(ctx).echo_json({"app": name, "machines": rows})
+        async def seen(v: View) -> tuple[list[dict[str, object]], dict[str, int]]:
+            from bourse.client.apps.store import AppStore
+            from bourse.view import reads
+
+            got = reads.machines(v.db.db, reads.MachineFilter(app=name))
+            machines = [own(v.tenant, x.machine()) for x in got]
+            gone = {m.worker_id: x.gone_since_ms for m, x in zip(machines, got, strict=True)}
+            store = await AppStore.open(v.nc, v.subjects.prefix, tenant=v.tenant)
+            roles = _roles(name, await store.get(name), machines)
+            alive = {w: t for w, t in gone.items() if t is not None}
+            return view.status_rows(machines, roles, alive), view_json(v)
+
+        rows, fresh_view = with_view(ctx, seen)
     else:
-        render.show(view.status_table(name, rows))
+
+        async def go(c: BourseClient) -> list[dict[str, object]]:
+            machines, roles = await _machines(c, name)
+            return view.status_rows(machines, roles)
+
+        rows = with_client(ctx, go)
+    if s.json:
+        out: dict[str, object] = {"app": name, "machines": rows}
+        s.echo_json(out | ({"view": fresh_view} if fresh_view else {}))
+        return
+    render.show(view.status_table(name, rows))
 
 
 def logs(

@@ -26,7 +26,7 @@ from bourse.runtime.cli import (
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
-from buyer_cli import app_views, apps, fleet, machines, orders, secrets, watch, workers
+from buyer_cli import app_views, apps, fleet, machines, orders, secrets, views, watch, workers
 from buyer_cli.session import Session
 
 app = typer.Typer(
@@ -68,6 +68,7 @@ app.command()(apps.deploy)
 app.command()(apps.failover)
 app.command()(fleet.fleet)
 app.command()(watch.watch)
+app.command()(views.query)
 app.add_typer(machines_app, name="machines")
 machines_app.command("list")(machines.list_machines)
 machines_app.command("show")(machines.show)

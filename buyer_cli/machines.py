@@ -21,9 +21,12 @@ from buyer_cli.options import (
     check_machine_id,
 )
 from buyer_cli.session import session, with_client
+from buyer_cli.views import FreshOpt, from_view, gone_line, view_json, with_view
 
 if TYPE_CHECKING:
     from bourse.client import BourseClient, Listing
+    from bourse.view import View
+    from bourse.view.reads import MachineFilter, Seen
     from bourse.wire.messages import Machine
 
 # bourse.wire.messages.MachineState's values, for --state and its help: that module loads
@@ -81,11 +84,28 @@ def list_machines(
     ] = None,
     all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
     direct: MachineDirectOpt = False,
+    fresh: FreshOpt = False,
 ) -> None:
     """Machines of every worker in every region (or those given), sorted by region, worker
-    and age, with filters; --worker: one worker's. Every worker answers in pages, so any
-    number of machines lists completely. Exit 2 when a region asked for (or, with none
-    given, any region) has no worker that answers, or a worker's answer is missing."""
+    and age, with filters; --worker: one worker's. From the view of the market (a machine
+    whose worker is gone: unknown, since when); --fresh: every worker answers now, in pages.
+    Exit 2 when a region asked for (or, with none given, any region) has no worker that
+    beats (--fresh: answers), or a worker's answer is missing."""
+    if from_view(ctx, fresh or direct):
+        from bourse.view.reads import MachineFilter
+
+        if region and worker is not None:
+            fail("--region and --worker do not go together: a worker is in one region")
+        f = MachineFilter(
+            regions=tuple(dict.fromkeys(region or ())),
+            worker=worker or "",
+            app=app_name or "",
+            states=tuple(_states(state)),
+            labels=tuple(parse_labels(label, "--label").items()),
+            include_destroyed=all_,
+        )
+        _list_from_view(ctx, f)
+        return
     from bourse.client import Listing, render
     from bourse.wire.messages import ListMachines
 
@@ -120,6 +140,45 @@ def list_machines(
     _listing_problems(got, region or [])
 
 
+def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
+    """``machines list`` from the view: the machines as their workers last published them,
+    those of a worker gone shown as unknown (JSON: ``gone``, worker -> since when)."""
+    s = session(ctx)
+
+    async def go(view: View) -> tuple[list[Seen], list[str], dict[str, int]]:
+        from bourse.view import reads
+
+        return reads.machines(view.db.db, f), reads.beating_regions(view.db.db), view_json(view)
+
+    seen, regions, fresh = with_view(ctx, go)
+    from bourse.client import Listing, render
+
+    tenant = s.tenant()
+    gone = {x.machine().worker_id: x.gone_since_ms for x in seen if x.gone_since_ms is not None}
+    machines = [own(tenant, x.machine()) for x in seen] if tenant or not s.json else []
+    if s.json:
+        listed: list[object] = list(machines) if tenant else [x.json for x in seen]
+        s.echo_json(
+            {"machines": listed, "complete": True, "missing": [], "regions": regions,
+             "errors": [], "gone": gone, "view": fresh}
+        )  # fmt: skip
+    elif machines:
+        render.show(render.machine_listing(machines, gone=gone))
+    elif regions:
+        typer.echo("no machine matches")
+    line = gone_line(gone)
+    if line and not s.json:
+        typer.echo(line, err=True)
+    _listing_problems(Listing(machines=[], complete=True, regions=regions), list(f.regions))
+
+
+def own(tenant: str, m: Machine) -> Machine:
+    """A machine as its tenant sees it: its own order id (the scope taken off)."""
+    from bourse.wire.tenancy import unscoped
+
+    return unscoped(tenant, m) if tenant else m
+
+
 def _listing_problems(got: Listing, regions: list[str]) -> None:
     """One line on stderr per problem (a silent region, missing workers, a supplier's
     error); exit 2 if there was one."""
@@ -141,16 +200,21 @@ def _listing_problems(got: Listing, regions: list[str]) -> None:
         raise typer.Exit(EXIT_UNFILLED)
 
 
-def show(ctx: typer.Context, machine_id: MachineIdArg, direct: MachineDirectOpt = False) -> None:
-    """One machine: its state, last exit, addresses, checks and health."""
-    from bourse.client import render
-
+def show(
+    ctx: typer.Context,
+    machine_id: MachineIdArg,
+    direct: MachineDirectOpt = False,
+    fresh: FreshOpt = False,
+) -> None:
+    """One machine: its state, last exit, addresses, checks and health. From the view of the
+    market; --fresh: its worker answers now."""
+    if from_view(ctx, fresh or direct):
+        _show_from_view(ctx, machine_id)
+        return
     m = with_client(ctx, lambda c: c.machine("get", machine_id), direct=direct)
     verb_shown(ctx, m)
     if not session(ctx).json:
-        render.console.print(render.last_exit(m))
-        for line in render.reach(m):
-            typer.echo(line)
+        _shown_more(m)
 
 
 def _machine_ids(values: list[str] | None) -> list[str]:
@@ -291,6 +355,43 @@ def selecting(verb: str, help_text: str, states: tuple[str, ...] = ()) -> Callab
 
     command.__doc__ = help_text
     return command
+
+
+def _shown_more(m: Machine) -> None:
+    """``machines show``'s lines under the table: its last exit, how it is reached."""
+    from bourse.client import render
+
+    render.console.print(render.last_exit(m))
+    for line in render.reach(m):
+        typer.echo(line)
+
+
+def _show_from_view(ctx: typer.Context, machine_id: str) -> None:
+    """``machines show`` from the view: ``{"machine", "worker_gone_since_ms", "view"}``; a
+    machine the view does not have (yet) is asked of its worker (its id names it)."""
+    s = session(ctx)
+
+    async def go(view: View) -> tuple[Seen | None, dict[str, int]]:
+        from bourse.view import reads
+
+        return reads.machine(view.db.db, machine_id), view_json(view)
+
+    seen, fresh = with_view(ctx, go)
+    if seen is None:  # not (yet) in the view, e.g. placed a moment ago: its worker says
+        m = with_client(ctx, lambda c: c.machine("get", machine_id))
+        verb_shown(ctx, m)
+        if not s.json:
+            _shown_more(m)
+        return
+    m = own(s.tenant(), seen.machine())
+    if s.json:
+        s.echo_json({"machine": m, "worker_gone_since_ms": seen.gone_since_ms, "view": fresh})
+        return
+    from bourse.client import render
+
+    gone = {} if seen.gone_since_ms is None else {m.worker_id: seen.gone_since_ms}
+    render.show(render.machines([m], gone))
+    _shown_more(m)
 
 
 start = selecting("start", "Start machines: those given, or those --app and --label select.")

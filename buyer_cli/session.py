@@ -6,6 +6,7 @@ this module: ``buyer --help`` imports none of them (bourse/runtime/cli.py)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, TypeVar
@@ -74,9 +75,12 @@ class Session:
             ) from None
 
     def echo_json(self, obj: object) -> None:
+        """One JSON object on stdout. Written as it is: its text holds no terminal control
+        (JSON escapes it), and echo would scan a 10,000 machines' listing (8 MB) for some."""
         from bourse.client.render import as_json
 
-        typer.echo(as_json(obj))
+        sys.stdout.write(as_json(obj) + "\n")
+        sys.stdout.flush()
 
 
 def session(ctx: typer.Context) -> Session:

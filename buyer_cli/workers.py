@@ -1,5 +1,5 @@
 """``buyer workers drain | stop | start``: the operator's verbs on workers (docs/protocol.md
-§4.21), each answered by the worker's supplier. Under ``bourse auth init``'s permissions only
+§4.22), each answered by the worker's supplier. Under ``bourse auth init``'s permissions only
 the operator's key (``--creds operator.seed``) may use them; a market without credentials
 (``bourse up``) takes them from anyone who reaches it."""
 

@@ -45,6 +45,7 @@ from bourse.nats.commands import CommandStream, ensure_command_stream
 from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import EventStream, ensure_stream, replicas_for
 from bourse.nats.responder import Responder
+from bourse.nats.state import StateStream, ensure_state_stream
 from bourse.runtime.collectors import AdmissionView, ClaimsView
 from bourse.runtime.metrics import ExchangeMetrics
 from bourse.runtime.supervise import cleanup_scope
@@ -140,17 +141,18 @@ class ExchangeService:
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Serve until cancelled: with JetStream, make the event stream if it is missing and
-        open the image store (its tags watched in this task group); subscribe, say
-        ``started``, serve; then, shielded and bounded: unsubscribe, let the auctions under
-        way finish (their holds released), close the auctioneer. Auctions and relays run in
-        the responder's tasks, which the stop ends."""
+        """Serve until cancelled: with JetStream, make the event, command and state streams
+        if they are missing and open the image store (its tags watched in this task group);
+        subscribe, say ``started``, serve; then, shielded and bounded: unsubscribe, let the
+        auctions under way finish (their holds released), close the auctioneer. Auctions and
+        relays run in the responder's tasks, which the stop ends."""
         async with anyio.create_task_group() as tasks:
             if self.jetstream:  # the suppliers' events wait in their outboxes until it is there
                 replicas = replicas_for(self.nc)
                 js = self.nc.jetstream()
                 await ensure_stream(js, EventStream.of(self.subjects, replicas=replicas))
                 await ensure_command_stream(js, CommandStream.of(self.subjects, replicas=replicas))
+                await ensure_state_stream(js, StateStream.of(self.subjects, replicas=replicas))
                 await tasks.start(self.images.run)
             try:
                 await self._subscribe()

@@ -92,6 +92,7 @@ async def run_loadtest(
         nc = await connect(urls, name="bourse-loadgen", service=False)
         market = BourseClient(nc, subjects)
         auction = AuctionConfig(
+            quiet_ms=profile.exchange_quiet_ms,  # direct: the generator is the exchange
             bid_shards=profile.bid_shards,
             bid_sample=profile.bid_sample,
             prompt_offers=profile.prompt_offers,

@@ -69,6 +69,8 @@ class StartsProfile:
     starts: int = 30  # per kind, market and by hand each
     machines: int = 100  # started at once for the shims' memory (0: skipped)
     containers: bool = True  # where runc works here
+    shared: bool = True  # the same kinds again with isolation off, in the same run
+    requests: int = 200  # GETs through a published port and to the private address each
 
 
 @dataclass(slots=True)
@@ -111,12 +113,18 @@ async def http_ok(host: str, port: int, deadline: float) -> None:
         await anyio.sleep(0.001)  # a pace while the program starts listening
 
 
-def fleet(path: Path, containers: bool) -> Path:
+def fleet(path: Path, containers: bool, shared: bool) -> Path:
     """The run's workers: a process one and, where runc works, an oci one, each with its
-    own label (an order names its kind) and port range, advertising loopback."""
-    kinds = [("starts-p", "process", "process", "27100-27399")]
+    own label (an order names its kind) and port range, advertising loopback; with
+    ``shared``, the same again with isolation off (their machines share the supplier's
+    users and the host's network: what isolation costs, in the same run)."""
+    kinds = [("starts-p", "process", "process", "27100-27299", "auto")]
     if containers:
-        kinds.append(("starts-c", "oci", "container", "27400-27499"))
+        kinds.append(("starts-c", "oci", "container", "27300-27399", "auto"))
+    if shared:
+        kinds.append(("starts-ps", "process", "process-shared", "27400-27599", "off"))
+        if containers:
+            kinds.append(("starts-cs", "oci", "container-shared", "27600-27699", "off"))
     workers = [
         {
             "worker_id": wid,
@@ -126,8 +134,9 @@ def fleet(path: Path, containers: bool) -> Path:
             "labels": {"kind": kind},
             "ports": ports,
             "advertise_host": "127.0.0.1",
+            "isolate": isolate,
         }
-        for wid, driver, kind, ports in kinds
+        for wid, driver, kind, ports, isolate in kinds
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(msgspec.json.encode({"worker": workers}))
@@ -202,7 +211,7 @@ async def hand_start(hand: Hand) -> float:
 def hand_command(kind: Kind, roots: Path) -> Hand | None:
     """How to start the kind's program by hand: from its unpacked root in the worker's
     content cache (the same files the market's machine ran)."""
-    if kind.name == "process":
+    if kind.name.startswith("process"):
         found = sorted(roots.glob("roots/*/server.py"))
         if found:
             return (lambda port: [sys.executable, "server.py"]), found[0].parent, HELLO_ENV
@@ -215,22 +224,84 @@ def hand_command(kind: Kind, roots: Path) -> Hand | None:
     return (lambda port: [*httpd, "-p", str(port)]), root, {}
 
 
-async def measure(client: BourseClient, kind: Kind, roots: Path, n: int, say: Say) -> None:
-    """``n`` starts each way, alternated."""
-    _, first = await market_start(client, kind)  # the image pulled into the cache
-    await client.machine("destroy", first)
-    hand = hand_command(kind, roots / kind.worker)
-    if hand is None:
-        raise StartsError(f"no unpacked root of {kind.image} found below {roots}")
-    say(f"{kind.name}: {n} starts through the market and {n} by hand, alternated...")
+async def measure(client: BourseClient, kinds: list[Kind], roots: Path, n: int, say: Say) -> None:
+    """``n`` starts of each kind each way, the kinds and the ways alternated (so that every
+    one sees the machine as busy as the others)."""
+    hands = {}
+    for kind in kinds:
+        _, first = await market_start(client, kind)  # the image pulled into the cache
+        await client.machine("destroy", first)
+        hand = hand_command(kind, roots / kind.worker)
+        if hand is None:
+            raise StartsError(f"no unpacked root of {kind.image} found below {roots}")
+        hands[kind.name] = hand
+    names = ", ".join(k.name for k in kinds)
+    say(f"{names}: {n} starts each through the market and {n} by hand, alternated...")
     for _ in range(n):
+        for kind in kinds:
+            try:
+                ms, mid = await market_start(client, kind)
+                kind.market_ms.append(ms)
+                await client.machine("destroy", mid)
+            except (BourseError, OSError) as exc:
+                kind.failed.append(str(exc))
+            kind.hand_ms.append(await hand_start(hands[kind.name]))
+
+
+# -- a request through the published port against the private address ---------------------
+def _get_ms(host: str, port: int) -> float:
+    """One small GET on a connection of its own: ms to the whole response."""
+    began = time.perf_counter()
+    with socket.create_connection((host, port), timeout=5) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        while sock.recv(65536):
+            pass
+    return (time.perf_counter() - began) * 1000
+
+
+def primary_address() -> str:
+    """The host's address on its default route (no packet is sent), or "" without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
-            ms, mid = await market_start(client, kind)
-            kind.market_ms.append(ms)
-            await client.machine("destroy", mid)
-        except (BourseError, OSError) as exc:
-            kind.failed.append(str(exc))
-        kind.hand_ms.append(await hand_start(hand))
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
+            return str(s.getsockname()[0])
+        except OSError:
+            return ""
+
+
+async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[str, Any]:
+    """``n`` GETs each to a started machine of ``kind`` through its published address
+    (loopback: DNAT with route_localnet and a masquerade), through the host's routable
+    address at the same port (DNAT alone) and straight to its private one (from the host),
+    alternated: what the port's publication costs a request. Empty when the machine has no
+    network of its own."""
+    _, mid = await market_start(client, kind)
+    try:
+        m = await client.machine("get", mid)
+        private = m.private_address
+        if not private:
+            return {}
+        host, _, port = m.addresses["web"].rpartition(":")
+        say(f"{kind.name}: {n} requests through {host}:{port} and to {private}:{port}...")
+        routable = primary_address()
+        published, direct, routed = [], [], []
+        for _ in range(n):
+            published.append(await anyio.to_thread.run_sync(_get_ms, host, int(port)))
+            direct.append(await anyio.to_thread.run_sync(_get_ms, private, int(port)))
+            if routable:
+                routed.append(await anyio.to_thread.run_sync(_get_ms, routable, int(port)))
+    finally:
+        await client.machine("destroy", mid)
+    p50, d50 = percentile(published, 50, 3), percentile(direct, 50, 3)
+    return {
+        "requests": n,
+        "published_p50_ms": p50,
+        "private_p50_ms": d50,
+        "published_p99_ms": percentile(published, 99, 3),
+        "private_p99_ms": percentile(direct, 99, 3),
+        "routable_p50_ms": percentile(routed, 50, 3),
+        "ratio_p50": None if not p50 or not d50 else round(p50 / d50, 3),
+    }
 
 
 # -- the shims' memory ---------------------------------------------------------------------
@@ -302,6 +373,10 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
     kinds = [Kind("process", "starts-p", "hello:latest")]
     if box is not None:
         kinds.append(Kind("container", "starts-c", "box:latest"))
+    if profile.shared:
+        kinds.append(Kind("process-shared", "starts-ps", "hello:latest"))
+        if box is not None:
+            kinds.append(Kind("container-shared", "starts-cs", "box:latest"))
     data = out / "data"
     try:
         nc = await connect([server.url], name="bourse-starts", service=False)
@@ -313,7 +388,7 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
             if box is not None:
                 await _push(store, "box:latest", box, BOX)
             args = ("--nats", server.url, "--prefix", subjects.prefix, "--metrics-addr", "off")
-            path = fleet(out / "config" / "fleet.json", box is not None)
+            path = fleet(out / "config" / "fleet.json", box is not None, profile.shared)
             programs.append(
                 await start_program(
                     "supplier", "run", "--fleet", str(path), "--data-dir", str(data),
@@ -328,8 +403,10 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
                 )
             )  # fmt: skip
             client = BourseClient(nc, subjects)
-            for kind in kinds:
-                await measure(client, kind, data / "images", profile.starts, say)
+            await measure(client, kinds, data / "images", profile.starts, say)
+            published = {}
+            if profile.requests:
+                published = await requests(client, kinds[0], profile.requests, say)
             mem = {}
             if profile.machines:
                 mem = await memory(client, profile.machines, data / "shims" / "starts-p", say)
@@ -339,6 +416,7 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
         await stop_all(programs)
         server.stop()
     rep = report(profile, kinds, mem)
+    rep["published_port"] = published
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(rep)))
     return rep
 
@@ -348,13 +426,14 @@ async def _push(store: ImageStore, ref: str, directory: Path, run: RunSpec) -> I
     return await store.inspect(ref)
 
 
-def percentile(values: list[float], q: float) -> float | None:
+def percentile(values: list[float], q: float, digits: int = 1) -> float | None:
+    """The ``q`` percentile of ``values`` (ms), in ms rounded to ``digits``."""
     if not values:
         return None
     hist = HdrHistogram(1, 600_000_000, 3)  # microseconds
     for v in values:
         hist.record_value(max(1, round(v * 1000)))
-    return round(hist.get_value_at_percentile(q) / 1000, 1)
+    return round(hist.get_value_at_percentile(q) / 1000, digits)
 
 
 def report(profile: StartsProfile, kinds: list[Kind], mem: dict[str, Any]) -> dict[str, Any]:
@@ -388,12 +467,27 @@ def table(rep: dict[str, Any]) -> Table:
             f"{k['hand_p99_ms']} ms",
             f"{k['over_p50_ms']} ms",
         )
+    notes = []
+    kinds = rep["kinds"]
+    for name in ("process", "container"):
+        own, shared = kinds.get(name, {}), kinds.get(f"{name}-shared", {})
+        if own.get("market_p50_ms") is not None and shared.get("market_p50_ms") is not None:
+            cost = round(own["market_p50_ms"] - shared["market_p50_ms"], 1)
+            notes.append(f"isolation costs a {name} start {cost} ms at p50")
+    req = rep.get("published_port") or {}
+    if req:
+        notes.append(
+            f"{req['requests']} GETs through the published port: p50 {req['published_p50_ms']} "
+            f"ms, to the private address {req['private_p50_ms']} ms (x{req['ratio_p50']}), "
+            f"through the host's routable address {req['routable_p50_ms']} ms"
+        )
     mem = rep.get("shims") or {}
     if mem:
-        t.caption = (
+        notes.append(
             f"{mem['shims']} shims of {mem['machines']} machines at once: PSS mean "
             f"{mem['pss_kib_mean']} KiB, p50 {mem['pss_kib_p50']} KiB, max {mem['pss_kib_max']} KiB"
         )
+    t.caption = "\n".join(notes) or None
     return t
 
 

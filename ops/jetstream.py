@@ -34,6 +34,7 @@ from bourse.nats.grants import (
     IMAGE_TAGS,
     IMAGES,
     STAGING,
+    STATE,
     Resource,
 )
 from bourse.nats.jetstream import (
@@ -46,6 +47,8 @@ from bourse.nats.jetstream import (
     replicas_for,
     settled,
 )
+from bourse.nats.state import DEFAULT_MAX_BYTES as STATE_MAX_BYTES
+from bourse.nats.state import StateStream, make_state_stream
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     Connection,
@@ -84,12 +87,14 @@ async def set_up(
     replicas: int,
     staging_max_bytes: int = STAGING_MAX_BYTES,
     commands_max_bytes: int = COMMANDS_MAX_BYTES,
+    state_max_bytes: int = STATE_MAX_BYTES,
 ) -> list[Made]:
     """Make what is missing of the market's streams and buckets (``events``: the event
-    stream's settings; ``replicas``: the image store's, its staging's, the apps' and the
-    command stream's; the claims bucket has its own)."""
+    stream's settings; ``replicas``: the image store's, its staging's, the apps', the
+    command stream's and the state stream's; the claims bucket has its own)."""
     prefix = subjects.prefix
     commands = CommandStream.of(subjects, replicas=replicas, max_bytes=commands_max_bytes)
+    state = StateStream.of(subjects, replicas=replicas, max_bytes=state_max_bytes)
     steps = (
         (EVENTS, lambda: make_stream(nc.jetstream(), events)),
         (CLAIMS, lambda: ClaimStore.open(nc, subjects)),
@@ -99,6 +104,7 @@ async def set_up(
         (APPS, lambda: AppStore.open(nc, prefix, replicas=replicas)),
         (APP_SECRETS, lambda: SecretStore.open(nc, prefix, replicas=replicas)),
         (COMMANDS, lambda: make_command_stream(nc.jetstream(), commands)),
+        (STATE, lambda: make_state_stream(nc.jetstream(), state)),
     )
     existed = {r.key: await _exists(nc, r.stream(prefix)) for r, _ in steps}
     for _, make in steps:
@@ -171,10 +177,19 @@ def init(
             "docs/operations.md).",
         ),
     ] = COMMANDS_MAX_BYTES // MIB,
+    state_max_mib: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="What the state stream holds at most: a row per live machine and worker, "
+            "and the destroyed machines' rows of the last hour, about 1 KiB each (the "
+            "sizing rule, docs/operations.md).",
+        ),
+    ] = STATE_MAX_BYTES // MIB,
 ) -> None:
     """Make the market's streams and buckets that are missing: the event stream, the order
     claims, the image store and its staging stream, the apps' specs and secrets, the
-    command stream. Run with the operator's key (operator.nk)."""
+    command stream, the state stream. Run with the operator's key (operator.nk)."""
     logs.configure("warning")
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key)
     subjects = Subjects(prefix)
@@ -191,7 +206,13 @@ def init(
                 size = -(-event_stream_bytes(orders_per_s, age_s) // MIB) * MIB
             events = EventStream.of(subjects, replicas=n, max_bytes=size, max_age_s=age_s)
             return await set_up(
-                nc, subjects, events, n, staging_max_mib * MIB, commands_max_mib * MIB
+                nc,
+                subjects,
+                events,
+                n,
+                staging_max_mib * MIB,
+                commands_max_mib * MIB,
+                state_max_mib * MIB,
             )
         finally:
             await shutdown(nc)

@@ -26,7 +26,12 @@ def loadtest(
             "cache-aware pricing against cache-blind: --workers per arm, --rate, --duration-s, "
             "--lifetime-s, --seed, --images, --image-mb); or starts (a machine's start through "
             "the market against its program started by hand, and the shims' memory: "
-            "--starts, --machines)."
+            "--starts, --machines); or edge (the edge's p50 over a direct request and its "
+            "throughput against nginx's reverse proxy, by wrk: --processes edge processes "
+            "and nginx workers, --concurrency connections, --duration-s); or view (the view "
+            "of the market: a change's delay to a view, a build from scratch, the CLI's "
+            "listing: --workers, --machines, --changes-per-s, --duration-s, --build-machines, "
+            "--regions, --cli-runs)."
         ),
     ] = "smoke",
     profile_file: Annotated[
@@ -159,7 +164,23 @@ def loadtest(
     ] = None,
     machines: Annotated[
         int | None,
-        typer.Option(min=0, help="starts: machines at once for the shims' memory (default 100)."),
+        typer.Option(
+            min=0,
+            help="starts: machines at once for the shims' memory (default 100); view: "
+            "machines placed before the changes (default 2,000).",
+        ),
+    ] = None,
+    changes_per_s: Annotated[
+        float | None,
+        typer.Option(min=1, help="view: recorded machine changes a second (default 1,000)."),
+    ] = None,
+    build_machines: Annotated[
+        int | None,
+        typer.Option(min=1, help="view: machine rows a view is built from (default 100,000)."),
+    ] = None,
+    cli_runs: Annotated[
+        int | None,
+        typer.Option(min=1, help="view: timed runs of the CLI's listing (default 10)."),
     ] = None,
     soak: Annotated[
         float | None,
@@ -208,6 +229,20 @@ def loadtest(
     if scenario == "starts":
         given = {"starts": starts, "machines": machines}
         _starts({k: v for k, v in given.items() if v is not None}, out, json)
+        return
+    if scenario == "edge":
+        edge: dict[str, object] = {
+            "processes": processes, "concurrency": concurrency, "duration_s": duration_s
+        }  # fmt: skip
+        _edge({k: v for k, v in edge.items() if v is not None}, out, json)
+        return
+    if scenario == "view":
+        view: dict[str, object] = {
+            "workers": workers, "machines": machines, "changes_per_s": changes_per_s,
+            "duration_s": duration_s, "build_machines": build_machines, "regions": regions,
+            "cli_runs": cli_runs,
+        }  # fmt: skip
+        _views({k: v for k, v in view.items() if v is not None}, out, json)
         return
     if scenario == "pulls":
         pulls = {
@@ -290,6 +325,20 @@ def _starts(given: dict[str, object], out: Path | None, json: bool) -> None:
     from loadtest import starts
 
     _scenario("starts", starts.profile_of, starts.run_starts, starts.table, given, out, json)
+
+
+def _edge(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The edge scenario (loadtest/edge.py) with the options given."""
+    from loadtest import edge
+
+    _scenario("edge", edge.profile_of, edge.run_edge, edge.table, given, out, json)
+
+
+def _views(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The view scenario (loadtest/views.py) with the options given."""
+    from loadtest import views
+
+    _scenario("view", views.profile_of, views.run_views, views.table, given, out, json)
 
 
 def _pulls(given: dict[str, object], out: Path | None, json: bool) -> None:

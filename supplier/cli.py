@@ -46,6 +46,8 @@ from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import (
     DEFAULT_MAX_HOLD_MS,
+    DEFAULT_TENANT_IMAGES,
+    TENANT_IMAGES,
     ConfigError,
     WorkerConfig,
     check_workers,
@@ -59,7 +61,7 @@ from supplier.host import (
     WorkerIdInUse,
 )
 from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
-from supplier.ports import HostClaims, PortError
+from supplier.ports import PortClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
@@ -229,6 +231,16 @@ def run_cmd(
             "keep_machines wins).",
         ),
     ] = True,
+    tenant_images: Annotated[
+        str | None,
+        typer.Option(
+            metavar="POLICY",
+            help="Where a tenant's orders may run (docs/protocol.md §6.8e): isolated, only "
+            "on a worker whose machines have users and a network of their own; oci-only, "
+            "only in such a worker's containers; allow, anywhere (a fleet worker's own "
+            f"tenant_images wins) [default: {DEFAULT_TENANT_IMAGES}]",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -273,13 +285,16 @@ def run_cmd(
                 )
             ]
             data_dir = data_dir or Path(".bourse") / workers[0].worker_id
+        if tenant_images is not None and tenant_images not in TENANT_IMAGES:
+            fail(f"--tenant-images {tenant_images!r}: use one of {', '.join(TENANT_IMAGES)}")
         # a worker's own settings (fleet file) win over these flags
-        flags = {
+        flags: dict[str, int | bool | str | None] = {
             "max_hold_ms": max_hold_ms,
             "machine_log_mb": machine_log_mb,
             "worker_log_mb": worker_log_mb,
             "max_image_mb": max_image_mb,
             "keep_machines": keep_machines,
+            "tenant_images": tenant_images,
         }
         workers = [_unset_from(w, flags) for w in workers]
         check_workers(workers)
@@ -324,7 +339,7 @@ def run_cmd(
         "signer": signer,
         "quote_sample": quote_sample,
         "reclaim_after_s": reclaim_after_s,
-        "port_claims": HostClaims(),
+        "port_claims": PortClaims(),
         "advertise_host": advertise_host,
     }
     run(main)
@@ -421,7 +436,7 @@ def main() -> None:
     cli_main(app)
 
 
-def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | None]) -> WorkerConfig:
+def _unset_from(w: WorkerConfig, flags: dict[str, int | bool | str | None]) -> WorkerConfig:
     """``w`` with each of its settings it leaves unset taken from the flag of that name
     (given: not None)."""
     unset = {k: v for k, v in flags.items() if v is not None and getattr(w, k) is None}

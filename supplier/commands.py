@@ -161,7 +161,7 @@ class Commands:
         self._tasks.start_soon(follow)
 
     async def pause(self, wid: str) -> None:
-        """The worker is stopped (§4.21): its commands wait in the stream until it starts
+        """The worker is stopped (§4.22): its commands wait in the stream until it starts
         (:meth:`resume`). Its follower ends after the fetch under way (at most
         FETCH_WAIT_S), applying what that fetch brings: a fetch cut short would leave its
         pull request with the server, which would deliver the next command to nobody (held

@@ -42,6 +42,7 @@ from bourse.wire.messages import (
 from bourse.wire.resources import Vec, format_vec, leq, vec
 from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
 from supplier.ledger import Hold, Ledger
+from supplier.machines.api import Driver
 from supplier.machines.keeper import EventFn, Machines
 from supplier.oplog import Op, RunSpec
 from supplier.ports import NoPort, WorkerPorts
@@ -73,8 +74,17 @@ class CommitWorker(Placements, Protocol):
         ...
 
     @property
+    def driver(self) -> Driver:
+        """What runs its machines: a commit reserves the machine's private address there."""
+        ...
+
+    @property
     def store(self) -> Store:
         """Where a machine is written before ``Placed`` is sent (I2)."""
+        ...
+
+    def machine_changed(self, m: Machine) -> None:
+        """A machine's change is durable: its row goes to the state stream (§4.21)."""
         ...
 
     def has_image(self, m: Machine) -> bool:
@@ -225,6 +235,7 @@ class CommitDesk:
             env_keys=sorted(c.env),
             restart=c.restart,
             simulated=self.w.simulated,
+            private_address=self.w.driver.private_address(machine_id),
         )
 
     async def _store(
@@ -238,11 +249,13 @@ class CommitDesk:
             machine.machine_id,
             image_digest=machine.image_digest,
             addresses=machine.addresses,
+            private_address=machine.private_address,
         )
         try:
             await w.store.write(Op("place", machine, events=(placed,), spec=spec))
         except StoreError as exc:
             w.ports.give_back(machine.machine_id)
+            w.driver.give_back_address(machine.machine_id)
             w.ledger.unpin(h)
             w.store_failed(str(exc))
             return Error(code="internal", detail=f"worker {w.worker_id} cannot store: {exc}")
@@ -252,6 +265,7 @@ class CommitDesk:
         else:
             w.capacity_grew()
         w.keeper.added(machine, spec)
+        w.machine_changed(machine)
         self.log.info(
             "machine_placed",
             order_id=machine.order_id,

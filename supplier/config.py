@@ -54,6 +54,9 @@ from supplier.pricing import PricingConfig, build_curves
 DEFAULT_MAX_HOLD_MS = 5000
 
 DriverName = Literal["sim", "process", "oci"]
+TenantImages = Literal["isolated", "oci-only", "allow"]
+TENANT_IMAGES: tuple[TenantImages, ...] = ("isolated", "oci-only", "allow")
+DEFAULT_TENANT_IMAGES: TenantImages = "isolated"
 
 
 class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
@@ -75,6 +78,10 @@ class WorkerConfig(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
     # Process and oci drivers: each machine its own users and mounts ("auto": where the
     # supplier is root; supplier/machines/host/ids.py), or as the supplier ("off").
     isolate: Literal["auto", "off"] = "auto"
+    # Where a tenant's orders may run (docs/protocol.md §6.8e): "isolated" (machines with
+    # users and a network of their own), "oci-only" (only such containers), "allow"
+    # (anywhere). Unset: supplier run --tenant-images, else DEFAULT_TENANT_IMAGES.
+    tenant_images: TenantImages | None = None
     # The addresses its machines' private networks are drawn from: a /24 of it per worker,
     # claimed on the host, never one of the host's own networks. Unset: BOURSE_MACHINE_NET,
     # else 10.77.0.0/16 (supplier/machines/host/network.py).

@@ -1,4 +1,4 @@
-"""The operator's verbs on one worker (docs/protocol.md §4.21): drain, stop and start,
+"""The operator's verbs on one worker (docs/protocol.md §4.22): drain, stop and start,
 answered on ``<prefix>.v1.control.<worker_id>`` by the worker's supplier whatever the
 worker's state, one verb at a time per worker. Decoding and answering only: a drain is the
 worker's (supplier/worker.py), what stopping and starting a worker take (its subjects, its

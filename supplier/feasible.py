@@ -52,6 +52,7 @@ __all__ = [
     "every_failure",
     "first_failure",
     "handout",
+    "tenant_refusal",
     "wanted",
 ]
 
@@ -68,6 +69,24 @@ BLOCKED = "blocked_by_holds"  # only other orders' holds are in the way: a bid m
 CANNOT_RUN = "image_not_runnable"  # the worker's driver cannot run the order's image
 TOO_SMALL = "too_small_to_confine"  # below what the driver can confine (memory < 4 MiB)
 IMAGE_TOO_BIG = "image_too_big"  # a pull of the image could never fit the worker's cache
+
+
+def tenant_refusal(policy: str, driver: str, isolation: str) -> str:
+    """Why a worker may not run a tenant's order under ``policy`` (supplier run
+    --tenant-images: docs/protocol.md §6.8e), or "": ``isolated`` wants machines with users
+    and a network of their own, ``oci-only`` such containers, ``allow`` anything; a ``sim``
+    worker runs nothing and takes any."""
+    if policy == "allow" or driver == "sim":
+        return ""
+    if isolation != "users,network":
+        return (
+            f"a tenant's order: this worker's machines are not isolated ({isolation}), and "
+            f"--tenant-images {policy} runs tenants' machines only where they have users and "
+            "a network of their own"
+        )
+    if policy == "oci-only" and driver != "oci":
+        return f"a tenant's order: --tenant-images oci-only runs them in containers, not {driver}"
+    return ""
 
 
 class Placements(Protocol):

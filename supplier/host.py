@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import secrets
 import time
 from collections import Counter
@@ -59,10 +60,12 @@ from supplier.explain import explanation_pages
 from supplier.images import ImageListener, StoreSource
 from supplier.machines.host.confine import owner_of
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
-from supplier.ports import HostClaims, PortRange, Wanted, held_twice, host_ranges
+from supplier.ports import PortClaims, PortRange, Wanted, held_twice, host_ranges
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
+from supplier.rows import StateRows
+from supplier.scrub import Scrubbing
 from supplier.store import Store
 from supplier.upkeep import Upkeep
 from supplier.worker import Worker
@@ -75,10 +78,12 @@ DEFAULT_MAX_BID_BACKLOG = 64
 CLAIM_CHECK_S = 0.5
 # A stop's bounds: the answers under way (a commit's fsync), the machines (their lifecycle
 # work, then their processes: SIGTERM, SIGKILL after the grace or when this runs out), the
-# outbox's last messages, and the whole stop, so SIGTERM ends the process within 2 s.
+# outbox's last messages, the state rows of the stop, and the whole stop, so SIGTERM ends
+# the process within 2 s.
 HANDLERS_S = 0.5
 MACHINES_S = 0.7
 OUTBOX_S = 0.3
+ROWS_S = 0.2
 STOP_S = 1.5
 
 
@@ -105,8 +110,9 @@ class SupplierHost:
         metrics: SupplierMetrics | None = None,
         reclaim_after_s: float = DEFAULT_RECLAIM_AFTER_S,
         reclaim_every_s: float | None = None,
-        port_claims: HostClaims | None = None,
+        port_claims: PortClaims | None = None,
         advertise_host: str = "",
+        scrubbing: Scrubbing = Scrubbing(),
     ) -> None:
         check_workers(workers)
         # The workers' port ranges, claimed against the host's other suppliers when
@@ -142,6 +148,8 @@ class SupplierHost:
                 port_range=ranges.get(cfg.worker_id),
                 advertise_host=advertise_host,
             )
+            if port_claims is not None and w.ports.range is not None:
+                w.ports.on_held = functools.partial(port_claims.hold, cfg.worker_id)
             self.workers[cfg.worker_id] = w
             self.by_region.setdefault(cfg.region, []).append(w)
         self.groups = BidGroups(self.subjects, self.workers.values(), bid_shards)
@@ -152,10 +160,15 @@ class SupplierHost:
         # JetStream; at most once in the degraded mode, ``jetstream`` False).
         self.jetstream = jetstream
         self.events = EventOutbox(nc, store, self.subjects, durable=jetstream)
+        # Their rows in the state stream (supplier/rows.py; with JetStream only).
+        self.rows = StateRows(nc, self.subjects, self.workers) if jetstream else None
+        for w in self.workers.values():
+            if self.rows is not None:
+                w.on_row = self.rows.machine
         # Stops and destroys kept for these workers while they were away (supplier/commands.py).
         self.commands = Commands(nc, self.subjects, self.workers, self._announce)
         # Each worker's own subjects: commits, releases, machine verbs (one subscription a
-        # worker while it serves); and the operator's verbs on it (§4.21, while this runs).
+        # worker while it serves); and the operator's verbs on it (§4.22, while this runs).
         self.worker_subjects = WorkerSubjects(
             self.subjects, self.workers, self.desk, lambda: self.responder, self._release_region
         )
@@ -167,8 +180,17 @@ class SupplierHost:
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
+        # The timed work: the sweep, orphans, the store's probe, and the scrub of the
+        # workers' image roots (supplier/scrub.py: ``scrubbing`` paces it).
         self.upkeep = Upkeep(
-            nc, self.subjects, store, self.workers, self.desk, every_s, lambda: self.bids_shed
+            nc,
+            self.subjects,
+            store,
+            self.workers,
+            self.desk,
+            every_s,
+            lambda: self.bids_shed,
+            scrubbing,
         )
         if metrics is not None:  # state is read at scrape time; only a commit is timed
             metrics.watch_workers(
@@ -177,6 +199,10 @@ class SupplierHost:
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
             metrics.watch_event_stream(lambda: self.events.stream_missing)
+            if self.rows is not None:
+                rows = self.rows
+                metrics.watch_outbox("rows", lambda: rows.backlog)  # marked, unacked
+                metrics.watch_state_stream(lambda: rows.stream_missing)
             metrics.watch_replies("supplier", self._reply_counts)
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():
@@ -184,7 +210,7 @@ class SupplierHost:
 
     @staticmethod
     def _port_ranges(
-        workers: list[WorkerConfig], store: Store, claims: HostClaims | None
+        workers: list[WorkerConfig], store: Store, claims: PortClaims | None
     ) -> dict[str, PortRange]:
         """Each worker's range: its own, else (a process or oci worker) a default block of
         the host, the one it had before where it can (kept in the store)."""
@@ -193,7 +219,8 @@ class SupplierHost:
             Wanted(w.worker_id, w.port_range, default=w.driver != "sim" and not w.ports)
             for w in workers
         ]
-        ranges = host_ranges(wanted, kept, claims, owner_of(store.path.parent))
+        home = store.path.parent
+        ranges = host_ranges(wanted, kept, claims, owner_of(home), home)
         store.keep_port_ranges({w.worker_id: str(ranges[w.worker_id]) for w in wanted if w.default})
         return ranges
 
@@ -228,6 +255,8 @@ class SupplierHost:
             await tasks.start(self.events.run)
             try:
                 await self._start(tasks)
+                if self.rows is not None:  # every row, then heartbeats and changes
+                    await tasks.start(self.rows.run)
                 task_status.started()
                 await anyio.sleep_forever()
             finally:
@@ -242,6 +271,7 @@ class SupplierHost:
         for w in self.workers.values():
             await tasks.start(w.keeper.run)  # before anything may start or abort a machine
             w.recover()
+            w.ports.tell()  # its range's claim lasts past this process while machines hold ports
             for order_id in w.by_order:
                 self.desk.placed(order_id, w)
         g = self.responder.guard
@@ -283,7 +313,7 @@ class SupplierHost:
         answer = self.responder.guard(self.worker_subjects.on_message)
         self._worker_subs[wid] = await self.nc.subscribe(self.subjects.worker_all(wid), cb=answer)
 
-    # -- one worker stopped and started by the operator (docs/protocol.md §4.21) ---------------
+    # -- one worker stopped and started by the operator (docs/protocol.md §4.22) ---------------
     async def stop_worker(self, w: Worker) -> None:
         """The worker leaves the market as if its supplier stopped: its subjects go (a
         request there gets no responders: a stop or destroy is kept for it, a failover
@@ -361,6 +391,8 @@ class SupplierHost:
                 # SQLite outbox and goes out after the restart (exactly once all the same)
                 await self.outbox.close(OUTBOX_S)
                 await self.events.close(OUTBOX_S)
+                if self.rows is not None:  # the rows of the stop, as far as time allows
+                    await self.rows.close(ROWS_S)
         log.info("supplier_stopped", workers=len(self.workers))
 
     def _emit(self, event: Event) -> None:

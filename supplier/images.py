@@ -315,6 +315,12 @@ class WorkerImages:
         """The catalog images cached here (``WorkerStatus.images``)."""
         return sorted(k for k in self.catalog if not k.startswith("sha256:"))
 
+    def used_bytes(self) -> int:
+        """Bytes the cache holds (cheap: a worker's row compares it every heartbeat)."""
+        if self.content is None:
+            return int(self.catalog.used_mb * MIB)
+        return self.content.stats().used_bytes
+
     def state(self) -> CacheState:
         """Bytes used and budget, the images held by digest, the cache's counts (a metrics
         scrape reads it from its own thread: snapshots only)."""

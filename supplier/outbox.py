@@ -90,7 +90,7 @@ class Outbox:
 
 # Events that are not committed state: published at-most-once (the plain Outbox above), on
 # the same subjects; every other kind comes from the store's outbox table (EventOutbox).
-AT_MOST_ONCE_KINDS = frozenset({"hold_expired"})
+AT_MOST_ONCE_KINDS = frozenset({"hold_expired", "image_tampered"})
 # Rows published per round: their acks are awaited together (pipelined, one round trip).
 EVENT_BATCH = 512
 ACK_TIMEOUT_S = 5.0

@@ -1,8 +1,9 @@
 """Host ports for machines: a worker's port range, the ports its machines hold, the ranges
 the suppliers of one host use, and a machine's addresses (docs/protocol.md §4.2a).
 
-Machines share their worker's network, so each port an order names is a host port the
-worker gives the machine from its port range. The layers:
+Each port an order names is a host port the worker gives the machine from its port range
+(published into the machine's own network where it has one, else bound by the machine on
+the host's). The layers:
 
 - :class:`PortRange`: a range as an operator writes it (``20000-20999``).
 - :class:`Allocator` (pure): which port of the range each machine holds. A pick goes on
@@ -12,10 +13,12 @@ worker gives the machine from its port range. The layers:
 - :class:`WorkerPorts`: a worker's allocator beside its ledger, which counts ports as the
   5th resource of its vector (I1: a commit's ports come from its hold, a destroyed
   machine's go back with its other resources), and its advertised host.
-- :class:`HostClaims` (files and locks): the ranges the suppliers of a host serve, each a
-  claim file locked by its live owner, looked at and written under one lock; a range that
-  overlaps a live claim is refused, and a process or oci worker without a range takes the
-  first free block of the default ones (kept across its supplier's restarts).
+- :class:`PortClaims`: the ranges the suppliers of a host serve, each a claim of the host's
+  (supplier/machines/host/claims.py, beside its subnets and user ids) that lasts while its
+  supplier runs or its machines hold ports of it; a range that overlaps a standing claim
+  is refused, and a process or oci worker without a range takes the first free block of
+  the default ones (kept across its supplier's restarts, and its own while it is away
+  with machines holding ports).
 
 So no two reserved, starting or started machines on one host hold the same port (I8): one
 worker gives a port to one machine at a time, and the workers of a host draw from ranges
@@ -24,13 +27,9 @@ that do not overlap.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import json
 import os
 import re
 import socket
-import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from functools import cache
@@ -40,6 +39,7 @@ from bourse.errors import BourseError
 from bourse.wire.messages import Machine
 from bourse.wire.resources import PORTS
 from supplier.ledger import Ledger
+from supplier.machines.host.claims import Claim, ClaimError, HostClaims, host_claims
 
 # A worker without a range of its own (a process or oci one) takes one of these blocks:
 # 20000-20099, 20100-20199, ... 32600-32699, below Linux's ephemeral ports (32768-60999),
@@ -47,10 +47,6 @@ from supplier.ledger import Ledger
 DEFAULT_FIRST_PORT = 20000
 DEFAULT_BLOCK = 100
 DEFAULT_BLOCKS = 127
-# Where the suppliers of a host write their claims: one directory for every user's.
-DEFAULT_CLAIMS_DIR = Path(tempfile.gettempdir()) / "bourse-port-claims"
-CLAIMS_LOCK = ".lock"
-CLAIM_SUFFIX = ".claim"
 MAX_PORT = 65535
 
 _RANGE = re.compile(r"^\s*([0-9]{1,5})\s*-\s*([0-9]{1,5})\s*\Z")
@@ -102,10 +98,14 @@ class PortRange:
 
 
 def default_blocks() -> Iterator[PortRange]:
-    """The default ranges, in the order a worker without one tries them."""
-    for i in range(DEFAULT_BLOCKS):
-        lo = DEFAULT_FIRST_PORT + i * DEFAULT_BLOCK
-        yield PortRange(lo, lo + DEFAULT_BLOCK - 1)
+    """The default ranges, in the order a worker without one tries them: all of them, or
+    the slice ``BOURSE_PORT_BLOCKS`` (``FIRST-LAST``, from 0) names (a test session's own,
+    so that two with claims directories of their own never publish the same port)."""
+    first, _, last = os.environ.get("BOURSE_PORT_BLOCKS", "").partition("-")
+    lo, hi = (int(first), int(last)) if first.isdigit() and last.isdigit() else (0, DEFAULT_BLOCKS)
+    for i in range(max(0, lo), min(DEFAULT_BLOCKS - 1, hi) + 1):
+        start = DEFAULT_FIRST_PORT + i * DEFAULT_BLOCK
+        yield PortRange(start, start + DEFAULT_BLOCK - 1)
 
 
 def overlap(ranges: Sequence[tuple[str, PortRange]]) -> str:
@@ -240,6 +240,10 @@ class WorkerPorts:
         self.host = host
         self.can_bind = can_bind
         self.allocator = Allocator(port_range)
+        # Told whether its machines hold ports (when that changes): its host claim's
+        # ``held`` (PortClaims.hold), so that the range outlives a supplier killed with them.
+        self.on_held: Callable[[bool], None] | None = None
+        self._said: bool | None = None
 
     def take(self, machine_id: str, names: Sequence[str]) -> dict[str, str]:
         """Addresses for a committed machine's ``names`` (the ledger counts them already:
@@ -255,18 +259,28 @@ class WorkerPorts:
                 f"no bindable port: it names {n}, and fewer of the free ports of {self.range} "
                 "can be bound (others on this host use them)"
             )
+        self.tell()
         return {name: address(self.host, p) for name, p in got.items()}
 
     def give_back(self, machine_id: str) -> None:
         """The machine is destroyed (or its commit was not written): its ports are free
         (the ledger frees their count with its other resources)."""
-        self.allocator.give_back(machine_id)
+        if self.allocator.give_back(machine_id):
+            self.tell()
 
     def hold(self, machine_id: str, addresses: Mapping[str, str]) -> None:
         """A machine recorded holding these addresses before a restart holds their ports
         again (the ledger's count comes with its resources: Worker.recover)."""
         if addresses:
             self.allocator.hold(machine_id, {n: port_of(a) for n, a in addresses.items()})
+            self.tell()
+
+    def tell(self) -> None:
+        """Say whether its machines hold ports, if that changed (or was never said)."""
+        held = bool(self.allocator.of)
+        if self.on_held is not None and held != self._said:
+            self.on_held(held)
+            self._said = held
 
     def problems(self) -> list[str]:
         """I8 and I1 for ports on this worker: each port held by one machine, inside the
@@ -285,16 +299,18 @@ class WorkerPorts:
         return out
 
 
-# -- the ranges of a host's suppliers (files and locks) ---------------------------------------
+# -- the ranges of a host's suppliers (its claims) --------------------------------------------
+KIND = "ports"
+
+
 @dataclass(frozen=True, slots=True)
 class RangeClaim:
-    """A range a live supplier serves for one of its workers: a host's port claim, read
-    from its claim file (not an order's claim, bourse/auction/claims.py ``Claim``)."""
+    """A range another supplier of the host serves for one of its workers: a host's port
+    claim (not an order's claim, bourse/auction/claims.py ``Claim``)."""
 
     worker_id: str
     owner: str
     range: PortRange
-    pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -308,98 +324,90 @@ class Wanted:
     kept: PortRange | None = None
 
 
-class HostClaims:
-    """This process's claims on its host's ports (see the module doc): each a file
-    ``<dir>/<owner>-<worker_id>.claim`` holding its range and pid, locked (flock) for as
-    long as the process serves it; the kernel drops a lock when its process ends, however
-    it ends, so a claim whose file nobody locks is stale and ignored."""
+class PortClaims:
+    """This process's workers' port ranges, claimed on the host beside its other claims
+    (supplier/machines/host/claims.py, kind ``ports``: one claim per worker, its range the
+    value). A claim lasts while its supplier runs, or while its data dir records machines
+    holding ports of it (``held``: :meth:`hold`, as the worker's machines take their first
+    port and give back their last): a supplier killed with such machines keeps its range
+    for its next run, whoever starts meanwhile; one whose machines hold none gives it back
+    as it ends, however it ends."""
 
-    def __init__(self, directory: Path = DEFAULT_CLAIMS_DIR) -> None:
-        self.directory = directory
-        self._held: list[tuple[Path, int]] = []
+    def __init__(self, claims: HostClaims | None = None) -> None:
+        self._claims = claims
+        self._mine: dict[str, tuple[str, str]] = {}  # worker id -> (owner, claim key)
 
-    def claim(self, wanted: Sequence[Wanted], owner: str) -> dict[str, PortRange]:
+    @property
+    def claims(self) -> HostClaims:
+        if self._claims is None:
+            self._claims = host_claims()  # the process's own view, made at the first use
+        return self._claims
+
+    def claim(self, wanted: Sequence[Wanted], owner: str, home: Path) -> dict[str, PortRange]:
         """Each worker's range (worker id -> range; none for a worker that has none),
-        claimed for this process: an own range unless it overlaps a live claim, a default
-        block (the kept one, else the first free one). PortError names the worker, its
-        range and the claim in the way."""
+        claimed for ``owner`` (the supplier of the data dir ``home``): an own range unless
+        it overlaps another's standing claim, a default block (the kept one, else the first
+        free one). PortError names the worker, its range and the claim in the way."""
         try:
-            self.directory.mkdir(mode=0o1777, parents=True, exist_ok=True)
-            lock = os.open(self.directory / CLAIMS_LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-        except OSError as exc:
-            raise PortError(f"cannot claim ports in {self.directory}: {exc.strerror}") from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one supplier of the host chooses at a time
-            # a claim of this owner is this data dir's from a run before (one supplier per
-            # data dir): its lock may outlive that run in a process it started
-            chosen = choose(wanted, [c for c in self._live() if c.owner != owner])
-            for worker_id, r in chosen.items():
-                self._write(worker_id, owner, r)
-            return chosen
-        finally:
-            os.close(lock)
+            self.claims.live(owner, home)
+            with self.claims.locked():  # one supplier of the host chooses at a time
+                standing = self.claims.standing(KIND)
+                mine = {c.holder: c for c in standing if c.owner == owner}
+                others = [r for c in standing if c.owner != owner and (r := _range_claim(c))]
+                chosen = choose(wanted, others)
+                for c in mine.values():
+                    if c.holder not in chosen:  # a worker this supplier serves no more
+                        self.claims.remove(KIND, c.key)
+                for worker_id, given in chosen.items():
+                    before = mine.get(worker_id)
+                    held = before is not None and before.held and before.value == str(given)
+                    key = f"{owner}.{worker_id}"
+                    self.claims.take(Claim(KIND, key, owner, worker_id, held, str(given)))
+                    self._mine[worker_id] = (owner, key)
+        except ClaimError as exc:
+            raise PortError(f"cannot claim ports: {exc}") from None
+        return chosen
+
+    def hold(self, worker_id: str, held: bool) -> None:
+        """Whether the worker's machines hold ports of its range (its claim outlives this
+        process then)."""
+        mine = self._mine.get(worker_id)
+        if mine is not None:
+            owner, key = mine
+            self.claims.hold(KIND, key, owner, held)
 
     def release(self) -> None:
-        """Give up every claim of this process (its end does the same)."""
-        for path, fd in self._held:
-            with contextlib.suppress(OSError):
-                path.unlink()
-            os.close(fd)
-        self._held.clear()
+        """This process stops serving its workers: a range whose machines hold no port is
+        given back; the others last (the kept machines' ports)."""
+        for owner, key in self._mine.values():
+            for c in self.claims.owned(KIND, owner):
+                if c.key == key and not c.held:
+                    self.claims.drop(KIND, key, owner)
+        self._mine.clear()
 
-    def _live(self) -> list[RangeClaim]:
-        """The claims of live suppliers (stale ones are removed where this user may)."""
-        live = []
-        for path in sorted(self.directory.glob("*" + CLAIM_SUFFIX)):
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue  # removed meanwhile
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                claim = _read_claim(fd)
-                if claim is not None:
-                    live.append(claim)
-            else:  # nobody holds it: its supplier is gone
-                with contextlib.suppress(OSError):
-                    path.unlink()
-            finally:
-                os.close(fd)
-        return live
 
-    def _write(self, worker_id: str, owner: str, r: PortRange) -> None:
-        path = self.directory / f"{owner}-{worker_id}{CLAIM_SUFFIX}"
-        # a new file renamed over the claim: the old one's lock may still be held by a
-        # process a run before started, which must not keep this claim from being ours
-        fresh = path.with_name(f".{path.name}.{os.getpid()}")
-        try:
-            fd = os.open(fresh, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-        except OSError as exc:
-            raise PortError(f"cannot write the port claim {path}: {exc.strerror}") from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            body = {"worker_id": worker_id, "owner": owner, "range": str(r), "pid": os.getpid()}
-            os.pwrite(fd, json.dumps(body).encode(), 0)
-            os.rename(fresh, path)
-        except BaseException:
-            os.close(fd)
-            with contextlib.suppress(OSError):
-                fresh.unlink()
-            raise
-        self._held.append((path, fd))
+def _range_claim(c: Claim) -> RangeClaim | None:
+    try:
+        return RangeClaim(c.holder, c.owner, PortRange.parse(c.value))
+    except PortError:
+        return None  # not a range: it claims nothing
 
 
 def host_ranges(
-    wanted: Sequence[Wanted], kept: Mapping[str, str], claims: HostClaims | None, owner: str
+    wanted: Sequence[Wanted],
+    kept: Mapping[str, str],
+    claims: PortClaims | None,
+    owner: str,
+    home: Path,
 ) -> dict[str, PortRange]:
     """Each worker's range, a default block preferring the one ``kept`` from its last run
-    (worker id -> range); claimed on the host for ``owner`` when ``claims`` is given."""
+    (worker id -> range); claimed on the host for ``owner`` (the supplier of the data dir
+    ``home``) when ``claims`` is given."""
     wanted = [
         replace(w, kept=PortRange.parse(kept[w.worker_id])) if w.worker_id in kept else w
         for w in wanted
     ]
-    return choose(wanted, []) if claims is None else claims.claim(wanted, owner)
+    return choose(wanted, []) if claims is None else claims.claim(wanted, owner, home)
 
 
 def held_twice(workers: Mapping[str, WorkerPorts]) -> list[str]:
@@ -462,14 +470,4 @@ def _in(r: PortRange, taken: Sequence[tuple[str, PortRange]]) -> bool:
 
 
 def _who(c: RangeClaim) -> str:
-    return f"worker {c.worker_id} (supplier pid {c.pid})"
-
-
-def _read_claim(fd: int) -> RangeClaim | None:
-    try:
-        body = json.loads(os.pread(fd, 4096, 0))
-        return RangeClaim(
-            body["worker_id"], body["owner"], PortRange.parse(body["range"]), body["pid"]
-        )
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # being written, or not ours: its writer holds it, the range is unknown
+    return f"worker {c.worker_id} (of another supplier, owner {c.owner})"

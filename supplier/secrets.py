@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 from bourse.client.apps.slots import NO_SECRETS, SECRETS, decode_fields
 from bourse.nats.jetstream import secrets_bucket_name
 from bourse.wire.messages import Machine
+from bourse.wire.metadata import APP, FIELDS
 from bourse.wire.tenancy import SEPARATOR
 from supplier.machines.api import DriverError
 
@@ -48,7 +49,7 @@ class NoBucket(SecretsUnavailable):
 
 def scope(m: Machine) -> str:
     """The keys' scope of ``m``'s app (``""`` for a machine of no app)."""
-    app = m.metadata.get("app", "")
+    app = m.metadata.get(APP, "")
     if not app:
         return ""
     tenant, sep, _ = m.order_id.partition(SEPARATOR)
@@ -61,7 +62,7 @@ def owed(m: Machine) -> str | None:
     machine of no app: ``NO_SECRETS``)."""
     if not scope(m):
         return NO_SECRETS
-    return decode_fields(m.metadata.get("fields", "")).get(SECRETS)
+    return decode_fields(m.metadata.get(FIELDS, "")).get(SECRETS)
 
 
 async def with_secrets(

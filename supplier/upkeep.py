@@ -11,6 +11,8 @@ owns (one task group, cancelled with the host's).
 - **Store health**: while the store refuses writes, every worker of the process drains (they
   share it), and a probe every STORE_PROBE_INTERVAL_S lifts the drain once a write succeeds,
   when each worker also records what its machines did meanwhile (an exit, §6.7a).
+- **The scrub**, where a worker keeps a content cache: every image root read whole against
+  its inventory, paced (supplier/scrub.py).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.subjects import Subjects
 from supplier.desk import Desk
+from supplier.scrub import Scrub, Scrubbing
 from supplier.store import Store, StoreError
 from supplier.worker import Worker
 
@@ -60,6 +63,7 @@ class Upkeep:
         desk: Desk[Worker],
         reclaim_every_s: float,
         shed: Callable[[], int],
+        scrubbing: Scrubbing = Scrubbing(),
     ) -> None:
         self.nc = nc
         self.subjects = subjects
@@ -73,17 +77,20 @@ class Upkeep:
         self._next_probe = 0.0
         self._probing = False
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the loops and the probe
+        self.scrub = Scrub(workers, scrubbing)
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
-        """Sweep, reclaim (when a worker asks about orphans at all) and probe the store
-        until cancelled."""
+        """Sweep, reclaim (when a worker asks about orphans at all), probe the store and
+        scrub the image roots (where a worker has any) until cancelled."""
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             tasks.start_soon(self._sweep)
             if any(w.reclaims.after_ms > 0 for w in self.workers.values()):
                 tasks.start_soon(self._reclaim_orphans)
+            if self.scrub:
+                await tasks.start(self.scrub.run)
             task_status.started()
 
     # -- the sweep ----------------------------------------------------------------------------

@@ -29,21 +29,23 @@ from bourse.wire.messages import (
     MachineList,
     MachinePage,
     MachineReply,
+    WorkerRow,
     WorkerState,
     WorkerStatus,
     now_ms,
 )
-from bourse.wire.resources import amount, format_vec, leq, vec
+from bourse.wire.resources import amount, format_vec, leq, sub, vec
+from bourse.wire.tenancy import SEPARATOR
 from supplier.commits import CommitDesk
-from supplier.config import WorkerConfig
-from supplier.feasible import OrderLike
+from supplier.config import DEFAULT_TENANT_IMAGES, WorkerConfig
+from supplier.feasible import OrderLike, tenant_refusal
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines.api import Driver, Mechanism
 from supplier.machines.host.claims import host_claims
 from supplier.machines.host.confine import Confiner, owner_of
 from supplier.machines.host.ids import UidBlocks
-from supplier.machines.host.isolation import Isolation
+from supplier.machines.host.isolation import Isolation, keep_private
 from supplier.machines.host.network import WorkerNetwork, resolv_conf
 from supplier.machines.keeper import Machines
 from supplier.machines.oci.kind import ContainerKind
@@ -61,11 +63,13 @@ from supplier.store import Store
 log = structlog.get_logger("bourse.supplier")
 
 EmitFn = Callable[[Event], None]
+# Told a machine whose change is durable (its row goes to the state stream, supplier/rows.py).
+RowFn = Callable[[Machine], None]
 # Told about a worker whose capacity changed outside a bid (the host asks the desk).
 CapacityFn = Callable[["Worker"], None]
 # Drain reasons that a store failure sets start with this; only they are lifted by a probe.
 STORE_DRAIN = "store: "
-# The operator's drain (docs/protocol.md §4.21), and what a stopped worker offers nothing
+# The operator's drain (docs/protocol.md §4.22), and what a stopped worker offers nothing
 # as (it answers no bid: its own drain, if it had one, is kept aside until it starts).
 OPERATOR_DRAIN = "operator"
 STOPPED = "stopped"
@@ -118,14 +122,19 @@ def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
     the host has what it takes (known when the driver starts: Isolation.start)."""
     if cfg.isolate == "off" or os.geteuid() != 0:
         return Isolation()
+    keep_private(data_dir)
     claims = host_claims()
-    claims.live(owner)
+    claims.live(owner, data_dir)
     network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
     return Isolation(UidBlocks(claims, owner), network, resolv_conf(data_dir / "network"))
 
 
 def _unchanged(w: Worker) -> None:
     """No desk listens (a worker driven alone): nothing waits on its capacity."""
+
+
+def _unpublished(m: Machine) -> None:
+    """No state stream (a worker driven alone, or without JetStream)."""
 
 
 class Worker:
@@ -138,6 +147,8 @@ class Worker:
       destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
     - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
     - ``on_image(image, cached)``: the catalog's image cache gained or lost an image;
+    - ``on_row(machine)``: a machine's change is durable (its row goes to the state stream,
+      supplier/rows.py; set by the host after the worker is made);
     - ``source``: the market's image store (supplier/images.py), which a process worker's
       content cache pulls from (default: none, a worker driven alone);
     - ``port_range``: its host ports when the config names none (the host's default block,
@@ -201,7 +212,7 @@ class Worker:
         )
         self.draining = cfg.draining
         self.drain_reason = "configured" if cfg.draining else ""
-        # It answers the market (False: the operator stopped it, §4.21) and, while stopped,
+        # It answers the market (False: the operator stopped it, §4.22) and, while stopped,
         # the drain it had before (restored when it starts).
         self.serving = True
         self._kept_drain = (False, "")
@@ -220,6 +231,8 @@ class Worker:
             self.store_failed,
             self._catalog_policy,
         )
+        self.on_row: RowFn = _unpublished
+        self.keeper.records.published = self.machine_changed
         self.machines = self.keeper.by_id
         self.by_order = self.keeper.by_order  # order id -> machine id (I3)
         self.waiting = WaitingBids()  # bids kept until a hold goes away (the desk's queue)
@@ -234,6 +247,11 @@ class Worker:
     def unrunnable(self, order: OrderLike) -> str:
         """Why this worker cannot run the order's image, or "": a catalog image its driver
         does not know, a content image without a store to pull it from."""
+        if SEPARATOR in order.order_id:  # a tenant's (bourse/wire/tenancy.py)
+            policy = self.cfg.tenant_images or DEFAULT_TENANT_IMAGES
+            refused = tenant_refusal(policy, self.driver.name, self.driver.isolation)
+            if refused:
+                return refused
         if order.image_digest:
             return self.images.runnable(order)
         if self.driver.can_run(order.image):
@@ -269,6 +287,7 @@ class Worker:
             if m.state != "destroyed":
                 self.ledger.load_committed(vec(m.resources, len(m.addresses)))
                 self.ports.hold(m.machine_id, m.addresses)
+                self.driver.private_address(m.machine_id, m.private_address)
         if not leq(self.ledger.committed, self.ledger.capacity):
             self.set_draining(
                 f"committed {format_vec(self.ledger.committed)} exceeds capacity "
@@ -278,6 +297,10 @@ class Worker:
 
     def live_machines(self) -> int:
         return self.keeper.live()
+
+    def machine_changed(self, m: Machine) -> None:
+        """A change of ``m`` is durable (a commit, every recorded change): its row goes out."""
+        self.on_row(m)
 
     def _destroyed(self, m: Machine) -> None:
         """A machine is gone: its resources go back to the market."""
@@ -291,7 +314,7 @@ class Worker:
         self.draining = True
         self.drain_reason = reason
 
-    # -- the operator's verbs (docs/protocol.md §4.21; the host does what a stop takes) ------
+    # -- the operator's verbs (docs/protocol.md §4.22; the host does what a stop takes) ------
     def drain(self) -> None:
         """Offer nothing more; its machines run on."""
         if not self.serving:
@@ -321,7 +344,7 @@ class Worker:
                 self.draining, self.drain_reason = self._kept_drain
 
     def state(self) -> WorkerState:
-        """What the operator's verbs answer (§4.21)."""
+        """What the operator's verbs answer (§4.22)."""
         stopped = not self.serving and self.drain_reason == STOPPED
         draining, why = self._kept_drain if stopped else (self.draining, self.drain_reason)
         return WorkerState(
@@ -372,10 +395,12 @@ class Worker:
         pulled: tuple[int, float] = (0, 0.0),
         addresses: dict[str, str] | None = None,
         health: Health | None = None,
+        private_address: str = "",
     ) -> Event:
         """An event of this worker (not yet announced: a committed change's event is written
         with the change first, supplier/store.py); ``pulled``: a pull's bytes and seconds;
-        ``addresses``: a placed or started machine's; ``health``: a check's."""
+        ``addresses``, ``private_address``: a placed or started machine's; ``health``: a
+        check's."""
         return Event(
             kind=kind,
             region=self.region,
@@ -389,6 +414,7 @@ class Worker:
             seconds=round(pulled[1], 3),
             addresses=addresses or {},
             health=health,
+            private_address=private_address,
         )
 
     # -- holds and releases -----------------------------------------------------------------
@@ -471,6 +497,7 @@ class Worker:
             holds=len(self.ledger.holds),
             drain_reason=self.drain_reason,
             confinement=self.confinement,
+            isolation=self.driver.isolation,
             driver=self.driver.name,
             runtime=self.driver.runtime_version,
             cache_bytes=cache.used_bytes,
@@ -479,6 +506,36 @@ class Worker:
             advertise_host=self.ports.host,
             port_range=str(self.ports.range) if self.ports.range else "",
         )
+
+    def row(self, beat: str, version: str = "") -> WorkerRow:
+        """This worker's row of the state stream (§4.21): ``beat``, the heartbeat that
+        names it; free is what committed machines leave (holds left out)."""
+        cap = self.ledger.capacity
+        return WorkerRow(
+            worker_id=self.worker_id,
+            region=self.region,
+            beat=beat,
+            labels=self.labels,
+            capacity=amount(cap),
+            free=amount(sub(cap, self.ledger.committed)),
+            machines=self.live_machines(),
+            draining=self.draining,
+            drain_reason=self.drain_reason,
+            driver=self.driver.name,
+            runtime=self.driver.runtime_version,
+            confinement=self.confinement,
+            cache_bytes=self.images.used_bytes(),
+            cache_budget_bytes=self.images.budget_bytes,
+            advertise_host=self.ports.host,
+            port_range=str(self.ports.range) if self.ports.range else "",
+            version=version,
+            at_ms=now_ms(),
+        )
+
+    def row_key(self) -> tuple[object, ...]:
+        """What a change of this worker's row shows in, cheap to compare (committed
+        capacity, drain, image cache use): the host compares it every heartbeat."""
+        return (self.ledger.committed, self.draining, self.drain_reason, self.images.used_bytes())
 
     @property
     def confinement(self) -> Mechanism:

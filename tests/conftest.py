@@ -4,6 +4,7 @@ it and closes everything it built."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -29,6 +30,14 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
     ).start()
     yield srv
     srv.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _view_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The buyer keeps its view of a market under the user's cache directory: the tests'
+    under a directory of their own, not the home's."""
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    yield
 
 
 @pytest.fixture

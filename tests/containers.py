@@ -14,9 +14,11 @@ import anyio
 import pytest
 
 from supplier.machines.api import Exit
+from supplier.machines.host.netns import available
 from supplier.machines.oci.boxes import Containers
-from supplier.machines.oci.bundle import Spec, runtime_id
+from supplier.machines.oci.bundle import runtime_id
 from supplier.machines.oci.runtime import INSTALL, Runtime, RuntimeUnavailable, detect
+from supplier.machines.oci.spec import Spec
 from supplier.machines.shim.client import Shim, launch
 from supplier.machines.shim.contract import Plan
 
@@ -36,6 +38,15 @@ def need_runc() -> Runtime:
         return detect(("runc",))
     except RuntimeUnavailable as exc:
         pytest.skip(f"{exc} ({INSTALL})")
+
+
+def need_isolation() -> None:
+    """Root, runc, and what machines' users and networks of their own take, or the test
+    skipped saying which is missing."""
+    need_runc()
+    why = available()
+    if why:
+        pytest.skip(f"machines cannot have networks of their own here: {why}")
 
 
 def busybox_root(root: Path) -> Path:

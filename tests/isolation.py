@@ -46,17 +46,20 @@ ONE_DEMO_FLEET_AT_A_TIME = pytest.mark.usefixtures("demo_fleet_alone")
 SESSIONS_DIR = Path(tempfile.gettempdir()) / "bourse-test-sessions"
 SLICE_BLOCKS = 256  # user id blocks a session's machines draw from
 SLICES = 100  # sessions at once on a host (the second octet of a session's machine network)
+SLICE_PORT_BLOCKS = 8  # default port blocks (of 100) a session's workers draw from
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """Once per session (in the controller; xdist's workers inherit the environment): the
     suppliers of this session claim the host's ports, subnets and user ids in a directory
-    of its own, and draw user ids and machines' networks from a slice no other session on
-    the host uses (held for the session's life: its claim's owner lock is this process's)."""
+    of its own, and draw user ids, machines' networks and default port blocks from a slice
+    no other session on the host uses (held for the session's life: its claim's owner lock
+    is this process's)."""
     if hasattr(config, "workerinput") or os.environ.get("BOURSE_CLAIMS_DIR"):
         return
     import supplier.machines.host.ids as ids
     from supplier.machines.host.claims import Claim, HostClaims
+    from supplier.ports import DEFAULT_BLOCKS
 
     os.environ["BOURSE_CLAIMS_DIR"] = tempfile.mkdtemp(prefix="bourse-claims-")
     sessions = HostClaims(SESSIONS_DIR)
@@ -69,6 +72,8 @@ def pytest_configure(config: pytest.Config) -> None:
     first = ids.FIRST_BLOCK + free * SLICE_BLOCKS
     os.environ["BOURSE_UID_BLOCKS"] = f"{first}-{first + SLICE_BLOCKS - 1}"
     os.environ["BOURSE_MACHINE_NET"] = f"10.{100 + free}.0.0/16"
+    ports = (free % (DEFAULT_BLOCKS // SLICE_PORT_BLOCKS)) * SLICE_PORT_BLOCKS
+    os.environ["BOURSE_PORT_BLOCKS"] = f"{ports}-{ports + SLICE_PORT_BLOCKS - 1}"
     config._bourse_sessions = sessions  # type: ignore[attr-defined]  # its lock lives on
 
 

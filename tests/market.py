@@ -23,19 +23,32 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
+from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.claims import Claim
 from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient
 from bourse.nats.connection import connect
 from bourse.nats.jetstream import EventStream
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources
+from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources, Unfilled
 from bourse.wire.subjects import Subjects
 from exchange.service import ExchangeService
 from ops.jetstream import set_up
 from supplier.config import WorkerConfig
 from supplier.host import SupplierHost
 from supplier.store import Store
+
+# A deadline for an order whose test is not about time (``order``'s unless a test gives
+# one): on a busy machine (the suite twice at once, CPU burners beside it) the hops, the
+# auctions and the commit's durable write can take longer than the protocol's default
+# 500 ms. It lengthens no order that is placed, nor one nobody offers for.
+ROOMY_DEADLINE_MS = 10_000
+# The same for how long an auction listens for a first offer (the quiet window, 100 ms by
+# default; the market's exchanges' and direct buyers' unless a test gives one): a busy
+# machine's supplier process answers later than that, and an auction that heard nothing
+# then ends no_offers whatever its deadline. It lengthens only the auctions nobody offers
+# in (and a retry's gathering).
+ROOMY_QUIET_MS = 1000.0
 
 
 def worker(
@@ -57,9 +70,28 @@ def worker(
 def order(
     region: str = "mad", cpus: int = 1, memory_mb: int = 256, image: str = "web", **kw: Any
 ) -> PlaceOrder:
+    """An order for tests; its deadline ROOMY_DEADLINE_MS unless ``deadline_ms`` is given."""
+    kw.setdefault("deadline_ms", ROOMY_DEADLINE_MS)
     return PlaceOrder(
         region=region, resources=Resources(cpus=cpus, memory_mb=memory_mb), image=image, **kw
     )
+
+
+async def learn_processes(
+    client: BourseClient, auctioneer: Auctioneer, region: str, processes: int
+) -> None:
+    """Orders nobody can fill until ``auctioneer`` (``client``'s own) knows ``processes``
+    supplier processes in ``region``. An auction learns who answered it by its end: a placed
+    order may end before a second process answers (it commits at its first offer's delay,
+    a few ms, while no process is known); one nobody can fill listens for the quiet window,
+    and one more is sent in the rare run where even that ended first."""
+    for i in range(20):
+        probe = await client.place(order(region, cpus=1000, order_id=f"probe-{i}"))
+        assert isinstance(probe, Unfilled) and probe.reason == "no_offers", probe
+        if len(auctioneer.expected_responders(region)) == processes:
+            return
+    known = auctioneer.expected_responders(region)
+    raise AssertionError(f"{len(known)} of {processes} processes known in {region}")
 
 
 def alive(pid: int) -> bool:
@@ -74,8 +106,10 @@ def alive(pid: int) -> bool:
         return False
 
 
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll a condition (not a sleep-as-sync: it returns as soon as the condition holds)."""
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
+    """Poll a condition (not a sleep-as-sync: it returns as soon as the condition holds).
+    ``timeout_s`` only bounds a test that is failing: generous, as a busy machine starts a
+    machine's process, or answers, seconds later than an idle one."""
     end = time.monotonic() + timeout_s
     while not predicate():
         if time.monotonic() > end:
@@ -157,6 +191,9 @@ class Market:
         return host
 
     async def exchange(self, jetstream: bool = True, **auction: Any) -> ExchangeService:
+        """An exchange whose auctions have the config ``auction`` says (ROOMY_QUIET_MS for
+        a quiet window it does not give)."""
+        auction.setdefault("quiet_ms", ROOMY_QUIET_MS)
         svc = ExchangeService(
             await self.connect("exchange"),
             self.subjects,
@@ -170,11 +207,14 @@ class Market:
     async def client(
         self, direct: bool = False, claims: bool = True, **auction: Any
     ) -> BourseClient:
+        """A buyer; ``direct``: it runs the auctions itself, with the config ``auction``
+        says (ROOMY_QUIET_MS for a quiet window it does not give)."""
+        auction.setdefault("quiet_ms", ROOMY_QUIET_MS)
         c = BourseClient(
             await self.connect("buyer"),
             self.subjects,
             direct=direct,
-            auction=AuctionConfig(**auction) if auction else None,
+            auction=AuctionConfig(**auction),
             claims=claims,
         )
         self.clients.append(c)

@@ -408,9 +408,18 @@ class Auctioneer:
             return core.machine_shown(await self._show(d), time.monotonic())
         elif isinstance(d, Refuse):
             raise ConflictingOrder(d.detail)
-        elif isinstance(d, WakeAt) and not await box.wait(d.at - time.monotonic()):
+        elif isinstance(d, WakeAt) and not await self._replied(core, box, d.at):
             return core.timer(time.monotonic())  # a reply instead: _feed takes it
         return []
+
+    @staticmethod
+    async def _replied(core: Auction, box: Mailbox, at: float) -> bool:
+        """Did a reply come by the wake time ``at``? With no offer in hand a late wake
+        would end the auction no_offers: first, the replies a stall of this process held
+        up (§5.2 step 7)."""
+        if await box.wait(at - time.monotonic()):
+            return True
+        return not core.tally.offers and await box.wait_after_stall(at, core.deadline)
 
     async def _commit(self, d: SendCommit) -> CommitOutcome:
         """Request the commit; what came back, as the core's event."""

@@ -29,6 +29,9 @@ log = structlog.get_logger("bourse.auction")
 
 # The token the Answers to the auctioneer's batches come to (auction ids are ULIDs).
 ANSWERS_TOKEN = "answers"
+# A wake this much later than asked for means the process did not run meanwhile (a GC
+# pause, its CPU taken by other processes): replies that came in that time may be unread.
+STALL_S = 0.02
 
 
 class Mailbox:
@@ -61,6 +64,15 @@ class Mailbox:
             timer.cancel()
             self.waiter = None
         return bool(self.items)
+
+    async def wait_after_stall(self, woke_for: float, until: float) -> bool:
+        """A wait for a reply until monotonic ``woke_for`` found none. If the wake came
+        more than STALL_S late, wait as long again, never past ``until``: time the process
+        did not run is not time it listened, and the replies sent in it are read only
+        now. True if one came."""
+        now = time.monotonic()
+        late = now - woke_for
+        return late > STALL_S and await self.wait(min(late, until - now))
 
 
 class Inbox:

@@ -426,7 +426,7 @@ class BourseClient:
         return await self.machine(verb, machine_id)
 
     async def control(self, worker_id: str, action: WorkerAction) -> WorkerState:
-        """The operator's verb on one worker (drain, stop, start: docs/protocol.md §4.21),
+        """The operator's verb on one worker (drain, stop, start: docs/protocol.md §4.22),
         answered by its supplier; the worker as it is after. No supplier hosts it (or the
         key may not ask): ClientError."""
         body = encode(WorkerControl(worker_id=worker_id, action=action))

@@ -34,9 +34,7 @@ from bourse.wire.messages import (
     Unfilled,
     worker_of_machine,
 )
-
-PRIMARY = "primary"
-SPARE = "spare"
+from bourse.wire.metadata import APP, PRIMARY, RESTART, ROLE, SLOT, SPARE
 
 
 @dataclass
@@ -70,7 +68,7 @@ async def app_machines(
         found.extend(
             m
             for m in listed.machines
-            if m.metadata.get("app") == app and (include_destroyed or m.state != "destroyed")
+            if m.metadata.get(APP) == app and (include_destroyed or m.state != "destroyed")
         )
     return found
 
@@ -171,8 +169,8 @@ async def _fill(
             exclude_workers=sorted(used_workers),  # anti-affinity
             min_score=min_score,
             deadline_ms=deadline_ms,
-            metadata={"app": app, "role": slot.role, "slot": str(slot.index)}
-            | ({"restart": restart} if restart else {}),
+            metadata={APP: app, ROLE: slot.role, SLOT: str(slot.index)}
+            | ({RESTART: restart} if restart else {}),
             ports=list(shape.ports) if shape else [],
             env=dict(shape.env) if shape else {},
             checks=list(shape.checks) if shape else [],
@@ -280,7 +278,7 @@ async def failover(
     spares = [
         m
         for m in machines
-        if m.metadata.get("role") == SPARE
+        if m.metadata.get(ROLE) == SPARE
         and m.state in ("reserved", "stopped")
         and m.worker_id != lost_worker
     ]
@@ -309,7 +307,7 @@ async def failover(
     # The new spare: the started one's slot, its resources and image (a machine does not
     # carry its order's labels: ``constraints`` are deploy's --label), on a worker the app
     # does not use.
-    refill = Slot(SPARE, int(spare.metadata.get("slot", "0") or 0))
+    refill = Slot(SPARE, int(spare.metadata.get(SLOT, "0") or 0))
     shape = await app_shape(client, app, spare)
     used = {m.worker_id for m in machines} | {lost_worker}
     await _fill(

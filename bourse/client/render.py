@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 import msgspec
 from rich.console import Console
@@ -31,12 +31,13 @@ from bourse.wire.messages import (
     Placed,
     Resources,
     Unfilled,
+    WorkerRow,
     WorkerState,
     WorkerStatus,
     WorkerVerdict,
     now_ms,
 )
-from bourse.wire.resources import format_cpus, millis_of
+from bourse.wire.resources import format_cpus, millis_of, vec
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
@@ -151,6 +152,8 @@ def outcome(r: Placed | Unfilled) -> None:
         )
         if r.addresses:
             console.print(f"  addresses: {safe(addresses(r.addresses))}")
+        if r.private_address:
+            console.print(f"  private address: {safe(r.private_address)}")
         if r.simulated:
             console.print(f"  simulated: {SIMULATED}")
     else:
@@ -163,11 +166,11 @@ def outcome(r: Placed | Unfilled) -> None:
 def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     """Each worker's capacity, commitments, holds, image cache (bytes used / budget; the
     images it holds: catalog names, and digests by their first 12 hex digits), labels, and
-    how it runs machines (its driver and runtime)."""
+    how it runs machines (its driver and runtime, how it confines and isolates them)."""
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "held", "machines", "cache"):
         t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "driver", "confined", "jetstream"):
+    for col in ("images", "labels", "state", "driver", "confined", "isolated", "jetstream"):
         t.add_column(col)
     for s in statuses:
         cache = f"{_size(s.cache_bytes)}/{_size(s.cache_budget_bytes)}"
@@ -184,6 +187,7 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
             "draining" if s.draining else "ok",
             safe(f"{s.driver} ({s.runtime})" if s.runtime else s.driver or "-"),
             safe(s.confinement or "-"),  # "" from a worker older than the field
+            _isolated(s.isolation),
             "on" if s.jetstream else "[yellow]off[/]",
         )
     return t
@@ -204,6 +208,47 @@ def worker_states(states: Iterable[WorkerState]) -> Table:
             str(s.machines),
         )
     return t
+
+
+def _isolated(isolation: str) -> str:
+    """What a worker's machines have of their own (docs/protocol.md §6.8e): ``users,network``
+    as is, less in yellow (a tenant's order is not run there by default), ``-`` unsaid."""
+    if not isolation:
+        return "-"  # a worker older than the field
+    return safe(isolation) if isolation == "users,network" else f"[yellow]{safe(isolation)}[/]"
+
+
+def fleet_rows(rows: Iterable[WorkerRow], gone: Mapping[str, int]) -> Table:
+    """``buyer fleet`` from a view: each worker's row (committed of capacity, its machines,
+    image cache, labels, whether it drains or is gone, driver, confinement, version)."""
+    t = Table(title="fleet")
+    for col in ("region", "worker", "cpus", "mem MiB", "machines", "cache"):
+        t.add_column(col, no_wrap=True)
+    for col in ("labels", "state", "driver", "confined", "version"):
+        t.add_column(col)
+    for w in rows:
+        cache = f"{_size(w.cache_bytes)}/{_size(w.cache_budget_bytes)}"
+        used = vec(w.capacity)[0] - vec(w.free)[0]
+        since = gone.get(w.worker_id)
+        state = "draining" if w.draining else "ok"
+        t.add_row(
+            safe(w.region),
+            safe(w.worker_id),
+            f"{format_cpus(used)}/{_cpus(w.capacity)}",
+            f"{w.capacity.memory_mb - w.free.memory_mb}/{w.capacity.memory_mb}",
+            str(w.machines),
+            cache if w.cache_budget_bytes else "-",
+            safe(",".join(f"{k}={v}" for k, v in w.labels.items())),
+            f"[yellow]{gone_worker(since)}[/]" if since is not None else state,
+            safe(f"{w.driver} ({w.runtime})" if w.runtime else w.driver or "-"),
+            safe(w.confinement or "-"),
+            safe(w.version or "-"),
+        )
+    return t
+
+
+def gone_worker(since_ms: int) -> str:
+    return f"gone since {clock(since_ms)}" if since_ms else "gone (no heartbeat seen)"
 
 
 def addresses(a: dict[str, str]) -> str:
@@ -232,12 +277,29 @@ def health(m: Machine, now: int | None = None) -> str:
 SIMULATED = "its worker runs nothing (driver sim)"
 
 
-def state_of(m: Machine) -> str:
-    """A machine's state as a listing shows it: a sim worker's says so."""
+def clock(at_ms: int) -> str:
+    """A time of today as people read it: ``14:02:03`` (local)."""
+    return time.strftime("%H:%M:%S", time.localtime(at_ms / 1000))
+
+
+def gone(since_ms: int) -> str:
+    """A view's word for a machine whose worker stopped beating (docs/protocol.md §4.21):
+    its state is not known any more."""
+    when = clock(since_ms) if since_ms else "?, no heartbeat seen"
+    return f"unknown (worker gone since {when})"
+
+
+def state_of(m: Machine, gone_since_ms: int | None = None) -> str:
+    """A machine's state as a listing shows it: a sim worker's says so; from a view, one
+    whose worker is gone is ``unknown (worker gone since …)``."""
+    if gone_since_ms is not None:
+        return gone(gone_since_ms)
     return f"{m.state} (simulated)" if m.simulated else m.state
 
 
-def machines(ms: Iterable[Machine]) -> Table:
+def machines(ms: Iterable[Machine], gone: Mapping[str, int] | None = None) -> Table:
+    """Machines with their order ids (``gone``: from a view, the workers gone, since when)."""
+    gone = gone or {}
     t = Table(title="machines")
     for col in ("machine", "order", "state", "cpus", "memory MiB", "image", "score"):
         t.add_column(col)
@@ -246,7 +308,7 @@ def machines(ms: Iterable[Machine]) -> Table:
         t.add_row(
             safe(m.machine_id),
             safe(m.order_id),
-            safe(state_of(m)),
+            safe(state_of(m, gone.get(m.worker_id))),
             _cpus(m.resources),
             str(m.resources.memory_mb),
             safe(m.image),
@@ -268,10 +330,13 @@ def age(created_at_ms: int, now: int) -> str:
     return f"{s}s"
 
 
-def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
+def machine_listing(
+    ms: Iterable[Machine], now: int | None = None, gone: Mapping[str, int] | None = None
+) -> Table:
     """``buyer machines list``: one row per machine in the order given (region, worker,
-    creation), ids whole."""
+    creation), ids whole (``gone``: from a view, the workers gone, since when)."""
     now = now_ms() if now is None else now
+    gone = gone or {}
     t = Table(title="machines")
     for col in ("machine", "worker", "region", "state", "cpus", "memory MiB", "image", "age"):
         t.add_column(col, no_wrap=True)
@@ -284,7 +349,7 @@ def machine_listing(ms: Iterable[Machine], now: int | None = None) -> Table:
             safe(m.machine_id),
             safe(m.worker_id),
             safe(m.region),
-            safe(state_of(m)),
+            safe(state_of(m, gone.get(m.worker_id))),
             format_cpus(millis_of(m.resources)),
             str(m.resources.memory_mb),
             safe(m.image),
@@ -437,6 +502,8 @@ def reach(m: Machine) -> list[str]:
     """``buyer machines show``: its addresses, its environment's keys (values may be
     secrets: never shown), its checks and their health."""
     lines = [f"addresses: {addresses(m.addresses)}"]
+    if m.private_address:
+        lines.append(f"private address: {m.private_address} (its named ports there too)")
     if m.env_keys:
         lines.append(f"env: {' '.join(m.env_keys)} (values not shown)")
     for c in m.checks:

@@ -5,13 +5,21 @@ On disk, under the cache directory::
     blobs/sha256/<hex>   a layer, renamed into place once its size and digest matched
     roots/<hex>/         an image's root (<hex> of its manifest digest), never written after
                          its rename: a driver uses it read-only (an overlay's lower layer)
-    roots/<hex>.json     what that root is made of (its layers), its bytes on disk and what
-                         the image runs (its config's command, env, working directory)
+    roots/<hex>.files    that root's inventory: every entry, a file's SHA-256 included, as
+                         unpacked (bourse/images/inventory.py)
+    roots/<hex>.json     what that root is made of (its layers), its bytes on disk, what
+                         the image runs (its config's command, env, working directory) and
+                         its inventory's digest; written last, so a root with a record is
+                         whole
     tmp/                 fetches and unpacks under way, and entries being deleted
 
 ``open`` rebuilds the cache from that: ``tmp/`` is emptied (half-written files, half-made
-roots), a root without its record or a record without its root is removed. Each entry's
-last use is its file's modification time, so the LRU order survives a restart.
+roots), a root without its record or a record without its root is removed, and every
+root is adopted only if it still matches its inventory as a walk sees it (reading nothing
+but the tree's metadata); one that does not is removed and listed for ``take_found`` (its
+owner announces it), one made before roots had inventories is removed quietly (both are
+made again at their next use, from the layers here). Each entry's last use is its file's
+modification time, so the LRU order survives a restart.
 
 ``prepare(manifest)`` returns the image's root (``pull(manifest)`` the same with what it
 took: the bytes the image lacked when it was made, the seconds, what it runs): the
@@ -19,7 +27,11 @@ manifest and config read from the store (checked), every missing layer fetched (
 per layer at a time: concurrent callers share it, and its error), the layers unpacked into
 ``tmp/`` and renamed into ``roots/`` (one unpack per image at a time). Every layer's digest
 is checked again as it is unpacked (``unpack``), so bytes changed on disk since their fetch
-never reach a root (I7).
+never reach a root (I7), and the root's inventory is taken from what the checked stream
+wrote. A root already here is returned as it is: nothing is read or hashed on that path.
+
+``check(manifest, pace)`` (the owner's scrub) reads a root whole against its inventory,
+``pace`` called between bounded steps; a root that differs is removed (``Tampered``).
 
 The bytes held are bounded by ``policy.plan``: before a pull, room is made for the layers
 it lacks and the root (estimated at the layers' uncompressed sizes the store recorded,
@@ -38,11 +50,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import secrets
 import stat
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -52,12 +65,13 @@ import msgspec
 import structlog
 
 from bourse.images.bounds import Bounds, Cap, Tally
-from bourse.images.disk import disk_usage, remove_all, set_mtime
+from bourse.images.disk import remove_all, set_mtime
 
 # supplier/drivers/process.py removes a machine's trees with it, from here
 from bourse.images.disk import remove_tree as remove_tree
 from bourse.images.errors import BadImage, CacheFull, DigestMismatch
 from bourse.images.flights import Flights
+from bourse.images.inventory import Hasher, Inventory, digest_of, encode, take, walk_check
 from bourse.images.oci import (
     MAX_DOCUMENT_BYTES,
     Descriptor,
@@ -109,6 +123,7 @@ class RootRecord(msgspec.Struct, frozen=True, kw_only=True):
     layers: list[Digest]
     size: int
     run: RunConfig = RunConfig()
+    files: str = ""  # the digest of roots/<hex>.files ("": made before inventories)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,12 +152,30 @@ class CacheStats:
     pulled_bytes: int
     evictions: int
     pull_bytes_per_s: float  # measured (moving average), or the default before any pull
+    tampered: int = 0  # roots removed because they no longer matched their inventory
+    scrubbed_bytes: int = 0  # bytes of roots read by check()
+
+
+@dataclass(frozen=True, slots=True)
+class Tampered:
+    """A root that did not match its inventory, and was removed: found when the cache was
+    opened (``adopted``) or by ``check`` (``scrub``); ``why`` names what differed."""
+
+    manifest: str
+    why: str
+    found: str
+
+
+# ``check``'s pace: told the bytes just read, it waits as long as the owner's rate says.
+Pace = Callable[[int], Awaitable[None]]
 
 
 @dataclass(slots=True)
 class _Held:
     size: int
     last_used: float
+    files: str = ""  # a root's: its inventory's digest
+    checked: float = 0.0  # a root's: when check() last began to read it (clock), 0 if never
 
 
 class ImageCache:
@@ -180,6 +213,7 @@ class ImageCache:
         self._lacked: dict[str, int] = {}  # manifest -> bytes its last making had to fetch
         self._expected: dict[str, int] = {}  # manifest -> its root's bytes, while unpacked
         self._records = msgspec.json.Decoder(RootRecord)
+        self.found: list[Tampered] = []  # roots removed as tampered, for the owner to announce
 
     @classmethod
     def open(
@@ -248,6 +282,8 @@ class ImageCache:
             pulled_bytes=self._counts["pulled_bytes"],
             evictions=self._counts["evictions"],
             pull_bytes_per_s=self.rate.bytes_per_s,
+            tampered=self._counts["tampered"],
+            scrubbed_bytes=self._counts["scrubbed_bytes"],
         )
 
     async def prepare(self, manifest: str) -> Path:
@@ -325,7 +361,7 @@ class ImageCache:
         ]
         tally = Tally(self.bounds, self._room(manifest, expected))
         try:
-            size = await anyio.to_thread.run_sync(
+            record = await anyio.to_thread.run_sync(
                 self._unpack, manifest, files, decoded.config, tally
             )
         except DigestMismatch as exc:
@@ -333,7 +369,8 @@ class ImageCache:
             raise
         finally:
             self._expected.pop(manifest, None)
-        self._roots[manifest] = _Held(size, self.clock())
+        size = record.size
+        self._roots[manifest] = _Held(size, self.clock(), record.files, checked=self.clock())
         self._touch_root(manifest)
         log.info(
             "image_unpacked",
@@ -368,24 +405,130 @@ class ImageCache:
         why = f"the {max(left, 0)} bytes left of the image cache's budget"
         return Cap(left, why, permanent=False)
 
-    def _unpack(self, manifest: str, files: list[LayerFile], run: RunConfig, tally: Tally) -> int:
-        """Unpack into ``tmp/`` within ``tally``, then record and rename into ``roots/`` (a
-        worker thread)."""
+    def _unpack(
+        self, manifest: str, files: list[LayerFile], run: RunConfig, tally: Tally
+    ) -> RootRecord:
+        """Unpack into ``tmp/`` within ``tally`` and rename into ``roots/``, then take its
+        inventory (after the rename: the root's own change time is final then) and write
+        it and the record (a worker thread)."""
         work = self.tmp / f"root-{_hex(manifest)}-{secrets.token_hex(4)}"
+        root = self.root_dir / _hex(manifest)
         work.mkdir()
         try:
-            unpack(work, files, tally)
-            size = disk_usage(work)
-            layers = [f.digest for f in files]
-            record = RootRecord(manifest=manifest, layers=layers, size=size, run=run)
-            staged = work.with_suffix(".json")
-            staged.write_bytes(msgspec.json.encode(record))
-            staged.rename(self.root_dir / f"{_hex(manifest)}.json")
-            work.rename(self.root_dir / _hex(manifest))
+            written = unpack(work, files, tally)
+            work.rename(root)
         finally:
             remove_tree(work)
-            remove_tree(work.with_suffix(".json"))
-        return size
+        try:
+            taken = take(root, written)
+            data = encode(taken.inventory)
+            layers = [f.digest for f in files]
+            record = RootRecord(
+                manifest=manifest,
+                layers=layers,
+                size=taken.disk_bytes,
+                run=run,
+                files=digest_of(data),
+            )
+            self._write(self.root_dir / f"{_hex(manifest)}.files", data)
+            self._write(self.root_dir / f"{_hex(manifest)}.json", msgspec.json.encode(record))
+        except BaseException:
+            remove_all(self._paths_of(manifest))
+            raise
+        return record
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """``data`` into ``path`` whole or not at all, readable by the owner only."""
+        staged = self.tmp / f"{path.name}-{secrets.token_hex(4)}"
+        try:
+            fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            staged.rename(path)
+        finally:
+            staged.unlink(missing_ok=True)
+
+    def _paths_of(self, manifest: str) -> list[Path]:
+        """A root's files in ``roots/``: its record first (without it the rest is no
+        root), its inventory, the root."""
+        name = _hex(manifest)
+        return [
+            self.root_dir / f"{name}.json",
+            self.root_dir / f"{name}.files",
+            self.root_dir / name,
+        ]
+
+    # -- checking a root -----------------------------------------------------------------
+
+    def due(self, every_s: float) -> list[str]:
+        """The roots not read whole for ``every_s`` (or never since the cache was opened),
+        longest first."""
+        now = self.clock()
+        roots = [(h.checked, m) for m, h in list(self._roots.items()) if now - h.checked >= every_s]
+        return [m for _, m in sorted(roots)]
+
+    def take_found(self) -> list[Tampered]:
+        """The roots removed for not matching their inventory since the last call (at the
+        cache's opening, by ``check``), for the owner to announce."""
+        found, self.found = self.found, []
+        return found
+
+    def next_due(self, every_s: float) -> float | None:
+        """When the next root falls due (clock time), or None with no root here."""
+        checked = [h.checked for h in list(self._roots.values())]
+        return min(checked) + every_s if checked else None
+
+    async def check(self, manifest: str, pace: Pace) -> str:
+        """Read the root of ``manifest`` whole against its inventory: the walk of
+        ``changed``, then every file's bytes in bounded steps, each in a worker thread,
+        ``pace`` awaited after each. "" when it holds what it should (or left the cache
+        meanwhile: an eviction is no tampering); else what differed, and the root is
+        removed (made again at its next use; a machine running from it keeps only the
+        files it holds open) and listed for ``take_found``."""
+        held = self._roots.get(manifest)
+        if held is None:
+            return ""
+        held.checked = self.clock()  # tried now: one that fails waits its turn again
+        root = self.root_dir / _hex(manifest)
+        inventory, differences = await anyio.to_thread.run_sync(self._walked, manifest, held.files)
+        if inventory is not None and not differences:
+            hasher = Hasher(root, inventory.files())
+            try:
+                while not hasher.done and self._roots.get(manifest) is held:
+                    read = await anyio.to_thread.run_sync(hasher.step)
+                    self._counts["scrubbed_bytes"] += read
+                    await pace(read)
+            finally:
+                hasher.close()
+            differences = hasher.findings()
+        if self._roots.get(manifest) is not held:
+            return ""
+        if not differences:
+            return ""
+        why = "; ".join(differences)
+        await anyio.to_thread.run_sync(remove_all, self._drop_root(manifest, why, "scrub"))
+        return why
+
+    def _walked(self, manifest: str, files: str) -> tuple[Inventory | None, list[str]]:
+        """``walk_check`` of a root here (a worker thread, or the cache's opening)."""
+        name = _hex(manifest)
+        return walk_check(self.root_dir / name, self.root_dir / f"{name}.files", files)
+
+    def _drop_root(self, manifest: str, why: str, found: str) -> list[Path]:
+        """A root that differs from its inventory leaves the cache (its paths moved into
+        ``tmp/``, returned for deletion), said in the log and in ``found``."""
+        self.found.append(Tampered(manifest, why, found))
+        self._counts["tampered"] += 1
+        self.log.warning("image_root_tampered", manifest=manifest, found=found, why=why)
+        return self._move_root_out(manifest)
+
+    def _move_root_out(self, manifest: str) -> list[Path]:
+        """A root, its inventory and record out of ``roots/`` and of the cache (into
+        ``tmp/``: gone at once, and after a restart); the paths to delete."""
+        doomed = [self._move_out(path) for path in self._paths_of(manifest)]
+        self._roots.pop(manifest, None)
+        self._lacked.pop(manifest, None)
+        return doomed
 
     # -- room ----------------------------------------------------------------------------
 
@@ -423,10 +566,7 @@ class ImageCache:
                 doomed.append(self._move_out(self.blob_dir / _hex(digest)))
                 self._forget_layer(digest)
             else:
-                doomed.append(self._move_out(self.root_dir / f"{_hex(digest)}.json"))
-                doomed.append(self._move_out(self.root_dir / _hex(digest)))
-                self._roots.pop(digest, None)
-                self._lacked.pop(digest, None)
+                doomed += self._move_root_out(digest)
             self._counts["evictions"] += 1
             self.log.info("image_cache_evicted", kind=kind, digest=digest)
         if doomed:
@@ -485,11 +625,12 @@ class ImageCache:
         )
 
     def _rebuild_roots(self) -> int:
-        """Pair each root with its record; remove whatever has no pair. The count removed."""
+        """Pair each root with its record and adopt it if it matches its inventory;
+        remove whatever has no pair or does not match. The count removed."""
         decoder = self._records
         discarded = 0
         for path in list(self.root_dir.iterdir()):
-            if path.suffix == ".json":
+            if path.suffix in (".json", ".files"):
                 continue
             record_path = self.root_dir / f"{path.name}.json"
             try:
@@ -497,17 +638,35 @@ class ImageCache:
             except (OSError, msgspec.DecodeError):
                 record = None
             if record is None or not path.is_dir() or _hex(record.manifest) != path.name:
-                remove_tree(path)
-                remove_tree(record_path)
+                remove_all([path, record_path, path.with_name(f"{path.name}.files")])
                 discarded += 1
                 continue
-            self._roots[record.manifest] = _Held(record.size, record_path.stat().st_mtime)
+            if not self._adopted(record):
+                discarded += 1
+                continue
+            self._roots[record.manifest] = _Held(
+                record.size, record_path.stat().st_mtime, record.files
+            )
             self._layers_of[record.manifest] = tuple(record.layers)
-        for record_path in list(self.root_dir.glob("*.json")):
-            if not (self.root_dir / record_path.stem).is_dir():
-                record_path.unlink()
+        for other in list(self.root_dir.glob("*.*")):
+            if other.suffix in (".json", ".files") and not (self.root_dir / other.stem).is_dir():
+                other.unlink()
                 discarded += 1
         return discarded
+
+    def _adopted(self, record: RootRecord) -> bool:
+        """Whether the root of ``record`` matches its inventory as a walk sees it; if not,
+        it is removed (listed in ``found``), as is one made before roots had inventories."""
+        manifest = record.manifest
+        if not record.files:
+            self.log.info("image_root_unverifiable", manifest=manifest, detail="no inventory")
+            remove_all(self._paths_of(manifest))
+            return False
+        _, differences = self._walked(manifest, record.files)
+        if not differences:
+            return True
+        remove_all(self._drop_root(manifest, "; ".join(differences), "adopted"))
+        return False
 
 
 def _hex(digest: str) -> str:

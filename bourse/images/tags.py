@@ -98,15 +98,25 @@ class TagIndex:
         started = False
         try:
             async for entry in watcher:
-                if entry is None:  # the replay is done
-                    if not started:
-                        started = True
-                        task_status.started()
-                    continue
-                self._apply(entry)
+                if entry is not None:
+                    self._apply(entry)
+                if not started and await self._replayed(entry):
+                    started = True
+                    task_status.started()
         finally:
             with anyio.CancelScope(shield=True), anyio.move_on_after(STOP_TIMEOUT_S):
                 await watcher.stop()  # type: ignore[no-untyped-call]  # nats-py: unannotated
+
+    async def _replayed(self, entry: KeyValue.Entry | None) -> bool:
+        """Is the replay done once ``entry`` is applied: the last entry it sends (nothing
+        pending after it), or nats-py's end marker (None) on a bucket with nothing to
+        replay. The marker alone says too little: at the watch's start nats-py sends it
+        when the server has no entry left to send, even if those it sent have not arrived
+        yet (nats.py#842), and a copy started then lacks them (an ``image ls`` without
+        its tags, a ``gc`` that finds nothing tagged)."""
+        if entry is not None:
+            return entry.delta == 0
+        return (await self.kv.status()).values == 0
 
     def _apply(self, entry: KeyValue.Entry) -> None:
         try:

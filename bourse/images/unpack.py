@@ -20,8 +20,10 @@ here:
 
 Each layer file's digest is checked before a byte of it is read into the root, and its
 uncompressed tar's digest against the config's ``diff_id`` as it is read; a mismatch
-raises ``DigestMismatch`` (I7). Its uncompressed bytes are counted as they are read, and
-the read stops the moment they pass the layer's cap (bourse/images/bounds.py: the image's
+raises ``DigestMismatch`` (I7). Each file's bytes are hashed as they are written (what
+``unpack`` returns), so the root's inventory (bourse/images/inventory.py) holds what the
+checked stream said. Its uncompressed bytes are counted as they are read, and the read
+stops the moment they pass the layer's cap (bourse/images/bounds.py: the image's
 ``max_image_mb``, the layer's recorded size or ratio, a cache's budget left):
 ``ImageTooBig`` naming the layer; a sparse file entry (which unpacks to more than its tar
 bytes) is refused. The caller unpacks into a fresh directory and renames it into place
@@ -49,6 +51,7 @@ from typing import BinaryIO, cast
 
 from bourse.images.bounds import Bounds, Cap, ImageTooBig, Tally
 from bourse.images.errors import BadImage, DigestMismatch, UnsafeEntry
+from bourse.images.inventory import Written
 
 GZIP_MAGIC = b"\x1f\x8b"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
@@ -73,13 +76,16 @@ class LayerFile:
     recorded: int | None = None
 
 
-def unpack(root: Path, layers: Sequence[LayerFile], tally: Tally | None = None) -> None:
+def unpack(root: Path, layers: Sequence[LayerFile], tally: Tally | None = None) -> Written:
     """Unpack ``layers`` in order into ``root`` (an empty directory), each within its cap
-    by ``tally`` (the default bounds unless given)."""
+    by ``tally`` (the default bounds unless given). What it wrote: each file's inode with
+    the SHA-256 and size of the bytes written into it (bourse/images/inventory.py ``take``
+    lists the root with them)."""
     unpacker = _Unpacker(root, owners=os.geteuid() == 0, tally=tally or Tally(Bounds()))
     for layer in layers:
         unpacker.layer(layer)
     unpacker.finish()
+    return unpacker.written
 
 
 def scan(raw: BinaryIO, digest: str, cap: Cap, *, verify: bool = True) -> int:
@@ -266,6 +272,7 @@ class _Unpacker:
         self.tally = tally
         self.dirs: dict[Path, tuple[int, int]] = {}  # mode and mtime, applied at the end
         self.created: set[Path] = set()  # written by the current layer: whiteouts spare them
+        self.written: dict[int, tuple[str, int]] = {}  # inode -> sha256 hex, bytes written
 
     def layer(self, layer: LayerFile) -> None:
         got = file_digest(layer.path)
@@ -396,7 +403,12 @@ class _Unpacker:
         assert data is not None  # a regular file's entry
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
         with os.fdopen(os.open(path, flags, 0o600), "wb") as out:
-            shutil.copyfileobj(data, out, _COPY_BYTES)
+            sha, size = hashlib.sha256(), 0
+            while chunk := data.read(_COPY_BYTES):
+                sha.update(chunk)
+                out.write(chunk)
+                size += len(chunk)
+            self.written[os.fstat(out.fileno()).st_ino] = (sha.hexdigest(), size)
             if self.owners:
                 os.fchown(out.fileno(), info.uid, info.gid)
             os.fchmod(out.fileno(), self._mode(info))

@@ -38,6 +38,7 @@ from bourse.nats.jetstream import (
     DEFAULT_DUPLICATE_WINDOW_S,
     HEADER_MSG_ID,
     EventStream,
+    create_missing,
     prefix_token,
 )
 from bourse.wire.codec import encode
@@ -147,22 +148,7 @@ async def keep(js: JetStreamContext, subjects: Subjects, command: MachineCommand
 async def make_command_stream(js: JetStreamContext, stream: CommandStream) -> bool:
     """Create the command stream if it is missing (True: made now); an existing one keeps
     its settings (an operator may have changed them)."""
-    try:
-        await js.stream_info(stream.name)
-    except nats.js.errors.NotFoundError:
-        try:
-            await js.add_stream(stream.config())
-        except nats.js.errors.BadRequestError:
-            return False  # made meanwhile by another process
-        log.info(
-            "command_stream_created",
-            stream=stream.name,
-            subjects=list(stream.subjects),
-            max_bytes=stream.max_bytes,
-            replicas=stream.replicas,
-        )
-        return True
-    return False
+    return await create_missing(js, stream.config(), "command_stream_created")
 
 
 async def ensure_command_stream(js: JetStreamContext, stream: CommandStream) -> bool:

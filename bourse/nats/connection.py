@@ -158,8 +158,19 @@ async def connect(
 async def close_bounded(nc: NATS, timeout_s: float = CLOSE_AFTER_FAILURE_S) -> None:
     """Close ``nc`` even while the caller is being cancelled (shielded), giving up after
     ``timeout_s``: a client that never connected, or is reconnecting, must not hold a stop."""
+    _drop_unsendable(nc)
     with anyio.move_on_after(timeout_s, shield=True):
         await nc.close()
+
+
+def _drop_unsendable(nc: NATS) -> None:
+    """Forget what nats-py kept to send on a reconnect when there will be none: its close
+    writes that to the dead socket and raises (uvloop: RuntimeError "the handler is
+    closed"; asyncio: ConnectionResetError), the close left half done and a program
+    stopped while reconnecting exiting 1."""
+    if not nc.is_connected and nc._pending_data_size:
+        nc._pending = []
+        nc._pending_data_size = 0
 
 
 async def flush_all(nc: NATS, timeout_s: int = 10) -> None:

@@ -48,6 +48,7 @@ from bourse.nats.jetstream import (
     secrets_bucket_name,
     stream_name,
 )
+from bourse.nats.state import state_stream_name
 from bourse.wire.subjects import Subjects
 
 ROLE_OPERATOR = "operator"
@@ -82,7 +83,10 @@ class Resource:
         return {"kv": f"KV_{name}", "objects": f"OBJ_{name}"}.get(self.kind, name)
 
     def data(self, prefix: str) -> str:
-        """The subjects its entries are written to (a bucket's), "" for a stream."""
+        """The subjects its entries are written to (a bucket's; the state stream's rows),
+        "" for another stream."""
+        if self.kind == "state":
+            return f"{Subjects(prefix).root}.state"
         name = self.bucket(prefix)
         return {"kv": f"$KV.{name}", "objects": f"$O.{name}"}.get(self.kind, "")
 
@@ -97,8 +101,10 @@ STAGING = Resource(
 APPS = Resource("apps", "app specs", "kv", apps_bucket_name)
 APP_SECRETS = Resource("secrets", "app secrets", "kv", secrets_bucket_name)
 COMMANDS = Resource("commands", "machine commands", "stream", command_stream_name)
+STATE = Resource("state", "state stream", "state", state_stream_name)
 ACCOUNT = Resource("account", "account", "account", lambda p: "")
-RESOURCES = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS, APP_SECRETS, COMMANDS, ACCOUNT)
+RESOURCES: tuple[Resource, ...] = (EVENTS, CLAIMS, IMAGES, IMAGE_TAGS, STAGING, APPS)
+RESOURCES += (APP_SECRETS, COMMANDS, STATE, ACCOUNT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +120,10 @@ class Verb:
     # subjects tried besides the grants' own (each ``>`` and ``*`` made a concrete token)
     more: Callable[[str, str], tuple[str, ...]] = lambda s, d: ()
     # whose own (OWN_TENANT, OWN_WORKER; "": anyone's): a tenant's ``d`` is its keys'
-    # subjects, ``$KV.<bucket>.<tenant>``; a worker's its consumer and that consumer's
-    # filter, ``cmd-<worker>.<R>.command.<worker>``; ``within`` the verb that grants it on
-    # every key or consumer
+    # subjects, ``$KV.<bucket>.<tenant>`` (the state stream's: its machines' rows,
+    # ``R.state.machine.<tenant>``); a worker's its consumer and that consumer's filter,
+    # ``cmd-<worker>.<R>.command.<worker>``; ``within`` the verb that grants it on every key
+    # or consumer (a verb with ``within`` is never granted beside that one)
     own: str = ""
     within: str = ""
 
@@ -131,7 +138,9 @@ class Verb:
         if self.own == OWN_WORKER:
             return f"{consumer_name(owner)}.{Subjects(prefix).command(owner)}"
         d = resource.data(prefix)
-        return f"{d}.{owner}" if self.own else d
+        if not self.own:
+            return d
+        return f"{d}.machine.{owner}" if resource.kind == "state" else f"{d}.{owner}"
 
 
 def _consumer(d: str) -> str:
@@ -143,7 +152,7 @@ def _stream_op(op: str, what: str) -> Verb:
     return Verb(op.lower(), what, MARKET, lambda s, d: (f"{API}.STREAM.{op}.{s}",))
 
 
-MARKET = frozenset({"stream", "kv", "objects"})
+MARKET = frozenset({"stream", "kv", "objects", "state"})
 BUCKETS = frozenset({"kv", "objects"})
 INFO = _stream_op("INFO", "look it up: its settings and state")
 CREATE = _stream_op("CREATE", "make it, with its limits")
@@ -170,7 +179,7 @@ REPLAY = Verb(
     "replay",
     "read it from a sequence or a time, then follow (an ordered consumer of its own, and "
     "its state: a KV watch asks how much is pending)",
-    MARKET,
+    MARKET - {"state"},  # its filter is in no subject: the state stream is read by views
     lambda s, d: (
         f"{API}.CONSUMER.CREATE.{s}",
         f"{API}.CONSUMER.INFO.{s}.>",
@@ -260,8 +269,38 @@ PULL_OWN = Verb(
     own=OWN_WORKER,
     within=PULL.name,
 )
+# Views of the state stream (bourse/view): a consumer of its own whose filter is in the
+# subject that makes it (the server refuses a body whose filter differs), its flow control,
+# and the last fleet row's sequence (a direct get: has the stream been made again?).
+STATE_KIND = frozenset({"state"})
+VIEW = Verb(
+    "view",
+    "read every row (a consumer of its own over the whole stream)",
+    STATE_KIND,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
+)
+VIEW_FLEET = Verb(
+    "view fleet",
+    "read the worker rows and heartbeats (a consumer of its own over them), with the "
+    "flow control of its consumers and the last fleet row (a direct get)",
+    STATE_KIND,
+    lambda s, d: (
+        f"{API}.CONSUMER.CREATE.{s}.*.{d}.fleet.>",
+        f"$JS.FC.{s}.>",
+        f"{API}.DIRECT.GET.{s}.{d}.fleet.>",
+    ),
+)
+VIEW_OWN = Verb(
+    "view own",
+    "read the rows of its own machines (a consumer of its own over them)",
+    STATE_KIND,
+    lambda s, d: (f"{API}.CONSUMER.CREATE.{s}.*.{d}.>",),
+    own=OWN_TENANT,
+    within=VIEW.name,
+)
 VERBS: tuple[Verb, ...] = (INFO, CREATE, UPDATE, DELETE, PURGE, READ, ERASE, WRITE, REPLAY)
 VERBS += (CONSUMERS, PULL, READ_OWN, WRITE_OWN, LIST_OWN, CONSUMERS_OWN, PULL_OWN)
+VERBS += (VIEW, VIEW_FLEET, VIEW_OWN)
 VERBS += (DETECT, OTHERS)
 
 
@@ -271,7 +310,7 @@ def applies(verb: Verb, resource: Resource) -> bool:
 
 def _all(resource: Resource) -> frozenset[str]:
     return frozenset(
-        v.name for v in VERBS if applies(v, resource) and v is not OTHERS and not v.own
+        v.name for v in VERBS if applies(v, resource) and v is not OTHERS and not v.within
     )
 
 
@@ -297,6 +336,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _of(INFO, CREATE, READ, WRITE, REPLAY),
         STAGING.key: _of(INFO, CREATE, READ, PURGE),
         COMMANDS.key: _of(INFO, CREATE),  # its commands: the subject table
+        STATE.key: _of(INFO, CREATE),
         ACCOUNT.key: _of(DETECT),
     },
     # checks the event stream is there (its events: the subject table); reads images; reads
@@ -321,6 +361,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _READ_IMAGES,
         APPS.key: _of(INFO, READ, WRITE, REPLAY),
         APP_SECRETS.key: _of(INFO, WRITE),
+        STATE.key: _of(VIEW, VIEW_FLEET),
         ACCOUNT.key: _of(DETECT),
     },
     # reads images (dry runs, ``ls``, ``inspect``, what a push need not send); pushes
@@ -331,6 +372,7 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         IMAGE_TAGS.key: _READ_IMAGES,
         APPS.key: _of(READ_OWN, WRITE_OWN, LIST_OWN),
         APP_SECRETS.key: _of(WRITE_OWN),
+        STATE.key: _of(VIEW_FLEET, VIEW_OWN),
     },
 }
 

@@ -296,6 +296,28 @@ async def _make(js: JetStreamContext, stream: EventStream) -> bool:
     return False
 
 
+async def create_missing(js: JetStreamContext, config: StreamConfig, event: str) -> bool:
+    """Create the stream ``config`` names if it is missing (True: made now, logged as
+    ``event``); False when it is there already, made meanwhile by another process included.
+    An existing stream keeps its settings (an operator may have changed them)."""
+    try:
+        await js.stream_info(config.name or "")
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.BadRequestError:
+            return False  # made meanwhile by another process
+        log.info(
+            event,
+            stream=config.name,
+            subjects=config.subjects,
+            max_bytes=config.max_bytes,
+            replicas=config.num_replicas,
+        )
+        return True
+    return False
+
+
 def apps_bucket_name(prefix: str) -> str:
     """The apps' KV bucket (each app's applied spec, generation and slots):
     ``bourse`` -> ``BOURSE_APPS``."""

@@ -11,7 +11,7 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   pushes and their gc); of the market's subjects only the fleet's status and machine
   listings of every region (``R.status``, ``R.machines``: which images are in use),
   ``R.command.*`` (a stop or destroy kept for a worker that was away) and
-  ``R.control.*`` (a worker drained, stopped, started: §4.21).
+  ``R.control.*`` (a worker drained, stopped, started: §4.22).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
@@ -31,7 +31,9 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   ``R.machines`` (every region) and its workers' ``R.worker.<id>.>`` and
   ``R.control.<id>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
-  worker id) and ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d);
+  worker id), ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d) and their
+  rows of the state stream, ``R.state.fleet.*.<region>.<id>`` (a worker's row, the
+  heartbeat keyed by it) and ``R.state.machine.*.<region>.<id>.*`` (its machines', §4.21);
   answers the exchange, buyers and the operator: it may publish into their inboxes (and
   its own).
 
@@ -113,7 +115,7 @@ def operator_permissions(s: Subjects, inbox: str) -> Permissions:
             s.status_every,
             s.machines_every,
             s.command_all,  # a stop or destroy kept for a worker (§4.20)
-            s.control_all,  # a worker drained, stopped, started (§4.21)
+            s.control_all,  # a worker drained, stopped, started (§4.22)
             *grants.allows(ROLE_OPERATOR, s.prefix),
         ),
         subscribe=(f"{inbox}.>",),
@@ -201,10 +203,13 @@ def supplier_permissions(
         sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r), s.explain(r)]
         sub.append(s.machines(r))
     sub += [s.worker_all(wid) for wid, _ in workers]
-    sub += [s.control(wid) for wid, _ in workers]  # the operator's verbs (§4.21)
+    sub += [s.control(wid) for wid, _ in workers]  # the operator's verbs (§4.22)
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)
+    # its workers' rows of the state stream: theirs and their machines' (any owner's), §4.21
+    pub += [s.state_fleet_rows(region, wid) for wid, region in workers]
+    pub += [s.state_machines("*", region, wid) for wid, region in workers]
     pub += grants.allows(ROLE_SUPPLIER, s.prefix, workers=[wid for wid, _ in workers])
     pub += _inboxes(inbox, answers)
     return Permissions(publish=tuple(pub), subscribe=tuple(sub))

@@ -110,13 +110,18 @@ def jetstream_table() -> str:
 
 def verbs_table() -> str:
     """What each verb is, and the API subjects it grants (``S``: the stream; ``B``: the
-    bucket)."""
+    bucket; ``R.state``: the state stream's rows)."""
     rows = ["| verb | what | API subjects |", "|---|---|---|"]
     for v in VERBS:
         subjects: list[str] = []
-        for kind, data in (("stream", ""), ("kv", "$KV.B"), ("objects", "$O.B")):
+        for kind, data in (
+            ("stream", ""),
+            ("kv", "$KV.B"),
+            ("objects", "$O.B"),
+            ("state", "R.state"),
+        ):
             if kind in v.kinds:
-                subjects += v.allows("S", _owned(v, data))
+                subjects += v.allows("S", _owned(v, kind, data))
         if "account" in v.kinds:  # what no role may use is shown by what it tries
             subjects += v.allows("", "") or v.probes("", "")
         shown = _cell(f"`{x}`".replace(grants.PROBE, "<other>") for x in dict.fromkeys(subjects))
@@ -124,12 +129,14 @@ def verbs_table() -> str:
     return "\n".join(rows)
 
 
-def _owned(v: grants.Verb, data: str) -> str:
-    """What a verb's subjects are shown made with: its data, a tenant's own keys, or a
-    worker's own consumer and its filter."""
+def _owned(v: grants.Verb, kind: str, data: str) -> str:
+    """What a verb's subjects are shown made with: its data, a tenant's own keys (its own
+    machines' rows of the state stream), or a worker's own consumer and its filter."""
     if v.own == grants.OWN_WORKER:
         return "cmd-<worker>.R.command.<worker>"
-    return f"{data}.<name>" if v.own else data
+    if not v.own:
+        return data
+    return f"{data}.machine.<name>" if kind == "state" else f"{data}.<name>"
 
 
 TABLES = {"subjects": subjects_table, "jetstream": jetstream_table, "verbs": verbs_table}

@@ -86,9 +86,11 @@ async def start_program(
     log_path: Path,
     ready: str,
     env: dict[str, str] | None = None,
+    cwd: Path | None = None,
 ) -> Program:
-    """``python -m <module> args...``, stderr to ``log_path``; returns once stdout says
-    ``ready``. Raises ProgramFailed with what its log says last if it exits first."""
+    """``python -m <module> args...`` (in ``cwd``: default, this process's), stderr to
+    ``log_path``; returns once stdout says ``ready``. Raises ProgramFailed with what its log
+    says last if it exits first."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as stderr:
         proc = await asyncio.create_subprocess_exec(
@@ -104,6 +106,7 @@ async def start_program(
             stdout=asyncio.subprocess.PIPE,
             stderr=stderr,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
         )
     prog = Program(module, proc, log_path)
     assert proc.stdout is not None

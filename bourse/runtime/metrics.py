@@ -238,10 +238,110 @@ class SupplierMetrics(Metrics):
         """Expose ``missing()`` as ``bourse_event_stream_missing`` (1 or 0)."""
         self.registry.register(FlagCollector("bourse_event_stream_missing", _MISSING_DOC, missing))
 
+    def watch_state_stream(self, missing: Callable[[], bool]) -> None:
+        """Expose ``missing()`` as ``bourse_state_stream_missing`` (1 or 0)."""
+        doc = _STATE_MISSING_DOC
+        self.registry.register(FlagCollector("bourse_state_stream_missing", doc, missing))
+
+
+# A request through the edge: a pooled connection to a machine on the same host answers in
+# a fraction of a millisecond; a cold or remote one in tens or hundreds of ms.
+EDGE_BUCKETS_S = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+)  # fmt: skip
+# Distinct apps the edge keeps series for; requests for more share OTHER_APP, and those
+# that named no app (a bad Host, an unknown app) NO_APP.
+MAX_APPS = 1024
+OTHER_APP = "_other"
+NO_APP = "_none"
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+class _AppRequests:
+    """One app's label children, bound once: recording a request is then a lookup."""
+
+    __slots__ = ("errors", "latency", "requests", "retries")
+
+    def __init__(self, m: EdgeMetrics, app: str) -> None:
+        self.requests = [m.requests.labels(app, c) for c in STATUS_CLASSES]
+        self.latency = m.latency.labels(app)
+        self.retries = m.retries.labels(app)
+        self.errors = m.upstream_errors.labels(app)
+
+
+class EdgeMetrics(Metrics):
+    """``edge serve``: per app, requests by status class, their latency, retries on
+    another machine and upstream connection errors."""
+
+    def __init__(self, program: str = "edge") -> None:
+        super().__init__(program)
+        r = self.registry
+        self.requests = Counter(
+            "bourse_edge_requests",
+            "Requests answered by the edge, by app and status class (1xx..5xx; a client "
+            "that left before its answer counts as 4xx, its status logged as 499).",
+            ["app", "code"],
+            registry=r,
+        )
+        self.latency = Histogram(
+            "bourse_edge_request_duration_seconds",
+            "A request through the edge, from its head parsed to its answer's last byte "
+            "written (a WebSocket: to its 101).",
+            ["app"],
+            buckets=EDGE_BUCKETS_S,
+            registry=r,
+        )
+        self.retries = Counter(
+            "bourse_edge_retries",
+            "Requests sent again to another machine (its connection failed before a byte "
+            "went upstream, or an idempotent one's before a byte came back).",
+            ["app"],
+            registry=r,
+        )
+        self.upstream_errors = Counter(
+            "bourse_edge_upstream_errors",
+            "Upstream connections that failed: refused, timed out, or closed before or "
+            "while answering.",
+            ["app"],
+            registry=r,
+        )
+        self._apps: dict[str, _AppRequests] = {}
+
+    def app(self, app: str) -> _AppRequests:
+        """The app's bound children, made on its first request."""
+        children = self._apps.get(app)
+        if children is None:
+            label = app or NO_APP
+            if len(self._apps) >= MAX_APPS:
+                label = OTHER_APP
+                children = self._apps.get(OTHER_APP)
+            if children is None:
+                children = _AppRequests(self, label)
+            self._apps[label if label == OTHER_APP else app] = children
+        return children
+
+    def request(self, app: str, status: int, seconds: float) -> None:
+        children = self.app(app)
+        if 100 <= status < 600:
+            children.requests[status // 100 - 1].inc()
+        children.latency.observe(seconds)
+
+    def retry(self, app: str) -> None:
+        self.app(app).retries.inc()
+
+    def upstream_error(self, app: str) -> None:
+        self.app(app).errors.inc()
+
 
 _OUTBOX_DOC = (
     "Messages waiting in an outbox to be published (publish: the host's send queue; "
-    "events: committed events not yet acknowledged by the event stream)."
+    "events: committed events not yet acknowledged by the event stream; rows: machine and "
+    "worker rows changed and not yet acknowledged by the state stream)."
+)
+_STATE_MISSING_DOC = (
+    "1 while no JetStream stream takes this supplier's state rows: they wait, marked "
+    '(bourse_outbox_backlog{outbox="rows"}), until the stream is made; views see its '
+    "workers gone meanwhile."
 )
 _MISSING_DOC = (
     "1 while no JetStream stream takes this supplier's events: they wait in its outbox "

@@ -46,6 +46,8 @@ MACHINE_ID_PATTERN = r"^[a-z0-9][a-z0-9-]{0,62}~[A-Za-z0-9]{1,64}\Z"
 IMAGE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/:@+-]{0,254}\Z"
 # An OCI content digest (sha256 only), or "" where none is known (a catalog image).
 DIGEST_PATTERN = r"^(sha256:[0-9a-f]{64})?\Z"
+# A machine's private address: a dotted IPv4 address, or "" (none).
+PRIVATE_ADDRESS_PATTERN = r"^(([0-9]{1,3}\.){3}[0-9]{1,3})?\Z"
 MAX_LAYERS = 128  # layers of one image a bid may list
 # A machine's named ports and environment (protocol §4.2): names a shell can take as
 # variables; Bourse's own variables (PORT, BOURSE_*) are set by the worker.

@@ -12,6 +12,7 @@ from collections.abc import Iterable
 
 from bourse.wire.codec import encode
 from bourse.wire.messages import ListMachines, Machine, MachineList, MachinePage
+from bourse.wire.metadata import APP
 from bourse.wire.paging import PAGE_BYTES, cut, encoded_size
 
 
@@ -24,7 +25,7 @@ def matches(req: ListMachines, m: Machine) -> bool:
             return False
     elif m.state == "destroyed" and not req.include_destroyed:
         return False
-    if req.app and m.metadata.get("app") != req.app:
+    if req.app and m.metadata.get(APP) != req.app:
         return False
     return all(m.metadata.get(k) == v for k, v in req.labels.items())
 

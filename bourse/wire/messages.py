@@ -46,6 +46,7 @@ from bourse.wire.limits import (
     MILLIS_PER_CPU,
     ORDER_ID_PATTERN,
     PORT_NAME_PATTERN,
+    PRIVATE_ADDRESS_PATTERN,
 )
 from bourse.wire.metadata import check_restart
 
@@ -82,6 +83,9 @@ Env = Annotated[
 RestartField = Annotated[str, msgspec.Meta(max_length=16)]
 # A port name -> the "host:port" a machine's named port is reached at.
 Addresses = dict[str, str]
+# A machine's address in its network of its own (an IPv4 address, no port), reached from its
+# worker's host; "" when it shares the host's network (or its worker does not say).
+PrivateAddress = Annotated[str, msgspec.Meta(max_length=15, pattern=PRIVATE_ADDRESS_PATTERN)]
 Score = Annotated[float, msgspec.Meta(ge=0.0, le=1.0)]
 Millis = Annotated[int, msgspec.Meta(ge=0)]
 
@@ -110,6 +114,9 @@ EVENT_KINDS = (
 )
 # How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
+# What its machines have of their own on the host (§4.12): users (a block of host ids) and a
+# network (a namespace with a private address); "" = not said (an older worker).
+IsolationLevel = Literal["", "users,network", "users", "none"]
 # An order outcome the exchange publishes (no worker has a change to report);
 # its Event's worker_id is EXCHANGE_EVENT_WORKER, reserved for it (docs/protocol.md §6.9).
 UNFILLED_EVENT = "unfilled"
@@ -409,6 +416,9 @@ class Placed(Message, kw_only=True):
     # The worker runs nothing (its driver is ``sim``): the machine exists on the market
     # only. An answer from an existing-machine offer does not say (false).
     simulated: bool = False
+    # Its address in its network of its own (§4.12; "" when it shares its host's network;
+    # an answer from an existing-machine offer does not say).
+    private_address: PrivateAddress = ""
 
     # The three ways a Placed is made, in one home (docs/protocol.md §4.7).
     @classmethod
@@ -436,6 +446,7 @@ class Placed(Message, kw_only=True):
             image_digest=m.image_digest,
             addresses=m.addresses,
             simulated=m.simulated,
+            private_address=m.private_address,
         )
 
     @classmethod
@@ -455,6 +466,7 @@ class Placed(Message, kw_only=True):
             image_digest=reply.image_digest,
             addresses=reply.addresses,
             simulated=reply.simulated,
+            private_address=reply.private_address,
         )
 
     @classmethod
@@ -596,6 +608,58 @@ class WorkerStatus(Message, kw_only=True):
     # The host its machines' addresses name, and its port range ("20000-20999"; "": none).
     advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
     port_range: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    # What its machines have of their own (§4.12): "users,network", "users" or "none".
+    isolation: IsolationLevel = ""
+
+
+# -- the state stream (docs/protocol.md §4.21) ------------------------------------------------
+# A heartbeat names at most this many workers; a process with more sends one heartbeat per
+# this many (each keyed by its first worker).
+MAX_BEAT_WORKERS = 4096
+
+
+class WorkerRow(Message, kw_only=True):
+    """A worker as its supplier has it now, on ``<prefix>.v1.state.fleet.worker.<region>.
+    <worker_id>`` of the state stream (§4.21): published when it changes (its free capacity,
+    its drain, its image cache), the stream keeping the last one. ``free`` is its capacity
+    less its committed machines (holds are left out: they last seconds). ``beat`` names the
+    heartbeat that says it is alive: the worker whose ``state.fleet.beat`` subject its
+    process beats on (§4.21)."""
+
+    worker_id: WorkerId
+    region: Region
+    beat: WorkerId
+    labels: dict[str, str] = {}
+    capacity: Amount
+    free: Amount
+    machines: Annotated[int, msgspec.Meta(ge=0)] = 0
+    draining: bool = False
+    drain_reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    driver: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    runtime: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    confinement: Confinement = ""
+    cache_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    cache_budget_bytes: Annotated[int, msgspec.Meta(ge=0)] = 0
+    advertise_host: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    port_range: Annotated[str, msgspec.Meta(max_length=32)] = ""
+    # The supplier's version (its package's), for an operator rolling an upgrade out.
+    version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+    at_ms: Millis = 0
+
+
+class Heartbeat(Message, kw_only=True):
+    """A supplier process is alive, on ``<prefix>.v1.state.fleet.beat.<region>.<beat>`` of
+    the state stream (§4.21), every ``interval_ms``: ONE message for all its workers (up to
+    MAX_BEAT_WORKERS: a process with more sends one per that many), named here. ``beat`` is
+    the first of ``workers`` and the subject's last token; each worker's row names it. A
+    view calls a worker ``gone`` once the heartbeat that names it is 3 intervals (at least
+    3 s) old."""
+
+    beat: WorkerId
+    workers: Annotated[list[WorkerId], msgspec.Meta(max_length=MAX_BEAT_WORKERS)]
+    at_ms: Millis
+    interval_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 1000
+    version: Annotated[str, msgspec.Meta(max_length=64)] = ""
 
 
 class MachineRequest(Message, kw_only=True):
@@ -639,7 +703,7 @@ class MachineCommand(Message, kw_only=True):
     at_ms: Millis = 0
 
 
-# -- the operator's verbs on one worker (§4.21) ----------------------------------------------
+# -- the operator's verbs on one worker (§4.22) ----------------------------------------------
 # drain: it offers nothing more (its machines run on); stop: it leaves the market (answers
 # nothing but these verbs; its machines stop as its supplier's stop would stop them);
 # start: it serves again (a stopped one applies its kept commands before its machines
@@ -743,6 +807,9 @@ class Machine(Message, kw_only=True):
     restart: RestartField = ""
     # Its worker runs nothing (driver ``sim``): the machine exists on the market only.
     simulated: bool = False
+    # Its address in its network of its own, kept from its commit to its destroy (§4.12):
+    # its worker's host reaches it there; "" when it shares the host's network.
+    private_address: PrivateAddress = ""
 
 
 class MachineList(Message, kw_only=True):
@@ -795,6 +862,8 @@ class Event(Message, kw_only=True):
     # The machine's addresses (placed, started), and its health (kind "check").
     addresses: Addresses = {}
     health: Health | None = None
+    # Its private address (placed, started: §4.12), "" when it has none.
+    private_address: PrivateAddress = ""
 
 
 # -- "why not": explain an order on every worker (§4.15) ---------
@@ -956,3 +1025,5 @@ MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error
 ControlReply = WorkerState | Error  # control.<worker_id>
 ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>
+# What the state stream holds (§4.21): a machine's row is the Machine as its worker has it.
+StateRow = Machine | WorkerRow | Heartbeat

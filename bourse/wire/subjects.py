@@ -96,7 +96,7 @@ class Subjects:
     def command_all(self) -> str:
         return f"{self.root}.command.*"
 
-    # -- the operator's verbs on one worker (§4.21) ---------------------------------------------
+    # -- the operator's verbs on one worker (§4.22) ---------------------------------------------
     # Answered by the worker's supplier whether the worker serves or is stopped.
     def control(self, worker_id: str) -> str:
         return f"{self.root}.control.{worker_id}"
@@ -187,6 +187,40 @@ class Subjects:
     @property
     def stage_all(self) -> str:
         return f"{self.root}.stage.>"
+
+    # -- the state stream (§4.21): each row published by its owner, the last one kept ----------
+    # ``owner`` is a tenant's name, or SHARED_OWNER for a machine of the shared buyer key
+    # (bourse/wire/tenancy.py ``owner_token``): a grant can scope a tenant to its own rows.
+    @property
+    def state_all(self) -> str:
+        return f"{self.root}.state.>"
+
+    @property
+    def state_fleet(self) -> str:
+        """Every worker row and heartbeat (what every view reads, a tenant's too)."""
+        return f"{self.root}.state.fleet.>"
+
+    def state_worker(self, region: str, worker_id: str) -> str:
+        return f"{self.root}.state.fleet.worker.{region}.{worker_id}"
+
+    def state_beat(self, region: str, beat: str) -> str:
+        """A supplier process's heartbeat, keyed by its first worker (``beat``)."""
+        return f"{self.root}.state.fleet.beat.{region}.{beat}"
+
+    def state_fleet_rows(self, region: str, worker_id: str) -> str:
+        """A worker's own fleet rows: its row and the heartbeat keyed by it (a grant)."""
+        return f"{self.root}.state.fleet.*.{region}.{worker_id}"
+
+    def state_machine(self, owner: str, region: str, worker_id: str, machine_id: str) -> str:
+        return f"{self.root}.state.machine.{owner}.{region}.{worker_id}.{machine_id}"
+
+    def state_machines(self, owner: str = "*", region: str = "*", worker_id: str = "*") -> str:
+        """The machine rows of an owner, a region, a worker (``*``: any)."""
+        return f"{self.root}.state.machine.{owner}.{region}.{worker_id}.*"
+
+    def state_owned(self, owner: str) -> str:
+        """Every machine row of one owner (a tenant's view reads these)."""
+        return f"{self.root}.state.machine.{owner}.>"
 
     # -- events -------------------------------------------------------------------------------
     def event(self, region: str, worker_id: str, kind: str) -> str:

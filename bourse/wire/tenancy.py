@@ -21,8 +21,12 @@ import msgspec
 from bourse.wire.codec import BadMessage
 from bourse.wire.limits import ORDER_ID_MAX
 from bourse.wire.messages import Machine, MachineList, Placed, PlaceOrder, Unfilled
+from bourse.wire.subjects import is_valid_id
 
 SEPARATOR = ":"
+# The owner token of a machine's state subject (§4.21) when no tenant owns it (the shared
+# buyer key's): no tenant name can be it.
+SHARED_OWNER = "_"
 
 M = TypeVar("M", bound=Placed | Unfilled | Machine)
 
@@ -45,6 +49,18 @@ def scoped_order(tenant: str, order: PlaceOrder) -> PlaceOrder:
 def owns(tenant: str, order_id: str) -> bool:
     """Whether a machine placed for ``order_id`` belongs to ``tenant``."""
     return order_id.startswith(scope(tenant))
+
+
+def tenant_of_order(order_id: str) -> str:
+    """The tenant whose machine an order id places (``<tenant>:<id>``), or "" (the shared
+    buyer key's; an id whose part before ``:`` is no tenant name is the shared key's too)."""
+    head, sep, _ = order_id.partition(SEPARATOR)
+    return head if sep and is_valid_id(head) else ""
+
+
+def owner_token(order_id: str) -> str:
+    """The owner token of a machine's state subject: its tenant, or SHARED_OWNER."""
+    return tenant_of_order(order_id) or SHARED_OWNER
 
 
 def unscoped(tenant: str, message: M) -> M:

@@ -32,7 +32,7 @@ import anyio.abc
 
 from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
-from bourse.wire.messages import Machine, Resources
+from bourse.wire.messages import IsolationLevel, Machine, Resources
 
 # A machine run without environment of its own (the default of Driver.start's ``env``).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
@@ -102,6 +102,7 @@ class RunInfo:
     pid: int
     started_at_ms: int
     running: bool
+    address: str = ""  # its private address, in its network of its own ("": the host's)
 
 
 class Driver(Protocol):
@@ -116,6 +117,22 @@ class Driver(Protocol):
     @property
     def confinement(self) -> Mechanism:
         """How machines are held to their resources: cgroup2, cgroup1, rlimit or none."""
+        ...
+
+    @property
+    def isolation(self) -> IsolationLevel:
+        """What machines have of their own: users and a network, users, or none."""
+        ...
+
+    def private_address(self, machine_id: str, kept: str = "") -> str:
+        """The machine's address in its network of its own, from its commit to its destroy:
+        ``kept`` (its record's, when the supplier resumes it) where it is still free, else
+        a free one; "" where machines share the host's network."""
+        ...
+
+    def give_back_address(self, machine_id: str) -> None:
+        """A machine that was never recorded (its commit could not be written): its private
+        address is free again (a destroy gives it back on its own)."""
         ...
 
     async def run(self, *, task_status: anyio.abc.TaskStatus[None] = ...) -> None:

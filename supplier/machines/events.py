@@ -19,7 +19,8 @@ MAX_EXIT_DETAIL = 1024  # LastExit.detail's bound on the wire
 
 class EventFn(Protocol):
     """Builds an event (kind, order id, machine id, detail, the image's digest, a pull's
-    bytes and seconds, a placed or started machine's addresses, a check's health); it is
+    bytes and seconds, a placed or started machine's addresses and private address, a
+    check's health); it is
     written with the change it reports (the store's outbox: exactly-once publishing), then
     announced."""
 
@@ -34,6 +35,7 @@ class EventFn(Protocol):
         pulled: tuple[int, float] = (0, 0.0),
         addresses: dict[str, str] | None = None,
         health: Health | None = None,
+        private_address: str = "",
     ) -> Event: ...
 
 

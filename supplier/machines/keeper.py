@@ -276,18 +276,7 @@ class Machines:
             stopped = self.records.event_of("stopped", m, f"start failed: {why}")
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
             raise DriverError(why) from None
-        started = self.event(
-            "started",
-            m.order_id,
-            m.machine_id,
-            "resumed" if resumed else "",
-            image_digest=m.image_digest,
-            addresses=m.addresses,
-        )
-        # A machine already started before a restart is recorded as resumed: its event is a
-        # committed change like any other (the op log says when the supplier resumed it).
-        op = "start" if m.state != "started" else "resume"
-        return await self.records.record(m, "started", op, events=(*pulled, started))
+        return await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
 
     # -- runs followed, and the restart policy ------------------------------------------------
     def _follow(self, machine_id: str) -> None:
@@ -400,7 +389,7 @@ class Machines:
         """Own this worker's background work and its driver's tasks until :meth:`close`.
         Shielded from the caller's cancellation: a stop lets the work under way finish and
         stops (or lets go of) the machines (close), then this ends. It may run again after
-        (the operator's start of a stopped worker, §4.21), as after a supplier's restart."""
+        (the operator's start of a stopped worker, §4.22), as after a supplier's restart."""
         self._closing = False
         self._run_ended = anyio.Event()
         try:

@@ -46,7 +46,8 @@ from bourse.wire.messages import Machine
 from bourse.wire.metadata import RestartPolicy
 from supplier.machines.api import NO_ENV, DriverError, ImageRun
 from supplier.machines.host.confine import Confiner
-from supplier.machines.host.isolation import Entered, Isolation
+from supplier.machines.host.isolation import RUN_DIR, Entered, Isolation
+from supplier.machines.host.network import NETNS_DIR
 from supplier.machines.oci.bundle import DEFAULT_PATH, BundleError, argv, check_env, image_env
 from supplier.machines.runner import confine, python_runtime
 from supplier.machines.shim import teardown
@@ -59,8 +60,8 @@ MAX_LINK_HOPS = 40
 # Where a machine of its own user sees its image (read-only) and its working directory:
 # bound there in its own mount namespace, so that it needs no way into the supplier's data
 # dir (which only root may enter) and sees no other machine's files.
-SEEN_IMAGE = Path("/run/bourse/mnt/image")
-SEEN_WORK = Path("/run/bourse/mnt/work")
+SEEN_IMAGE = RUN_DIR / "mnt" / "image"
+SEEN_WORK = RUN_DIR / "mnt" / "work"
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,8 +240,9 @@ class ProcessKind:
     catalog's command, confined by the worker's confiner, each with a working directory of
     its own below ``work_dir``. With ``ids`` (a root supplier's: supplier/machines/host/
     ids.py) each machine runs as its own user in a mount namespace of its own: a /tmp of its
-    own, its image read-only at :data:`SEEN_IMAGE` and its working directory at
-    :data:`SEEN_WORK`, nothing of the supplier's data dir reachable."""
+    own (and /var/tmp, /dev/shm, /run/lock: nothing it writes is the host's), its image
+    read-only at :data:`SEEN_IMAGE` and its working directory at :data:`SEEN_WORK`, nothing
+    of the supplier's data dir reachable."""
 
     name = "process"
 
@@ -317,6 +319,7 @@ class ProcessKind:
                 tmp_mb=max(16, min(m.resources.memory_mb, 1024)) if user >= 0 else 0,
                 binds=binds,
                 netns=own.netns,
+                hide=self._hidden() if user >= 0 else [],
             ),
             grace,
         )
@@ -350,17 +353,17 @@ class ProcessKind:
             raise DriverError(f"cannot make {m.machine_id}'s working directory: {exc}") from None
         return run
 
+    def _hidden(self) -> list[str]:
+        """What a machine of its own users sees empty: every container's root and layer and
+        every machine's network namespace (the host's mounts there, detached from its copy:
+        it holds none of them alive), and its supplier's data dir (its shims, logs, other
+        machines' files and image roots: its own image and working directory are bound
+        where it sees them)."""
+        data_dir = self.work_dir.parents[1]  # <data dir>/work/<worker id>
+        return [str(RUN_DIR), str(NETNS_DIR), str(data_dir)]
+
     async def undo(self, machine_id: str) -> None:
         await anyio.to_thread.run_sync(self.confiner.remove, machine_id)
-        await self.isolation.leave(machine_id)
-
-    async def start(self) -> None:
-        await self.isolation.start()
-
-    async def close(self) -> None:
-        await self.isolation.close()
-
-    async def ended(self, machine_id: str) -> None:
         await self.isolation.leave(machine_id)
 
     async def forget(self, machine_id: str) -> None:

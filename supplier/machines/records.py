@@ -15,7 +15,7 @@ from bourse.images.cache import Pulled
 from bourse.wire.messages import Error, Event, Machine, now_ms
 from supplier.checks import Verdict
 from supplier.images import WorkerImages
-from supplier.machines.api import Exit
+from supplier.machines.api import Exit, RunInfo
 from supplier.machines.events import AnnounceFn, EventFn, Fact, last_exit
 from supplier.oplog import Op, RunSpec
 from supplier.store import Store, StoreError
@@ -51,6 +51,8 @@ class Records:
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
         self.specs: dict[str, RunSpec] = {}  # machine id -> its order's env, when it has one
         self.facts: dict[str, Fact] = {}  # machine id -> what the store has not recorded yet
+        # Told every recorded change too: the machine's row goes to the state stream.
+        self.published: Callable[[Machine], None] = lambda m: None
         self._locks: dict[str, asyncio.Lock] = {}
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
@@ -110,6 +112,7 @@ class Records:
         await self.store.write(Op(op, new, detail, events))
         self.by_id[m.machine_id] = new
         self.changed(new)
+        self.published(new)
         for e in events:
             self.announce(e)
         return new
@@ -219,6 +222,26 @@ class Records:
                 await self.record(m, m.state, "pulled", ev.detail, (ev,))
             except StoreError as exc:
                 self.on_store_error(str(exc))
+
+    async def started(
+        self, m: Machine, resumed: bool, pulled: tuple[Event, ...], run: RunInfo | None
+    ) -> Machine:
+        """``m`` recorded started, with its event: its private address as its run has it
+        (its own since its commit; another only when its worker's subnet changed). A
+        machine started before its supplier's restart is recorded as resumed: its event is
+        a committed change like any other (the op log says when it was resumed)."""
+        private = run.address if run is not None and run.address else m.private_address
+        ev = self.event(
+            "started",
+            m.order_id,
+            m.machine_id,
+            "resumed" if resumed else "",
+            image_digest=m.image_digest,
+            addresses=m.addresses,
+            private_address=private,
+        )
+        op = "start" if m.state != "started" else "resume"
+        return await self.record(m, "started", op, events=(*pulled, ev), private_address=private)
 
     def pulled_event(self, m: Machine, got: Pulled) -> Event:
         detail = f"{m.image} ({m.image_digest}): {got.bytes} bytes in {got.seconds:.3f}s"

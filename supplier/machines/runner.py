@@ -25,7 +25,7 @@ import contextlib
 import os
 import platform
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
@@ -33,9 +33,10 @@ import anyio
 import anyio.abc
 import structlog
 
-from bourse.wire.messages import Machine, Resources
+from bourse.wire.messages import IsolationLevel, Machine, Resources
 from supplier.machines.api import NO_ENV, DriverError, Exit, ImageRun, Mechanism, RunInfo
 from supplier.machines.host.confine import ConfineError, Confiner, too_small, weaker_than_cgroups
+from supplier.machines.host.isolation import Isolation
 from supplier.machines.host.output import LogCaps, Logs
 from supplier.machines.shim import contract
 from supplier.machines.shim.client import Shim, ShimError, discover, launch
@@ -51,6 +52,7 @@ class Kind(Protocol):
     """What one kind of machine is made of before its shim runs it."""
 
     name: str
+    isolation: Isolation  # what its machines have of their own (users, a network)
 
     @property
     def runtime_version(self) -> str: ...
@@ -70,17 +72,8 @@ class Kind(Protocol):
         """What :meth:`plan` made for the machine, removed (idempotent)."""
         ...
 
-    async def ended(self, machine_id: str) -> None:
-        """The machine's run ended (its shim collected): what the run alone held goes (its
-        network); what the machine keeps between runs stays."""
-        ...
-
     async def forget(self, machine_id: str) -> None:
         """The machine was destroyed: what it kept between runs, removed too."""
-        ...
-
-    async def start(self) -> None:
-        """Make what the worker's machines share (its network), before any of them."""
         ...
 
     async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
@@ -92,11 +85,6 @@ class Kind(Protocol):
         """The driver ends with no machine of its own left: the worker's empty trees."""
         ...
 
-    async def close(self) -> None:
-        """The driver ends, whether its machines stopped or run on: what the worker's
-        machines share goes where none of them uses it any more."""
-        ...
-
     async def background(self) -> None:
         """Work of its own until cancelled (a container's layers formatted ahead)."""
         ...
@@ -104,13 +92,11 @@ class Kind(Protocol):
 
 @dataclass(slots=True)
 class _Run:
-    """One machine's current run: its shim and its stop grace; ``collected`` is set once
-    what the run held is gone (its shim collected, the kind told it ended)."""
+    """One machine's current run: its shim and its stop grace."""
 
     shim: Shim
     grace_s: float
-    collecting: bool = False
-    collected: anyio.Event = field(default_factory=anyio.Event)
+    collecting: anyio.Event | None = None  # set once its shim and what it held are gone
 
 
 class Runner:
@@ -148,6 +134,17 @@ class Runner:
     def runtime_version(self) -> str:
         return self.kind.runtime_version
 
+    @property
+    def isolation(self) -> IsolationLevel:
+        return self.kind.isolation.describe()
+
+    def private_address(self, machine_id: str, kept: str = "") -> str:
+        return self.kind.isolation.reserve(machine_id, kept)
+
+    def give_back_address(self, machine_id: str) -> None:
+        if self.kind.isolation.network is not None:
+            self.kind.isolation.network.give_back(machine_id)
+
     def refuses(self, r: Resources) -> str:
         return too_small(r.memory_mb, self.confiner.mechanism)
 
@@ -172,7 +169,7 @@ class Runner:
         self._found = await discover(self.shims_dir)
         if self._found:
             self.log.info("shims_found", machines=sorted(self._found))
-        await self.kind.start()
+        await self.kind.isolation.start()  # what its machines share (its network) first
         swept = await self.kind.sweep(keep=_runs_of(self._found))
         if swept:
             self.log.warning("machines_swept", machines=swept)
@@ -190,11 +187,13 @@ class Runner:
             with anyio.CancelScope(shield=True):
                 if self.keep_machines:
                     await self._detach_all()
+                    if not self._runs and not self._found:  # none kept: nothing of them left
+                        await self.kind.end()
                 else:  # what close() did not stop in its time is killed now
                     with anyio.move_on_after(CLOSE_S):
                         await self._stop_all(grace_s=0.0)
                     await self.kind.end()
-                await self.kind.close()
+                await self.kind.isolation.close()  # what no machine uses any more
 
     async def settle(self) -> None:
         """The supplier resumed its machines: a shim found that no machine recovered holds
@@ -269,21 +268,19 @@ class Runner:
         return how
 
     async def _collect(self, machine_id: str, run: _Run) -> None:
-        """The run ended and its exit was read: its shim may go, and what the run held.
-        Whoever comes second (a stop, the run's follower, the next start) waits until the
-        first is done: a start must not take a network the end of the last run then
-        releases (it is the machine's, by its id)."""
-        if not run.collecting:
-            run.collecting = True
-            with anyio.CancelScope(shield=True):
+        """The run ended and its exit was read: its shim may go, and what the run held. A
+        second caller (a stop and the run's follower both collect it) waits for the first:
+        when either returns, nothing of the run is left (its network, its ports)."""
+        with anyio.CancelScope(shield=True):
+            if run.collecting is None:
+                run.collecting = anyio.Event()
                 try:
                     await run.shim.collect()
-                    await self.kind.ended(machine_id)
+                    await self.kind.isolation.leave(machine_id)  # what the run alone held
                 finally:
-                    run.collected.set()
-        else:
-            with anyio.CancelScope(shield=True):
-                await run.collected.wait()
+                    run.collecting.set()
+            else:
+                await run.collecting.wait()
         if self._runs.get(machine_id) is run:
             del self._runs[machine_id]
 
@@ -327,6 +324,7 @@ class Runner:
             pid=run.shim.pid or 0,
             started_at_ms=run.shim.started_at_ms,
             running=not run.shim.ended.is_set(),
+            address=self.kind.isolation.private(machine_id),
         )
 
     def is_running(self, machine_id: str) -> bool:

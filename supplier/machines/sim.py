@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 import anyio
 import anyio.abc
 
-from bourse.wire.messages import Machine, Resources, now_ms
+from bourse.wire.messages import IsolationLevel, Machine, Resources, now_ms
 from supplier.images import DEFAULT_IMAGE_MB, MIB
 from supplier.machines.api import NO_ENV, Exit, ImageRun, Mechanism, RunInfo
 
@@ -24,6 +24,7 @@ class SimDriver:
     name = "sim"
     runtime_version = "simulated"
     confinement: Mechanism = "none"  # nothing runs: nothing to confine
+    isolation: IsolationLevel = "none"  # nor to isolate
 
     def __init__(
         self,
@@ -45,6 +46,12 @@ class SimDriver:
 
     def refuses(self, r: Resources) -> str:
         return ""
+
+    def private_address(self, machine_id: str, kept: str = "") -> str:
+        return ""
+
+    def give_back_address(self, machine_id: str) -> None:
+        pass
 
     def pull_seconds(self, image: str) -> float:
         if self.pull_mb_per_s <= 0:

@@ -35,7 +35,11 @@ def test_soak_mode_reports_faults_and_no_violation(tmp_path: Path) -> None:
         orders["placed"] + sum(orders["unfilled"].values()) + sum(orders["failed"].values())
         == orders["sent"]
     )
-    assert faults["total"] >= 2 and sum(faults["by_kind"].values()) == faults["total"]
+    # One fault at least: the next comes a random while after the last one ended, and on a
+    # busy machine a restart can outlast the rest of the 6 s load (one fault in such a run)
+    assert faults["total"] >= 1 and sum(faults["by_kind"].values()) == faults["total"]
+    starts = [f["at_s"] for f in faults["log"]]
+    assert len(starts) == faults["total"] and starts == sorted(starts)
     assert set(faults["by_kind"]) <= {
         "kill-supplier", "kill-exchange", "restart-nats", "stall-supplier", "fill-disk",
         "bad-input",

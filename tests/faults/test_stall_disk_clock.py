@@ -30,7 +30,7 @@ from tests.faults.conftest import (
     strike_during_load,
     workers_of,
 )
-from tests.market import wait_until
+from tests.market import ROOMY_DEADLINE_MS, wait_until
 
 
 async def _until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: float = 10.0) -> None:
@@ -42,12 +42,13 @@ async def _until(what: str, check: Callable[[], Awaitable[bool]], timeout_s: flo
 
 
 def _order(run: ChaosRun, n: int) -> PlaceOrder:
+    """A probe, placed however busy the machine (the test market's deadline, not 500 ms)."""
     return PlaceOrder(
         order_id=f"disk-{n:04d}",
         region=run.p.region_names()[0],
         resources=Resources(cpus=1, memory_mb=256),
         image="img000",
-        deadline_ms=500,
+        deadline_ms=ROOMY_DEADLINE_MS,
     )
 
 

@@ -27,7 +27,7 @@ async def _one_slot_busy(buyer: BourseClient, limit: ConcurrencyLimit) -> None:
     assert exc.value.code == OVERLOADED_CODE  # told apart from other internal errors
     slow_result = await slow
     assert isinstance(slow_result, Unfilled) and slow_result.reason == "no_offers"
-    placed = await buyer.place(order(order_id="late", deadline_ms=100))  # the slot is free
+    placed = await buyer.place(order(order_id="late"))  # the slot is free
     assert isinstance(placed, Placed)
 
 
@@ -95,7 +95,13 @@ async def test_time_spent_waiting_for_a_slot_comes_off_the_auctions_deadline(
 async def test_a_burst_on_an_idle_fleet_with_room_is_placed_not_refused(market: Market) -> None:
     """200 orders at once through one exchange (the limit starts at 64), on an idle fleet
     with room for every one of them: admission refuses none as overloaded (the orders in
-    line wait while their deadline leaves time for an auction), and every one is placed."""
+    line wait while their deadline leaves time for an auction), and every one is placed.
+    Their deadline and the auctions' quiet window leave time on a busy machine too: there
+    auctions are slower than the target, the limit is cut (to 32 under two CPU burners),
+    the back of the line waits longer than the default 500 ms allows (refusing it would be
+    right) and the supplier answers a slot's worth of bids later than the default 100 ms
+    quiet window. How long an order may wait (its deadline less an average auction, not a
+    quarter of it) is tests/unit/test_admission.py's."""
     await market.host(*(worker(f"mad-{i}", cpus=64, memory_mb=1 << 16) for i in range(4)))
     svc = await market.exchange()
     buyers = [await market.client() for _ in range(4)]

@@ -20,7 +20,7 @@ from bourse.wire.messages import (
     Release,
     Resources,
 )
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, learn_processes, order, wait_until, worker
 
 
 def _bid(order_id: str, auction_id: str, region: str = "mad") -> Bid:
@@ -120,9 +120,9 @@ async def test_no_batches_where_a_supplier_does_not_take_them(market: Market) ->
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
     assert not auctioneer.batching("mad")  # nothing known yet
-    assert isinstance(await client.place(order(order_id="first")), Placed)
-    assert len(auctioneer.expected_responders("mad")) == 2  # both answered, named
+    await learn_processes(client, auctioneer, "mad", 2)  # both answered, named
     assert not auctioneer.batching("mad")
+    assert isinstance(await client.place(order(order_id="first")), Placed)
     results = await asyncio.gather(*(client.place(order(order_id=f"o-{i}")) for i in range(10)))
     assert all(isinstance(r, Placed) for r in results)
     assert auctioneer.batches.sent == 0

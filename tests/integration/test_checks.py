@@ -1,7 +1,9 @@
 """Health checks on real machines and sockets: a real supplier runs a started machine's
 checks (supplier/checks.py), its health shows passing or critical with an event of kind
 ``check`` on each change, and a machine whose check fails 3 times in a row is restarted
-under ``restart=on-failure``; ``buyer failover`` replaces a critical primary."""
+under ``restart=on-failure``; ``buyer failover`` replaces a critical primary. Each worker's
+ports are a default block claimed on the host, as ``supplier run`` claims it: tests
+running at once (xdist's workers, another checkout's run) never share a port."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from bourse.client.policy import failover
 from bourse.wire.codec import decode
 from bourse.wire.messages import Check, Event, ListMachines, Machine, Placed
 from supplier.checks import probe
+from supplier.ports import PortClaims
 from tests.cli import buyer as cli
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
@@ -41,9 +44,9 @@ async def serving(market: Market) -> BourseClient:
             W1,
             driver="process",
             catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
-            ports="29320-29329",
             advertise_host="127.0.0.1",
-        )
+        ),
+        port_claims=PortClaims(),
     )
     await market.exchange()
     return await market.client()
@@ -157,11 +160,11 @@ async def test_failover_replaces_a_critical_primary_whose_worker_still_answers(
                 region="ams",
                 driver="process",
                 catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
-                ports=f"{29330 + 5 * i}-{29334 + 5 * i}",
                 advertise_host="127.0.0.1",
             )
-            for i, wid in enumerate(wids)
-        )
+            for wid in wids
+        ),
+        port_claims=PortClaims(),
     )
     await market.exchange()
     buyer = await market.client()

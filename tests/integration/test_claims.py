@@ -150,14 +150,13 @@ async def test_a_new_order_with_an_id_does_not_wait_out_the_retry_window(
     market: Market,
 ) -> None:
     """`buyer place --order-id` sends retry=true: without claims the auction gathers offers
-    for min(quiet_ms, deadline/2) before it commits (here 1.5 s); a fresh claim proves no
+    for min(quiet_ms, deadline/2) before it commits (here 5 s); a fresh claim proves no
     machine exists for the id, so it commits the first offer at once."""
     await market.host(worker("a"))
-    client = await market.client(direct=True, quiet_ms=2000)
-    t0 = time.monotonic()
-    r = await client.place(order(order_id="fresh-with-id", retry=True, deadline_ms=3000))
+    client = await market.client(direct=True, quiet_ms=8000)
+    r = await client.place(order(order_id="fresh-with-id", retry=True, deadline_ms=10_000))
     assert isinstance(r, Placed) and not r.existing
-    assert time.monotonic() - t0 < 1.0, "waited out the retry gathering window"
+    assert r.elapsed_ms < 5000, "waited out the retry gathering window"
 
 
 async def test_a_claim_of_a_dead_auction_is_taken_over(market: Market) -> None:

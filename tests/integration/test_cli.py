@@ -101,10 +101,12 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
     r = await (await market.client()).place(order(cpus=2, memory_mb=512))
     assert isinstance(r, Placed)
     mid = r.machine_id
-    code, out, _ = await buyer(market, "machines", "list", "--worker", "mad-1", "--json")
+    # --fresh: the worker's answers now (the view's: tests/integration/test_cli_view.py)
+    code, out, _ = await buyer(market, "machines", "list", "--worker", "mad-1", "--json", "--fresh")
     assert code == 0 and [m["machine_id"] for m in json.loads(out)["machines"]] == [mid]
     for verb, state in [("show", "reserved"), ("start", "started"), ("stop", "stopped")]:
-        code, out, err = await buyer(market, "machines", verb, mid, "--json")
+        fresh = ("--fresh",) if verb == "show" else ()
+        code, out, err = await buyer(market, "machines", verb, mid, "--json", *fresh)
         assert code == 0, err
         assert json.loads(out)["machine"]["state"] == state
     code, out, _ = await buyer(market, "machines", "logs", mid, "--json")
@@ -115,7 +117,7 @@ async def test_machines_commands_and_fleet(market: Market) -> None:
         "truncated": False,
         "end": 0,  # the byte offset to follow from (a sim machine has no log)
     }
-    code, out, _ = await buyer(market, "fleet", "--region", "mad", "--json")
+    code, out, _ = await buyer(market, "fleet", "--region", "mad", "--json", "--fresh")
     doc = json.loads(out)
     [status] = doc["workers"]
     assert doc["regions"] == ["mad"]
@@ -229,7 +231,7 @@ async def test_failover_starts_a_spare_when_the_worker_is_gone(market: Market) -
     assert (doc["spare"]["worker_id"], doc["spare"]["state"]) == (third, "reserved")
     assert doc["spare"]["metadata"] == {"app": "api", "role": "spare", "slot": "1"}
     # the started spare is the app's primary now (its metadata, written once, says spare)
-    code, out, err = await buyer(market, "apps", "status", "api", "--json")
+    code, out, err = await buyer(market, "apps", "status", "api", "--json", "--fresh")
     roles = {m["machine_id"]: m["role"] for m in json.loads(out)["machines"]}
     assert roles == {slots["spare-0"]["machine_id"]: "primary", doc["spare"]["machine_id"]: "spare"}
 
@@ -371,10 +373,13 @@ async def test_watch_prints_events_as_json_lines(market: Market) -> None:
 
 async def test_fleet_says_which_region_has_no_worker_and_exits_2(market: Market) -> None:
     await market.host(worker("mad-1"))
-    code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "nowhere")
+    fresh = "--fresh"  # the workers answer (no exchange has made the state stream here)
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "nowhere", fresh)
     assert code == 2 and "mad-1" in out
     assert err == "no worker answers in region 'nowhere'\n"
-    code, out, err = await buyer(market, "fleet", "--region", "mad", "--region", "x", "--json")
+    code, out, err = await buyer(
+        market, "fleet", "--region", "mad", "--region", "x", "--json", fresh
+    )
     assert (code, err) == (2, "no worker answers in region 'x'\n")
     assert json.loads(out)["regions"] == ["mad"]
 
@@ -403,20 +408,20 @@ async def test_an_unfilled_order_says_why_each_worker_declined(market: Market) -
 
 
 async def test_fleet_asks_every_region_when_none_is_given(market: Market) -> None:
-    code, out, err = await buyer(market, "fleet")  # nobody at all
+    code, out, err = await buyer(market, "fleet", "--fresh")  # nobody at all
     assert (code, out, err) == (2, "", "no worker answers in any region\n")
     long_id = "w" * 40
     await market.host(worker("mad-1"), worker(long_id, region="fra"))
-    code, out, err = await buyer(market, "fleet", env={"COLUMNS": "40"})
+    code, out, err = await buyer(market, "fleet", "--fresh", env={"COLUMNS": "40"})
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].split() == [
         "region", "worker", "cpus", "mem", "MiB", "held", "machines", "cache", "images", "labels",
-        "state", "driver", "confined", "jetstream",
+        "state", "driver", "confined", "isolated", "jetstream",
     ]  # fmt: skip
     assert [line.split()[:2] for line in lines[1:]] == [["fra", long_id], ["mad", "mad-1"]]
     assert [line.split()[6] for line in lines[1:]] == ["0/10G", "0/10G"]  # sim caches, empty
-    code, out, _ = await buyer(market, "fleet", "--json")
+    code, out, _ = await buyer(market, "fleet", "--json", "--fresh")
     workers = json.loads(out)["workers"]
     assert [s["worker_id"] for s in workers] == [long_id, "mad-1"]
     assert [(s["cache_bytes"], s["cache_budget_bytes"]) for s in workers] == [(0, 10 << 30)] * 2
@@ -428,7 +433,9 @@ async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Marke
     await market.exchange()
     code, out, err = await buyer(market, *PLACE, "--json")
     mid = json.loads(out)["result"]["machine_id"]
-    code, out, err = await buyer(market, "machines", "list", "--worker", wid, env={"COLUMNS": "40"})
+    code, out, err = await buyer(
+        market, "machines", "list", "--worker", wid, "--fresh", env={"COLUMNS": "40"}
+    )
     assert (code, err) == (0, "")
     header, row = out.splitlines()
     assert header.split() == [
@@ -442,7 +449,7 @@ async def test_tables_print_whole_ids_in_a_pipe_whatever_the_width(market: Marke
         "score",
         "addresses",
     ]
-    _, shown, _ = await buyer(market, "machines", "show", mid, "--json")
+    _, shown, _ = await buyer(market, "machines", "show", mid, "--json", "--fresh")
     assert row.split()[:3] == [mid, json.loads(shown)["machine"]["order_id"], "reserved"]
 
 
@@ -486,7 +493,7 @@ async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
     assert (code, err) == (0, "")
     destroyed = json.loads(out)["machines"]
     assert [(m["machine_id"], m["state"]) for m in destroyed] == [(ids[2], "destroyed")]
-    code, out, _ = await buyer(market, "machines", "show", other.machine_id, "--json")
+    code, out, _ = await buyer(market, "machines", "show", other.machine_id, "--json", "--fresh")
     assert json.loads(out)["machine"]["state"] == "reserved"  # another app's is left alone
     code, out, err = await buyer(market, "machines", "destroy", "--app", "shop")
     assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")

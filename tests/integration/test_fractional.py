@@ -15,7 +15,7 @@ from bourse.wire.messages import Amount, Placed, PlaceOrder, Resources, Unfilled
 from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.integration.test_confinement import _cgroups_or_skip, _driver, _worker
-from tests.market import Market, wait_until, worker
+from tests.market import ROOMY_DEADLINE_MS, Market, wait_until, worker
 
 HALF = Resources(cpus=1, cpu_millis=500, memory_mb=256)
 
@@ -66,6 +66,7 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
     await market.host(worker("mad-1", cpus=1, memory_mb=4096, images=["web"]))
     await market.exchange()
     args = ("place", "--region", "mad", "--memory-mb", "64", "--image", "web", "--json")
+    args += ("--deadline-ms", str(ROOMY_DEADLINE_MS))
     code, out, err = await buyer(market, *args, "--cpus", "250m")
     assert code == 0, err
     mid = json.loads(out)["result"]["machine_id"]
@@ -80,7 +81,7 @@ async def test_the_cli_places_millicores_and_the_fleet_shows_fractions(market: M
         "gpus": 0,
         "cpu_millis": 250,
     }
-    code, out, err = await buyer(market, "fleet", "--region", "mad")
+    code, out, err = await buyer(market, "fleet", "--region", "mad", "--fresh")  # the worker's
     assert code == 0, err
     [row] = [line for line in out.splitlines() if "mad-1" in line]
     assert "0.75/1" in row.split()

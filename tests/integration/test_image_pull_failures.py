@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -72,7 +71,7 @@ async def test_a_damaged_blob_is_refused_never_unpacked_and_fetched_again(
     market: Market, store: ImageStore, tmp_path: Path, damage: str
 ) -> None:
     source = tree(tmp_path / "app", **{"app.py": "print('ran')\n", "blob": os.urandom(200_000)})
-    run = RunSpec(cmd=(sys.executable, "app.py"))
+    run = RunSpec(cmd=("python3", "app.py"))
     await store.push_directory(source, "app:v1", run)
     info = await store.inspect("app:v1")
     [layer] = info.layers
@@ -194,7 +193,7 @@ async def two_layers(store: ImageStore, tmp_path: Path) -> tuple[ImageInfo, Path
             files.append((write_layer(tree(tmp_path / name, **content), out), path))
     for layer, path in files:
         await store.put_blob(Blob(layer.descriptor, open=lambda p=path: p.open("rb")))
-    docs = documents([layer for layer, _ in files], RunSpec(cmd=(sys.executable, "app.py")))
+    docs = documents([layer for layer, _ in files], RunSpec(cmd=("python3", "app.py")))
     await store.put_blob(Blob(decode_manifest(docs.manifest, "m").config, docs.config))
     await store.put_blob(Blob(docs.descriptor, docs.manifest))
     await store.set_tag("app:v1", docs.descriptor.digest)

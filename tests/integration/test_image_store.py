@@ -9,9 +9,11 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import cast
 
 import anyio
 import pytest
+from nats.js.kv import KeyValue
 
 from bourse.images import (
     BadImage,
@@ -28,6 +30,7 @@ from bourse.images import (
 )
 from bourse.images.oci import Descriptor
 from bourse.images.reference import tag_key
+from bourse.images.tags import TagIndex
 from bourse.nats.connection import connect
 from bourse.nats.embedded import EmbeddedNats
 from tests.market import Market
@@ -110,6 +113,57 @@ async def test_the_tag_index_follows_a_tag_as_it_moves_and_goes(
     with pytest.raises(ImageNotFound, match="no image tagged web:latest"):
         async with store.watch_tags() as index:  # an error of the block comes out as itself
             index.resolve("web")
+
+
+class _MarkerFirst:
+    """The tag bucket (``kv``), whose watches say their replay is done before any entry:
+    what nats-py sends when its set-up asks how many entries are left after the server
+    sent them all but before they arrive (nats.py#842), made certain. The rest is the
+    real watch."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    async def status(self) -> KeyValue.BucketStatus:
+        return await self.kv.status()
+
+    async def watchall(self) -> _Prepended:
+        return _Prepended(await self.kv.watchall())
+
+
+class _Prepended:
+    """A watch that yields None, then what ``watcher`` yields."""
+
+    def __init__(self, watcher: KeyValue.KeyWatcher) -> None:
+        self.watcher, self.first = watcher, True
+
+    def __aiter__(self) -> _Prepended:
+        return self
+
+    async def __anext__(self) -> KeyValue.Entry | None:
+        if self.first:
+            self.first = False
+            return None
+        return await self.watcher.__anext__()
+
+    async def stop(self) -> None:
+        await self.watcher.stop()
+
+
+async def test_a_watch_starts_with_every_tag_when_the_end_of_its_replay_comes_first(
+    store: ImageStore, tmp_path: Path
+) -> None:
+    """Started on that end marker alone, the copy would lack the tags (an ``image ls``
+    listing nothing, a gc finding nothing tagged); an empty bucket's watch still starts."""
+    with anyio.fail_after(5):
+        async with TagIndex.watching(cast(KeyValue, _MarkerFirst(store.tags))) as index:
+            assert index.entries() == []
+    await store.push_directory(tree(tmp_path / "a", f=b"1"), "app:1", RUN)
+    for ref in ("app:2", "app:3"):
+        await store.tag("app:1", ref)
+    with anyio.fail_after(5):
+        async with TagIndex.watching(cast(KeyValue, _MarkerFirst(store.tags))) as index:
+            assert [e.reference.tagged for e in index.entries()] == ["app:1", "app:2", "app:3"]
 
 
 async def test_tags_are_named_by_tag_and_removed_only_if_there(

@@ -92,11 +92,16 @@ async def test_the_degraded_mode_is_named_at_start_and_in_the_fleet(
             [warning] = [ln for ln in p.log.splitlines() if "jetstream_off" in ln]
             assert "warning" in warning and "degraded" in warning
 
+        # the buyer's view needs JetStream: without it, one line says so ...
         code, out, err = await run_module("buyer_cli", "fleet", "--nats", core_only.url)
+        assert code == 1 and "no JetStream" in err and "--no-jetstream" in err, err
+        # ... and --no-jetstream asks the workers, as --fresh does
+        fleet = ("buyer_cli", "fleet", "--no-jetstream", "--nats", core_only.url)
+        code, out, err = await run_module(*fleet)
         assert code == 0, err
         head, row = out.splitlines()
         assert head.split()[-1] == "jetstream" and row.split()[-1] == "off"
-        code, out, err = await run_module("buyer_cli", "fleet", "--json", "--nats", core_only.url)
+        code, out, err = await run_module(*fleet, "--json")
         assert code == 0, err
         assert [w["jetstream"] for w in json.loads(out)["workers"]] == [False]
 

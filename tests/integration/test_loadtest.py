@@ -15,7 +15,17 @@ from rich.console import Console
 from bourse.nats.embedded import EmbeddedNats
 from loadtest import report
 from loadtest.harness import run_loadtest
-from loadtest.workload import SCENARIOS, Shape, trace
+from loadtest.workload import SCENARIOS, Profile, Shape, trace
+from tests.market import ROOMY_DEADLINE_MS, ROOMY_QUIET_MS
+
+
+def _roomy(profile: Profile, **changes: Any) -> Profile:
+    """``profile`` with ``changes``, and the test market's deadline and quiet window
+    (tests/market.py): every order of a run that asks for all to be placed is, however
+    busy the machine."""
+    return msgspec.structs.replace(
+        profile, deadline_ms=ROOMY_DEADLINE_MS, exchange_quiet_ms=ROOMY_QUIET_MS, **changes
+    )
 
 
 @pytest.mark.slow
@@ -85,9 +95,7 @@ async def test_smoke_run_reports_every_figure_and_no_violations(
 async def test_a_direct_run_places_without_any_exchange(
     nats_server: EmbeddedNats, tmp_path: Path
 ) -> None:
-    profile = msgspec.structs.replace(
-        SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, direct=True, bid_shards=4
-    )
+    profile = _roomy(SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, direct=True, bid_shards=4)
     rep = await run_loadtest(profile, tmp_path, [nats_server.url], ceiling=False, oracle=False)
     assert rep["violations"] == []
     assert rep["placed"] == rep["orders"] == len(trace(profile))
@@ -99,7 +107,7 @@ async def test_a_tapped_run_counts_every_message_by_kind(
 ) -> None:
     """--tap: one order, one bid and one claim create per order; one commit Placed and one
     order Placed per placement; and the kinds add up to what the server counted."""
-    profile = msgspec.structs.replace(SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3)
+    profile = _roomy(SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3)
     rep = await run_loadtest(
         profile,
         tmp_path,
@@ -132,9 +140,7 @@ async def test_a_run_without_jetstream_places_with_no_claim_and_no_durable_event
 ) -> None:
     """--no-jetstream: the embedded server is core NATS only, so the exchange writes no
     claim and the suppliers publish their events at most once (nothing acknowledges)."""
-    profile = msgspec.structs.replace(
-        SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, jetstream=False
-    )
+    profile = _roomy(SCENARIOS["smoke"], duration_s=0.5, lifetime_s=0.3, jetstream=False)
     rep = await run_loadtest(profile, tmp_path, ceiling=False, oracle=False, tap=True)
     assert rep["violations"] == [] and rep["placed"] == rep["orders"]
     kinds = rep["messages_per_placement_by_kind"]

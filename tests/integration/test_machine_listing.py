@@ -120,8 +120,12 @@ async def test_the_cli_lists_sorted_with_whole_ids_and_exits_2_for_a_silent_regi
 
 
 async def test_no_region_answers(market: Market) -> None:
-    code, out, err = await buyer(market, "machines", "list")
+    code, out, err = await buyer(market, "machines", "list", "--fresh")
     assert (code, out, err) == (2, "", "no worker answers in any region\n")
+    # no exchange has made the state stream: the view says so, and what to do
+    code, out, err = await buyer(market, "machines", "list")
+    assert (code, out) == (1, "") and err.startswith("error: no state stream ")
+    assert err.endswith("--fresh asks the workers instead\n")
 
 
 async def fill_store(data_dir: Path, worker_id: str, region: str, n: int) -> list[Machine]:

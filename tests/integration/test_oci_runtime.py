@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import msgspec
 import pytest
 
 from bourse.images.oci import RunConfig
@@ -342,6 +343,36 @@ async def test_root_inside_has_no_sys_admin_and_no_new_privileges(
     assert _caps(output, "CapAmb") == 0
     assert re.search(r"^NoNewPrivs:\s*1$", output, re.M)
     assert "mount=0" not in output and "mount=" in output
+
+
+async def test_the_seccomp_filter_refuses_a_user_namespace_the_kernel_would_give(
+    boxes: Containers, image_root: Path, tmp_path: Path
+) -> None:
+    """Docker's profile (supplier/machines/oci/seccomp.py): ``unshare -U`` needs no
+    capability, so only the filter stops it (the same spec without the filter runs it)."""
+    script = "grep Seccomp: /proc/self/status; /bin/busybox unshare -U true; echo unshare=$?"
+    how, output = await _run(boxes, image_root, tmp_path / "out", ["sh", "-c", script])
+    assert how == Exit(code=0)
+    assert re.search(r"^Seccomp:\s*2$", output, re.M), output  # a filter is on
+    assert "Operation not permitted" in output and "unshare=1" in output
+
+    mid = _mid(boxes)
+    spec = runtime_spec(
+        RunConfig(cmd=["sh", "-c", script]),
+        LIMITS,
+        cgroups_path=boxes.cgroups_path(mid),
+        hostname="box",
+        bourse_env={},
+        host=boxes.host(),
+    )
+    assert spec.linux.seccomp is not None
+    bare = msgspec.structs.replace(spec, linux=msgspec.structs.replace(spec.linux, seccomp=None))
+    c = await Boxed.start(boxes, mid, bare, image_root, 8, tmp_path / "bare")
+    try:
+        assert await c.wait() == Exit(code=0)
+    finally:
+        await c.cleanup()
+    assert re.search(r"^Seccomp:\s*0$", c.output(), re.M) and "unshare=0" in c.output()
 
 
 async def test_a_named_user_runs_as_itself_with_no_capabilities(

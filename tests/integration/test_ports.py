@@ -1,7 +1,9 @@
 """Machines you can reach: real process machines given host ports by a real supplier, over a
 real nats-server. Two copies of one server on one worker each get their own port (no
 "Address already in use"), each sees PORT, BOURSE_PORT_<NAME>, BOURSE_ADDR_<NAME> and its
-order's env, and answers at the address Placed names; a destroyed machine's port is free."""
+order's env, and answers at the address Placed names; a destroyed machine's port is free.
+The worker's range is a default block claimed on the host, as ``supplier run`` claims it:
+tests running at once (xdist's workers, another checkout's run) never share a port."""
 
 from __future__ import annotations
 
@@ -12,12 +14,13 @@ import anyio
 
 from bourse.wire.messages import Placed
 from supplier.config import WorkerConfig
+from supplier.host import SupplierHost
+from supplier.ports import DEFAULT_BLOCK, HostClaims, PortRange
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, order, worker
 
 W1 = own_worker_id("ports1")
-RANGE = "29310-29319"
 
 # Serves its environment's variables of interest as JSON on 0.0.0.0:$PORT.
 SERVER = """
@@ -40,9 +43,21 @@ def server_worker() -> WorkerConfig:
         W1,
         driver="process",
         catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
-        ports=RANGE,
         advertise_host="127.0.0.1",
     )
+
+
+async def server_host(market: Market) -> tuple[SupplierHost, PortRange]:
+    """A supplier of the server's worker, and the block of ports its worker claimed."""
+    host = await market.host(server_worker(), port_claims=HostClaims())
+    port_range = host.workers[W1].ports.range
+    assert port_range is not None
+    return host, port_range
+
+
+def port_in(port_range: PortRange, addr: str) -> bool:
+    host, port = addr.rsplit(":", 1)
+    return host == "127.0.0.1" and port_range.lo <= int(port) <= port_range.hi
 
 
 def get(addr: str) -> dict[str, str] | None:
@@ -65,7 +80,7 @@ async def answer(addr: str, timeout_s: float = 10.0) -> dict[str, str]:
 
 
 async def test_two_copies_of_a_server_each_get_a_port_and_answer_there(market: Market) -> None:
-    host = await market.host(server_worker())
+    host, port_range = await server_host(market)
     await market.exchange()
     buyer = await market.client()
     placed = []
@@ -78,7 +93,7 @@ async def test_two_copies_of_a_server_each_get_a_port_and_answer_there(market: M
         m = await buyer.machine("start", r.machine_id)
         assert m.state == "started" and m.addresses == r.addresses
     a, b = (p.addresses["http"] for p in placed)
-    assert a != b and a.startswith("127.0.0.1:2931") and b.startswith("127.0.0.1:2931")
+    assert a != b and port_in(port_range, a) and port_in(port_range, b)
     for i, (p, addr) in enumerate(zip(placed, (a, b), strict=True)):
         env = await answer(addr)
         port = addr.rsplit(":", 1)[1]
@@ -94,7 +109,11 @@ async def test_two_copies_of_a_server_each_get_a_port_and_answer_there(market: M
     ]
     assert listed.addresses == {"http": a} and listed.env_keys == ["GREETING"]
     [status] = await buyer.status("mad")
-    assert (status.port_range, status.capacity.ports, status.committed.ports) == (RANGE, 10, 2)
+    assert (status.port_range, status.capacity.ports, status.committed.ports) == (
+        str(port_range),
+        DEFAULT_BLOCK,
+        2,
+    )
     assert status.advertise_host == "127.0.0.1"
     await buyer.machine("destroy", placed[0].machine_id)
     w = host.workers[W1]
@@ -103,14 +122,14 @@ async def test_two_copies_of_a_server_each_get_a_port_and_answer_there(market: M
 
 
 async def test_the_cli_prints_addresses_and_env_keys_never_values(market: Market) -> None:
-    await market.host(server_worker())
+    _, port_range = await server_host(market)
     await market.exchange()
     place = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "srv")
     code, out, err = await buyer(market, *place, "--port", "http", "--env", "TOKEN=s3cret")
     assert (code, err) == (0, ""), out + err
     [line] = [x for x in out.splitlines() if "addresses:" in x]
     addr = line.split("http=")[1].strip()
-    assert addr.startswith("127.0.0.1:2931")
+    assert port_in(port_range, addr)
     machine_id = out.split()[1]
     code, out, err = await buyer(market, "machines", "show", machine_id)
     assert code == 0, err

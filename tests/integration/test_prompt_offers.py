@@ -26,7 +26,15 @@ from bourse.wire.messages import (
     Resources,
 )
 from bourse.wire.subjects import Subjects
-from tests.market import Market, answer_commits, order, placed_for, wait_until, worker
+from tests.market import (
+    Market,
+    answer_commits,
+    learn_processes,
+    order,
+    placed_for,
+    wait_until,
+    worker,
+)
 
 
 def _bid(order_id: str = "o", cpus: int = 1) -> Bid:
@@ -71,13 +79,13 @@ async def test_the_auction_learns_the_processes_of_a_region(market: Market) -> N
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None and auctioneer.expected_responders("mad") == set()
-    r = await client.place(order(order_id="first"))
-    assert isinstance(r, Placed)
-    # both answer every bid at once, so the first auction heard both, by name
+    await learn_processes(client, auctioneer, "mad", 2)
+    # both answer every bid at once: the auctions heard both, by name
     assert auctioneer.expected_responders("mad") == {h.responder_id for h in hosts}
-    for i in range(5):
+    for i in range(6):
         r = await client.place(order(order_id=f"o-{i}"))
         assert isinstance(r, Placed)
+    assert auctioneer.expected_responders("mad") == {h.responder_id for h in hosts}
     workers = [w for h in hosts for w in h.workers.values()]
     await wait_until(lambda: all(not w.ledger.holds for w in workers))  # losers released
     assert sum(len(w.by_order) for w in workers) == 6
@@ -90,8 +98,10 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
 ) -> None:
     """An older supplier answers a prompt bid with plain delayed offers: the auction then
     waits out delays in that region instead of committing when the known processes
-    answered (so the older supplier's better offer can still win)."""
-    await market.host(worker("new-1"))
+    answered (so the older supplier's better offer can still win). new-1's offers would
+    wait about 350 ms (a wide score spread): however busy the machine, the older
+    supplier's offer comes within it."""
+    await market.host(worker("new-1", pricing={"spread_ms": 1000}))
     nc = await market.connect("older-supplier")
     s = market.subjects
 
@@ -112,8 +122,9 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
-    r = await client.place(order(order_id="o-1"))
-    assert isinstance(r, Placed)
+    # too big for new-1: the auction commits the older supplier's offer, so it has seen it
+    r = await client.place(order(order_id="o-1", cpus=16))
+    assert isinstance(r, Placed) and r.worker_id == "old-1"
     assert auctioneer.expected_responders("mad") == set()  # an unnamed answer was seen
     r = await client.place(order(order_id="o-2"))
     assert isinstance(r, Placed) and r.worker_id == "old-1"  # the best offer, as before

@@ -47,13 +47,14 @@ async def test_bids_go_to_sampled_shards_only(market: Market) -> None:
 
 
 async def test_empty_sampled_shards_fall_back_to_the_whole_region(market: Market) -> None:
-    # One worker: with 8 shards, most samples of 2 miss its shard (a 503 each).
+    # One worker: with 8 shards, most samples of 2 miss its shard (a 503 each). The quiet
+    # window is long, so that an auction that waited it out shows however busy the machine.
     await market.host(worker("only"), bid_shards=SHARDS)
-    await market.exchange(bid_shards=SHARDS, bid_sample=2)
+    await market.exchange(bid_shards=SHARDS, bid_sample=2, quiet_ms=5_000)
     buyer = await market.client()
     results = [await buyer.place(order(order_id=f"o{i}")) for i in range(8)]
     assert all(isinstance(r, Placed) and r.worker_id == "only" for r in results)
-    assert all(r.elapsed_ms < 100 for r in results)  # 503s answer at once, no quiet wait
+    assert all(r.elapsed_ms < 5_000 for r in results)  # 503s answer at once, no quiet wait
 
 
 async def test_sampled_shards_that_cannot_fit_fall_back_before_unfilled(market: Market) -> None:

@@ -28,7 +28,9 @@ from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import Market, order, wait_until, worker
 
 STOP_BOUND_S = 2.0
-READY_S = 30.0
+# How long a program may take to say it is ready: only a failing test waits it out, and a
+# busy machine (the suite twice at once) took over 30 s to bring bourse up's five up.
+READY_S = 90.0
 
 
 class Proc:
@@ -95,9 +97,24 @@ async def program(module: str, *args: str, log_path: Path) -> AsyncIterator[Proc
             await proc.wait()
 
 
+def slowdown(cpu_s: float = 0.05) -> float:
+    """How many times its CPU time a computation takes on this machine now: about 1 when
+    it is idle, N when N runnable tasks share each core (another suite, CPU burners)."""
+    t0, c0 = time.monotonic(), time.thread_time()
+    while time.thread_time() - c0 < cpu_s:
+        pass
+    return max(1.0, (time.monotonic() - t0) / cpu_s)
+
+
 def assert_stopped(code: int, elapsed: float, log: str, expected: int = 0) -> None:
+    """The program exited with ``expected`` within the stop's bound: 2 s on an idle machine,
+    as much longer as the machine is busy now (every step of a stop, the exits of its
+    processes too, takes that much longer there; a stop that waits on something unbounded
+    still fails)."""
     assert code == expected, log[-3000:]
-    assert elapsed < STOP_BOUND_S, f"took {elapsed:.2f}s to stop:\n{log[-3000:]}"
+    factor = slowdown()
+    bound = STOP_BOUND_S * factor
+    assert elapsed < bound, f"took {elapsed:.2f}s to stop ({factor:.1f} x 2 s):\n{log[-3000:]}"
 
 
 def dead_url() -> str:

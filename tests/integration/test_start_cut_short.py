@@ -36,6 +36,7 @@ class Gated:
     def __init__(self, inner: Kind) -> None:
         self.inner = inner
         self.name = inner.name
+        self.isolation = inner.isolation
         self.made = anyio.Event()
         self.go = anyio.Event()
         self.undone: list[str] = []
@@ -59,23 +60,14 @@ class Gated:
         self.undone.append(machine_id)
         await self.inner.undo(machine_id)
 
-    async def ended(self, machine_id: str) -> None:
-        await self.inner.ended(machine_id)
-
     async def forget(self, machine_id: str) -> None:
         await self.inner.forget(machine_id)
-
-    async def start(self) -> None:
-        await self.inner.start()
 
     async def sweep(self, keep: Mapping[str, Run]) -> list[str]:
         return await self.inner.sweep(keep)
 
     async def end(self) -> None:
         await self.inner.end()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
     async def background(self) -> None:
         await self.inner.background()

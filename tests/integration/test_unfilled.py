@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from nats.aio.msg import Msg
 
 from bourse.images import ImageStore, RunSpec
 from bourse.wire.codec import decode, encode
-from bourse.wire.messages import Bid, Commit, Offer, Placed, Rejected, Release, Unfilled
+from bourse.wire.messages import Bid, Commit, Offer, Offers, Placed, Rejected, Release, Unfilled
 from tests.cli import buyer
 from tests.isolation import own_worker_id
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, answer_commits, order, wait_until, worker
+
+# The stalled auction's quiet window: the bid reaches the stalling supplier well within it
+# however busy the machine, so it is the stall that outlasts it.
+STALL_QUIET_MS = 1000.0
 
 
 async def _ghost_worker(market: Market, worker_id: str, on_commit: str) -> list[Release]:
@@ -98,6 +103,30 @@ async def test_deadline_when_the_commit_goes_unanswered_and_the_worker_is_told_t
     assert r.elapsed_ms < 200 + 50 + 100
     await wait_until(lambda: bool(releases))
     assert releases and releases[0].order_id == "late-1" and releases[0].abort_commit is True
+
+
+async def test_no_offers_only_after_listening_the_quiet_window_not_while_the_process_stalled(
+    market: Market,
+) -> None:
+    """The auctioneer's process stops running (a GC pause, its CPU taken) past the quiet
+    window, and an offer comes in that time: the late wake reads it before it would end
+    no_offers (§5.2 step 7). The stall: a raw supplier's handler blocks the process (the
+    buyer's auction runs here too) before it answers."""
+    nc = await market.connect("stalling-supplier")
+
+    async def on_bid(msg: Msg) -> None:
+        bid = decode(msg.data, Bid)
+        time.sleep(STALL_QUIET_MS * 1.5 / 1000)  # noqa: ASYNC251  # the stall, on purpose
+        o = Offer(order_id=bid.order_id, worker_id="k1", region="mad", score=0.9)
+        offers = Offers(offers=[o], responder="k", auction_id=bid.auction_id)
+        await nc.publish(msg.reply, encode(offers))
+
+    await nc.subscribe(market.subjects.bid("mad"), cb=on_bid)
+    await answer_commits(nc, market.subjects, "k1", score=0.9)
+    await nc.flush()
+    client = await market.client(direct=True, quiet_ms=STALL_QUIET_MS)
+    placed = await client.place(order(order_id="stalled"))
+    assert isinstance(placed, Placed) and placed.worker_id == "k1"
 
 
 async def test_an_unfilled_order_says_the_region_or_image_it_most_likely_meant(

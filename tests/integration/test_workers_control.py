@@ -1,5 +1,5 @@
 """The operator's verbs on one worker of a supplier that hosts several (docs/protocol.md
-§4.21: ``buyer workers drain | stop | start``): a drained worker offers nothing, a stopped
+§4.22: ``buyer workers drain | stop | start``): a drained worker offers nothing, a stopped
 one leaves the market as if its supplier had stopped (its machines stop with it, a failover
 finds it gone, a stop is kept for it) and, started, applies what was kept for it before its
 machines resume (I9), then serves again."""
@@ -56,9 +56,9 @@ async def test_a_worker_drained_stopped_and_started_again(market: Market) -> Non
     [state] = (await _json(market, "workers", "stop", gone))["workers"]  # type: ignore[misc]
     assert (state["serving"], state["machines"]) == (False, 1)
     assert not driver.is_running(primary["machine_id"])
-    fleet = await _json(market, "fleet")
+    fleet = await _json(market, "fleet", "--fresh")  # the workers that answer now
     assert [w["worker_id"] for w in fleet["workers"]] == [spare["worker_id"]]  # type: ignore[attr-defined]
-    code, _, err = await buyer(market, "machines", "show", primary["machine_id"])
+    code, _, err = await buyer(market, "machines", "show", primary["machine_id"], "--fresh")
     assert code == 1 and "is not reachable: no supplier serves it" in err  # gone, as if dead
 
     # the README's failover: the primary's worker is gone, so no --force is needed; the
@@ -71,10 +71,10 @@ async def test_a_worker_drained_stopped_and_started_again(market: Market) -> Non
     # start: the kept stop applied before its machines resume (I9): two primaries never run
     [state] = (await _json(market, "workers", "start", gone))["workers"]  # type: ignore[misc]
     assert (state["serving"], state["draining"]) == (True, False)  # the operator's drain lifted
-    shown = await _json(market, "machines", "show", primary["machine_id"])
+    shown = await _json(market, "machines", "show", primary["machine_id"], "--fresh")
     assert shown["machine"]["state"] == "stopped", out  # type: ignore[index]
     assert not driver.is_running(primary["machine_id"])
-    fleet = await _json(market, "fleet")
+    fleet = await _json(market, "fleet", "--fresh")
     assert sorted(w["worker_id"] for w in fleet["workers"]) == sorted([W1, W2])  # type: ignore[attr-defined]
     assert market.violations() == []
 
@@ -96,7 +96,7 @@ async def test_a_stopped_worker_resumes_its_machines_when_started(market: Market
         assert state["serving"] is False and not driver.is_running(mid)
     await _json(market, "workers", "start", W1)
     await wait_until(lambda: driver.is_running(mid))
-    shown = await _json(market, "machines", "show", mid)
+    shown = await _json(market, "machines", "show", mid, "--fresh")
     assert shown["machine"]["state"] == "started"  # type: ignore[index]
     code, out, err = await buyer(market, "workers", "stop", "nobody-1")
     assert (code, out) == (1, "")

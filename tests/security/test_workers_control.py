@@ -1,4 +1,4 @@
-"""The operator's verbs on a worker (docs/protocol.md §4.21) under the generated
+"""The operator's verbs on a worker (docs/protocol.md §4.22) under the generated
 permissions: only the operator's key may publish on ``R.control.*`` (the shared buyer key, a
 tenant, the exchange and a supplier are refused by the server); the worker's supplier hears
 it and answers the operator."""

@@ -20,16 +20,15 @@ from supplier.machines.oci.bundle import (
     BundleError,
     Command,
     Host,
-    Spec,
     argv,
     cfs,
     cgroup_dirs,
-    encode,
     machine_id_of,
     merge_env,
     runtime_id,
     runtime_spec,
 )
+from supplier.machines.oci.spec import Spec, encode
 from supplier.machines.oci.users import ExecUser, UserError, resolve_user
 
 LIMITS = Limits(millicores=250, memory_bytes=64 * MIB, pids=32)

@@ -1,4 +1,4 @@
-"""Every option of every program (buyer, bourse, supplier, exchange) has a help line, and
+"""Every option of every program (buyer, bourse, supplier, exchange, edge) has a help line, and
 its help shows what it takes: a metavar for a value, nothing for a flag. A command listed
 before it is imported (bourse/runtime/cli.py ``Lazy``) is listed as its own help says."""
 
@@ -17,6 +17,7 @@ PROGRAMS = {
     "bourse": "ops.cli",
     "supplier": "supplier.cli",
     "exchange": "exchange.cli",
+    "edge": "edge.cli",
 }
 
 
@@ -74,7 +75,7 @@ def test_every_buyer_command_takes_the_common_options_after_it() -> None:
     """Defined once (the app's callback), taken after every command as people type them."""
     command = typer.main.get_command(importlib.import_module(PROGRAMS["buyer"]).app)
     leaves = [(path, sub) for path, sub in _commands(command, "buyer") if not subcommands(sub)]
-    assert len(leaves) == 22
+    assert len(leaves) == 23
     for path, sub in leaves:
         names = {o for p in sub.params if isinstance(p, TyperOption) for o in p.opts}
         assert names >= COMMON, f"{path} lacks {COMMON - names}"
@@ -149,4 +150,4 @@ def test_the_readme_says_every_buyer_commands_json_shape() -> None:
         for path, sub in _commands(command, "buyer")
         if not subcommands(sub)
     }
-    assert len(leaves) == 22 and leaves <= named, leaves - named
+    assert len(leaves) == 23 and leaves <= named, leaves - named

@@ -204,6 +204,13 @@ def test_an_uncached_image_earns_no_image_bonus(store: Store) -> None:
         ({}, {"resources": res(9, 1024)}, INSUFFICIENT),  # more than the capacity
         ({"driver": "process", "catalog": {"db": {"command": ["x"]}}}, {}, CANNOT_RUN),
         ({"driver": "process", "catalog": {"web": {}}}, {}, CANNOT_RUN),  # no command
+        # a tenant's order (its id scoped) where machines are not isolated (docs/protocol.md
+        # §6.8e: supplier run --tenant-images isolated, the default)
+        (
+            {"driver": "process", "catalog": {"web": {"command": ["x"]}}, "isolate": "off"},
+            {"order_id": "alice:o1"},
+            CANNOT_RUN,
+        ),
     ],
 )
 def test_a_worker_that_cannot_take_the_bid_is_silent_with_its_reason(

@@ -53,6 +53,7 @@ from supplier.feasible import (
     every_failure,
     first_failure,
     handout,
+    tenant_refusal,
 )
 from supplier.images import MIB, StoreSource
 from supplier.ledger import Hold
@@ -560,3 +561,28 @@ def test_a_bid_is_offered_exactly_when_explained_so_for_the_same_first_reason(
     desk: Desk[Worker] = Desk()
     [verdict] = desk.explain(ExplainRequest(**the_order(c)), NOW, [w])  # first: it reads only
     assert hot_outcome(desk, w, c) == explained(verdict)
+
+
+# (--tenant-images, the worker's driver, what its machines have of their own) -> refused?
+@pytest.mark.parametrize(
+    ("policy", "driver", "isolation", "refused"),
+    [
+        ("isolated", "process", "users,network", False),
+        ("isolated", "oci", "users,network", False),
+        ("isolated", "process", "users", True),  # no network of its own: ports squattable
+        ("isolated", "oci", "none", True),  # a supplier that is not root
+        ("isolated", "sim", "none", False),  # nothing runs
+        ("oci-only", "oci", "users,network", False),
+        ("oci-only", "process", "users,network", True),
+        ("oci-only", "oci", "users", True),
+        ("allow", "process", "none", False),
+        ("allow", "oci", "none", False),
+    ],
+)
+def test_a_tenants_order_runs_only_where_the_policy_lets_it(
+    policy: str, driver: str, isolation: str, refused: bool
+) -> None:
+    why = tenant_refusal(policy, driver, isolation)
+    assert bool(why) == refused
+    if refused:
+        assert why.startswith("a tenant's order: ") and policy in why

@@ -1,6 +1,6 @@
 """The layout's rules, checked from the source with ``ast`` (nothing is imported or run):
 
-- the programs (``exchange``, ``supplier``, ``buyer_cli``) stand side by side on the
+- the programs (``exchange``, ``supplier``, ``buyer_cli``, ``edge``) stand side by side on the
   shared home: none imports another;
 - the shared home (``bourse``) imports no program, nor ``ops`` or ``loadtest``;
 - ``ops`` and ``loadtest`` use the supplier only through its public top-level API;
@@ -19,7 +19,7 @@ from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROGRAMS = ("exchange", "supplier", "buyer_cli")
+PROGRAMS = ("exchange", "supplier", "buyer_cli", "edge")
 SHARED = "bourse"
 TOOLS = ("ops", "loadtest")
 PACKAGES = (SHARED, *PROGRAMS, *TOOLS)

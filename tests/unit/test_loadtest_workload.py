@@ -174,6 +174,7 @@ def test_every_loadtest_flag_reaches_the_profile_the_run_gets(
     own |= {"tap"}  # messages by kind (loadtest/tap.py)
     own |= {"images", "image_mb"}  # the pulls scenario's (test_pulls_plan.py)
     own |= {"starts", "machines"}  # the starts scenario's (loadtest/starts.py)
+    own |= {"changes_per_s", "build_machines", "cli_runs"}  # the view scenario's (views.py)
     from ops.loadtest_cli import loadtest
 
     params = set(inspect.signature(loadtest).parameters) - own

@@ -29,10 +29,11 @@ from supplier.config import ConfigError, WorkerConfig, check_workers
 from supplier.desk import Desk
 from supplier.feasible import INSUFFICIENT, every_failure, fits, wanted
 from supplier.ledger import Ledger
+from supplier.machines.host.claims import HostClaims
 from supplier.ports import (
     Allocator,
-    HostClaims,
     NoPort,
+    PortClaims,
     PortError,
     PortRange,
     RangeClaim,
@@ -54,6 +55,12 @@ DESK: Desk[Worker] = Desk()
 
 def always(port: int) -> bool:
     return True
+
+
+@pytest.fixture(autouse=True)
+def every_default_block(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The host's default blocks from the first (not a test session's slice of them)."""
+    monkeypatch.delenv("BOURSE_PORT_BLOCKS", raising=False)
 
 
 # -- ranges -------------------------------------------------------------------------------------
@@ -96,12 +103,12 @@ def test_workers_of_one_fleet_with_overlapping_ranges_are_refused() -> None:
 
 
 def test_a_host_refuses_a_range_a_live_supplier_serves_and_gives_defaults_apart() -> None:
-    live = [RangeClaim("x", "o1", PortRange(20000, 20099), 42)]
+    live = [RangeClaim("x", "o1", PortRange(20000, 20099))]
     with pytest.raises(PortError) as err:
         choose([Wanted("a", PortRange(20050, 20060))], live)
     assert str(err.value) == (
-        "worker a: its range 20050-20060 overlaps worker x (supplier pid 42)'s port range "
-        "20000-20099 on this host: give one of them another range"
+        "worker a: its range 20050-20060 overlaps worker x (of another supplier, owner o1)'s "
+        "port range 20000-20099 on this host: give one of them another range"
     )
     got = choose(
         [Wanted("a", None, default=True), Wanted("b", PortRange(20100, 20199)), Wanted("c", None)],
@@ -113,7 +120,7 @@ def test_a_host_refuses_a_range_a_live_supplier_serves_and_gives_defaults_apart(
 def test_a_default_range_is_kept_across_restarts_unless_another_supplier_took_it() -> None:
     kept = PortRange(20500, 20599)
     assert choose([Wanted("a", None, default=True, kept=kept)], []) == {"a": kept}
-    live = [RangeClaim("x", "o1", kept, 42)]  # taken while this worker's supplier was away
+    live = [RangeClaim("x", "o1", kept)]  # taken while this worker's supplier was away
     assert choose([Wanted("a", None, default=True, kept=kept)], live) == {
         "a": PortRange(20000, 20099)
     }
@@ -308,21 +315,70 @@ async def test_ports_busy_on_the_host_make_the_commit_insufficient(store: Store)
 def test_the_claims_of_a_host_refuse_a_live_overlap_and_forget_a_released_one(
     tmp_path: Path,
 ) -> None:
-    first, second = HostClaims(tmp_path), HostClaims(tmp_path)
+    first, second = PortClaims(HostClaims(tmp_path)), PortClaims(HostClaims(tmp_path))
+    home = tmp_path / "data"
     try:
-        got = first.claim([Wanted("a", PortRange(20000, 20099)), Wanted("d", None, True)], "o1")
+        got = first.claim(
+            [Wanted("a", PortRange(20000, 20099)), Wanted("d", None, True)], "o1", home
+        )
         assert got == {"a": PortRange(20000, 20099), "d": PortRange(20100, 20199)}
         with pytest.raises(PortError, match=r"worker b: its range 20050-20060 overlaps worker a"):
-            second.claim([Wanted("b", PortRange(20050, 20060))], "o2")
+            second.claim([Wanted("b", PortRange(20050, 20060))], "o2", home)
         # a default block goes around the live claims
-        assert second.claim([Wanted("e", None, True)], "o2") == {"e": PortRange(20200, 20299)}
-        first.release()  # (as its process's end does)
-        assert second.claim([Wanted("b", PortRange(20050, 20060))], "o2") == {
+        assert second.claim([Wanted("e", None, True)], "o2", home) == {"e": PortRange(20200, 20299)}
+        first.release()
+        first.claims.gone("o1")  # (as its process's end does)
+        assert second.claim([Wanted("b", PortRange(20050, 20060))], "o2", home) == {
             "b": PortRange(20050, 20060)
         }
     finally:
         first.release()
         second.release()
+
+
+def test_a_range_whose_machines_hold_ports_outlives_its_supplier_not_its_data_dir(
+    tmp_path: Path,
+) -> None:
+    """A supplier killed while its worker's machines hold ports (its claim held): another
+    supplier goes around its range, and it starts again on that range; once its data dir is
+    removed for good, the range is free."""
+    home = tmp_path / "data"
+    home.mkdir()
+    first = PortClaims(HostClaims(tmp_path / "claims"))
+    assert first.claim([Wanted("d", None, True)], "o1", home) == {"d": PortRange(20000, 20099)}
+    first.hold("d", True)
+    first.claims.gone("o1")  # killed: release() never ran
+    second = PortClaims(HostClaims(tmp_path / "claims"))
+    assert second.claim([Wanted("e", None, True)], "o2", tmp_path) == {"e": PortRange(20100, 20199)}
+    with pytest.raises(PortError, match=r"overlaps worker d \(of another supplier, owner o1\)"):
+        second.claim([Wanted("e", PortRange(20000, 20000))], "o2", tmp_path)
+    again = PortClaims(HostClaims(tmp_path / "claims"))
+    kept = Wanted("d", None, True, kept=PortRange(20000, 20099))
+    assert again.claim([kept], "o1", home) == {"d": PortRange(20000, 20099)}
+    again.hold("d", False)  # its machines destroyed: the range lasts while it runs
+    again.claims.gone("o1")
+    assert second.claim([Wanted("e", PortRange(20000, 20000))], "o2", tmp_path) == {
+        "e": PortRange(20000, 20000)
+    }
+    second.release()
+    again = PortClaims(HostClaims(tmp_path / "claims"))
+    again.claim([kept], "o1", home)
+    again.hold("d", True)
+    again.claims.gone("o1")
+    home.rmdir()  # its data dir removed for good
+    assert second.claim([Wanted("e", PortRange(20000, 20000))], "o2", tmp_path) == {
+        "e": PortRange(20000, 20000)
+    }
+
+
+def test_a_test_session_draws_default_blocks_from_its_own_slice(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("BOURSE_PORT_BLOCKS", "2-3")
+    got = choose([Wanted("a", None, True), Wanted("b", None, True)], [])
+    assert got == {"a": PortRange(20200, 20299), "b": PortRange(20300, 20399)}
+    with pytest.raises(PortError, match="every default port range is taken"):
+        choose([Wanted(w, None, True) for w in "abc"], [])
 
 
 def test_a_port_held_on_two_workers_of_one_host_is_named() -> None:
@@ -336,5 +392,5 @@ def test_a_port_held_on_two_workers_of_one_host_is_named() -> None:
 
 
 def test_a_kept_range_is_preferred_when_the_host_is_chosen_without_claims() -> None:
-    got = host_ranges([Wanted("a", None, default=True)], {"a": "20500-20599"}, None, "o")
+    got = host_ranges([Wanted("a", None, default=True)], {"a": "20500-20599"}, None, "o", Path())
     assert got == {"a": PortRange(20500, 20599)}

@@ -23,6 +23,7 @@ from bourse.wire.messages import (
     Event,
     ExplainRequest,
     Explanation,
+    Heartbeat,
     ImagePush,
     ImageTag,
     ImageTagged,
@@ -50,6 +51,7 @@ from bourse.wire.messages import (
     Unfilled,
     Waiting,
     WorkerControl,
+    WorkerRow,
     WorkerState,
     WorkerStatus,
     WorkerVerdict,
@@ -251,6 +253,17 @@ SAMPLES: list[Message] = [
         uploaded_bytes=1024,
         reused_bytes=104_856_576,
     ),
+    WorkerRow(
+        worker_id="mad-1",
+        region="mad",
+        beat="mad-1",
+        capacity=Amount(cpus=16, memory_mb=65536, ports=100),
+        free=Amount(cpus=14, memory_mb=64512, ports=99),
+        machines=1,
+        version="0.1.0",
+        at_ms=1_795_320_932_076,
+    ),
+    Heartbeat(beat="mad-1", workers=["mad-1", "mad-2"], at_ms=1_795_320_933_000),
     Offers(
         offers=[
             Offer(order_id="order-1", worker_id="mad-1", region="mad", score=0.9, sig="s1"),

@@ -7,7 +7,15 @@ import pytest
 
 from bourse.wire.codec import BadMessage
 from bourse.wire.messages import Machine, MachineList, Placed, PlaceOrder, Resources
-from bourse.wire.tenancy import own_machines, owns, scoped_order, unscoped
+from bourse.wire.tenancy import (
+    SHARED_OWNER,
+    own_machines,
+    owner_token,
+    owns,
+    scoped_order,
+    tenant_of_order,
+    unscoped,
+)
 
 ORDER = PlaceOrder(
     order_id="a1", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"
@@ -83,3 +91,23 @@ def test_replies_and_listings_are_the_tenants_own() -> None:
     )
     mine = own_machines("alice", listing)
     assert [(m.machine_id, m.order_id) for m in mine.machines] == [("mad-1~M1", "a1")]
+
+
+@pytest.mark.parametrize(
+    ("order_id", "tenant"),
+    [
+        ("alice:a1", "alice"),  # a tenant's, as the exchange scopes it
+        ("a1", ""),  # the shared buyer key's
+        ("Alice:a1", ""),  # no tenant name before the colon: the shared key's own id
+        ("app.g1.mad.0", ""),
+        ("bob:shop.g2.mad.1", "bob"),
+    ],
+)
+def test_a_machines_tenant_and_owner_token_come_from_its_order_id(
+    order_id: str, tenant: str
+) -> None:
+    """The state stream's owner token (§4.21): the tenant whose grant reaches the row, or
+    the shared token, which no tenant name can be."""
+    assert tenant_of_order(order_id) == tenant
+    assert owner_token(order_id) == (tenant or SHARED_OWNER)
+    assert owns(tenant, order_id) if tenant else True

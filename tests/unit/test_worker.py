@@ -264,6 +264,7 @@ async def test_status(worker: Worker) -> None:
         draining=False,
         holds=1,
         confinement="none",  # the sim driver runs nothing to confine
+        isolation="none",  # nor to isolate
         driver="sim",
         runtime="simulated",
         cache_bytes=200 * 1024 * 1024,  # the sim's model of its cache: web's default size

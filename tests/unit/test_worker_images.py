@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from bourse.images.cache import RootRecord
+from bourse.images.inventory import digest_of, encode, take
 from bourse.wire.messages import Bid, ExplainRequest, Layer, Machine, Offer, Resources
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
@@ -62,10 +63,13 @@ def process_worker(
         with (blobs / layer.digest.removeprefix("sha256:")).open("wb") as f:
             f.truncate(layer.size)
     if root:
-        roots = top / "roots"
-        (roots / root.removeprefix("sha256:")).mkdir(parents=True)
-        record = RootRecord(manifest=root, layers=[x.digest for x in here], size=0)
-        (roots / f"{root.removeprefix('sha256:')}.json").write_bytes(msgspec.json.encode(record))
+        roots, name = top / "roots", root.removeprefix("sha256:")
+        (roots / name).mkdir(parents=True)
+        files = encode(take(roots / name, {}).inventory)  # an empty root, as unpacked
+        (roots / f"{name}.files").write_bytes(files)
+        layers = [x.digest for x in here]
+        record = RootRecord(manifest=root, layers=layers, size=0, files=digest_of(files))
+        (roots / f"{name}.json").write_bytes(msgspec.json.encode(record))
     cfg = WorkerConfig(
         worker_id=wid,
         region="mad",

@@ -17,9 +17,7 @@ import msgspec
 from bourse.client.apps.slots import (
     FIELDS,
     NO_SECRETS,
-    PRIMARY,
     SECRETS,
-    SPARE,
     SlotRecord,
     decode_fields,
     fingerprints,
@@ -28,6 +26,8 @@ from bourse.client.apps.slots import (
 )
 from bourse.client.apps.spec import AppSpec
 from bourse.wire.messages import Machine
+from bourse.wire.metadata import FIELDS as FIELDS_KEY
+from bourse.wire.metadata import GEN, PRIMARY, ROLE, SLOT, SPARE
 
 CREATE, UPDATE, DESTROY, KEEP, START = "create", "update", "destroy", "keep", "start"
 # The order steps are taken in (a destroy first frees room for what follows).
@@ -87,7 +87,7 @@ def differing(
     """The fields ``machine`` was made with that differ from ``want``; the image also when
     its digest is not the one the reference names now. A machine placed without
     fingerprints (a failover's new spare) is compared on what it shows."""
-    have = decode_fields(machine.metadata.get("fields", ""))
+    have = decode_fields(machine.metadata.get(FIELDS_KEY, ""))
     if not have:
         return _visible_diff(machine, spec, want)
     diff = [f for f in (*FIELDS, SECRETS) if have.get(f) != want[f]]
@@ -112,8 +112,8 @@ def _visible_diff(m: Machine, spec: AppSpec, want: dict[str, str]) -> list[str]:
 
 
 def _index(m: Machine) -> int | None:
-    slot = m.metadata.get("slot", "")
-    return int(slot) if "gen" in m.metadata and slot.isdigit() else None
+    slot = m.metadata.get(SLOT, "")
+    return int(slot) if GEN in m.metadata and slot.isdigit() else None
 
 
 def _slots(
@@ -132,13 +132,13 @@ def _slots(
         if idx is None:
             strays.append(m)
             continue
-        slot = slots.setdefault(idx, _Slot(idx, m.metadata.get("role", PRIMARY)))
+        slot = slots.setdefault(idx, _Slot(idx, m.metadata.get(ROLE, PRIMARY)))
         slot.machines.append(m)
     named = {s.record.machine_id: i for i, s in slots.items() if s.record and s.record.machine_id}
     for m in strays:
         if (idx := named.get(m.machine_id)) is None:
             idx = next(i for i in range(len(slots) + 1) if i not in slots)
-            slots[idx] = _Slot(idx, m.metadata.get("role", PRIMARY))
+            slots[idx] = _Slot(idx, m.metadata.get(ROLE, PRIMARY))
         slots[idx].machines.append(m)
     return slots
 
@@ -212,7 +212,7 @@ class _Planner:
         if rec is not None and rec.generation == self.generation:
             lost = rec.machine_id and all(m.machine_id != rec.machine_id for m in slot.machines)
             attempt = rec.attempt + 1 if lost or failed else rec.attempt
-        elif failed is not None and failed.metadata.get("gen") == str(self.generation):
+        elif failed is not None and failed.metadata.get(GEN) == str(self.generation):
             attempt = 1
         return order_id(self.spec.app, self.generation, region, slot.index, attempt), attempt
 
@@ -274,7 +274,7 @@ class _Planner:
                 role=slot.role, generation=self.generation, attempt=attempt
             )
             return
-        gen = int(keep.metadata.get("gen", "0") or 0)
+        gen = int(keep.metadata.get(GEN, "0") or 0)
         rec = slot.record
         self.records[key] = SlotRecord(
             role=slot.role,
@@ -300,7 +300,7 @@ def plan(
     p = _Planner(spec, generation, fingerprints(spec, secrets_revision), image_digest)
     for m in machines:
         if m.region not in spec.regions:
-            idx, role = _index(m), m.metadata.get("role", "")
+            idx, role = _index(m), m.metadata.get(ROLE, "")
             gone = "region not in the spec"
             p.step(m.region, -1 if idx is None else idx, role, DESTROY, m, detail=gone)
     for region in spec.regions:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from bourse.client.apps.plan import DESTROY, KEEP, START, UPDATE, Plan, Step
-from bourse.client.apps.slots import PRIMARY
+from bourse.wire.metadata import PRIMARY
 
 # What became of a step.
 DONE, UNFILLED, STOPPED, SKIPPED, FAILED = "done", "unfilled", "stopped", "skipped", "failed"

@@ -10,12 +10,12 @@ import msgspec
 
 from bourse.client.apps.spec import AppSpec
 from bourse.wire.limits import ORDER_ID_MAX
+from bourse.wire.metadata import APP, GEN, RESTART, ROLE, SLOT
+from bourse.wire.metadata import FIELDS as FIELDS_KEY
 
 # A tenant's scope (up to 64 characters and ':') goes in front of the id on the market.
 ORDER_ID_LIMIT = ORDER_ID_MAX - 65
 
-PRIMARY = "primary"
-SPARE = "spare"
 # The fields of a spec a machine is made from, each fingerprinted in its metadata ``fields``
 # so a plan can say which differ (the machine does not carry env or secrets).
 FIELDS = ("image", "resources", "env", "ports", "checks", "restart", "labels", "metadata")
@@ -70,13 +70,13 @@ def machine_metadata(
     """What a slot's machine carries: its app, role and slot, the generation it was made
     in and the fingerprints of the fields it was made from (plus the spec's metadata)."""
     meta = {
-        "app": spec.app,
-        "role": role,
-        "slot": str(index),
-        "gen": str(generation),
-        "fields": encode_fields(fingerprints(spec, secrets_revision)),
+        APP: spec.app,
+        ROLE: role,
+        SLOT: str(index),
+        GEN: str(generation),
+        FIELDS_KEY: encode_fields(fingerprints(spec, secrets_revision)),
     }
-    return dict(spec.metadata) | meta | ({"restart": spec.restart} if spec.restart else {})
+    return dict(spec.metadata) | meta | ({RESTART: spec.restart} if spec.restart else {})
 
 
 class SlotRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

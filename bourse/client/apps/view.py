@@ -3,12 +3,15 @@ status. Strings from the market are shown through ``render.safe``."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from rich.table import Table
 
 from bourse.client.apps.apply import Applied
 from bourse.client.apps.plan import KEEP, Plan, Step
 from bourse.client.apps.rollout import Outcome
 from bourse.client.render import CHECKED_STATES, safe
+from bourse.client.render import gone as state_gone
 from bourse.wire.messages import Machine
 
 
@@ -97,11 +100,15 @@ def _check(m: Machine) -> str:
 
 
 def status_rows(
-    machines: list[Machine], slots: dict[str, tuple[int, str]]
+    machines: list[Machine],
+    slots: dict[str, tuple[int, str]],
+    gone: Mapping[str, int] | None = None,
 ) -> list[dict[str, object]]:
     """``apps status``: each machine of the app by region and slot; ``slots``: each
     machine's slot and role as the planner sees them (a spare a failover started is the
-    primary; a machine placed without a slot has the one it was given)."""
+    primary; a machine placed without a slot has the one it was given); ``gone``: from a
+    view, the workers gone and since when (their machines' ``worker_gone_since_ms``)."""
+    gone = gone or {}
     rows = []
     for m in machines:
         slot, role = slots.get(m.machine_id, (-1, m.metadata.get("role", "-")))
@@ -118,6 +125,7 @@ def status_rows(
                 "image_digest": m.image_digest or "-",
                 "restarts": m.restarts,
                 "generation": m.metadata.get("gen", "-"),
+                "worker_gone_since_ms": gone.get(m.worker_id),
             }
         )
     return sorted(rows, key=lambda r: (str(r["region"]), int(str(r["slot"]))))
@@ -133,5 +141,7 @@ def status_table(app: str, rows: list[dict[str, object]]) -> Table:
     for col in STATUS_COLUMNS:
         t.add_column(col.removesuffix("_id"))
     for row in rows:
-        t.add_row(*(safe(row[k]) for k in STATUS_COLUMNS))
+        since = row.get("worker_gone_since_ms")
+        shown = {**row, "state": state_gone(since)} if isinstance(since, int) else row
+        t.add_row(*(safe(shown[k]) for k in STATUS_COLUMNS))
     return t

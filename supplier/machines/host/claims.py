@@ -11,10 +11,11 @@ machine), and whether the owner's machines use it (``held``).
 A claim lasts while its owner holds it: while the owner's supplier runs (it holds
 ``owners/<owner>`` locked for its whole life: the kernel drops the lock when the process
 ends, however it ends) or while the owner's data dir records machines that use it (``held``,
-set by the owner as its machines come and go). A claim neither is stale: another supplier
-may take the thing over. So a supplier killed with machines running keeps their ports,
-subnet and user ids for its next run, and a supplier whose data dir was removed for good
-gives them back.
+set by the owner as its machines come and go, and the data dir still there: the owner's
+file names it). A claim neither is stale: another supplier may take the thing over. So a
+supplier killed with machines running keeps their ports, subnet and user ids for its next
+run, whoever starts meanwhile, and a supplier whose data dir was removed for good gives
+them back.
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class HostClaims:
         finally:
             os.close(fd)
 
-    def live(self, owner: str) -> None:
-        """``owner``'s supplier runs (this process): its claims are its own while it does."""
+    def live(self, owner: str, home: Path | None = None) -> None:
+        """``owner``'s supplier runs (this process): its claims are its own while it does.
+        ``home``: its data dir (its held claims last while it is there)."""
         if owner in self._alive:
             return
         self._ready()
@@ -105,6 +107,9 @@ class HostClaims:
         except BlockingIOError:
             os.close(fd)
             raise ClaimError(f"owner {owner} is served by another process already") from None
+        if home is not None:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, os.fsencode(home.absolute()), 0)
         self._alive[owner] = fd
 
     def gone(self, owner: str) -> None:
@@ -128,6 +133,15 @@ class HostClaims:
             os.close(fd)
         return False
 
+    def _home_gone(self, owner: str) -> bool:
+        """Whether the owner's data dir, as its file names it, is gone for good (a held
+        claim of a data dir removed while its supplier was away is stale)."""
+        try:
+            home = (self.directory / OWNERS / owner).read_bytes()
+        except OSError:
+            return False
+        return bool(home) and not Path(os.fsdecode(home)).is_dir()
+
     def _path(self, kind: str, key: str) -> Path:
         if not (_KEY.fullmatch(kind) and _KEY.fullmatch(key)):
             raise ClaimError(f"not a claim: {kind}/{key}")
@@ -146,11 +160,10 @@ class HostClaims:
         stale ones are removed (call under :meth:`locked`)."""
         kept = []
         for c in self.all(kind):
-            if c.held or self._owner_runs(c.owner):
+            if self._owner_runs(c.owner) or (c.held and not self._home_gone(c.owner)):
                 kept.append(c)
             else:
-                with contextlib.suppress(OSError):
-                    self._path(kind, c.key).unlink()
+                self.remove(kind, c.key)
         return kept
 
     def take(self, claim: Claim) -> bool:
@@ -167,6 +180,11 @@ class HostClaims:
         tmp.chmod(0o600)
         os.replace(tmp, path)
         return True
+
+    def remove(self, kind: str, key: str) -> None:
+        """The claim's file removed, whoever's (call under :meth:`locked`)."""
+        with contextlib.suppress(OSError):
+            self._path(kind, key).unlink()
 
     def hold(self, kind: str, key: str, owner: str, held: bool) -> None:
         """Say whether the owner's machines use the claim (it outlives the owner then)."""

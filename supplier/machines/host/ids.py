@@ -64,6 +64,13 @@ def processes_of(base: int) -> list[int]:
     return found
 
 
+def kill_all(base: int) -> None:
+    """Every process running as one of the block's ids, killed."""
+    for pid in processes_of(base):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 class UidBlocks:
     """One supplier's machines' blocks (its ``owner``: its data dir)."""
 
@@ -80,6 +87,7 @@ class UidBlocks:
         if have is not None:
             return have
         with self.claims.locked():
+            every = {int(c.key) for c in self.claims.all(KIND)}
             used = {int(c.key) for c in self.claims.standing(KIND)}
             first, last = block_range()
             for block in range(first, last + 1):
@@ -87,6 +95,8 @@ class UidBlocks:
                     continue
                 claim = Claim(KIND, str(block), self.owner, machine_id, held=True)
                 if self.claims.take(claim):
+                    if block in every:  # a stale claim's (its data dir gone): swept first
+                        kill_all(block * BLOCK)
                     self._bases[machine_id] = block * BLOCK
                     return block * BLOCK
         raise NoIds(f"no free block of {BLOCK} user ids on this host for {machine_id}")
@@ -100,9 +110,7 @@ class UidBlocks:
         base = self._bases.pop(machine_id, None)
         if base is None:
             return
-        for pid in processes_of(base):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+        kill_all(base)
         self.claims.drop(KIND, str(block_of(base)), self.owner)
 
     def keep_only(self, machine_ids: set[str]) -> list[str]:

@@ -8,15 +8,14 @@ import contextlib
 import ctypes
 import ipaddress
 import os
-import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
 from bourse.errors import BourseError
+from supplier.machines.host import nftables
 
-NFT = "nft"
 CLONE_NEWNET = 0x40000000
 T = TypeVar("T")
 
@@ -33,9 +32,8 @@ def available() -> str:
         import pyroute2  # noqa: F401 - whether it is there
     except ImportError:
         return "pyroute2 is not installed"
-    done = subprocess.run([NFT, "--version"], capture_output=True, check=False)
-    if done.returncode != 0:
-        return "nft is not installed (apt-get install nftables)"
+    if not nftables.installed():
+        return "nftables is not installed (apt-get install nftables)"
     return ""
 
 
@@ -92,21 +90,18 @@ def in_namespace(path: str | None, work: Callable[[int], T]) -> T:
     return out[0]
 
 
-def make(name: str, veth: str, address: str, gateway: str, bridge: str) -> None:
-    """A namespace ``/run/netns/<name>``: its ``eth0`` with ``address``/24 and a default
-    route through ``gateway``, its loopback up; the other end of the pair, ``veth``, an
-    isolated port of ``bridge`` on the host (blocking; nothing left on failure)."""
+def make(name: str, veth: str, bridge: str) -> None:
+    """A namespace ``/run/netns/<name>``: its loopback and ``eth0`` up (no address yet:
+    :func:`address_it`); the other end of the pair, ``veth``, an isolated port of
+    ``bridge`` on the host (blocking; nothing left on failure)."""
     from pyroute2 import IPRoute, netns
 
     def inside(host: int) -> None:
         netns.attach(name, "thread-self")  # the thread's new namespace, named
         with IPRoute() as ns:
             ns.link("add", ifname="eth0", kind="veth", peer={"ifname": veth, "net_ns_fd": host})
-            eth0 = ns.link_lookup(ifname="eth0")[0]
-            ns.addr("add", index=eth0, address=address, prefixlen=24)
-            ns.link("set", index=eth0, state="up")
+            ns.link("set", index=ns.link_lookup(ifname="eth0")[0], state="up")
             ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
-            ns.route("add", dst="default", gateway=gateway)
 
     try:
         in_namespace(None, inside)
@@ -122,10 +117,40 @@ def make(name: str, veth: str, address: str, gateway: str, bridge: str) -> None:
         raise
 
 
-def remove(name: str) -> bool:
-    """The namespace's name removed (it ends, its veth with it, when nothing runs in it)."""
-    from pyroute2 import netns
+def address_it(path: str, address: str, gateway: str, prefix: int) -> None:
+    """The namespace at ``path``'s ``eth0`` gets ``address``/``prefix`` and a default route
+    through ``gateway`` (blocking)."""
+    from pyroute2 import IPRoute
 
+    def inside(host: int) -> None:
+        with IPRoute() as ns:
+            eth0 = ns.link_lookup(ifname="eth0")[0]
+            ns.addr("add", index=eth0, address=address, prefixlen=prefix)
+            ns.route("add", dst="default", gateway=gateway)
+
+    in_namespace(path, inside)
+
+
+def forget_neighbour(bridge: str, address: str) -> None:
+    """The host forgets which link-layer address ``address`` had on ``bridge`` (blocking):
+    a machine's address moves to a new namespace, with a new MAC, at each of its runs, and
+    the old entry would black-hole traffic to it until it went stale (tens of seconds)."""
+    from pyroute2 import IPRoute
+
+    with contextlib.suppress(Exception), IPRoute() as ipr:
+        index = ipr.link_lookup(ifname=bridge)[0]
+        ipr.neigh("del", dst=address, ifindex=index)
+
+
+def remove(name: str) -> bool:
+    """The namespace ``bn…`` removed with its veth pair: the host's end ``bv…`` deleted
+    first, which takes the pair away at once (a namespace's own end would go only when the
+    kernel's cleanup of the namespace gets to it, a moment after its last process ended)."""
+    from pyroute2 import IPRoute, netns
+
+    with contextlib.suppress(Exception), IPRoute() as ipr:
+        for index in ipr.link_lookup(ifname="bv" + name[2:]):
+            ipr.link("del", index=index)
     try:
         netns.remove(name)
     except Exception:
@@ -153,13 +178,6 @@ def address(path: str) -> str:
         return in_namespace(path, read)
     except Exception:
         return ""
-
-
-def nft(script: str) -> None:
-    """Run an nftables script (one transaction); NetworkError with nft's words."""
-    done = subprocess.run([NFT, "-f", "-"], input=script, capture_output=True, text=True)
-    if done.returncode != 0:
-        raise NetworkError(f"nft: {done.stderr.strip()}")
 
 
 def sysctl(key: str, value: str) -> None:

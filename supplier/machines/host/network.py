@@ -4,7 +4,8 @@ the host or of other machines reachable.
 
 Per worker (a root supplier's, where the host allows: supplier/machines/host/netns.py):
 
-- a subnet of its own (a /24 of ``--machine-net``, default ``10.77.0.0/16``), claimed on the
+- a subnet of its own (a /22 of ``machine_net``, default ``10.77.0.0/16``: 1,021 machines'
+  addresses, each kept by its machine from its commit to its destroy), claimed on the
   host (supplier/machines/host/claims.py: held while one of its machines runs, so that it
   outlives a killed supplier only as long as they do) and never one of the host's own;
 - a bridge ``bb<owner><worker>`` with the subnet's first address, each machine's veth a port
@@ -33,7 +34,6 @@ import hashlib
 import ipaddress
 import json
 import os
-import subprocess
 import threading
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
@@ -43,11 +43,13 @@ import structlog
 
 from supplier.machines.host import netns
 from supplier.machines.host.claims import Claim, HostClaims
-from supplier.machines.host.netns import NFT, NetworkError, host_networks, nft, sysctl
+from supplier.machines.host.netns import NetworkError, host_networks, sysctl
+from supplier.machines.host.nftables import NftError, nft
 
 log = structlog.get_logger("bourse.network")
 
 DEFAULT_MACHINE_NET = "10.77.0.0/16"
+WORKER_PREFIX = 22  # a worker's subnet: 1,021 machines' addresses (its first is the bridge's)
 
 
 def machine_network(given: str = "") -> ipaddress.IPv4Network:
@@ -66,8 +68,8 @@ def machine_net_problem(text: str) -> str:
         net = ipaddress.IPv4Network(text)
     except ValueError as exc:
         return f"not an IPv4 network ({exc})"
-    if net.prefixlen > 24:
-        return "too small: it must hold a /24 per worker (a /24 or larger)"
+    if net.prefixlen > WORKER_PREFIX:
+        return f"too small: it must hold a /{WORKER_PREFIX} per worker (/{WORKER_PREFIX} or larger)"
     if not net.is_private:
         return "not a private network (10.0.0.0/8, 172.16.0.0/12, 192.168.0.0/16)"
     return ""
@@ -142,7 +144,8 @@ class WorkerNetwork:
         self._ready: list[MachineNet] = []  # made ahead, not taken
         self._taken: dict[str, MachineNet] = {}  # machine id -> its namespace
         self._published: dict[str, dict[int, str]] = {}  # machine id -> host port -> address
-        self._free: list[str] = []
+        self._free: list[str] = []  # addresses no machine has
+        self._assigned: dict[str, str] = {}  # machine id -> its address, for its life
         self._closed = False  # the worker ended: nothing more made ahead
         self._holding = False  # the subnet's claim says a machine runs on it
 
@@ -150,8 +153,8 @@ class WorkerNetwork:
     def setup(self) -> None:
         """Claim the worker's subnet, make its bridge and the supplier's table (blocking)."""
         self.subnet = self._claim_subnet()
-        self._free = [str(a) for a in list(self.subnet.hosts())[1:]]
-        self._closed = False  # a worker started again (§4.21) makes namespaces ahead again
+        self._addresses()
+        self._closed = False  # a worker started again (§4.22) makes namespaces ahead again
         self._bridge()
         self._table()
         self._forwarding()
@@ -170,13 +173,15 @@ class WorkerNetwork:
             ):  # their owners are gone, none of their machines runs
                 remove_leftovers(c.owner, c.holder)
             used = {c.value for c in standing}
-            for net in self.machine_net.subnets(new_prefix=24):
+            for net in self.machine_net.subnets(new_prefix=WORKER_PREFIX):
                 if str(net) in used or any(net.overlaps(h) for h in taken_by_host):
                     continue
                 claim = Claim(KIND, _key(net), self.owner, self.worker_id, False, str(net))
                 if self.claims.take(claim):
                     return net
-        raise NetworkError(f"no free /24 in {self.machine_net} for worker {self.worker_id}")
+        raise NetworkError(
+            f"no free /{WORKER_PREFIX} in {self.machine_net} for worker {self.worker_id}"
+        )
 
     def _bridge(self) -> None:
         from pyroute2 import IPRoute
@@ -187,9 +192,13 @@ class WorkerNetwork:
             if not ipr.link_lookup(ifname=self.bridge):
                 ipr.link("add", ifname=self.bridge, kind="bridge")
             index = ipr.link_lookup(ifname=self.bridge)[0]
+            # an address of its own: a bridge without one takes its ports' lowest, which
+            # changes as machines come and go, and every machine's gateway entry goes stale
+            # (another machine's start or end cut a running machine's connections)
+            ipr.link("set", index=index, address=bridge_mac(self.bridge))
             have = [a.get_attr("IFA_ADDRESS") for a in ipr.get_addr(index=index)]
             if gateway not in have:
-                ipr.addr("add", index=index, address=gateway, prefixlen=24)
+                ipr.addr("add", index=index, address=gateway, prefixlen=WORKER_PREFIX)
             ipr.link("set", index=index, state="up")
         sysctl(f"net/ipv4/conf/{self.bridge}/route_localnet", "1")
 
@@ -227,10 +236,8 @@ class WorkerNetwork:
         )
 
     def _has_rules(self, net: str) -> bool:
-        done = subprocess.run(
-            [NFT, "list", "table", "ip", self.table], capture_output=True, text=True, check=False
-        )
-        return f'iifname "{self.bridge}" drop' in done.stdout and net in done.stdout
+        listed = nft(f"list table ip {self.table}")
+        return f'iifname "{self.bridge}" drop' in listed and net in listed
 
     def _forwarding(self) -> None:
         if Path("/proc/sys/net/ipv4/ip_forward").read_text().strip() != "1":
@@ -241,19 +248,68 @@ class WorkerNetwork:
                 why="machines' outbound traffic and their published ports are forwarded",
             )
 
+    # -- machines' addresses: each its own from its commit to its destroy ---------------------
+    def reserve(self, machine_id: str, kept: str = "") -> str:
+        """The machine's private address: the one it has, ``kept`` (its record's) when it is
+        free here, else a free one; "" when none is left (its start then fails, naming
+        why). Before :meth:`setup` (a supplier's recovery), ``kept`` is taken on trust and
+        checked against the subnet there."""
+        with self._lock:
+            have = self._assigned.get(machine_id)
+            if have:
+                return have
+            if self.subnet is None:
+                if kept:
+                    self._assigned[machine_id] = kept
+                return kept
+            if kept and kept in self._free:
+                self._free.remove(kept)
+                address = kept
+            elif self._free:
+                address = self._free.pop(0)
+            else:
+                return ""
+            self._assigned[machine_id] = address
+            return address
+
+    def give_back(self, machine_id: str) -> None:
+        """The machine is destroyed: its address is free again."""
+        with self._lock:
+            address = self._assigned.pop(machine_id, "")
+            if address and self._in_subnet(address) and address not in self._free:
+                self._free.append(address)
+
+    def _in_subnet(self, address: str) -> bool:
+        try:
+            return self.subnet is not None and ipaddress.IPv4Address(address) in self.subnet
+        except ValueError:
+            return False
+
+    def _addresses(self) -> None:
+        """Once the subnet is known: the free addresses, those kept by recovered machines
+        left out (a kept one outside the subnet, from a subnet since lost, is forgotten:
+        its machine gets another at its next start)."""
+        assert self.subnet is not None
+        with self._lock:
+            for mid, address in list(self._assigned.items()):
+                if not self._in_subnet(address):
+                    del self._assigned[mid]
+            kept = set(self._assigned.values())
+            gateway = str(next(self.subnet.hosts()))
+            self._free = [
+                str(a) for a in self.subnet.hosts() if str(a) != gateway and str(a) not in kept
+            ]
+
     # -- machines' namespaces --------------------------------------------------------------------
     def fill(self, depth: int = POOL_DEPTH) -> None:
         """Make namespaces ahead until ``depth`` are ready (blocking)."""
         while True:
             with self._lock:
-                if self._closed or len(self._ready) >= depth or not self._free:
+                if self._closed or len(self._ready) >= depth:
                     return
-                address = self._free.pop(0)
             try:
-                made = self._make(address)
+                made = self._make()
             except Exception as exc:
-                with self._lock:
-                    self._free.append(address)
                 log.warning("netns_not_made", worker_id=self.worker_id, error=repr(exc))
                 return
             with self._lock:
@@ -263,24 +319,29 @@ class WorkerNetwork:
             self._remove(made)
             return
 
-    def _make(self, address: str) -> MachineNet:
-        assert self.subnet is not None
-        suffix = _h(self.bridge, address, os.urandom(4).hex(), n=8)
-        made = MachineNet("bn" + self.tag + suffix, "bv" + self.tag + suffix, address)
-        gateway = str(next(self.subnet.hosts()))
-        netns.make(made.name, made.veth, address, gateway, self.bridge)
+    def _make(self) -> MachineNet:
+        """A namespace with its veth on the bridge, no address yet (blocking)."""
+        suffix = _h(self.bridge, os.urandom(8).hex(), n=8)
+        made = MachineNet("bn" + self.tag + suffix, "bv" + self.tag + suffix, "")
+        netns.make(made.name, made.veth, self.bridge)
         return made
 
-    def take(self, machine_id: str) -> MachineNet:
-        """A namespace for the machine's run (one made ahead, else one now)."""
+    def take(self, machine_id: str, address: str) -> MachineNet:
+        """A namespace for the machine's run (one made ahead, else one now) with its
+        address and a default route through the bridge (blocking)."""
+        assert self.subnet is not None
         with self._lock:
             made = self._ready.pop(0) if self._ready else None
-            if made is None:
-                if not self._free:
-                    raise NetworkError(f"worker {self.worker_id}: no private address left")
-                address = self._free.pop(0)
         if made is None:
-            made = self._make(address)
+            made = self._make()
+        try:
+            gateway = str(next(self.subnet.hosts()))
+            netns.address_it(made.path, address, gateway, WORKER_PREFIX)
+            netns.forget_neighbour(self.bridge, address)
+        except BaseException:
+            self._remove(made)
+            raise
+        made = MachineNet(made.name, made.veth, address)
         self._taken[machine_id] = made
         self._hold()
         return made
@@ -303,18 +364,16 @@ class WorkerNetwork:
         self._published[machine_id] = published
 
     def release(self, machine_id: str) -> None:
-        """The machine's run ended: its ports unpublished, its namespace deleted."""
-
+        """The machine's run ended: its ports unpublished, its namespace deleted (its
+        address stays its own)."""
         published = self._published.pop(machine_id, {})
         if published:
             ports = ", ".join(str(p) for p in published)
-            with contextlib.suppress(NetworkError):
+            with contextlib.suppress(NftError):
                 nft(f"delete element ip {self.table} ports {{ {ports} }}")
         made = self._taken.pop(machine_id, None)
         if made is not None:
             self._remove(made)
-            with self._lock:
-                self._free.append(made.address)
         self._hold()
 
     @staticmethod
@@ -323,11 +382,12 @@ class WorkerNetwork:
 
     def adopt(self, machine_id: str, made: MachineNet) -> None:
         """A run that went on across the supplier's restart keeps its namespace: its address
-        read there, its published ports found in the map (blocking)."""
+        read there (and kept), its published ports found in the map (blocking)."""
         address = made.address or netns.address(made.path)
         made = MachineNet(made.name, made.veth, address)
         self._taken[machine_id] = made
         with self._lock:
+            self._assigned[machine_id] = address
             if address in self._free:
                 self._free.remove(address)
         self._published[machine_id] = {
@@ -337,15 +397,10 @@ class WorkerNetwork:
 
     def _map(self) -> dict[int, str]:
         """The published ports' map as nftables holds it (host port -> private address)."""
-        done = subprocess.run(
-            [NFT, "-j", "list", "map", "ip", self.table, "ports"],
-            capture_output=True,
-            text=True,
-            check=False,
-        )
         found: dict[int, str] = {}
-        with contextlib.suppress(ValueError, KeyError, TypeError):
-            for item in json.loads(done.stdout)["nftables"]:
+        with contextlib.suppress(ValueError, KeyError, TypeError, NftError):
+            listed = nft(f"list map ip {self.table} ports", json=True)
+            for item in json.loads(listed)["nftables"]:
                 for port, addr in item.get("map", {}).get("elem", []):
                     found[int(port)] = str(addr)
         return found
@@ -366,7 +421,7 @@ class WorkerNetwork:
         kept = {m.address for m in self._taken.values()}
         stale = [port for port, addr in self._map().items() if addr not in kept]
         if stale:
-            with contextlib.suppress(NetworkError):
+            with contextlib.suppress(NftError):
                 nft(f"delete element ip {self.table} ports {{ {', '.join(map(str, stale))} }}")
         return gone
 
@@ -384,12 +439,20 @@ class WorkerNetwork:
             self._remove(made)
         if self._taken:
             return  # kept machines run on: they need their bridge and rules
-        subprocess.run([NFT, "delete", "table", "ip", self.table], capture_output=True)
+        with contextlib.suppress(NftError):
+            nft(f"delete table ip {self.table}")
         with IPRoute() as ipr, contextlib.suppress(Exception):
             for index in ipr.link_lookup(ifname=self.bridge):
                 ipr.link("del", index=index)
         if self.subnet is not None:
             self.claims.drop(KIND, _key(self.subnet), self.owner)
+
+
+def bridge_mac(bridge: str) -> str:
+    """A fixed, locally administered unicast MAC address for ``bridge`` (from its name)."""
+    raw = bytearray(hashlib.blake2b(bridge.encode(), digest_size=6).digest())
+    raw[0] = (raw[0] & 0xFC) | 0x02
+    return ":".join(f"{b:02x}" for b in raw)
 
 
 def _key(net: ipaddress.IPv4Network) -> str:
@@ -404,8 +467,8 @@ def remove_leftovers(owner: str, worker_id: str) -> list[str]:
 
     names = Names.of(owner, worker_id)
     gone = [name for name in netns.listed("bn" + names.tag) if netns.remove(name)]
-    done = subprocess.run([NFT, "delete", "table", "ip", names.table], capture_output=True)
-    if done.returncode == 0:
+    with contextlib.suppress(NftError):
+        nft(f"delete table ip {names.table}")
         gone.append(names.table)
     with IPRoute() as ipr, contextlib.suppress(Exception):
         for index in ipr.link_lookup(ifname=names.bridge):

@@ -45,13 +45,12 @@ from supplier.machines.oci.bundle import (
     HOST_FILES,
     NOFILE,
     Host,
-    Spec,
     cgroup_dirs,
-    encode,
     machine_id_of,
     runtime_id,
 )
 from supplier.machines.oci.runtime import Runtime
+from supplier.machines.oci.spec import Spec, encode
 from supplier.machines.shim import teardown
 from supplier.machines.shim.contract import ContainerRun
 
@@ -102,7 +101,10 @@ class Box:
 
     @property
     def layer(self) -> Path:
-        return self.dir / "layer"
+        """Where its disk is mounted: beside its root, below /run/bourse, which a process
+        machine's mount namespace drops whole (so no machine's copy of the host's mounts
+        holds another's layer, nor its loop device, after its end)."""
+        return self.bundle / "layer"
 
 
 def _must(what: str, *args: str) -> None:
@@ -331,7 +333,7 @@ class Containers:
         box.record.write_bytes(msgspec.json.encode(record))
         if not self.pool.take(disk_mb, box.disk):
             format_layer(box.disk, disk_mb)
-        box.layer.mkdir()
+        box.layer.mkdir(mode=0o700)
         loop = ("mount", "-o", "loop,nodev,nosuid", str(box.disk), str(box.layer))
         _must("mount the writable layer", *loop)
         upper, work = box.layer / "upper", box.layer / "work"
@@ -344,7 +346,13 @@ class Containers:
         rootfs.mkdir(parents=True, exist_ok=True)
         options = f"lowerdir={image_root},upperdir={upper},workdir={work}"
         _must("mount the root", "mount", "-t", "overlay", "overlay", "-o", options, str(rootfs))
-        (box.bundle / "config.json").write_bytes(encode(spec))
+        # the spec holds the machine's env (its secrets): the runtime reads it as root
+        config = os.open(box.bundle / "config.json", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with open(config, "wb") as f:
+            f.write(encode(spec))
+        if ids >= 0:  # its root is entered as the container's root, and by no other user
+            os.chown(box.bundle, ids, ids)
+            box.bundle.chmod(0o700)
         ms = round((time.monotonic() - t0) * 1e3)
         self.log.debug("box_made", machine_id=record.machine_id, ms=ms)
 
@@ -422,7 +430,10 @@ class Containers:
         return gone
 
     def remove_empty_parents(self) -> None:
-        """The owner's cgroup directories and the subtree's above them, where empty."""
+        """The owner's bundles' directory, its cgroup directories and the subtree's above
+        them, where empty."""
+        with contextlib.suppress(OSError):
+            self.bundles.rmdir()
         owner_dirs = set(self.cgroups(self._below(f"{self.subtree}/{self.owner}")).values())
         levels = len(self.subtree.split("/"))  # bourse/<owner>: 2 above a machine's
         parents = {p.parents[i] for p in owner_dirs for i in range(levels)}

@@ -20,7 +20,8 @@ What the spec says and where each part comes from:
 - **isolation**: pid, mount, ipc and uts namespaces; a user namespace mapping the machine's
   users to its block of host ids and the network namespace its worker made for it, where
   the host allows (else the host's users and network, binding the ports Bourse gives);
-  ``noNewPrivileges``; the capability set :data:`CAPABILITIES`; runc's default masked and
+  ``noNewPrivileges``; the capability set :data:`CAPABILITIES`; Docker's default seccomp
+  profile for that set (supplier/machines/oci/seccomp.py); runc's default masked and
   read-only paths; every device denied but runc's defaults (null, zero, tty, …).
 - **mounts**: ``/proc``, ``/dev`` (tmpfs), ``/dev/pts``, ``/dev/shm``, ``/dev/mqueue``,
   ``/sys`` and ``/sys/fs/cgroup`` (read-only: runtimes read their limits there; the host's
@@ -43,12 +44,28 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
-
 from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.limits import MACHINE_ID_PATTERN, MACHINE_ID_SEPARATOR
 from supplier.machines.host.confine import Limits, parse_proc_cgroup
+from supplier.machines.oci.seccomp import for_container
+from supplier.machines.oci.spec import (
+    Capabilities,
+    Cpu,
+    DeviceRule,
+    IdMapping,
+    Linux,
+    LinuxResources,
+    Memory,
+    Mount,
+    Namespace,
+    Pids,
+    Process,
+    Rlimit,
+    Root,
+    Spec,
+    SpecUser,
+)
 from supplier.machines.oci.users import UserError, resolve_user
 
 OCI_VERSION = "1.0.2"
@@ -109,113 +126,6 @@ _RUNTIME_SEPARATOR = "."
 
 class BundleError(BourseError, ValueError):
     """A container cannot be described: bad input, or an image without what it needs."""
-
-
-# -- the spec (OCI runtime spec 1.0, the fields this driver sets) ---------------------------
-class SpecUser(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    uid: int
-    gid: int
-    additional_gids: list[int] = []
-
-
-class Capabilities(msgspec.Struct, frozen=True, kw_only=True):
-    bounding: list[str]
-    effective: list[str]
-    permitted: list[str]
-    inheritable: list[str]
-    ambient: list[str]
-
-
-class Rlimit(msgspec.Struct, frozen=True, kw_only=True):
-    type: str
-    hard: int
-    soft: int
-
-
-class Process(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    terminal: bool
-    user: SpecUser
-    args: list[str]
-    env: list[str]
-    cwd: str
-    capabilities: Capabilities
-    rlimits: list[Rlimit]
-    no_new_privileges: bool
-
-
-class Root(msgspec.Struct, frozen=True, kw_only=True):
-    path: str
-    readonly: bool
-
-
-class Mount(msgspec.Struct, frozen=True, kw_only=True):
-    destination: str
-    type: str
-    source: str
-    options: list[str]
-
-
-class Namespace(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    type: str
-    path: str = ""  # join this one (a network namespace made for the machine) instead
-
-
-class IdMapping(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    container_id: int
-    host_id: int
-    size: int
-
-
-class DeviceRule(msgspec.Struct, frozen=True, kw_only=True):
-    allow: bool
-    access: str
-
-
-class Memory(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    limit: int
-    swap: int | None = None
-
-
-class Cpu(msgspec.Struct, frozen=True, kw_only=True):
-    quota: int
-    period: int
-
-
-class Pids(msgspec.Struct, frozen=True, kw_only=True):
-    limit: int
-
-
-class LinuxResources(msgspec.Struct, frozen=True, kw_only=True):
-    devices: list[DeviceRule]
-    memory: Memory
-    cpu: Cpu
-    pids: Pids
-
-
-class Linux(msgspec.Struct, frozen=True, kw_only=True, rename="camel", omit_defaults=True):
-    cgroups_path: str
-    namespaces: list[Namespace]
-    resources: LinuxResources
-    masked_paths: list[str]
-    readonly_paths: list[str]
-    uid_mappings: list[IdMapping] = []
-    gid_mappings: list[IdMapping] = []
-
-
-class Spec(msgspec.Struct, frozen=True, kw_only=True, rename="camel"):
-    """A bundle's ``config.json``."""
-
-    oci_version: str
-    process: Process
-    root: Root
-    hostname: str
-    mounts: list[Mount]
-    linux: Linux
-
-
-def encode(spec: Spec) -> bytes:
-    """``config.json``'s bytes."""
-    return msgspec.json.encode(spec)
 
 
 # -- the command ----------------------------------------------------------------------------
@@ -457,6 +367,7 @@ def runtime_spec(
         readonly_paths=list(READONLY_PATHS),
         uid_mappings=mapped,
         gid_mappings=mapped,
+        seccomp=for_container(tuple(process.capabilities.bounding)),
     )
     return Spec(
         oci_version=OCI_VERSION,

@@ -148,15 +148,6 @@ class ContainerKind:
             log.error("container_teardown_failed", machine_id=machine_id, error=str(exc))
         await self.isolation.leave(machine_id)
 
-    async def start(self) -> None:
-        await self.isolation.start()
-
-    async def close(self) -> None:
-        await self.isolation.close()
-
-    async def ended(self, machine_id: str) -> None:
-        await self.isolation.leave(machine_id)
-
     async def forget(self, machine_id: str) -> None:
         await self.undo(machine_id)
         await self.isolation.forget(machine_id)  # nothing of its users left: its ids go back

@@ -75,6 +75,7 @@ class ProcessRun:
         "cwd",
         "env",
         "gid",
+        "hide",
         "netns",
         "oom_files",
         "rlimits",
@@ -96,6 +97,7 @@ class ProcessRun:
         tmp_mb: int = 0,
         binds: list[list[str]] | None = None,
         netns: str = "",
+        hide: list[str] | None = None,
     ) -> None:
         self.argv = argv
         self.env = env
@@ -106,10 +108,13 @@ class ProcessRun:
         self.oom_files = oom_files or []
         self.uid = uid  # its user and group (-1: the shim's own, root)
         self.gid = gid
-        self.tmp_mb = tmp_mb  # a /tmp of its own this big (0: the host's)
+        self.tmp_mb = tmp_mb  # a /tmp (/var/tmp, /dev/shm, ...) of its own this big (0: the host's)
         # [source, target, "ro" | "rw"]: bound in its own mount namespace before it runs
         self.binds = binds or []
         self.netns = netns  # the network namespace it joins ("": the host's network)
+        # paths it sees empty (what the host mounted there detached): the supplier's data
+        # dir, other machines' roots and network namespaces
+        self.hide = hide or []
 
 
 class ContainerRun:

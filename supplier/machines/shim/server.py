@@ -149,6 +149,7 @@ class Shim:
                     tmp_mb=run.tmp_mb,
                     binds=run.binds,
                     netns=run.netns,
+                    hide=run.hide,
                 )
         except StartFailed as exc:
             os.close(r)

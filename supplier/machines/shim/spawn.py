@@ -41,8 +41,10 @@ class StartFailed(Exception):
 PR_SET_NO_NEW_PRIVS = 38
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND = 1, 2, 4, 8, 32, 4096
 MS_REC, MS_PRIVATE = 16384, 1 << 18
+MNT_DETACH = 2
+O_PATH = 0o10000000
 
 _libc = None
 
@@ -55,6 +57,11 @@ def libc() -> object:
 
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
+
+
+def _try(name: str, *args: object) -> bool:
+    """A libc call that may fail: whether it succeeded."""
+    return bool(getattr(libc(), name)(*args) == 0)
 
 
 def _call(name: str, *args: object) -> None:
@@ -71,20 +78,61 @@ def _prctl_pdeathsig(sig: int) -> None:
     _call("prctl", PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 
-def _own_mounts(tmp_mb: int, binds: list[list[str]]) -> None:
-    """A mount namespace of its own: its /tmp a tmpfs of its own (``tmp_mb``: another
-    machine's /tmp files, and the host's, are not there), and each bind (source, target,
-    ro|rw) where it sees it."""
+# The host's directories any user may write: a machine of its own user gets each as a tmpfs
+# of its own, so that it writes nothing on the host (no file another machine reads, none
+# left for the next machine of its user ids, no disk of the host filled).
+SHARED_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+
+
+def _own_mounts(tmp_mb: int, binds: list[list[str]], hide: list[str]) -> None:
+    """A mount namespace of its own: each ``hide`` path an empty read-only tmpfs that its
+    user may pass, not list (what the host mounted there and below detached first: this
+    copy of the host's mounts holds no other machine's root, layer or network namespace
+    after their end), each bind (source, target, ro|rw) where it sees it (its sources
+    opened first: one may be hidden), each of :data:`SHARED_DIRS` the host has a tmpfs of
+    its own (``tmp_mb`` each: another machine's files, and the host's, are not there) and
+    a /proc that shows its own user's processes only (another machine's command line may
+    carry a secret)."""
     _call("unshare", CLONE_NEWNS)
     _call("mount", b"none", b"/", None, MS_REC | MS_PRIVATE, None)
-    for source, target, mode in binds:  # before /tmp: a source may be below it
+    sources = [os.open(source, O_PATH | os.O_CLOEXEC) for source, _, _ in binds]
+    flat = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for path in hide:
+        if os.path.isdir(path):
+            _try("umount2", path.encode(), MNT_DETACH)  # fails where it is no mount point
+            _call("mount", b"tmpfs", path.encode(), b"tmpfs", flat, b"mode=0711,size=64k")
+    for fd, (_, target, mode) in zip(sources, binds, strict=True):
+        source = f"/proc/self/fd/{fd}"
+        if os.path.isdir(source):
+            os.makedirs(target, mode=0o755, exist_ok=True)
+        elif not os.path.exists(target):  # a file's mount point, in a hidden path's tmpfs
+            os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644))
         _call("mount", source.encode(), target.encode(), None, MS_BIND | MS_REC, None)
         if mode == "ro":
             flags = MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
             _call("mount", b"none", target.encode(), None, flags, None)
+        os.close(fd)
+    for path in hide:
+        if os.path.isdir(path):
+            _call("mount", b"none", path.encode(), None, MS_REMOUNT | MS_RDONLY | flat, None)
     if tmp_mb > 0:
         options = f"mode=1777,size={tmp_mb}m".encode()
-        _call("mount", b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        for shared in SHARED_DIRS:
+            if os.path.isdir(shared):
+                _call("mount", b"tmpfs", shared.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, options)
+        if _proc_options_per_mount():  # before 5.8 they were the pid namespace's: the host's
+            flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+            _call("mount", b"proc", b"/proc", b"proc", flags, b"hidepid=invisible")
+
+
+def _proc_options_per_mount() -> bool:
+    """Whether a mount of /proc has options of its own (Linux 5.8 and later)."""
+    try:
+        major, minor = (int(x) for x in os.uname().release.split(".")[:2])
+    except ValueError:
+        return False
+    return (major, minor) >= (5, 8)
 
 
 def _join_network(path: str) -> None:
@@ -118,9 +166,11 @@ def spawn(
     tmp_mb: int = 0,
     binds: list[list[str]] | tuple[list[str], ...] = (),
     netns: str = "",
+    hide: list[str] | tuple[str, ...] = (),
 ) -> int:
     """Fork and execute ``argv`` in a session of its own, confined (its cgroups joined,
-    its rlimits set, a /tmp of its own of ``tmp_mb`` when > 0, its user ``uid``:``gid``
+    its rlimits set, a /tmp (and the host's other shared directories) of its own of
+    ``tmp_mb`` when > 0, its user ``uid``:``gid``
     when >= 0, no new privileges) before its first instruction, its stdin ``/dev/null``
     and its stdout and stderr ``output``; its pid. A command that cannot be executed
     raises StartFailed with the reason (told through a close-on-exec pipe: nothing is left
@@ -162,9 +212,9 @@ def spawn(
             if netns:
                 step = "enter its network"
                 _join_network(netns)
-            if tmp_mb > 0 or binds:
+            if tmp_mb > 0 or binds or hide:
                 step = "give it mounts of its own"
-                _own_mounts(tmp_mb, list(binds))
+                _own_mounts(tmp_mb, list(binds), list(hide))
             step = "make it its own user"
             _become(uid, gid)
             step = "connect its output"

@@ -168,7 +168,9 @@ def mounts_below(directory: str, mountinfo: str | None = None) -> list[str]:
             point = _unescape(fields[4])
             if point == top or point.startswith(top + "/"):
                 points.append(point)
-    return sorted(set(points), key=lambda p: p.count("/"), reverse=True)
+    # deepest first; of one depth, the latest mounted first (a root over its layer)
+    latest_first = list(dict.fromkeys(reversed(points)))
+    return sorted(latest_first, key=lambda p: p.count("/"), reverse=True)
 
 
 def unmount_below(directory: str) -> list[str]:

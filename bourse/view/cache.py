@@ -1,0 +1,41 @@
+"""Where the CLI keeps its view: a disposable cache under the user's cache directory
+(``$XDG_CACHE_HOME/bourse/views``, else ``~/.cache/bourse/views``), one database per market
+(its servers and subject prefix) and tenant, resumed by stream sequence. Deleting it costs
+one rebuild. One invocation at a time writes it (a lock file beside it)."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from bourse.nats.jetstream import prefix_token
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "bourse" / "views"
+
+
+def view_path(servers: list[str], prefix: str, tenant: str = "") -> Path:
+    """The database of one market's view as one tenant (or the shared key) sees it."""
+    key = json.dumps([sorted(servers), prefix, tenant]).encode()
+    digest = hashlib.sha256(key).hexdigest()[:16]
+    return cache_dir() / f"{prefix_token(prefix)}-{tenant or 'all'}-{digest}.sqlite"
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[Path]:
+    """``path``'s directory made (private to the user), and ``path`` held against another
+    invocation writing it at the same time (it waits)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield path
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)

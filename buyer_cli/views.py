@@ -1,0 +1,202 @@
+"""The buyer's view of the market (bourse/view): a disposable cache under the user's cache
+directory, resumed by stream sequence, caught up before each answer. ``machines list``,
+``machines show``, ``fleet`` and ``apps status`` answer from it (``--fresh``: the workers
+as before; ``--no-jetstream``: the same, there is no stream); ``buyer query`` runs
+read-only SQL on it, once or, with ``--watch``, as its rows change.
+
+Heavy imports (NATS, the view) are made inside the functions: ``--help`` loads neither."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import typer
+
+from buyer_cli.session import Session, session
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from bourse.view import View
+    from bourse.view.query import Result
+
+T = TypeVar("T")
+
+FreshOpt = Annotated[
+    bool,
+    typer.Option(
+        "--fresh",
+        help="Ask the workers now instead of answering from the view (the market's state "
+        "stream, kept in your cache directory).",
+    ),
+]
+
+
+def from_view(ctx: typer.Context, fresh: bool) -> bool:
+    """Whether a command answers from the view: not with --fresh, nor without JetStream."""
+    return not fresh and not session(ctx).no_jetstream
+
+
+def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
+    """Run ``fn`` on the invocation's view, caught up with the stream (made, resumed or
+    rebuilt in the cache directory; one invocation writes it at a time)."""
+    from bourse.runtime import logs
+
+    s = session(ctx)
+    logs.configure("warning")
+
+    async def main() -> T:
+        from bourse.client import ClientError
+        from bourse.view import ViewUnavailable, open_view
+        from bourse.view.cache import locked, view_path
+
+        tenant = s.tenant()
+        path = view_path(s.connection().urls, s.prefix, tenant)
+        nc = await s.connect("bourse-buyer-view")
+        try:
+            with locked(path):
+                async with open_view(nc, s.subjects, path, tenant) as view:
+                    return await fn(view)
+        except ViewUnavailable as exc:
+            raise ClientError(await _unavailable(nc, str(exc)), "no_view") from None
+        finally:
+            await nc.drain()
+
+    return asyncio.run(main())
+
+
+async def _unavailable(nc: NATS, why: str) -> str:
+    """Why there is no view, and what to do: without JetStream, say so as every program
+    does (--no-jetstream); else the view's reason (--fresh)."""
+    from bourse.nats.jetstream import HOW_TO_TURN_ON, NO_JETSTREAM_FLAG, jetstream_available
+
+    if not await jetstream_available(nc):
+        return (
+            "the NATS server has no JetStream: the buyer answers from the market's view, "
+            f"which JetStream keeps; {HOW_TO_TURN_ON}, or pass {NO_JETSTREAM_FLAG} (or "
+            "--fresh) to ask the workers"
+        )
+    return f"{why}; --fresh asks the workers instead"
+
+
+def view_json(view: View) -> dict[str, int]:
+    """The freshness every answer from the view carries: ``{"seq", "age_ms"}``."""
+    f = view.freshness()
+    return {"seq": f.seq, "age_ms": f.age_ms}
+
+
+def say_freshness(s: Session, view: dict[str, int]) -> None:
+    """``view: as of seq N, T ms ago`` on stderr, under a query's rows (JSON carries it, as
+    every answer from the view does: ``"view"``)."""
+    if not s.json:
+        typer.echo(f"view: as of seq {view['seq']}, {view['age_ms']} ms ago", err=True)
+
+
+def gone_line(gone: dict[str, int]) -> str | None:
+    """One line naming the workers gone (their machines shown as last known), or None."""
+    if not gone:
+        return None
+    from bourse.client import render
+
+    shown = ", ".join(f"{w} (since {render.clock(t)})" for w, t in sorted(gone.items())[:10])
+    more = f" and {len(gone) - 10} more" if len(gone) > 10 else ""
+    return f"worker(s) gone: {render.visible(shown)}{more}: their machines are shown as unknown"
+
+
+def query(
+    ctx: typer.Context,
+    sql: Annotated[str, typer.Argument(metavar="SQL", help="One SELECT statement.")],
+    watch: Annotated[
+        bool,
+        typer.Option("--watch", help="Then print rows as they change (+ new, - gone; Ctrl-C)."),
+    ] = False,
+    timeout_s: Annotated[
+        float, typer.Option(min=0.01, metavar="SECONDS", help="Stop a query that takes longer.")
+    ] = 5.0,
+) -> None:
+    """Read-only SQL on the view of the market: tables workers, machines, apps, beats, meta
+    (docs/architecture.md, bourse/view/db.py). --json: {"columns", "rows": [{col: value}],
+    "view": {"seq", "age_ms"}}; with --watch one {"op", "row", "seq"} per line."""
+    s = session(ctx)
+
+    async def once(view: View) -> tuple[Result, dict[str, int]]:
+        from bourse.view.query import connect_ro, run
+
+        db = connect_ro(view.db.path)  # type: ignore[arg-type]
+        try:
+            return run(db, sql, timeout_s), view_json(view)
+        finally:
+            db.close()
+
+    async def follow(view: View) -> None:
+        from bourse.view.query import connect_ro, run
+
+        db = connect_ro(view.db.path)  # type: ignore[arg-type]
+        try:
+            got = run(db, sql, timeout_s)
+            _changes(s, got, [], view.freshness().seq, first=True)
+            async for _ in view.follow():
+                before, got = got.rows, run(db, sql, timeout_s)
+                _changes(s, got, before, view.freshness().seq, first=False)
+        finally:
+            db.close()
+
+    if watch:
+        with_view(ctx, _query_errors(follow))
+        return
+    result, fresh = with_view(ctx, _query_errors(once))
+    if s.json:
+        s.echo_json({"columns": result.columns, "rows": result.objects(), "view": fresh})
+        return
+    _table(result)
+    say_freshness(s, fresh)
+
+
+def _query_errors(fn: Callable[[View], Awaitable[T]]) -> Callable[[View], Awaitable[T]]:
+    """A refused or failed query is the command's one error line."""
+
+    async def wrapped(view: View) -> T:
+        from bourse.runtime.cli import fail
+        from bourse.view.query import QueryError
+
+        try:
+            return await fn(view)
+        except QueryError as exc:
+            fail(str(exc))
+
+    return wrapped
+
+
+def _table(result: Result) -> None:
+    from rich.table import Table
+
+    from bourse.client import render
+
+    t = Table(title="query")
+    for col in result.columns:
+        t.add_column(col, no_wrap=True)
+    for row in result.rows:
+        t.add_row(*(render.safe("NULL" if v is None else v) for v in row))
+    render.show(t)
+
+
+def _changes(s: Session, got: Result, before: list[tuple[Any, ...]], seq: int, first: bool) -> None:
+    """What changed between two runs of a watched query: rows that are new (``+``), rows
+    that are gone (``-``); the first run's rows are all new."""
+    from collections import Counter
+
+    from bourse.client import render
+
+    now, was = Counter(got.rows), Counter(before)
+    lines = [("-", r) for r in (was - now).elements()] + [("+", r) for r in (now - was).elements()]
+    if first and not s.json:
+        typer.echo("  ".join(render.visible(c) for c in got.columns))
+    for op, row in lines:
+        if s.json:
+            obj = dict(zip(got.columns, row, strict=True))
+            typer.echo(render.as_json({"op": op, "row": obj, "seq": seq}))
+        else:
+            cells = ("NULL" if v is None else str(v) for v in row)
+            typer.echo(f"{op} " + "  ".join(render.visible(c) for c in cells))

@@ -1,0 +1,1 @@
+"""``edge serve``: the edge's data plane (docs/edge.md)."""

@@ -1,0 +1,3 @@
+from edge.cli import main
+
+main()

@@ -1,0 +1,273 @@
+"""``edge serve``: an HTTP/1.1 reverse proxy routing ``<app>.<domain>`` to the app's
+machines (docs/edge.md). What it serves is imported when it runs, so ``edge --help``
+loads no NATS, no structlog, no httptools."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from bourse.runtime.cli import (
+    Connection,
+    CredsOpt,
+    LogJsonOpt,
+    LogLevelOpt,
+    MetricsAddrOpt,
+    NatsOpt,
+    PrefixOpt,
+    TlsCaOpt,
+    TlsCertOpt,
+    TlsKeyOpt,
+    VersionOpt,
+    cli_main,
+    fail,
+)
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client as NATS
+
+    from edge.routes import RouteSource
+    from edge.routing import Service
+
+DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
+
+app = typer.Typer(
+    help="Bourse edge: one address per app, routed to its passing machines.",
+    rich_markup_mode=None,  # plain help: rich would nearly double a help's time
+)
+
+
+@app.callback()
+def _callback(version: VersionOpt = False) -> None:
+    """Bourse edge."""
+
+
+@app.command()
+def serve(
+    listen: Annotated[
+        str,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Where to take HTTP requests (port 0: any free one, printed). Several edge "
+            "processes may listen on one port (SO_REUSEPORT).",
+        ),
+    ] = "127.0.0.1:8080",
+    domain: Annotated[
+        str,
+        typer.Option(
+            help="Requests for <app>.DOMAIN (a tenant's: <app>.<tenant>.DOMAIN) go to the app."
+        ),
+    ] = "localhost",
+    region: Annotated[
+        str, typer.Option(help="This edge's region: its machines are preferred.")
+    ] = "",
+    routes: Annotated[
+        Path | None,
+        typer.Option(
+            metavar="FILE",
+            help="A routes file (TOML, or JSON by its .json suffix: docs/edge.md), read at "
+            "start; without it, the market's machine listing (--nats) every --refresh-s.",
+        ),
+    ] = None,
+    regions: Annotated[
+        str, typer.Option(help='The listing\'s regions, comma-separated ("": every region).')
+    ] = "",
+    refresh_s: Annotated[
+        float, typer.Option(min=0.1, help="How often the machine listing is asked again.")
+    ] = 2.0,
+    port: Annotated[
+        str,
+        typer.Option(
+            help="The machines' named port HTTP goes to (\"\": 'http' where a machine has "
+            "one, else its first)."
+        ),
+    ] = "",
+    soft_limit: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="Listing: outstanding requests per machine past which others are preferred "
+            "(0: none).",
+        ),
+    ] = 0,
+    hard_limit: Annotated[
+        int,
+        typer.Option(
+            min=0, help="Listing: outstanding requests per machine never exceeded (0: none)."
+        ),
+    ] = 0,
+    tcp: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="HOST:PORT=APP:PORTNAME",
+            help="A raw TCP service: connections to HOST:PORT go to APP's machines on their "
+            "port PORTNAME (repeat for more; APP of a tenant: <app>.<tenant>).",
+        ),
+    ] = None,
+    max_body_mb: Annotated[
+        float, typer.Option(min=0, help="Refuse (413) a request body larger than this.")
+    ] = 10.0,
+    header_timeout_s: Annotated[
+        float,
+        typer.Option(min=0.01, help="A request's head must arrive within this (408 past it)."),
+    ] = 10.0,
+    idle_timeout_s: Annotated[
+        float, typer.Option(min=0.01, help="Close a client connection idle this long.")
+    ] = 60.0,
+    max_conns_per_ip: Annotated[
+        int, typer.Option(min=1, help="Connections one client address may hold (429 past it).")
+    ] = 256,
+    connect_timeout_s: Annotated[
+        float, typer.Option(min=0.01, help="An upstream connect that takes longer failed.")
+    ] = 2.0,
+    attempts: Annotated[
+        int,
+        typer.Option(min=1, help="Machines one request may be sent to, retries included."),
+    ] = 3,
+    pool_idle_s: Annotated[
+        float,
+        typer.Option(min=0, help="An idle upstream connection is not reused after this long."),
+    ] = 1.0,
+    stop_grace_s: Annotated[
+        float,
+        typer.Option(min=0, help="At SIGTERM, how long requests under way may finish."),
+    ] = 0.5,
+    access_log: Annotated[
+        bool, typer.Option(help="Log one line per request (structlog, key=value or JSON).")
+    ] = True,
+    nats: NatsOpt = None,
+    creds: CredsOpt = None,
+    tls_ca: TlsCaOpt = None,
+    tls_cert: TlsCertOpt = None,
+    tls_key: TlsKeyOpt = None,
+    prefix: PrefixOpt = DEFAULT_PREFIX,
+    metrics_addr: MetricsAddrOpt = "",
+    log_level: LogLevelOpt = "info",
+    log_json: LogJsonOpt = False,
+) -> None:
+    """Serve HTTP (and raw TCP services) until SIGINT/SIGTERM."""
+    import anyio
+
+    from bourse.runtime import logs
+    from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
+    from bourse.runtime.metrics import EdgeMetrics
+    from bourse.runtime.supervise import run, settle_heap
+    from edge.http import EdgeConfig
+    from edge.routes import RoutesError, StaticRoutes, parse_address, read_routes
+    from edge.service import EdgeService
+
+    logs.configure(log_level, log_json)
+    try:
+        listen_at = parse_address(listen)
+        metrics_at = parse_addr(metrics_addr)
+        services = [_service(text) for text in tcp or []]
+        table = read_routes(routes) if routes is not None else None
+    except (ValueError, RoutesError, MetricsAddrError) as exc:
+        fail(str(exc))
+    conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key) if not routes else None
+    config = EdgeConfig(
+        domain=domain.strip(".").lower(),
+        max_body_bytes=int(max_body_mb * 1024 * 1024),
+        header_timeout_s=header_timeout_s,
+        idle_timeout_s=idle_timeout_s,
+        max_conns_per_ip=max_conns_per_ip,
+        connect_timeout_s=connect_timeout_s,
+        attempts=attempts,
+        pool_idle_s=pool_idle_s,
+        access_log=access_log,
+    )
+    region_list = [r.strip() for r in regions.split(",") if r.strip()]
+
+    async def main() -> None:
+        nc: NATS | None = None
+        try:
+            source: RouteSource
+            if table is not None:
+                source = StaticRoutes(table)
+            else:
+                assert conn is not None
+                source, nc = await _listing(
+                    conn, prefix, region_list, refresh_s, port, soft_limit, hard_limit
+                )
+            metrics = EdgeMetrics() if metrics_at is not None else None
+            svc = EdgeService(
+                source,
+                listen_at,
+                config,
+                region=region,
+                services=services,
+                metrics=metrics,
+                stop_grace_s=stop_grace_s,
+            )
+            async with anyio.create_task_group() as tasks:
+                serving = ""
+                if metrics is not None and metrics_at is not None:
+                    serving = (
+                        f"; metrics on {(await start_endpoint(tasks, metrics, metrics_at)).url}"
+                    )
+                await tasks.start(svc.run)  # ListenError: one line, as any BourseError
+                settle_heap()
+                extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
+                typer.echo(
+                    f"edge serving on {svc.address} (*.{config.domain}, routes: "
+                    f"{source.name}){extra}{serving}"
+                )
+        finally:
+            if nc is not None:
+                from bourse.nats.connection import shutdown
+
+                await shutdown(nc)
+
+    run(main)
+
+
+def _service(text: str) -> Service:
+    """``127.0.0.1:5432=db:pg`` -> the service."""
+    from edge.routes import parse_address
+    from edge.routing import Service
+
+    listen, sep, target = text.partition("=")
+    app_name, sep2, port_name = target.rpartition(":")
+    if not sep or not sep2 or not app_name or not port_name:
+        raise ValueError(f"--tcp {text!r}: expected HOST:PORT=APP:PORTNAME")
+    try:
+        return Service(parse_address(listen), app_name, port_name)
+    except ValueError as exc:
+        raise ValueError(f"--tcp {text!r}: {exc}") from None
+
+
+async def _listing(
+    conn: Connection,
+    prefix: str,
+    regions: list[str],
+    refresh_s: float,
+    port: str,
+    soft_limit: int,
+    hard_limit: int,
+) -> tuple[RouteSource, NATS]:
+    """The machine listing as the route source, on a connection of its own."""
+    from bourse.client import BourseClient
+    from bourse.wire.subjects import Subjects
+    from edge.routes import ListingRoutes
+
+    try:
+        subjects = Subjects(prefix)
+    except ValueError as exc:
+        fail(str(exc))
+    nc = await conn.connect("bourse-edge")
+    client = BourseClient(nc, subjects)
+    source = ListingRoutes(
+        client,
+        regions,
+        refresh_s=refresh_s,
+        port=port,
+        soft_limit=soft_limit,
+        hard_limit=hard_limit,
+    )
+    return source, nc
+
+
+def main() -> None:
+    cli_main(app)

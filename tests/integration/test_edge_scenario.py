@@ -1,0 +1,49 @@
+"""The edge scenario (loadtest/edge.py): an upstream, the edge and nginx's reverse proxy in
+front of it, wrk against each; the figures are the benchmark's (docs/performance.md), here
+only that a short run wires every arm, completes and reports. Its parser of wrk's output
+is checked on a fixed text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from loadtest.edge import EdgeProfile, parse_wrk, run_edge, table
+
+WRK = """Running 1s test @ http://127.0.0.1:28001/
+  1 threads and 1 connections
+  Latency Distribution
+     50%  132.00us
+     75%  150.00us
+     90%  1.20ms
+     99%    2.50s
+  5000 requests in 1.00s, 1.00MB read
+  Socket errors: connect 0, read 1, write 0, timeout 2
+  Non-2xx or 3xx responses: 4
+Requests/sec:   4999.50
+"""
+
+
+def test_wrk_output_is_read() -> None:
+    assert parse_wrk(WRK) == {
+        "rps": 4999.5,
+        "requests": 5000.0,
+        "p50_ms": 0.132,
+        "p99_ms": 2500.0,
+        "errors": 7.0,
+    }
+
+
+@pytest.mark.slow
+async def test_a_short_edge_run_reports_every_arm(tmp_path: Path) -> None:
+    said: list[str] = []
+    profile = EdgeProfile(connections=4, duration_s=1, latency_s=1, rounds=1)
+    rep = await run_edge(profile, tmp_path / "run", said.append)
+    assert set(rep["arms"]) == {"direct", "edge", "nginx"}
+    for arm in rep["arms"].values():
+        assert arm["rps"] > 0 and arm["p50_ms"] > 0 and arm["errors"] == []
+        assert arm["cpu_us_per_request"] > 0
+    assert rep["edge_over_nginx_rps"] > 0
+    assert (tmp_path / "run" / "report.json").exists()
+    assert table(rep).row_count == 3 and len(said) == 4

@@ -1,0 +1,57 @@
+"""What a supplier's rows are made of (supplier/rows.py): one heartbeat per 4096 workers,
+keyed by its first; how long a destroyed machine's row stays."""
+
+from __future__ import annotations
+
+import pytest
+
+from bourse.nats.state import RETENTION_S
+from bourse.wire.messages import MAX_BEAT_WORKERS, Machine, Resources
+from supplier.rows import beat_groups, ttl_of
+
+
+def test_one_heartbeat_names_up_to_4096_workers_keyed_by_the_first() -> None:
+    workers = [(f"w-{i}", "mad" if i < 5000 else "fra") for i in range(10_000)]
+    groups = beat_groups(workers)
+    assert [(b, r, len(ws)) for b, r, ws in groups] == [
+        ("w-0", "mad", MAX_BEAT_WORKERS),
+        ("w-4096", "mad", MAX_BEAT_WORKERS),
+        ("w-8192", "fra", 10_000 - 2 * MAX_BEAT_WORKERS),
+    ]
+    assert [w for _, _, ws in groups for w in ws] == [w for w, _ in workers]
+    assert beat_groups([("mad-1", "mad")]) == [("mad-1", "mad", ["mad-1"])]
+    assert beat_groups([]) == []
+
+
+def machine(state: str, updated_at_ms: int) -> Machine:
+    return Machine(
+        machine_id="mad-1~A",
+        order_id="o",
+        worker_id="mad-1",
+        region="mad",
+        state=state,  # type: ignore[arg-type]
+        resources=Resources(cpus=1, memory_mb=64),
+        image="web",
+        updated_at_ms=updated_at_ms,
+    )
+
+
+NOW = 1_800_000_000_000
+
+
+@pytest.mark.parametrize(
+    ("state", "age_s", "ttl"),
+    [
+        ("started", 10, 0),  # a live machine's row stays for good
+        ("stopped", 10 * RETENTION_S, 0),
+        ("destroyed", 0, RETENTION_S),
+        ("destroyed", 600, RETENTION_S - 600),  # sent again later: what is left of the hour
+        ("destroyed", RETENTION_S - 1, 1),
+        ("destroyed", RETENTION_S, 0),  # left the stream already: not sent again
+        ("destroyed", 2 * RETENTION_S, 0),
+    ],
+)
+def test_a_destroyed_rows_ttl_is_what_is_left_of_the_retention_window(
+    state: str, age_s: int, ttl: int
+) -> None:
+    assert ttl_of(machine(state, NOW - age_s * 1000), NOW) == ttl
