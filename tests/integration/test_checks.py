@@ -7,6 +7,7 @@ running at once (xdist's workers, another checkout's run) never share a port."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import anyio
@@ -20,6 +21,7 @@ from supplier.ports import PortClaims
 from tests.cli import buyer as cli
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
+from tests.views import published, row
 
 W1 = own_worker_id("checks1")
 
@@ -115,6 +117,57 @@ async def test_a_machine_that_is_not_started_has_no_health(market: Market) -> No
     again = await buyer.machine("start", m.machine_id)
     assert again.state == "started" and render.health(again) == "checking"
     await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
+    assert market.violations() == []
+
+
+def passing(m: Machine) -> bool:
+    return m.health is not None and m.health.status == "passing"
+
+
+async def test_the_views_listings_show_no_health_for_a_spare_or_a_stopped_machine(
+    market: Market,
+) -> None:
+    """``apps status`` and ``machines list`` answer from the view by default: a spare
+    (placed, not started) shows ``-``, a started machine what its checks say, and once it is
+    stopped ``-`` too (its worker cleared its health, and the row it published says so)."""
+    buyer = await serving(market)
+    app = {"app": "hc", "slot": "0"}
+    good = await placed_started(buyer, 200, role="primary", **app)
+    check = Check(port="http", kind="http", path="/healthz", interval_s=0.1, timeout_s=1)
+    spare = await buyer.place(
+        order(image="srv", ports=["http"], env={"STATUS": "200"}, checks=[check],
+              metadata={**app, "slot": "1", "role": "spare"})
+    )  # fmt: skip
+    assert isinstance(spare, Placed), spare
+    nc = await market.connect("rows")
+    with anyio.fail_after(15):  # the started machine's row once its checks pass
+        while not ((r := await row(nc, market.subjects, good.machine_id)) and passing(r)):
+            pass  # each ask a round trip to the server
+    await published(nc, market.subjects, spare.machine_id, "reserved")
+
+    async def shown() -> tuple[dict[str, str], dict[str, object], str]:
+        code, out, err = await cli(market, "apps", "status", "hc", "--json")
+        assert code == 0, out + err
+        checks = {m["machine_id"]: m["check"] for m in json.loads(out)["machines"]}
+        code, out, err = await cli(market, "machines", "list", "--app", "hc", "--json")
+        assert code == 0, out + err
+        health = {m["machine_id"]: m.get("health") for m in json.loads(out)["machines"]}
+        code, table, err = await cli(market, "machines", "list", "--app", "hc")
+        assert code == 0, table + err
+        return checks, health, table
+
+    checks, health, table = await shown()
+    assert checks == {good.machine_id: "passing", spare.machine_id: "-"}
+    assert health[spare.machine_id] is None and health[good.machine_id] is not None
+    assert "passing " in next(ln for ln in table.splitlines() if good.machine_id in ln)
+    assert "checking" not in table and "pending" not in table
+
+    await buyer.machine("stop", good.machine_id)
+    await published(nc, market.subjects, good.machine_id, "stopped")
+    checks, health, table = await shown()
+    assert checks == {good.machine_id: "-", spare.machine_id: "-"}
+    assert health == {good.machine_id: None, spare.machine_id: None}
+    assert "passing" not in table and "checking" not in table, table
     assert market.violations() == []
 
 
