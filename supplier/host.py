@@ -321,6 +321,8 @@ class SupplierHost:
         wait, and its machines stop as the supplier's stop would stop them (or run on,
         let go of, with --keep-machines). Its records stay."""
         w.leave()
+        if self.rows is not None:  # its heartbeat leaves it out: a view calls it gone
+            self.rows.regroup()
         sub = self._worker_subs.pop(w.worker_id, None)
         if sub is not None:
             with contextlib.suppress(Exception):
@@ -339,6 +341,8 @@ class SupplierHost:
         await self.commands.resume(w.worker_id)
         await w.keeper.resume()
         w.rejoin()
+        if self.rows is not None:  # named by its heartbeat again: back in a view at once
+            self.rows.regroup()
         await self._serve_subjects(w.worker_id)
         await self.nc.flush()
         log.warning("worker_started", worker_id=w.worker_id, by="operator")

@@ -1,19 +1,24 @@
 """The operator's verbs on one worker of a supplier that hosts several (docs/protocol.md
 §4.22: ``buyer workers drain | stop | start``): a drained worker offers nothing, a stopped
 one leaves the market as if its supplier had stopped (its machines stop with it, a failover
-finds it gone, a stop is kept for it) and, started, applies what was kept for it before its
-machines resume (I9), then serves again."""
+finds it gone, a stop is kept for it; the view calls it gone) and, started, applies what was
+kept for it before its machines resume (I9), then serves again."""
 
 from __future__ import annotations
 
 import json
 
+import anyio
+import pytest
+
+from bourse.view import open_view
 from supplier.config import WorkerConfig
 from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.runner import Runner
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until, worker
+from tests.views import published
 
 W1, W2 = own_worker_id("wc-1"), own_worker_id("wc-2")  # their cgroups: the host's
 HEARTBEAT = ["{python}", SCRIPT, "web", "--every-s", "0.2"]
@@ -103,3 +108,56 @@ async def test_a_stopped_worker_resumes_its_machines_when_started(market: Market
     assert err == "error: stop nobody-1: no supplier is listening on " + (
         f"{market.subjects.control('nobody-1')}\n"
     )
+
+
+async def _view_changes(market: Market, worker_id: str, action: str) -> None:
+    """``buyer workers <action> worker_id``, then wait until a view sees the worker's
+    liveness change (gone after a stop, 3 s after its last row; back after a start)."""
+    async with open_view(await market.connect("view"), market.subjects) as view:
+        await _json(market, "workers", action, worker_id)
+        with anyio.fail_after(15):
+            async for batch in view.follow():
+                if worker_id in batch.changed:
+                    return
+
+
+@pytest.mark.slow
+async def test_a_stopped_worker_is_gone_from_the_view_and_back_once_started(
+    market: Market,
+) -> None:
+    """The listings answer from the view by default: a stopped worker is shown as a stopped
+    supplier's (its heartbeat leaves it out): gone since its stop, its machine's state
+    unknown and its health -; started, it is back at once with its machine."""
+    host = await market.host(_worker(W1), _worker(W2))
+    await market.exchange()
+    order = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "web")
+    placed = await _json(market, *order, "--exclude", W2, "--start")
+    mid = placed["machine"]["machine_id"]  # type: ignore[index]
+    nc = await market.connect("rows")
+    await published(nc, market.subjects, mid, "started")
+
+    await _view_changes(market, W1, "stop")
+    fleet = await _json(market, "fleet")
+    assert sorted(w["worker_id"] for w in fleet["workers"]) == sorted([W1, W2])  # type: ignore[attr-defined]
+    assert list(fleet["gone"]) == [W1]  # type: ignore[call-overload]
+    listed = await _json(market, "machines", "list")
+    [m] = listed["machines"]  # type: ignore[misc]
+    # the row as its worker last published it: a supplier's stop stopped the machine and
+    # kept it started, to run again with the worker; the view does not know more
+    assert (m["machine_id"], m["state"]) == (mid, "started")
+    assert listed["gone"] == fleet["gone"]
+    code, out, err = await buyer(market, "machines", "list")
+    [line] = [ln for ln in out.splitlines() if mid in ln]
+    assert code == 0 and "unknown (worker gone since " in line, out + err
+    assert line.split()[-4:-2] == ["0", "-"]  # restarts, health (the addresses, the app)
+    code, out, err = await buyer(market, "fleet")
+    assert "gone since " in next(ln for ln in out.splitlines() if W1 in ln), out + err
+
+    await _view_changes(market, W1, "start")
+    fleet = await _json(market, "fleet")
+    assert fleet["gone"] == {}
+    await wait_until(lambda: host.workers[W1].driver.is_running(mid))  # type: ignore[attr-defined]
+    await published(nc, market.subjects, mid, "started")
+    listed = await _json(market, "machines", "list")
+    assert [(m["machine_id"], m["state"]) for m in listed["machines"]] == [(mid, "started")]  # type: ignore[attr-defined]
+    assert listed["gone"] == {}
