@@ -355,7 +355,7 @@ def machine_listing(
             safe(m.image),
             age(m.created_at_ms, now),
             str(m.restarts),
-            health(m, now),
+            "-" if m.worker_id in gone else health(m, now),  # not known either
             safe(addresses(m.addresses)),
             safe(m.metadata.get("app", "-")),
         )

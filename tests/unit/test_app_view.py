@@ -6,7 +6,13 @@ from bourse.client import render
 from bourse.client.apps.apply import Applied
 from bourse.client.apps.plan import Plan, Step
 from bourse.client.apps.rollout import Outcome
-from bourse.client.apps.view import applied_json, plan_json, plan_table, status_rows
+from bourse.client.apps.view import (
+    applied_json,
+    plan_json,
+    plan_table,
+    status_rows,
+    status_table,
+)
 from bourse.client.render import plain
 from bourse.wire.messages import Check, Health, Machine, Resources
 
@@ -68,3 +74,22 @@ def test_a_slot_shows_its_health_only_while_it_runs() -> None:
     assert [render.health(m, now=1001) for m in machines] == [
         "-", "checking", "passing 1s", "-", "-",
     ]  # fmt: skip
+
+
+def test_a_gone_workers_machine_shows_no_health_in_the_tables() -> None:
+    """From a view, a machine whose worker is gone (its supplier stopped, or the operator
+    stopped the worker) is unknown, and so is its health: ``-``, not its last row's
+    ``passing``; the JSON keeps the row's own with ``worker_gone_since_ms`` beside them."""
+    m = Machine(machine_id="w1~A", order_id="A", worker_id="w1", region="mad", state="started",
+                resources=Resources(cpus=1, memory_mb=64), image="web", created_at_ms=1,
+                checks=[Check(port="http", kind="http", path="/healthz")],
+                health=Health(status="passing", since_ms=1))  # fmt: skip
+    [row] = status_rows([m], {}, {"w1": 1000})
+    assert (row["state"], row["check"], row["worker_gone_since_ms"]) == ("started", "passing", 1000)
+    [_head, line] = plain(status_table("a", [row]))
+    assert line.split()[5:10] == ["unknown", "(worker", "gone", "since", render.clock(1000) + ")"]
+    assert line.split()[11] == "-"  # the check: after the address
+    [_head, line] = plain(render.machine_listing([m], now=1001, gone={"w1": 1000}))
+    assert line.split()[-3] == "-" and "passing" not in line
+    [_head, line] = plain(render.machine_listing([m], now=1001))
+    assert "passing 1s" in line

@@ -142,6 +142,8 @@ def status_table(app: str, rows: list[dict[str, object]]) -> Table:
         t.add_column(col.removesuffix("_id"))
     for row in rows:
         since = row.get("worker_gone_since_ms")
-        shown = {**row, "state": state_gone(since)} if isinstance(since, int) else row
+        shown = row
+        if isinstance(since, int):  # neither its state nor its check is known any more
+            shown = {**row, "state": state_gone(since), "check": "-"}
         t.add_row(*(safe(shown[k]) for k in STATUS_COLUMNS))
     return t
