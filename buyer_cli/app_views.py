@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from bourse.runtime.cli import fail
-from buyer_cli.machines import confirm, own
+from buyer_cli.listing import own
+from buyer_cli.machines import confirm
 from buyer_cli.options import MachineDirectOpt, YesOpt
 from buyer_cli.session import session, with_client
 from buyer_cli.views import FreshOpt, from_view, view_json, with_view

@@ -26,7 +26,18 @@ from bourse.runtime.cli import (
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
-from buyer_cli import app_views, apps, fleet, machines, orders, secrets, views, watch, workers
+from buyer_cli import (
+    app_views,
+    apps,
+    fleet,
+    listing,
+    machines,
+    orders,
+    secrets,
+    views,
+    watch,
+    workers,
+)
 from buyer_cli.session import Session
 
 app = typer.Typer(
@@ -70,7 +81,7 @@ app.command()(fleet.fleet)
 app.command()(watch.watch)
 app.command()(views.query)
 app.add_typer(machines_app, name="machines")
-machines_app.command("list")(machines.list_machines)
+machines_app.command("list")(listing.list_machines)
 machines_app.command("show")(machines.show)
 machines_app.command("start")(machines.start)
 machines_app.command("stop")(machines.stop)

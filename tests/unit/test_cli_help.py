@@ -129,7 +129,8 @@ def test_the_machine_states_of_the_help_are_the_wire_contracts() -> None:
 
     from bourse.client.policy import RUNS
     from bourse.wire.messages import MachineState
-    from buyer_cli.machines import MACHINE_STATES, RUNNING
+    from buyer_cli.listing import MACHINE_STATES
+    from buyer_cli.machines import RUNNING
 
     assert get_args(MachineState) == MACHINE_STATES
     assert RUNNING == RUNS  # what restart selects is what it restarts
