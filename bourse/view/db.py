@@ -41,7 +41,7 @@ from bourse.view.rows import (
 )
 
 # Bumped when the tables change: a view of another version is thrown away and rebuilt.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # SQLite's page cache (KiB): the indexes of 100,000 machines stay in memory while it builds.
 CACHE_KIB = 64 * 1024
 
@@ -54,8 +54,9 @@ CREATE TABLE IF NOT EXISTS workers (
     cpu_millis INTEGER, memory_mb INTEGER, disk_mb INTEGER, gpus INTEGER, ports INTEGER,
     free_cpu_millis INTEGER, free_memory_mb INTEGER, free_disk_mb INTEGER, free_gpus INTEGER,
     free_ports INTEGER, machines INTEGER, draining INTEGER, drain_reason TEXT, driver TEXT,
-    runtime TEXT, confinement TEXT, cache_bytes INTEGER, cache_budget_bytes INTEGER,
-    advertise_host TEXT, port_range TEXT, version TEXT, at_ms INTEGER, row TEXT NOT NULL,
+    runtime TEXT, confinement TEXT, isolation TEXT, cache_bytes INTEGER,
+    cache_budget_bytes INTEGER, advertise_host TEXT, port_range TEXT, version TEXT,
+    at_ms INTEGER, row TEXT NOT NULL,
     gone_since_ms INTEGER, seq INTEGER NOT NULL, seen_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS workers_region ON workers (region);
@@ -227,10 +228,14 @@ class ViewDB:
         self.db.execute("COMMIT")
 
     def wipe(self) -> None:
-        """Empty every table (a rebuild from sequence 1)."""
+        """Every table dropped and made again, empty (a rebuild from sequence 1; a view of
+        another schema gets this one's tables)."""
         with self.transaction():
             for table in TABLES:
-                self.db.execute(f"DELETE FROM {table}")
+                self.db.execute(f"DROP TABLE IF EXISTS {table}")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self.db.execute(statement)
             self.put("schema", str(SCHEMA_VERSION))
         self.beats.clear()
         self.workers.clear()

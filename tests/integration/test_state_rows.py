@@ -71,6 +71,8 @@ async def test_a_machine_its_worker_and_the_process_have_their_rows(
     # its worker's row, at its next heartbeat: 2 of its 8 cpus committed
     wrow = await worker_row(nc, subjects, placed.worker_id, lambda w: w.free.cpus == 6)
     assert (wrow.region, wrow.capacity.cpus, wrow.machines) == ("mad", 8, 1)
+    said = {w.worker_id: w for w in await c.status("mad")}[wrow.worker_id]
+    assert wrow.isolation == said.isolation != ""  # as its status says it
     beat = await last(nc, subjects, subjects.state_beat("mad", wrow.beat))
     assert beat is not None
     hb = decode(beat.data, Heartbeat)

@@ -6,6 +6,7 @@ what it holds cannot be resumed from (the stream made again: another epoch)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -217,3 +218,24 @@ def test_an_epoch_that_comes_while_following_is_kept() -> None:
     assert db.stale(STREAM, "", E2, T0) == ""
     db.wipe()
     assert db.get("epoch") == ""  # a rebuild reads it again from sequence 1
+
+
+def test_a_view_of_older_tables_is_rebuilt_with_these(tmp_path: Path) -> None:
+    """A view written before the workers' isolation column: resumed from it cannot be (its
+    schema), and the rebuild makes the tables again, that column included."""
+    path = tmp_path / "view.sqlite"
+    old = built(E1)
+    old.db.execute("VACUUM INTO ?", (str(path),))
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE workers DROP COLUMN isolation")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    db = ViewDB(path)
+    assert db.stale(STREAM, "", E1, T0).startswith("schema 1, now")
+    db.wipe()
+    w = WorkerRow(
+        worker_id="mad-1", region="mad", beat="mad-1", capacity=Amount(), free=Amount(),
+        isolation="users,network",
+    )  # fmt: skip
+    db.apply([(READER.read(S.state_worker("mad", "mad-1"), encode(w)), 1, T0)], FEED, T0)
+    assert db.db.execute("SELECT isolation FROM workers").fetchall() == [("users,network",)]
+    assert db.get("schema") == str(SCHEMA_VERSION) and db.seqs() == FEED["seqs"]

@@ -88,17 +88,14 @@ def test_worker_rows_and_heartbeats() -> None:
     w = WorkerRow(
         worker_id="mad-2", region="mad", beat="mad-1", labels={"disk": "ssd"},
         capacity=Amount(cpus=8, memory_mb=1024, ports=10),
-        free=Amount(cpus=2, cpu_millis=1500, memory_mb=512, ports=9),
+        free=Amount(cpus=2, cpu_millis=1500, memory_mb=512, ports=9), isolation="users",
     )  # fmt: skip
     op = READER.read(S.state_worker("mad", "mad-2"), encode(w))
     assert isinstance(op, WorkerRowOp)
     row = dict(zip(WORKER_COLUMNS, op.values, strict=True))
-    assert (row["beat"], row["cpu_millis"], row["free_cpu_millis"], row["free_ports"]) == (
-        "mad-1",
-        8000,
-        1500,
-        9,
-    )
+    assert (
+        row["beat"], row["cpu_millis"], row["free_cpu_millis"], row["free_ports"], row["isolation"]
+    ) == ("mad-1", 8000, 1500, 9, "users")  # fmt: skip
     hb = Heartbeat(beat="mad-1", workers=["mad-1", "mad-2"], at_ms=1)
     assert READER.read(S.state_beat("mad", "mad-1"), encode(hb)) == BeatOp(hb, "mad")
 
