@@ -524,6 +524,7 @@ class Worker:
             driver=self.driver.name,
             runtime=self.driver.runtime_version,
             confinement=self.confinement,
+            isolation=self.driver.isolation,
             cache_bytes=self.images.used_bytes(),
             cache_budget_bytes=self.images.budget_bytes,
             advertise_host=self.ports.host,

@@ -220,11 +220,12 @@ def _isolated(isolation: str) -> str:
 
 def fleet_rows(rows: Iterable[WorkerRow], gone: Mapping[str, int]) -> Table:
     """``buyer fleet`` from a view: each worker's row (committed of capacity, its machines,
-    image cache, labels, whether it drains or is gone, driver, confinement, version)."""
+    image cache, labels, whether it drains or is gone, driver, how it confines and isolates
+    its machines, version)."""
     t = Table(title="fleet")
     for col in ("region", "worker", "cpus", "mem MiB", "machines", "cache"):
         t.add_column(col, no_wrap=True)
-    for col in ("labels", "state", "driver", "confined", "version"):
+    for col in ("labels", "state", "driver", "confined", "isolated", "version"):
         t.add_column(col)
     for w in rows:
         cache = f"{_size(w.cache_bytes)}/{_size(w.cache_budget_bytes)}"
@@ -242,6 +243,7 @@ def fleet_rows(rows: Iterable[WorkerRow], gone: Mapping[str, int]) -> Table:
             f"[yellow]{gone_worker(since)}[/]" if since is not None else state,
             safe(f"{w.driver} ({w.runtime})" if w.runtime else w.driver or "-"),
             safe(w.confinement or "-"),
+            _isolated(w.isolation),
             safe(w.version or "-"),
         )
     return t

@@ -271,7 +271,7 @@ PULL_OWN = Verb(
 )
 # Views of the state stream (bourse/view): a consumer of its own whose filter is in the
 # subject that makes it (the server refuses a body whose filter differs), its flow control,
-# and the last fleet row's sequence (a direct get: has the stream been made again?).
+# and the stream's epoch (a direct get: has the stream been made again?).
 STATE_KIND = frozenset({"state"})
 VIEW = Verb(
     "view",
@@ -282,12 +282,12 @@ VIEW = Verb(
 VIEW_FLEET = Verb(
     "view fleet",
     "read the worker rows and heartbeats (a consumer of its own over them), with the "
-    "flow control of its consumers and the last fleet row (a direct get)",
+    "flow control of its consumers and the stream's epoch (a direct get)",
     STATE_KIND,
     lambda s, d: (
         f"{API}.CONSUMER.CREATE.{s}.*.{d}.fleet.>",
         f"$JS.FC.{s}.>",
-        f"{API}.DIRECT.GET.{s}.{d}.fleet.>",
+        f"{API}.DIRECT.GET.{s}.{d}.fleet.epoch",
     ),
 )
 VIEW_OWN = Verb(

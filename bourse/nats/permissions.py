@@ -11,7 +11,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   pushes and their gc); of the market's subjects only the fleet's status and machine
   listings of every region (``R.status``, ``R.machines``: which images are in use),
   ``R.command.*`` (a stop or destroy kept for a worker that was away) and
-  ``R.control.*`` (a worker drained, stopped, started: §4.22).
+  ``R.control.*`` (a worker drained, stopped, started: §4.22) and ``R.state.fleet.epoch``
+  (the state stream's epoch, written once as it makes the stream).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
@@ -21,7 +22,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
   ``R.machines.*`` (a region's listing of a worker's reserved machines, which vouches for a
   reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes), ``R.command.*``
-  (a buyer's or tenant's stop or destroy kept for a worker that does not answer); subscribe
+  (a buyer's or tenant's stop or destroy kept for a worker that does not answer),
+  ``R.state.fleet.epoch`` (the state stream's epoch, written once as it makes it); subscribe
   ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects (orders,
   machines, images) only in the queue group ``exchange``; answers buyers and suppliers: it
   may publish into their inboxes (and its own).
@@ -116,6 +118,7 @@ def operator_permissions(s: Subjects, inbox: str) -> Permissions:
             s.machines_every,
             s.command_all,  # a stop or destroy kept for a worker (§4.20)
             s.control_all,  # a worker drained, stopped, started (§4.22)
+            s.state_epoch,  # the state stream's epoch, as it makes the stream (§4.21)
             *grants.allows(ROLE_OPERATOR, s.prefix),
         ),
         subscribe=(f"{inbox}.>",),
@@ -173,6 +176,7 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             s.machines("*"),  # a region vouches for a machine a worker reclaims (§5.3d)
             s.event("*", EXCHANGE_EVENT_WORKER, UNFILLED_EVENT),  # order outcomes (§6.9)
             s.command_all,  # a stop or destroy kept for a worker that does not answer
+            s.state_epoch,  # the state stream's epoch, as it makes the stream (§4.21)
             *grants.allows(ROLE_EXCHANGE, s.prefix),
             *_inboxes(inbox, answers),
         ),

@@ -4,9 +4,10 @@ kept (docs/protocol.md §4.21).
 ``<PREFIX>_STATE`` over ``<prefix>.v1.state.>``: one message per subject (a row published
 again replaces the one before it), per-message TTL (a destroyed machine's row and a
 heartbeat leave after the retention window: nats-server 2.11 or newer), direct gets (a view
-asks for the last fleet row's sequence), no age limit, and a byte limit that refuses a new
-row rather than drop a live one (``discard: new``; a row that replaces one is always
-taken). The exchange makes it at its start (or the operator, ``bourse jetstream init``);
+asks for the stream's epoch), no age limit, and a byte limit that refuses a new row rather
+than drop a live one (``discard: new``; a row that replaces one is always taken). The
+exchange makes it at its start (or the operator, ``bourse jetstream init``) and writes its
+epoch once, when it has none (:func:`write_epoch`: a view tells a stream made again by it);
 each supplier publishes its own workers' rows into it (supplier/rows.py); a view reads it
 (bourse/view).
 """
@@ -21,6 +22,7 @@ import nats.js.errors
 import structlog
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from ulid import ULID
 
 from bourse.nats.jetstream import (
     EventStream,
@@ -28,6 +30,8 @@ from bourse.nats.jetstream import (
     create_missing,
     prefix_token,
 )
+from bourse.wire.codec import encode
+from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.state")
@@ -50,6 +54,11 @@ GONE_AFTER_MS = 3000
 MACHINE_ROW_BYTES = 1024
 WORKER_ROW_BYTES = 800
 MIB = 1024 * 1024
+
+# The epoch is written only while its subject has none: of two exchanges starting at once,
+# one writes it and the other is refused with this error code (wrong last sequence).
+EXPECT_NO_EPOCH = "Nats-Expected-Last-Subject-Sequence"
+WRONG_LAST_SEQUENCE = 10071
 
 
 def state_stream_bytes(
@@ -74,7 +83,9 @@ def state_stream_name(prefix: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class StateStream(EventStream):
-    """The state stream's name, subjects, byte limit and replicas."""
+    """The state stream's name, subjects, byte limit and replicas, and its epoch's subject."""
+
+    epoch_subject: str = ""
 
     @classmethod
     def of(cls, subjects: Subjects, *, replicas: int = 1, **limits: float) -> StateStream:
@@ -86,6 +97,7 @@ class StateStream(EventStream):
             max_bytes=int(limits.get("max_bytes", DEFAULT_MAX_BYTES)),
             duplicate_window_s=0.0,
             replicas=replicas,
+            epoch_subject=subjects.state_epoch,
         )
 
     def config(self) -> StreamConfig:
@@ -116,19 +128,41 @@ def unfit(config: StreamConfig) -> str:
 
 async def make_state_stream(js: JetStreamContext, stream: StateStream) -> bool:
     """Create the state stream if it is missing (True: made now); an existing one keeps its
-    settings but must be fit to be the state stream (StreamUnavailable says why not)."""
+    settings but must be fit to be the state stream (StreamUnavailable says why not). Either
+    way its epoch is written if it has none (:func:`write_epoch`)."""
     try:
-        if await create_missing(js, stream.config(), "state_stream_created"):
-            return True
-        info = await js.stream_info(stream.name)
+        made = await create_missing(js, stream.config(), "state_stream_created")
+        if not made:
+            why = unfit((await js.stream_info(stream.name)).config)
+            if why:
+                raise StreamUnavailable(
+                    f"{stream.name} is there but {why}: delete it to have it made"
+                )
+        await write_epoch(js, stream)
     except nats.js.errors.APIError as exc:  # e.g. a server older than 2.11: no msg TTL
         raise StreamUnavailable(f"{stream.name}: {exc.description or exc!r}") from None
     except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
         raise StreamUnavailable(f"{stream.name}: {exc!r}") from None
-    why = unfit(info.config)
-    if why:
-        raise StreamUnavailable(f"{stream.name} is there but {why}: delete it to have it made")
-    return False
+    return made
+
+
+async def write_epoch(js: JetStreamContext, stream: StateStream) -> str:
+    """Write a new random epoch into the stream if it has none (§4.21): once, never replaced
+    and never expiring (no TTL), so a view built from this stream tells it from one made
+    again (whose epoch differs). A purged stream has none until its maker's next start.
+    Returns the epoch written, or "" when the stream had one (written by another maker
+    meanwhile included: the expected last subject sequence 0 lets one write win)."""
+    epoch = StateEpoch(epoch=str(ULID()), at_ms=now_ms())
+    try:
+        await js.publish(
+            stream.epoch_subject, encode(epoch), stream=stream.name, headers={EXPECT_NO_EPOCH: "0"}
+        )
+    except nats.js.errors.APIError as exc:
+        if exc.err_code == WRONG_LAST_SEQUENCE:
+            return ""
+        raise
+    log.info("state_epoch_written", stream=stream.name, epoch=epoch.epoch)
+    return epoch.epoch
 
 
 async def ensure_state_stream(js: JetStreamContext, stream: StateStream) -> bool:

@@ -11,6 +11,10 @@ of its worker was ever seen). Those are columns of the view: a machine's ``state
 last one its worker published. What the sweep needs (each worker's heartbeat and status,
 each heartbeat's workers) is kept in memory too, loaded at open.
 
+``meta`` keeps what the view was built from (schema, stream, tenant, the stream's epoch)
+and how far (each feed's sequence, when last caught up): :meth:`ViewDB.stale` says from
+them whether it can be resumed.
+
 No NATS here: bourse/view/view.py feeds it.
 """
 
@@ -30,13 +34,14 @@ from bourse.view.rows import (
     WORKER_COLUMNS,
     BeatOp,
     Dropped,
+    EpochOp,
     MachineRowOp,
     Op,
     WorkerRowOp,
 )
 
 # Bumped when the tables change: a view of another version is thrown away and rebuilt.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # SQLite's page cache (KiB): the indexes of 100,000 machines stay in memory while it builds.
 CACHE_KIB = 64 * 1024
 
@@ -49,8 +54,9 @@ CREATE TABLE IF NOT EXISTS workers (
     cpu_millis INTEGER, memory_mb INTEGER, disk_mb INTEGER, gpus INTEGER, ports INTEGER,
     free_cpu_millis INTEGER, free_memory_mb INTEGER, free_disk_mb INTEGER, free_gpus INTEGER,
     free_ports INTEGER, machines INTEGER, draining INTEGER, drain_reason TEXT, driver TEXT,
-    runtime TEXT, confinement TEXT, cache_bytes INTEGER, cache_budget_bytes INTEGER,
-    advertise_host TEXT, port_range TEXT, version TEXT, at_ms INTEGER, row TEXT NOT NULL,
+    runtime TEXT, confinement TEXT, isolation TEXT, cache_bytes INTEGER,
+    cache_budget_bytes INTEGER, advertise_host TEXT, port_range TEXT, version TEXT,
+    at_ms INTEGER, row TEXT NOT NULL,
     gone_since_ms INTEGER, seq INTEGER NOT NULL, seen_ms INTEGER NOT NULL
 );
 CREATE INDEX IF NOT EXISTS workers_region ON workers (region);
@@ -190,6 +196,27 @@ class ViewDB:
         """Rows dropped so far, by reason."""
         return Counter(json.loads(self.get("dropped", "{}")))
 
+    def stale(self, stream: str, tenant: str, epoch: str | None, now_ms: int) -> str:
+        """Why what the database holds cannot be resumed from ("" when it can), the
+        stream's epoch now being ``epoch`` (None: it has none): another schema, market or
+        tenant; away longer than the retention window (a machine destroyed meanwhile may
+        have left the stream); or the stream was made again since (its epoch is not the one
+        the view was built from; a stream without one, purged, was not made again, and a
+        view built without one rebuilds once the stream has one)."""
+        if not self.seqs():
+            return ""  # nothing applied yet: a build from sequence 1 anyway
+        if self.get("schema") != str(SCHEMA_VERSION):
+            return f"schema {self.get('schema') or '?'}, now {SCHEMA_VERSION}"
+        if (self.get("stream"), self.get("tenant")) != (stream, tenant):
+            return "another market or tenant"
+        away_ms = now_ms - int(self.get("synced_ms", "0"))
+        if away_ms > RETENTION_S * 1000:
+            return f"away {away_ms // 1000} s, longer than the retention window"
+        built = self.get("epoch")
+        if epoch and epoch != built:
+            return f"the stream was made again (epoch {epoch}, the view's {built or 'none'})"
+        return ""
+
     @contextmanager
     def transaction(self) -> Iterator[None]:
         self.db.execute("BEGIN")
@@ -201,10 +228,14 @@ class ViewDB:
         self.db.execute("COMMIT")
 
     def wipe(self) -> None:
-        """Empty every table (a rebuild from sequence 1)."""
+        """Every table dropped and made again, empty (a rebuild from sequence 1; a view of
+        another schema gets this one's tables)."""
         with self.transaction():
             for table in TABLES:
-                self.db.execute(f"DELETE FROM {table}")
+                self.db.execute(f"DROP TABLE IF EXISTS {table}")
+            for statement in SCHEMA.split(";"):
+                if statement.strip():
+                    self.db.execute(statement)
             self.put("schema", str(SCHEMA_VERSION))
         self.beats.clear()
         self.workers.clear()
@@ -236,6 +267,7 @@ class ViewDB:
         machines: dict[str, tuple[MachineRowOp, int, int]] = {}
         workers: dict[str, tuple[WorkerRowOp, int, int]] = {}
         beats: dict[str, tuple[BeatOp, int, int]] = {}
+        epoch = ""
         for op, seq, at in ops:
             if isinstance(op, MachineRowOp):
                 machines[op.machine.machine_id] = (op, seq, at)
@@ -243,6 +275,8 @@ class ViewDB:
                 workers[op.row.worker_id] = (op, seq, at)
             elif isinstance(op, BeatOp):
                 beats[op.beat.beat] = (op, seq, at)
+            elif isinstance(op, EpochOp):
+                epoch = op.epoch
             elif isinstance(op, Dropped):
                 out.dropped[op.reason] += 1
         with self.transaction():
@@ -256,9 +290,11 @@ class ViewDB:
             self._apps_later(touched | self._apps_of(out.changed), now=apps)
             for key, value in meta.items():
                 self.put(key, value)
+            if epoch:
+                self.put("epoch", epoch)
             if out.dropped:
                 self.put("dropped", self.counts() + out.dropped)
-        out.applied = len(machines) + len(workers) + len(beats)
+        out.applied = len(machines) + len(workers) + len(beats) + bool(epoch)
         return out
 
     def _workers(self, rows: Iterable[tuple[WorkerRowOp, int, int]]) -> None:

@@ -8,6 +8,7 @@ subjects (``unknown_subject``), its body is not the message its subject says
 worker, a machine whose order id names another owner than its subject, a heartbeat keyed by
 another worker than its first (``foreign``). The grants already keep a supplier's key to its
 own workers' subjects (§2.1); these checks keep a row from saying more than its subject.
+The stream's epoch (``state.fleet.epoch``) is no row but is known: the view keeps it.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bourse.wire.messages import (
     LastExit,
     Machine,
     MachineState,
+    StateEpoch,
     WorkerRow,
     worker_of_machine,
 )
@@ -106,12 +108,19 @@ class BeatOp:
 
 
 @dataclass(frozen=True, slots=True)
+class EpochOp:
+    """The stream's epoch (§4.21): what the view was built from."""
+
+    epoch: str
+
+
+@dataclass(frozen=True, slots=True)
 class Dropped:
     reason: str
     detail: str
 
 
-Op = MachineRowOp | WorkerRowOp | BeatOp | Dropped
+Op = MachineRowOp | WorkerRowOp | BeatOp | EpochOp | Dropped
 
 # The columns of ``machines`` a MachineRowOp fills, in order (the view adds
 # worker_gone_since_ms, seq and seen_ms).
@@ -164,6 +173,7 @@ WORKER_COLUMNS = (
     "driver",
     "runtime",
     "confinement",
+    "isolation",
     "cache_bytes",
     "cache_budget_bytes",
     "advertise_host",
@@ -242,6 +252,7 @@ def worker_values(w: WorkerRow, data: bytes) -> tuple[Any, ...]:
         w.driver,
         w.runtime,
         w.confinement,
+        w.isolation,
         w.cache_bytes,
         w.cache_budget_bytes,
         w.advertise_host,
@@ -272,6 +283,8 @@ class Reader:
                 return self._worker(t[2], t[3], data)
             if t[0] == "fleet" and len(t) == 4 and t[1] == "beat":
                 return self._beat(t[2], t[3], data)
+            if t == ["fleet", "epoch"]:
+                return EpochOp(decode(data, StateEpoch).epoch)
         except BadMessage as exc:
             return Dropped(MALFORMED, f"{subject}: {exc}")
         return Dropped(UNKNOWN_SUBJECT, subject)

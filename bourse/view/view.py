@@ -2,7 +2,8 @@
 SQLite database (bourse/view/db.py) by one consumer (a tenant's: two, the fleet rows and
 its own machines'; bourse/view/feed.py), resumed from the last sequence it applied, rebuilt
 from sequence 1 when it was away longer than the retention window or the stream was made
-again. Queries say how fresh they are (:meth:`View.freshness`: ``as of seq N, T ms ago``).
+again (its epoch is another than the one the view was built from: ViewDB.stale). Queries
+say how fresh they are (:meth:`View.freshness`: ``as of seq N, T ms ago``).
 
 Open one with :func:`open_view` (caught up when it returns), follow it with
 :meth:`View.follow` (each applied batch, and the sweeps that find workers gone).
@@ -25,11 +26,12 @@ import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.errors import BourseError
-from bourse.nats.state import RETENTION_S, state_stream_name
+from bourse.nats.state import state_stream_name
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
 from bourse.view.rows import Op, Reader
-from bourse.wire.messages import now_ms
+from bourse.wire.codec import BadMessage, decode
+from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
 
 log = structlog.get_logger("bourse.view")
@@ -78,8 +80,6 @@ class View:
             [subjects.state_fleet, subjects.state_owned(tenant)] if tenant else [subjects.state_all]
         )
         self.feeds = [Feed(nc, self.stream, f, self._ready) for f in filters]
-        self._fleet = f"{subjects.root}.state.fleet."
-        self.fleet_seq = int(db.get("fleet_seq", "0"))
         self.dropped: Counter[str] = db.counts()
         self.rebuilds = 0
         self._filling = 0.0  # when the rows queued began to wait for a batch to fill
@@ -99,29 +99,16 @@ class View:
             await self._start(feed, seqs.get(feed.filter, 0))
 
     async def stale(self) -> str:
-        """Why what the database holds cannot be resumed from ("" when it can): another
-        schema, market or tenant; away longer than the retention window (a machine
-        destroyed meanwhile may have left the stream); or a stream made again since (its
-        last fleet row is older than the last one applied)."""
-        db = self.db
-        if not db.seqs():
-            return ""  # nothing applied yet: a build from sequence 1 anyway
-        if db.get("schema") != str(SCHEMA_VERSION):
-            return f"schema {db.get('schema') or '?'}, now {SCHEMA_VERSION}"
-        if (db.get("stream"), db.get("tenant")) != (self.stream, self.tenant):
-            return "another market or tenant"
-        away_ms = now_ms() - int(db.get("synced_ms", "0"))
-        if away_ms > RETENTION_S * 1000:
-            return f"away {away_ms // 1000} s, longer than the retention window"
-        last = await self.last_fleet_seq()
-        if last is not None and last < self.fleet_seq:
-            return f"the stream was made again (its last fleet row {last} < {self.fleet_seq})"
-        return ""
+        """Why what the database holds cannot be resumed from ("" when it can):
+        :meth:`ViewDB.stale`, with the stream's epoch now (asked only when something was
+        applied)."""
+        epoch = await self.stream_epoch() if self.db.seqs() else None
+        return self.db.stale(self.stream, self.tenant, epoch, now_ms())
 
-    async def last_fleet_seq(self) -> int | None:
-        """The stream sequence of the last worker row or heartbeat (a direct get), or None
-        when there is none."""
-        subject = f"$JS.API.DIRECT.GET.{self.stream}.{self.subjects.state_fleet}"
+    async def stream_epoch(self) -> str | None:
+        """The stream's epoch (a direct get of its subject, which every view's grant
+        reaches; §4.21), or None when it has none (or one that does not decode)."""
+        subject = f"$JS.API.DIRECT.GET.{self.stream}.{self.subjects.state_epoch}"
         try:
             msg = await self.nc.request(subject, b"", timeout=2.0)
         except nats.errors.NoRespondersError:
@@ -131,13 +118,17 @@ class View:
             ) from None
         except nats.errors.TimeoutError:
             raise ViewUnavailable(f"the state stream {self.stream} does not answer") from None
-        seq = (msg.headers or {}).get("Nats-Sequence")
-        return int(seq) if seq else None
+        if (msg.headers or {}).get("Status"):  # 404: none
+            return None
+        try:
+            return decode(msg.data, StateEpoch).epoch
+        except BadMessage as exc:
+            log.warning("view_epoch_malformed", stream=self.stream, error=str(exc))
+            return None
 
     def _rebuild(self, why: str) -> None:
         log.info("view_rebuilt", stream=self.stream, why=why)
         self.db.wipe()
-        self.fleet_seq = 0
         self.dropped.clear()
         self.rebuilds += 1
 
@@ -167,17 +158,12 @@ class View:
         for feed in self.feeds:
             for d in feed.take(BATCH):
                 ops.append((self.reader.read(d.subject, d.data), d.seq, d.at_ms))
-                if d.subject.startswith(self._fleet):
-                    self.fleet_seq = max(self.fleet_seq, d.seq)
         if not ops:
             if self.current:
                 self.db.refresh_apps()
                 self.db.put("synced_ms", str(now_ms()))
             return Batch()
-        meta: dict[str, object] = {
-            "seqs": {f.filter: f.last_seq for f in self.feeds},
-            "fleet_seq": str(self.fleet_seq),
-        }
+        meta: dict[str, object] = {"seqs": {f.filter: f.last_seq for f in self.feeds}}
         current = self.current
         if current:
             meta["synced_ms"] = str(now_ms())

@@ -645,6 +645,8 @@ class WorkerRow(Message, kw_only=True):
     # The supplier's version (its package's), for an operator rolling an upgrade out.
     version: Annotated[str, msgspec.Meta(max_length=64)] = ""
     at_ms: Millis = 0
+    # What its machines have of their own (as in WorkerStatus, §4.12); "" unsaid.
+    isolation: IsolationLevel = ""
 
 
 class Heartbeat(Message, kw_only=True):
@@ -660,6 +662,16 @@ class Heartbeat(Message, kw_only=True):
     at_ms: Millis
     interval_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 1000
     version: Annotated[str, msgspec.Meta(max_length=64)] = ""
+
+
+class StateEpoch(Message, kw_only=True):
+    """Who the state stream is, on ``<prefix>.v1.state.fleet.epoch`` (§4.21): a random id
+    written once by whoever makes the stream (the exchange at its start, ``bourse jetstream
+    init``), when the stream has none, and never replaced (no TTL). A stream made again
+    has another one: a view built from the first rebuilds. ``at_ms``: when it was written."""
+
+    epoch: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[0-9A-Za-z]+\Z")]
+    at_ms: Millis = 0
 
 
 class MachineRequest(Message, kw_only=True):
@@ -1026,4 +1038,4 @@ ReclaimReply = ReclaimVerdicts | Error
 ControlReply = WorkerState | Error  # control.<worker_id>
 ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>
 # What the state stream holds (§4.21): a machine's row is the Machine as its worker has it.
-StateRow = Machine | WorkerRow | Heartbeat
+StateRow = Machine | WorkerRow | Heartbeat | StateEpoch

@@ -200,6 +200,12 @@ class Subjects:
         """Every worker row and heartbeat (what every view reads, a tenant's too)."""
         return f"{self.root}.state.fleet.>"
 
+    @property
+    def state_epoch(self) -> str:
+        """The stream's epoch: written once by whoever makes it (a view tells a stream made
+        again by it); under ``fleet`` so that every view's grant reaches it."""
+        return f"{self.root}.state.fleet.epoch"
+
     def state_worker(self, region: str, worker_id: str) -> str:
         return f"{self.root}.state.fleet.worker.{region}.{worker_id}"
 

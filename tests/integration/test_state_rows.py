@@ -2,7 +2,7 @@
 real nats-server: a machine's row after each change, its worker's row, one heartbeat for the
 process naming its workers; a destroyed machine's row leaves by its TTL; every row again
 after the stream was purged; a supplier that could not publish keeps its machines and
-catches up with their current rows."""
+catches up with their current rows; the stream's epoch, written once by its makers."""
 
 from __future__ import annotations
 
@@ -10,13 +10,21 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import anyio
 import nats.js.errors
 from nats.aio.client import Client as NATS
 
-from bourse.nats.state import HEADER_TTL, RETENTION_S, StateStream, state_stream_name
+from bourse.nats.state import (
+    HEADER_TTL,
+    RETENTION_S,
+    StateStream,
+    make_state_stream,
+    state_stream_name,
+    write_epoch,
+)
 from bourse.runtime.metrics import SupplierMetrics
 from bourse.wire.codec import decode
-from bourse.wire.messages import Heartbeat, WorkerRow
+from bourse.wire.messages import Heartbeat, StateEpoch, WorkerRow
 from bourse.wire.subjects import Subjects
 from tests.integration.test_events_durable import _gauge
 from tests.market import Market, order, wait_until, worker
@@ -63,6 +71,8 @@ async def test_a_machine_its_worker_and_the_process_have_their_rows(
     # its worker's row, at its next heartbeat: 2 of its 8 cpus committed
     wrow = await worker_row(nc, subjects, placed.worker_id, lambda w: w.free.cpus == 6)
     assert (wrow.region, wrow.capacity.cpus, wrow.machines) == ("mad", 8, 1)
+    said = {w.worker_id: w for w in await c.status("mad")}[wrow.worker_id]
+    assert wrow.isolation == said.isolation != ""  # as its status says it
     beat = await last(nc, subjects, subjects.state_beat("mad", wrow.beat))
     assert beat is not None
     hb = decode(beat.data, Heartbeat)
@@ -112,3 +122,34 @@ async def test_a_supplier_that_cannot_publish_catches_up_with_current_rows(
     row = await published(nc, subjects, m.machine_id, "started", timeout_s=10.0)
     assert row == await c.machine("get", m.machine_id)
     await wait_until(lambda: _gauge(metrics, "bourse_state_stream_missing") == 0)
+
+
+async def test_the_streams_epoch_is_written_once_by_whoever_makes_it(
+    market: Market, subjects: Subjects
+) -> None:
+    """The exchange's start writes it; a maker finding one leaves it; of makers at once on a
+    stream without one (purged), one writes it; it has no TTL."""
+    await market.exchange()
+    nc = await market.connect("reader")
+    stream = StateStream.of(subjects)
+    first = await last(nc, subjects, subjects.state_epoch)
+    assert first is not None and HEADER_TTL not in (first.headers or {})
+    epoch = decode(first.data, StateEpoch).epoch
+    assert not await make_state_stream(nc.jetstream(), stream)  # there: neither made nor written
+    assert await write_epoch(nc.jetstream(), stream) == ""
+    again = await last(nc, subjects, subjects.state_epoch)
+    assert again is not None and (again.seq, again.data) == (first.seq, first.data)
+
+    await nc.jetstream().purge_stream(stream.name)
+    makers = [await market.connect(f"maker-{n}") for n in range(4)]
+    written: list[str] = []
+
+    async def make(conn: NATS) -> None:
+        written.append(await write_epoch(conn.jetstream(), stream))
+
+    async with anyio.create_task_group() as tg:
+        for conn in makers:
+            tg.start_soon(make, conn)
+    assert len([e for e in written if e]) == 1 and written.count("") == 3
+    now = await last(nc, subjects, subjects.state_epoch)
+    assert now is not None and decode(now.data, StateEpoch).epoch == max(written) != epoch

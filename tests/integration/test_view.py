@@ -13,7 +13,7 @@ import anyio
 import msgspec
 
 from bourse.nats.embedded import EmbeddedNats
-from bourse.nats.state import RETENTION_S, StateStream, state_stream_name
+from bourse.nats.state import RETENTION_S, StateStream, make_state_stream, state_stream_name
 from bourse.view import View, open_view
 from bourse.view.rows import FOREIGN, MALFORMED
 from bourse.wire.codec import encode
@@ -139,18 +139,25 @@ async def test_it_survives_a_purge_and_rebuilds_after_the_stream_is_made_again(
     stream = state_stream_name(subjects.prefix)
     path = tmp_path / "view.sqlite"
     async with open_view(nc, subjects, path) as view:
-        await js.purge_stream(stream)
+        epoch = view.db.get("epoch")
+        assert epoch  # the stream's, written by the exchange's start, read with the rows
+        await js.purge_stream(stream)  # the epoch goes too: a purged stream has none
         await c.machine("start", p.machine_id)  # the supplier sends every row again
         await until(view, lambda: states(view) == {p.machine_id: "started"})
         assert view.rebuilds == 0
+    async with open_view(nc, subjects, path) as resumed:  # no epoch: not made again
+        assert resumed.rebuilds == 0 and resumed.db.get("epoch") == epoch
 
-    await js.delete_stream(stream)  # made again: sequences start over
-    await js.add_stream(StateStream.of(subjects).config())
+    # made again, as an exchange's start or `bourse jetstream init` makes it: its sequences
+    # start over and the suppliers' rows and heartbeats soon pass the old ones; its epoch
+    # is another
+    await js.delete_stream(stream)
+    assert await make_state_stream(js, StateStream.of(subjects))
     await published(nc, subjects, p.machine_id, "started", timeout_s=10.0)
     async with open_view(nc, subjects, path) as again:
-        await until(
-            again, lambda: again.rebuilds == 1 and states(again) == {p.machine_id: "started"}
-        )
+        assert again.rebuilds == 1  # told at its start, whatever the sequences say
+        await until(again, lambda: states(again) == {p.machine_id: "started"})
+        assert again.db.get("epoch") not in ("", epoch)
 
 
 async def test_a_view_away_longer_than_the_retention_window_rebuilds(
@@ -162,6 +169,7 @@ async def test_a_view_away_longer_than_the_retention_window_rebuilds(
     path = tmp_path / "view.sqlite"
     async with open_view(nc, subjects, path) as view:
         assert view.rebuilds == 0
+        await until(view, lambda: rows(view, "SELECT worker_id FROM workers") == [("mad-1",)])
         view.db.put("synced_ms", str(now_ms() - RETENTION_S * 1000 - 1))  # as if long away
     async with open_view(nc, subjects, path) as again:
         assert again.rebuilds == 1

@@ -194,7 +194,7 @@ async def _walk_through(url: str) -> None:
     assert (code, err) == (0, "")
     assert re.split(r"\s{2,}", out.splitlines()[0]) == [
         "region", "worker", "cpus", "mem MiB", "machines", "cache", "labels", "state",
-        "driver", "confined", "version",
+        "driver", "confined", "isolated", "version",
     ]  # fmt: skip
     assert [(r[0], r[1]) for r in rows(out)] == [
         ("fra", "fra-1"), ("fra", "fra-2"), ("fra", "fra-3"),

@@ -47,6 +47,7 @@ from bourse.wire.messages import (
     Rejected,
     Release,
     Resources,
+    StateEpoch,
     StatusRequest,
     Unfilled,
     Waiting,
@@ -264,6 +265,7 @@ SAMPLES: list[Message] = [
         at_ms=1_795_320_932_076,
     ),
     Heartbeat(beat="mad-1", workers=["mad-1", "mad-2"], at_ms=1_795_320_933_000),
+    StateEpoch(epoch="01KBX2W7Q4M1S8YV3D5N0RZ6TC", at_ms=1_795_320_900_000),
     Offers(
         offers=[
             Offer(order_id="order-1", worker_id="mad-1", region="mad", score=0.9, sig="s1"),

@@ -197,3 +197,19 @@ def test_fleet_shows_each_workers_driver_and_runtime() -> None:
     assert "driver" in rows[0].split()
     assert "oci (runc 1.1.5)" in rows[1]
     assert rows[2].split()[-3] == "-"  # a worker that does not say: driver, confined, js
+
+
+def test_fleet_from_the_view_shows_how_each_worker_isolates_its_machines() -> None:
+    from bourse.wire.messages import Amount, WorkerRow
+
+    def row(wid: str, isolation: str) -> WorkerRow:
+        return WorkerRow(
+            worker_id=wid, region="mad", beat="w1", capacity=Amount(cpus=2, memory_mb=1024),
+            free=Amount(cpus=2, memory_mb=1024), isolation=isolation,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    rows = plain(render.fleet_rows([row("w1", "users,network"), row("w2", "")], {}))
+    header = rows[0].split()
+    assert header[-2:] == ["isolated", "version"]
+    assert rows[1].split()[-2] == "users,network"
+    assert rows[2].split()[-2] == "-"  # a worker that does not say

@@ -1,19 +1,21 @@
 """A view's tables (bourse/view/db.py), fed rows as the stream would: machines with their
 worker's liveness (alive while its heartbeat or its row is fresh, gone since the last of
 them after 3 s, back when it beats again), the apps they make up, a batch and its
-sequences in one transaction (what a resume starts from), old destroyed rows pruned."""
+sequences in one transaction (what a resume starts from), old destroyed rows pruned; when
+what it holds cannot be resumed from (the stream made again: another epoch)."""
 
 from __future__ import annotations
 
+import sqlite3
 from pathlib import Path
 
 import pytest
 
 from bourse.nats.state import RETENTION_S
-from bourse.view.db import ViewDB
+from bourse.view.db import SCHEMA_VERSION, ViewDB
 from bourse.view.rows import Op, Reader
 from bourse.wire.codec import encode
-from bourse.wire.messages import Amount, Heartbeat, Machine, Resources, WorkerRow
+from bourse.wire.messages import Amount, Heartbeat, Machine, Resources, StateEpoch, WorkerRow
 from bourse.wire.subjects import Subjects
 
 S = Subjects("bourse")
@@ -157,3 +159,83 @@ def test_a_damaged_view_is_made_anew(tmp_path: Path) -> None:
     path.write_bytes(b"this is not a database" * 100)
     db = ViewDB(path)
     assert db.seqs() == {} and db.db.execute("SELECT count(*) FROM machines").fetchone() == (0,)
+
+
+def epoch_op(epoch: str) -> Op:
+    return READER.read(S.state_epoch, encode(StateEpoch(epoch=epoch)))
+
+
+E1, E2 = "01KBX2W7Q4M1S8YV3D5N0RZ6TC", "01KBX2XA0G5C7M3Q9T2V8W4YHB"
+STREAM = "BOURSE_STATE"
+
+
+def built(epoch: str | None) -> ViewDB:
+    """A view that applied a batch at T0 (with the stream's epoch ``epoch``, if any)."""
+    db = ViewDB(":memory:")
+    for key, value in (("schema", str(SCHEMA_VERSION)), ("stream", STREAM), ("tenant", "")):
+        db.put(key, value)
+    ops = [(worker_op("mad-1"), 2, T0)] + ([(epoch_op(epoch), 1, T0)] if epoch else [])
+    db.apply(ops, {**FEED, "seqs": {"f": 2}, "synced_ms": str(T0)}, T0)
+    return db
+
+
+@pytest.mark.parametrize(
+    ("view_epoch", "stream_epoch", "made_again"),
+    [
+        (E1, E1, False),  # the same stream
+        (E1, None, False),  # purged: no epoch, not made again (the suppliers send again)
+        (E1, E2, True),  # made again: its sequences start over, its epoch is another
+        (None, E2, True),  # built while it had none, one written since: not known the same
+        (None, None, False),
+    ],
+)
+def test_a_stream_made_again_is_told_by_its_epoch(
+    view_epoch: str | None, stream_epoch: str | None, made_again: bool
+) -> None:
+    db = built(view_epoch)
+    assert db.get("epoch") == (view_epoch or "")
+    why = db.stale(STREAM, "", stream_epoch, T0 + 1000)
+    assert why.startswith("the stream was made again") == made_again, why
+
+
+def test_what_else_a_view_cannot_resume_from() -> None:
+    assert ViewDB(":memory:").stale(STREAM, "", E2, T0) == ""  # nothing applied: a build anyway
+    db = built(E1)
+    assert db.stale(STREAM, "", E1, T0 + RETENTION_S * 1000) == ""
+    assert db.stale(STREAM, "", E1, T0 + RETENTION_S * 1000 + 1000).startswith("away 3601 s")
+    assert db.stale("OTHER_STATE", "", E1, T0) == "another market or tenant"
+    assert db.stale(STREAM, "alice", E1, T0) == "another market or tenant"
+    db.put("schema", "0")  # a view of other tables
+    assert db.stale(STREAM, "", E1, T0) == f"schema 0, now {SCHEMA_VERSION}"
+
+
+def test_an_epoch_that_comes_while_following_is_kept() -> None:
+    """A view following the stream when its maker writes an epoch (after a purge) saw it
+    come: it keeps it, and resumes later without a rebuild."""
+    db = built(None)
+    batch = db.apply([(epoch_op(E2), 3, T0)], {"seqs": {"f": 3}}, T0)
+    assert batch.applied == 1 and not batch.dropped
+    assert db.stale(STREAM, "", E2, T0) == ""
+    db.wipe()
+    assert db.get("epoch") == ""  # a rebuild reads it again from sequence 1
+
+
+def test_a_view_of_older_tables_is_rebuilt_with_these(tmp_path: Path) -> None:
+    """A view written before the workers' isolation column: resumed from it cannot be (its
+    schema), and the rebuild makes the tables again, that column included."""
+    path = tmp_path / "view.sqlite"
+    old = built(E1)
+    old.db.execute("VACUUM INTO ?", (str(path),))
+    with sqlite3.connect(path) as conn:
+        conn.execute("ALTER TABLE workers DROP COLUMN isolation")
+        conn.execute("UPDATE meta SET value = '1' WHERE key = 'schema'")
+    db = ViewDB(path)
+    assert db.stale(STREAM, "", E1, T0).startswith("schema 1, now")
+    db.wipe()
+    w = WorkerRow(
+        worker_id="mad-1", region="mad", beat="mad-1", capacity=Amount(), free=Amount(),
+        isolation="users,network",
+    )  # fmt: skip
+    db.apply([(READER.read(S.state_worker("mad", "mad-1"), encode(w)), 1, T0)], FEED, T0)
+    assert db.db.execute("SELECT isolation FROM workers").fetchall() == [("users,network",)]
+    assert db.get("schema") == str(SCHEMA_VERSION) and db.seqs() == FEED["seqs"]

@@ -1,7 +1,8 @@
 """What a view makes of one state stream message (bourse/view/rows.py): the row's columns,
 or why it is dropped: a subject the stream has no rows on, a body that is not the message
 its subject says, a body that says more than its subject (another worker's, region's or
-owner's machine; a heartbeat keyed by another worker)."""
+owner's machine; a heartbeat keyed by another worker). The stream's epoch is known, no
+row."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from bourse.view.rows import (
     WORKER_COLUMNS,
     BeatOp,
     Dropped,
+    EpochOp,
     MachineRowOp,
     Reader,
     WorkerRowOp,
@@ -28,6 +30,7 @@ from bourse.wire.messages import (
     LastExit,
     Machine,
     Resources,
+    StateEpoch,
     WorkerRow,
 )
 from bourse.wire.subjects import Subjects
@@ -85,17 +88,14 @@ def test_worker_rows_and_heartbeats() -> None:
     w = WorkerRow(
         worker_id="mad-2", region="mad", beat="mad-1", labels={"disk": "ssd"},
         capacity=Amount(cpus=8, memory_mb=1024, ports=10),
-        free=Amount(cpus=2, cpu_millis=1500, memory_mb=512, ports=9),
+        free=Amount(cpus=2, cpu_millis=1500, memory_mb=512, ports=9), isolation="users",
     )  # fmt: skip
     op = READER.read(S.state_worker("mad", "mad-2"), encode(w))
     assert isinstance(op, WorkerRowOp)
     row = dict(zip(WORKER_COLUMNS, op.values, strict=True))
-    assert (row["beat"], row["cpu_millis"], row["free_cpu_millis"], row["free_ports"]) == (
-        "mad-1",
-        8000,
-        1500,
-        9,
-    )
+    assert (
+        row["beat"], row["cpu_millis"], row["free_cpu_millis"], row["free_ports"], row["isolation"]
+    ) == ("mad-1", 8000, 1500, 9, "users")  # fmt: skip
     hb = Heartbeat(beat="mad-1", workers=["mad-1", "mad-2"], at_ms=1)
     assert READER.read(S.state_beat("mad", "mad-1"), encode(hb)) == BeatOp(hb, "mad")
 
@@ -132,6 +132,17 @@ def test_a_row_that_says_more_than_its_subject_is_dropped(
 ) -> None:
     op = READER.read(subj, data)
     assert isinstance(op, Dropped) and op.reason == reason, op
+
+
+def test_the_streams_epoch_is_known_not_a_dropped_row() -> None:
+    epoch = encode(StateEpoch(epoch="01KBX2W7Q4M1S8YV3D5N0RZ6TC", at_ms=1))
+    assert READER.read(S.state_epoch, epoch) == EpochOp("01KBX2W7Q4M1S8YV3D5N0RZ6TC")
+    assert Reader(S, "alice").read(S.state_epoch, epoch) == EpochOp("01KBX2W7Q4M1S8YV3D5N0RZ6TC")
+    for bad in (encode(HB), b'{"type": "StateEpoch", "epoch": "a.b"}'):
+        op = READER.read(S.state_epoch, bad)
+        assert isinstance(op, Dropped) and op.reason == MALFORMED, op
+    op = READER.read(f"{S.state_epoch}.x", epoch)  # a token more: no such subject
+    assert isinstance(op, Dropped) and op.reason == UNKNOWN_SUBJECT
 
 
 def test_a_tenants_view_drops_another_owners_row() -> None:
