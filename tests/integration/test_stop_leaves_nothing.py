@@ -92,7 +92,11 @@ async def test_sigterm_right_after_a_container_start_leaves_nothing(tmp_path: Pa
         finally:
             await stop_all([up])
         assert code == 0
-        assert left_below(data) == [], f"run {i} left things behind"
+        left = left_below(data)
+        print(
+            f"run {i}: SIGTERM {0.02 * i:.2f}s into the start, exit in {took[-1]:.2f}s, left {left}"
+        )
+        assert left == [], f"run {i} left things behind"
         shutil.rmtree(data)  # its stopped machine's claims (ports, ids) go stale with it
     # 2 s on an idle machine, as much longer as it is busy now (test_signals.py's rule)
     assert max(took) < STOP_BOUND_S * slowdown(), took
