@@ -38,6 +38,7 @@ from typing import Any
 
 import anyio
 import anyio.abc
+import anyio.lowlevel
 import structlog
 
 from bourse.runtime.tasks import TaskSet
@@ -387,17 +388,22 @@ class Machines:
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
     ) -> None:
         """Own this worker's background work and its driver's tasks until :meth:`close`.
-        Shielded from the caller's cancellation: a stop lets the work under way finish and
-        stops (or lets go of) the machines (close), then this ends. It may run again after
-        (the operator's start of a stopped worker, §4.22), as after a supplier's restart."""
+        Shielded from the caller's cancellation once started: a stop lets the work under
+        way finish and stops (or lets go of) the machines (close), then this ends. A stop
+        that comes while it starts ends it at once (its driver undoes its start): the
+        caller, cancelled in ``start``, waits for it and calls no close. It may run again
+        after (the operator's start of a stopped worker, §4.22), as after a supplier's
+        restart."""
         self._closing = False
         self._run_ended = anyio.Event()
         try:
-            with anyio.CancelScope(shield=True) as self._scope:
+            with anyio.CancelScope() as self._scope:
                 async with anyio.create_task_group() as tasks:
                     await tasks.start(self.driver.run)
+                    await anyio.lowlevel.checkpoint_if_cancelled()  # stopped while starting
                     self._timers = tasks
                     self._running = True
+                    self._scope.shield = True
                     task_status.started()
                     await anyio.sleep_forever()  # until close() cancels the scope
         finally:

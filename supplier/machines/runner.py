@@ -166,14 +166,14 @@ class Runner:
             self.log.warning("confinement_weaker_than_cgroups", confinement=c.mechanism)
         else:
             self.log.info("confinement", confinement=c.mechanism)
-        self._found = await discover(self.shims_dir)
-        if self._found:
-            self.log.info("shims_found", machines=sorted(self._found))
-        await self.kind.isolation.start()  # what its machines share (its network) first
-        swept = await self.kind.sweep(keep=_runs_of(self._found))
-        if swept:
-            self.log.warning("machines_swept", machines=swept)
-        try:
+        try:  # a stop while it starts undoes the start here too (its network, the shims found)
+            self._found = await discover(self.shims_dir)
+            if self._found:
+                self.log.info("shims_found", machines=sorted(self._found))
+            await self.kind.isolation.start()  # what its machines share (its network) first
+            swept = await self.kind.sweep(keep=_runs_of(self._found))
+            if swept:
+                self.log.warning("machines_swept", machines=swept)
             async with anyio.create_task_group() as tasks:
                 self._tasks = tasks
                 tasks.start_soon(self.kind.background)
@@ -189,9 +189,12 @@ class Runner:
                     await self._detach_all()
                     if not self._runs and not self._found:  # none kept: nothing of them left
                         await self.kind.end()
-                else:  # what close() did not stop in its time is killed now
+                else:
+                    # what close() did not stop in its time is killed now, and what the
+                    # shims found hold that a stop during the resume left unrecovered
                     with anyio.move_on_after(CLOSE_S):
                         await self._stop_all(grace_s=0.0)
+                        await self.settle()
                     await self.kind.end()
                 await self.kind.isolation.close()  # what no machine uses any more
 
