@@ -22,7 +22,7 @@ failures by raising :class:`DriverError` (a clear message for the requester).
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -36,6 +36,12 @@ from bourse.wire.messages import IsolationLevel, Machine, Resources
 
 # A machine run without environment of its own (the default of Driver.start's ``env``).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
+
+# A test's hook, awaited at a named step of a machine's start (step, machine id): its image
+# ``pulling``, its ``network`` taken, what it runs ``made`` (cgroups, a box and bundle), its
+# ``shim`` spawned (starting the runtime), the machine ``running`` (the shim answered, the
+# start not returned yet). None in production: each step then costs an attribute test.
+Pause = Callable[[str, str], Awaitable[None]]
 
 # How machines are held to what was sold: cgroup2, cgroup1, rlimit or none
 # (supplier/machines/host/confine.py).

@@ -225,7 +225,11 @@ class Machines:
             m = await self.records.record(m, INTERMEDIATE[verb], verb)
         if verb == "start":
             self._backoffs.pop(m.machine_id, None)  # a start by hand begins the count again
-            return await self._start(m)
+            try:
+                return await self._start(m)
+            except anyio.get_cancelled_exc_class():
+                await self._cut_short(m)
+                raise
         self._unfollow(m.machine_id)
         if verb == "stop":
             await self.driver.stop(m.machine_id)
@@ -278,6 +282,20 @@ class Machines:
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
             raise DriverError(why) from None
         return await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
+
+    async def _cut_short(self, m: Machine) -> None:
+        """A start asked for was cancelled (its supplier stops): the driver undid what it
+        made; the machine is recorded stopped (its asker got no started machine), not left
+        starting (a resumed machine's start cut short stays as it was: the next supplier
+        resumes it)."""
+        why = "start cut short: the worker stopped"
+        stopped = self.records.event_of("stopped", m, why)
+        with anyio.move_on_after(LIFECYCLE_S, shield=True):
+            try:
+                await self.records.record(m, "stopped", "start_failed", why, (stopped,))
+            except StoreError as exc:
+                mid = m.machine_id
+                self.log.error("machine_cut_short_unrecorded", machine_id=mid, error=str(exc))
 
     # -- runs followed, and the restart policy ------------------------------------------------
     def _follow(self, machine_id: str) -> None:

@@ -19,7 +19,7 @@ import structlog
 from bourse.images.cachetypes import Pulled
 from bourse.wire.messages import Event, Machine
 from supplier.images import PullFailed, WorkerImages
-from supplier.machines.api import Driver
+from supplier.machines.api import Driver, Pause
 
 # (machine, what it pulled) -> its ``pulled`` event.
 PulledEventFn = Callable[[Machine, Pulled], Event]
@@ -55,6 +55,7 @@ class Pulls:
         self.report = report  # a background pull no start took: record it
         self._prefetches: dict[str, _Prefetch] = {}  # machine id -> its background pull
         self.on_pull: Callable[[float], None] = _unobserved  # a pull's seconds (metrics)
+        self.pause: Pause | None = None  # a test's, at a start's pull (api.py)
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
 
     def prefetch(self, m: Machine, tasks: anyio.abc.TaskGroup | None) -> None:
@@ -100,6 +101,8 @@ class Pulls:
     async def for_start(self, m: Machine) -> Pulled:
         """``m``'s image made ready for its start: its background pull's, if one is under
         way (this start then reports it), else a pull now."""
+        if self.pause is not None:
+            await self.pause("pulling", m.machine_id)
         pending = self._prefetches.get(m.machine_id)
         if pending is None:
             return await self.now(m)

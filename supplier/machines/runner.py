@@ -34,7 +34,7 @@ import anyio.abc
 import structlog
 
 from bourse.wire.messages import IsolationLevel, Machine, Resources
-from supplier.machines.api import NO_ENV, DriverError, Exit, ImageRun, Mechanism, RunInfo
+from supplier.machines.api import NO_ENV, DriverError, Exit, ImageRun, Mechanism, Pause, RunInfo
 from supplier.machines.host.confine import ConfineError, Confiner, too_small, weaker_than_cgroups
 from supplier.machines.host.isolation import Isolation
 from supplier.machines.host.output import LogCaps, Logs
@@ -123,6 +123,7 @@ class Runner:
         self._runs: dict[str, _Run] = {}
         self._found: dict[str, Shim] = {}  # shims an earlier supplier left, not recovered yet
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: the shims followed
+        self.pause: Pause | None = None  # a test's, at its start's steps (api.py)
         self.log = log.bind(worker_id=confiner.worker_id)
 
     # -- what it is ---------------------------------------------------------------------------
@@ -242,6 +243,8 @@ class Runner:
             await self._collect(mid, current)
         try:  # the one place a start cut short is undone: whatever the kind made is removed
             run, grace = await self.kind.plan(m, image, env)
+            if self.pause is not None:
+                await self.pause("made", mid)
             plan = Plan(
                 machine_id=mid,
                 run=run,
@@ -251,7 +254,7 @@ class Runner:
                 stop_grace_s=grace,
                 supplier_pid=0 if self.keep_machines else os.getpid(),
             )
-            shim = await launch(self.shims_dir / mid, plan)  # stops what it started if cut
+            shim = await launch(self.shims_dir / mid, plan, self.pause)  # stopped if cut
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.kind.undo(mid)

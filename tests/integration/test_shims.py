@@ -23,14 +23,16 @@ WAIT_S = 20.0
 PATH = {"PATH": "/usr/bin:/bin"}
 
 
-def _plan(tmp_path: Path, mid: str, script: str, supplier_pid: int = 0) -> Plan:
+def _plan(
+    tmp_path: Path, mid: str, script: str, supplier_pid: int = 0, grace_s: float = 5.0
+) -> Plan:
     return Plan(
         machine_id=mid,
         run=ProcessRun(argv=["sh", "-c", script], env=PATH, cwd=str(tmp_path)),
         log_dir=str(tmp_path / "logs"),
         machine_log_mb=1,
         worker_log_mb=4,
-        stop_grace_s=5.0,
+        stop_grace_s=grace_s,
         supplier_pid=supplier_pid,
     )
 
@@ -81,11 +83,23 @@ async def test_an_exit_while_no_supplier_listens_is_recorded_for_the_next(
     assert not (shims / "m2").exists()
 
 
-async def test_in_stop_mode_the_machine_goes_down_with_its_supplier(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("script", "grace_s"),
+    [
+        ("echo up; exec sleep 60", 5.0),
+        # its plan's grace longer than the wait: only the short grace of a machine whose
+        # supplier died (server.py ORPHANED_GRACE_S) lets it end in time
+        ("trap '' TERM; echo deaf; exec sleep 60", 10 * WAIT_S),
+    ],
+    ids=["listening", "deaf_to_sigterm"],
+)
+async def test_in_stop_mode_the_machine_goes_down_with_its_supplier(
+    tmp_path: Path, script: str, grace_s: float
+) -> None:
     shims = tmp_path / "shims"
     supplier = await anyio.open_process(["sleep", "60"])  # stands for the supplier
     try:
-        plan = _plan(tmp_path, "m3", "echo up; exec sleep 60", supplier_pid=supplier.pid)
+        plan = _plan(tmp_path, "m3", script, supplier_pid=supplier.pid, grace_s=grace_s)
         shim = await launch(shims / "m3", plan)
         pid = shim.pid
         assert pid is not None

@@ -14,7 +14,7 @@ import anyio
 import structlog
 
 from bourse.wire.messages import IsolationLevel, Machine
-from supplier.machines.api import DriverError
+from supplier.machines.api import DriverError, Pause
 from supplier.machines.host.ids import UidBlocks
 from supplier.machines.host.netns import NetworkError, available
 from supplier.machines.host.network import MachineNet, WorkerNetwork
@@ -83,6 +83,7 @@ class Isolation:
         self.network = network
         self.resolv = resolv
         self.wanted = anyio.Event()  # a namespace was taken: make another ahead
+        self.pause: Pause | None = None  # a test's, once a start's network is taken (api.py)
 
     def describe(self) -> IsolationLevel:
         """``users,network``, ``users`` or ``none`` (a worker's status says it)."""
@@ -111,6 +112,8 @@ class Isolation:
             net = await anyio.to_thread.run_sync(self.network.take, m.machine_id, address)
             self.wanted.set()
             await anyio.to_thread.run_sync(self.network.publish, m.machine_id, m.addresses)
+            if self.pause is not None:
+                await self.pause("network", m.machine_id)
         except (NetworkError, NftError) as exc:
             await self.leave(m.machine_id)
             raise DriverError(f"cannot give {m.machine_id} a network: {exc}") from None

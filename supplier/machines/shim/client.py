@@ -27,7 +27,7 @@ import structlog
 from anyio.streams.buffered import BufferedByteReceiveStream
 
 from bourse.errors import BourseError
-from supplier.machines.api import Exit
+from supplier.machines.api import Exit, Pause
 from supplier.machines.shim import contract, teardown
 from supplier.machines.shim.contract import Ended, Plan, State
 
@@ -230,11 +230,12 @@ class Shim:
                 await stream.aclose()
 
 
-async def launch(directory: Path, plan: Plan) -> Shim:
+async def launch(directory: Path, plan: Plan, pause: Pause | None = None) -> Shim:
     """Start a shim for ``plan`` in ``directory`` (anything left there is removed first)
     and return it attached once the machine runs; ShimError says why it could not. The
     shim's answer is awaited even when this is cancelled (it comes in milliseconds): a
-    machine it started is then stopped and collected before the cancellation goes on."""
+    machine it started is then stopped and collected before the cancellation goes on.
+    ``pause``: a test's, at the shim spawned and at the machine running (api.py)."""
     contract.write_plan(directory, plan)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     shim = Shim(plan.machine_id, directory)
@@ -255,10 +256,14 @@ async def launch(directory: Path, plan: Plan) -> Shim:
         finally:
             theirs.close()
         try:
+            if pause is not None:
+                await pause("shim", plan.machine_id)
             with anyio.fail_after(LAUNCH_S):
                 await shim._take(await anyio.abc.SocketStream.from_socket(ours))
                 if await proc.wait() != 0:  # the launcher, which forked the shim and went
                     raise ShimError(await _said(proc))
+            if pause is not None:
+                await pause("running", plan.machine_id)
         except TimeoutError:
             shim.kill()
             contract.remove_dir(directory)

@@ -29,7 +29,9 @@ state once the machine runs (or why it could not start it, and ends). The shim t
 
 When the machine stops with its supplier (the plan names the supplier's pid), the shim
 watches that process: when it ends, the shim stops listening (no later supplier attaches
-to it), stops the machine within its grace, removes what it held and its directory, and
+to it), stops the machine within :data:`ORPHANED_GRACE_S` (its plan's grace, if shorter:
+no supplier is there to wait for a clean stop, and its program's exit is not held up by a
+machine that ignores SIGTERM), removes what it held and its directory, and
 ends: the next supplier finds nothing and starts the machine again.
 """
 
@@ -59,6 +61,9 @@ DRAIN_S = 1.0
 KILL_WAIT_S = 5.0
 # The runtime's own environment (the spec's env is the container's).
 RUNTIME_ENV = {"PATH": teardown.PATH}
+# A machine that stops with its supplier, which died (or was killed: bourse up's end): its
+# grace, whatever its plan says (docs/operations.md).
+ORPHANED_GRACE_S = 1.0
 
 
 def say(text: str) -> None:
@@ -370,7 +375,7 @@ class Shim:
             contract.remove_dir(self.directory)
             self.done = True
         else:
-            self.stop(self.plan.stop_grace_s)
+            self.stop(min(self.plan.stop_grace_s, ORPHANED_GRACE_S))
 
     def _accept(self, fd: int) -> None:
         assert self.listener is not None
