@@ -32,7 +32,7 @@ import anyio.abc
 
 from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
-from bourse.wire.messages import IsolationLevel, Machine, Resources
+from bourse.wire.messages import Event, IsolationLevel, Machine, Resources
 
 # A machine run without environment of its own (the default of Driver.start's ``env``).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
@@ -50,6 +50,15 @@ Mechanism = Literal["cgroup2", "cgroup1", "rlimit", "none"]
 
 class DriverError(BourseError, RuntimeError):
     pass
+
+
+class LaunchFailed(DriverError):
+    """The driver could not start a machine after its image was pulled (``pulled``: the
+    pull's events, recorded all the same)."""
+
+    def __init__(self, cause: DriverError, pulled: tuple[Event, ...]) -> None:
+        super().__init__(str(cause))
+        self.pulled = pulled
 
 
 @dataclass(frozen=True, slots=True)

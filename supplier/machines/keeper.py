@@ -15,15 +15,9 @@ policy applies to a machine whose checks failed 3 times in a row (supplier/machi
 health.py) and to a start whose image could not be pulled (supplier/machines/pulls.py): the
 machine is then ``failed``, its last exit (code 125) and event say ``pull_failed: <why>``.
 
-A machine of a content image (``image_digest``) pins its digest in the worker's content
-cache from its commit (or its load after a restart) until its destroy, and pulls it in the
-background right after its commit. Every start records a ``pulled`` event with the bytes it
-fetched (0 when the image was here) and the seconds.
-
-What happened while the store refused writes is not lost: a run that ended for good, or a
-stop or destroy whose run is already gone, is kept as an unrecorded fact and written once
-the store takes writes again (:meth:`Machines.record_facts`); a destroy asked while the
-store refuses writes is refused before it touches the machine.
+A content image's digest is pinned in the worker's cache from the commit to the destroy
+(:meth:`Machines.added`); what happened while the store refused writes is written later
+(:meth:`Machines.record_facts`).
 
 Background work (runs followed, pulls, checks, restarts) and the driver's own tasks run in
 the task group of :meth:`Machines.run`, which the supplier host starts before it serves and
@@ -46,7 +40,7 @@ from bourse.wire.messages import Error, Event, Health, LastExit, Machine, Machin
 from bourse.wire.metadata import RestartPolicy
 from supplier.checks import Verdict
 from supplier.images import PullFailed, WorkerImages
-from supplier.machines.api import Driver, DriverError, Exit, ImageRun
+from supplier.machines.api import Driver, DriverError, Exit, ImageRun, LaunchFailed
 from supplier.machines.events import (
     PULL_FAILED,
     START_FAILED_CODE,
@@ -142,6 +136,10 @@ class Machines:
         return self.records.get(machine_id)
 
     async def record_facts(self) -> None:
+        """What happened while the store refused writes (a run that ended for good, a stop
+        or destroy whose run was already gone: facts kept unrecorded), written now that it
+        takes writes again; a destroy asked meanwhile was refused before it touched the
+        machine."""
         await self.records.record_facts()
 
     async def abort(self, m: Machine) -> None:
@@ -179,8 +177,10 @@ class Machines:
         self.on_destroyed(m)
 
     def added(self, m: Machine, spec: RunSpec | None = None) -> None:
-        """A commit placed ``m`` (already durable, with ``spec``): it pins its image and, if
-        that is not here, pulls it in the background."""
+        """A commit placed ``m`` (already durable, with ``spec``): it pins its image (a
+        content image's digest, in the worker's cache until its destroy; also at a load after
+        a restart) and, if that is not here, pulls it in the background. Every start then
+        records a ``pulled`` event with the bytes it fetched (0: the image was here)."""
         self.by_id[m.machine_id] = m
         if spec is not None and spec.env:
             self.specs[m.machine_id] = spec
@@ -263,7 +263,7 @@ class Machines:
         try:
             await self.driver.start(m, run, run_env(m, env))
         except DriverError as exc:
-            raise _StartFailed(exc, pulled) from None
+            raise LaunchFailed(exc, pulled) from None
         self._follow(m.machine_id)
         return pulled
 
@@ -275,8 +275,8 @@ class Machines:
         except PullFailed as exc:
             await self._pull_failed(m, exc)
             raise DriverError(pull_failed(str(exc))) from None
-        except (_StartFailed, DriverError) as exc:
-            pulled = exc.pulled if isinstance(exc, _StartFailed) else ()
+        except (LaunchFailed, DriverError) as exc:
+            pulled = exc.pulled if isinstance(exc, LaunchFailed) else ()
             why = str(exc)
             stopped = self.records.event_of("stopped", m, f"start failed: {why}")
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
@@ -350,7 +350,7 @@ class Machines:
                 return
             try:
                 pulled = await self._launch(m)
-            except (PullFailed, _StartFailed, DriverError) as exc:
+            except (PullFailed, LaunchFailed, DriverError) as exc:
                 self.log.error("machine_restart_failed", machine_id=machine_id, error=str(exc))
                 await self.records.exited(m, Exit(code=CANNOT_RUN_CODE), f"restart failed: {exc}")
                 return
@@ -510,11 +510,3 @@ class Machines:
             self._closing = True
             if self._scope is not None:
                 self._scope.cancel()
-
-
-class _StartFailed(DriverError):
-    """The driver could not start the machine (after its image was pulled: ``pulled``)."""
-
-    def __init__(self, cause: DriverError, pulled: tuple[Event, ...]) -> None:
-        super().__init__(str(cause))
-        self.pulled = pulled
