@@ -66,6 +66,7 @@ from supplier.reclaim import check_every
 from supplier.replies import Replies
 from supplier.rows import StateRows
 from supplier.scrub import Scrubbing
+from supplier.status import worker_sample, worker_status
 from supplier.store import Store
 from supplier.upkeep import Upkeep
 from supplier.worker import Worker
@@ -194,7 +195,7 @@ class SupplierHost:
         )
         if metrics is not None:  # state is read at scrape time; only a commit is timed
             metrics.watch_workers(
-                lambda: [w.sample() for w in self.workers.values()], lambda: self.bids_shed
+                lambda: [worker_sample(w) for w in self.workers.values()], lambda: self.bids_shed
             )
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
@@ -515,7 +516,7 @@ class SupplierHost:
         if msg.data.strip():
             decode(msg.data, StatusRequest)
         for w in self._reached(msg, self.subjects.status_every):
-            status = w.status()
+            status = worker_status(w)
             if not self.jetstream:  # the degraded mode, said in every worker's status
                 status = msgspec.structs.replace(status, jetstream=False)
             await self.responder.reply(msg, status)
