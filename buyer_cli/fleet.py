@@ -34,6 +34,7 @@ def fleet(
         _fleet_from_view(ctx, tuple(dict.fromkeys(region or ())))
         return
     from bourse.client import render
+    from bourse.client.fleet import fleet
 
     async def go(c: BourseClient) -> list[WorkerStatus]:
         if not region:
@@ -45,7 +46,7 @@ def fleet(
     if session(ctx).json:
         session(ctx).echo_json({"workers": statuses, "regions": answered})
     elif statuses:  # nobody answered: the line on stderr says so, no empty table
-        render.show(render.fleet(statuses))
+        render.show(fleet(statuses))
     _silent(region or [], answered)
 
 
@@ -71,8 +72,9 @@ def _fleet_from_view(ctx: typer.Context, regions: tuple[str, ...]) -> None:
                      "view": fresh})  # fmt: skip
     elif rows:
         from bourse.client import render
+        from bourse.client.fleet import fleet_rows
 
-        render.show(render.fleet_rows(rows, gone))
+        render.show(fleet_rows(rows, gone))
     _silent(list(regions), beating)
 
 

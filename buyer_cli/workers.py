@@ -44,6 +44,7 @@ def verb(action: WorkerAction, help_text: str) -> Callable[..., None]:
 
     def command(ctx: typer.Context, worker_ids: WorkerIdsArg) -> None:
         from bourse.client import render
+        from bourse.client.fleet import worker_states
         from bourse.errors import BourseError
 
         async def each(c: BourseClient) -> tuple[list[WorkerState], dict[str, str]]:
@@ -62,7 +63,7 @@ def verb(action: WorkerAction, help_text: str) -> Callable[..., None]:
         if session(ctx).json and not failed:
             session(ctx).echo_json({"workers": done})
         elif done and not session(ctx).json:
-            render.show(render.worker_states(done))
+            render.show(worker_states(done))
         if failed:
             fail("; ".join(f"{action} {wid}: {why}" for wid, why in failed.items()))
 

@@ -23,6 +23,7 @@ import typer
 from rich.table import Table
 
 from bourse.client import render
+from bourse.client.fleet import fleet
 from bourse.nats.connection import split_urls
 from bourse.runtime import logs
 from bourse.runtime.cli import NoJetStreamOpt, OwnServerNatsOpt, PrefixOpt, fail, json_flag
@@ -97,7 +98,7 @@ def _show_demo(done: DemoRun, on_users_market: bool) -> None:
             f"{b.placed} placed, unfilled {b.unfilled or 0}; placed latency "
             f"p50 {b.p50_ms:.1f} ms, p99 {b.p99_ms:.1f} ms"
         )
-    render.show(render.fleet(done.fleet))
+    render.show(fleet(done.fleet))
     if done.cleanup is None:
         how = "" if on_users_market else " (the demo market stops with it)"
         say(f"\nthe demo placed {done.placed} machines, app {DEMO_APP}{how}")

@@ -54,15 +54,11 @@ from supplier.config import (
     load_fleet,
     unrunnable_images,
 )
-from supplier.host import (
-    DEFAULT_MAX_BID_BACKLOG,
-    DEFAULT_MAX_OFFERS,
-    SupplierHost,
-    WorkerIdInUse,
-)
+from supplier.host import DEFAULT_MAX_BID_BACKLOG, DEFAULT_MAX_OFFERS, SupplierHost
 from supplier.machines.shim.logfiles import DEFAULT_MACHINE_LOG_MB, DEFAULT_WORKER_LOG_MB
 from supplier.ports import PortClaims, PortError
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
+from supplier.startup import WorkerIdInUse
 from supplier.store import DEFAULT_LINGER_MS, Store, StoreError
 
 log = structlog.get_logger("bourse.supplier")

@@ -8,29 +8,25 @@ subscription for what is addressed to it (``<root>.worker.<id>.>``).
 This is the NATS shell: it decodes, asks the desk (supplier/desk.py) how to answer a bid
 and performs the plan the desk returns (each message after its delay, through the outbox).
 It makes no market decision itself. What runs on a timer (the sweep, reclaim, the store's
-health) is supplier/upkeep.py's.
+health) is supplier/upkeep.py's, status, explain and listings supplier/queries.py's, what
+it takes before it serves (port ranges, worker ids) supplier/startup.py's.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import secrets
 import time
 from collections import Counter
-from collections.abc import Iterable
 
 import anyio
 import anyio.abc
-import msgspec
-import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from bourse.errors import BourseError
 from bourse.nats.auth import is_inbox
 from bourse.nats.connection import flush_all
 from bourse.nats.responder import Responder, subject_region_mismatch
@@ -43,11 +39,8 @@ from bourse.wire.messages import (
     Batch,
     Bid,
     Event,
-    ExplainRequest,
-    ListMachines,
     Offers,
     Release,
-    StatusRequest,
 )
 from bourse.wire.signing import OfferSigner
 from bourse.wire.subjects import Subjects
@@ -56,16 +49,17 @@ from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
 from supplier.control import WorkerControls
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk
-from supplier.explain import explanation_pages
 from supplier.images import ImageListener, StoreSource
-from supplier.machines.host.confine import owner_of
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
-from supplier.ports import PortClaims, PortRange, Wanted, held_twice, host_ranges
+from supplier.ports import PortClaims, held_twice
+from supplier.queries import Queries
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
 from supplier.reclaim import check_every
 from supplier.replies import Replies
 from supplier.rows import StateRows
 from supplier.scrub import Scrubbing
+from supplier.startup import check_unclaimed, port_ranges
+from supplier.status import worker_sample
 from supplier.store import Store
 from supplier.upkeep import Upkeep
 from supplier.worker import Worker
@@ -75,7 +69,6 @@ log = structlog.get_logger("bourse.supplier")
 
 # Bids queued beyond this many on one subscription are shed (answered by nobody here).
 DEFAULT_MAX_BID_BACKLOG = 64
-CLAIM_CHECK_S = 0.5
 # A stop's bounds: the answers under way (a commit's fsync), the machines (their lifecycle
 # work, then their processes: SIGTERM, SIGKILL after the grace or when this runs out), the
 # outbox's last messages, the state rows of the stop, and the whole stop, so SIGTERM ends
@@ -85,10 +78,6 @@ MACHINES_S = 0.7
 OUTBOX_S = 0.3
 ROWS_S = 0.2
 STOP_S = 1.5
-
-
-class WorkerIdInUse(BourseError, RuntimeError):
-    """Another supplier process already serves one of these worker ids."""
 
 
 class SupplierHost:
@@ -116,9 +105,9 @@ class SupplierHost:
     ) -> None:
         check_workers(workers)
         # The workers' port ranges, claimed against the host's other suppliers when
-        # ``port_claims`` is given (supplier run; PortError names the overlap).
+        # ``port_claims`` is given (supplier run; supplier/startup.py).
         self.port_claims = port_claims
-        ranges = self._port_ranges(workers, store, port_claims)
+        ranges = port_ranges(workers, store, port_claims)
         # This process's name in its prompt answers (Offers.responder, §4.4.3): random per
         # start, so the auction counts each running process once.
         self.responder_id = secrets.token_hex(8)
@@ -176,6 +165,15 @@ class SupplierHost:
         self.controls = WorkerControls(
             self.subjects, self.workers, lambda: self.responder, self.stop_worker, self.start_worker
         )
+        # Status, explain and listings, answered for every worker here that serves.
+        self.queries = Queries(
+            self.subjects,
+            self.workers,
+            self.by_region,
+            self.desk,
+            lambda: self.responder,
+            jetstream,
+        )
         self._tasks: anyio.abc.TaskGroup | None = None  # run()'s, for a worker started again
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
@@ -194,7 +192,7 @@ class SupplierHost:
         )
         if metrics is not None:  # state is read at scrape time; only a commit is timed
             metrics.watch_workers(
-                lambda: [w.sample() for w in self.workers.values()], lambda: self.bids_shed
+                lambda: [worker_sample(w) for w in self.workers.values()], lambda: self.bids_shed
             )
             metrics.watch_outbox("publish", self.outbox.__len__)
             metrics.watch_outbox("events", lambda: self.events.backlog)  # durable, unacked
@@ -207,22 +205,6 @@ class SupplierHost:
             store.on_commit = metrics.store_commit.observe
             for w in self.workers.values():
                 w.keeper.pulls.on_pull = metrics.image_pull.observe
-
-    @staticmethod
-    def _port_ranges(
-        workers: list[WorkerConfig], store: Store, claims: PortClaims | None
-    ) -> dict[str, PortRange]:
-        """Each worker's range: its own, else (a process or oci worker) a default block of
-        the host, the one it had before where it can (kept in the store)."""
-        kept = store.kept_port_ranges()
-        wanted = [
-            Wanted(w.worker_id, w.port_range, default=w.driver != "sim" and not w.ports)
-            for w in workers
-        ]
-        home = store.path.parent
-        ranges = host_ranges(wanted, kept, claims, owner_of(home), home)
-        store.keep_port_ranges({w.worker_id: str(ranges[w.worker_id]) for w in wanted if w.default})
-        return ranges
 
     def _reply_counts(self) -> Counter[str]:
         responder = getattr(self, "responder", None)  # made by run()
@@ -245,8 +227,9 @@ class SupplierHost:
         and the driver's supervisors) and the upkeep (supplier/upkeep.py: the sweep, reclaim,
         the store probe) run in this task group; the handlers in the responder's tasks,
         which the stop ends. Raises
-        WorkerIdInUse before ``started`` if a worker is taken."""
-        await self._check_unclaimed()  # before any task: a taken id is one plain error
+        WorkerIdInUse (supplier/startup.py) before ``started`` if a worker is taken."""
+        # before any task: a taken id is one plain error
+        await check_unclaimed(self.nc, self.subjects, list(self.workers))
         async with anyio.create_task_group() as tasks:
             self._tasks = tasks
             self.responder = Responder(self.nc, "supplier")
@@ -276,6 +259,7 @@ class SupplierHost:
                 self.desk.placed(order_id, w)
         g = self.responder.guard
         s = self.subjects
+        q = self.queries
         for subject in self.groups:  # the region's subject, and its shards' (sampled bids)
             sub = await self.nc.subscribe(subject, cb=g(self._on_bid))
             self._bid_subs[subject] = sub
@@ -288,13 +272,11 @@ class SupplierHost:
                 await self.nc.subscribe(s.region_release(region), cb=g(self._on_region_release))
             )
             fanout = self.responder.subscribe_fanout  # every worker here answers: bounded
-            self._subs.append(await fanout(s.status(region), self._on_status))
-            self._subs.append(await fanout(s.explain(region), self._on_explain))
-            self._subs.append(await fanout(s.machines(region), self._on_machines))
-        self._subs.append(await self.responder.subscribe_fanout(s.status_every, self._on_status))
-        self._subs.append(
-            await self.responder.subscribe_fanout(s.machines_every, self._on_machines)
-        )
+            self._subs.append(await fanout(s.status(region), q.on_status))
+            self._subs.append(await fanout(s.explain(region), q.on_explain))
+            self._subs.append(await fanout(s.machines(region), q.on_machines))
+        self._subs.append(await self.responder.subscribe_fanout(s.status_every, q.on_status))
+        self._subs.append(await self.responder.subscribe_fanout(s.machines_every, q.on_machines))
         for wid in self.workers:
             await self._serve_subjects(wid)
             self._subs.append(
@@ -346,31 +328,6 @@ class SupplierHost:
         await self._serve_subjects(w.worker_id)
         await self.nc.flush()
         log.warning("worker_started", worker_id=w.worker_id, by="operator")
-
-    async def _check_unclaimed(self) -> None:
-        """Refuse to start if another process already serves one of our worker ids: two
-        processes answering one worker's commits could place two machines for one order."""
-
-        async def served(wid: str) -> bool:
-            try:
-                await self.nc.request(
-                    self.subjects.worker_machine(wid, "list"), b"", timeout=CLAIM_CHECK_S
-                )
-            except nats.errors.NoRespondersError:
-                return False
-            except nats.errors.TimeoutError:
-                # Someone subscribes but does not answer: a passive listener (a `nats sub`
-                # on bourse.v1.>) rather than a supplier, which would answer machine.list.
-                log.warning("worker_subject_has_silent_listener", worker_id=wid)
-                return False
-            return True
-
-        ids = list(self.workers)
-        taken = [w for w, t in zip(ids, await asyncio.gather(*map(served, ids)), strict=True) if t]
-        if taken:
-            raise WorkerIdInUse(
-                f"worker id(s) {', '.join(taken[:5])} already served by another supplier process"
-            )
 
     async def _stop(self) -> None:
         """Each step bounded, and each runs even if the one before it failed: every
@@ -499,55 +456,6 @@ class SupplierHost:
     def _release_region(self, rel: Release, region: str) -> None:
         workers = self.by_region.get(region, ())
         self.desk.release(rel.order_id, rel.auction_id, time.monotonic(), workers)
-
-    def _reached(self, msg: Msg, every: str) -> Iterable[Worker]:
-        """The workers a scatter-gather reaches here: of every region on ``every``, else of
-        the subject's region; those the operator stopped answer none."""
-        if msg.subject == every:
-            return self._serving(self.workers.values())
-        return self._serving(self.by_region.get(self._region_of(msg), ()))
-
-    @staticmethod
-    def _serving(workers: Iterable[Worker]) -> list[Worker]:
-        return [w for w in workers if w.serving]
-
-    async def _on_status(self, msg: Msg) -> None:
-        if msg.data.strip():
-            decode(msg.data, StatusRequest)
-        for w in self._reached(msg, self.subjects.status_every):
-            status = w.status()
-            if not self.jetstream:  # the degraded mode, said in every worker's status
-                status = msgspec.structs.replace(status, jetstream=False)
-            await self.responder.reply(msg, status)
-
-    async def _on_explain(self, msg: Msg) -> None:
-        """Why not (docs/protocol.md §4.15): the desk's verdict of EVERY worker of the
-        region here (nothing held), sent in pages under the payload limit."""
-        req = decode(msg.data, ExplainRequest)
-        region = self._region_of(msg)
-        if req.region != region:
-            raise subject_region_mismatch("explain", req.region, region)
-        if not msg.reply:
-            return
-        verdicts = self.desk.explain(
-            req, time.monotonic(), self._serving(self.by_region.get(region, ()))
-        )
-        responder = secrets.token_hex(8)  # groups this answer's pages at the requester
-        for page in explanation_pages(req.order_id, region, responder, verdicts):
-            await self.responder.reply(msg, page)
-
-    async def _on_machines(self, msg: Msg) -> None:
-        """Every machine the request asks for (docs/protocol.md §4.17), of every worker of
-        the region here (or of every region, or the one worker it names): each worker's in
-        its own MachinePage 1..n, under the page budget, one empty page when none match."""
-        req = decode(msg.data, ListMachines) if msg.data.strip() else ListMachines()
-        if not msg.reply:
-            return
-        for w in self._reached(msg, self.subjects.machines_every):
-            if req.worker_id and w.worker_id != req.worker_id:
-                continue
-            for page in w.machine_pages(req):
-                await self.responder.reply(msg, page)
 
     def check_invariants(self) -> list[str]:
         """I1 on every worker of this host, and I8 (no port held twice, by the machines of

@@ -1,4 +1,4 @@
-"""One worker: its capacity ledger, its machines, its commits, releases, status.
+"""One worker: its capacity ledger, its machines, its commits, releases, drain.
 
 No NATS here: the host (supplier/host.py) decodes messages and calls these methods, so
 the same code serves a real worker and a thousand virtual ones in a load test. How a bid
@@ -7,18 +7,16 @@ desk works on (ledger, pricer, waiting bids) and tells it, through ``on_freed`` 
 ``on_grew``, when its capacity changes outside a bid. How a commit is answered is its
 commit desk's (supplier/commits.py, ``Worker.commits``), which reaches the worker through
 the one interface it needs (``CommitWorker``: the worker's ledger, machines and store, its
-drain, and what a commit tells it).
+drain, and what a commit tells it). Its status and metrics sample are assembled in
+supplier/status.py, the driver its config asks for made in supplier/drivers.py.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
-from pathlib import Path
 
 import structlog
 
-from bourse.runtime.collectors import CacheSample, WorkerSample
 from bourse.wire.listing import cursor_page, listed, machine_pages, matches
 from bourse.wire.messages import (
     Error,
@@ -31,28 +29,18 @@ from bourse.wire.messages import (
     MachineReply,
     WorkerRow,
     WorkerState,
-    WorkerStatus,
     now_ms,
 )
 from bourse.wire.resources import amount, format_vec, leq, sub, vec
 from bourse.wire.tenancy import SEPARATOR
 from supplier.commits import CommitDesk
 from supplier.config import DEFAULT_TENANT_IMAGES, WorkerConfig
+from supplier.drivers import make_driver
 from supplier.feasible import OrderLike, tenant_refusal
 from supplier.images import MIB, ImageListener, StoreSource, WorkerImages, open_content
 from supplier.ledger import Hold, Ledger
 from supplier.machines.api import Driver, Mechanism
-from supplier.machines.host.claims import host_claims
-from supplier.machines.host.confine import Confiner, owner_of
-from supplier.machines.host.ids import UidBlocks
-from supplier.machines.host.isolation import Isolation, keep_private
-from supplier.machines.host.network import WorkerNetwork, resolv_conf
 from supplier.machines.keeper import Machines
-from supplier.machines.oci.kind import ContainerKind
-from supplier.machines.oci.runtime import detect
-from supplier.machines.process import ProcessKind
-from supplier.machines.runner import Kind, Runner
-from supplier.machines.sim import SimDriver
 from supplier.ports import PortRange, WorkerPorts, default_host
 from supplier.pricing import ImageCost, Pricer
 from supplier.reclaim import DEFAULT_AFTER_S as DEFAULT_RECLAIM_AFTER_S
@@ -76,57 +64,6 @@ STOPPED = "stopped"
 # The drains the operator's start lifts: its own, and the configuration's (never a drain
 # the store caused, nor one that committed machines beyond capacity caused).
 LIFTED_BY_START = (OPERATOR_DRAIN, "configured")
-# WorkerStatus.image_digests holds at most this many (the wire's bound).
-MAX_STATUS_DIGESTS = 4096
-
-
-def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]) -> Driver:
-    """The driver a worker's config asks for: machine logs go to <data_dir>/machines/<id>/,
-    their shims to <data_dir>/shims/<id>/, the working directories of its process machines
-    of images to <data_dir>/work/<id>/, its containers below <data_dir>/containers/<id>/;
-    machines are confined as the host allows (supplier/machines/host/confine.py; containers
-    by their runtime), in cgroups of the supplier that owns ``data_dir``. ``size_mb``: an
-    image's size, for sim's pulls. A worker set to ``oci`` on a host without a runtime:
-    RuntimeUnavailable."""
-    if cfg.driver == "sim":
-        return SimDriver(cfg.pull_mb_per_s, size_mb)
-    owner = owner_of(data_dir)
-    confiner, _ = Confiner.probe(
-        cfg.confine,
-        cfg.worker_id,
-        owner=owner,
-        pids_max=cfg.pids_max,
-        cgroup_parent=cfg.cgroup_parent,
-    )
-    isolation = isolation_of(cfg, owner, data_dir)
-    kind: Kind
-    if cfg.driver == "oci":
-        kind = ContainerKind.make(
-            detect(cfg.runtimes), data_dir, owner, confiner, cfg.cgroup_parent, isolation
-        )
-    else:
-        kind = ProcessKind(confiner, cfg.catalog, data_dir / "work" / cfg.worker_id, isolation)
-    return Runner(
-        kind,
-        confiner,
-        data_dir / "machines" / cfg.worker_id,
-        data_dir / "shims" / cfg.worker_id,
-        keep_machines=bool(cfg.keep_machines),
-        log_caps=cfg.log_caps,
-    )
-
-
-def isolation_of(cfg: WorkerConfig, owner: str, data_dir: Path) -> Isolation:
-    """What a worker's machines get of their own here: their users and a network each (a
-    root supplier's, unless the config says ``isolate = "off"``); the network only where
-    the host has what it takes (known when the driver starts: Isolation.start)."""
-    if cfg.isolate == "off" or os.geteuid() != 0:
-        return Isolation()
-    keep_private(data_dir)
-    claims = host_claims()
-    claims.live(owner, data_dir)
-    network = WorkerNetwork(claims, owner, cfg.worker_id, cfg.machine_net)
-    return Isolation(UidBlocks(claims, owner), network, resolv_conf(data_dir / "network"))
 
 
 def _unchanged(w: Worker) -> None:
@@ -142,7 +79,7 @@ class Worker:
 
     - ``emit``: told about every Event: a committed change's once it is durable (the host
       publishes those from the store's outbox), others (``hold_expired``) as they happen;
-    - ``driver``: runs machines (default: the one ``cfg.driver`` names, see make_driver);
+    - ``driver``: runs machines (default: the one ``cfg.driver`` names, supplier/drivers.py);
     - ``on_freed(worker)``: capacity came back (a hold released or expired, a machine
       destroyed, a commit smaller than its hold, a drain lifted): waiting bids may fit;
     - ``on_grew(worker)``: committed machines grew while bids wait: some may be hopeless;
@@ -457,56 +394,7 @@ class Worker:
         if self.ledger.freer_than(before):  # a hold put back may want less than the dropped
             self.capacity_freed()
 
-    # -- status and machines --------------------------------------------------------------------
-    def sample(self) -> WorkerSample:
-        """This worker's ledger as the metrics scrape reads it (from the endpoint's thread:
-        plain reads of immutable tuples)."""
-        ledger = self.ledger
-        cache = self.images.state()
-        return WorkerSample(
-            self.worker_id,
-            self.region,
-            ledger.capacity,
-            ledger.committed,
-            ledger.held,
-            len(ledger.holds),
-            self.draining,
-            CacheSample(
-                cache.used_bytes,
-                cache.budget_bytes,
-                cache.hits,
-                cache.misses,
-                cache.pulled_bytes,
-                cache.evictions,
-            ),
-        )
-
-    def status(self) -> WorkerStatus:
-        self.expire_holds()
-        cache = self.images.state()
-        return WorkerStatus(
-            worker_id=self.worker_id,
-            region=self.region,
-            labels=self.labels,
-            capacity=amount(self.ledger.capacity),
-            committed=amount(self.ledger.committed),
-            held=amount(self.ledger.held),
-            images=self.images.names(),
-            machines=self.live_machines(),
-            draining=self.draining,
-            holds=len(self.ledger.holds),
-            drain_reason=self.drain_reason,
-            confinement=self.confinement,
-            isolation=self.driver.isolation,
-            driver=self.driver.name,
-            runtime=self.driver.runtime_version,
-            cache_bytes=cache.used_bytes,
-            cache_budget_bytes=cache.budget_bytes,
-            image_digests=cache.digests[:MAX_STATUS_DIGESTS],
-            advertise_host=self.ports.host,
-            port_range=str(self.ports.range) if self.ports.range else "",
-        )
-
+    # -- its row and machines ----------------------------------------------------------------
     def row(self, beat: str, version: str = "") -> WorkerRow:
         """This worker's row of the state stream (§4.21): ``beat``, the heartbeat that
         names it; free is what committed machines leave (holds left out)."""

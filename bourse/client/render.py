@@ -8,7 +8,8 @@ Text that came over the wire (a buyer's metadata, a worker's labels, ids, detail
 from a worker) is shown through :func:`visible`: a control character in it is written as
 an escape, so it can neither act on the terminal (clear it, move the cursor) nor start a
 line of its own in a pipe (a forged row). JSON carries the text exactly. A machine's own
-output (``machines logs``) is printed as the machine printed it."""
+output (``machines logs``) is printed as the machine printed it. The fleet's tables (its
+workers' statuses, rows and states) are bourse/client/fleet.py's."""
 
 from __future__ import annotations
 
@@ -31,13 +32,10 @@ from bourse.wire.messages import (
     Placed,
     Resources,
     Unfilled,
-    WorkerRow,
-    WorkerState,
-    WorkerStatus,
     WorkerVerdict,
     now_ms,
 )
-from bourse.wire.resources import format_cpus, millis_of, vec
+from bourse.wire.resources import format_cpus, millis_of
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
@@ -163,96 +161,6 @@ def outcome(r: Placed | Unfilled) -> None:
         )
 
 
-def fleet(statuses: Iterable[WorkerStatus]) -> Table:
-    """Each worker's capacity, commitments, holds, image cache (bytes used / budget; the
-    images it holds: catalog names, and digests by their first 12 hex digits), labels, and
-    how it runs machines (its driver and runtime, how it confines and isolates them)."""
-    t = Table(title="fleet")
-    for col in ("region", "worker", "cpus", "mem MiB", "held", "machines", "cache"):
-        t.add_column(col, no_wrap=True)
-    for col in ("images", "labels", "state", "driver", "confined", "isolated", "jetstream"):
-        t.add_column(col)
-    for s in statuses:
-        cache = f"{_size(s.cache_bytes)}/{_size(s.cache_budget_bytes)}"
-        t.add_row(
-            safe(s.region),
-            safe(s.worker_id),
-            f"{_cpus(s.committed)}/{_cpus(s.capacity)}",
-            f"{s.committed.memory_mb}/{s.capacity.memory_mb}",
-            _cpus(s.held),
-            str(s.machines),
-            cache if s.cache_budget_bytes else "-",  # "-": a worker without the fields
-            safe(",".join([*s.images, *(d[: len("sha256:") + 12] for d in s.image_digests)])),
-            safe(",".join(f"{k}={v}" for k, v in s.labels.items())),
-            "draining" if s.draining else "ok",
-            safe(f"{s.driver} ({s.runtime})" if s.runtime else s.driver or "-"),
-            safe(s.confinement or "-"),  # "" from a worker older than the field
-            _isolated(s.isolation),
-            "on" if s.jetstream else "[yellow]off[/]",
-        )
-    return t
-
-
-def worker_states(states: Iterable[WorkerState]) -> Table:
-    """``buyer workers drain|stop|start``: each worker as it is after (serving or stopped,
-    draining and why, its live machines)."""
-    t = Table(title="workers")
-    for col in ("worker", "region", "state", "draining", "machines"):
-        t.add_column(col, no_wrap=True)
-    for s in states:
-        t.add_row(
-            safe(s.worker_id),
-            safe(s.region),
-            "serving" if s.serving else "stopped",
-            safe(s.drain_reason or "yes") if s.draining else "-",
-            str(s.machines),
-        )
-    return t
-
-
-def _isolated(isolation: str) -> str:
-    """What a worker's machines have of their own (docs/protocol.md §6.8e): ``users,network``
-    as is, less in yellow (a tenant's order is not run there by default), ``-`` unsaid."""
-    if not isolation:
-        return "-"  # a worker older than the field
-    return safe(isolation) if isolation == "users,network" else f"[yellow]{safe(isolation)}[/]"
-
-
-def fleet_rows(rows: Iterable[WorkerRow], gone: Mapping[str, int]) -> Table:
-    """``buyer fleet`` from a view: each worker's row (committed of capacity, its machines,
-    image cache, labels, whether it drains or is gone, driver, how it confines and isolates
-    its machines, version)."""
-    t = Table(title="fleet")
-    for col in ("region", "worker", "cpus", "mem MiB", "machines", "cache"):
-        t.add_column(col, no_wrap=True)
-    for col in ("labels", "state", "driver", "confined", "isolated", "version"):
-        t.add_column(col)
-    for w in rows:
-        cache = f"{_size(w.cache_bytes)}/{_size(w.cache_budget_bytes)}"
-        used = vec(w.capacity)[0] - vec(w.free)[0]
-        since = gone.get(w.worker_id)
-        state = "draining" if w.draining else "ok"
-        t.add_row(
-            safe(w.region),
-            safe(w.worker_id),
-            f"{format_cpus(used)}/{_cpus(w.capacity)}",
-            f"{w.capacity.memory_mb - w.free.memory_mb}/{w.capacity.memory_mb}",
-            str(w.machines),
-            cache if w.cache_budget_bytes else "-",
-            safe(",".join(f"{k}={v}" for k, v in w.labels.items())),
-            f"[yellow]{gone_worker(since)}[/]" if since is not None else state,
-            safe(f"{w.driver} ({w.runtime})" if w.runtime else w.driver or "-"),
-            safe(w.confinement or "-"),
-            _isolated(w.isolation),
-            safe(w.version or "-"),
-        )
-    return t
-
-
-def gone_worker(since_ms: int) -> str:
-    return f"gone since {clock(since_ms)}" if since_ms else "gone (no heartbeat seen)"
-
-
 def addresses(a: dict[str, str]) -> str:
     """``http=10.0.0.5:20001 admin=10.0.0.5:20002``, or ``-`` for none."""
     return " ".join(f"{name}={addr}" for name, addr in a.items()) or "-"
@@ -311,7 +219,7 @@ def machines(ms: Iterable[Machine], gone: Mapping[str, int] | None = None) -> Ta
             safe(m.machine_id),
             safe(m.order_id),
             safe(state_of(m, gone.get(m.worker_id))),
-            _cpus(m.resources),
+            cpus(m.resources),
             str(m.resources.memory_mb),
             safe(m.image),
             f"{m.score:.3f}",
@@ -518,15 +426,6 @@ def reach(m: Machine) -> list[str]:
     return [visible(line) for line in lines]
 
 
-def _size(n: int) -> str:
-    """Bytes as people read a disk's: 0, 512K, 200M, 1.5G, 20G (powers of 1024)."""
-    for unit, scale in (("T", 1 << 40), ("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale:
-            v = n / scale
-            return f"{v:.1f}{unit}" if v < 10 else f"{v:.0f}{unit}"
-    return str(n)
-
-
-def _cpus(r: Resources | Amount) -> str:
+def cpus(r: Resources | Amount) -> str:
     """CPUs as people write them: ``2``, ``0.5`` (``cpu_millis`` when the amount has it)."""
     return format_cpus(millis_of(r))

@@ -19,6 +19,7 @@ from bourse.runtime.metrics import SupplierMetrics
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
+from supplier.status import worker_status
 from tests.images import of_machine, place, tree
 from tests.integration.test_metrics import ascrape, value
 from tests.market import Market, collect, wait_until, worker
@@ -115,7 +116,7 @@ async def test_a_pushed_directory_is_pulled_once_run_from_its_files_then_started
     assert (await buyer.logs(second.machine_id)).lines[1] == "hello from the image"
     stats = root.stats()
     assert (stats.pulls, stats.pulled_bytes, stats.misses) == (1, layer.size, 1)
-    status = host.workers["w1"].status()
+    status = worker_status(host.workers["w1"])
     assert status.image_digests == [pushed.digest] and status.cache_bytes == stats.used_bytes
 
 
@@ -179,7 +180,7 @@ async def test_a_restart_finds_the_cache_as_it_was_and_pins_what_its_machines_us
     assert content is not None and content.root(info.digest) is not None
     assert (content.stats().used_bytes, content.stats().pulls) == (used, 0)
     assert content._pins[info.digest] == 1  # the spare's pin, from its load on (no eviction)
-    assert again.workers["w1"].status().image_digests == [info.digest]
+    assert worker_status(again.workers["w1"]).image_digests == [info.digest]
     assert (await buyer.machine("start", spare.machine_id)).state == "started"
     assert content.stats().pulls == 0  # nothing fetched again
 

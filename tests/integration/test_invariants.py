@@ -146,7 +146,7 @@ async def test_i3_a_second_process_for_the_same_worker_id_refuses_to_start(
 ) -> None:
     import pytest
 
-    from supplier.host import WorkerIdInUse
+    from supplier.startup import WorkerIdInUse
 
     await market.host(worker("solo"))
     with pytest.raises(WorkerIdInUse, match="solo"):

@@ -28,6 +28,7 @@ from supplier.feasible import (
     INSUFFICIENT,
     RECLAIMING,
 )
+from supplier.status import worker_status
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -566,11 +567,11 @@ def test_half_cpu_bids_share_one_cpu_and_a_third_stays_silent(store: Store) -> N
 async def test_half_cpu_commits_count_millicores_and_status_says_them(store: Store) -> None:
     bench = Bench(store, cfg("w1", cpus=1, memory_mb=1024))
     await bench.place("o1", half())
-    status = bench["w1"].status()
+    status = worker_status(bench["w1"])
     assert status.committed == Amount(cpus=1, cpu_millis=500, memory_mb=256)
     assert status.capacity == Amount(cpus=1, memory_mb=1024)
     await bench.place("o2", half())
     assert bench["w1"].ledger.committed == (1000, 512, 0, 0, 0)
-    assert bench["w1"].status().committed == Amount(cpus=1, memory_mb=512)  # whole: as in v1
+    assert worker_status(bench["w1"]).committed == Amount(cpus=1, memory_mb=512)  # whole: as in v1
     ans = bench.answer(bid("o3", half()))
     assert (ans.replies, ans.silent) == ([], {"w1": INSUFFICIENT})

@@ -46,6 +46,7 @@ from supplier.ports import (
     port_of,
     run_env,
 )
+from supplier.status import worker_status
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -261,7 +262,7 @@ async def test_a_commit_gives_ports_the_ledger_counts_and_a_destroy_gives_them_b
     m = w.machines[p.machine_id]
     assert m.addresses == p.addresses and m.env_keys == ["GREETING"]
     assert store.load_specs(WID)[m.machine_id].env == {"GREETING": "hi"}
-    status = w.status()
+    status = worker_status(w)
     assert (status.capacity.ports, status.committed.ports) == (3, 2)
     assert (status.port_range, status.advertise_host) == ("20000-20002", "10.0.0.5")
     await w.transition("destroy", p.machine_id)

@@ -12,6 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from bourse.client import render
+from bourse.client.fleet import fleet, fleet_rows
 from bourse.client.render import plain
 from bourse.runtime.cli import fail
 from bourse.wire.messages import Machine, Resources
@@ -70,7 +71,7 @@ def test_fleet_and_machines_show_fractional_cpus_as_people_write_them() -> None:
         machines=1,
         draining=False,
     )
-    [_head, row] = plain(render.fleet([s]))
+    [_head, row] = plain(fleet([s]))
     assert row.split()[2:5] == ["0.5/1.5", "256/1024", "0.25"]
     assert row.split()[6] == "-"  # a worker that does not say its image cache
     m = Machine(
@@ -163,7 +164,7 @@ def test_fleet_shows_each_workers_image_cache_and_the_images_it_holds() -> None:
         cache_budget_bytes=20 * 1024**3,
         image_digests=[digest],
     )
-    [head, row] = plain(render.fleet([s]))
+    [head, row] = plain(fleet([s]))
     assert head.split()[7:9] == ["cache", "images"]  # after "mem MiB", two words
     assert row.split()[6:8] == ["1.5G/20G", "web,sha256:0123456789ab"]
 
@@ -193,7 +194,7 @@ def test_fleet_shows_each_workers_driver_and_runtime() -> None:
             runtime=runtime,
         )
 
-    rows = plain(render.fleet([status("oci", "runc 1.1.5"), status("", "")]))
+    rows = plain(fleet([status("oci", "runc 1.1.5"), status("", "")]))
     assert "driver" in rows[0].split()
     assert "oci (runc 1.1.5)" in rows[1]
     assert rows[2].split()[-3] == "-"  # a worker that does not say: driver, confined, js
@@ -208,7 +209,7 @@ def test_fleet_from_the_view_shows_how_each_worker_isolates_its_machines() -> No
             free=Amount(cpus=2, memory_mb=1024), isolation=isolation,  # type: ignore[arg-type]
         )  # fmt: skip
 
-    rows = plain(render.fleet_rows([row("w1", "users,network"), row("w2", "")], {}))
+    rows = plain(fleet_rows([row("w1", "users,network"), row("w2", "")], {}))
     header = rows[0].split()
     assert header[-2:] == ["isolated", "version"]
     assert rows[1].split()[-2] == "users,network"

@@ -31,6 +31,7 @@ from bourse.wire.resources import ZERO
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
 from supplier.desk import Desk
+from supplier.status import worker_status
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -252,7 +253,7 @@ async def test_list_machines_hides_destroyed(worker: Worker) -> None:
 async def test_status(worker: Worker) -> None:
     await place(worker, "order-a", res(2, 1024, 500))
     bid_on(worker, bid("order-b", res(1, 512)))
-    assert worker.status() == WorkerStatus(
+    assert worker_status(worker) == WorkerStatus(
         worker_id=WID,
         region="mad",
         labels={"disk": "ssd"},

@@ -29,6 +29,7 @@ from supplier.machines.host.confine import Confiner
 from supplier.machines.process import ProcessKind
 from supplier.machines.runner import Runner
 from supplier.pricing import image_term
+from supplier.status import worker_sample, worker_status
 from supplier.store import Store
 from supplier.worker import Worker
 
@@ -197,7 +198,7 @@ def test_a_sim_worker_models_a_content_image_by_its_layers(store: Store) -> None
 
 def test_a_worker_says_what_its_cache_holds(store: Store) -> None:
     w = process_worker(store, "w1", here=LAYERS[:3], root=DIGEST, cache_mb=500)
-    status = w.status()
+    status = worker_status(w)
     assert (status.cache_bytes, status.cache_budget_bytes) == (30 * MIB, 500 * MIB)
     assert status.image_digests == [DIGEST] and status.images == []
     m = Machine(
@@ -212,4 +213,4 @@ def test_a_worker_says_what_its_cache_holds(store: Store) -> None:
     )
     assert w.has_image(m)
     assert not w.has_image(msgspec.structs.replace(m, image_digest="sha256:" + "cd" * 32))
-    assert w.sample().cache.used_bytes == 30 * MIB
+    assert worker_sample(w).cache.used_bytes == 30 * MIB
