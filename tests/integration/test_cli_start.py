@@ -114,4 +114,8 @@ def test_the_benchmark_reports_each_command(tmp_path: Path) -> None:
     assert [r["command"] for r in rows][:2] == ["buyer --help", "buyer --version"]
     for r in rows:
         assert r["runs"] == 1 and r["cpu_p50"] > 0 and 0 < r["wall_p50"] <= r["wall_max"]
-        assert r["imports_ms"]["(all)"] > 0 and "typer" in r["imports_ms"], r
+        # the costliest packages, costliest first, within the whole (which they are is the
+        # machine's: under load typer fell out of the top 8 of ~600 modules)
+        top = [ms for name, ms in r["imports_ms"].items() if name != "(all)"]
+        assert top and top == sorted(top, reverse=True), r
+        assert 0 < sum(top) <= r["imports_ms"]["(all)"] + 0.1 * len(top), r
