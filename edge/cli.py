@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from edge.routing import Service
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
+SOURCES = ("auto", "view", "listing")
 
 app = typer.Typer(
     help="Bourse edge: one address per app, routed to its passing machines.",
@@ -68,9 +69,26 @@ def serve(
         typer.Option(
             metavar="FILE",
             help="A routes file (TOML, or JSON by its .json suffix: docs/edge.md), read at "
-            "start; without it, the market's machine listing (--nats) every --refresh-s.",
+            "start; without it, the market (--nats): see --source.",
         ),
     ] = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|view|listing",
+            help="Without --routes, where the routes come from: the fleet view (the state "
+            "stream, followed), the machine listing (asked every --refresh-s), or auto: the "
+            "view, the listing where the market has no state stream.",
+        ),
+    ] = "auto",
+    view_db: Annotated[
+        str,
+        typer.Option(
+            metavar="PATH",
+            help="The view's SQLite database (resumed at the next start; ':memory:': built "
+            "from the stream at each start).",
+        ),
+    ] = ":memory:",
     regions: Annotated[
         str, typer.Option(help='The listing\'s regions, comma-separated ("": every region).')
     ] = "",
@@ -164,6 +182,8 @@ def serve(
         metrics_at = parse_addr(metrics_addr)
         services = [_service(text) for text in tcp or []]
         table = read_routes(routes) if routes is not None else None
+        if source not in SOURCES:
+            raise ValueError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
     except (ValueError, RoutesError, MetricsAddrError) as exc:
         fail(str(exc))
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key) if not routes else None
@@ -179,21 +199,23 @@ def serve(
         access_log=access_log,
     )
     region_list = [r.strip() for r in regions.split(",") if r.strip()]
+    limits = (soft_limit, hard_limit)
 
     async def main() -> None:
         nc: NATS | None = None
         try:
-            source: RouteSource
+            routes_from: RouteSource
             if table is not None:
-                source = StaticRoutes(table)
+                routes_from = StaticRoutes(table)
             else:
                 assert conn is not None
-                source, nc = await _listing(
-                    conn, prefix, region_list, refresh_s, port, soft_limit, hard_limit
+                nc = await conn.connect("bourse-edge")
+                routes_from = _market(
+                    nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
-                source,
+                routes_from,
                 listen_at,
                 config,
                 region=region,
@@ -212,7 +234,7 @@ def serve(
                 extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
                 typer.echo(
                     f"edge serving on {svc.address} (*.{config.domain}, routes: "
-                    f"{source.name}){extra}{serving}"
+                    f"{routes_from.name}){extra}{serving}"
                 )
         finally:
             if nc is not None:
@@ -238,35 +260,40 @@ def _service(text: str) -> Service:
         raise ValueError(f"--tcp {text!r}: {exc}") from None
 
 
-async def _listing(
-    conn: Connection,
+def _market(
+    nc: NATS,
     prefix: str,
+    source: str,
+    view_db: str,
     regions: list[str],
     refresh_s: float,
     port: str,
-    soft_limit: int,
-    hard_limit: int,
-) -> tuple[RouteSource, NATS]:
-    """The machine listing as the route source, on a connection of its own."""
+    limits: tuple[int, int],
+) -> RouteSource:
+    """The market's routes on ``nc``: the view, the listing, or the view falling back to
+    the listing (``source``: auto)."""
     from bourse.client import BourseClient
     from bourse.wire.subjects import Subjects
     from edge.routes import ListingRoutes
+    from edge.viewroutes import Fallback, ViewRoutes
 
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
         fail(str(exc))
-    nc = await conn.connect("bourse-edge")
-    client = BourseClient(nc, subjects)
-    source = ListingRoutes(
-        client,
+    soft, hard = limits
+    view = ViewRoutes(nc, subjects, view_db, port=port, soft_limit=soft, hard_limit=hard)
+    if source == "view":
+        return view
+    listing = ListingRoutes(
+        BourseClient(nc, subjects),
         regions,
         refresh_s=refresh_s,
         port=port,
-        soft_limit=soft_limit,
-        hard_limit=hard_limit,
+        soft_limit=soft,
+        hard_limit=hard,
     )
-    return source, nc
+    return listing if source == "listing" else Fallback(view, listing)
 
 
 def main() -> None:

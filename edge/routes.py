@@ -7,8 +7,8 @@ the two sources there are today.
   asked again every ``refresh_s``: every started machine of an app (its metadata's ``app``,
   its tenant from its order id). A worker that does not answer a listing has no machines in
   it, so they get no requests until it answers again; a listing that fails altogether
-  leaves the last table in force. The fleet view (issue 37) replaces this source: a
-  source that follows the view's stream calls ``publish`` on every change.
+  leaves the last table in force. The fleet view (edge/viewroutes.py) is the default
+  source; this one is its fallback where the market has no state stream.
 
 The parsing and the table built from a listing are pure (:func:`parse_routes`,
 :func:`table_of`); only the ``run`` methods touch files or NATS.

@@ -1,0 +1,99 @@
+"""The edge's control plane, end to end: a real ``edge serve`` program (a subprocess) on a
+real market (tests/market.py: suppliers, an exchange, the state stream), routing from the
+fleet view. The apps' machines are on sim workers (nothing runs there): a test server on
+the address a worker gave a machine's port plays the machine. Every wait is on an event
+(an answer, a line), never a sleep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from bourse.client import BourseClient
+from bourse.wire.messages import Placed
+from tests.edgekit import HOST, Upstream, answered, edge, get
+from tests.isolation import own_worker_id
+from tests.market import Market, order, worker
+
+
+def market_args(market: Market, *more: str) -> tuple[str, ...]:
+    return ("--nats", market.url, "--prefix", market.subjects.prefix, *more)
+
+
+async def place_app(
+    buyer: BourseClient, app: str, exclude: list[str] | None = None
+) -> tuple[Placed, Upstream]:
+    """A machine of ``app`` placed (on none of ``exclude``) and a test server where its
+    port is."""
+    placed = await buyer.place(
+        order(image="web", ports=["http"], metadata={"app": app}, exclude_workers=exclude or [])
+    )
+    assert isinstance(placed, Placed), placed
+    upstream = Upstream(placed.machine_id, port=int(placed.addresses["http"].rsplit(":", 1)[1]))
+    return placed, await upstream.start()
+
+
+async def only(address: str, host: str, body: bytes, timeout_s: float = 30.0) -> None:
+    """Until two requests in a row are answered ``body`` (an app of two machines taken in
+    turn: the other one is out)."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            if all([(await get(address, host=host)).body == body for _ in range(2)]):
+                return
+            await anyio.sleep(0.05)  # the next try, not a synchronisation
+
+
+async def test_the_view_routes_started_machines_and_none_whose_worker_is_gone(
+    market: Market, tmp_path: Path
+) -> None:
+    """Two machines of one app on two suppliers' workers: the edge (the view its default
+    source) routes to each once started; the first supplier stopped, its worker goes gone
+    in the view and its machine gets no request, although its server still answers (a
+    partitioned worker's old primary)."""
+    w1, w2 = own_worker_id("edgev1"), own_worker_id("edgev2")
+    gone_host = await market.host(worker(w1, ports="29550-29559", advertise_host=HOST))
+    await market.host(worker(w2, ports="29560-29569", advertise_host=HOST))
+    await market.exchange()
+    buyer = await market.client()
+    (p1, u1), (p2, u2) = [await place_app(buyer, "shop", [w]) for w in (w2, w1)]
+    try:
+        async with edge(tmp_path, *market_args(market)) as e:
+            assert "routes: view)" in e.ready_line, e.ready_line
+            got = await get(e.address, host="shop.localhost")
+            assert (got.status, got.body) == (
+                503,
+                b"no machine of app 'shop' can take it (2 not started)\n",
+            )
+            for p in (p1, p2):
+                await buyer.machine("start", p.machine_id)
+            await answered(e.address, "shop.localhost", lambda a: a.body == p1.machine_id.encode())
+            await answered(e.address, "shop.localhost", lambda a: a.body == p2.machine_id.encode())
+            await market.stop(gone_host)  # its worker beats no more: gone in >= 3 s
+            # taken in turn while both are routable: two in a row from one says the other
+            # is out, though its server (u1) still answers
+            await only(e.address, "shop.localhost", p2.machine_id.encode())
+            served_by_gone = u1.requests
+            for _ in range(4):
+                assert (await get(e.address, host="shop.localhost")).body == p2.machine_id.encode()
+            assert u1.requests == served_by_gone
+    finally:
+        await u1.close()
+        await u2.close()
+
+
+async def test_without_a_state_stream_the_listing_routes(market: Market, tmp_path: Path) -> None:
+    """No exchange has made the state stream (a direct buyer places): the edge falls back
+    to the machine listing and says so on its line."""
+    w = own_worker_id("edgev3")
+    await market.host(worker(w, ports="29570-29579", advertise_host=HOST))
+    buyer = await market.client(direct=True)
+    placed, upstream = await place_app(buyer, "shop")
+    try:
+        await buyer.machine("start", placed.machine_id)
+        async with edge(tmp_path, *market_args(market, "--refresh-s", "0.1")) as e:
+            assert "routes: machine listing (the view unavailable: " in e.ready_line, e.ready_line
+            got = await answered(e.address, "shop.localhost", lambda a: a.status == 200)
+            assert got.body == placed.machine_id.encode()
+    finally:
+        await upstream.close()
