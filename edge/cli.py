@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
     from edge.routes import RouteSource
     from edge.routing import Service
+    from edge.starts import StartMachine
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
 SOURCES = ("auto", "view", "listing")
@@ -124,6 +125,23 @@ def serve(
             "port PORTNAME (repeat for more; APP of a tenant: <app>.<tenant>).",
         ),
     ] = None,
+    auto_start: Annotated[
+        bool,
+        typer.Option(
+            help="With the market as the routes: a request that finds no machine able to "
+            "take it starts one of its app's stopped machines and waits for it.",
+        ),
+    ] = True,
+    start_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="A request waits this long for its app's machine to start (503 past it)."
+        ),
+    ] = 10.0,
+    max_held: Annotated[
+        int,
+        typer.Option(min=1, help="Requests held per app while its machine starts (503 past it)."),
+    ] = 256,
     max_body_mb: Annotated[
         float, typer.Option(min=0, help="Refuse (413) a request body larger than this.")
     ] = 10.0,
@@ -203,6 +221,7 @@ def serve(
 
     async def main() -> None:
         nc: NATS | None = None
+        start_machine: StartMachine | None = None
         try:
             routes_from: RouteSource
             if table is not None:
@@ -213,6 +232,8 @@ def serve(
                 routes_from = _market(
                     nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
+                if auto_start:
+                    start_machine = _starter(nc, prefix)
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
                 routes_from,
@@ -222,6 +243,9 @@ def serve(
                 services=services,
                 metrics=metrics,
                 stop_grace_s=stop_grace_s,
+                start_machine=start_machine,
+                start_timeout_s=start_timeout_s,
+                max_held=max_held,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -294,6 +318,20 @@ def _market(
         hard_limit=hard,
     )
     return listing if source == "listing" else Fallback(view, listing)
+
+
+def _starter(nc: NATS, prefix: str) -> StartMachine:
+    """A machine started through the exchange (the market's machine verb)."""
+    from bourse.client import BourseClient
+    from bourse.wire.messages import Machine
+    from bourse.wire.subjects import Subjects
+
+    client = BourseClient(nc, Subjects(prefix))
+
+    async def start(machine_id: str) -> Machine:
+        return await client.machine("start", machine_id)
+
+    return start
 
 
 def main() -> None:

@@ -58,6 +58,9 @@ NO_MACHINE = "no_machine"
 PROBE_EVERY_S = 0.5
 PROBE_MAX_S = 5.0
 HTTP = "http"
+# A machine this edge started and probed itself is routed as started for at most this
+# long before the table says so (the view's row follows the start by a round trip or two).
+STARTED_HERE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +75,7 @@ class Backend:
     health: str = NO_CHECKS
     worker_gone: bool = False
     draining: bool = False
+    role: str = ""  # its metadata's role (a spare is never started for a request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +201,9 @@ class Router:
         self.skipped: dict[str, _Skip] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self._turn: dict[str, int] = {}
+        # machines this edge started and whose port answered its probe: machine id ->
+        # (the machine as its start answered, when)
+        self.started_here: dict[str, tuple[Backend, float]] = {}
 
     # -- the table -------------------------------------------------------------------------
 
@@ -205,9 +212,20 @@ class Router:
         still in flight); a skipped machine no longer in the table is forgotten."""
         self.table = table
         self._ready = {}
-        present = {b.machine_id for r in table.apps.values() for b in r.backends}
+        present = {b.machine_id: b for r in table.apps.values() for b in r.backends}
         for gone in [m for m in self.skipped if m not in present]:
             del self.skipped[gone]
+        old = self.clock() - STARTED_HERE_S
+        for mid, (_, at) in list(self.started_here.items()):
+            row = present.get(mid)
+            if row is None or row.state == STARTED or at < old:
+                del self.started_here[mid]
+
+    def started(self, backend: Backend) -> None:
+        """This edge started ``backend`` and its port answered: routed as started until the
+        table says so (or STARTED_HERE_S passed)."""
+        self.started_here[backend.machine_id] = (backend, self.clock())
+        self._ready = {}
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
         ready = self._ready.get((key, port))
@@ -219,6 +237,9 @@ class Router:
         good: list[tuple[Backend, tuple[str, int]]] = []
         passed: dict[str, int] = {}
         for b in route.backends:
+            here = self.started_here.get(b.machine_id)
+            if here is not None and b.state != STARTED and not b.worker_gone:
+                b = here[0]
             why = unready(b, route, port)
             if why is None:
                 address = route.address(b, port)

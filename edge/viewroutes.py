@@ -55,7 +55,7 @@ SOURCE = "view"
 # pending).
 _ROWS = """
 SELECT machine_id, tenant, app, region, state, health, addresses, worker_gone_since_ms,
-       coalesce(json_array_length(row, '$.checks'), 0)
+       coalesce(json_array_length(row, '$.checks'), 0), coalesce(role, '')
 FROM machines WHERE app IS NOT NULL AND state != 'destroyed'
 ORDER BY tenant, app, machine_id
 """
@@ -92,10 +92,9 @@ def view_table(
     tenant; a machine whose worker the view says is gone is marked so (0, "never seen
     beating", is not gone: nothing says so, and the edge's probe catches a dead address)."""
     grouped: dict[str, list[Backend]] = {}
-    for mid, tenant, app, region, state, status, addrs, gone, checks in db.execute(_ROWS):
-        backend = Backend(
-            mid, region, _addresses(addrs), state, _health(status, checks), bool(gone)
-        )  # fmt: skip
+    for mid, tenant, app, region, state, status, addrs, gone, checks, role in db.execute(_ROWS):
+        health = _health(status, checks)
+        backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone), role=role)
         grouped.setdefault(app_key(app, tenant), []).append(backend)
     apps = {
         key: AppRoute(key, tuple(bs), soft_limit, hard_limit, port) for key, bs in grouped.items()

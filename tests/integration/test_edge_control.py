@@ -12,9 +12,29 @@ import anyio
 
 from bourse.client import BourseClient
 from bourse.wire.messages import Placed
-from tests.edgekit import HOST, Upstream, answered, edge, get
+from supplier.ports import PortClaims
+from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
 from tests.market import Market, order, worker
+
+# Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
+# start); "slow" and "never" machines: see the catalog below.
+SERVER = """
+import http.server, os, time
+time.sleep(float(os.environ.get("DELAY", "0")))
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+"""
+# Runs, never listens.
+NEVER = "import time; time.sleep(3600)"
 
 
 def market_args(market: Market, *more: str) -> tuple[str, ...]:
@@ -58,7 +78,7 @@ async def test_the_view_routes_started_machines_and_none_whose_worker_is_gone(
     buyer = await market.client()
     (p1, u1), (p2, u2) = [await place_app(buyer, "shop", [w]) for w in (w2, w1)]
     try:
-        async with edge(tmp_path, *market_args(market)) as e:
+        async with edge(tmp_path, *market_args(market, "--no-auto-start")) as e:
             assert "routes: view)" in e.ready_line, e.ready_line
             got = await get(e.address, host="shop.localhost")
             assert (got.status, got.body) == (
@@ -97,3 +117,79 @@ async def test_without_a_state_stream_the_listing_routes(market: Market, tmp_pat
             assert got.body == placed.machine_id.encode()
     finally:
         await upstream.close()
+
+
+async def process_market(market: Market, name: str) -> BourseClient:
+    """A process worker (real machines: the catalog's srv and never), an exchange, a buyer."""
+    catalog = {
+        "srv": {"command": ["{python}", "-c", SERVER]},
+        "never": {"command": ["{python}", "-c", NEVER]},
+    }
+    w = worker(own_worker_id(name), driver="process", catalog=catalog, advertise_host=HOST)
+    await market.host(w, port_claims=PortClaims())
+    await market.exchange()
+    return await market.client()
+
+
+async def placed(buyer: BourseClient, app: str, image: str = "srv", **env: str) -> Placed:
+    got = await buyer.place(
+        order(image=image, ports=["http"], metadata={"app": app}, env=env or {})
+    )
+    assert isinstance(got, Placed), got
+    return got
+
+
+async def test_a_request_starts_a_stopped_machine_and_every_held_request_is_served(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app whose one machine is placed and not started: ten requests at once start it
+    once, are held until its port answers (the app sleeps 0.3 s before listening), and are
+    all served by it; stopped, the next request starts it again."""
+    buyer = await process_market(market, "edges1")
+    p = await placed(buyer, "cold", DELAY="0.3")
+    async with edge(tmp_path, *market_args(market)) as e:
+        await answered(e.address, "web.localhost", lambda a: a.status == 404)  # view caught up
+        got = await all_of(e.address, "cold.localhost", 10)
+        assert {(a.status, a.body, a.headers["bourse-machine"]) for a in got} == {
+            (200, b"hello", p.machine_id)
+        }
+        assert e.log.count("event='cold_start'") == 1 and "held=10" in e.log, e.log[-3000:]
+        assert (await buyer.machine("get", p.machine_id)).state == "started"
+
+        await buyer.machine("stop", p.machine_id)
+        await answered(e.address, "cold.localhost", lambda a: a.status == 200, 20.0)
+        assert e.log.count("event='cold_start'") == 2, e.log[-3000:]
+
+
+async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
+    market: Market, tmp_path: Path
+) -> None:
+    """A machine that runs and never listens: the held request is answered 503 past
+    --start-timeout-s, saying so; the requests after it start nothing more."""
+    buyer = await process_market(market, "edges2")
+    p = await placed(buyer, "mute", image="never")
+    async with edge(tmp_path, *market_args(market, "--start-timeout-s", "1")) as e:
+        await answered(e.address, "web.localhost", lambda a: a.status == 404)  # view caught up
+        got = await get(e.address, host="mute.localhost")
+        assert (got.status, got.body.decode()) == (
+            503,
+            f"machine {p.machine_id} of app 'mute' did not answer within 1 s\n",
+        )
+        # its worker says it started: routed, refused, skipped; no start again meanwhile
+        for _ in range(3):
+            again = await get(e.address, host="mute.localhost")
+            assert again.status in (502, 503), again
+        assert e.log.count("event='cold_start_failed'") == 1
+
+
+async def all_of(address: str, host: str, n: int) -> list[Answer]:
+    """``n`` requests at once, each on a connection of its own."""
+    out: list[Answer] = []
+
+    async def one() -> None:
+        out.append(await get(address, host=host))
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(n):
+            tasks.start_soon(one)
+    return out
