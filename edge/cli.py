@@ -28,9 +28,11 @@ from bourse.runtime.cli import (
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from edge.healing import Controller
     from edge.routes import RouteSource
     from edge.routing import Service
     from edge.starts import StartMachine
+    from edge.viewroutes import ViewRoutes
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
 SOURCES = ("auto", "view", "listing")
@@ -125,6 +127,14 @@ def serve(
             "port PORTNAME (repeat for more; APP of a tenant: <app>.<tenant>).",
         ),
     ] = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            help="Also heal apps from the view: a machine whose worker is gone or whose "
+            "check is critical replaced by its slot's spare (docs/edge.md; any number of "
+            "edges may run one).",
+        ),
+    ] = False,
     auto_start: Annotated[
         bool,
         typer.Option(
@@ -202,6 +212,8 @@ def serve(
         table = read_routes(routes) if routes is not None else None
         if source not in SOURCES:
             raise ValueError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+        if controller and (routes is not None or source == "listing"):
+            raise ValueError("--controller reads the fleet view: not with --routes or a listing")
     except (ValueError, RoutesError, MetricsAddrError) as exc:
         fail(str(exc))
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key) if not routes else None
@@ -222,6 +234,7 @@ def serve(
     async def main() -> None:
         nc: NATS | None = None
         start_machine: StartMachine | None = None
+        healer: Controller | None = None
         try:
             routes_from: RouteSource
             if table is not None:
@@ -229,11 +242,14 @@ def serve(
             else:
                 assert conn is not None
                 nc = await conn.connect("bourse-edge")
-                routes_from = _market(
+                routes_from, view = _market(
                     nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
                 if auto_start:
                     start_machine = _starter(nc, prefix)
+                if controller:
+                    healer = _controller(nc, prefix)
+                    view.observers.append(healer.changed)
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
                 routes_from,
@@ -253,6 +269,8 @@ def serve(
                     serving = (
                         f"; metrics on {(await start_endpoint(tasks, metrics, metrics_at)).url}"
                     )
+                if healer is not None:
+                    await tasks.start(healer.run)
                 await tasks.start(svc.run)  # ListenError: one line, as any BourseError
                 settle_heap()
                 extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
@@ -293,9 +311,9 @@ def _market(
     refresh_s: float,
     port: str,
     limits: tuple[int, int],
-) -> RouteSource:
+) -> tuple[RouteSource, ViewRoutes]:
     """The market's routes on ``nc``: the view, the listing, or the view falling back to
-    the listing (``source``: auto)."""
+    the listing (``source``: auto); and the view (what a controller reads)."""
     from bourse.client import BourseClient
     from bourse.wire.subjects import Subjects
     from edge.routes import ListingRoutes
@@ -308,7 +326,7 @@ def _market(
     soft, hard = limits
     view = ViewRoutes(nc, subjects, view_db, port=port, soft_limit=soft, hard_limit=hard)
     if source == "view":
-        return view
+        return view, view
     listing = ListingRoutes(
         BourseClient(nc, subjects),
         regions,
@@ -317,7 +335,7 @@ def _market(
         soft_limit=soft,
         hard_limit=hard,
     )
-    return listing if source == "listing" else Fallback(view, listing)
+    return (listing if source == "listing" else Fallback(view, listing)), view
 
 
 def _starter(nc: NATS, prefix: str) -> StartMachine:
@@ -332,6 +350,16 @@ def _starter(nc: NATS, prefix: str) -> StartMachine:
         return await client.machine("start", machine_id)
 
     return start
+
+
+def _controller(nc: NATS, prefix: str) -> Controller:
+    """The controller, acting on the market through the exchange."""
+    from bourse.client import BourseClient
+    from bourse.wire.subjects import Subjects
+    from edge.healing import Controller, market_actions
+
+    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)))
+    return Controller(wanted_of, act)
 
 
 def main() -> None:

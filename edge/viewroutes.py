@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -124,6 +125,8 @@ class ViewRoutes:
         self.port = port
         self.limits = (soft_limit, hard_limit)
         self.view: View | None = None
+        # told the view's database after each table published (the controller reads it)
+        self.observers: list[Callable[[sqlite3.Connection], None]] = []
 
     def table(self, view: View) -> RouteTable:
         soft, hard = self.limits
@@ -139,11 +142,16 @@ class ViewRoutes:
         read), publish its table, then again after every batch that changed something."""
         async with open_view(self.nc, self.subjects, self.path) as view:
             self.view = view
-            publish(self.table(view))
+            self._publish(view, publish)
             log.info("routes_view", freshness=str(view.freshness()))
             task_status.started()
             async for _batch in view.follow():
-                publish(self.table(view))
+                self._publish(view, publish)
+
+    def _publish(self, view: View, publish: Publish) -> None:
+        publish(self.table(view))
+        for observe in self.observers:
+            observe(view.db.db)
 
 
 class Fallback:

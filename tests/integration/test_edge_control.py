@@ -15,7 +15,8 @@ from bourse.wire.messages import Placed
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
-from tests.market import Market, order, worker
+from tests.market import Market, order, wait_until, worker
+from tests.views import published
 
 # Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
 # start); "slow" and "never" machines: see the catalog below.
@@ -193,3 +194,46 @@ async def all_of(address: str, host: str, n: int) -> list[Answer]:
         for _ in range(n):
             tasks.start_soon(one)
     return out
+
+
+async def test_two_controllers_heal_a_gone_primary_with_one_failover(
+    market: Market, tmp_path: Path
+) -> None:
+    """A primary on one supplier's worker, its slot's spare on another's, a third worker
+    for the new spare; two edges each run a controller. The primary's supplier stopped:
+    the spare is started, the primary's stop queued for its worker, and ONE new spare is
+    placed (both controllers derive its order id), on the third worker."""
+    w1, w2, w3 = (own_worker_id(f"edgeh{i}") for i in (1, 2, 3))
+    gone_host = await market.host(worker(w1, ports="29580-29589", advertise_host=HOST))
+    other = await market.host(
+        worker(w2, ports="29590-29599", advertise_host=HOST),
+        worker(w3, ports="29600-29609", advertise_host=HOST),
+    )
+    await market.exchange()
+    buyer = await market.client()
+
+    async def place(role: str, on: str) -> Placed:
+        meta = {"app": "heal", "role": role, "slot": "0"}
+        others = [w for w in (w1, w2, w3) if w != on]
+        got = await buyer.place(order(ports=["http"], metadata=meta, exclude_workers=others))
+        assert isinstance(got, Placed), got
+        return got
+
+    primary, spare = await place("primary", w1), await place("spare", w2)
+    await buyer.machine("start", primary.machine_id)
+    args = market_args(market, "--controller", "--no-auto-start")
+    async with edge(tmp_path, *args) as e1, edge(tmp_path, *args) as e2:
+        await market.stop(gone_host)
+        nc = await market.connect("watch")
+        await published(nc, market.subjects, spare.machine_id, "started", timeout_s=30)
+        refill = other.workers[w3]
+        await wait_until(lambda: len(refill.machines) == 1, 30)
+        new_spare = next(iter(refill.machines.values()))
+        assert new_spare.metadata == {"app": "heal", "role": "spare", "slot": "0"}
+        assert new_spare.order_id.startswith("heal.spare-0.mad.heal-")
+        await wait_until(lambda: "event='healed'" in e1.log + e2.log, 30)
+        healed = [ln for ln in (e1.log + e2.log).splitlines() if "event='healed'" in ln]
+        for line in healed:  # each controller that acted: the same spare, the same refill
+            assert f"spare='{spare.machine_id}'" in line and new_spare.machine_id in line, line
+            assert f"{primary.machine_id} stop queued" in line, line
+        assert len(refill.machines) == 1 and len(other.workers[w2].machines) == 1
