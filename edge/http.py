@@ -465,11 +465,9 @@ class Client(asyncio.Protocol):
     def _route(self, r: Request) -> None:
         choice = self.proxy.router.pick(r.app, exclude=r.tried)
         if not isinstance(choice, Choice):
-            if r.error:  # a retry that found no other machine
-                self._respond(r, 502, r.error)
-            elif choice.reason == UNKNOWN_APP:
+            if choice.reason == UNKNOWN_APP and not r.error:
                 self._respond(r, 404, f"{choice.detail}: {rule(self.config.domain)}")
-            else:
+            else:  # a retry that found no other machine (502), or none could take it (503)
                 self._hold(r, choice.detail)
             return
         backend = choice.backend
@@ -486,10 +484,12 @@ class Client(asyncio.Protocol):
 
     def _hold(self, r: Request, detail: str) -> None:
         """No machine can take ``r``: held while a stopped machine of its app starts
-        (edge/starts.py), else 503 with why."""
+        (edge/starts.py), else 503 with why (502 with the error of a retry: the machine
+        tried failed, and no other could take it)."""
+        status, detail = (502, r.error) if r.error else (503, detail)
         starts = self.proxy.starts
         if starts is None or r.held:
-            self._respond(r, 503, detail)
+            self._respond(r, status, detail)
             return
         why = starts.hold(r.app, lambda why: self._released(r, why))
         if why is None:
@@ -497,13 +497,16 @@ class Client(asyncio.Protocol):
             if self.proxy.metrics is not None:
                 self.proxy.metrics.held_request(r.app)
         else:
-            self._respond(r, 503, f"{detail}; {why}" if why else detail)
+            self._respond(r, status, f"{detail}; {why}" if why else detail)
 
     def _released(self, r: Request, why: str | None) -> None:
-        """The start ``r`` waited for answered (``why`` None: route it again) or not."""
+        """The start ``r`` waited for answered (``why`` None: route it again, to any
+        machine: the one started may be one it tried at an old address) or not."""
         if r is not self.active or self.closed or r.response_done:
             return  # the client left, or the request was answered meanwhile (413)
         if why is None:
+            r.tried.clear()
+            r.error = ""
             self._route(r)
         else:
             self._respond(r, 503, why)

@@ -37,6 +37,7 @@ HEALTH = (PASSING, CRITICAL, PENDING, NO_CHECKS)
 ROUTABLE_HEALTH = frozenset({PASSING, NO_CHECKS})
 
 STARTED = "started"
+MOVING = frozenset({"starting", STARTED})
 
 # Why a machine takes no request (named once: the 503's detail counts them).
 NOT_STARTED = "not started"
@@ -171,6 +172,16 @@ class _Skip:
     interval: float
 
 
+@dataclass(slots=True)
+class _Here:
+    """A machine this edge started: as its start answered, when, and whether the table
+    has shown it starting or started since (a stopped row after that is a new stop)."""
+
+    backend: Backend
+    at: float
+    moved: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class _Ready:
     """An app's machines that pass the table's own tests (computed once per table), and
@@ -201,9 +212,8 @@ class Router:
         self.skipped: dict[str, _Skip] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self._turn: dict[str, int] = {}
-        # machines this edge started and whose port answered its probe: machine id ->
-        # (the machine as its start answered, when)
-        self.started_here: dict[str, tuple[Backend, float]] = {}
+        # machines this edge started and whose port answered its probe
+        self.started_here: dict[str, _Here] = {}
 
     # -- the table -------------------------------------------------------------------------
 
@@ -216,15 +226,28 @@ class Router:
         for gone in [m for m in self.skipped if m not in present]:
             del self.skipped[gone]
         old = self.clock() - STARTED_HERE_S
-        for mid, (_, at) in list(self.started_here.items()):
+        for mid, here in list(self.started_here.items()):
             row = present.get(mid)
-            if row is None or row.state == STARTED or at < old:
+            if row is not None and row.state in MOVING:
+                here.moved = True
+            # gone, started by the table, too old, or started and then stopped again
+            done = row is None or row.state == STARTED or here.at < old
+            if done or (here.moved and row is not None and row.state not in MOVING):
                 del self.started_here[mid]
 
     def started(self, backend: Backend) -> None:
         """This edge started ``backend`` and its port answered: routed as started until the
-        table says so (or STARTED_HERE_S passed)."""
-        self.started_here[backend.machine_id] = (backend, self.clock())
+        table says so (its row was older than the start), or STARTED_HERE_S passed, or the
+        table shows it starting and then stopping (it moved on)."""
+        route = self.table.apps
+        row = next(
+            (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
+            None,
+        )
+        if row is not None and row.state == STARTED:
+            return  # the table has it already
+        moved = row is not None and row.state in MOVING
+        self.started_here[backend.machine_id] = _Here(backend, self.clock(), moved)
         self._ready = {}
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
@@ -239,7 +262,7 @@ class Router:
         for b in route.backends:
             here = self.started_here.get(b.machine_id)
             if here is not None and b.state != STARTED and not b.worker_gone:
-                b = here[0]
+                b = here.backend
             why = unready(b, route, port)
             if why is None:
                 address = route.address(b, port)

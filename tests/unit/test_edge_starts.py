@@ -122,3 +122,32 @@ async def test_a_failed_start_is_said_to_every_held_request_then_backs_off() -> 
     assert starts.failed["web"].backoff_s == 2.0
     assert starts.hold("other", release) == ""  # no such app: nothing to start
     await starts.close()
+
+
+def test_a_machine_started_here_is_routed_until_the_table_moves_on() -> None:
+    now = [0.0]
+    router = Router("mad", clock=lambda: now[0])
+    here = Backend("m1", "mad", {"http": ("127.0.0.1", PORT)}, STARTED, "passing")
+
+    def table(state: str) -> None:
+        router.update(RouteTable({"web": AppRoute("web", (b("m1", state=state),))}))
+
+    def routed() -> bool:
+        return isinstance(router.pick("web"), Choice)
+
+    table("stopped")
+    router.started(here)
+    assert routed()  # the table's row older than the start
+    table("starting")
+    assert routed()
+    table("stopped")  # started, then stopped again: the table's word now
+    assert not routed() and router.started_here == {}
+
+    router.started(here)
+    now[0] += 11.0
+    table("stopped")  # the table never moved: routed for STARTED_HERE_S at most
+    assert not routed()
+
+    table("started")
+    router.started(here)  # the table has it already: nothing to remember
+    assert router.started_here == {}
