@@ -1,4 +1,4 @@
-# One image for every Bourse program (supplier, exchange, buyer, bourse): compose.yaml
+# One image for every Bourse program (supplier, exchange, edge, buyer, bourse): compose.yaml
 # picks the program in each service's command. nats-server runs from the official image.
 FROM python:3.11-slim
 
@@ -10,6 +10,7 @@ COPY supplier ./supplier
 COPY buyer_cli ./buyer_cli
 COPY ops ./ops
 COPY loadtest ./loadtest
+COPY edge ./edge
 RUN pip install --no-cache-dir . \
     && useradd --system --create-home bourse \
     && mkdir /data && chown bourse /data

@@ -46,7 +46,9 @@ ONE_DEMO_FLEET_AT_A_TIME = pytest.mark.usefixtures("demo_fleet_alone")
 SESSIONS_DIR = Path(tempfile.gettempdir()) / "bourse-test-sessions"
 SLICE_BLOCKS = 256  # user id blocks a session's machines draw from
 SLICES = 100  # sessions at once on a host (the second octet of a session's machine network)
-SLICE_PORT_BLOCKS = 8  # default port blocks (of 100) a session's workers draw from
+# default port blocks (of 127) a session draws from: the demo fleet's 9 workers and the tests
+# beside it (8 could never start the demo); 3 sessions at once before two share a slice
+SLICE_PORT_BLOCKS = 40
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -16,7 +16,7 @@ from bourse.client.policy import failover
 from bourse.wire.codec import decode
 from bourse.wire.messages import Check, Event, Machine, Placed
 from supplier.checks import probe
-from supplier.ports import HostClaims
+from supplier.ports import PortClaims
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
 
@@ -67,7 +67,7 @@ async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Ma
             catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
             advertise_host="127.0.0.1",
         ),
-        port_claims=HostClaims(),
+        port_claims=PortClaims(),
     )
     await market.exchange()
     buyer = await market.client()
@@ -127,7 +127,7 @@ async def test_failover_replaces_a_critical_primary_whose_worker_still_answers(
             )
             for wid in wids
         ),
-        port_claims=HostClaims(),
+        port_claims=PortClaims(),
     )
     await market.exchange()
     buyer = await market.client()

@@ -15,7 +15,7 @@ import anyio
 from bourse.wire.messages import Placed
 from supplier.config import WorkerConfig
 from supplier.host import SupplierHost
-from supplier.ports import DEFAULT_BLOCK, HostClaims, PortRange
+from supplier.ports import DEFAULT_BLOCK, PortClaims, PortRange
 from tests.cli import buyer
 from tests.isolation import own_worker_id
 from tests.market import Market, order, worker
@@ -49,7 +49,7 @@ def server_worker() -> WorkerConfig:
 
 async def server_host(market: Market) -> tuple[SupplierHost, PortRange]:
     """A supplier of the server's worker, and the block of ports its worker claimed."""
-    host = await market.host(server_worker(), port_claims=HostClaims())
+    host = await market.host(server_worker(), port_claims=PortClaims())
     port_range = host.workers[W1].ports.range
     assert port_range is not None
     return host, port_range

@@ -22,4 +22,6 @@ async def test_a_small_starts_run_reports_both_ways_and_the_shims(tmp_path: Path
     assert (rep["shims"]["machines"], rep["shims"]["shims"]) == (3, 3)
     assert rep["shims"]["pss_kib_max"] > 0
     assert (tmp_path / "run" / "report.json").exists()
-    assert table(rep).row_count == 1 and said
+    shared = rep["kinds"]["process-shared"]  # the same starts with isolation off, same run
+    assert (shared["starts"], shared["failed"]) == (2, [])
+    assert table(rep).row_count == 2 and said  # a row per kind
