@@ -37,6 +37,12 @@ from ops.demo import (
 from ops.hello import HELLO_REF, place_hello, push_hello
 
 Say = Callable[[str], None]
+EDGE_PORT = 8080  # bourse up's edge, where free
+
+
+def edge_address(program: Program) -> str:
+    """The address an edge's ready line names ("edge serving on HOST:PORT (...)")."""
+    return program.ready_line.split()[3]
 
 
 def metrics_addrs(at: tuple[str, int] | None, count: int) -> list[str]:
@@ -67,16 +73,18 @@ async def start_market(
     metrics_at: tuple[str, int] | None = None,
     jetstream: bool = True,
     driver: str = "process",
+    edge: bool = False,
 ) -> list[Program]:
     """One exchange process and supplier processes (one per demo region); each serves its
     metrics on its own port of ``metrics_at`` (the exchange on its port) when given;
     ``jetstream`` False: each runs in the degraded mode (--no-jetstream); ``driver``: how
-    the demo fleet's workers run machines."""
+    the demo fleet's workers run machines; ``edge``: an ``edge serve`` too (with its
+    controller), on port 8080 or, taken, a free one (:func:`edge_address`)."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     common += [] if jetstream else [NO_JETSTREAM_FLAG]
     fleets = write_fleet_files(root / "config", driver)
-    addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets)))
+    addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets) + int(edge)))
     exchange_addr = next(addrs)
     try:
         for region, path in fleets.items():
@@ -109,6 +117,17 @@ async def start_market(
                 ready="exchange ready",
             )
         )
+        if edge:
+            listen = f"127.0.0.1:{0 if _port_busy(EDGE_PORT) else EDGE_PORT}"
+            programs.append(
+                await start_program(
+                    "edge", "serve", "--listen", listen, "--controller",
+                    "--nats", ",".join(urls), "--prefix", subjects.prefix,
+                    "--metrics-addr", next(addrs),
+                    log_path=root / "logs" / "edge.log", ready="edge serving on",
+                )
+            )  # fmt: skip
+            programs[-1].name = "edge"
     except BaseException:
         await stop_all(programs)
         raise
@@ -250,7 +269,9 @@ async def run_up(
         say(f"using the NATS server at {', '.join(urls)} (--nats)")
     programs: list[Program] = []
     try:
-        programs = await start_market(urls, subjects, root, say, metrics_at, jetstream, driver)
+        programs = await start_market(
+            urls, subjects, root, say, metrics_at, jetstream, driver, edge=True
+        )
         for p in programs:
             if metrics_url(p):
                 say(f"metrics of {p.name}: {metrics_url(p)}")
@@ -261,6 +282,11 @@ async def run_up(
             finally:
                 await shutdown(nc)
         px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
+        edge_port = edge_address(programs[-1]).rpartition(":")[2]
+        say(
+            f"edge on {edge_address(programs[-1])} (its controller on): an app deployed as "
+            f"NAME answers at http://NAME.localhost:{edge_port}/"
+        )
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             f"  export BOURSE_NATS_URL={urls[0]}\n"
