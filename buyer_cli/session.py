@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import typer
 
-from bourse.runtime.cli import Connection
+from bourse.runtime.connection import Connection
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 if TYPE_CHECKING:

@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from bourse.runtime.cli import (
-    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -24,6 +23,7 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
 )
+from bourse.runtime.connection import Connection
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS

@@ -16,7 +16,6 @@ from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import (
-    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -31,6 +30,7 @@ from bourse.runtime.cli import (
     cli_main,
     fail,
 )
+from bourse.runtime.connection import Connection
 from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
 from bourse.runtime.metrics import ExchangeMetrics
 from bourse.runtime.supervise import run, settle_heap

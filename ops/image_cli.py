@@ -40,7 +40,6 @@ from bourse.nats.connection import shutdown
 from bourse.runtime import logs
 from bourse.runtime.cli import (
     BourseGroup,
-    Connection,
     CredsOpt,
     JsonOpt,
     NatsOpt,
@@ -49,6 +48,7 @@ from bourse.runtime.cli import (
     TlsCertOpt,
     TlsKeyOpt,
 )
+from bourse.runtime.connection import Connection
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 T = TypeVar("T")

@@ -51,7 +51,6 @@ from bourse.nats.state import DEFAULT_MAX_BYTES as STATE_MAX_BYTES
 from bourse.nats.state import StateStream, make_state_stream
 from bourse.runtime import logs
 from bourse.runtime.cli import (
-    Connection,
     CredsOpt,
     NatsOpt,
     PrefixOpt,
@@ -60,6 +59,7 @@ from bourse.runtime.cli import (
     TlsKeyOpt,
     fail,
 )
+from bourse.runtime.connection import Connection
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
 
 jetstream_app = typer.Typer()  # its help: its line in ops/cli.py

@@ -17,7 +17,6 @@ from bourse.nats.connection import shutdown, stats_of
 from bourse.nats.jetstream import degraded, jetstream_mode
 from bourse.runtime import logs
 from bourse.runtime.cli import (
-    Connection,
     CredsOpt,
     LogJsonOpt,
     LogLevelOpt,
@@ -33,6 +32,7 @@ from bourse.runtime.cli import (
     fail,
     parse_labels,
 )
+from bourse.runtime.connection import Connection
 from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
 from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.statedir import StateDirBusy, lock_state_dir

@@ -35,7 +35,7 @@ from nats.aio.client import Client as NATS
 from bourse.errors import BourseError
 from bourse.images import ImageCache, ImageError, ImageStore, Limits, StoreUnavailable
 from bourse.images.bounds import Bounds, ImageTooBig
-from bourse.images.cache import Pulled
+from bourse.images.cachetypes import Pulled
 from bourse.images.errors import BadImage, DigestMismatch, UnsafeEntry
 from bourse.images.oci import MAX_DOCUMENT_BYTES, Descriptor
 from bourse.nats.jetstream import jetstream_available

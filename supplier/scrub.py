@@ -77,9 +77,9 @@ class Scrub:
         as it is found. The roots read."""
         read = 0
         for w, cache in self._caches():
-            for manifest in cache.due(self.scrubbing.every_s):
+            for manifest in cache.checks.due(self.scrubbing.every_s):
                 try:
-                    await cache.check(manifest, self._pace)
+                    await cache.checks.check(manifest, self._pace)
                 except Exception as exc:  # the scrub never takes its supplier down
                     log.error(
                         "image_scrub_failed",
@@ -96,7 +96,7 @@ class Scrub:
         ``image_tampered`` event. How many."""
         count = 0
         for w, cache in self._caches():
-            for found in cache.take_found():
+            for found in cache.checks.take_found():
                 detail = f"{found.found}: {found.why}"[:MAX_DETAIL]
                 w.emit(w.event(TAMPERED, image_digest=found.manifest, detail=detail))
                 count += 1
@@ -112,6 +112,6 @@ class Scrub:
         waits = [
             due - cache.clock()
             for _, cache in self._caches()
-            if (due := cache.next_due(every)) is not None
+            if (due := cache.checks.next_due(every)) is not None
         ]
         return min(max(min(waits, default=every), min(every, 1.0)), every)

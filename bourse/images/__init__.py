@@ -45,7 +45,8 @@ docker, podman, skopeo and buildah write), ``store``, ``tags`` (``TagIndex``), `
 """
 
 from bourse.images.build import RunSpec
-from bourse.images.cache import CacheStats, ImageCache
+from bourse.images.cache import ImageCache
+from bourse.images.cachetypes import CacheStats
 from bourse.images.errors import (
     BadImage,
     BadReference,

@@ -7,19 +7,15 @@ On disk, under the cache directory::
                          its rename: a driver uses it read-only (an overlay's lower layer)
     roots/<hex>.files    that root's inventory: every entry, a file's SHA-256 included, as
                          unpacked (bourse/images/inventory.py)
-    roots/<hex>.json     what that root is made of (its layers), its bytes on disk, what
-                         the image runs (its config's command, env, working directory) and
-                         its inventory's digest; written last, so a root with a record is
-                         whole
+    roots/<hex>.json     its record (cachetypes.RootRecord: layers, bytes on disk, what the
+                         image runs, its inventory's digest); written last: a root with one
+                         is whole
     tmp/                 fetches and unpacks under way, and entries being deleted
 
 ``open`` rebuilds the cache from that: ``tmp/`` is emptied (half-written files, half-made
-roots), a root without its record or a record without its root is removed, and every
-root is adopted only if it still matches its inventory as a walk sees it (reading nothing
-but the tree's metadata); one that does not is removed and listed for ``take_found`` (its
-owner announces it), one made before roots had inventories is removed quietly (both are
-made again at their next use, from the layers here). Each entry's last use is its file's
-modification time, so the LRU order survives a restart.
+roots), a root without its record or a record without its root is removed, and a root is
+adopted only if a walk finds it matching its inventory (``checks``: verify.py, the scrub's
+too). Each entry's last use is its file's time, so the LRU order survives a restart.
 
 ``prepare(manifest)`` returns the image's root (``pull(manifest)`` the same with what it
 took: the bytes the image lacked when it was made, the seconds, what it runs): the
@@ -30,21 +26,15 @@ is checked again as it is unpacked (``unpack``), so bytes changed on disk since 
 never reach a root (I7), and the root's inventory is taken from what the checked stream
 wrote. A root already here is returned as it is: nothing is read or hashed on that path.
 
-``check(manifest, pace)`` (the owner's scrub) reads a root whole against its inventory,
-``pace`` called between bounded steps; a root that differs is removed (``Tampered``).
-
 The bytes held are bounded by ``policy.plan``: before a pull, room is made for the layers
 it lacks and the root (estimated at the layers' uncompressed sizes the store recorded,
 else at their compressed size; counted exactly once made); a pull that cannot fit raises
-``CacheFull``. The unpack itself stops the moment a layer passes its recorded size, the
-image passes ``bounds``' max_image_mb, or the root passes what is left of the budget (less
-what other unpacks under way expect): ``ImageTooBig`` naming the layer
-(bourse/images/bounds.py), nothing of the root kept.
+``CacheFull``. The unpack stops the moment a layer passes its recorded size, the image
+``bounds``' max_image_mb, or the root what is left of the budget (less what other unpacks
+under way expect): ``ImageTooBig`` naming the layer (bounds.py), nothing of it kept.
 
 ``pin``/``unpin`` mark the images live or reserved machines use: never evicted, nor their
-layers. After a restart nothing is pinned until the owner pins again (the eviction delay
-covers that moment).
-"""
+layers (after a restart, none until the owner pins again: the eviction delay covers it)."""
 
 from __future__ import annotations
 
@@ -55,27 +45,25 @@ import secrets
 import stat
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import anyio
 import msgspec
 import structlog
 
 from bourse.images.bounds import Bounds, Cap, Tally
-from bourse.images.disk import remove_all, set_mtime
+from bourse.images.cachetypes import BlobSource, CacheStats, Held, Pulled, RootRecord, Sized
+from bourse.images.disk import hex_of, is_hex_name, remove_all, set_mtime
 
 # supplier/drivers/process.py removes a machine's trees with it, from here
 from bourse.images.disk import remove_tree as remove_tree
 from bourse.images.errors import BadImage, CacheFull, DigestMismatch
 from bourse.images.flights import Flights
-from bourse.images.inventory import Hasher, Inventory, digest_of, encode, take, walk_check
+from bourse.images.inventory import digest_of, encode, take
 from bourse.images.oci import (
-    MAX_DOCUMENT_BYTES,
     Descriptor,
-    Digest,
     RunConfig,
     decode_config,
     decode_manifest,
@@ -84,98 +72,9 @@ from bourse.images.oci import (
 from bourse.images.policy import Entry, Limits, PullRate, plan
 from bourse.images.reference import check_digest
 from bourse.images.unpack import LayerFile, unpack
+from bourse.images.verify import RootChecks
 
 _log = structlog.get_logger("bourse.images")
-_HEX = frozenset("0123456789abcdef")
-
-
-class BlobSource(Protocol):
-    """Where the cache gets blobs: an ``ImageStore`` (or anything that checks as it does)."""
-
-    async def read_blob(self, digest: str, max_bytes: int = MAX_DOCUMENT_BYTES) -> bytes: ...
-
-    async def unpacked_size(self, digest: str) -> int | None: ...
-
-    async def fetch_blob(
-        self,
-        descriptor: Descriptor,
-        dest: Path,
-        *,
-        tmp_dir: Path | None = None,
-        timeout_s: float | None = None,
-    ) -> None: ...
-
-
-class Sized(Protocol):
-    """A layer as a price sees it: a descriptor, or a bid's layer (its digest and size)."""
-
-    @property
-    def digest(self) -> str: ...
-    @property
-    def size(self) -> int: ...
-
-
-class RootRecord(msgspec.Struct, frozen=True, kw_only=True):
-    """``roots/<hex>.json``: an image root's manifest, layers, bytes on disk and what the
-    image runs (its config's ``config``)."""
-
-    manifest: Digest
-    layers: list[Digest]
-    size: int
-    run: RunConfig = RunConfig()
-    files: str = ""  # the digest of roots/<hex>.files ("": made before inventories)
-
-
-@dataclass(frozen=True, slots=True)
-class Pulled:
-    """An image made ready by :meth:`ImageCache.pull`: its root, what it runs, the bytes its
-    layers lacked when its root began to be made (0: the root was here) and the seconds
-    this call took."""
-
-    root: Path
-    run: RunConfig
-    bytes: int
-    seconds: float
-
-
-@dataclass(frozen=True, slots=True)
-class CacheStats:
-    """What the cache holds and has done since it was opened."""
-
-    used_bytes: int
-    budget_bytes: int
-    images: int
-    layers: int
-    hits: int  # prepare() of an image whose root was there
-    misses: int  # prepare() that had to make it (or wait for it being made)
-    pulls: int  # layers fetched
-    pulled_bytes: int
-    evictions: int
-    pull_bytes_per_s: float  # measured (moving average), or the default before any pull
-    tampered: int = 0  # roots removed because they no longer matched their inventory
-    scrubbed_bytes: int = 0  # bytes of roots read by check()
-
-
-@dataclass(frozen=True, slots=True)
-class Tampered:
-    """A root that did not match its inventory, and was removed: found when the cache was
-    opened (``adopted``) or by ``check`` (``scrub``); ``why`` names what differed."""
-
-    manifest: str
-    why: str
-    found: str
-
-
-# ``check``'s pace: told the bytes just read, it waits as long as the owner's rate says.
-Pace = Callable[[int], Awaitable[None]]
-
-
-@dataclass(slots=True)
-class _Held:
-    size: int
-    last_used: float
-    files: str = ""  # a root's: its inventory's digest
-    checked: float = 0.0  # a root's: when check() last began to read it (clock), 0 if never
 
 
 class ImageCache:
@@ -203,8 +102,8 @@ class ImageCache:
         self.root_dir = directory / "roots"
         self.tmp = directory / "tmp"
         self.rate = PullRate()
-        self._layers: dict[str, _Held] = {}
-        self._roots: dict[str, _Held] = {}
+        self._layers: dict[str, Held] = {}
+        self._roots: dict[str, Held] = {}
         self._layers_of: dict[str, tuple[str, ...]] = {}  # manifest -> its layers, once known
         self._pins: Counter[str] = Counter()
         self._fetches = Flights()
@@ -213,7 +112,16 @@ class ImageCache:
         self._lacked: dict[str, int] = {}  # manifest -> bytes its last making had to fetch
         self._expected: dict[str, int] = {}  # manifest -> its root's bytes, while unpacked
         self._records = msgspec.json.Decoder(RootRecord)
-        self.found: list[Tampered] = []  # roots removed as tampered, for the owner to announce
+        # the roots checked against their inventories (at open, by the owner's scrub)
+        self.checks = RootChecks(
+            self.root_dir,
+            self._roots,
+            self._counts,
+            self._move_root_out,
+            self._paths_of,
+            clock,
+            self.log,
+        )
 
     @classmethod
     def open(
@@ -236,7 +144,7 @@ class ImageCache:
 
     def root(self, manifest: str) -> Path | None:
         """The image's root if it is unpacked here."""
-        return self.root_dir / _hex(manifest) if manifest in self._roots else None
+        return self.root_dir / hex_of(manifest) if manifest in self._roots else None
 
     def lacking(self, layers: Sequence[Sized], manifest: str = "") -> int:
         """The bytes a pull of an image with ``layers`` would fetch: the layers neither
@@ -314,7 +222,7 @@ class ImageCache:
             self.unpin(manifest)
 
     def _run_config(self, manifest: str) -> RunConfig:
-        path = self.root_dir / f"{_hex(manifest)}.json"
+        path = self.root_dir / f"{hex_of(manifest)}.json"
         try:
             return self._records.decode(path.read_bytes()).run
         except (OSError, msgspec.DecodeError) as exc:
@@ -370,7 +278,7 @@ class ImageCache:
         finally:
             self._expected.pop(manifest, None)
         size = record.size
-        self._roots[manifest] = _Held(size, self.clock(), record.files, checked=self.clock())
+        self._roots[manifest] = Held(size, self.clock(), record.files, checked=self.clock())
         self._touch_root(manifest)
         log.info(
             "image_unpacked",
@@ -388,7 +296,7 @@ class ImageCache:
         await self.source.fetch_blob(layer, self.blob_dir / layer.hex, tmp_dir=self.tmp)
         seconds = time.perf_counter() - started
         self.rate.observe(layer.size, seconds)
-        self._layers[layer.digest] = _Held(layer.size, self.clock())
+        self._layers[layer.digest] = Held(layer.size, self.clock())
         self._touch_layer(layer.digest)
         self._counts["pulls"] += 1
         self._counts["pulled_bytes"] += layer.size
@@ -411,8 +319,8 @@ class ImageCache:
         """Unpack into ``tmp/`` within ``tally`` and rename into ``roots/``, then take its
         inventory (after the rename: the root's own change time is final then) and write
         it and the record (a worker thread)."""
-        work = self.tmp / f"root-{_hex(manifest)}-{secrets.token_hex(4)}"
-        root = self.root_dir / _hex(manifest)
+        work = self.tmp / f"root-{hex_of(manifest)}-{secrets.token_hex(4)}"
+        root = self.root_dir / hex_of(manifest)
         work.mkdir()
         try:
             written = unpack(work, files, tally)
@@ -430,8 +338,8 @@ class ImageCache:
                 run=run,
                 files=digest_of(data),
             )
-            self._write(self.root_dir / f"{_hex(manifest)}.files", data)
-            self._write(self.root_dir / f"{_hex(manifest)}.json", msgspec.json.encode(record))
+            self._write(self.root_dir / f"{hex_of(manifest)}.files", data)
+            self._write(self.root_dir / f"{hex_of(manifest)}.json", msgspec.json.encode(record))
         except BaseException:
             remove_all(self._paths_of(manifest))
             raise
@@ -451,76 +359,12 @@ class ImageCache:
     def _paths_of(self, manifest: str) -> list[Path]:
         """A root's files in ``roots/``: its record first (without it the rest is no
         root), its inventory, the root."""
-        name = _hex(manifest)
+        name = hex_of(manifest)
         return [
             self.root_dir / f"{name}.json",
             self.root_dir / f"{name}.files",
             self.root_dir / name,
         ]
-
-    # -- checking a root -----------------------------------------------------------------
-
-    def due(self, every_s: float) -> list[str]:
-        """The roots not read whole for ``every_s`` (or never since the cache was opened),
-        longest first."""
-        now = self.clock()
-        roots = [(h.checked, m) for m, h in list(self._roots.items()) if now - h.checked >= every_s]
-        return [m for _, m in sorted(roots)]
-
-    def take_found(self) -> list[Tampered]:
-        """The roots removed for not matching their inventory since the last call (at the
-        cache's opening, by ``check``), for the owner to announce."""
-        found, self.found = self.found, []
-        return found
-
-    def next_due(self, every_s: float) -> float | None:
-        """When the next root falls due (clock time), or None with no root here."""
-        checked = [h.checked for h in list(self._roots.values())]
-        return min(checked) + every_s if checked else None
-
-    async def check(self, manifest: str, pace: Pace) -> str:
-        """Read the root of ``manifest`` whole against its inventory: the walk of
-        ``changed``, then every file's bytes in bounded steps, each in a worker thread,
-        ``pace`` awaited after each. "" when it holds what it should (or left the cache
-        meanwhile: an eviction is no tampering); else what differed, and the root is
-        removed (made again at its next use; a machine running from it keeps only the
-        files it holds open) and listed for ``take_found``."""
-        held = self._roots.get(manifest)
-        if held is None:
-            return ""
-        held.checked = self.clock()  # tried now: one that fails waits its turn again
-        root = self.root_dir / _hex(manifest)
-        inventory, differences = await anyio.to_thread.run_sync(self._walked, manifest, held.files)
-        if inventory is not None and not differences:
-            hasher = Hasher(root, inventory.files())
-            try:
-                while not hasher.done and self._roots.get(manifest) is held:
-                    read = await anyio.to_thread.run_sync(hasher.step)
-                    self._counts["scrubbed_bytes"] += read
-                    await pace(read)
-            finally:
-                hasher.close()
-            differences = hasher.findings()
-        if self._roots.get(manifest) is not held:
-            return ""
-        if not differences:
-            return ""
-        why = "; ".join(differences)
-        await anyio.to_thread.run_sync(remove_all, self._drop_root(manifest, why, "scrub"))
-        return why
-
-    def _walked(self, manifest: str, files: str) -> tuple[Inventory | None, list[str]]:
-        """``walk_check`` of a root here (a worker thread, or the cache's opening)."""
-        name = _hex(manifest)
-        return walk_check(self.root_dir / name, self.root_dir / f"{name}.files", files)
-
-    def _drop_root(self, manifest: str, why: str, found: str) -> list[Path]:
-        """A root that differs from its inventory leaves the cache (its paths moved into
-        ``tmp/``, returned for deletion), said in the log and in ``found``."""
-        self.found.append(Tampered(manifest, why, found))
-        self._counts["tampered"] += 1
-        self.log.warning("image_root_tampered", manifest=manifest, found=found, why=why)
-        return self._move_root_out(manifest)
 
     def _move_root_out(self, manifest: str) -> list[Path]:
         """A root, its inventory and record out of ``roots/`` and of the cache (into
@@ -563,7 +407,7 @@ class ImageCache:
         for key in keys:
             kind, digest = key.split(" ", 1)
             if kind == "layer":
-                doomed.append(self._move_out(self.blob_dir / _hex(digest)))
+                doomed.append(self._move_out(self.blob_dir / hex_of(digest)))
                 self._forget_layer(digest)
             else:
                 doomed += self._move_root_out(digest)
@@ -580,7 +424,7 @@ class ImageCache:
 
     def _forget_layer(self, digest: str) -> None:
         if self._layers.pop(digest, None) is not None:
-            (self.blob_dir / _hex(digest)).unlink(missing_ok=True)
+            (self.blob_dir / hex_of(digest)).unlink(missing_ok=True)
 
     def _used(self) -> int:
         # list(): copied at once (a scrape thread must not see the dicts change under it)
@@ -590,12 +434,12 @@ class ImageCache:
     def _touch_layer(self, digest: str) -> None:
         held = self._layers[digest]
         held.last_used = self.clock()
-        set_mtime(self.blob_dir / _hex(digest), held.last_used)
+        set_mtime(self.blob_dir / hex_of(digest), held.last_used)
 
     def _touch_root(self, manifest: str) -> None:
         held = self._roots[manifest]
         held.last_used = self.clock()
-        set_mtime(self.root_dir / f"{_hex(manifest)}.json", held.last_used)
+        set_mtime(self.root_dir / f"{hex_of(manifest)}.json", held.last_used)
 
     # -- rebuilding from disk ------------------------------------------------------------
 
@@ -608,8 +452,8 @@ class ImageCache:
             discarded += 1
         for path in list(self.blob_dir.iterdir()):
             st = path.lstat()
-            if _is_hex(path.name) and stat.S_ISREG(st.st_mode):
-                self._layers[f"sha256:{path.name}"] = _Held(st.st_size, st.st_mtime)
+            if is_hex_name(path.name) and stat.S_ISREG(st.st_mode):
+                self._layers[f"sha256:{path.name}"] = Held(st.st_size, st.st_mtime)
             else:
                 remove_tree(path)
                 discarded += 1
@@ -637,14 +481,14 @@ class ImageCache:
                 record = decoder.decode(record_path.read_bytes())
             except (OSError, msgspec.DecodeError):
                 record = None
-            if record is None or not path.is_dir() or _hex(record.manifest) != path.name:
+            if record is None or not path.is_dir() or hex_of(record.manifest) != path.name:
                 remove_all([path, record_path, path.with_name(f"{path.name}.files")])
                 discarded += 1
                 continue
-            if not self._adopted(record):
+            if not self.checks.adopted(record):
                 discarded += 1
                 continue
-            self._roots[record.manifest] = _Held(
+            self._roots[record.manifest] = Held(
                 record.size, record_path.stat().st_mtime, record.files
             )
             self._layers_of[record.manifest] = tuple(record.layers)
@@ -653,25 +497,3 @@ class ImageCache:
                 other.unlink()
                 discarded += 1
         return discarded
-
-    def _adopted(self, record: RootRecord) -> bool:
-        """Whether the root of ``record`` matches its inventory as a walk sees it; if not,
-        it is removed (listed in ``found``), as is one made before roots had inventories."""
-        manifest = record.manifest
-        if not record.files:
-            self.log.info("image_root_unverifiable", manifest=manifest, detail="no inventory")
-            remove_all(self._paths_of(manifest))
-            return False
-        _, differences = self._walked(manifest, record.files)
-        if not differences:
-            return True
-        remove_all(self._drop_root(manifest, "; ".join(differences), "adopted"))
-        return False
-
-
-def _hex(digest: str) -> str:
-    return digest.removeprefix("sha256:")
-
-
-def _is_hex(name: str) -> bool:
-    return len(name) == 64 and set(name) <= _HEX

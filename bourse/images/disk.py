@@ -10,6 +10,18 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
+_HEX = frozenset("0123456789abcdef")
+
+
+def hex_of(digest: str) -> str:
+    """A sha256 digest's hex: the name of its files in a cache."""
+    return digest.removeprefix("sha256:")
+
+
+def is_hex_name(name: str) -> bool:
+    """Whether ``name`` is a sha256 hex (a blob's file name in a cache)."""
+    return len(name) == 64 and set(name) <= _HEX
+
 
 def disk_usage(top: Path) -> int:
     """Bytes on disk under ``top`` (allocated blocks; a hard-linked file once)."""

@@ -16,7 +16,7 @@ import anyio
 import anyio.abc
 import structlog
 
-from bourse.images.cache import Pulled
+from bourse.images.cachetypes import Pulled
 from bourse.wire.messages import Event, Machine
 from supplier.images import PullFailed, WorkerImages
 from supplier.machines.api import Driver

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from bourse.images.cache import Pulled
+from bourse.images.cachetypes import Pulled
 from bourse.wire.messages import Error, Event, Machine, now_ms
 from supplier.checks import Verdict
 from supplier.images import WorkerImages

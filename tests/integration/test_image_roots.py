@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from bourse.images import ImageCache, ImageStore, Limits, RunSpec
-from bourse.images.cache import RootRecord, Tampered
+from bourse.images.cachetypes import RootRecord, Tampered
 from bourse.images.inventory import FILE, STEP_BYTES, Inventory, decode, digest_of, encode
 from bourse.wire.codec import decode as decode_wire
 from bourse.wire.messages import Event
@@ -76,10 +76,10 @@ async def test_a_root_is_inventoried_as_its_layers_wrote_it_and_reads_back_clean
     async def pace(read: int) -> None:
         paced.append(read)
 
-    assert await cache.check(image, pace) == ""
+    assert await cache.checks.check(image, pace) == ""
     assert sum(paced) == cache.stats().scrubbed_bytes == sum(map(len, FILES.values()))
     assert len(paced) >= 3 and max(paced) <= STEP_BYTES  # paced in bounded steps
-    assert cache.take_found() == [] and cache.root(image) == root
+    assert cache.checks.take_found() == [] and cache.root(image) == root
 
 
 def _rewrite(root: Path) -> str:
@@ -110,15 +110,15 @@ async def test_a_tampered_root_is_caught_removed_and_made_again_from_its_layers(
     root = await cache.prepare(image)
     said = TAMPERINGS[how](root)
     if found == "scrub":
-        why = await cache.check(image, _unpaced)
+        why = await cache.checks.check(image, _unpaced)
     else:  # a supplier starting again on this cache
         cache = ImageCache.open(tmp_path / "cache", source, Limits(budget_bytes=1 << 30))
-        why = cache.take_found()[0].why if cache.found else ""
+        why = cache.checks.take_found()[0].why if cache.checks.found else ""
     assert said in why, why
     assert cache.root(image) is None and not root.exists()
     assert sorted(p.name for p in cache.root_dir.iterdir()) == []  # record, inventory too
     if found == "scrub":
-        assert cache.take_found() == [Tampered(image, why, "scrub")]
+        assert cache.checks.take_found() == [Tampered(image, why, "scrub")]
     assert cache.stats().tampered == 1
     fetched = Counter(source.fetches)
     again = await cache.prepare(image)  # its next use: unpacked again from the layers here
@@ -126,7 +126,7 @@ async def test_a_tampered_root_is_caught_removed_and_made_again_from_its_layers(
     assert (again / "www/index.html").read_bytes() == INDEX
     assert not (again / "www/admin.html").exists()
     assert stat.S_IMODE((again / "bin/tool").stat().st_mode) == 0o644
-    assert await cache.check(image, _unpaced) == ""
+    assert await cache.checks.check(image, _unpaced) == ""
 
 
 async def test_bytes_changed_below_the_filesystem_pass_adoption_and_the_scrub_finds_them(
@@ -149,8 +149,11 @@ async def test_bytes_changed_below_the_filesystem_pass_adoption_and_the_scrub_fi
     root.with_name(f"{root.name}.json").write_bytes(msgspec.json.encode(record))
 
     cache = ImageCache.open(tmp_path / "cache", store, Limits(budget_bytes=1 << 30))
-    assert cache.root(image) == root and cache.found == []  # the walk sees nothing
-    assert await cache.check(image, _unpaced) == "/www/index.html: its bytes are not the image's"
+    assert cache.root(image) == root and cache.checks.found == []  # the walk sees nothing
+    assert (
+        await cache.checks.check(image, _unpaced)
+        == "/www/index.html: its bytes are not the image's"
+    )
     assert cache.root(image) is None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import msgspec
 
-from bourse.images.cache import RootRecord
+from bourse.images.cachetypes import RootRecord
 from bourse.images.inventory import digest_of, encode, take
 from bourse.wire.messages import Bid, ExplainRequest, Layer, Machine, Offer, Resources
 from supplier.candidates import BidGroup
