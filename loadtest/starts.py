@@ -334,7 +334,8 @@ async def memory(client: BourseClient, n: int, shims_dir: Path, say: Say) -> dic
     async def one() -> None:
         order = PlaceOrder(
             region=REGION,
-            resources=Resources(cpus=1, memory_mb=64),
+            # a quarter of a CPU each: 100 fit on the worker's 64 CPUs
+            resources=Resources(cpus=1, cpu_millis=250, memory_mb=64),
             image="sleeper:latest",
             constraints={"kind": "process"},
         )
