@@ -376,11 +376,12 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         APP_SECRETS.key: _of(WRITE_OWN),
         STATE.key: _of(VIEW_FLEET, VIEW_OWN),
     },
-    # routes and heals from a view of every row; reads an app's record (its spec: how many
-    # machines it wants, its shape for a new spare); nothing else of JetStream (its starts,
-    # stops and orders go through the exchange: the subject table)
+    # routes and heals from a view of every row; follows the apps' records (their specs'
+    # service sections: how it serves each; how many machines one wants, its shape for a
+    # new spare); nothing else of JetStream (its starts, stops and orders go through the
+    # exchange: the subject table)
     ROLE_EDGE: {
-        APPS.key: _of(INFO, READ),
+        APPS.key: _of(INFO, READ, REPLAY),
         STATE.key: _of(VIEW, VIEW_FLEET),
     },
 }

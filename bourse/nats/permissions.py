@@ -170,7 +170,8 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
     """``edge serve``: a machine's start (a request found none able to take it), a failed
     machine's stop kept for its worker and a new spare's order (its controller), each
     through the exchange as the shared buyer's; why an order went unfilled; the machine
-    listings (its routes where the market has no state stream). Its JetStream: grants.py."""
+    listings (its routes where the market has no state stream); every edge's activity
+    (§4.23: what stops an idle machine). Its JetStream: grants.py."""
     return Permissions(
         publish=(
             s.order("*"),
@@ -178,9 +179,10 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
             s.explain("*"),
             s.machines("*"),
             s.machines_every,
+            s.edge_activity(),  # its requests per machine (§4.23): one key for every edge
             *grants.allows(ROLE_EDGE, s.prefix),
         ),
-        subscribe=(f"{inbox}.>",),
+        subscribe=(s.edge_activity(), f"{inbox}.>"),
     )
 
 

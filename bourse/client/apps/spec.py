@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 
 from bourse.errors import BourseError
 from bourse.wire.limits import ID_PATTERN
-from bourse.wire.messages import Check, Env, Image, Labels, Ports, Region, Resources
+from bourse.wire.messages import Check, Env, Image, Labels, PortName, Ports, Region, Resources
 from bourse.wire.metadata import RESERVED, RESTART_POLICIES
 from bourse.wire.resources import cpu_fields, parse_cpus
 
@@ -31,6 +31,28 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=MAX_PER_REGION)]
 
 class SpecError(BourseError, ValueError):
     """A spec that cannot be applied: one line naming the file, the key and the problem."""
+
+
+MAX_IDLE_S = 7 * 24 * 3600
+Limit = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+
+
+class AppService(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the edge serves the app (docs/protocol.md §4.19, docs/edge.md): the named port
+    its HTTP goes to ("": ``http`` where a machine has one, else its first); whether a
+    request starts a stopped machine (``auto_start``), whether a machine idle for
+    ``idle_s`` is stopped (``auto_stop``), never below ``min_machines_running`` started
+    machines in a region; requests per machine an edge sends past which it prefers others
+    (``soft_limit``) and never exceeds (``hard_limit``), 0: none. None of it is what a
+    machine is made from: a change rolls no machine (it is left out of the digest)."""
+
+    port: PortName | Literal[""] = ""
+    auto_start: bool = True
+    auto_stop: bool = False
+    idle_s: Annotated[float, msgspec.Meta(ge=1, le=MAX_IDLE_S)] = 300.0
+    min_machines_running: Count = 0
+    soft_limit: Limit = 0
+    hard_limit: Limit = 0
 
 
 class AppSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -50,11 +72,14 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     restart: str = ""
     labels: Labels = {}
     metadata: dict[str, str] = {}
+    service: AppService = AppService()
 
     def digest(self, secrets_revision: str = "") -> str:
         """The canonical digest of what the machines are made from (the generation changes
-        when it does): the spec's canonical JSON and the secrets' revision."""
-        doc = msgspec.json.encode(canonical(self))
+        when it does): the spec's canonical JSON but its service section (how the edge
+        serves it: no machine is made from it) and the secrets' revision."""
+        made_of = {k: v for k, v in canonical(self).items() if k != "service"}
+        doc = msgspec.json.encode(made_of)
         return hashlib.sha256(doc + b"|" + secrets_revision.encode()).hexdigest()
 
 
@@ -171,6 +196,11 @@ def _check(spec: AppSpec, where: str) -> None:
             f"{where}: [restart]: {spec.restart!r} is not a restart policy: use no, "
             "on-failure or always"
         )
+    svc = spec.service
+    if svc.port and svc.port not in spec.ports:
+        raise SpecError(f"{where}: [service].port: {svc.port!r} is not a declared port")
+    if svc.soft_limit and svc.hard_limit and svc.soft_limit > svc.hard_limit:
+        raise SpecError(f"{where}: [service].soft_limit: more than hard_limit")
     if reserved := sorted(RESERVED_METADATA & set(spec.metadata)):
         raise SpecError(f"{where}: [metadata].{reserved[0]}: reserved for the app's own use")
     if len(spec.metadata) > 32:
