@@ -29,8 +29,11 @@ if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
     from edge.healing import Controller
+    from edge.idle import Idle, Running
     from edge.routes import RouteSource
     from edge.routing import Service
+    from edge.service import EdgeService
+    from edge.services import AppServices
     from edge.starts import StartMachine
     from edge.viewroutes import ViewRoutes
 
@@ -235,6 +238,8 @@ def serve(
         nc: NATS | None = None
         start_machine: StartMachine | None = None
         healer: Controller | None = None
+        apps: AppServices | None = None
+        view: ViewRoutes | None = None
         try:
             routes_from: RouteSource
             if table is not None:
@@ -245,6 +250,7 @@ def serve(
                 routes_from, view = _market(
                     nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
+                apps = _app_services(nc, prefix, view)
                 if auto_start:
                     start_machine = _starter(nc, prefix)
                 if controller:
@@ -262,6 +268,7 @@ def serve(
                 start_machine=start_machine,
                 start_timeout_s=start_timeout_s,
                 max_held=max_held,
+                auto_start=apps.auto_start if apps is not None else None,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -269,9 +276,13 @@ def serve(
                     serving = (
                         f"; metrics on {(await start_endpoint(tasks, metrics, metrics_at)).url}"
                     )
+                if apps is not None:
+                    await tasks.start(apps.run)
                 if healer is not None:
                     await tasks.start(healer.run)
                 await tasks.start(svc.run)  # ListenError: one line, as any BourseError
+                if nc is not None and apps is not None and view is not None:
+                    await tasks.start(_idle(nc, prefix, svc, apps, view).run)
                 settle_heap()
                 extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
                 typer.echo(
@@ -350,6 +361,34 @@ def _starter(nc: NATS, prefix: str) -> StartMachine:
         return await client.machine("start", machine_id)
 
     return start
+
+
+def _app_services(nc: NATS, prefix: str, view: ViewRoutes) -> AppServices:
+    """The apps' service sections, followed; the view's table made again on a change."""
+    from edge.services import AppServices
+
+    apps = AppServices(nc, prefix)
+    view.services = apps
+    apps.observers.append(view.refresh)
+    return apps
+
+
+def _idle(nc: NATS, prefix: str, svc: EdgeService, apps: AppServices, view: ViewRoutes) -> Idle:
+    """This edge's activity, every edge's heard, idle machines stopped (docs/edge.md)."""
+    from bourse.client import BourseClient
+    from bourse.wire.subjects import Subjects
+    from edge.idle import Idle, running
+
+    subjects = Subjects(prefix)
+    client = BourseClient(nc, subjects)
+
+    async def stop(machine_id: str) -> object:
+        return await client.machine("stop", machine_id)
+
+    def rows() -> list[Running]:
+        return running(view.view.db.db) if view.view is not None else []
+
+    return Idle(nc, subjects, svc.router, stop, lambda: apps.all, rows)
 
 
 def _controller(nc: NATS, prefix: str) -> Controller:

@@ -214,6 +214,8 @@ class Router:
         self._turn: dict[str, int] = {}
         # machines this edge started and whose port answered its probe
         self.started_here: dict[str, _Here] = {}
+        # when this edge last sent a request to each machine (its clock): its activity
+        self.began: dict[str, float] = {}
 
     # -- the table -------------------------------------------------------------------------
 
@@ -225,6 +227,8 @@ class Router:
         present = {b.machine_id: b for r in table.apps.values() for b in r.backends}
         for gone in [m for m in self.skipped if m not in present]:
             del self.skipped[gone]
+        for gone in [m for m in self.began if m not in present]:
+            del self.began[gone]
         old = self.clock() - STARTED_HERE_S
         for mid, here in list(self.started_here.items()):
             row = present.get(mid)
@@ -326,6 +330,7 @@ class Router:
     def begin(self, machine_id: str) -> None:
         """A request (or connection) went to ``machine_id``."""
         self.outstanding[machine_id] = self.outstanding.get(machine_id, 0) + 1
+        self.began[machine_id] = self.clock()
 
     def end(self, machine_id: str) -> None:
         """It ended (answered, failed or cut short)."""

@@ -76,6 +76,7 @@ class EdgeService:
     start_machine: StartMachine | None = None
     start_timeout_s: float = START_TIMEOUT_S
     max_held: int = MAX_HELD
+    auto_start: Callable[[str], bool] | None = None  # per app (None: every app)
     address: str = ""
     service_addresses: dict[str, str] = field(default_factory=dict)
     router: Router = field(init=False)
@@ -102,6 +103,7 @@ class EdgeService:
                 timeout_s=self.start_timeout_s,
                 max_held=self.max_held,
                 metrics=self.metrics,
+                auto_start=self.auto_start or every_app,
             )
         servers: list[asyncio.Server] = []
         try:
@@ -143,6 +145,10 @@ class EdgeService:
             await proxy.starts.close()
         await proxy.tasks.finish(0)
         log.info("edge_stopped", cut_short=cut)
+
+
+def every_app(app: str) -> bool:
+    return True
 
 
 def _service_protocol(proxy: Proxy, service: Service) -> Callable[[], TcpClient]:

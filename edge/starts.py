@@ -93,6 +93,7 @@ class Starts:
         metrics: EdgeMetrics | None = None,
         clock: Callable[[], float] = time.monotonic,
         probe: Probe = probe,
+        auto_start: Callable[[str], bool] = lambda app: True,
     ) -> None:
         self.router = router
         self.start_machine = start_machine
@@ -103,6 +104,7 @@ class Starts:
         self.metrics = metrics
         self.clock = clock
         self.probe = probe
+        self.auto_start = auto_start  # an app's service section may say no
         self.pending: dict[str, _Start] = {}
         self.failed: dict[str, _Failed] = {}
         self.tasks = TaskSet("edge-start")
@@ -111,6 +113,8 @@ class Starts:
         """Hold a request of ``app`` until a machine of it is started: None when held
         (``release`` is called once, later); else why not, for its 503 ("": the app has
         no machine to start, answer as routing said)."""
+        if not self.auto_start(app):
+            return ""
         start = self.pending.get(app)
         if start is not None:
             if len(start.waiters) >= self.max_held:

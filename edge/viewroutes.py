@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -44,8 +44,10 @@ from edge.routing import (
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from bourse.client.apps.spec import AppService
     from bourse.view import View
     from bourse.wire.subjects import Subjects
+    from edge.services import AppServices
 
 log = structlog.get_logger("bourse.edge")
 
@@ -88,18 +90,25 @@ def view_table(
     port: str = "",
     soft_limit: int = 0,
     hard_limit: int = 0,
+    services: Mapping[str, AppService] | None = None,
 ) -> RouteTable:
     """The table of every app machine the view holds (not destroyed), keyed by app and
     tenant; a machine whose worker the view says is gone is marked so (0, "never seen
-    beating", is not gone: nothing says so, and the edge's probe catches a dead address)."""
+    beating", is not gone: nothing says so, and the edge's probe catches a dead address).
+    An app with a service section (``services``, by key) takes its port and limits from
+    it; the others ``port``, ``soft_limit`` and ``hard_limit``."""
     grouped: dict[str, list[Backend]] = {}
     for mid, tenant, app, region, state, status, addrs, gone, checks, role in db.execute(_ROWS):
         health = _health(status, checks)
         backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone), role=role)
         grouped.setdefault(app_key(app, tenant), []).append(backend)
-    apps = {
-        key: AppRoute(key, tuple(bs), soft_limit, hard_limit, port) for key, bs in grouped.items()
-    }
+    apps = {}
+    for key, bs in grouped.items():
+        svc = (services or {}).get(key)
+        if svc is None:
+            apps[key] = AppRoute(key, tuple(bs), soft_limit, hard_limit, port)
+        else:
+            apps[key] = AppRoute(key, tuple(bs), svc.soft_limit, svc.hard_limit, svc.port or port)
     return RouteTable(apps, source=SOURCE)
 
 
@@ -127,10 +136,20 @@ class ViewRoutes:
         self.view: View | None = None
         # told the view's database after each table published (the controller reads it)
         self.observers: list[Callable[[sqlite3.Connection], None]] = []
+        self.services: AppServices | None = None  # the apps' service sections, followed
+        self._publish_to: Publish | None = None
 
     def table(self, view: View) -> RouteTable:
         soft, hard = self.limits
-        return view_table(view.db.db, port=self.port, soft_limit=soft, hard_limit=hard)
+        services = self.services.all if self.services is not None else None
+        return view_table(
+            view.db.db, port=self.port, soft_limit=soft, hard_limit=hard, services=services
+        )
+
+    def refresh(self) -> None:
+        """Publish the table again (the apps' service sections changed)."""
+        if self.view is not None and self._publish_to is not None:
+            self._publish(self.view, self._publish_to)
 
     async def run(
         self,
@@ -142,6 +161,7 @@ class ViewRoutes:
         read), publish its table, then again after every batch that changed something."""
         async with open_view(self.nc, self.subjects, self.path) as view:
             self.view = view
+            self._publish_to = publish
             self._publish(view, publish)
             log.info("routes_view", freshness=str(view.freshness()))
             task_status.started()

@@ -11,12 +11,14 @@ from pathlib import Path
 import anyio
 
 from bourse.client import BourseClient
-from bourse.wire.messages import Placed
+from bourse.client.apps.spec import AppService, AppSpec
+from bourse.client.apps.store import AppRecord, AppStore
+from bourse.wire.messages import Placed, Resources
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
-from tests.views import published
+from tests.views import published, row
 
 # Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
 # start); "slow" and "never" machines: see the catalog below.
@@ -237,3 +239,46 @@ async def test_two_controllers_heal_a_gone_primary_with_one_failover(
             assert f"spare='{spare.machine_id}'" in line and new_spare.machine_id in line, line
             assert f"{primary.machine_id} stop queued" in line, line
         assert len(refill.machines) == 1 and len(other.workers[w2].machines) == 1
+
+
+async def test_idle_machines_are_stopped_down_to_the_minimum_by_one_edge(
+    market: Market, tmp_path: Path
+) -> None:
+    """Apps whose service section says auto_stop after 1 s: 'nap' with two machines and a
+    minimum of one, 'solo' with one machine and none. Two edges hear each other's
+    activity; one of them (the smaller id) stops solo's machine and one of nap's, never
+    both; a request to solo then starts it again, and once idle it is stopped again."""
+    w = own_worker_id("edgei1")
+    await market.host(worker(w, ports="29610-29619", advertise_host=HOST))
+    await market.exchange()
+    buyer = await market.client()
+    placed = {app: [await place_app(buyer, app) for _ in range(n)] for app, n in
+              (("nap", 2), ("solo", 1))}  # fmt: skip
+    nc = await market.connect("apps")
+    store = await AppStore.open(nc, market.subjects.prefix)
+    for app, minimum in (("nap", 1), ("solo", 0)):
+        for p, _ in placed[app]:
+            await buyer.machine("start", p.machine_id)
+        service = AppService(port="http", auto_stop=True, idle_s=1, min_machines_running=minimum)
+        spec = AppSpec(app=app, image="web", regions=["mad"], ports=["http"],
+                       resources=Resources(cpus=1, memory_mb=256), service=service)  # fmt: skip
+        await store.write(app, AppRecord(spec=spec), 0)
+    solo = placed["solo"][0][0].machine_id
+    try:
+        async with (
+            edge(tmp_path, *market_args(market)) as e1,
+            edge(tmp_path, *market_args(market)) as e2,
+        ):
+            await published(nc, market.subjects, solo, "stopped", timeout_s=30)
+            got = await get(e1.address, host="solo.localhost")  # started by the request
+            assert (got.status, got.headers["bourse-machine"]) == (200, solo)
+            await published(nc, market.subjects, solo, "started")
+            await published(nc, market.subjects, solo, "stopped", timeout_s=30)  # idle again
+            states = [(await row(nc, market.subjects, p.machine_id)) for p, _ in placed["nap"]]
+            assert sorted(m.state for m in states if m is not None) == ["started", "stopped"]
+            lines = [(e, ln) for e in (e1, e2) for ln in e.log.splitlines() if "idle_stop'" in ln]
+            assert len(lines) == 3 and len({e.address for e, _ in lines}) == 1, lines
+    finally:
+        for ups in placed.values():
+            for _, u in ups:
+                await u.close()
