@@ -3,9 +3,10 @@ error line naming it."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from bourse.client.apps.spec import SpecError, from_dict, parse
+from bourse.client.apps.spec import AppSpec, SpecError, from_dict, parse
 from bourse.errors import BourseError
 from bourse.wire.messages import Check, Resources
 
@@ -84,6 +85,9 @@ def test_the_service_section_parses_and_rolls_no_machine() -> None:
         "",
     )
     assert spec.digest() == plain.digest()
+    # the record's JSON comes back (a section without a port: "")
+    for one in (spec, plain):
+        assert msgspec.json.decode(msgspec.json.encode(one), type=AppSpec) == one
 
 
 def _edit(old: str, new: str) -> str:

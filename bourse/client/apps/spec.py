@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 import re
 import tomllib
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
 from bourse.errors import BourseError
 from bourse.wire.limits import ID_PATTERN
-from bourse.wire.messages import Check, Env, Image, Labels, PortName, Ports, Region, Resources
+from bourse.wire.messages import Check, Env, Image, Labels, Ports, Region, Resources
 from bourse.wire.metadata import RESERVED, RESTART_POLICIES
 from bourse.wire.resources import cpu_fields, parse_cpus
 
@@ -34,6 +34,8 @@ class SpecError(BourseError, ValueError):
 
 
 MAX_IDLE_S = 7 * 24 * 3600
+# A named port, or "" (``http`` where a machine has one, else its first).
+ServicePort = Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,31})?\Z")]
 Limit = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
 
 
@@ -46,7 +48,7 @@ class AppService(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_field
     (``soft_limit``) and never exceeds (``hard_limit``), 0: none. None of it is what a
     machine is made from: a change rolls no machine (it is left out of the digest)."""
 
-    port: PortName | Literal[""] = ""
+    port: ServicePort = ""
     auto_start: bool = True
     auto_stop: bool = False
     idle_s: Annotated[float, msgspec.Meta(ge=1, le=MAX_IDLE_S)] = 300.0
