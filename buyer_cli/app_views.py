@@ -8,8 +8,9 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from bourse.runtime.cli import fail
-from buyer_cli.machines import own
-from buyer_cli.options import MachineDirectOpt
+from buyer_cli.listing import own
+from buyer_cli.machines import confirm
+from buyer_cli.options import MachineDirectOpt, YesOpt
 from buyer_cli.session import session, with_client
 from buyer_cli.views import FreshOpt, from_view, view_json, with_view
 
@@ -22,7 +23,7 @@ if TYPE_CHECKING:
 AppArg = Annotated[str, typer.Argument(metavar="NAME", help="The app's name.")]
 
 
-async def _apps(c: BourseClient, create: bool = False) -> AppStore:
+async def app_store(c: BourseClient, create: bool = False) -> AppStore:
     from bourse.client.apps.store import AppStore
 
     return await AppStore.open(c.nc, c.subjects.prefix, tenant=c.tenant, create=create)
@@ -36,7 +37,7 @@ def list_apps(ctx: typer.Context) -> None:
     from bourse.client import render
 
     async def go(c: BourseClient) -> list[tuple[str, AppRecord]]:
-        return await (await _apps(c)).listed()
+        return await (await app_store(c)).listed()
 
     rows = [
         {"app": s.app, "tenant": tenant, "generation": r.generation, "image": s.image,
@@ -59,7 +60,7 @@ async def _machines(c: BourseClient, name: str) -> tuple[list[Machine], dict[str
     """The app's machines, and each one's slot and role as the planner sees them."""
     from bourse.wire.messages import ListMachines
 
-    rec = await (await _apps(c)).get(name)
+    rec = await (await app_store(c)).get(name)
     # one filtered listing of every region (§4.17), as a deploy lists the app's machines
     machines = (await c.list_machines(None, ListMachines(app=name))).machines
     return machines, _roles(name, rec, machines)
@@ -163,18 +164,23 @@ def logs(
     with_client(ctx, go, direct=direct)
 
 
-def destroy(ctx: typer.Context, name: AppArg) -> None:
-    """Destroy every machine of the app, then its spec and secrets."""
+def destroy(ctx: typer.Context, name: AppArg, yes: YesOpt = False) -> None:
+    """Destroy every machine of the app, then its spec and secrets (asks first unless
+    --yes, as machines destroy --app does)."""
     from bourse.client import render
     from bourse.client.apps.store import SecretStore
 
+    machines, _ = with_client(ctx, lambda c: _machines(c, name))
+    live = [m for m in machines if m.state != "destroyed"]
+    if not yes:
+        confirm(f"destroy app {name!r} ({len(live)} machine(s), its spec and secrets)", live)
+
     async def go(c: BourseClient) -> list[str]:
-        machines, _ = await _machines(c, name)
         gone = []
-        for m in machines:
+        for m in live:
             await c.machine("destroy", m.machine_id)
             gone.append(m.machine_id)
-        apps = await _apps(c)
+        apps = await app_store(c)
         rec = await apps.get(name)
         await apps.retire(name)
         if rec is not None and rec.secrets:

@@ -26,7 +26,18 @@ from bourse.runtime.cli import (
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
-from buyer_cli import app_views, apps, fleet, machines, orders, secrets, views, watch
+from buyer_cli import (
+    app_views,
+    apps,
+    fleet,
+    listing,
+    machines,
+    orders,
+    secrets,
+    views,
+    watch,
+    workers,
+)
 from buyer_cli.session import Session
 
 app = typer.Typer(
@@ -37,6 +48,10 @@ app = typer.Typer(
 )
 machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)
 apps_app = typer.Typer(help="Apps as a whole: their slots, logs and secrets.", no_args_is_help=True)
+workers_app = typer.Typer(
+    help="The operator's verbs on workers: drain, stop, start (the operator's key).",
+    no_args_is_help=True,
+)
 secrets_app = typer.Typer(
     help="An app's secrets (names shown, never values).", no_args_is_help=True
 )
@@ -66,10 +81,11 @@ app.command()(fleet.fleet)
 app.command()(watch.watch)
 app.command()(views.query)
 app.add_typer(machines_app, name="machines")
-machines_app.command("list")(machines.list_machines)
-machines_app.command("show")(machines.verb_command("get", "One machine."))
-machines_app.command("start")(machines.verb_command("start", "Start a machine."))
+machines_app.command("list")(listing.list_machines)
+machines_app.command("show")(machines.show)
+machines_app.command("start")(machines.start)
 machines_app.command("stop")(machines.stop)
+machines_app.command("restart")(machines.restart)
 machines_app.command("destroy")(machines.destroy)
 machines_app.command("logs")(machines.logs)
 app.add_typer(apps_app, name="apps")
@@ -81,6 +97,10 @@ apps_app.add_typer(secrets_app, name="secrets")
 secrets_app.command("set")(secrets.set_secrets)
 secrets_app.command("unset")(secrets.unset_secrets)
 secrets_app.command("list")(secrets.list_secrets)
+app.add_typer(workers_app, name="workers")
+workers_app.command("drain")(workers.drain)
+workers_app.command("stop")(workers.stop)
+workers_app.command("start")(workers.start)
 
 
 def main() -> None:

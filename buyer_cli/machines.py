@@ -1,226 +1,193 @@
-"""``buyer machines``: list the machines of the fleet, show / start / stop / destroy one (or
-every machine of an app), and print what a machine printed."""
+"""``buyer machines``: show one machine, start / stop / restart /
+destroy one, several, or those an app or labels select (listed, then acted on: the wire has
+one machine a request, and no restart: a stop, then a start), and print what a machine
+printed."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bourse.runtime.cli import fail, parse_labels
+from bourse.runtime.cli import error_fields, fail, parse_labels
+from buyer_cli.listing import own
 from buyer_cli.options import (
-    EXIT_UNFILLED,
     MachineDirectOpt,
     MachineIdArg,
     YesOpt,
     check_machine_id,
 )
 from buyer_cli.session import session, with_client
-from buyer_cli.views import FreshOpt, from_view, gone_line, view_json, with_view
+from buyer_cli.views import FreshOpt, from_view, view_json, with_view
 
 if TYPE_CHECKING:
-    from bourse.client import BourseClient, Listing
+    from bourse.client import BourseClient
     from bourse.view import View
-    from bourse.view.reads import MachineFilter, Seen
+    from bourse.view.reads import Seen
     from bourse.wire.messages import Machine
 
-# bourse.wire.messages.MachineState's values, for --state and its help: that module loads
-# msgspec and ulid (a quarter of `buyer --help`), which the help does not need; the two are
-# checked to agree (tests/unit/test_cli_help.py).
-MACHINE_STATES = ("reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed")
+# Those of a machine that runs (what a restart selects: bourse/client/policy.py RUNS).
+RUNNING = ("starting", "started", "stopping")
 
 
-def _states(values: list[str] | None) -> list[str]:
-    """``--state`` values, each a machine state, or one line naming the valid ones."""
-    for v in values or []:
-        if v not in MACHINE_STATES:
-            fail(f"unknown state {v!r}: use one of {', '.join(MACHINE_STATES)}")
-    return list(dict.fromkeys(values or []))
-
-
-def list_machines(
+def show(
     ctx: typer.Context,
-    worker: Annotated[
-        str | None,
-        typer.Option(
-            metavar="WORKER",
-            help="Only this worker's machines (through the exchange; --direct: to the worker).",
-        ),
-    ] = None,
-    region: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="REGION", help="A region to list (repeatable; default: every region)."
-        ),
-    ] = None,
-    app_name: Annotated[
-        str | None,
-        typer.Option(
-            "--app", metavar="NAME", help="Only the machines of this app (metadata app=NAME)."
-        ),
-    ] = None,
-    state: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="STATE",
-            help=f"Only machines in this state (repeatable): {', '.join(MACHINE_STATES)}.",
-        ),
-    ] = None,
-    label: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="KEY=VALUE",
-            help="Only machines whose metadata has KEY=VALUE (repeatable; all must match). "
-            "Machines carry their order's metadata (--meta, --app), not its --label "
-            "constraints.",
-        ),
-    ] = None,
-    all_: Annotated[bool, typer.Option("--all", help="Include destroyed machines.")] = False,
+    machine_id: MachineIdArg,
     direct: MachineDirectOpt = False,
     fresh: FreshOpt = False,
 ) -> None:
-    """Machines of every worker in every region (or those given), sorted by region, worker
-    and age, with filters; --worker: one worker's. From the view of the market (a machine
-    whose worker is gone: unknown, since when); --fresh: every worker answers now, in pages.
-    Exit 2 when a region asked for (or, with none given, any region) has no worker that
-    beats (--fresh: answers), or a worker's answer is missing."""
+    """One machine: its state, last exit, addresses, checks and health. From the view of the
+    market; --fresh: its worker answers now."""
     if from_view(ctx, fresh or direct):
-        from bourse.view.reads import MachineFilter
-
-        if region and worker is not None:
-            fail("--region and --worker do not go together: a worker is in one region")
-        f = MachineFilter(
-            regions=tuple(dict.fromkeys(region or ())),
-            worker=worker or "",
-            app=app_name or "",
-            states=tuple(_states(state)),
-            labels=tuple(parse_labels(label, "--label").items()),
-            include_destroyed=all_,
-        )
-        _list_from_view(ctx, f)
+        _show_from_view(ctx, machine_id)
         return
-    from bourse.client import Listing, render
+    m = with_client(ctx, lambda c: c.machine("get", machine_id), direct=direct)
+    verb_shown(ctx, m)
+    if not session(ctx).json:
+        _shown_more(m)
+
+
+def _machine_ids(values: list[str] | None) -> list[str]:
+    return [check_machine_id(v) for v in values or []]
+
+
+MachineIdsArg = Annotated[
+    list[str] | None,
+    typer.Argument(
+        help="<worker_id>~<ulid>, one or several; or none, with --app or --label",
+        metavar="MACHINE_ID",
+        callback=_machine_ids,
+        show_default=False,
+    ),
+]
+SelectAppOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--app", metavar="NAME", help="Every live machine of this app (metadata app=NAME)."
+    ),
+]
+SelectLabelOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        metavar="KEY=VALUE",
+        help="Every live machine whose metadata has KEY=VALUE (repeatable: all must match; "
+        "with --app: of that app).",
+    ),
+]
+SelectRegionOpt = Annotated[
+    list[str] | None,
+    typer.Option(
+        metavar="REGION",
+        help="With --app or --label: only in this region (repeatable; default: every region).",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Chosen:
+    """The machines a verb acts on: given by id, or selected (listed) by app and labels."""
+
+    ids: list[str]
+    app: str | None = None
+    listed: list[Machine] | None = None  # None: given by id
+
+    @property
+    def one(self) -> bool:
+        """One machine, given by its id."""
+        return self.listed is None and len(self.ids) == 1
+
+
+def _choose(
+    ctx: typer.Context,
+    ids: list[str] | None,
+    app_name: str | None,
+    label: list[str] | None,
+    region: list[str] | None,
+    direct: bool,
+    states: tuple[str, ...] = (),
+) -> Chosen:
+    """The ids given, or (``--app``, ``--label``) the live machines that match (``states``:
+    those in one of them), listed in ``region`` or every region; one line if the two ways
+    are mixed or neither is given."""
+    labels = parse_labels(label, "--label")
+    selecting = app_name is not None or bool(labels)
+    if bool(ids) == selecting:
+        fail("give MACHINE_IDs, or --app NAME and/or --label KEY=VALUE (one way of the two)")
+    if region and not selecting:
+        fail("--region goes with --app or --label")
+    if not selecting:
+        return Chosen(ids or [])
     from bourse.wire.messages import ListMachines
 
-    req = ListMachines(
-        include_destroyed=all_,
-        states=_states(state),  # type: ignore[arg-type]  # checked against MachineState
-        app=app_name or "",
-        labels=parse_labels(label, "--label"),
-    )
-    if worker is not None:
-        if region:
-            fail("--region and --worker do not go together: a worker is in one region")
-        wid = worker
-        listed = with_client(ctx, lambda c: c.machines(wid, request=req), direct=direct)
-        if session(ctx).json:
-            regions = sorted({m.region for m in listed.machines})
-            session(ctx).echo_json(
-                Listing(machines=listed.machines, complete=True, regions=regions)
-            )
-        else:
-            render.show(render.machines(listed.machines))  # as before: with order ids
-        return
-    if direct:
-        fail("--direct goes with --worker (a listing of every worker asks the suppliers anyway)")
-    got = with_client(ctx, lambda c: c.list_machines(region or None, req))
-    if session(ctx).json:
-        session(ctx).echo_json(got)
-    elif got.machines:
-        render.show(render.machine_listing(got.machines))
-    elif got.regions:
-        typer.echo("no machine matches")
-    _listing_problems(got, region or [])
-
-
-def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
-    """``machines list`` from the view: the machines as their workers last published them,
-    those of a worker gone shown as unknown (JSON: ``gone``, worker -> since when)."""
-    s = session(ctx)
-
-    async def go(view: View) -> tuple[list[Seen], list[str], dict[str, int]]:
-        from bourse.view import reads
-
-        return reads.machines(view.db.db, f), reads.beating_regions(view.db.db), view_json(view)
-
-    seen, regions, fresh = with_view(ctx, go)
-    from bourse.client import Listing, render
-
-    tenant = s.tenant()
-    gone = {x.machine().worker_id: x.gone_since_ms for x in seen if x.gone_since_ms is not None}
-    machines = [own(tenant, x.machine()) for x in seen] if tenant or not s.json else []
-    if s.json:
-        listed: list[object] = list(machines) if tenant else [x.json for x in seen]
-        s.echo_json(
-            {"machines": listed, "complete": True, "missing": [], "regions": regions,
-             "errors": [], "gone": gone, "view": fresh}
-        )  # fmt: skip
-    elif machines:
-        render.show(render.machine_listing(machines, gone=gone))
-    elif regions:
-        typer.echo("no machine matches")
-    line = gone_line(gone)
-    if line and not s.json:
-        typer.echo(line, err=True)
-    _listing_problems(Listing(machines=[], complete=True, regions=regions), list(f.regions))
-
-
-def own(tenant: str, m: Machine) -> Machine:
-    """A machine as its tenant sees it: its own order id (the scope taken off)."""
-    from bourse.wire.tenancy import unscoped
-
-    return unscoped(tenant, m) if tenant else m
-
-
-def _listing_problems(got: Listing, regions: list[str]) -> None:
-    """One line on stderr per problem (a silent region, missing workers, a supplier's
-    error); exit 2 if there was one."""
-    from bourse.client import render
-
-    problems = [f"supplier: {e}" for e in got.errors]
-    if not regions and not got.regions:
-        problems.append("no worker answers in any region")
-    problems += [
-        f"no worker answers in region {r!r}" for r in dict.fromkeys(regions) if r not in got.regions
-    ]
+    req = ListMachines(app=app_name or "", labels=labels, states=list(states))  # type: ignore[arg-type]  # MACHINE_STATES
+    got = with_client(ctx, lambda c: c.list_machines(region or None, req), direct=direct)
     if got.missing:
-        shown = ", ".join(got.missing[:10])
-        more = f" and {len(got.missing) - 10} more" if len(got.missing) > 10 else ""
-        problems.append(f"incomplete: no (whole) answer from worker(s) {shown}{more}")
-    for p in problems:
-        typer.echo(render.visible(p), err=True)
-    if problems:
-        raise typer.Exit(EXIT_UNFILLED)
+        typer.echo(
+            f"incomplete: no answer from worker(s) {', '.join(got.missing[:10])}: their "
+            "machines are not among these",
+            err=True,
+        )
+    return Chosen([m.machine_id for m in got.machines], app_name, got.machines)
 
 
-def verb_command(verb: str, help_text: str) -> Callable[..., None]:
-    """``machines show`` (verb ``get``), ``start``, ``stop``: one machine, as it is after."""
+def _act(ctx: typer.Context, verb: str, chosen: Chosen, direct: bool) -> list[Machine]:
+    """``verb`` on every chosen machine, each whatever became of the others; the machines
+    as they are after, shown (a table, or JSON: ``{"machine"}`` for one given by id, as
+    before there were several, but ``destroy``'s, always ``{"machines"}``); those not done
+    are one error line naming each (exit 1)."""
+    from bourse.client import policy, render
+
+    ids = chosen.ids
+    done, failed = with_client(ctx, lambda c: policy.on_each(c, verb, ids), direct=direct)
+    one = chosen.one and verb != "destroy"
+    shape = {"machine": done[0]} if one and done else {"machines": done}
+    if failed:
+        error_fields(ctx, **({} if one else shape))
+        if done and not session(ctx).json:
+            render.show(render.machines(done))
+        fail("; ".join(f"{verb} {mid}: {why}" for mid, why in failed.items()))
+    if session(ctx).json:
+        session(ctx).echo_json(shape)
+    elif done:
+        render.show(render.machines(done))
+    return done
+
+
+def _none_chosen(ctx: typer.Context, chosen: Chosen, verb: str) -> bool:
+    """Nothing matched a selection: said (``{"machines": []}`` with --json); True."""
+    if chosen.ids:
+        return False
+    if session(ctx).json:
+        session(ctx).echo_json({"machines": []})
+    elif chosen.app is not None:
+        typer.echo(f"app {chosen.app!r} has no live machines: nothing to {verb}")
+    else:
+        typer.echo(f"no live machine matches: nothing to {verb}")
+    return True
+
+
+def selecting(verb: str, help_text: str, states: tuple[str, ...] = ()) -> Callable[..., None]:
+    """``machines start`` and ``restart``: ``verb`` on the machines given, or on those the
+    selectors choose (``states``: only those in one of them)."""
 
     def command(
-        ctx: typer.Context, machine_id: MachineIdArg, direct: MachineDirectOpt = False
-    ) -> None:
-        m = with_client(ctx, lambda c: c.machine(verb, machine_id), direct=direct)
-        verb_shown(ctx, m)
-
-    def show(
         ctx: typer.Context,
-        machine_id: MachineIdArg,
+        machine_ids: MachineIdsArg = None,
+        app_name: SelectAppOpt = None,
+        label: SelectLabelOpt = None,
+        region: SelectRegionOpt = None,
         direct: MachineDirectOpt = False,
-        fresh: FreshOpt = False,
     ) -> None:
-        if from_view(ctx, fresh or direct):
-            _show_from_view(ctx, machine_id)
-            return
-        m = with_client(ctx, lambda c: c.machine(verb, machine_id), direct=direct)
-        verb_shown(ctx, m)
-        if not session(ctx).json:
-            _shown_more(m)
+        chosen = _choose(ctx, machine_ids, app_name, label, region, direct, states)
+        if not _none_chosen(ctx, chosen, verb):
+            _act(ctx, verb, chosen, direct)
 
-    chosen = show if verb == "get" else command
-    chosen.__doc__ = help_text
-    return chosen
+    command.__doc__ = help_text
+    return command
 
 
 def _shown_more(m: Machine) -> None:
@@ -260,6 +227,15 @@ def _show_from_view(ctx: typer.Context, machine_id: str) -> None:
     _shown_more(m)
 
 
+start = selecting("start", "Start machines: those given, or those --app and --label select.")
+restart = selecting(
+    "restart",
+    "Restart machines (stop, then start): those given, or those --app and --label select "
+    "that run (a spare or a stopped machine is left as it is).",
+    RUNNING,
+)
+
+
 QueueOpt = Annotated[
     bool,
     typer.Option(
@@ -272,15 +248,22 @@ QueueOpt = Annotated[
 
 def stop(
     ctx: typer.Context,
-    machine_id: MachineIdArg,
+    machine_ids: MachineIdsArg = None,
+    app_name: SelectAppOpt = None,
+    label: SelectLabelOpt = None,
+    region: SelectRegionOpt = None,
     queue_if_away: QueueOpt = False,
     direct: MachineDirectOpt = False,
 ) -> None:
-    """Stop a machine."""
+    """Stop machines: those given, or those --app and --label select. With --queue-if-away
+    (one MACHINE_ID), a machine whose worker does not answer is stopped when it is back."""
+    chosen = _choose(ctx, machine_ids, app_name, label, region, direct)
     if queue_if_away:
-        _kept_or_shown(ctx, "stop", machine_id, direct)
-    else:
-        verb_shown(ctx, with_client(ctx, lambda c: c.machine("stop", machine_id), direct=direct))
+        if not chosen.one:
+            fail("--queue-if-away goes with one MACHINE_ID")
+        _kept_or_shown(ctx, "stop", chosen.ids[0], direct)
+    elif not _none_chosen(ctx, chosen, "stop"):
+        _act(ctx, "stop", chosen, direct)
 
 
 def _kept_or_shown(ctx: typer.Context, verb: str, machine_id: str, direct: bool) -> None:
@@ -357,65 +340,48 @@ async def _follow(c: BourseClient, machine_id: str, tail: int, json: bool) -> No
 
 def destroy(
     ctx: typer.Context,
-    machine_id: Annotated[
-        str | None,
-        typer.Argument(
-            help="<worker_id>~<ulid>; or none, with --app",
-            metavar="MACHINE_ID",
-            callback=lambda v: None if v is None else check_machine_id(v),
-        ),
-    ] = None,
-    app_name: Annotated[
-        str | None,
-        typer.Option(
-            "--app", metavar="NAME", help="Destroy every live machine of this app instead."
-        ),
-    ] = None,
-    region: Annotated[
-        list[str] | None,
-        typer.Option(
-            metavar="REGION", help="With --app: only in this region (repeatable; default: all)."
-        ),
-    ] = None,
+    machine_ids: MachineIdsArg = None,
+    app_name: SelectAppOpt = None,
+    label: SelectLabelOpt = None,
+    region: SelectRegionOpt = None,
     yes: YesOpt = False,
     queue_if_away: QueueOpt = False,
     direct: MachineDirectOpt = False,
 ) -> None:
-    """Destroy a machine and free its resources; with --app, every live machine of the app
-    (asks first unless --yes). With --queue-if-away (one MACHINE_ID), a machine whose
-    worker does not answer is destroyed when the worker is back."""
-    if (machine_id is None) == (app_name is None):
-        fail("give a MACHINE_ID or --app NAME (one of them)")
-    if region and app_name is None:
-        fail("--region goes with --app")
-    if queue_if_away and machine_id is None:
-        fail("--queue-if-away goes with a MACHINE_ID")
-    if machine_id is not None and queue_if_away:
-        _kept_or_shown(ctx, "destroy", machine_id, direct)
+    """Destroy machines and free their resources: those given, or every live machine --app
+    and --label select (asks first unless --yes; an app's spec stays: buyer apps destroy
+    removes it too). With --queue-if-away (one MACHINE_ID), a machine whose worker does not
+    answer is destroyed when the worker is back."""
+    chosen = _choose(ctx, machine_ids, app_name, label, region, direct)
+    if queue_if_away:
+        if not chosen.one:
+            fail("--queue-if-away goes with one MACHINE_ID")
+        _kept_or_shown(ctx, "destroy", chosen.ids[0], direct)
         return
-    if machine_id is not None:
-        mid = machine_id
-        _destroyed(ctx, [with_client(ctx, lambda c: c.machine("destroy", mid), direct=direct)])
-        return
-    assert app_name is not None
-    from bourse.client import policy
+    if not _none_chosen(ctx, chosen, "destroy"):
+        if chosen.listed is not None and not yes:
+            whose = f"of app {app_name!r}" if app_name is not None else "selected"
+            confirm(f"destroy {len(chosen.ids)} machine(s) {whose}", chosen.listed)
+        _act(ctx, "destroy", chosen, direct)
+    if app_name is not None:
+        _spec_stays(ctx, app_name, direct)
 
-    name = app_name
-    found = with_client(ctx, lambda c: policy.app_machines(c, name, region or None), direct=direct)
-    if not found:
-        if session(ctx).json:
-            _destroyed(ctx, [])
-        else:
-            where = f" in {', '.join(region)}" if region else ""
-            typer.echo(f"app {name!r} has no live machines{where}: nothing to destroy")
-        return
-    if not yes:
-        _confirm(f"destroy {len(found)} machine(s) of app {name!r}", found)
 
-    async def destroy_all(c: BourseClient) -> list[Machine]:
-        return [await c.machine("destroy", m.machine_id) for m in found]
+def _spec_stays(ctx: typer.Context, app_name: str, direct: bool) -> None:
+    """After an app's machines are destroyed: say that its spec is kept (a deploy would
+    place them again) and how to remove it."""
+    from buyer_cli.app_views import app_store
 
-    _destroyed(ctx, with_client(ctx, destroy_all, direct=direct))
+    async def kept(c: BourseClient) -> bool:
+        rec = await (await app_store(c)).get(app_name)
+        return rec is not None and rec.spec is not None
+
+    if with_client(ctx, kept, direct=direct):
+        typer.echo(
+            f"app {app_name!r}: its spec stays (buyer apps list; a deploy places its machines "
+            f"again): buyer apps destroy {app_name} removes it",
+            err=True,
+        )
 
 
 def _destroyed(ctx: typer.Context, machines: list[Machine]) -> None:
@@ -427,12 +393,13 @@ def _destroyed(ctx: typer.Context, machines: list[Machine]) -> None:
         render.show(render.machines(machines))
 
 
-def _confirm(what: str, machines: list[Machine]) -> None:
+def confirm(what: str, machines: list[Machine]) -> None:
     """Ask on the terminal; without one (a script, a pipe) refuse: --yes says it."""
     if not sys.stdin.isatty():
         fail(f"{what}: not confirmed (no terminal to ask on); pass --yes")
     from bourse.client import render
 
-    render.show(render.machines(machines))
+    if machines:
+        render.show(render.machines(machines))
     if not typer.confirm(f"{what}?", default=False):
         fail(f"{what}: not confirmed")

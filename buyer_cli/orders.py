@@ -7,8 +7,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from bourse.runtime.cli import fail, parse_labels
-from bourse.runtime.defaults import DEFAULT_CHECK_INTERVAL_S, DEFAULT_CHECK_TIMEOUT_S
+from bourse.runtime.cli import error_fields, fail, parse_labels
+from bourse.runtime.defaults import (
+    DEFAULT_CHECK_INTERVAL_S,
+    DEFAULT_CHECK_TIMEOUT_S,
+    DEFAULT_START_UP_S,
+)
 from bourse.wire.limits import DEFAULT_DEADLINE_MS
 from buyer_cli.options import (
     EXIT_UNFILLED,
@@ -34,7 +38,8 @@ from buyer_cli.session import session, with_client
 
 if TYPE_CHECKING:
     from bourse.client import BourseClient, DryRun
-    from bourse.wire.messages import Machine, Placed, PlaceOrder, Unfilled
+    from bourse.client.starting import Watched
+    from bourse.wire.messages import Placed, PlaceOrder, Unfilled
 
 RegionOpt = Annotated[str, typer.Option(metavar="REGION", help="Region to place in (strict).")]
 
@@ -71,7 +76,23 @@ def place(
     check: CheckOpt = None,
     check_interval: CheckIntervalOpt = DEFAULT_CHECK_INTERVAL_S,
     check_timeout: CheckTimeoutOpt = DEFAULT_CHECK_TIMEOUT_S,
-    start: Annotated[bool, typer.Option("--start", help="Start the machine once placed.")] = False,
+    start: Annotated[
+        bool,
+        typer.Option(
+            "--start",
+            help="Start the machine once placed, and watch it: exit 1 with its last exit if it "
+            "ends before its checks first pass or before --start-timeout.",
+        ),
+    ] = False,
+    start_timeout: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            metavar="SECONDS",
+            help="With --start: how long the machine must run without ending (a restart is "
+            "an end) when its checks have not passed before (0: do not watch).",
+        ),
+    ] = DEFAULT_START_UP_S,
     dry_run: Annotated[
         bool,
         typer.Option(
@@ -94,6 +115,7 @@ def place(
     import msgspec
 
     from bourse.client import render
+    from bourse.runtime.words import in_words
     from bourse.wire.codec import validation_detail
     from bourse.wire.messages import Placed, PlaceOrder
     from bourse.wire.resources import cpu_fields
@@ -118,35 +140,58 @@ def place(
     try:
         order = msgspec.convert(raw, PlaceOrder, strict=True)
     except msgspec.ValidationError as exc:
-        fail(f"invalid order: {flag_names(validation_detail(exc))}")
+        fail(f"invalid order: {flag_names(in_words(validation_detail(exc)))}")
     if dry_run:
         if start:
             fail("--dry-run places nothing: --start does not apply")
         _dry_run(ctx, order)
 
-    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Machine | None, DryRun | None]:
+    async def go(c: BourseClient) -> tuple[Placed | Unfilled, Watched | None, DryRun | None]:
+        from bourse.client.starting import watch_start
+
         r = await c.place(order)
         if isinstance(r, Placed):
-            return r, await c.machine("start", r.machine_id) if start else None, None
+            if not start:
+                return r, None, None
+            started = await c.machine("start", r.machine_id)
+            return r, await watch_start(c, started, start_timeout), None
         # Only now that it is unfilled: ask the region why (§5.4); one gather serves the
         # detail and --explain.
         why = await c.explain(order) if explain else None
         return await c.reasons(order, r, why), None, why
 
-    r, machine, why = with_client(ctx, go, direct=direct, places=True)
-    if session(ctx).json:
-        outcome = "placed" if isinstance(r, Placed) else "unfilled"
-        session(ctx).echo_json(
-            {"outcome": outcome, "result": r, "machine": machine, "explain": why}
-        )
-    else:
+    r, watched, why = with_client(ctx, go, direct=direct, places=True)
+    machine = watched.machine if watched is not None else None
+    outcome = "placed" if isinstance(r, Placed) else "unfilled"
+    shown = {"outcome": outcome, "result": r, "machine": machine, "explain": why}
+    if session(ctx).json and not (watched and watched.outcome == "ended"):
+        session(ctx).echo_json(shown)
+    elif not session(ctx).json:
         render.outcome(r)
-        if machine is not None:
-            typer.echo(render.visible(f"  machine {machine.machine_id} is {machine.state}"))
+        if isinstance(r, Placed):
+            typer.echo(render.visible(_started(r, watched)))
         if why is not None:
             _show_dry_run(why)
+    if watched is not None and watched.outcome == "ended":
+        error_fields(ctx, **shown)
+        m = watched.machine
+        fail(f"machine {m.machine_id} {watched.ended()}: {render.last_exit(m, detail=True)}")
     if not isinstance(r, Placed):
         raise typer.Exit(EXIT_UNFILLED)
+
+
+def _started(r: Placed, watched: Watched | None) -> str:
+    """The line under a placed order: how its start went, or that nothing runs yet."""
+    if watched is None:
+        return f"  not started: buyer machines start {r.machine_id} (or place with --start)"
+    m = watched.machine
+    if watched.outcome == "passing":
+        return f"  machine {m.machine_id} is {m.state}, its checks passing"
+    h = m.health
+    if m.state != "started" or not m.checks or watched.outcome == "ended":
+        return f"  machine {m.machine_id} is {m.state}"
+    said = f"{h.status}: {h.detail}".rstrip(": ") if h is not None and h.status else "not run yet"
+    return f"  machine {m.machine_id} is {m.state}; its checks: {said}"
 
 
 def _dry_run(ctx: typer.Context, order: PlaceOrder) -> None:

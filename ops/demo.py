@@ -14,7 +14,7 @@ from hdrh.histogram import HdrHistogram
 
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.wire.messages import Placed, PlaceOrder, Resources, Unfilled
-from supplier import HEARTBEAT
+from supplier import heartbeat_command
 
 # region -> workers (fleet-file dicts, written to one fleet file per region)
 DEMO_FLEET: dict[str, list[dict[str, object]]] = {
@@ -78,7 +78,7 @@ DEMO_FLEET: dict[str, list[dict[str, object]]] = {
 # What the demo's machines run (process driver): a heartbeat printer named after the image.
 DEMO_CATALOG = {
     image: {
-        "command": ["{python}", HEARTBEAT, image, "--every-s", "5"],
+        "command": heartbeat_command(image, every_s=5),
         "size_mb": size,
         "restart": "on-failure",
         "stop_grace_s": 5,

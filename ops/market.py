@@ -20,10 +20,11 @@ from bourse.images import ImageError, ImageInfo
 from bourse.nats.connection import connect, shutdown
 from bourse.nats.embedded import EmbeddedNats, NatsServerError
 from bourse.nats.jetstream import NO_JETSTREAM_FLAG, jetstream_mode
-from bourse.runtime.endpoint import format_addr, free_port
-from bourse.runtime.launcher import Program, start_program, stop_all
+from bourse.runtime.endpoint import CANNOT_LISTEN, format_addr, free_port
+from bourse.runtime.launcher import Program, ProgramFailed, start_program, stop_all
 from bourse.wire.messages import Placed, Unfilled, WorkerStatus
 from bourse.wire.subjects import DEFAULT_PREFIX, Subjects
+from ops.busybox import BUSYBOX_PLACE, BUSYBOX_REF, push_busybox
 from ops.demo import (
     DEMO_APP,
     DEMO_FLEET,
@@ -37,6 +38,8 @@ from ops.demo import (
 from ops.hello import HELLO_REF, place_hello, push_hello
 
 Say = Callable[[str], None]
+# The host a demo market's machines' addresses name.
+DEMO_HOST = "127.0.0.1"
 EDGE_PORT = 8080  # bourse up's edge, where free
 
 
@@ -45,18 +48,56 @@ def edge_address(program: Program) -> str:
     return program.ready_line.split()[3]
 
 
-def metrics_addrs(at: tuple[str, int] | None, count: int) -> list[str]:
-    """One --metrics-addr per program: ``at``'s port for the first, the next free ones for
-    the others (port 0: each its own free one); "off" for all without ``at``."""
-    if at is None:
-        return ["off"] * count
-    host, port = at
-    if port == 0:
-        return [format_addr(host, 0)] * count
-    ports: list[int] = []
-    for _ in range(count):
-        ports.append(free_port(host, ports[-1] + 1 if ports else port, ports))
-    return [format_addr(host, p) for p in ports]
+class MetricsPorts:
+    """Where the programs of a demo market serve their metrics: ``at``'s port for the first
+    (the exchange), the next free ones for the others, a taken one skipped (port 0: each its
+    own free one; None: none, "off"). A port is free when it is picked, but another process
+    (a second ``bourse up`` starting at the same moment) may bind it before the program
+    does: :meth:`again` picks the next one for a program that could not listen."""
+
+    def __init__(self, at: tuple[str, int] | None) -> None:
+        self.at = at
+        self.taken: list[int] = []
+
+    def pick(self) -> str:
+        """The next program's --metrics-addr."""
+        if self.at is None:
+            return "off"
+        host, port = self.at
+        if port == 0:
+            return format_addr(host, 0)
+        self.taken.append(free_port(host, self.taken[-1] + 1 if self.taken else port, self.taken))
+        return format_addr(host, self.taken[-1])
+
+    def again(self, failed: ProgramFailed) -> str | None:
+        """Another free port for a program that ``failed`` because it could not listen on
+        the one picked for it; None when it failed for another reason (or serves none)."""
+        if self.at is None or self.at[1] == 0 or CANNOT_LISTEN not in failed.reason:
+            return None
+        return self.pick()
+
+
+# A program that could not listen on its picked metrics port is started again on the next
+# free one, this many times at most.
+METRICS_ATTEMPTS = 5
+
+
+async def start_serving(
+    ports: MetricsPorts, addr: str, module: str, *args: str, log_path: Path, ready: str
+) -> Program:
+    """``start_program`` with ``--metrics-addr addr``; started again on another free port
+    (:meth:`MetricsPorts.again`) when it could not listen on ``addr``."""
+    for attempt in range(1, METRICS_ATTEMPTS + 1):
+        try:
+            return await start_program(
+                module, *args, "--metrics-addr", addr, log_path=log_path, ready=ready
+            )
+        except ProgramFailed as exc:
+            other = ports.again(exc) if attempt < METRICS_ATTEMPTS else None
+            if other is None:
+                raise
+            addr = other
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def metrics_url(program: Program) -> str:
@@ -84,12 +125,14 @@ async def start_market(
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     common += [] if jetstream else [NO_JETSTREAM_FLAG]
     fleets = write_fleet_files(root / "config", driver)
-    addrs = iter(metrics_addrs(metrics_at, 1 + len(fleets) + int(edge)))
-    exchange_addr = next(addrs)
+    ports = MetricsPorts(metrics_at)
+    exchange_addr = ports.pick()  # the first port: the exchange's
     try:
         for region, path in fleets.items():
             programs.append(
-                await start_program(
+                await start_serving(
+                    ports,
+                    ports.pick(),
                     "supplier",
                     "run",
                     "--fleet",
@@ -97,9 +140,10 @@ async def start_market(
                     "--data-dir",
                     str(root / "data" / region),
                     "--machines-stop-with-supplier",  # the demo's machines go with it
+                    # a local market: its machines are reached on loopback, not on the
+                    # host's outward address (which a laptop's network may change)
+                    *("--advertise-host", DEMO_HOST),
                     *common,
-                    "--metrics-addr",
-                    next(addrs),
                     log_path=root / "logs" / f"supplier-{region}.log",
                     ready="supplier ready",
                 )
@@ -107,12 +151,12 @@ async def start_market(
             programs[-1].name = f"supplier-{region}"
             say(f"supplier for {region}: {len(DEMO_FLEET[region])} workers")
         programs.append(
-            await start_program(
+            await start_serving(
+                ports,
+                exchange_addr,
                 "exchange",
                 "serve",
                 *common,
-                "--metrics-addr",
-                exchange_addr,
                 log_path=root / "logs" / "exchange.log",
                 ready="exchange ready",
             )
@@ -120,10 +164,10 @@ async def start_market(
         if edge:
             listen = f"127.0.0.1:{0 if _port_busy(EDGE_PORT) else EDGE_PORT}"
             programs.append(
-                await start_program(
+                await start_serving(
+                    ports, ports.pick(),
                     "edge", "serve", "--listen", listen, "--controller",
                     "--nats", ",".join(urls), "--prefix", subjects.prefix,
-                    "--metrics-addr", next(addrs),
                     log_path=root / "logs" / "edge.log", ready="edge serving on",
                 )
             )  # fmt: skip
@@ -240,6 +284,38 @@ async def pushed_hello(nc: NATS, subjects: Subjects, say: Say) -> ImageInfo | No
     return info
 
 
+async def pushed_busybox(nc: NATS, subjects: Subjects, root: Path, say: Say) -> None:
+    """The container example pushed as ``busybox-httpd:latest`` (said), or why not (said
+    too: the market runs without it)."""
+    try:
+        info = await push_busybox(nc, subjects.prefix, root)
+    except ImageError as exc:
+        say(f"[yellow]{BUSYBOX_REF} not pushed[/]: {exc}")
+        return
+    say(f"pushed the container example as {BUSYBOX_REF} ({info.digest}, {info.size} bytes)")
+
+
+def up_hints(url: str, prefix: str, driver: str) -> list[str]:
+    """The commands ``bourse up`` suggests, each one that works on its market: process
+    workers run the demo's catalog (web) and the example app; oci workers run containers,
+    the busybox example (the demo's orders name catalog images they do not run)."""
+    px = "" if prefix == DEFAULT_PREFIX else f" --prefix {prefix}"
+    place = (
+        [BUSYBOX_PLACE]
+        if driver == "oci"
+        else [
+            "buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start",
+            f"buyer place --region mad --cpus 1 --memory-mb 256 --image {HELLO_REF} "
+            "--port http --check http:http:/healthz --check-interval 1 --start",
+        ]
+    )
+    demo = [] if driver == "oci" else [f"bourse demo --nats {url}"]
+    return [
+        f"export BOURSE_NATS_URL={url}",
+        *(f"{cmd}{px}" for cmd in [*place, "buyer fleet", "buyer watch", *demo]),
+    ]
+
+
 async def run_up(
     urls: list[str],
     subjects: Subjects,
@@ -279,9 +355,10 @@ async def run_up(
             nc = await connect(urls, name="bourse-up", service=False)
             try:
                 await pushed_hello(nc, subjects, say)
+                if driver == "oci":
+                    await pushed_busybox(nc, subjects, root / "busybox-httpd", say)
             finally:
                 await shutdown(nc)
-        px = "" if subjects.prefix == DEFAULT_PREFIX else f" --prefix {subjects.prefix}"
         edge_port = edge_address(programs[-1]).rpartition(":")[2]
         say(
             f"edge on {edge_address(programs[-1])} (its controller on): an app deployed as "
@@ -289,13 +366,8 @@ async def run_up(
         )
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
-            f"  export BOURSE_NATS_URL={urls[0]}\n"
-            f"  buyer place --region mad --cpus 2 --memory-mb 1024 --image web --start{px}\n"
-            f"  buyer place --region mad --cpus 1 --memory-mb 256 --image {HELLO_REF} --start{px}\n"
-            f"  buyer fleet{px}\n"
-            f"  buyer watch{px}\n"
-            f"  bourse demo --nats {urls[0]}{px}\n"
-            "Ctrl-C stops everything; machines that were running start again on the next up."
+            + "".join(f"  {line}\n" for line in up_hints(urls[0], subjects.prefix, driver))
+            + "Ctrl-C stops everything; machines that were running start again on the next up."
         )
         await watch_programs(programs, say)
     finally:

@@ -17,7 +17,8 @@ never from its modules. What it offers:
 - the defaults of ``supplier run``: ``DEFAULT_MAX_OFFERS`` (offers one process makes per
   bid), ``DEFAULT_QUOTE_SAMPLE`` (workers one process quotes per bid) and
   ``DEFAULT_RECLAIM_AFTER_S`` (when a reserved machine is asked about, §5.3d);
-- ``HEARTBEAT``: the path of a tiny machine program for demos (``{python} HEARTBEAT NAME``);
+- ``heartbeat_command(name, every_s)``: a catalog command running a tiny machine program
+  for demos (it prints a line now and then), one that needs no file of this checkout;
 - the container runtime the ``oci`` driver would use here: ``detect_runtime()`` (its name
   and version), or ``RuntimeUnavailable`` naming what to install.
 
@@ -28,7 +29,7 @@ from supplier.candidates import DEFAULT_QUOTE_SAMPLE
 from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
 from supplier.images import CatalogCache
-from supplier.machines.heartbeat import SCRIPT as HEARTBEAT
+from supplier.machines.heartbeat import command as heartbeat_command
 from supplier.machines.oci.runtime import RuntimeUnavailable
 from supplier.machines.oci.runtime import detect as detect_runtime
 from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
@@ -38,7 +39,6 @@ __all__ = [
     "DEFAULT_MAX_OFFERS",
     "DEFAULT_QUOTE_SAMPLE",
     "DEFAULT_RECLAIM_AFTER_S",
-    "HEARTBEAT",
     "CatalogCache",
     "ConfigError",
     "ImageCost",
@@ -48,6 +48,7 @@ __all__ = [
     "WorkerConfig",
     "check_workers",
     "detect_runtime",
+    "heartbeat_command",
     "image_term",
     "load_fleet",
 ]

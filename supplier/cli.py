@@ -37,6 +37,7 @@ from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
 from bourse.runtime.metrics import SupplierMetrics
 from bourse.runtime.statedir import StateDirBusy, lock_state_dir
 from bourse.runtime.supervise import run, settle_heap
+from bourse.runtime.words import in_words
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.resources import cpu_fields, parse_cpus
@@ -427,7 +428,7 @@ def _single_worker(
     try:
         return msgspec.convert(raw, WorkerConfig, strict=True)
     except msgspec.ValidationError as exc:
-        fail(f"invalid worker: {validation_detail(exc)}")
+        fail(f"invalid worker: {in_words(validation_detail(exc))}")
     raise AssertionError("unreachable")
 
 

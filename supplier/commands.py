@@ -111,6 +111,11 @@ class Commands:
         self.workers = workers
         self.announce = announce  # the ``command`` events: at most once
         self.counts: Counter[str] = Counter()
+        self._js: JetStreamContext | None = None
+        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s: each worker's follower
+        # a worker's follower (its end), and the workers whose followers are to end
+        self._following: dict[str, anyio.Event] = {}
+        self._pausing: set[str] = set()
 
     async def run(
         self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
@@ -119,18 +124,63 @@ class Commands:
         CATCH_UP_S), say started, then apply each command as it comes. A worker whose
         consumer could not be opened (the stream not made yet) opens it later, then
         applies what waits at once."""
-        js = self.nc.jetstream()
-        opened: dict[str, JetStreamContext.PullSubscription | None] = {}
-        for wid in self.workers:
-            got = await self._open(js, wid, said=False)
-            opened[wid] = got[0] if got else None
-            if got is not None:
-                with anyio.move_on_after(CATCH_UP_S):
-                    await self._catch_up(wid, *got)
+        self._js = self.nc.jetstream()
+        opened = {wid: await self._caught_up(wid) for wid in self.workers}
         task_status.started()
-        async with anyio.create_task_group() as tasks:
-            for wid, sub in opened.items():
-                tasks.start_soon(self._follow, js, wid, sub)
+        try:
+            async with anyio.create_task_group() as tasks:
+                self._tasks = tasks
+                for wid, sub in opened.items():
+                    self._follow_in(wid, sub)
+                await anyio.sleep_forever()  # a worker's follower may end (pause): not this
+        finally:
+            self._tasks = None
+
+    async def _caught_up(self, wid: str) -> JetStreamContext.PullSubscription | None:
+        """The worker's consumer opened and what it holds applied (bounded by CATCH_UP_S);
+        None if it could not be opened (its follower opens it later)."""
+        assert self._js is not None
+        got = await self._open(self._js, wid, said=False)
+        if got is None:
+            return None
+        with anyio.move_on_after(CATCH_UP_S):
+            await self._catch_up(wid, *got)
+        return got[0]
+
+    def _follow_in(self, wid: str, sub: JetStreamContext.PullSubscription | None) -> None:
+        assert self._tasks is not None and self._js is not None
+        js, ended = self._js, anyio.Event()
+        self._following[wid] = ended
+
+        async def follow() -> None:
+            try:
+                await self._follow(js, wid, sub)
+            finally:
+                ended.set()
+
+        self._tasks.start_soon(follow)
+
+    async def pause(self, wid: str) -> None:
+        """The worker is stopped (§4.22): its commands wait in the stream until it starts
+        (:meth:`resume`). Its follower ends after the fetch under way (at most
+        FETCH_WAIT_S), applying what that fetch brings: a fetch cut short would leave its
+        pull request with the server, which would deliver the next command to nobody (held
+        unacknowledged for the consumer's ack wait, past the worker's start: I9)."""
+        ended = self._following.pop(wid, None)
+        if ended is not None:
+            self._pausing.add(wid)
+            try:
+                await ended.wait()
+            finally:
+                self._pausing.discard(wid)
+
+    async def resume(self, wid: str) -> None:
+        """The worker starts again: what waits for it applied now (before its machines
+        resume: I9), then each command as it comes. Nothing while :meth:`run` does not run
+        (no JetStream)."""
+        if self._tasks is None or wid in self._following:
+            return
+        self._follow_in(wid, await self._caught_up(wid))
 
     async def _open(
         self, js: JetStreamContext, wid: str, *, said: bool
@@ -169,10 +219,12 @@ class Commands:
         self, js: JetStreamContext, wid: str, sub: JetStreamContext.PullSubscription | None
     ) -> None:
         while sub is None:
+            if wid in self._pausing:
+                return
             await anyio.sleep(RETRY_S)  # the pace of asking again, not a wait for an event
             got = await self._open(js, wid, said=True)
             sub = got[0] if got else None
-        while True:
+        while wid not in self._pausing:
             try:
                 msgs = await sub.fetch(BATCH, timeout=FETCH_WAIT_S)
             except (nats.errors.TimeoutError, TimeoutError):  # nats-py raises either

@@ -28,6 +28,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from bourse.errors import BourseError
+from bourse.runtime.words import in_words
 from bourse.wire.codec import validation_detail
 from bourse.wire.limits import MAX_HOLD_MS
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, Amount, Image, Labels, Region, WorkerId
@@ -174,7 +175,7 @@ def load_fleet(path: str | Path) -> list[WorkerConfig]:
     except ConfigError as exc:
         raise ConfigError(f"fleet file {path}: {exc}") from None
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"fleet file {path}: {validation_detail(exc)}") from None
+        raise ConfigError(f"fleet file {path}: {in_words(validation_detail(exc))}") from None
     if not fleet.worker:
         raise ConfigError(f"fleet file {path} lists no workers (one [[worker]] table each)")
     check_workers(fleet.worker)

@@ -54,6 +54,7 @@ from bourse.wire.subjects import Subjects
 from supplier.candidates import DEFAULT_QUOTE_SAMPLE, BidGroup, BidGroups
 from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
+from supplier.control import WorkerControls
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk
 from supplier.explain import explanation_pages
 from supplier.images import ImageListener, StoreSource
@@ -166,10 +167,16 @@ class SupplierHost:
                 w.on_row = self.rows.machine
         # Stops and destroys kept for these workers while they were away (supplier/commands.py).
         self.commands = Commands(nc, self.subjects, self.workers, self._announce)
-        # Each worker's own subjects: commits, releases, machine verbs.
+        # Each worker's own subjects: commits, releases, machine verbs (one subscription a
+        # worker while it serves); and the operator's verbs on it (§4.22, while this runs).
         self.worker_subjects = WorkerSubjects(
             self.subjects, self.workers, self.desk, lambda: self.responder, self._release_region
         )
+        self._worker_subs: dict[str, Subscription] = {}
+        self.controls = WorkerControls(
+            self.subjects, self.workers, lambda: self.responder, self.stop_worker, self.start_worker
+        )
+        self._tasks: anyio.abc.TaskGroup | None = None  # run()'s, for a worker started again
         # Orphans (supplier/reclaim.py): reserved machines asked about after reclaim_after_s
         # (0: never), looked for every reclaim_every_s (default: half that, at most 5 s).
         every_s = reclaim_every_s or check_every(reclaim_after_s)
@@ -241,6 +248,7 @@ class SupplierHost:
         WorkerIdInUse before ``started`` if a worker is taken."""
         await self._check_unclaimed()  # before any task: a taken id is one plain error
         async with anyio.create_task_group() as tasks:
+            self._tasks = tasks
             self.responder = Responder(self.nc, "supplier")
             await tasks.start(self.outbox.run)
             await self.events.start()  # before any write of this run: rows stay in order
@@ -288,8 +296,10 @@ class SupplierHost:
             await self.responder.subscribe_fanout(s.machines_every, self._on_machines)
         )
         for wid in self.workers:
-            answer = g(self.worker_subjects.on_message)
-            self._subs.append(await self.nc.subscribe(s.worker_all(wid), cb=answer))
+            await self._serve_subjects(wid)
+            self._subs.append(
+                await self.nc.subscribe(s.control(wid), cb=g(self.controls.on_message))
+            )
         await flush_all(self.nc)
         await tasks.start(self.upkeep.run)
         if self.jetstream:  # the commands kept for these workers, before any machine resumes
@@ -297,6 +307,45 @@ class SupplierHost:
         for w in self.workers.values():  # machines that should run are started again
             await w.keeper.resume()
         log.info("supplier_started", workers=len(self.workers), regions=sorted(self.by_region))
+
+    async def _serve_subjects(self, wid: str) -> None:
+        """The worker's own subjects (commits, releases, machine verbs) answered."""
+        answer = self.responder.guard(self.worker_subjects.on_message)
+        self._worker_subs[wid] = await self.nc.subscribe(self.subjects.worker_all(wid), cb=answer)
+
+    # -- one worker stopped and started by the operator (docs/protocol.md §4.22) ---------------
+    async def stop_worker(self, w: Worker) -> None:
+        """The worker leaves the market as if its supplier stopped: its subjects go (a
+        request there gets no responders: a stop or destroy is kept for it, a failover
+        finds it gone), it answers no bid, status, explain or listing, its kept commands
+        wait, and its machines stop as the supplier's stop would stop them (or run on,
+        let go of, with --keep-machines). Its records stay."""
+        w.leave()
+        if self.rows is not None:  # its heartbeat leaves it out: a view calls it gone
+            self.rows.regroup()
+        sub = self._worker_subs.pop(w.worker_id, None)
+        if sub is not None:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        await self.commands.pause(w.worker_id)
+        await w.keeper.close()
+        await w.keeper.ended()  # its driver's end too: before a start may run another
+        log.warning("worker_stopped", worker_id=w.worker_id, by="operator")
+
+    async def start_worker(self, w: Worker) -> None:
+        """The worker serves again, as after its supplier's start: its machines' keeper
+        runs, the commands kept for it are applied, its machines that should run resume
+        (I9), then it answers again."""
+        assert self._tasks is not None, "start_worker needs run() to be running"
+        await self._tasks.start(w.keeper.run)
+        await self.commands.resume(w.worker_id)
+        await w.keeper.resume()
+        w.rejoin()
+        if self.rows is not None:  # named by its heartbeat again: back in a view at once
+            self.rows.regroup()
+        await self._serve_subjects(w.worker_id)
+        await self.nc.flush()
+        log.warning("worker_started", worker_id=w.worker_id, by="operator")
 
     async def _check_unclaimed(self) -> None:
         """Refuse to start if another process already serves one of our worker ids: two
@@ -326,10 +375,11 @@ class SupplierHost:
     async def _stop(self) -> None:
         """Each step bounded, and each runs even if the one before it failed: every
         worker's Machines.run must end (it is shielded) and the outbox must be closed."""
-        for sub in self._subs:
+        for sub in [*self._subs, *self._worker_subs.values()]:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         self._subs.clear()
+        self._worker_subs.clear()
         try:
             await self.responder.finish(HANDLERS_S)
         finally:
@@ -452,10 +502,14 @@ class SupplierHost:
 
     def _reached(self, msg: Msg, every: str) -> Iterable[Worker]:
         """The workers a scatter-gather reaches here: of every region on ``every``, else of
-        the subject's region."""
+        the subject's region; those the operator stopped answer none."""
         if msg.subject == every:
-            return self.workers.values()
-        return self.by_region.get(self._region_of(msg), ())
+            return self._serving(self.workers.values())
+        return self._serving(self.by_region.get(self._region_of(msg), ()))
+
+    @staticmethod
+    def _serving(workers: Iterable[Worker]) -> list[Worker]:
+        return [w for w in workers if w.serving]
 
     async def _on_status(self, msg: Msg) -> None:
         if msg.data.strip():
@@ -475,7 +529,9 @@ class SupplierHost:
             raise subject_region_mismatch("explain", req.region, region)
         if not msg.reply:
             return
-        verdicts = self.desk.explain(req, time.monotonic(), self.by_region.get(region, ()))
+        verdicts = self.desk.explain(
+            req, time.monotonic(), self._serving(self.by_region.get(region, ()))
+        )
         responder = secrets.token_hex(8)  # groups this answer's pages at the requester
         for page in explanation_pages(req.order_id, region, responder, verdicts):
             await self.responder.reply(msg, page)

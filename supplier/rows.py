@@ -15,6 +15,10 @@ subject sequence, which the stream checks.
 A worker's row is compared every heartbeat (its committed capacity, drain, image cache: a
 tuple, cheap) and sent when it differs: at most once a heartbeat, however many machines it
 placed or destroyed meanwhile (a busy worker's free capacity changes with every commit).
+
+A worker the operator stopped (§4.22) is left out of its heartbeat, as if its supplier had
+stopped: a view calls it gone 3 s after its last row (the stop's: it drains, ``stopped``),
+and its machines unknown; started, it is named again and back at once.
 """
 
 from __future__ import annotations
@@ -69,6 +73,8 @@ class Rowed(Protocol):
     @property
     def region(self) -> str: ...
     @property
+    def serving(self) -> bool: ...
+    @property
     def machines(self) -> dict[str, Machine]: ...
     def row(self, beat: str, version: str = "") -> WorkerRow: ...
     def row_key(self) -> tuple[object, ...]: ...
@@ -82,6 +88,22 @@ def beat_groups(workers: list[tuple[str, str]]) -> list[tuple[str, str, list[str
         chunk = workers[i : i + MAX_BEAT_WORKERS]
         out.append((chunk[0][0], chunk[0][1], [wid for wid, _ in chunk]))
     return out
+
+
+def regrouped(
+    workers: list[tuple[str, str, bool]], was: Mapping[str, str]
+) -> tuple[list[tuple[str, str, list[str]]], dict[str, str], list[str]]:
+    """The heartbeats of a process's ``(worker_id, region, serving)``: only the workers that
+    serve are named (one the operator stopped, docs/protocol.md §4.22, is left out, so a view
+    calls it gone as if its supplier had stopped); the heartbeat each worker's row names (a
+    stopped one's: the one it had, ``was``, else its own id); the workers whose heartbeat
+    changed from ``was`` (their rows go again: a row names its heartbeat)."""
+    groups = beat_groups([(wid, region) for wid, region, serving in workers if serving])
+    beat_of = {wid: beat for beat, _, wids in groups for wid in wids}
+    for wid, _, _ in workers:
+        beat_of.setdefault(wid, was.get(wid, wid))
+    changed = [wid for wid, _, _ in workers if was and was.get(wid) != beat_of[wid]]
+    return groups, beat_of, changed
 
 
 def ttl_of(m: Machine, now: int) -> int:
@@ -111,8 +133,8 @@ class StateRows:
         self.workers = workers
         self.interval_ms = interval_ms
         self.version = version()
-        self.groups = beat_groups([(wid, w.region) for wid, w in workers.items()])
-        self.beat_of = {wid: beat for beat, _, wids in self.groups for wid in wids}
+        self.groups: list[tuple[str, str, list[str]]] = []
+        self.beat_of: dict[str, str] = {}
         self._machines: dict[str, Machine] = {}  # marked: the latest row of each
         self._workers: set[str] = set()  # marked workers
         self._keys: dict[str, tuple[object, ...]] = {}  # each worker's last row, compared
@@ -126,6 +148,21 @@ class StateRows:
         self.published = 0  # rows acknowledged
         self.failed = 0  # rows not acknowledged (tried again)
         self.resyncs = 0  # every row sent again (the start, a purge, a stream made again)
+        self.regroup()
+
+    def regroup(self) -> None:
+        """The heartbeats name the workers that serve now (the operator stopped or started
+        one, §4.22): the rows of the workers whose heartbeat changed go again, and the
+        heartbeats go now."""
+        workers = [(wid, w.region, w.serving) for wid, w in self.workers.items()]
+        self.groups, self.beat_of, changed = regrouped(workers, self.beat_of)
+        beats = {beat for beat, _, _ in self.groups}
+        for beat in [b for b in self._beat_seq if b not in beats]:
+            del self._beat_seq[beat]  # not sent any more: no expectation when it is again
+        self._workers.update(changed)
+        self._beat_now.set()
+        if changed:
+            self._ready.set()
 
     @property
     def backlog(self) -> int:

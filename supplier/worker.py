@@ -30,6 +30,7 @@ from bourse.wire.messages import (
     MachinePage,
     MachineReply,
     WorkerRow,
+    WorkerState,
     WorkerStatus,
     now_ms,
 )
@@ -68,6 +69,13 @@ RowFn = Callable[[Machine], None]
 CapacityFn = Callable[["Worker"], None]
 # Drain reasons that a store failure sets start with this; only they are lifted by a probe.
 STORE_DRAIN = "store: "
+# The operator's drain (docs/protocol.md §4.22), and what a stopped worker offers nothing
+# as (it answers no bid: its own drain, if it had one, is kept aside until it starts).
+OPERATOR_DRAIN = "operator"
+STOPPED = "stopped"
+# The drains the operator's start lifts: its own, and the configuration's (never a drain
+# the store caused, nor one that committed machines beyond capacity caused).
+LIFTED_BY_START = (OPERATOR_DRAIN, "configured")
 # WorkerStatus.image_digests holds at most this many (the wire's bound).
 MAX_STATUS_DIGESTS = 4096
 
@@ -204,6 +212,10 @@ class Worker:
         )
         self.draining = cfg.draining
         self.drain_reason = "configured" if cfg.draining else ""
+        # It answers the market (False: the operator stopped it, §4.22) and, while stopped,
+        # the drain it had before (restored when it starts).
+        self.serving = True
+        self._kept_drain = (False, "")
         self.store = store
         self.emit = emit
         self.on_freed = on_freed
@@ -301,6 +313,48 @@ class Worker:
             self.log.error("worker_draining", reason=reason)
         self.draining = True
         self.drain_reason = reason
+
+    # -- the operator's verbs (docs/protocol.md §4.22; the host does what a stop takes) ------
+    def drain(self) -> None:
+        """Offer nothing more; its machines run on."""
+        if not self.serving:
+            self._kept_drain = (True, OPERATOR_DRAIN)
+        elif not self.draining or self.drain_reason in LIFTED_BY_START:
+            self.set_draining(OPERATOR_DRAIN)
+
+    def undrain(self) -> None:
+        """Lift the operator's (or the configuration's) drain; a store's stays."""
+        if self.serving and self.draining and self.drain_reason in LIFTED_BY_START:
+            self.draining, self.drain_reason = False, ""
+            self.log.warning("worker_undrained")
+            self.capacity_freed()  # queued bids may be answered now
+
+    def leave(self) -> None:
+        """Stopped: it offers nothing (as a draining worker would), its drain kept aside."""
+        if self.serving:
+            self.serving = False
+            self._kept_drain = (self.draining, self.drain_reason)
+            self.draining, self.drain_reason = True, STOPPED
+
+    def rejoin(self) -> None:
+        """Serving again, with the drain it had (a store's that came meanwhile stays)."""
+        if not self.serving:
+            self.serving = True
+            if self.drain_reason == STOPPED:
+                self.draining, self.drain_reason = self._kept_drain
+
+    def state(self) -> WorkerState:
+        """What the operator's verbs answer (§4.22)."""
+        stopped = not self.serving and self.drain_reason == STOPPED
+        draining, why = self._kept_drain if stopped else (self.draining, self.drain_reason)
+        return WorkerState(
+            worker_id=self.worker_id,
+            region=self.region,
+            serving=self.serving,
+            draining=draining,
+            drain_reason=why,
+            machines=self.live_machines(),
+        )
 
     def capacity_freed(self) -> None:
         """Capacity came back (a hold released or expired, a machine destroyed, a commit

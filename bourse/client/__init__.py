@@ -9,9 +9,9 @@ Its modules, by job:
   detail said from them (``why_unfilled``);
 - ``gathers``: what a scatter-gather's pages add up to (a dry run's, a machine listing's:
   ``Listing``);
-- ``render``, ``policy``, ``events``, ``follow``, ``images``, ``orderflags``, ``apps``:
-  printing, client-side policy (failover), the event feed, log following, image commands,
-  order flags, apps.
+- ``render``, ``policy``, ``events``, ``follow``, ``starting``, ``images``, ``orderflags``,
+  ``apps``: printing, client-side policy (failover), the event feed, log following,
+  whether a started machine stays up, image commands, order flags, apps.
 
 The names other code uses are importable from the package itself.
 """

@@ -20,7 +20,7 @@ from nats.aio.client import Client as NATS
 
 from bourse.client.errors import ClientError, expect, refusal
 from bourse.client.gathers import ExplainGather, Gather, Listing, MachinesGather
-from bourse.client.ranking import DryRun, rank, why_unfilled
+from bourse.client.ranking import DryRun, rank, served_nowhere, why_unfilled
 from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.nats.scatter import scatter
 from bourse.runtime.tasks import TaskSet
@@ -28,6 +28,7 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
     EXCHANGE_REQUESTER,
+    ControlReply,
     Error,
     ExplainRequest,
     ListMachines,
@@ -42,6 +43,9 @@ from bourse.wire.messages import (
     PlaceOrder,
     StatusRequest,
     Unfilled,
+    WorkerAction,
+    WorkerControl,
+    WorkerState,
     WorkerStatus,
     worker_of_machine,
 )
@@ -60,6 +64,9 @@ log = structlog.get_logger("bourse.client")
 REPLY_SLACK_S = 2.0
 # Machine verbs may wait for a stop grace or an image pull.
 MACHINE_TIMEOUT_S = 60.0
+# A worker's stop waits for its machines to stop (each its stop grace), its start for them
+# to start again.
+CONTROL_TIMEOUT_S = 120.0
 # Direct mode: a market with no image store yet (nothing pushed) is asked again after this.
 STORE_RETRY_S = 5.0
 # Direct mode: how long the first order waits for the watched copy of the tags.
@@ -213,13 +220,22 @@ class BourseClient:
         """An Unfilled ``no_offers`` with its detail made true: the region's workers are
         asked why not (an explain gather, §4.15, within the order's deadline) only now that
         the order has ended unfilled, so placing costs no extra message; ``explained``: an
-        explain of the order already gathered (it is used instead). Any other outcome, or a
-        region where nobody explains, is returned as it is."""
+        explain of the order already gathered (it is used instead). A region no worker
+        serves, or an image none runs, gets the nearest one the market has ("did you
+        mean"). Any other outcome, or a region where nobody explains, is returned as it is."""
+        from bourse.client.suggest import image_hint, region_hint
+
+        if unfilled.reason == "no_workers":
+            hint = await region_hint(self, order.region)
+            return msgspec.structs.replace(unfilled, detail=unfilled.detail + hint)
         if unfilled.reason != "no_offers":
             return unfilled
-        detail = why_unfilled(order, explained or await self.explain(order))
+        dry = explained or await self.explain(order)
+        detail = why_unfilled(order, dry)
         if detail is None:
             return unfilled
+        if served_nowhere(dry):
+            detail += await image_hint(self, order.image, [order.region])
         return msgspec.structs.replace(unfilled, detail=detail)
 
     async def status(
@@ -408,6 +424,15 @@ class BourseClient:
         if isinstance(shown, MachineCommand):
             return shown
         return await self.machine(verb, machine_id)
+
+    async def control(self, worker_id: str, action: WorkerAction) -> WorkerState:
+        """The operator's verb on one worker (drain, stop, start: docs/protocol.md §4.22),
+        answered by its supplier; the worker as it is after. No supplier hosts it (or the
+        key may not ask): ClientError."""
+        body = encode(WorkerControl(worker_id=worker_id, action=action))
+        subject = self.subjects.control(worker_id)
+        reply = await ask(self.nc, subject, body, ControlReply, CONTROL_TIMEOUT_S, "supplier")
+        return expect(reply, WorkerState)
 
     async def logs(self, machine_id: str, tail: int = 100, since: int = -1) -> MachineLogs:
         """The last ``tail`` lines, or with ``since`` (a previous reply's ``end``) the lines

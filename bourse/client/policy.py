@@ -3,7 +3,8 @@ apps (bourse/client/apps: spec, plan, rollout), spares, anti-affinity and failov
 decided in the client.
 
 - app_machines: an app's machines on the workers that answer; place_patiently: an order
-  tried once more when the market was busy.
+  tried once more when the market was busy; restart (stop, then start) and on_each (a
+  verb on several machines, each whatever became of the others).
 - failover: a primary whose worker is gone (or, forced, a primary that is stopped) is
   replaced by starting one of the app's spares, and a new spare is placed as deploy would.
   A started spare fills a primary slot from then on (metadata is written once, at placing:
@@ -70,6 +71,40 @@ async def app_machines(
             if m.metadata.get(APP) == app and (include_destroyed or m.state != "destroyed")
         )
     return found
+
+
+# The states of a machine whose run a restart stops before it starts it again.
+RUNS = ("starting", "started", "stopping")
+
+
+async def restart(client: BourseClient, machine_id: str) -> Machine:
+    """Stop the machine, then start it (the wire has no restart verb: the worker's stop and
+    start, each recorded, each an event). One that does not run is refused (ClientError):
+    a restart never starts a spare or a machine stopped on purpose."""
+    state = (await client.machine("get", machine_id)).state
+    if state not in RUNS:
+        raise ClientError(f"cannot restart machine {machine_id}: it is {state} (start starts it)")
+    await client.machine("stop", machine_id)
+    return await client.machine("start", machine_id)
+
+
+async def on_each(
+    client: BourseClient, verb: str, machine_ids: list[str]
+) -> tuple[list[Machine], dict[str, str]]:
+    """``verb`` (start, stop, restart, destroy) on each machine, one after the other, each
+    whatever became of the others: the machines as they are after, and why each of those
+    that were not done was not (machine id -> the error)."""
+    done: list[Machine] = []
+    failed: dict[str, str] = {}
+    for machine_id in dict.fromkeys(machine_ids):
+        try:
+            if verb == "restart":
+                done.append(await restart(client, machine_id))
+            else:
+                done.append(await client.machine(verb, machine_id))
+        except BourseError as exc:
+            failed[machine_id] = str(exc)
+    return done, failed
 
 
 def _slot_key(m: Machine) -> tuple[int, str]:

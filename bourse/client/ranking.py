@@ -96,6 +96,13 @@ _WHY_NOT = {
 WHY_NOT_NAMES = 3
 
 
+def served_nowhere(dry: DryRun) -> bool:
+    """Every worker that answered declined the order's image (none runs it)."""
+    return bool(dry.verdicts) and all(
+        any(r.code == "image_not_runnable" for r in v.reasons) for v in dry.verdicts
+    )
+
+
 def why_unfilled(order: PlaceOrder, dry: DryRun) -> str | None:
     """An unfilled order's detail from what the region's workers answered an explain of it
     (``None`` when nobody answered): which workers declined for which reason (capacity,
@@ -119,7 +126,7 @@ def why_unfilled(order: PlaceOrder, dry: DryRun) -> str | None:
     parts: list[str] = []
     for code in sorted(by_code, key=lambda c: (_decline_rank(c), c)):
         vs = by_code[code]
-        if code == "image_not_runnable" and len(vs) == len(dry.verdicts):
+        if code == "image_not_runnable" and served_nowhere(dry):
             parts.append(f"no worker serves image {order.image!r}")
             continue
         first = next((r.detail for r in vs[0].reasons if r.code == code), "")

@@ -32,6 +32,7 @@ from bourse.wire.messages import (
     Resources,
     Unfilled,
     WorkerRow,
+    WorkerState,
     WorkerStatus,
     WorkerVerdict,
     now_ms,
@@ -192,6 +193,23 @@ def fleet(statuses: Iterable[WorkerStatus]) -> Table:
     return t
 
 
+def worker_states(states: Iterable[WorkerState]) -> Table:
+    """``buyer workers drain|stop|start``: each worker as it is after (serving or stopped,
+    draining and why, its live machines)."""
+    t = Table(title="workers")
+    for col in ("worker", "region", "state", "draining", "machines"):
+        t.add_column(col, no_wrap=True)
+    for s in states:
+        t.add_row(
+            safe(s.worker_id),
+            safe(s.region),
+            "serving" if s.serving else "stopped",
+            safe(s.drain_reason or "yes") if s.draining else "-",
+            str(s.machines),
+        )
+    return t
+
+
 def _isolated(isolation: str) -> str:
     """What a worker's machines have of their own (docs/protocol.md §6.8e): ``users,network``
     as is, less in yellow (a tenant's order is not run there by default), ``-`` unsaid."""
@@ -238,10 +256,15 @@ def addresses(a: dict[str, str]) -> str:
     return " ".join(f"{name}={addr}" for name, addr in a.items()) or "-"
 
 
+# The states in which a machine's checks run (or are about to, once it is started).
+CHECKED_STATES = ("starting", "started")
+
+
 def health(m: Machine, now: int | None = None) -> str:
     """``passing 3m`` / ``critical 12s`` (since when), ``checking`` before the first run,
-    ``-`` without checks."""
-    if not m.checks:
+    ``-`` without checks or when it does not run (a spare not started, a stopped machine:
+    a health a worker of an older version kept is not shown)."""
+    if not m.checks or m.state not in CHECKED_STATES:
         return "-"
     h = m.health
     if h is None or not h.status:
@@ -332,7 +355,7 @@ def machine_listing(
             safe(m.image),
             age(m.created_at_ms, now),
             str(m.restarts),
-            health(m, now),
+            "-" if m.worker_id in gone else health(m, now),  # not known either
             safe(addresses(m.addresses)),
             safe(m.metadata.get("app", "-")),
         )
@@ -450,9 +473,15 @@ def dry_run_summary(d: DryRun) -> str:
     return f"{where}; {', '.join(parts) or 'no workers'}; {d.elapsed_ms:.1f} ms{partial}"
 
 
-def last_exit(m: Machine) -> str:
+# How a worker words an exit in a last exit's detail (supplier/machines/api.py describe):
+# a detail that only says this says nothing the line does not.
+_RESTATED = ("exited with code ", "killed by signal ", "oom: ")
+
+
+def last_exit(m: Machine, detail: bool = False) -> str:
     """How the machine's process last ended and how often it was restarted, in one line
-    (``buyer machines show``)."""
+    (``buyer machines show``); ``detail``: and what its worker said of it when that says
+    more (why a start ended before its command ran: ``pull_failed: …``)."""
     restarts = f"restarts: {m.restarts}"
     e = m.last_exit
     if e is None:
@@ -465,7 +494,8 @@ def last_exit(m: Machine) -> str:
         else f"code {e.code}"
     )
     at = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.at_ms / 1000)) if e.at_ms else ""
-    return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}"
+    said = f"; {e.detail}" if detail and e.detail and not e.detail.startswith(_RESTATED) else ""
+    return f"last exit: {how}{'  at ' + at if at else ''}  {restarts}{said}"
 
 
 def reach(m: Machine) -> list[str]:

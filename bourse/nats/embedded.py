@@ -191,8 +191,9 @@ class EmbeddedNats:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+                last = (err.strip().splitlines() or [""])[-1].strip()  # one line: its last
                 raise NatsServerError(
-                    f"nats-server exited with code {self.proc.returncode}: {err.strip()}"
+                    f"nats-server exited with code {self.proc.returncode}: {last}"
                     f" (log: {self.log_path})"
                 )
             for f in ports_dir.glob("*.ports"):

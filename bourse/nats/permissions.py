@@ -9,8 +9,9 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
 
 - ``operator``: the market's JetStream set-up (``bourse jetstream init``, limits, image
   pushes and their gc); of the market's subjects only the fleet's status and machine
-  listings of every region (``R.status``, ``R.machines``: which images are in use), and
-  ``R.command.*`` (a stop or destroy kept for a worker that was away).
+  listings of every region (``R.status``, ``R.machines``: which images are in use),
+  ``R.command.*`` (a stop or destroy kept for a worker that was away) and
+  ``R.control.*`` (a worker drained, stopped, started: §4.22).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
   machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
@@ -27,8 +28,8 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>``, ``R.machines.<region>``, ``R.status`` and
-  ``R.machines`` (every region) and its
-  workers' ``R.worker.<id>.>``; publish only its workers' ``R.event.<region>.<id>.*``,
+  ``R.machines`` (every region) and its workers' ``R.worker.<id>.>`` and
+  ``R.control.<id>``; publish only its workers' ``R.event.<region>.<id>.*``,
   ``R.worker.<id>.machine.list`` (the start-up check that no other process serves the same
   worker id), ``R.reclaim.<id>`` (asking about its own reserved machines, §5.3d) and their
   rows of the state stream, ``R.state.fleet.*.<region>.<id>`` (a worker's row, the
@@ -122,6 +123,7 @@ def operator_permissions(s: Subjects, inbox: str) -> Permissions:
             s.status_every,
             s.machines_every,
             s.command_all,  # a stop or destroy kept for a worker (§4.20)
+            s.control_all,  # a worker drained, stopped, started (§4.22)
             *grants.allows(ROLE_OPERATOR, s.prefix),
         ),
         subscribe=(f"{inbox}.>",),
@@ -229,6 +231,7 @@ def supplier_permissions(
         sub += [s.bid(r), f"{s.bid(r)}.*", s.region_release(r), s.status(r), s.explain(r)]
         sub.append(s.machines(r))
     sub += [s.worker_all(wid) for wid, _ in workers]
+    sub += [s.control(wid) for wid, _ in workers]  # the operator's verbs (§4.22)
     pub = [s.events(region, wid) for wid, region in workers]
     pub += [s.worker_machine(wid, "list") for wid, _ in workers]
     pub += [s.reclaim(wid) for wid, _ in workers]  # its own reserved machines (§5.3d)

@@ -234,6 +234,7 @@ def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, st
     """``["disk=ssd", "zone=a"]`` -> dict; a clear error names the bad pair."""
     import msgspec
 
+    from bourse.runtime.words import in_words
     from bourse.wire.codec import validation_detail
     from bourse.wire.messages import Labels
 
@@ -246,7 +247,7 @@ def parse_labels(pairs: list[str] | None, what: str = "--label") -> dict[str, st
     try:
         return msgspec.convert(out, Labels)
     except msgspec.ValidationError as exc:
-        raise typer.BadParameter(f"{what}: {validation_detail(exc)}") from None
+        raise typer.BadParameter(f"{what}: {in_words(validation_detail(exc))}") from None
 
 
 class Failed(typer.Exit):

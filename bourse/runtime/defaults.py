@@ -9,3 +9,6 @@ DEFAULT_CHECK_INTERVAL_S = 10.0
 DEFAULT_CHECK_TIMEOUT_S = 2.0
 # How long a deploy waits for a new machine's checks to pass (bourse/client/apps/apply.py).
 DEFAULT_CHECK_WAIT_S = 60.0
+# How long `place --start` watches a started machine whose checks have not passed yet: it
+# must run this long without ending (bourse/client/starting.py).
+DEFAULT_START_UP_S = 2.0

@@ -25,6 +25,9 @@ OFF = ("", "off", "none")
 # An HTTP request to the endpoint: its head must fit in this and arrive within this.
 MAX_REQUEST_BYTES = 8192
 REQUEST_TIMEOUT_S = 5.0
+# What an endpoint that cannot bind its address says (a launcher that picked the port
+# tries another: ops/market.py).
+CANNOT_LISTEN = "cannot listen"
 
 
 class MetricsAddrError(BourseError, ValueError):
@@ -99,7 +102,7 @@ class MetricsServer:
             listener = await anyio.create_tcp_listener(local_host=self.host, local_port=self.port)
         except OSError as exc:
             raise MetricsAddrError(
-                f"--metrics-addr {format_addr(self.host, self.port)}: cannot listen: "
+                f"--metrics-addr {format_addr(self.host, self.port)}: {CANNOT_LISTEN}: "
                 f"{exc.strerror or exc}"
             ) from None
         async with listener:

@@ -22,7 +22,21 @@ STOP_CHILDREN_S = 1.6
 
 
 class ProgramFailed(BourseError, RuntimeError):
-    """A program exited before it said it was ready (the message has its log's tail)."""
+    """A program exited before it said it was ready: one line, with the reason its log
+    gives (``reason``: its last ``error: …`` line, else its last line) and the log's path."""
+
+    def __init__(self, module: str, code: int | None, reason: str, log_path: Path) -> None:
+        said = f": {reason}" if reason else ""
+        super().__init__(f"{module} exited with code {code}{said} (its log: {log_path})")
+        self.reason = reason
+
+
+def last_reason(log: str) -> str:
+    """What a program that exited said last: its last ``error: …`` line (without the
+    prefix), else its last line that is not blank."""
+    lines = [line.strip() for line in log.splitlines() if line.strip()]
+    errors = [line.removeprefix("error: ") for line in lines if line.startswith("error: ")]
+    return (errors or lines or [""])[-1]
 
 
 class Program:
@@ -75,8 +89,8 @@ async def start_program(
     cwd: Path | None = None,
 ) -> Program:
     """``python -m <module> args...`` (in ``cwd``: default, this process's), stderr to
-    ``log_path``; returns once stdout says ``ready``. Raises ProgramFailed with the log's
-    tail if it exits first."""
+    ``log_path``; returns once stdout says ``ready``. Raises ProgramFailed with what its log
+    says last if it exits first."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as stderr:
         proc = await asyncio.create_subprocess_exec(
@@ -101,8 +115,7 @@ async def start_program(
             line = await asyncio.wait_for(proc.stdout.readline(), READY_TIMEOUT_S)
             if not line:
                 await proc.wait()
-                tail = "\n".join(prog.log.splitlines()[-5:])
-                raise ProgramFailed(f"{module} exited with code {proc.returncode}:\n{tail}")
+                raise ProgramFailed(module, proc.returncode, last_reason(prog.log), log_path)
             if ready in line.decode(errors="replace"):
                 prog.ready_line = line.decode(errors="replace").strip()
                 return prog

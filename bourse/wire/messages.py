@@ -722,6 +722,35 @@ class MachineCommand(Message, kw_only=True):
     at_ms: Millis = 0
 
 
+# -- the operator's verbs on one worker (§4.22) ----------------------------------------------
+# drain: it offers nothing more (its machines run on); stop: it leaves the market (answers
+# nothing but these verbs; its machines stop as its supplier's stop would stop them);
+# start: it serves again (a stopped one applies its kept commands before its machines
+# resume; the operator's drain is lifted).
+WorkerAction = Literal["drain", "stop", "start"]
+
+
+class WorkerControl(Message, kw_only=True):
+    """The operator's verb on one worker, request-reply on
+    ``<prefix>.v1.control.<worker_id>``, answered by the supplier that hosts the worker,
+    whether it serves or is stopped."""
+
+    worker_id: WorkerId
+    action: WorkerAction
+
+
+class WorkerState(Message, kw_only=True):
+    """The reply to a WorkerControl: the worker as it is after the verb."""
+
+    worker_id: WorkerId
+    region: Region
+    # It answers the market (bids, status, its machines' verbs); False: stopped.
+    serving: bool
+    draining: bool
+    drain_reason: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+    machines: Annotated[int, msgspec.Meta(ge=0)] = 0  # its live machines
+
+
 class ListMachines(Message, kw_only=True):
     """Body of machine.list. Through the exchange, ``worker_id`` says which worker to ask.
 
@@ -1013,6 +1042,7 @@ MachineReply = Machine | MachineList | MachineLogs | MachineCommand | Error
 ExplainReply = Explanation | Error
 MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error
+ControlReply = WorkerState | Error  # control.<worker_id>
 ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>
 # What the state stream holds (§4.21): a machine's row is the Machine as its worker has it.
 StateRow = Machine | WorkerRow | Heartbeat

@@ -96,6 +96,15 @@ class Subjects:
     def command_all(self) -> str:
         return f"{self.root}.command.*"
 
+    # -- the operator's verbs on one worker (§4.22) ---------------------------------------------
+    # Answered by the worker's supplier whether the worker serves or is stopped.
+    def control(self, worker_id: str) -> str:
+        return f"{self.root}.control.{worker_id}"
+
+    @property
+    def control_all(self) -> str:
+        return f"{self.root}.control.*"
+
     @property
     def status_every(self) -> str:
         """Status of every worker of every region (``buyer fleet`` with no

@@ -38,6 +38,10 @@ class Checking:
         scope = self._scopes[m.machine_id] = anyio.CancelScope()
         tasks.start_soon(self._run, m, scope)
 
+    def forget(self) -> None:
+        """The task group the checks ran in has ended: none runs; a next run follows anew."""
+        self._scopes.clear()
+
     def end(self, machine_id: str) -> None:
         scope = self._scopes.pop(machine_id, None)
         if scope is not None:

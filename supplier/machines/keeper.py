@@ -119,6 +119,7 @@ class Machines:
         self._work = TaskSet(f"machines:{worker_id}")
         self._running = False  # run() is under way (its driver started), not yet ending
         self._scope: anyio.CancelScope | None = None  # run()'s shield, cancelled by close()
+        self._run_ended: anyio.Event | None = None  # set once run() and its driver ended
         self._closing = False
         self._backoffs: dict[str, Backoff] = {}  # machine id -> its restarts in a row
         # machine id -> the number of its current run (a stop or a new start moves it on:
@@ -387,7 +388,10 @@ class Machines:
     ) -> None:
         """Own this worker's background work and its driver's tasks until :meth:`close`.
         Shielded from the caller's cancellation: a stop lets the work under way finish and
-        stops (or lets go of) the machines (close), then this ends."""
+        stops (or lets go of) the machines (close), then this ends. It may run again after
+        (the operator's start of a stopped worker, §4.22), as after a supplier's restart."""
+        self._closing = False
+        self._run_ended = anyio.Event()
         try:
             with anyio.CancelScope(shield=True) as self._scope:
                 async with anyio.create_task_group() as tasks:
@@ -399,8 +403,15 @@ class Machines:
         finally:
             self._running = False
             self._timers = None
+            self.checking.forget()  # their tasks ended with this group
             with anyio.CancelScope(shield=True):  # what close() did not wait for ends here
                 await self._work.finish(0)
+            self._run_ended.set()
+
+    async def ended(self) -> None:
+        """Until :meth:`run` has ended, its driver's end included (the last run's)."""
+        if self._run_ended is not None:
+            await self._run_ended.wait()
 
     def spawn(self, work: Coroutine[Any, Any, None]) -> None:
         """Background lifecycle work (an abort, a restart), while run() runs; a failure is

@@ -103,7 +103,11 @@ class Records:
         events: tuple[Event, ...] = (),
         **changes: Any,
     ) -> Machine:
-        """Write the change and its events in one transaction, then announce the events."""
+        """Write the change and its events in one transaction, then announce the events. A
+        machine that is not started has no health: its checks ran on a run that is over
+        (and start from scratch with the next)."""
+        if state != "started":
+            changes["health"] = None
         new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
         await self.store.write(Op(op, new, detail, events))
         self.by_id[m.machine_id] = new

@@ -200,11 +200,18 @@ async def test_bad_input_is_refused_before_anything_is_placed(
     catalog = {"web": {"command": HEARTBEAT}}
     for region in ("mad", "ams"):
         wid = own_worker_id(f"{region}-1")
-        await market.host(worker(wid, region=region, driver="process", catalog=catalog))
+        await market.host(
+            worker(wid, region=region, driver="process", catalog=catalog, images=["web"])
+        )
     await market.exchange()
     cases = [
-        (SPEC.replace('"ams"]', '"xyz"]'), "region 'xyz': no worker serves it"),
+        (SPEC.replace('"ams"]', '"xyz"]'), "region 'xyz': no worker serves it ("),
+        (SPEC.replace('"ams"]', '"amz"]'),  # the nearest region the market has
+         "region 'amz': no worker serves it (did you mean 'ams'?) (buyer fleet lists regions)"),
         (SPEC.replace('image = "web"', 'image = "nowhere:v1"'), "image 'nowhere:v1' is not in"),
+        (SPEC.replace('image = "web"', 'image = "wbe"'),  # a catalog's image, misspelt
+         "image 'wbe' is not in the image store and no worker of mad, ams can run it (did you "
+         "mean 'web'?): push it first"),
         (SPEC.replace("count = 1", "count = -1"), "[count]: Expected `int` >= 0"),
         (SPEC + '[[checks]]\nport = "web2"\nkind = "tcp"\n',
          "[checks][0].port: 'web2' is not a declared port"),
@@ -255,7 +262,16 @@ async def test_secrets_are_names_only_and_a_change_rolls_the_app(
     assert len(out.splitlines()) == 3 and "s3cr3t" not in out
     code, out, err = await buyer(market, "apps", "logs", "hello", "--json")
     assert (code, out, err) == (0, "", "")  # simulated machines print nothing
-    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--json")
+    # a script is refused without --yes (no terminal to ask on), as machines destroy --app
+    code, out, err = await buyer(market, "apps", "destroy", "hello", "--json")
+    said = (
+        "destroy app 'hello' (2 machine(s), its spec and secrets): not confirmed (no terminal "
+        "to ask on); pass --yes"
+    )
+    assert (code, err, json.loads(out)) == (1, f"error: {said}\n", {"error": said})
+    code, out, _ = await buyer(market, "apps", "status", "hello", "--json")
+    assert len(json.loads(out)["machines"]) == 2  # nothing destroyed
+    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--yes", "--json")
     assert code == 0 and len(json.loads(out)["destroyed"]) == 2
     code, out, _ = await buyer(market, "apps", "secrets", "list", "hello", "--json")
     assert json.loads(out)["secrets"] == []
@@ -330,7 +346,7 @@ async def test_apps_logs_prefix_each_line_with_its_machine(market: Market, tmp_p
     for mid in machines:
         assert f"{mid} | web alive" in out.splitlines()
     assert all(line.split(" | ")[0] in machines for line in out.splitlines())
-    code, out, _ = await buyer(market, "apps", "destroy", "hello")
+    code, out, _ = await buyer(market, "apps", "destroy", "hello", "--yes")
     assert code == 0 and out.splitlines()[-1] == "app hello: its spec and secrets removed"
 
 

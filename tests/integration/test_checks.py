@@ -7,18 +7,21 @@ running at once (xdist's workers, another checkout's run) never share a port."""
 
 from __future__ import annotations
 
+import json
 import socket
 
 import anyio
 
-from bourse.client import BourseClient
+from bourse.client import BourseClient, render
 from bourse.client.policy import failover
 from bourse.wire.codec import decode
-from bourse.wire.messages import Check, Event, Machine, Placed
+from bourse.wire.messages import Check, Event, ListMachines, Machine, Placed
 from supplier.checks import probe
 from supplier.ports import PortClaims
+from tests.cli import buyer as cli
 from tests.isolation import own_worker_id
 from tests.market import Market, collect, order, wait_until, worker
+from tests.views import published, row
 
 W1 = own_worker_id("checks1")
 
@@ -34,6 +37,21 @@ class H(http.server.BaseHTTPRequestHandler):
         pass
 http.server.HTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
 """
+
+
+async def serving(market: Market) -> BourseClient:
+    """A market of one process worker that runs SERVER as image ``srv``; a buyer on it."""
+    await market.host(
+        worker(
+            W1,
+            driver="process",
+            catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
+            advertise_host="127.0.0.1",
+        ),
+        port_claims=PortClaims(),
+    )
+    await market.exchange()
+    return await market.client()
 
 
 async def placed_started(buyer: BourseClient, status: int, **meta: str) -> Machine:
@@ -60,17 +78,7 @@ async def until(
 
 
 async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Market) -> None:
-    await market.host(
-        worker(
-            W1,
-            driver="process",
-            catalog={"srv": {"command": ["{python}", "-c", SERVER]}},
-            advertise_host="127.0.0.1",
-        ),
-        port_claims=PortClaims(),
-    )
-    await market.exchange()
-    buyer = await market.client()
+    buyer = await serving(market)
     events = await collect(await market.connect("watch"), market.subjects.events(kind="check"))
     good = await placed_started(buyer, 200)
     bad = await placed_started(buyer, 500, restart="on-failure")
@@ -94,6 +102,88 @@ async def test_checks_say_passing_and_critical_and_restart_on_failure(market: Ma
     )
     assert critical.health is not None and critical.health.status == "critical"
     assert market.violations() == []
+
+
+async def test_a_machine_that_is_not_started_has_no_health(market: Market) -> None:
+    """Health is what a run's checks say: a stopped machine's is cleared by its worker
+    (shown ``-``, not the last run's ``passing 47s``), and a start checks from scratch."""
+    buyer = await serving(market)
+    m = await placed_started(buyer, 200)
+    await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
+    stopped = await buyer.machine("stop", m.machine_id)
+    assert (stopped.state, stopped.health) == ("stopped", None)
+    [listed] = (await buyer.list_machines(None, ListMachines(app=""))).machines
+    assert (listed.machine_id, listed.health, render.health(listed)) == (m.machine_id, None, "-")
+    again = await buyer.machine("start", m.machine_id)
+    assert again.state == "started" and render.health(again) == "checking"
+    await until(buyer, m.machine_id, lambda m: m.health and m.health.status == "passing")
+    assert market.violations() == []
+
+
+def passing(m: Machine) -> bool:
+    return m.health is not None and m.health.status == "passing"
+
+
+async def test_the_views_listings_show_no_health_for_a_spare_or_a_stopped_machine(
+    market: Market,
+) -> None:
+    """``apps status`` and ``machines list`` answer from the view by default: a spare
+    (placed, not started) shows ``-``, a started machine what its checks say, and once it is
+    stopped ``-`` too (its worker cleared its health, and the row it published says so)."""
+    buyer = await serving(market)
+    app = {"app": "hc", "slot": "0"}
+    good = await placed_started(buyer, 200, role="primary", **app)
+    check = Check(port="http", kind="http", path="/healthz", interval_s=0.1, timeout_s=1)
+    spare = await buyer.place(
+        order(image="srv", ports=["http"], env={"STATUS": "200"}, checks=[check],
+              metadata={**app, "slot": "1", "role": "spare"})
+    )  # fmt: skip
+    assert isinstance(spare, Placed), spare
+    nc = await market.connect("rows")
+    with anyio.fail_after(15):  # the started machine's row once its checks pass
+        while not ((r := await row(nc, market.subjects, good.machine_id)) and passing(r)):
+            pass  # each ask a round trip to the server
+    await published(nc, market.subjects, spare.machine_id, "reserved")
+
+    async def shown() -> tuple[dict[str, str], dict[str, object], str]:
+        code, out, err = await cli(market, "apps", "status", "hc", "--json")
+        assert code == 0, out + err
+        checks = {m["machine_id"]: m["check"] for m in json.loads(out)["machines"]}
+        code, out, err = await cli(market, "machines", "list", "--app", "hc", "--json")
+        assert code == 0, out + err
+        health = {m["machine_id"]: m.get("health") for m in json.loads(out)["machines"]}
+        code, table, err = await cli(market, "machines", "list", "--app", "hc")
+        assert code == 0, table + err
+        return checks, health, table
+
+    checks, health, table = await shown()
+    assert checks == {good.machine_id: "passing", spare.machine_id: "-"}
+    assert health[spare.machine_id] is None and health[good.machine_id] is not None
+    assert "passing " in next(ln for ln in table.splitlines() if good.machine_id in ln)
+    assert "checking" not in table and "pending" not in table
+
+    await buyer.machine("stop", good.machine_id)
+    await published(nc, market.subjects, good.machine_id, "stopped")
+    checks, health, table = await shown()
+    assert checks == {good.machine_id: "-", spare.machine_id: "-"}
+    assert health == {good.machine_id: None, spare.machine_id: None}
+    assert "passing" not in table and "checking" not in table, table
+    assert market.violations() == []
+
+
+async def test_place_start_says_started_once_the_checks_pass(market: Market) -> None:
+    """`place --start` waits for a machine's first passing check rather than a fixed time
+    (a --start-timeout this long would otherwise be waited whole)."""
+    await serving(market)
+    code, out, err = await cli(
+        market,
+        *("place", "--region", "mad", "--cpus", "1", "--memory-mb", "64", "--image", "srv"),
+        *("--port", "http", "--env", "STATUS=200", "--check", "http:http:/healthz"),
+        *("--check-interval", "0.1", "--start", "--start-timeout", "600"),
+    )
+    assert (code, err) == (0, ""), out + err
+    mid = out.split("placed ")[1].split()[0]
+    assert out.splitlines()[-1] == f"  machine {mid} is started, its checks passing"
 
 
 async def test_probes_on_real_sockets() -> None:

@@ -14,7 +14,7 @@ from typing import Any
 
 from bourse.wire.messages import Placed
 from tests.cli import buyer
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, collect, order, wait_until, worker
 
 
 async def program(
@@ -465,10 +465,13 @@ async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
     other = await client.place(order(metadata={"app": "blog"}))
     assert isinstance(other, Placed)
 
+    one_way = (
+        "error: give MACHINE_IDs, or --app NAME and/or --label KEY=VALUE (one way of the two)\n"
+    )
     for args, line in [
-        ((ids[0], "--app", "shop"), "error: give a MACHINE_ID or --app NAME (one of them)\n"),
-        ((), "error: give a MACHINE_ID or --app NAME (one of them)\n"),
-        ((ids[0], "--region", "mad"), "error: --region goes with --app\n"),
+        ((ids[0], "--app", "shop"), one_way),
+        ((), one_way),
+        ((ids[0], "--region", "mad"), "error: --region goes with --app or --label\n"),
         (
             ("--app", "shop"),
             "error: destroy 3 machine(s) of app 'shop': not confirmed (no terminal to ask on); "
@@ -494,6 +497,61 @@ async def test_machines_destroy_by_app_asks_first(market: Market) -> None:
     assert json.loads(out)["machine"]["state"] == "reserved"  # another app's is left alone
     code, out, err = await buyer(market, "machines", "destroy", "--app", "shop")
     assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")
+
+
+async def test_machine_verbs_take_several_ids_and_selectors(market: Market) -> None:
+    """start, stop, restart and destroy act on each id given, or on what --app and --label
+    select (listed, then acted on); one that cannot be done is named in the error line,
+    the others done all the same."""
+    await market.host(worker("mad-1"), worker("fra-1", region="fra"))
+    await market.exchange()
+    client = await market.client()
+    tiers: dict[str, list[str]] = {"a": [], "b": []}
+    for region, tier in (("mad", "a"), ("fra", "a"), ("mad", "b")):
+        r = await client.place(order(region=region, metadata={"app": "shop", "tier": tier}))
+        assert isinstance(r, Placed)
+        tiers[tier].append(r.machine_id)
+    a1, a2 = tiers["a"]
+    [b1] = tiers["b"]
+    code, out, err = await buyer(market, "machines", "start", a1, a2, "--json")
+    assert (code, err) == (0, "")
+    assert [(m["machine_id"], m["state"]) for m in json.loads(out)["machines"]] == [
+        (a1, "started"), (a2, "started"),
+    ]  # fmt: skip
+    stops = await collect(await market.connect("watch"), market.subjects.events(kind="stopped"))
+    code, out, err = await buyer(market, "machines", "restart", "--label", "tier=a", "--json")
+    assert (code, err) == (0, "")
+    restarted = json.loads(out)["machines"]
+    assert sorted((m["machine_id"], m["state"]) for m in restarted) == sorted(
+        [(a1, "started"), (a2, "started")]
+    )
+    await wait_until(lambda: len(stops) == 2)  # each was stopped, then started
+    code, out, err = await buyer(market, "machines", "restart", b1)  # it does not run
+    assert (code, out) == (1, "")
+    assert (
+        err
+        == f"error: restart {b1}: cannot restart machine {b1}: it is reserved (start starts it)\n"
+    )
+    code, out, err = await buyer(market, "machines", "restart", "--label", "tier=b")
+    assert (code, out, err) == (0, "no live machine matches: nothing to restart\n", "")
+    gone = "nobody-1~01JD5X7Q2M4N6P8R0T2V4X6Z8B"
+    code, out, err = await buyer(market, "machines", "stop", a1, gone)
+    assert code == 1 and err.startswith(f"error: stop {gone}: ") and err.count("\n") == 1
+    [row] = out.splitlines()[1:]  # the one done, shown
+    assert row.split()[0] == a1 and row.split()[2] == "stopped"
+    code, out, err = await buyer(market, "machines", "stop", a2, gone, "--json")
+    shown = json.loads(out)
+    assert code == 1 and [m["machine_id"] for m in shown["machines"]] == [a2]
+    assert shown["error"].startswith(f"stop {gone}: ")
+    code, out, err = await buyer(
+        market, "machines", "destroy", "--app", "shop", "--label", "tier=b", "--yes", "--json"
+    )
+    assert (code, err) == (0, "")
+    assert [(m["machine_id"], m["state"]) for m in json.loads(out)["machines"]] == [
+        (b1, "destroyed")
+    ]
+    code, out, err = await buyer(market, "machines", "stop", "--label", "tier=b")
+    assert (code, out, err) == (0, "no live machine matches: nothing to stop\n", "")
 
 
 async def buyer_on_a_terminal(market: Market, answer: str, *args: str) -> tuple[int, str, str]:

@@ -15,6 +15,7 @@ from nats.aio.msg import Msg
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
+from supplier import heartbeat_command
 from supplier.config import WorkerConfig
 from supplier.machines.heartbeat import SCRIPT
 from supplier.machines.runner import Runner
@@ -87,6 +88,42 @@ async def test_process_machine_runs_writes_its_log_and_stops_gracefully(market: 
     assert stopped.state == "stopped"
     assert not _alive(pid)
     assert await log_has("web stopping")  # it got SIGTERM and exited on its own
+
+
+async def test_the_demo_program_runs_where_the_checkout_is_out_of_a_machines_reach(
+    market: Market, tmp_path: Path
+) -> None:
+    """A root supplier's machine runs as its own user with a /tmp of its own: a checkout
+    under /tmp (or a home of mode 700) is out of its reach, so the demo's catalog command
+    carries its program in its arguments (heartbeat_command), needing no file of it."""
+    hidden = tmp_path / "heartbeat.py"  # as a clone under /tmp would have it
+    hidden.write_text(Path(SCRIPT).read_text())
+    await market.host(
+        process_worker(
+            web={"command": heartbeat_command("web", every_s=0.2)},
+            api={"command": ["{python}", str(hidden), "api"]},
+        )
+    )
+    await market.exchange()
+    m = await _placed_and_started(market)
+    await wait_until(_log_says(_driver(market), m.machine_id, f"web up on {m.machine_id}"))
+    if os.geteuid() == 0:  # the premise: a file of the checkout is not there for it
+        api = await _placed_and_started(market, image="api")
+        await wait_until(_log_says(_driver(market), api.machine_id, "can't open file"))
+
+
+async def test_a_machine_stopped_and_started_again_runs_each_time(market: Market) -> None:
+    """A stop ends the run and its end releases what the run held (as root: its network,
+    by the machine's id); the next start must not take a network that release then removes
+    (it did: "cannot enter its network", the stop's and the follower's ends racing)."""
+    await market.host(process_worker())
+    await market.exchange()
+    buyer = await market.client()
+    m = await _placed_and_started(market)
+    for _ in range(5):
+        assert (await buyer.machine("stop", m.machine_id)).state == "stopped"
+        assert (await buyer.machine("start", m.machine_id)).state == "started"
+        assert _driver(market).is_running(m.machine_id)
 
 
 async def test_stop_kills_a_process_that_ignores_sigterm_after_the_grace(market: Market) -> None:

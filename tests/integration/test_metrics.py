@@ -289,3 +289,36 @@ async def test_metrics_port_in_use_is_one_line_error(market: Market, tmp_path: P
     assert proc.returncode == 1
     last = proc.stderr.decode().strip().splitlines()[-1]
     assert last.startswith(f"error: --metrics-addr 127.0.0.1:{port}: cannot listen: ")
+
+
+async def test_a_demo_program_whose_picked_port_was_taken_meanwhile_takes_the_next(
+    market: Market, tmp_path: Path
+) -> None:
+    """`bourse up` picks its programs' metrics ports when it starts them; another process
+    (a second `up` starting at the same moment) may bind one first. The program is then
+    started again on the next free port, not the market's end in a traceback of lines."""
+    from bourse.runtime.endpoint import free_port
+    from ops.market import MetricsPorts, metrics_url, start_serving
+
+    ports = MetricsPorts(("127.0.0.1", free_port("127.0.0.1", 29700)))
+    picked = ports.pick()
+    host, port = picked.rsplit(":", 1)
+    with socket.socket() as thief:
+        thief.bind((host, int(port)))
+        thief.listen()
+        ex = await start_serving(
+            ports,
+            picked,
+            "exchange",
+            "serve",
+            *("--nats", market.url, "--prefix", market.subjects.prefix),
+            log_path=tmp_path / "exchange.log",
+            ready="exchange ready",
+        )
+    try:
+        url = metrics_url(ex)
+        assert url.startswith("http://127.0.0.1:") and url != f"http://{picked}/metrics"
+        assert value(await ascrape(url), "bourse_nats_reconnects_total", program="exchange") == 0
+        assert f"{picked}: cannot listen" in (tmp_path / "exchange.log").read_text()
+    finally:
+        assert await ex.stop() == 0

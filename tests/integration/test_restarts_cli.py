@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import sys
 from pathlib import Path
@@ -64,8 +65,11 @@ async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
     await spy.flush()
 
     code, out, err = await buyer(market, *_place("crash", "--restart", "on-failure", "--start"))
-    assert code == 0, err
     mid = out.split("placed ")[1].split()[0]
+    # --start watched it: it ended at once, and its policy started it again
+    assert code == 1, out + err
+    said = rf"error: machine {mid} ended and was restarted by its restart policy \(restart \d\): "
+    assert re.match(said + "last exit: code 1  at ", err), err
     await wait_until(lambda: len(events) >= 2)  # backoff 0.1 s, then 0.2 s
     assert [e.detail for e in events[:2]] == [
         "exited with code 1; restart 1",
@@ -80,6 +84,33 @@ async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
     code, out, err = await buyer(market, "machines", "show", mid)
     assert code == 0, err
     assert "last exit: code 1" in out and "restarts: " in out
+
+
+async def test_place_start_watches_the_machine_until_it_has_run_a_while(market: Market) -> None:
+    """--start says started only of a machine that stays up (--start-timeout, without a
+    check passing first); one that ends is exit 1 with its last exit, a script's JSON
+    carrying the machine too; without --start a line says nothing runs yet."""
+    await market.host(_worker())
+    await market.exchange()
+    code, out, err = await buyer(market, *_place("crash", "--start"))
+    mid = out.split("placed ")[1].split()[0]
+    assert code == 1 and f"  machine {mid} is stopped" in out.splitlines()
+    assert err.startswith(f"error: machine {mid} is stopped: last exit: code 1  at ")
+    assert err.endswith("  restarts: 0\n") and err.count("\n") == 1
+    code, out, err = await buyer(market, *_place("crash", "--start", "--json"))
+    shown = json.loads(out)
+    assert code == 1 and shown["error"] == err.removeprefix("error: ").strip()
+    assert (shown["outcome"], shown["machine"]["state"]) == ("placed", "stopped")
+    assert shown["machine"]["last_exit"]["code"] == 1
+    code, out, err = await buyer(market, *_place("web", "--start", "--start-timeout", "0.5"))
+    assert (code, err) == (0, ""), out + err
+    mid = out.split("placed ")[1].split()[0]
+    assert out.splitlines()[-1] == f"  machine {mid} is started"
+    code, out, err = await buyer(market, *_place("web"))
+    mid = out.split("placed ")[1].split()[0]
+    assert (code, err) == (0, "") and out.splitlines()[-1] == (
+        f"  not started: buyer machines start {mid} (or place with --start)"
+    )
 
 
 async def test_restart_flag_is_checked_and_deploy_sends_it(market: Market) -> None:

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from bourse.images import ImageStore, RunSpec
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Offers, Placed, Rejected, Release, Unfilled
+from tests.cli import buyer
+from tests.isolation import own_worker_id
 from tests.market import Market, answer_commits, order, wait_until, worker
 
 # The stalled auction's quiet window: the bid reaches the stalling supplier well within it
@@ -123,3 +127,31 @@ async def test_no_offers_only_after_listening_the_quiet_window_not_while_the_pro
     client = await market.client(direct=True, quiet_ms=STALL_QUIET_MS)
     placed = await client.place(order(order_id="stalled"))
     assert isinstance(placed, Placed) and placed.worker_id == "k1"
+
+
+async def test_an_unfilled_order_says_the_region_or_image_it_most_likely_meant(
+    market: Market, tmp_path: Path
+) -> None:
+    """A region no worker serves, or an image no worker runs, is answered with the nearest
+    one the market has (asked only once the order is unfilled): a region whose workers
+    answer, a store's tag, a worker's catalog image."""
+    await market.jetstream_init()
+    store = await ImageStore.open(await market.connect("images"), market.subjects.prefix)
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "server.py").write_text("print('hi')\n")
+    await store.push_directory(tmp_path / "app", "hello:latest", RunSpec(cmd=("python3",)))
+    catalog = {"web": {"command": ["{python}", "-c", "pass"]}}
+    await market.host(
+        worker(own_worker_id("mad-1"), driver="process", catalog=catalog, images=["web"])
+    )
+    await market.exchange()
+    place = ("place", "--cpus", "1", "--memory-mb", "64")
+    for args, said in [
+        (("--region", "madd", "--image", "web"), "(did you mean 'mad'?)"),
+        (("--region", "mad", "--image", "wbe"), "(did you mean 'web'?)"),
+        (("--region", "mad", "--image", "helo"), "(did you mean 'hello'?)"),
+        (("--region", "mad", "--image", "zzz"), ": no worker serves image 'zzz'"),
+    ]:
+        code, out, err = await buyer(market, *place, *args)
+        assert (code, err) == (2, ""), out + err
+        assert out.splitlines()[0].endswith(said), out

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,6 +18,7 @@ from bourse.nats.connection import connect
 from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed
 from ops.hello import HELLO_REF, HELLO_RUN
+from tests.cli import run_module
 from tests.containers import need_runc
 from tests.edgekit import get
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
@@ -55,9 +58,14 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         hello = await (await ImageStore.open(nc, create=False)).inspect(HELLO_REF)
         assert (hello.cmd, hello.env) == (HELLO_RUN.cmd, HELLO_RUN.env)
         client = BourseClient(nc)
-        r = await client.place(order(region="mad", image="web", cpus=1, memory_mb=256))
+        r = await client.place(
+            order(region="mad", image="web", cpus=1, memory_mb=256, ports=["http"])
+        )
         assert isinstance(r, Placed)
-        assert (await client.machine("start", r.machine_id)).state == "started"
+        started = await client.machine("start", r.machine_id)
+        assert started.state == "started"
+        # a local market's machines are reached on loopback, not the host's outward address
+        assert started.addresses["http"].startswith("127.0.0.1:")
         log = data / "data" / "mad" / "machines" / r.worker_id / f"{r.machine_id}.log"
         # its program is up (a SIGTERM before its handler is installed would just kill it)
         await wait_until(lambda: "web up" in log.read_text())
@@ -122,8 +130,42 @@ async def test_up_never_picks_up_bourse_nats_url(tmp_path: Path) -> None:
         await stop_all([up])
 
 
+async def _hints(up: Program) -> list[list[str]]:
+    """The commands `up` printed after its ready line, as argv (the `buyer` ones)."""
+    assert up.proc.stdout is not None
+    hints = []
+    while not (line := (await up.proc.stdout.readline()).decode()).startswith("Ctrl-C"):
+        assert line, "up ended before it printed its hints"
+        if line.startswith("  buyer "):
+            hints.append(shlex.split(line))
+    return hints
+
+
+async def _hints_work(up: Program, url: str, *shown: str) -> None:
+    """Every `buyer place` and `buyer fleet` that `up` printed exits 0 on its market (watch
+    follows until Ctrl-C: not run here); the places print ``shown``."""
+    hints = [h for h in await _hints(up) if h[1] in ("place", "fleet")]
+    assert [h[1] for h in hints].count("place") == len(shown)
+    for argv, said in zip(hints, [*shown, ""], strict=False):
+        code, out, err = await run_module("buyer_cli", *argv[1:], "--nats", url, timeout_s=120)
+        assert (code, err) == (0, ""), (argv, out, err)
+        assert said in out, (argv, out)
+
+
+@pytest.mark.slow
+async def test_up_prints_commands_that_work_on_its_market(tmp_path: Path) -> None:
+    """Its process workers run the demo catalog and the example app, pushed by up."""
+    up, url = await _up(tmp_path / "up")
+    try:
+        await _hints_work(up, url, "is started", "is started, its checks passing")
+    finally:
+        assert await up.stop() == 0
+
+
 @pytest.mark.slow
 async def test_up_driver_oci_makes_the_demo_fleet_container_workers(tmp_path: Path) -> None:
+    """Its workers run containers, and what it suggests is the busybox example, which it
+    built and pushed (a container has no python3 to run the example app with)."""
     need_runc()
     data = tmp_path / "up"
     up, url = await _up(data, "--driver", "oci")
@@ -134,5 +176,8 @@ async def test_up_driver_oci_makes_the_demo_fleet_container_workers(tmp_path: Pa
             ("oci", "runc")
         }
         await nc.close()
+        if shutil.which("busybox") is None:
+            pytest.skip("the busybox example needs busybox-static")
+        await _hints_work(up, url, "is started, its checks passing")
     finally:
         assert await up.stop() == 0

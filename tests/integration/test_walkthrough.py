@@ -215,6 +215,14 @@ async def _walk_through(url: str) -> None:
     assert {r[2] for r in listed} == {"fra", "mad"} and {r[-1] for r in listed} == {"shop"}
     assert sorted(r[3] for r in listed) == ["reserved", "reserved", "started", "started"]
 
+    # machines restart --app shop: the app's running machines (its spares left as they are)
+    code, out, err = await buyer(url, "machines", "restart", "--app", "shop", "--json")
+    assert (code, err) == (0, ""), out + err
+    restarted = json.loads(out)["machines"]
+    assert sorted((m["region"], m["state"]) for m in restarted) == [
+        ("fra", "started"), ("mad", "started"),
+    ]  # fmt: skip
+
     # watch --since 15m: order outcomes (placed and unfilled) as well as machine events
     code, out, err = await buyer(
         url, "watch", "--since", "15m", "--kind", "unfilled", "--count", "3"
@@ -240,12 +248,18 @@ async def _walk_through(url: str) -> None:
         "pass --yes\n"
     )
     code, out, err = await buyer(url, "machines", "destroy", "--app", "shop", "--yes")
-    assert (code, err) == (0, "")
+    # the deploy kept the app's spec: said, with how to remove it
+    spec_stays = (
+        "app 'shop': its spec stays (buyer apps list; a deploy places its machines again): "
+        "buyer apps destroy shop removes it\n"
+    )
+    assert (code, err) == (0, spec_stays)
     gone = rows(out)
     assert len(gone) == 4 and {r[2] for r in gone} == {"destroyed"}
     assert {r[1].split(".")[0] for r in gone} == {"shop"}  # the app's order ids
     code, out, err = await buyer(url, "machines", "destroy", "--app", "shop", "--yes")
-    assert (code, out, err) == (0, "app 'shop' has no live machines: nothing to destroy\n", "")
+    nothing = "app 'shop' has no live machines: nothing to destroy\n"
+    assert (code, out, err) == (0, nothing, spec_stays)
 
     # bourse demo --nats $BOURSE_NATS_URL: the scripted batch, cleaned up after
     code, out, err = await run(url, "ops.cli", "demo", "--nats", url)

@@ -68,3 +68,21 @@ def test_ci_checks_the_code_then_runs_exactly_the_readmes_test_command() -> None
     order = [".venv/bin/ruff check .", ".venv/bin/ruff format --check .", ".venv/bin/mypy"]
     at = [next(i for i, s in enumerate(steps) if s.split("  #")[0] == o) for o in order]
     assert at == sorted(at) and at[-1] < len(steps) - 1, steps
+
+
+def test_every_image_the_readme_changes_an_app_to_is_pushed_before() -> None:
+    """A reader who changes app.toml's image as the README says finds it in the store: each
+    `image = "X"` a comment asks for is pushed by a line above it (a deploy of an image the
+    store lacks is refused before anything is placed)."""
+    text = (ROOT / "README.md").read_text().replace("\\\n", " ")
+    blocks = re.findall(r"```sh\n(.*?)```", text, re.S)
+    asked = 0
+    for block in blocks:
+        pushed: set[str] = set()
+        for line in block.splitlines():
+            if m := re.match(r"\.venv/bin/bourse image push (\S+)", line):
+                pushed.add(m.group(1))
+            for image in re.findall(r'^# change image = "([^"]+)"', line):
+                asked += 1
+                assert image in pushed, (image, line)
+    assert asked >= 1

@@ -101,10 +101,15 @@ def _edit(old: str, new: str) -> str:
         (GOOD + '[[checks]]\nport = "web2"\nkind = "tcp"\n',
          "app.toml: [checks][1].port: 'web2' is not a declared port"),
         (_edit("count = 1", "count = -1"), "app.toml: [count]: Expected `int` >= 0"),
-        (_edit("spares = 1", "spares = 1\nspare = 2"), "app.toml: [spare]: unknown key"),
+        (_edit("spares = 1", "spares = 1\nspare = 2"),
+         "app.toml: [spare]: unknown key (did you mean 'spares'?)"),
+        (_edit("regions =", "region ="),
+         "app.toml: [region]: unknown key (did you mean 'regions'?)"),
         (GOOD + "[volumes]\n", "app.toml: [volumes]: unknown key"),
         (_edit("memory_mb = 256", "memory_mb = 256\nmem = 1"),
-         "app.toml: [resources].mem: unknown key"),
+         "app.toml: [resources].mem: unknown key"),  # nothing near enough to suggest
+        (_edit("memory_mb = 256", "memroy_mb = 256"),
+         "app.toml: [resources].memroy_mb: unknown key (did you mean 'memory_mb'?)"),
         (_edit('path = "/healthz"', 'path = "/healthz"\ngrace = 1'),
          "app.toml: [checks][0].grace: unknown key"),
         (_edit("memory_mb = 256", "memory_mb = 0"),
@@ -114,7 +119,8 @@ def _edit(old: str, new: str) -> str:
          " or of millicores (250m)"),
         (_edit('app = "hello"', ""), "app.toml: [app]: missing"),
         (_edit('app = "hello"', 'app = "Hello World"'),
-         "app.toml: [app]: Expected `str` matching regex '^[a-z0-9][a-z0-9-]{0,62}\\\\Z'"),
+         "app.toml: [app]: expected 1 to 63 characters: lowercase letters, digits and '-', the "
+         "first a lowercase letter or a digit"),
         (_edit('["mad", "ams"]', '["mad", "mad"]'), "app.toml: [regions]: 'mad' is named twice"),
         (_edit('["mad", "ams"]', "[]"), "app.toml: [regions]: Expected `array` of length >= 1"),
         (_edit('["web"]', '["web", "web"]'), "app.toml: [ports]: 'web' is named twice"),
@@ -127,8 +133,8 @@ def _edit(old: str, new: str) -> str:
         (_edit('team = "core"', 'role = "x"'),
          "app.toml: [metadata].role: reserved for the app's own use"),
         (_edit('GREETING = "hi"', '"1X" = "hi"'),
-         "app.toml: [env]: a key: Expected `str` matching regex "
-         "'^[A-Za-z_][A-Za-z0-9_]{0,127}\\\\Z'"),
+         "app.toml: [env]: a key: expected 1 to 128 characters: letters, digits and '_', the "
+         "first a letter or '_'"),
         (_edit("count = 1\nspares = 1", "count = 0\nspares = 0"),
          "app.toml: [count]: count and spares are both 0 (nothing to run)"),
         ("app = ", "app.toml: not TOML: Invalid value (at end of document)"),

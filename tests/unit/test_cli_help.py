@@ -75,7 +75,7 @@ def test_every_buyer_command_takes_the_common_options_after_it() -> None:
     """Defined once (the app's callback), taken after every command as people type them."""
     command = typer.main.get_command(importlib.import_module(PROGRAMS["buyer"]).app)
     leaves = [(path, sub) for path, sub in _commands(command, "buyer") if not subcommands(sub)]
-    assert len(leaves) == 19
+    assert len(leaves) == 23
     for path, sub in leaves:
         names = {o for p in sub.params if isinstance(p, TyperOption) for o in p.opts}
         assert names >= COMMON, f"{path} lacks {COMMON - names}"
@@ -127,10 +127,13 @@ def test_lazy_commands_are_listed_without_being_imported() -> None:
 def test_the_machine_states_of_the_help_are_the_wire_contracts() -> None:
     from typing import get_args
 
+    from bourse.client.policy import RUNS
     from bourse.wire.messages import MachineState
-    from buyer_cli.machines import MACHINE_STATES
+    from buyer_cli.listing import MACHINE_STATES
+    from buyer_cli.machines import RUNNING
 
     assert get_args(MachineState) == MACHINE_STATES
+    assert RUNNING == RUNS  # what restart selects is what it restarts
 
 
 def test_the_readme_says_every_buyer_commands_json_shape() -> None:
@@ -148,4 +151,4 @@ def test_the_readme_says_every_buyer_commands_json_shape() -> None:
         for path, sub in _commands(command, "buyer")
         if not subcommands(sub)
     }
-    assert len(leaves) == 19 and leaves <= named, leaves - named
+    assert len(leaves) == 23 and leaves <= named, leaves - named

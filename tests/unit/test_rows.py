@@ -1,5 +1,5 @@
 """What a supplier's rows are made of (supplier/rows.py): one heartbeat per 4096 workers,
-keyed by its first; how long a destroyed machine's row stays."""
+keyed by its first, naming those that serve; how long a destroyed machine's row stays."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from bourse.nats.state import RETENTION_S
 from bourse.wire.messages import MAX_BEAT_WORKERS, Machine, Resources
-from supplier.rows import beat_groups, ttl_of
+from supplier.rows import beat_groups, regrouped, ttl_of
 
 
 def test_one_heartbeat_names_up_to_4096_workers_keyed_by_the_first() -> None:
@@ -21,6 +21,32 @@ def test_one_heartbeat_names_up_to_4096_workers_keyed_by_the_first() -> None:
     assert [w for _, _, ws in groups for w in ws] == [w for w, _ in workers]
     assert beat_groups([("mad-1", "mad")]) == [("mad-1", "mad", ["mad-1"])]
     assert beat_groups([]) == []
+
+
+def test_a_stopped_worker_is_left_out_of_its_heartbeat_and_named_again_when_started() -> None:
+    """The operator stops a worker (§4.22): its heartbeat names it no more (a view calls it
+    gone), its row still names the heartbeat it had; stopping the heartbeat's first worker
+    keys it by the next, whose rows go again (a row names its heartbeat)."""
+    serving = [("mad-1", "mad", True), ("mad-2", "mad", True), ("fra-1", "fra", True)]
+    groups, beat_of, changed = regrouped(serving, {})
+    assert (groups, changed) == ([("mad-1", "mad", ["mad-1", "mad-2", "fra-1"])], [])
+    assert beat_of == dict.fromkeys(["mad-1", "mad-2", "fra-1"], "mad-1")
+
+    mad2_stopped = [serving[0], ("mad-2", "mad", False), serving[2]]
+    groups, beat_of, changed = regrouped(mad2_stopped, beat_of)
+    assert (groups, changed) == ([("mad-1", "mad", ["mad-1", "fra-1"])], [])
+    assert beat_of["mad-2"] == "mad-1"  # its row names the heartbeat that left it out
+
+    mad1_stopped = [("mad-1", "mad", False), *serving[1:]]
+    groups, stopped, changed = regrouped(mad1_stopped, beat_of)
+    assert groups == [("mad-2", "mad", ["mad-2", "fra-1"])]
+    assert (stopped["mad-1"], stopped["mad-2"], stopped["fra-1"]) == ("mad-1", "mad-2", "mad-2")
+    assert changed == ["mad-2", "fra-1"]
+
+    groups, again, changed = regrouped(serving, stopped)  # started: as before, rows again
+    first_groups, first_beats, _ = regrouped(serving, {})
+    assert (groups, again, changed) == (first_groups, first_beats, ["mad-2", "fra-1"])
+    assert regrouped([("mad-1", "mad", False)], {}) == ([], {"mad-1": "mad-1"}, [])
 
 
 def machine(state: str, updated_at_ms: int) -> Machine:

@@ -20,6 +20,7 @@ from bourse.client.apps.store import AppChanged, AppRecord, AppStore, next_gener
 from bourse.client.client import BourseClient
 from bourse.client.errors import ClientError
 from bourse.client.policy import place_patiently
+from bourse.client.suggest import image_hint, region_hint
 from bourse.errors import BourseError
 from bourse.images import BadReference, ImageError, ImageStore, Reference
 from bourse.runtime.defaults import DEFAULT_CHECK_WAIT_S
@@ -89,9 +90,10 @@ async def _image_digest(client: BourseClient, spec: AppSpec) -> str:
         dry = await client.explain(probe)
         if any(not _cannot_run(v) for v in dry.verdicts):
             return ""
+    hint = await image_hint(client, spec.image, spec.regions)
     raise AppError(
         f"image {spec.image!r} is not in the image store and no worker of "
-        f"{', '.join(spec.regions)} can run it: push it first (bourse image push)"
+        f"{', '.join(spec.regions)} can run it{hint}: push it first (bourse image push)"
     )
 
 
@@ -104,7 +106,10 @@ async def context(client: BourseClient, apps: AppStore, spec: AppSpec) -> Contex
     what the plan needs. Nothing is placed or held."""
     for region in spec.regions:
         if not await client.status(region):
-            raise AppError(f"region {region!r}: no worker serves it (buyer fleet lists regions)")
+            hint = await region_hint(client, region)
+            raise AppError(
+                f"region {region!r}: no worker serves it{hint} (buyer fleet lists regions)"
+            )
     image_digest = await _image_digest(client, spec)
     previous, at = await apps.read(spec.app)
     secrets = previous.secrets_now if previous else ""

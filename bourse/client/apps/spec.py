@@ -15,6 +15,7 @@ from typing import Annotated, Any
 import msgspec
 
 from bourse.errors import BourseError
+from bourse.runtime.words import did_you_mean, in_words
 from bourse.wire.limits import ID_PATTERN
 from bourse.wire.messages import Check, Env, Image, Labels, Ports, Region, Resources
 from bourse.wire.metadata import RESERVED, RESTART_POLICIES
@@ -117,11 +118,12 @@ def _explain(exc: msgspec.ValidationError) -> tuple[str, str]:
     msg, path = (m.group("msg"), m.group("path")) if m else (text, "")
     if m and m.group("key"):
         msg = f"a key: {msg}"
-    for pattern, say in ((_UNKNOWN, "unknown key"), (_MISSING, "missing")):
-        if u := pattern.match(msg):
-            path = f"{path}.{u.group('key')}"
-            msg = say
-    return (key_name(path) if path else "(top)"), msg
+    if u := _UNKNOWN.match(msg):
+        nearest = did_you_mean(u.group("key"), AppSpec.__struct_fields__) if not path else ""
+        path, msg = f"{path}.{u.group('key')}", f"unknown key{nearest}"
+    elif u := _MISSING.match(msg):
+        path, msg = f"{path}.{u.group('key')}", "missing"
+    return (key_name(path) if path else "(top)"), in_words(msg)
 
 
 # The wire's structs take unknown fields (a newer peer's); a spec file may not.
@@ -133,11 +135,13 @@ def _known_keys(raw: dict[str, Any], where: str) -> None:
     for section, keys in _NESTED.items():
         value = raw.get(section)
         if isinstance(value, dict) and (extra := sorted(set(value) - keys)):
-            raise SpecError(f"{where}: [{section}].{extra[0]}: unknown key")
+            nearest = did_you_mean(extra[0], keys)
+            raise SpecError(f"{where}: [{section}].{extra[0]}: unknown key{nearest}")
     checks = raw.get("checks")
     for i, c in enumerate(checks if isinstance(checks, list) else []):
         if isinstance(c, dict) and (extra := sorted(set(c) - _CHECK_KEYS)):
-            raise SpecError(f"{where}: [checks][{i}].{extra[0]}: unknown key")
+            nearest = did_you_mean(extra[0], _CHECK_KEYS)
+            raise SpecError(f"{where}: [checks][{i}].{extra[0]}: unknown key{nearest}")
 
 
 def _cpus(raw: dict[str, Any], where: str) -> None:

@@ -10,8 +10,8 @@ from rich.table import Table
 from bourse.client.apps.apply import Applied
 from bourse.client.apps.plan import KEEP, Plan, Step
 from bourse.client.apps.rollout import Outcome
+from bourse.client.render import CHECKED_STATES, safe
 from bourse.client.render import gone as state_gone
-from bourse.client.render import safe
 from bourse.wire.messages import Machine
 
 
@@ -93,9 +93,10 @@ def applied_json(a: Applied) -> dict[str, object]:
 
 
 def _check(m: Machine) -> str:
-    if m.health is not None:
-        return m.health.status or "pending"
-    return "pending" if m.checks else "-"
+    """What a slot's checks say: ``-`` without checks or while it does not run (a spare)."""
+    if not m.checks or m.state not in CHECKED_STATES:
+        return "-"
+    return (m.health.status if m.health is not None else "") or "pending"
 
 
 def status_rows(
@@ -141,6 +142,8 @@ def status_table(app: str, rows: list[dict[str, object]]) -> Table:
         t.add_column(col.removesuffix("_id"))
     for row in rows:
         since = row.get("worker_gone_since_ms")
-        shown = {**row, "state": state_gone(since)} if isinstance(since, int) else row
+        shown = row
+        if isinstance(since, int):  # neither its state nor its check is known any more
+            shown = {**row, "state": state_gone(since), "check": "-"}
         t.add_row(*(safe(shown[k]) for k in STATUS_COLUMNS))
     return t

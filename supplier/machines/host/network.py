@@ -154,6 +154,7 @@ class WorkerNetwork:
         """Claim the worker's subnet, make its bridge and the supplier's table (blocking)."""
         self.subnet = self._claim_subnet()
         self._addresses()
+        self._closed = False  # a worker started again (§4.22) makes namespaces ahead again
         self._bridge()
         self._table()
         self._forwarding()
