@@ -28,10 +28,17 @@ from bourse.runtime.connection import Connection
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
 
+    from edge.healing import Controller
+    from edge.idle import Idle, Running
     from edge.routes import RouteSource
     from edge.routing import Service
+    from edge.service import EdgeService
+    from edge.services import AppServices
+    from edge.starts import StartMachine
+    from edge.viewroutes import ViewRoutes
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
+SOURCES = ("auto", "view", "listing")
 
 app = typer.Typer(
     help="Bourse edge: one address per app, routed to its passing machines.",
@@ -68,9 +75,26 @@ def serve(
         typer.Option(
             metavar="FILE",
             help="A routes file (TOML, or JSON by its .json suffix: docs/edge.md), read at "
-            "start; without it, the market's machine listing (--nats) every --refresh-s.",
+            "start; without it, the market (--nats): see --source.",
         ),
     ] = None,
+    source: Annotated[
+        str,
+        typer.Option(
+            metavar="auto|view|listing",
+            help="Without --routes, where the routes come from: the fleet view (the state "
+            "stream, followed), the machine listing (asked every --refresh-s), or auto: the "
+            "view, the listing where the market has no state stream.",
+        ),
+    ] = "auto",
+    view_db: Annotated[
+        str,
+        typer.Option(
+            metavar="PATH",
+            help="The view's SQLite database (resumed at the next start; ':memory:': built "
+            "from the stream at each start).",
+        ),
+    ] = ":memory:",
     regions: Annotated[
         str, typer.Option(help='The listing\'s regions, comma-separated ("": every region).')
     ] = "",
@@ -106,6 +130,31 @@ def serve(
             "port PORTNAME (repeat for more; APP of a tenant: <app>.<tenant>).",
         ),
     ] = None,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            help="Also heal apps from the view: a machine whose worker is gone or whose "
+            "check is critical replaced by its slot's spare (docs/edge.md; any number of "
+            "edges may run one).",
+        ),
+    ] = False,
+    auto_start: Annotated[
+        bool,
+        typer.Option(
+            help="With the market as the routes: a request that finds no machine able to "
+            "take it starts one of its app's stopped machines and waits for it.",
+        ),
+    ] = True,
+    start_timeout_s: Annotated[
+        float,
+        typer.Option(
+            min=0.1, help="A request waits this long for its app's machine to start (503 past it)."
+        ),
+    ] = 10.0,
+    max_held: Annotated[
+        int,
+        typer.Option(min=1, help="Requests held per app while its machine starts (503 past it)."),
+    ] = 256,
     max_body_mb: Annotated[
         float, typer.Option(min=0, help="Refuse (413) a request body larger than this.")
     ] = 10.0,
@@ -164,6 +213,10 @@ def serve(
         metrics_at = parse_addr(metrics_addr)
         services = [_service(text) for text in tcp or []]
         table = read_routes(routes) if routes is not None else None
+        if source not in SOURCES:
+            raise ValueError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
+        if controller and (routes is not None or source == "listing"):
+            raise ValueError("--controller reads the fleet view: not with --routes or a listing")
     except (ValueError, RoutesError, MetricsAddrError) as exc:
         fail(str(exc))
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key) if not routes else None
@@ -179,27 +232,43 @@ def serve(
         access_log=access_log,
     )
     region_list = [r.strip() for r in regions.split(",") if r.strip()]
+    limits = (soft_limit, hard_limit)
 
     async def main() -> None:
         nc: NATS | None = None
+        start_machine: StartMachine | None = None
+        healer: Controller | None = None
+        apps: AppServices | None = None
+        view: ViewRoutes | None = None
         try:
-            source: RouteSource
+            routes_from: RouteSource
             if table is not None:
-                source = StaticRoutes(table)
+                routes_from = StaticRoutes(table)
             else:
                 assert conn is not None
-                source, nc = await _listing(
-                    conn, prefix, region_list, refresh_s, port, soft_limit, hard_limit
+                nc = await conn.connect("bourse-edge")
+                routes_from, view = _market(
+                    nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
+                apps = _app_services(nc, prefix, view)
+                if auto_start:
+                    start_machine = _starter(nc, prefix)
+                if controller:
+                    healer = _controller(nc, prefix)
+                    view.observers.append(healer.changed)
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
-                source,
+                routes_from,
                 listen_at,
                 config,
                 region=region,
                 services=services,
                 metrics=metrics,
                 stop_grace_s=stop_grace_s,
+                start_machine=start_machine,
+                start_timeout_s=start_timeout_s,
+                max_held=max_held,
+                auto_start=apps.auto_start if apps is not None else None,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -207,12 +276,18 @@ def serve(
                     serving = (
                         f"; metrics on {(await start_endpoint(tasks, metrics, metrics_at)).url}"
                     )
+                if apps is not None:
+                    await tasks.start(apps.run)
+                if healer is not None:
+                    await tasks.start(healer.run)
                 await tasks.start(svc.run)  # ListenError: one line, as any BourseError
+                if nc is not None and apps is not None and view is not None:
+                    await tasks.start(_idle(nc, prefix, svc, apps, view).run)
                 settle_heap()
                 extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
                 typer.echo(
                     f"edge serving on {svc.address} (*.{config.domain}, routes: "
-                    f"{source.name}){extra}{serving}"
+                    f"{routes_from.name}){extra}{serving}"
                 )
         finally:
             if nc is not None:
@@ -238,35 +313,92 @@ def _service(text: str) -> Service:
         raise ValueError(f"--tcp {text!r}: {exc}") from None
 
 
-async def _listing(
-    conn: Connection,
+def _market(
+    nc: NATS,
     prefix: str,
+    source: str,
+    view_db: str,
     regions: list[str],
     refresh_s: float,
     port: str,
-    soft_limit: int,
-    hard_limit: int,
-) -> tuple[RouteSource, NATS]:
-    """The machine listing as the route source, on a connection of its own."""
+    limits: tuple[int, int],
+) -> tuple[RouteSource, ViewRoutes]:
+    """The market's routes on ``nc``: the view, the listing, or the view falling back to
+    the listing (``source``: auto); and the view (what a controller reads)."""
     from bourse.client import BourseClient
     from bourse.wire.subjects import Subjects
     from edge.routes import ListingRoutes
+    from edge.viewroutes import Fallback, ViewRoutes
 
     try:
         subjects = Subjects(prefix)
     except ValueError as exc:
         fail(str(exc))
-    nc = await conn.connect("bourse-edge")
-    client = BourseClient(nc, subjects)
-    source = ListingRoutes(
-        client,
+    soft, hard = limits
+    view = ViewRoutes(nc, subjects, view_db, port=port, soft_limit=soft, hard_limit=hard)
+    if source == "view":
+        return view, view
+    listing = ListingRoutes(
+        BourseClient(nc, subjects),
         regions,
         refresh_s=refresh_s,
         port=port,
-        soft_limit=soft_limit,
-        hard_limit=hard_limit,
+        soft_limit=soft,
+        hard_limit=hard,
     )
-    return source, nc
+    return (listing if source == "listing" else Fallback(view, listing)), view
+
+
+def _starter(nc: NATS, prefix: str) -> StartMachine:
+    """A machine started through the exchange (the market's machine verb)."""
+    from bourse.client import BourseClient
+    from bourse.wire.messages import Machine
+    from bourse.wire.subjects import Subjects
+
+    client = BourseClient(nc, Subjects(prefix))
+
+    async def start(machine_id: str) -> Machine:
+        return await client.machine("start", machine_id)
+
+    return start
+
+
+def _app_services(nc: NATS, prefix: str, view: ViewRoutes) -> AppServices:
+    """The apps' service sections, followed; the view's table made again on a change."""
+    from edge.services import AppServices
+
+    apps = AppServices(nc, prefix)
+    view.services = apps
+    apps.observers.append(view.refresh)
+    return apps
+
+
+def _idle(nc: NATS, prefix: str, svc: EdgeService, apps: AppServices, view: ViewRoutes) -> Idle:
+    """This edge's activity, every edge's heard, idle machines stopped (docs/edge.md)."""
+    from bourse.client import BourseClient
+    from bourse.wire.subjects import Subjects
+    from edge.idle import Idle, running
+
+    subjects = Subjects(prefix)
+    client = BourseClient(nc, subjects)
+
+    async def stop(machine_id: str) -> object:
+        return await client.machine("stop", machine_id)
+
+    def rows() -> list[Running]:
+        return running(view.view.db.db) if view.view is not None else []
+
+    return Idle(nc, subjects, svc.router, stop, lambda: apps.all, rows)
+
+
+def _controller(nc: NATS, prefix: str) -> Controller:
+    """The controller, acting on the market through the exchange."""
+    from bourse.client import BourseClient
+    from bourse.wire.subjects import Subjects
+    from edge.healing import Controller, market_actions
+
+    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)))
+    return Controller(wanted_of, act)
 
 
 def main() -> None:

@@ -37,6 +37,7 @@ from edge.routing import UNKNOWN_APP, Choice, Router
 
 if TYPE_CHECKING:
     from bourse.runtime.metrics import EdgeMetrics
+    from edge.starts import Starts
 
 
 class Abortable(Protocol):
@@ -122,6 +123,7 @@ class Request:
     error = ""
     bytes_out = 0
     hosts = 0  # Host headers seen
+    held = False  # it waited for a machine's start (once at most)
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []
@@ -141,6 +143,7 @@ class Proxy:
         self.router = router
         self.config = config
         self.metrics = metrics
+        self.starts: Starts | None = None  # requests held while a machine starts
         self.tasks = TaskSet("edge-connect")
         self.pools: dict[tuple[str, int], deque[Upstream]] = {}
         self.clients: set[Abortable] = set()
@@ -462,12 +465,10 @@ class Client(asyncio.Protocol):
     def _route(self, r: Request) -> None:
         choice = self.proxy.router.pick(r.app, exclude=r.tried)
         if not isinstance(choice, Choice):
-            if r.error:  # a retry that found no other machine
-                self._respond(r, 502, r.error)
-            elif choice.reason == UNKNOWN_APP:
+            if choice.reason == UNKNOWN_APP and not r.error:
                 self._respond(r, 404, f"{choice.detail}: {rule(self.config.domain)}")
-            else:
-                self._respond(r, 503, choice.detail)
+            else:  # a retry that found no other machine (502), or none could take it (503)
+                self._hold(r, choice.detail)
             return
         backend = choice.backend
         r.backend_id = backend.machine_id
@@ -480,6 +481,35 @@ class Client(asyncio.Protocol):
             self._send(r, up, reused=True)
         else:
             self.proxy.tasks.spawn(self._connect(r, choice.address))
+
+    def _hold(self, r: Request, detail: str) -> None:
+        """No machine can take ``r``: held while a stopped machine of its app starts
+        (edge/starts.py), else 503 with why (502 with the error of a retry: the machine
+        tried failed, and no other could take it)."""
+        status, detail = (502, r.error) if r.error else (503, detail)
+        starts = self.proxy.starts
+        if starts is None or r.held:
+            self._respond(r, status, detail)
+            return
+        why = starts.hold(r.app, lambda why: self._released(r, why))
+        if why is None:
+            r.held = True
+            if self.proxy.metrics is not None:
+                self.proxy.metrics.held_request(r.app)
+        else:
+            self._respond(r, status, f"{detail}; {why}" if why else detail)
+
+    def _released(self, r: Request, why: str | None) -> None:
+        """The start ``r`` waited for answered (``why`` None: route it again, to any
+        machine: the one started may be one it tried at an old address) or not."""
+        if r is not self.active or self.closed or r.response_done:
+            return  # the client left, or the request was answered meanwhile (413)
+        if why is None:
+            r.tried.clear()
+            r.error = ""
+            self._route(r)
+        else:
+            self._respond(r, 503, why)
 
     async def _connect(self, r: Request, address: tuple[str, int]) -> None:
         proxy = self.proxy

@@ -7,8 +7,8 @@ the two sources there are today.
   asked again every ``refresh_s``: every started machine of an app (its metadata's ``app``,
   its tenant from its order id). A worker that does not answer a listing has no machines in
   it, so they get no requests until it answers again; a listing that fails altogether
-  leaves the last table in force. The fleet view (issue 37) replaces this source: a
-  source that follows the view's stream calls ``publish`` on every change.
+  leaves the last table in force. The fleet view (edge/viewroutes.py) is the default
+  source; this one is its fallback where the market has no state stream.
 
 The parsing and the table built from a listing are pure (:func:`parse_routes`,
 :func:`table_of`); only the ``run`` methods touch files or NATS.
@@ -28,7 +28,7 @@ import msgspec
 import structlog
 
 from bourse.errors import BourseError
-from bourse.wire.metadata import APP
+from bourse.wire.metadata import APP, ROLE
 from bourse.wire.tenancy import SEPARATOR
 from edge.routing import (
     HEALTH,
@@ -190,7 +190,7 @@ def _health(machine: Machine) -> str:
     return status if status in (PASSING, "critical") else PENDING
 
 
-def _addresses(machine: Machine) -> dict[str, tuple[str, int]]:
+def machine_addresses(machine: Machine) -> dict[str, tuple[str, int]]:
     out = {}
     for name, text in machine.addresses.items():
         try:
@@ -218,7 +218,10 @@ def table_of(
             continue
         tenant, sep, _ = m.order_id.partition(SEPARATOR)
         key = app_key(app, tenant if sep else "")
-        backend = Backend(m.machine_id, m.region, _addresses(m), m.state, _health(m))
+        backend = Backend(
+            m.machine_id, m.region, machine_addresses(m), m.state, _health(m),
+            role=m.metadata.get(ROLE, ""),
+        )  # fmt: skip
         grouped.setdefault(key, []).append(backend)
     apps = {
         key: AppRoute(key, tuple(bs), soft_limit, hard_limit, port) for key, bs in grouped.items()

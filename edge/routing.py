@@ -37,6 +37,7 @@ HEALTH = (PASSING, CRITICAL, PENDING, NO_CHECKS)
 ROUTABLE_HEALTH = frozenset({PASSING, NO_CHECKS})
 
 STARTED = "started"
+MOVING = frozenset({"starting", STARTED})
 
 # Why a machine takes no request (named once: the 503's detail counts them).
 NOT_STARTED = "not started"
@@ -58,6 +59,9 @@ NO_MACHINE = "no_machine"
 PROBE_EVERY_S = 0.5
 PROBE_MAX_S = 5.0
 HTTP = "http"
+# A machine this edge started and probed itself is routed as started for at most this
+# long before the table says so (the view's row follows the start by a round trip or two).
+STARTED_HERE_S = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +76,7 @@ class Backend:
     health: str = NO_CHECKS
     worker_gone: bool = False
     draining: bool = False
+    role: str = ""  # its metadata's role (a spare is never started for a request)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +172,16 @@ class _Skip:
     interval: float
 
 
+@dataclass(slots=True)
+class _Here:
+    """A machine this edge started: as its start answered, when, and whether the table
+    has shown it starting or started since (a stopped row after that is a new stop)."""
+
+    backend: Backend
+    at: float
+    moved: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class _Ready:
     """An app's machines that pass the table's own tests (computed once per table), and
@@ -197,6 +212,10 @@ class Router:
         self.skipped: dict[str, _Skip] = {}
         self._ready: dict[tuple[str, str], _Ready] = {}
         self._turn: dict[str, int] = {}
+        # machines this edge started and whose port answered its probe
+        self.started_here: dict[str, _Here] = {}
+        # when this edge last sent a request to each machine (its clock): its activity
+        self.began: dict[str, float] = {}
 
     # -- the table -------------------------------------------------------------------------
 
@@ -205,9 +224,35 @@ class Router:
         still in flight); a skipped machine no longer in the table is forgotten."""
         self.table = table
         self._ready = {}
-        present = {b.machine_id for r in table.apps.values() for b in r.backends}
+        present = {b.machine_id: b for r in table.apps.values() for b in r.backends}
         for gone in [m for m in self.skipped if m not in present]:
             del self.skipped[gone]
+        for gone in [m for m in self.began if m not in present]:
+            del self.began[gone]
+        old = self.clock() - STARTED_HERE_S
+        for mid, here in list(self.started_here.items()):
+            row = present.get(mid)
+            if row is not None and row.state in MOVING:
+                here.moved = True
+            # gone, started by the table, too old, or started and then stopped again
+            done = row is None or row.state == STARTED or here.at < old
+            if done or (here.moved and row is not None and row.state not in MOVING):
+                del self.started_here[mid]
+
+    def started(self, backend: Backend) -> None:
+        """This edge started ``backend`` and its port answered: routed as started until the
+        table says so (its row was older than the start), or STARTED_HERE_S passed, or the
+        table shows it starting and then stopping (it moved on)."""
+        route = self.table.apps
+        row = next(
+            (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
+            None,
+        )
+        if row is not None and row.state == STARTED:
+            return  # the table has it already
+        moved = row is not None and row.state in MOVING
+        self.started_here[backend.machine_id] = _Here(backend, self.clock(), moved)
+        self._ready = {}
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
         ready = self._ready.get((key, port))
@@ -219,6 +264,9 @@ class Router:
         good: list[tuple[Backend, tuple[str, int]]] = []
         passed: dict[str, int] = {}
         for b in route.backends:
+            here = self.started_here.get(b.machine_id)
+            if here is not None and b.state != STARTED and not b.worker_gone:
+                b = here.backend
             why = unready(b, route, port)
             if why is None:
                 address = route.address(b, port)
@@ -282,6 +330,7 @@ class Router:
     def begin(self, machine_id: str) -> None:
         """A request (or connection) went to ``machine_id``."""
         self.outstanding[machine_id] = self.outstanding.get(machine_id, 0) + 1
+        self.began[machine_id] = self.clock()
 
     def end(self, machine_id: str) -> None:
         """It ended (answered, failed or cut short)."""

@@ -1,6 +1,7 @@
 """EdgeService: one edge process: its route source, its router, its listeners (HTTP and
 raw TCP services, each socket bound with SO_REUSEPORT so several edge processes share a
-port), its prober; a task of the program's task group that stops with it.
+port), its prober, the starts its requests ask for (edge/starts.py: given a way to start a
+machine); a task of the program's task group that stops with it.
 
 The stop (a cancellation: SIGTERM) closes the listeners at once, lets the requests under
 way finish for at most ``stop_grace_s``, then closes every connection left: the program
@@ -26,6 +27,7 @@ from edge.http import EdgeConfig, Proxy
 from edge.probe import run_prober
 from edge.routes import RouteSource
 from edge.routing import Router, RouteTable, Service
+from edge.starts import MAX_HELD, START_TIMEOUT_S, StartMachine, Starts
 from edge.tcp import TcpClient
 
 log = structlog.get_logger("bourse.edge")
@@ -70,6 +72,11 @@ class EdgeService:
     services: Sequence[Service] = ()
     metrics: EdgeMetrics | None = None
     stop_grace_s: float = STOP_GRACE_S
+    # how a request starts a stopped machine (the market's machine verb; None: it does not)
+    start_machine: StartMachine | None = None
+    start_timeout_s: float = START_TIMEOUT_S
+    max_held: int = MAX_HELD
+    auto_start: Callable[[str], bool] | None = None  # per app (None: every app)
     address: str = ""
     service_addresses: dict[str, str] = field(default_factory=dict)
     router: Router = field(init=False)
@@ -88,6 +95,16 @@ class EdgeService:
         """Serve until cancelled; ``started`` once every listener listens."""
         loop = asyncio.get_running_loop()
         proxy = Proxy(self.router, self.config, self.metrics)
+        if self.start_machine is not None:
+            proxy.starts = Starts(
+                self.router,
+                self.start_machine,
+                region=self.region,
+                timeout_s=self.start_timeout_s,
+                max_held=self.max_held,
+                metrics=self.metrics,
+                auto_start=self.auto_start or every_app,
+            )
         servers: list[asyncio.Server] = []
         try:
             async with anyio.create_task_group() as tasks:
@@ -124,8 +141,14 @@ class EdgeService:
             await proxy.wait_idle()
         cut = proxy.in_flight
         proxy.close()
+        if proxy.starts is not None:
+            await proxy.starts.close()
         await proxy.tasks.finish(0)
         log.info("edge_stopped", cut_short=cut)
+
+
+def every_app(app: str) -> bool:
+    return True
 
 
 def _service_protocol(proxy: Proxy, service: Service) -> Callable[[], TcpClient]:

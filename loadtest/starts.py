@@ -365,6 +365,25 @@ async def memory(client: BourseClient, n: int, shims_dir: Path, say: Say) -> dic
 
 
 # -- the run -------------------------------------------------------------------------------
+async def market_programs(
+    programs: list[Program], fleet: Path, data: Path, args: tuple[str, ...], logs: Path
+) -> None:
+    """``supplier run`` with ``fleet`` (its machines stopped with it) and ``exchange
+    serve``, each with ``args`` (the market's options), ready, added to ``programs``."""
+    programs.append(
+        await start_program(
+            "supplier", "run", "--fleet", str(fleet), "--data-dir", str(data),
+            "--machines-stop-with-supplier", *args,
+            log_path=logs / "supplier.log", ready="supplier ready",
+        )
+    )  # fmt: skip
+    programs.append(
+        await start_program(
+            "exchange", "serve", *args, log_path=logs / "exchange.log", ready="exchange ready"
+        )
+    )
+
+
 async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, Any]:
     fresh_run_dir(out)
     server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True).start()
@@ -390,19 +409,7 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
                 await _push(store, "box:latest", box, BOX)
             args = ("--nats", server.url, "--prefix", subjects.prefix, "--metrics-addr", "off")
             path = fleet(out / "config" / "fleet.json", box is not None, profile.shared)
-            programs.append(
-                await start_program(
-                    "supplier", "run", "--fleet", str(path), "--data-dir", str(data),
-                    "--machines-stop-with-supplier", *args,
-                    log_path=out / "logs" / "supplier.log", ready="supplier ready",
-                )
-            )  # fmt: skip
-            programs.append(
-                await start_program(
-                    "exchange", "serve", *args,
-                    log_path=out / "logs" / "exchange.log", ready="exchange ready",
-                )
-            )  # fmt: skip
+            await market_programs(programs, path, data, args, out / "logs")
             client = BourseClient(nc, subjects)
             await measure(client, kinds, data / "images", profile.starts, say)
             published = {}

@@ -29,7 +29,7 @@ COMMANDS = {
     ),
     "up": Lazy(
         "ops.market_cli:up",
-        "Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange.",
+        "Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange, an edge.",
     ),
     "auth": Lazy("ops.auth_cli:auth_app", "Credentials and TLS for a Bourse market on NATS."),
     "jetstream": Lazy(

@@ -28,7 +28,9 @@ def loadtest(
             "the market against its program started by hand, and the shims' memory: "
             "--starts, --machines); or edge (the edge's p50 over a direct request and its "
             "throughput against nginx's reverse proxy, by wrk: --processes edge processes "
-            "and nginx workers, --concurrency connections, --duration-s); or view (the view "
+            "and nginx workers, --concurrency connections, --duration-s); or edge-cold (a "
+            "request to a stopped app through the edge, its first byte against the app's own "
+            "start: --starts); or view (the view "
             "of the market: a change's delay to a view, a build from scratch, the CLI's "
             "listing: --workers, --machines, --changes-per-s, --duration-s, --build-machines, "
             "--regions, --cli-runs)."
@@ -160,7 +162,11 @@ def loadtest(
     ] = None,
     starts: Annotated[
         int | None,
-        typer.Option(min=1, help="starts: starts of each kind, market and by hand (default 30)."),
+        typer.Option(
+            min=1,
+            help="starts: starts of each kind, market and by hand (default 30); edge-cold: "
+            "starts of each, own and through the edge (default 20).",
+        ),
     ] = None,
     machines: Annotated[
         int | None,
@@ -235,6 +241,9 @@ def loadtest(
             "processes": processes, "concurrency": concurrency, "duration_s": duration_s
         }  # fmt: skip
         _edge({k: v for k, v in edge.items() if v is not None}, out, json)
+        return
+    if scenario == "edge-cold":
+        _edge_cold({"starts": starts} if starts is not None else {}, out, json)
         return
     if scenario == "view":
         view: dict[str, object] = {
@@ -332,6 +341,13 @@ def _edge(given: dict[str, object], out: Path | None, json: bool) -> None:
     from loadtest import edge
 
     _scenario("edge", edge.profile_of, edge.run_edge, edge.table, given, out, json)
+
+
+def _edge_cold(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The edge-cold scenario (loadtest/edgecold.py) with the options given."""
+    from loadtest import edgecold
+
+    _scenario("edge-cold", edgecold.profile_of, edgecold.run_cold, edgecold.table, given, out, json)
 
 
 def _views(given: dict[str, object], out: Path | None, json: bool) -> None:

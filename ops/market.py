@@ -40,6 +40,12 @@ from ops.hello import HELLO_REF, place_hello, push_hello
 Say = Callable[[str], None]
 # The host a demo market's machines' addresses name.
 DEMO_HOST = "127.0.0.1"
+EDGE_PORT = 8080  # bourse up's edge, where free
+
+
+def edge_address(program: Program) -> str:
+    """The address an edge's ready line names ("edge serving on HOST:PORT (...)")."""
+    return program.ready_line.split()[3]
 
 
 class MetricsPorts:
@@ -108,11 +114,13 @@ async def start_market(
     metrics_at: tuple[str, int] | None = None,
     jetstream: bool = True,
     driver: str = "process",
+    edge: bool = False,
 ) -> list[Program]:
     """One exchange process and supplier processes (one per demo region); each serves its
     metrics on its own port of ``metrics_at`` (the exchange on its port) when given;
     ``jetstream`` False: each runs in the degraded mode (--no-jetstream); ``driver``: how
-    the demo fleet's workers run machines."""
+    the demo fleet's workers run machines; ``edge``: an ``edge serve`` too (with its
+    controller), on port 8080 or, taken, a free one (:func:`edge_address`)."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     common += [] if jetstream else [NO_JETSTREAM_FLAG]
@@ -153,6 +161,17 @@ async def start_market(
                 ready="exchange ready",
             )
         )
+        if edge:
+            listen = f"127.0.0.1:{0 if _port_busy(EDGE_PORT) else EDGE_PORT}"
+            programs.append(
+                await start_serving(
+                    ports, ports.pick(),
+                    "edge", "serve", "--listen", listen, "--controller",
+                    "--nats", ",".join(urls), "--prefix", subjects.prefix,
+                    log_path=root / "logs" / "edge.log", ready="edge serving on",
+                )
+            )  # fmt: skip
+            programs[-1].name = "edge"
     except BaseException:
         await stop_all(programs)
         raise
@@ -326,7 +345,9 @@ async def run_up(
         say(f"using the NATS server at {', '.join(urls)} (--nats)")
     programs: list[Program] = []
     try:
-        programs = await start_market(urls, subjects, root, say, metrics_at, jetstream, driver)
+        programs = await start_market(
+            urls, subjects, root, say, metrics_at, jetstream, driver, edge=True
+        )
         for p in programs:
             if metrics_url(p):
                 say(f"metrics of {p.name}: {metrics_url(p)}")
@@ -338,6 +359,11 @@ async def run_up(
                     await pushed_busybox(nc, subjects, root / "busybox-httpd", say)
             finally:
                 await shutdown(nc)
+        edge_port = edge_address(programs[-1]).rpartition(":")[2]
+        say(
+            f"edge on {edge_address(programs[-1])} (its controller on): an app deployed as "
+            f"NAME answers at http://NAME.localhost:{edge_port}/"
+        )
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             + "".join(f"  {line}\n" for line in up_hints(urls[0], subjects.prefix, driver))

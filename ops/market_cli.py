@@ -155,7 +155,7 @@ def up(
         ),
     ] = "process",
 ) -> None:
-    """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange."""
+    """Run a demo market until Ctrl-C: NATS, suppliers in 3 regions, an exchange, an edge."""
     if driver not in ("process", "oci"):
         fail(f"--driver {driver!r}: use process or oci")
     if driver == "oci":

@@ -151,17 +151,21 @@ async def _fill(
     fresh: bool,
     restart: str = "",
     shape: Shape | None = None,
+    suffix: str | None = None,
 ) -> None:
     """Place ``slot`` in the first region that takes it, on a worker the app does not use
     yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
     deploy (a retry of it is idempotent); with a random suffix once the app has had
     machines, so a refilled slot never reuses the id of a machine it replaces (an order id
-    is kept for the idempotency window, §5.3c: the old id would hand back the old machine)."""
-    suffix = "" if fresh else "." + secrets.token_hex(4)
+    is kept for the idempotency window, §5.3c: the old id would hand back the old machine),
+    or ``suffix`` when the caller derives one (controllers racing for one slot)."""
+    if suffix is None:
+        suffix = "" if fresh else secrets.token_hex(4)
+    tail = f".{suffix}" if suffix else ""
     for region in regions:
         order = PlaceOrder(
             # One id per (slot, region): a slot tried in two regions never shares an id.
-            order_id=f"{app}.{slot.name}.{region}{suffix}",
+            order_id=f"{app}.{slot.name}.{region}{tail}",
             region=region,
             resources=resources,
             image=image,
@@ -214,6 +218,43 @@ async def app_shape(client: BourseClient, app: str, like: Machine) -> Shape:
             tuple(spec.ports), tuple(sorted(spec.env.items())), tuple(spec.checks), spec.restart
         )
     return Shape(tuple(sorted(like.addresses)), (), tuple(like.checks))
+
+
+async def place_spare(
+    client: BourseClient,
+    *,
+    app: str,
+    regions: list[str],
+    like: Machine,
+    used_workers: set[str],
+    constraints: dict[str, str] | None = None,
+    deadline_ms: int = 500,
+    suffix: str | None = None,
+) -> Slot:
+    """A new spare in place of ``like`` (a spare just started in place of a failed
+    primary): its slot, resources and image, the app's shape, on a worker of none of
+    ``used_workers`` (a machine does not carry its order's labels: ``constraints`` are
+    deploy's --label). Its order id ends in ``suffix`` (None: a random one): the same suffix
+    from any number of callers places one machine (one order id, §5.3c)."""
+    refill = Slot(SPARE, int(like.metadata.get(SLOT, "0") or 0))
+    shape = await app_shape(client, app, like)
+    await _fill(
+        client,
+        refill,
+        app=app,
+        regions=regions,
+        resources=like.resources,
+        image=like.image,
+        constraints=constraints or {},
+        used_workers=set(used_workers),
+        deadline_ms=deadline_ms,
+        min_score=0.0,
+        fresh=False,
+        restart=shape.restart,
+        shape=shape,
+        suffix=suffix,
+    )
+    return refill
 
 
 @dataclass
@@ -304,25 +345,14 @@ async def failover(
             queued, stopped = (
                 (outcome, None) if isinstance(outcome, MachineCommand) else (None, outcome)
             )
-    # The new spare: the started one's slot, its resources and image (a machine does not
-    # carry its order's labels: ``constraints`` are deploy's --label), on a worker the app
-    # does not use.
-    refill = Slot(SPARE, int(spare.metadata.get(SLOT, "0") or 0))
-    shape = await app_shape(client, app, spare)
     used = {m.worker_id for m in machines} | {lost_worker}
-    await _fill(
+    refill = await place_spare(
         client,
-        refill,
         app=app,
         regions=regions,
-        resources=spare.resources,
-        image=spare.image,
-        constraints=constraints or {},
+        like=spare,
         used_workers=used,
+        constraints=constraints or {},
         deadline_ms=deadline_ms,
-        min_score=0.0,
-        fresh=False,
-        restart=shape.restart,
-        shape=shape,
     )
     return Failover(app, machine_id, started, stopped, refill, queued, queue_error)

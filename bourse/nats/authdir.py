@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bourse.nats.auth import TENANT_LINE, AuthError, new_seed
-from bourse.nats.grants import ROLE_BUYER, ROLE_EXCHANGE, ROLE_OPERATOR, ROLE_SUPPLIER, ROLE_TENANT
+from bourse.nats.grants import (
+    ROLE_BUYER,
+    ROLE_EDGE,
+    ROLE_EXCHANGE,
+    ROLE_OPERATOR,
+    ROLE_SUPPLIER,
+    ROLE_TENANT,
+)
 from bourse.nats.permissions import User, render_authorization
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER
 from bourse.wire.subjects import Subjects, is_valid_id
@@ -131,6 +138,7 @@ def write_auth_dir(
         User("operator", ROLE_OPERATOR, new_seed()),
         User("buyer", ROLE_BUYER, new_seed()),
         User("exchange", ROLE_EXCHANGE, new_seed()),
+        User("edge", ROLE_EDGE, new_seed()),
     ]
     users += [User(f"buyer:{name}", ROLE_TENANT, new_seed()) for name in buyers]
     users += [

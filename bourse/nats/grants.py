@@ -57,7 +57,9 @@ ROLE_EXCHANGE = "exchange"
 ROLE_SUPPLIER = "supplier"
 # A buyer of its own (``auth init --buyer NAME``, user ``buyer:NAME``): bourse/nats/permissions.py.
 ROLE_TENANT = "tenant"
-ROLES = (ROLE_OPERATOR, ROLE_EXCHANGE, ROLE_SUPPLIER, ROLE_BUYER, ROLE_TENANT)
+# ``edge serve`` (every edge process shares one user): bourse/nats/permissions.py.
+ROLE_EDGE = "edge"
+ROLES = (ROLE_OPERATOR, ROLE_EXCHANGE, ROLE_SUPPLIER, ROLE_BUYER, ROLE_TENANT, ROLE_EDGE)
 
 API = "$JS.API"
 # A name the probes use where a verb's subject takes one (a consumer, a key, a stream that
@@ -373,6 +375,14 @@ GRANTS: dict[str, dict[str, frozenset[str]]] = {
         APPS.key: _of(READ_OWN, WRITE_OWN, LIST_OWN),
         APP_SECRETS.key: _of(WRITE_OWN),
         STATE.key: _of(VIEW_FLEET, VIEW_OWN),
+    },
+    # routes and heals from a view of every row; follows the apps' records (their specs'
+    # service sections: how it serves each; how many machines one wants, its shape for a
+    # new spare); nothing else of JetStream (its starts, stops and orders go through the
+    # exchange: the subject table)
+    ROLE_EDGE: {
+        APPS.key: _of(INFO, READ, REPLAY),
+        STATE.key: _of(VIEW, VIEW_FLEET),
     },
 }
 

@@ -55,7 +55,14 @@ from dataclasses import dataclass, field
 
 from bourse.nats import grants
 from bourse.nats.auth import AuthError, inbox_prefix_for, public_key_of
-from bourse.nats.grants import ROLE_BUYER, ROLE_EXCHANGE, ROLE_OPERATOR, ROLE_SUPPLIER, ROLE_TENANT
+from bourse.nats.grants import (
+    ROLE_BUYER,
+    ROLE_EDGE,
+    ROLE_EXCHANGE,
+    ROLE_OPERATOR,
+    ROLE_SUPPLIER,
+    ROLE_TENANT,
+)
 from bourse.wire.messages import EXCHANGE_EVENT_WORKER, UNFILLED_EVENT
 from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 
@@ -65,6 +72,7 @@ from bourse.wire.subjects import EXCHANGE_QUEUE, Subjects
 # reads every event: a key for operators.
 __all__ = [
     "ROLE_BUYER",
+    "ROLE_EDGE",
     "ROLE_EXCHANGE",
     "ROLE_OPERATOR",
     "ROLE_SUPPLIER",
@@ -163,6 +171,26 @@ def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
     )
 
 
+def edge_permissions(s: Subjects, inbox: str) -> Permissions:
+    """``edge serve``: a machine's start (a request found none able to take it), a failed
+    machine's stop kept for its worker and a new spare's order (its controller), each
+    through the exchange as the shared buyer's; why an order went unfilled; the machine
+    listings (its routes where the market has no state stream); every edge's activity
+    (§4.23: what stops an idle machine). Its JetStream: grants.py."""
+    return Permissions(
+        publish=(
+            s.order("*"),
+            s.machine("*"),
+            s.explain("*"),
+            s.machines("*"),
+            s.machines_every,
+            s.edge_activity(),  # its requests per machine (§4.23): one key for every edge
+            *grants.allows(ROLE_EDGE, s.prefix),
+        ),
+        subscribe=(s.edge_activity(), f"{inbox}.>"),
+    )
+
+
 def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -> Permissions:
     """``answers``: the inbox prefixes it may answer into (the buyers', and the suppliers'
     for their reclaim checks)."""
@@ -227,6 +255,7 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     exchanges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EXCHANGE]
     operators = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_OPERATOR]
     suppliers = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_SUPPLIER]
+    edges = [inbox_prefix_for(u.public_key) for u in users if u.role == ROLE_EDGE]
     if user.role == ROLE_OPERATOR:
         return operator_permissions(s, inbox)
     if user.role == ROLE_BUYER:
@@ -234,9 +263,12 @@ def permissions_for(user: User, s: Subjects, users: Sequence[User] = ()) -> Perm
     if user.role == ROLE_TENANT:
         return tenant_permissions(s, user.tenant, inbox)
     if user.role == ROLE_EXCHANGE:
-        return exchange_permissions(s, inbox, [*buyers, *suppliers])  # reclaim: §5.3d
+        return exchange_permissions(s, inbox, [*buyers, *suppliers, *edges])  # reclaim: §5.3d
     if user.role == ROLE_SUPPLIER:
-        return supplier_permissions(s, user.workers, inbox, [*exchanges, *buyers, *operators])
+        answers = [*exchanges, *buyers, *operators, *edges]  # edges: listings, explains
+        return supplier_permissions(s, user.workers, inbox, answers)
+    if user.role == ROLE_EDGE:
+        return edge_permissions(s, inbox)
     raise AuthError(f"unknown role {user.role!r}")
 
 

@@ -21,6 +21,7 @@ from bourse.nats.auth import inbox_prefix_for, new_seed
 from bourse.nats.grants import (
     RESOURCES,
     ROLE_BUYER,
+    ROLE_EDGE,
     ROLE_EXCHANGE,
     ROLE_OPERATOR,
     ROLE_SUPPLIER,
@@ -40,6 +41,7 @@ USERS = {
     ROLE_SUPPLIER: ("supplier:<name>", (("<worker>", "<region>"),)),
     ROLE_BUYER: ("buyer", ()),
     ROLE_TENANT: ("buyer:<name>", ()),
+    ROLE_EDGE: ("edge", ()),
 }
 JETSTREAM_SUBJECTS = ("$JS.", "$KV.", "$O.")
 _BLOCK = re.compile(

@@ -260,9 +260,10 @@ STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
 class _AppRequests:
     """One app's label children, bound once: recording a request is then a lookup."""
 
-    __slots__ = ("errors", "latency", "requests", "retries")
+    __slots__ = ("errors", "label", "latency", "requests", "retries")
 
     def __init__(self, m: EdgeMetrics, app: str) -> None:
+        self.label = app
         self.requests = [m.requests.labels(app, c) for c in STATUS_CLASSES]
         self.latency = m.latency.labels(app)
         self.retries = m.retries.labels(app)
@@ -271,7 +272,8 @@ class _AppRequests:
 
 class EdgeMetrics(Metrics):
     """``edge serve``: per app, requests by status class, their latency, retries on
-    another machine and upstream connection errors."""
+    another machine, upstream connection errors, machines started by a request (their
+    time) and the requests held meanwhile."""
 
     def __init__(self, program: str = "edge") -> None:
         super().__init__(program)
@@ -305,6 +307,20 @@ class EdgeMetrics(Metrics):
             ["app"],
             registry=r,
         )
+        self.cold_starts = Histogram(
+            "bourse_edge_cold_start_seconds",
+            "Machines started by a request: from the start asked to the edge's own probe "
+            "of the machine's port answering (the requests held meanwhile are served then).",
+            ["app"],
+            buckets=EDGE_BUCKETS_S,
+            registry=r,
+        )
+        self.held = Counter(
+            "bourse_edge_held_requests",
+            "Requests held while a machine of their app started for them.",
+            ["app"],
+            registry=r,
+        )
         self._apps: dict[str, _AppRequests] = {}
 
     def app(self, app: str) -> _AppRequests:
@@ -331,6 +347,12 @@ class EdgeMetrics(Metrics):
 
     def upstream_error(self, app: str) -> None:
         self.app(app).errors.inc()
+
+    def cold_start(self, app: str, seconds: float) -> None:
+        self.cold_starts.labels(self.app(app).label).observe(seconds)
+
+    def held_request(self, app: str) -> None:
+        self.held.labels(self.app(app).label).inc()
 
 
 _OUTBOX_DOC = (

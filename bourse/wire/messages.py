@@ -674,6 +674,25 @@ class StateEpoch(Message, kw_only=True):
     at_ms: Millis = 0
 
 
+# Machines one EdgeActivity names at most (an edge with more sends the most recent).
+MAX_ACTIVITY_MACHINES = 4096
+
+
+class EdgeActivity(Message, kw_only=True):
+    """An edge's requests per machine, on ``<prefix>.v1.edge.activity.<edge>`` (§4.23),
+    every ``interval_ms``: each machine it sent a request to, with when the last one
+    began (ms; one still in flight: ``at_ms``). Every edge reads every edge's; a machine
+    none of them names for its app's idle time is idle. ``edge`` is the subject's last
+    token; an edge that sends none for 3 intervals is gone."""
+
+    edge: Annotated[str, msgspec.Meta(pattern=ID_PATTERN)]
+    at_ms: Millis
+    interval_ms: Annotated[int, msgspec.Meta(ge=1, le=60_000)] = 1000
+    machines: Annotated[
+        dict[MachineId, Millis], msgspec.Meta(max_length=MAX_ACTIVITY_MACHINES)
+    ] = {}
+
+
 class MachineRequest(Message, kw_only=True):
     """Body of machine.get / start / stop / destroy / logs."""
 

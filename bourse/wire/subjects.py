@@ -228,6 +228,11 @@ class Subjects:
         """Every machine row of one owner (a tenant's view reads these)."""
         return f"{self.root}.state.machine.{owner}.>"
 
+    # -- the edges (§4.23) ---------------------------------------------------------------------
+    def edge_activity(self, edge: str = "*") -> str:
+        """An edge's requests per machine (``*``: every edge's)."""
+        return f"{self.root}.edge.activity.{edge}"
+
     # -- events -------------------------------------------------------------------------------
     def event(self, region: str, worker_id: str, kind: str) -> str:
         return f"{self.root}.event.{region}.{worker_id}.{kind}"

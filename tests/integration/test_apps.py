@@ -84,10 +84,21 @@ async def test_deploy_plan_rolling_update_again_and_scale_down(
     }
     assert slots["mad", "primary"]["worker_id"] != slots["mad", "spare"]["worker_id"]
 
-    # again: nothing changes
+    # again: nothing changes; nor with a service section (how the edge serves it): the
+    # same generation, every machine kept, the section in the record
     code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, SPEC), "--json")
     assert code == 0, err
     assert {(s["action"], s["result"]) for s in json.loads(out)["slots"]} == {("keep", "kept")}
+    served = SPEC + "\n[service]\nauto_stop = true\nidle_s = 60\nmin_machines_running = 1\n"
+    code, out, err = await buyer(market, "deploy", "-f", _write(tmp_path, served), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["generation"] == 1 and {s["action"] for s in doc["slots"]} == {"keep"}
+    nc = await market.connect("apps")
+    record = await (await AppStore.open(nc, market.subjects.prefix, create=False)).get("hello")
+    assert record is not None and record.spec is not None
+    service = record.spec.service
+    assert (service.auto_stop, service.idle_s, service.min_machines_running) == (True, 60.0, 1)
 
     # the plan of a bigger machine: an update of each slot, nothing placed
     bigger = _write(tmp_path, SPEC.replace("memory_mb = 256", "memory_mb = 512"), "v2.toml")

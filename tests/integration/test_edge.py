@@ -315,7 +315,8 @@ async def test_the_market_listing_routes_to_started_app_machines(
     upstream = Upstream("shop-1", port=int(placed.addresses["http"].rsplit(":", 1)[1]))
     await upstream.start()
     try:
-        args = ("--nats", market.url, "--prefix", market.subjects.prefix, "--refresh-s", "0.1")
+        args = ("--nats", market.url, "--prefix", market.subjects.prefix, "--source", "listing")
+        args += ("--refresh-s", "0.1", "--no-auto-start")
         async with edge(tmp_path, *args) as e:
             got = await get(e.address, host="shop.localhost")
             assert (got.status, got.body) == (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import shutil
 import socket
@@ -19,6 +20,7 @@ from bourse.wire.messages import Placed
 from ops.hello import HELLO_REF, HELLO_RUN
 from tests.cli import run_module
 from tests.containers import need_runc
+from tests.edgekit import get
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
 from tests.market import order, wait_until
 
@@ -68,6 +70,12 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         # its program is up (a SIGTERM before its handler is installed would just kill it)
         await wait_until(lambda: "web up" in log.read_text())
         await nc.close()
+        # up runs an edge (port 8080, or a free one), its address in its log
+        said = (data / "logs" / "edge.log").read_text()
+        address = re.search(r"event='edge_serving' address='([^']+)'", said)
+        assert address is not None, said
+        got = await get(address.group(1), host="nope.localhost")
+        assert got.status == 404 and got.body.startswith(b"no app 'nope' at this edge")
     finally:
         assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
     await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully

@@ -32,6 +32,7 @@ async def test_auth_init_writes_keys_config_trust_and_tls(tmp_path: Path) -> Non
     assert sorted(seeds) == [
         "buyer-alice.nk",
         "buyer.nk",
+        "edge.nk",
         "exchange.nk",
         "operator.nk",
         "supplier-fleet-fra.nk",

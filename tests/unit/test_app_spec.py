@@ -3,9 +3,10 @@ error line naming it."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from bourse.client.apps.spec import SpecError, from_dict, parse
+from bourse.client.apps.spec import AppSpec, SpecError, from_dict, parse
 from bourse.errors import BourseError
 from bourse.wire.messages import Check, Resources
 
@@ -59,6 +60,36 @@ def test_the_digest_is_canonical() -> None:
     assert spec.digest() != spec.digest(secrets_revision="ab12")
 
 
+SERVICE = """
+[service]
+port = "web"
+auto_stop = true
+idle_s = 60
+min_machines_running = 1
+soft_limit = 20
+hard_limit = 25
+"""
+
+
+def test_the_service_section_parses_and_rolls_no_machine() -> None:
+    """The service section (how the edge serves the app) is kept, defaulted when absent,
+    and left out of the digest: changing it is the same generation."""
+    spec = parse(GOOD + SERVICE)
+    svc = spec.service
+    assert (svc.port, svc.auto_start, svc.auto_stop, svc.idle_s) == ("web", True, True, 60.0)
+    assert (svc.min_machines_running, svc.soft_limit, svc.hard_limit) == (1, 20, 25)
+    plain = parse(GOOD)
+    assert (plain.service.auto_start, plain.service.auto_stop, plain.service.port) == (
+        True,
+        False,
+        "",
+    )
+    assert spec.digest() == plain.digest()
+    # the record's JSON comes back (a section without a port: "")
+    for one in (spec, plain):
+        assert msgspec.json.decode(msgspec.json.encode(one), type=AppSpec) == one
+
+
 def _edit(old: str, new: str) -> str:
     assert old in GOOD
     return GOOD.replace(old, new)
@@ -107,6 +138,14 @@ def _edit(old: str, new: str) -> str:
         (_edit("count = 1\nspares = 1", "count = 0\nspares = 0"),
          "app.toml: [count]: count and spares are both 0 (nothing to run)"),
         ("app = ", "app.toml: not TOML: Invalid value (at end of document)"),
+        (GOOD + SERVICE.replace('"web"', '"api"'),
+         "app.toml: [service].port: 'api' is not a declared port"),
+        (GOOD + SERVICE.replace("idle_s = 60", "idle_s = 60\nidle = 1"),
+         "app.toml: [service].idle: unknown key"),
+        (GOOD + SERVICE.replace("= 20", "= 30"),
+         "app.toml: [service].soft_limit: more than hard_limit"),
+        (GOOD + SERVICE.replace("idle_s = 60", "idle_s = 0"),
+         "app.toml: [service].idle_s: Expected `float` >= 1.0"),
     ],
 )  # fmt: skip
 def test_each_bad_key_is_one_line_naming_it(text: str, error: str) -> None:

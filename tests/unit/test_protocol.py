@@ -19,6 +19,7 @@ from bourse.wire.messages import (
     Bid,
     BidReply,
     Commit,
+    EdgeActivity,
     Error,
     Event,
     ExplainRequest,
@@ -266,6 +267,11 @@ SAMPLES: list[Message] = [
     ),
     Heartbeat(beat="mad-1", workers=["mad-1", "mad-2"], at_ms=1_795_320_933_000),
     StateEpoch(epoch="01KBX2W7Q4M1S8YV3D5N0RZ6TC", at_ms=1_795_320_900_000),
+    EdgeActivity(
+        edge="e-01m8hh",
+        at_ms=1_795_320_934_000,
+        machines={"mad-1~01J8Y3Z6V5W4X3Y2Z1A0B9C8D7": 1_795_320_933_512},
+    ),
     Offers(
         offers=[
             Offer(order_id="order-1", worker_id="mad-1", region="mad", score=0.9, sig="s1"),

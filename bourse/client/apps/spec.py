@@ -34,6 +34,30 @@ class SpecError(BourseError, ValueError):
     """A spec that cannot be applied: one line naming the file, the key and the problem."""
 
 
+MAX_IDLE_S = 7 * 24 * 3600
+# A named port, or "" (``http`` where a machine has one, else its first).
+ServicePort = Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z_][A-Za-z0-9_]{0,31})?\Z")]
+Limit = Annotated[int, msgspec.Meta(ge=0, le=1_000_000)]
+
+
+class AppService(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How the edge serves the app (docs/protocol.md §4.19, docs/edge.md): the named port
+    its HTTP goes to ("": ``http`` where a machine has one, else its first); whether a
+    request starts a stopped machine (``auto_start``), whether a machine idle for
+    ``idle_s`` is stopped (``auto_stop``), never below ``min_machines_running`` started
+    machines in a region; requests per machine an edge sends past which it prefers others
+    (``soft_limit``) and never exceeds (``hard_limit``), 0: none. None of it is what a
+    machine is made from: a change rolls no machine (it is left out of the digest)."""
+
+    port: ServicePort = ""
+    auto_start: bool = True
+    auto_stop: bool = False
+    idle_s: Annotated[float, msgspec.Meta(ge=1, le=MAX_IDLE_S)] = 300.0
+    min_machines_running: Count = 0
+    soft_limit: Limit = 0
+    hard_limit: Limit = 0
+
+
 class AppSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """What an app is: its machines (image, resources, env, named ports, checks, restart
     policy, worker labels, metadata) and where they run (``count`` started and ``spares``
@@ -51,11 +75,14 @@ class AppSpec(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     restart: str = ""
     labels: Labels = {}
     metadata: dict[str, str] = {}
+    service: AppService = AppService()
 
     def digest(self, secrets_revision: str = "") -> str:
         """The canonical digest of what the machines are made from (the generation changes
-        when it does): the spec's canonical JSON and the secrets' revision."""
-        doc = msgspec.json.encode(canonical(self))
+        when it does): the spec's canonical JSON but its service section (how the edge
+        serves it: no machine is made from it) and the secrets' revision."""
+        made_of = {k: v for k, v in canonical(self).items() if k != "service"}
+        doc = msgspec.json.encode(made_of)
         return hashlib.sha256(doc + b"|" + secrets_revision.encode()).hexdigest()
 
 
@@ -175,6 +202,11 @@ def _check(spec: AppSpec, where: str) -> None:
             f"{where}: [restart]: {spec.restart!r} is not a restart policy: use no, "
             "on-failure or always"
         )
+    svc = spec.service
+    if svc.port and svc.port not in spec.ports:
+        raise SpecError(f"{where}: [service].port: {svc.port!r} is not a declared port")
+    if svc.soft_limit and svc.hard_limit and svc.soft_limit > svc.hard_limit:
+        raise SpecError(f"{where}: [service].soft_limit: more than hard_limit")
     if reserved := sorted(RESERVED_METADATA & set(spec.metadata)):
         raise SpecError(f"{where}: [metadata].{reserved[0]}: reserved for the app's own use")
     if len(spec.metadata) > 32:

@@ -1,0 +1,263 @@
+"""Healing (issue 38 item 5): the controller an edge runs with ``--controller``. From the
+fleet view (the same one its routes come from), a machine of an app that should be serving
+and cannot (started, its worker gone or its check critical) is replaced: the slot's spare
+started, the failed machine's stop queued for its worker (I9: a worker that comes back
+stops it before it would resume it, so two primaries never run), a new spare placed.
+
+:func:`decide` is pure and deterministic over the view's rows: any number of controllers
+reading the same rows decide the same failovers, with the same spare and the same order id
+for the new spare (derived from the failed machine's order id and generation), so racing
+controllers start one spare (a second start of a started machine is a no-op) and place one
+machine (one order id, one machine: §5.3c). A controller whose view already shows the
+spare starting does nothing: per app and region, it acts only while fewer machines serve
+than the app wants (its spec's ``count`` there; without a spec, its primaries).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import anyio
+import anyio.abc
+import structlog
+
+from bourse.runtime.tasks import TaskSet
+from bourse.wire.metadata import PRIMARY, SPARE
+
+if TYPE_CHECKING:
+    from bourse.client import BourseClient
+
+log = structlog.get_logger("bourse.edge")
+
+RUNNING = frozenset({"starting", "started"})
+IDLE = frozenset({"reserved", "stopped"})
+CRITICAL = "critical"
+# A failed machine acted on is not acted on again by this controller for this long (its
+# spare's row shows it starting well before).
+QUIET_S = 30.0
+
+_ROWS = """
+SELECT machine_id, order_id, tenant, app, region, worker_id, state, coalesce(role, ''),
+       coalesce(slot, 0), coalesce(generation, 0), coalesce(health, ''),
+       worker_gone_since_ms
+FROM machines WHERE app IS NOT NULL AND state != 'destroyed'
+ORDER BY tenant, app, region, machine_id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A machine of an app, as healing reads it."""
+
+    machine_id: str
+    order_id: str
+    tenant: str
+    app: str
+    region: str
+    worker_id: str
+    state: str
+    role: str = PRIMARY
+    slot: int = 0
+    generation: int = 0
+    health: str = ""
+    gone: bool = False
+
+    @property
+    def failed(self) -> bool:
+        return self.state in RUNNING and (self.gone or self.health == CRITICAL)
+
+    @property
+    def serving(self) -> bool:
+        return self.state in RUNNING and not self.gone and self.health != CRITICAL
+
+
+Group = tuple[str, str, str]  # tenant, app, region
+
+
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """One failover: ``spare`` started in place of ``failed``, ``failed`` stopped (queued),
+    a new spare placed under the order id ending ``suffix``."""
+
+    failed: Member
+    spare: Member
+    suffix: str
+    used: frozenset[str] = frozenset()  # the app's workers there (the new spare avoids them)
+
+
+def members(db: sqlite3.Connection) -> list[Member]:
+    """Every app machine the view holds (not destroyed)."""
+    out = []
+    for mid, oid, tenant, app, region, wid, state, role, slot, gen, health, gone in db.execute(
+        _ROWS
+    ):
+        out.append(Member(mid, oid, tenant, app, region, wid, state, role, slot, gen, health,
+                          bool(gone)))  # fmt: skip
+    return out
+
+
+def groups(rows: list[Member]) -> dict[Group, list[Member]]:
+    out: dict[Group, list[Member]] = {}
+    for m in rows:
+        out.setdefault((m.tenant, m.app, m.region), []).append(m)
+    return out
+
+
+def failing(rows: list[Member]) -> set[Group]:
+    """The apps (and regions) with a failed machine: those whose wanted count is needed."""
+    return {(m.tenant, m.app, m.region) for m in rows if m.failed}
+
+
+def own(rows: list[Member]) -> list[Member]:
+    """The machines a controller heals: apps of no tenant (a tenant's machines are its
+    own key's to start and stop: ``buyer failover`` with it)."""
+    return [m for m in rows if not m.tenant]
+
+
+def suffix_of(failed: Member) -> str:
+    """The new spare's order id suffix: the same for every controller (the failed machine's
+    order id and its generation), another for the next failure of the slot."""
+    seed = f"{failed.order_id}|{failed.generation}".encode()
+    return "heal-" + hashlib.sha256(seed).hexdigest()[:10]
+
+
+def decide(rows: list[Member], wanted: Mapping[Group, int]) -> list[Replace]:
+    """The failovers to do now (see the module doc). ``wanted``: machines an app wants
+    serving in a region (missing: its primaries there)."""
+    out: list[Replace] = []
+    for key, group in sorted(groups(rows).items()):
+        failed = sorted((m for m in group if m.failed), key=lambda m: (m.role != PRIMARY,
+                                                                       m.machine_id))  # fmt: skip
+        if not failed:
+            continue
+        want = wanted.get(key)
+        if want is None:
+            want = sum(1 for m in group if m.role == PRIMARY)
+        deficit = want - sum(1 for m in group if m.serving)
+        spares = sorted(
+            (m for m in group if m.role == SPARE and m.state in IDLE and not m.gone),
+            key=lambda m: (m.slot, m.machine_id),
+        )
+        for f, spare in zip(failed[: max(deficit, 0)], spares, strict=False):
+            out.append(Replace(f, spare, suffix_of(f), frozenset(m.worker_id for m in group)))
+    return out
+
+
+# The actions, injected (the market's client; a test's own).
+WantedOf = Callable[[Group], Awaitable[int | None]]
+Act = Callable[[Replace], Awaitable[str]]
+
+
+class Controller:
+    """Reads the view's rows on each change (``changed``), decides, acts: each failover
+    once per QUIET_S (see the module doc)."""
+
+    def __init__(
+        self,
+        wanted_of: WantedOf,
+        act: Act,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.wanted_of = wanted_of
+        self.act = act
+        self.clock = clock
+        self.rows: list[Member] = []
+        self.acted: dict[str, float] = {}  # failed machine id -> when
+        self._changed = anyio.Event()
+        self.tasks = TaskSet("edge-controller")
+
+    def changed(self, db: sqlite3.Connection) -> None:
+        """The view changed: its rows read now, decided on in the controller's task."""
+        self.rows = own(members(db))
+        self._changed.set()
+
+    async def run(
+        self, *, task_status: anyio.abc.TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        task_status.started()
+        try:
+            while True:
+                await self._changed.wait()
+                self._changed = anyio.Event()
+                await self.turn()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.tasks.finish(0)
+
+    async def turn(self) -> None:
+        """One look at the rows: the failovers due, started."""
+        rows = self.rows
+        need = failing(rows)
+        if not need:
+            return
+        wanted: dict[Group, int] = {}
+        for key in sorted(need):
+            got = await self.wanted_of(key)
+            if got is not None:
+                wanted[key] = got
+        now = self.clock()
+        for mid in [m for m, at in self.acted.items() if now - at > QUIET_S]:
+            del self.acted[mid]
+        for r in decide(rows, wanted):
+            if r.failed.machine_id in self.acted:
+                continue
+            self.acted[r.failed.machine_id] = now
+            self.tasks.spawn(self._act(r))
+
+    async def _act(self, r: Replace) -> None:
+        f = r.failed
+        log.info("heal", app=f.app, tenant=f.tenant, failed=f.machine_id, spare=r.spare.machine_id,
+                 why="worker gone" if f.gone else "check critical")  # fmt: skip
+        try:
+            done = await self.act(r)
+        except Exception as exc:  # said, and tried again after QUIET_S if still due
+            log.warning("heal_failed", app=f.app, failed=f.machine_id, error=str(exc))
+            return
+        log.info("healed", app=f.app, failed=f.machine_id, spare=r.spare.machine_id, did=done)
+
+
+def market_actions(client: BourseClient) -> tuple[WantedOf, Act]:
+    """The controller's reads and actions on the market: the wanted count from the app's
+    record (the apps bucket), a failover through the exchange."""
+    from bourse.client.apps.store import AppStore
+    from bourse.client.policy import place_spare
+    from bourse.errors import BourseError
+    from bourse.wire.messages import MachineCommand
+
+    async def wanted_of(key: Group) -> int | None:
+        tenant, app, region = key
+        try:
+            store = await AppStore.open(
+                client.nc, client.subjects.prefix, tenant=tenant, create=False
+            )
+            record = await store.get(app)
+        except Exception:  # no apps bucket, not readable: the primaries say what is wanted
+            return None
+        spec = record.spec if record is not None else None
+        if spec is None:
+            return None
+        return spec.count if region in spec.regions else 0
+
+    async def act(r: Replace) -> str:
+        f, spare = r.failed, r.spare
+        await client.machine("start", spare.machine_id)
+        stop: str
+        try:
+            outcome = await client.machine_or_kept("stop", f.machine_id)
+            stop = "queued" if isinstance(outcome, MachineCommand) else outcome.state
+        except BourseError as exc:
+            stop = f"not queued: {exc}"
+        like = await client.machine("get", spare.machine_id)
+        refill = await place_spare(
+            client, app=f.app, regions=[f.region], like=like, used_workers=set(r.used),
+            suffix=r.suffix,
+        )  # fmt: skip
+        placed = refill.placed.machine_id if refill.placed is not None else "unfilled"
+        return f"spare started; {f.machine_id} stop {stop}; new spare {placed}"
+
+    return wanted_of, act

@@ -1,0 +1,184 @@
+"""Started by the request (issue 38 item 3): an app with no machine that can take a request
+but a stopped one gets that machine started, and the request is held meanwhile (Knative's
+activator, fly-proxy's ``auto_start_machines``).
+
+:func:`to_start` (pure) picks the machine: a stopped one whose worker is not gone, the
+edge's region first, then by id (every edge picks the same one, so edges racing for one app
+start one machine; a second start of a started machine is a no-op at its worker).
+
+:class:`Starts` holds each app's requests (a bounded queue per app) while ONE start of the
+app runs (concurrent requests share it): the machine started through the market's machine
+verb, then the edge's own TCP probe of the machine's port until it answers (not the
+worker's check interval, not the view), then the machine routed as started by this edge
+(``Router.started``) and every held request routed again. Past ``timeout_s`` each held
+request is answered 503 with why; a failed start is not tried again for the app for a
+backoff (doubling, up to BACKOFF_MAX_S: no start storm), and the requests meanwhile get
+the failure's reason.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import anyio
+import structlog
+
+from bourse.runtime.tasks import TaskSet
+from bourse.wire.metadata import SPARE
+from edge.probe import probe
+from edge.routes import machine_addresses
+from edge.routing import PASSING, STARTED, AppRoute, Backend, Router
+
+if TYPE_CHECKING:
+    from bourse.runtime.metrics import EdgeMetrics
+    from bourse.wire.messages import Machine
+
+log = structlog.get_logger("bourse.edge")
+
+# The states a machine is started from for a request (placed and never started, or
+# stopped), and the role that never is (a slot's spare: healing starts it, not a
+# request, or its slot would have two primaries).
+STARTABLE = frozenset({"reserved", "stopped"})
+START_TIMEOUT_S = 10.0
+MAX_HELD = 256  # requests held per app while its machine starts
+PROBE_EVERY_S = 0.005  # the edge's probe of a starting machine's port, this often
+BACKOFF_S = 1.0
+BACKOFF_MAX_S = 30.0
+
+# None: a machine answers now, route the request again; text: why not (its 503).
+Release = Callable[[str | None], None]
+StartMachine = Callable[[str], Awaitable["Machine"]]
+# Whether an address accepts a connection within a timeout (edge/probe.py ``probe``).
+Probe = Callable[[tuple[str, int], float], Awaitable[bool]]
+
+
+def to_start(route: AppRoute, region: str) -> Backend | None:
+    """The app's machine to start for a request: stopped (or placed and never started),
+    not a spare, its worker not gone, in ``region`` first, then the lowest id (None: there
+    is none)."""
+    stopped = [
+        b for b in route.backends if b.state in STARTABLE and b.role != SPARE and not b.worker_gone
+    ]
+    return min(stopped, key=lambda b: (b.region != region, b.machine_id), default=None)
+
+
+@dataclass(slots=True)
+class _Start:
+    machine_id: str
+    waiters: list[Release] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Failed:
+    why: str
+    retry_at: float
+    backoff_s: float
+
+
+class Starts:
+    """Each app's start under way and the requests it holds (see the module doc)."""
+
+    def __init__(
+        self,
+        router: Router,
+        start_machine: StartMachine,
+        *,
+        region: str = "",
+        timeout_s: float = START_TIMEOUT_S,
+        max_held: int = MAX_HELD,
+        probe_every_s: float = PROBE_EVERY_S,
+        metrics: EdgeMetrics | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        probe: Probe = probe,
+        auto_start: Callable[[str], bool] = lambda app: True,
+    ) -> None:
+        self.router = router
+        self.start_machine = start_machine
+        self.region = region
+        self.timeout_s = timeout_s
+        self.max_held = max_held
+        self.probe_every_s = probe_every_s
+        self.metrics = metrics
+        self.clock = clock
+        self.probe = probe
+        self.auto_start = auto_start  # an app's service section may say no
+        self.pending: dict[str, _Start] = {}
+        self.failed: dict[str, _Failed] = {}
+        self.tasks = TaskSet("edge-start")
+
+    def hold(self, app: str, release: Release) -> str | None:
+        """Hold a request of ``app`` until a machine of it is started: None when held
+        (``release`` is called once, later); else why not, for its 503 ("": the app has
+        no machine to start, answer as routing said)."""
+        if not self.auto_start(app):
+            return ""
+        start = self.pending.get(app)
+        if start is not None:
+            if len(start.waiters) >= self.max_held:
+                return (
+                    f"{len(start.waiters)} requests of app {app!r} already wait for machine "
+                    f"{start.machine_id} to start"
+                )
+            start.waiters.append(release)
+            return None
+        failed = self.failed.get(app)
+        if failed is not None and failed.retry_at > self.clock():
+            return f"{failed.why} (started again in {failed.retry_at - self.clock():.1f} s)"
+        route = self.router.table.apps.get(app)
+        backend = to_start(route, self.region) if route is not None else None
+        if route is None or backend is None:
+            return ""
+        start = self.pending[app] = _Start(backend.machine_id, [release])
+        self.tasks.spawn(self._start(app, route, start))
+        return None
+
+    async def _start(self, app: str, route: AppRoute, start: _Start) -> None:
+        mid = start.machine_id
+        t0 = time.perf_counter()
+        why: str | None = None
+        try:
+            with anyio.fail_after(self.timeout_s):
+                machine = await self.start_machine(mid)
+                backend = Backend(
+                    mid, machine.region, machine_addresses(machine), STARTED, PASSING
+                )  # fmt: skip
+                address = route.address(backend)
+                if address is None:
+                    why = f"machine {mid} of app {app!r} has no port {route.port or 'http'!r}"
+                else:
+                    await self._answers(address)
+                    self.router.started(backend)
+        except TimeoutError:
+            why = f"machine {mid} of app {app!r} did not answer within {self.timeout_s:g} s"
+        except Exception as exc:  # the start refused or failed: said to every held request
+            why = f"the start of machine {mid} of app {app!r} failed: {exc}"
+        finally:
+            del self.pending[app]
+        seconds = time.perf_counter() - t0
+        if why is None:
+            self.failed.pop(app, None)
+            log.info("cold_start", app=app, machine=mid, ms=round(seconds * 1000, 3),
+                     held=len(start.waiters))  # fmt: skip
+            if self.metrics is not None:
+                self.metrics.cold_start(app, seconds)
+        else:
+            last = self.failed.get(app)
+            backoff = min(last.backoff_s * 2, BACKOFF_MAX_S) if last else BACKOFF_S
+            self.failed[app] = _Failed(why, self.clock() + backoff, backoff)
+            log.warning("cold_start_failed", app=app, machine=mid, why=why, backoff_s=backoff)
+        for release in start.waiters:
+            release(why)
+
+    async def _answers(self, address: tuple[str, int]) -> None:
+        """Until ``address`` accepts a connection (the edge's own probe, at its pace)."""
+        while True:
+            if await self.probe(address, self.probe_every_s * 20):
+                return
+            await anyio.sleep(self.probe_every_s)  # the probe's pace, not a synchronisation
+
+    async def close(self) -> None:
+        """Every start under way cancelled (the edge stops)."""
+        await self.tasks.finish(0)

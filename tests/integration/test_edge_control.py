@@ -1,0 +1,297 @@
+"""The edge's control plane, end to end: a real ``edge serve`` program (a subprocess) on a
+real market (tests/market.py: suppliers, an exchange, the state stream), routing from the
+fleet view. The apps' machines are on sim workers (nothing runs there): a test server on
+the address a worker gave a machine's port plays the machine. Every wait is on an event
+(an answer, a line), never a sleep."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import anyio
+
+from bourse.client import BourseClient
+from bourse.client.apps.spec import AppService, AppSpec
+from bourse.client.apps.store import AppRecord, AppStore
+from bourse.wire.messages import Placed, Resources
+from supplier.ports import PortClaims
+from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
+from tests.isolation import own_worker_id
+from tests.market import Market, order, wait_until, worker
+from tests.views import published, row
+
+# Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
+# start); "slow" and "never" machines: see the catalog below.
+SERVER = """
+import http.server, os, time
+time.sleep(float(os.environ.get("DELAY", "0")))
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "5")
+        self.end_headers()
+        self.wfile.write(b"hello")
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
+"""
+# Runs, never listens.
+NEVER = "import time; time.sleep(3600)"
+
+
+def market_args(market: Market, *more: str) -> tuple[str, ...]:
+    return ("--nats", market.url, "--prefix", market.subjects.prefix, *more)
+
+
+async def place_app(
+    buyer: BourseClient, app: str, exclude: list[str] | None = None
+) -> tuple[Placed, Upstream]:
+    """A machine of ``app`` placed (on none of ``exclude``) and a test server where its
+    port is."""
+    placed = await buyer.place(
+        order(image="web", ports=["http"], metadata={"app": app}, exclude_workers=exclude or [])
+    )
+    assert isinstance(placed, Placed), placed
+    upstream = Upstream(placed.machine_id, port=int(placed.addresses["http"].rsplit(":", 1)[1]))
+    return placed, await upstream.start()
+
+
+async def only(address: str, host: str, body: bytes, timeout_s: float = 30.0) -> None:
+    """Until two requests in a row are answered ``body`` (an app of two machines taken in
+    turn: the other one is out)."""
+    with anyio.fail_after(timeout_s):
+        while True:
+            if all([(await get(address, host=host)).body == body for _ in range(2)]):
+                return
+            await anyio.sleep(0.05)  # the next try, not a synchronisation
+
+
+async def test_the_view_routes_started_machines_and_none_whose_worker_is_gone(
+    market: Market, tmp_path: Path
+) -> None:
+    """Two machines of one app on two suppliers' workers: the edge (the view its default
+    source) routes to each once started; the first supplier stopped, its worker goes gone
+    in the view and its machine gets no request, although its server still answers (a
+    partitioned worker's old primary)."""
+    w1, w2 = own_worker_id("edgev1"), own_worker_id("edgev2")
+    gone_host = await market.host(worker(w1, ports="29550-29559", advertise_host=HOST))
+    await market.host(worker(w2, ports="29560-29569", advertise_host=HOST))
+    await market.exchange()
+    buyer = await market.client()
+    (p1, u1), (p2, u2) = [await place_app(buyer, "shop", [w]) for w in (w2, w1)]
+    try:
+        async with edge(tmp_path, *market_args(market, "--no-auto-start")) as e:
+            assert "routes: view)" in e.ready_line, e.ready_line
+            got = await get(e.address, host="shop.localhost")
+            assert (got.status, got.body) == (
+                503,
+                b"no machine of app 'shop' can take it (2 not started)\n",
+            )
+            for p in (p1, p2):
+                await buyer.machine("start", p.machine_id)
+            await answered(e.address, "shop.localhost", lambda a: a.body == p1.machine_id.encode())
+            await answered(e.address, "shop.localhost", lambda a: a.body == p2.machine_id.encode())
+            await market.stop(gone_host)  # its worker beats no more: gone in >= 3 s
+            # taken in turn while both are routable: two in a row from one says the other
+            # is out, though its server (u1) still answers
+            await only(e.address, "shop.localhost", p2.machine_id.encode())
+            served_by_gone = u1.requests
+            for _ in range(4):
+                assert (await get(e.address, host="shop.localhost")).body == p2.machine_id.encode()
+            assert u1.requests == served_by_gone
+    finally:
+        await u1.close()
+        await u2.close()
+
+
+async def test_without_a_state_stream_the_listing_routes(market: Market, tmp_path: Path) -> None:
+    """No exchange has made the state stream (a direct buyer places): the edge falls back
+    to the machine listing and says so on its line."""
+    w = own_worker_id("edgev3")
+    await market.host(worker(w, ports="29570-29579", advertise_host=HOST))
+    buyer = await market.client(direct=True)
+    placed, upstream = await place_app(buyer, "shop")
+    try:
+        await buyer.machine("start", placed.machine_id)
+        async with edge(tmp_path, *market_args(market, "--refresh-s", "0.1")) as e:
+            assert "routes: machine listing (the view unavailable: " in e.ready_line, e.ready_line
+            got = await answered(e.address, "shop.localhost", lambda a: a.status == 200)
+            assert got.body == placed.machine_id.encode()
+    finally:
+        await upstream.close()
+
+
+async def process_market(market: Market, name: str) -> BourseClient:
+    """A process worker (real machines: the catalog's srv and never), an exchange, a buyer."""
+    catalog = {
+        "srv": {"command": ["{python}", "-c", SERVER]},
+        "never": {"command": ["{python}", "-c", NEVER]},
+    }
+    w = worker(own_worker_id(name), driver="process", catalog=catalog, advertise_host=HOST)
+    await market.host(w, port_claims=PortClaims())
+    await market.exchange()
+    return await market.client()
+
+
+async def placed(buyer: BourseClient, app: str, image: str = "srv", **env: str) -> Placed:
+    got = await buyer.place(
+        order(image=image, ports=["http"], metadata={"app": app}, env=env or {})
+    )
+    assert isinstance(got, Placed), got
+    return got
+
+
+async def test_a_request_starts_a_stopped_machine_and_every_held_request_is_served(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app whose one machine is placed and not started: ten requests at once start it
+    once, are held until its port answers (the app sleeps 0.3 s before listening), and are
+    all served by it; stopped, the next request starts it again."""
+    buyer = await process_market(market, "edges1")
+    p = await placed(buyer, "cold", DELAY="0.3")
+    async with edge(tmp_path, *market_args(market)) as e:
+        await answered(e.address, "web.localhost", lambda a: a.status == 404)  # view caught up
+        got = await all_of(e.address, "cold.localhost", 10)
+        assert {(a.status, a.body, a.headers["bourse-machine"]) for a in got} == {
+            (200, b"hello", p.machine_id)
+        }
+        assert e.log.count("event='cold_start'") == 1 and "held=10" in e.log, e.log[-3000:]
+        assert (await buyer.machine("get", p.machine_id)).state == "started"
+
+        await buyer.machine("stop", p.machine_id)
+        await answered(e.address, "cold.localhost", lambda a: a.status == 200, 20.0)
+        assert e.log.count("event='cold_start'") == 2, e.log[-3000:]
+
+
+async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
+    market: Market, tmp_path: Path
+) -> None:
+    """A machine that runs and never listens: the held request is answered 503 past
+    --start-timeout-s, saying so; the requests after it start nothing more."""
+    buyer = await process_market(market, "edges2")
+    p = await placed(buyer, "mute", image="never")
+    async with edge(tmp_path, *market_args(market, "--start-timeout-s", "1")) as e:
+        await answered(e.address, "web.localhost", lambda a: a.status == 404)  # view caught up
+        got = await get(e.address, host="mute.localhost")
+        assert (got.status, got.body.decode()) == (
+            503,
+            f"machine {p.machine_id} of app 'mute' did not answer within 1 s\n",
+        )
+        # its worker says it started: routed, refused, skipped; no start again meanwhile
+        for _ in range(3):
+            again = await get(e.address, host="mute.localhost")
+            assert again.status in (502, 503), again
+        assert e.log.count("event='cold_start_failed'") == 1
+
+
+def cold(log: str) -> str:
+    """An edge's cold_start lines."""
+    return "\n".join(ln for ln in log.splitlines() if "event='cold_start'" in ln)
+
+
+async def all_of(address: str, host: str, n: int) -> list[Answer]:
+    """``n`` requests at once, each on a connection of its own."""
+    out: list[Answer] = []
+
+    async def one() -> None:
+        out.append(await get(address, host=host))
+
+    async with anyio.create_task_group() as tasks:
+        for _ in range(n):
+            tasks.start_soon(one)
+    return out
+
+
+async def test_two_controllers_heal_a_gone_primary_with_one_failover(
+    market: Market, tmp_path: Path
+) -> None:
+    """A primary on one supplier's worker, its slot's spare on another's, a third worker
+    for the new spare; two edges each run a controller. The primary's supplier stopped:
+    the spare is started, the primary's stop queued for its worker, and ONE new spare is
+    placed (both controllers derive its order id), on the third worker."""
+    w1, w2, w3 = (own_worker_id(f"edgeh{i}") for i in (1, 2, 3))
+    gone_host = await market.host(worker(w1, ports="29580-29589", advertise_host=HOST))
+    other = await market.host(
+        worker(w2, ports="29590-29599", advertise_host=HOST),
+        worker(w3, ports="29600-29609", advertise_host=HOST),
+    )
+    await market.exchange()
+    buyer = await market.client()
+
+    async def place(role: str, on: str) -> Placed:
+        meta = {"app": "heal", "role": role, "slot": "0"}
+        others = [w for w in (w1, w2, w3) if w != on]
+        got = await buyer.place(order(ports=["http"], metadata=meta, exclude_workers=others))
+        assert isinstance(got, Placed), got
+        return got
+
+    primary, spare = await place("primary", w1), await place("spare", w2)
+    await buyer.machine("start", primary.machine_id)
+    args = market_args(market, "--controller", "--no-auto-start")
+    async with edge(tmp_path, *args) as e1, edge(tmp_path, *args) as e2:
+        await market.stop(gone_host)
+        nc = await market.connect("watch")
+        await published(nc, market.subjects, spare.machine_id, "started", timeout_s=30)
+        refill = other.workers[w3]
+        await wait_until(lambda: len(refill.machines) == 1, 30)
+        new_spare = next(iter(refill.machines.values()))
+        assert new_spare.metadata == {"app": "heal", "role": "spare", "slot": "0"}
+        assert new_spare.order_id.startswith("heal.spare-0.mad.heal-")
+        await wait_until(lambda: "event='healed'" in e1.log + e2.log, 30)
+        healed = [ln for ln in (e1.log + e2.log).splitlines() if "event='healed'" in ln]
+        for line in healed:  # each controller that acted: the same spare, the same refill
+            assert f"spare='{spare.machine_id}'" in line and new_spare.machine_id in line, line
+            assert f"{primary.machine_id} stop queued" in line, line
+        assert len(refill.machines) == 1 and len(other.workers[w2].machines) == 1
+
+
+async def test_idle_machines_are_stopped_down_to_the_minimum_by_one_edge(
+    market: Market, tmp_path: Path
+) -> None:
+    """Apps whose service section says auto_stop after 1 s: 'nap' with two machines and a
+    minimum of one, 'solo' with one machine and none. Two edges hear each other's
+    activity; one of them (the smaller id) stops solo's machine and one of nap's, never
+    both; a request to solo then starts it again, and once idle it is stopped again."""
+    w = own_worker_id("edgei1")
+    await market.host(worker(w, ports="29610-29619", advertise_host=HOST))
+    await market.exchange()
+    buyer = await market.client()
+    placed = {app: [await place_app(buyer, app) for _ in range(n)] for app, n in
+              (("nap", 2), ("solo", 1))}  # fmt: skip
+    nc = await market.connect("apps")
+    store = await AppStore.open(nc, market.subjects.prefix)
+    for app, minimum in (("nap", 1), ("solo", 0)):
+        for p, _ in placed[app]:
+            await buyer.machine("start", p.machine_id)
+        service = AppService(port="http", auto_stop=True, idle_s=1, min_machines_running=minimum)
+        spec = AppSpec(app=app, image="web", regions=["mad"], ports=["http"],
+                       resources=Resources(cpus=1, memory_mb=256), service=service)  # fmt: skip
+        await store.write(app, AppRecord(spec=spec), 0)
+    solo = placed["solo"][0][0].machine_id
+    try:
+        async with (
+            edge(tmp_path, *market_args(market)) as e1,
+            edge(tmp_path, *market_args(market)) as e2,
+        ):
+            await published(nc, market.subjects, solo, "stopped", timeout_s=30)
+            # started by a request once the edge's view has it stopped (until then its
+            # test server, which a stop does not end, answers at its old address)
+            got = await answered(
+                e1.address, "solo.localhost", lambda a: f"machine='{solo}'" in cold(e1.log)
+            )
+            assert (got.status, got.headers["bourse-machine"]) == (200, solo)
+
+            def stops() -> list[tuple[str, str]]:
+                return [(e.address, ln) for e in (e1, e2) for ln in e.log.splitlines()
+                        if "event='idle_stop'" in ln]  # fmt: skip
+
+            # idle again: stopped a second time (its row may not say started yet: the log)
+            await wait_until(lambda: sum(f"machine='{solo}'" in ln for _, ln in stops()) == 2, 30)
+            states = [(await row(nc, market.subjects, p.machine_id)) for p, _ in placed["nap"]]
+            assert sorted(m.state for m in states if m is not None) == ["started", "stopped"]
+            assert len(stops()) == 3 and len({a for a, _ in stops()}) == 1, stops()
+    finally:
+        for ups in placed.values():
+            for _, u in ups:
+                await u.close()

@@ -1,0 +1,59 @@
+"""The controller's decision (edge/healing.py ``decide``), pure over the view's rows: a
+running machine whose worker is gone or whose check is critical is replaced by the slot's
+spare while fewer machines serve than the app wants; every controller decides the same
+spare and the same new spare's order id; nothing when the spare already serves."""
+
+from __future__ import annotations
+
+from edge.healing import Member, Replace, decide, suffix_of
+
+
+def m(mid: str, role: str = "primary", state: str = "started", **kw: object) -> Member:
+    base: dict[str, object] = {
+        "order_id": f"o-{mid}", "tenant": "", "app": "web", "region": "mad",
+        "worker_id": f"w-{mid}", "state": state, "role": role,
+    }  # fmt: skip
+    return Member(mid, **(base | kw))  # type: ignore[arg-type]
+
+
+def pairs(got: list[Replace]) -> list[tuple[str, str]]:
+    return [(r.failed.machine_id, r.spare.machine_id) for r in got]
+
+
+def test_a_primary_whose_worker_is_gone_is_replaced_by_the_first_spare() -> None:
+    rows = [
+        m("p0", gone=True),
+        m("p1"),
+        m("s1", "spare", "stopped", slot=1),
+        m("s0", "spare", "reserved", slot=0),
+        m("s2", "spare", "reserved", slot=0, gone=True),  # its worker gone too: not it
+    ]
+    got = decide(rows, {})
+    assert pairs(got) == [("p0", "s0")]
+    assert got[0].suffix == suffix_of(rows[0]) and got[0].suffix.startswith("heal-")
+    assert got[0].used == {"w-p0", "w-p1", "w-s0", "w-s1", "w-s2"}
+    # the same rows, another controller: the same decision
+    assert decide(list(reversed(rows)), {}) == got
+
+
+def test_a_critical_check_is_a_failure_too() -> None:
+    rows = [m("p0", health="critical"), m("s0", "spare", "stopped")]
+    assert pairs(decide(rows, {})) == [("p0", "s0")]
+
+
+def test_nothing_while_enough_machines_serve() -> None:
+    # the spare already starting in place of the gone primary: done (another controller)
+    rows = [m("p0", gone=True), m("s0", "spare", "starting"), m("s1", "spare", "stopped")]
+    assert decide(rows, {}) == []
+    # the spec wants two serving: one more failover
+    assert pairs(decide(rows, {("", "web", "mad"): 2})) == [("p0", "s1")]
+
+
+def test_a_stopped_machine_is_not_a_failure_and_no_spare_no_failover() -> None:
+    assert decide([m("p0", state="stopped", gone=True), m("s0", "spare", "stopped")], {}) == []
+    assert decide([m("p0", gone=True)], {}) == []  # no spare left: said by no decision
+
+
+def test_the_new_spares_order_id_differs_per_failure() -> None:
+    a, b = m("p0", gone=True), m("p0", gone=True, generation=2)
+    assert suffix_of(a) != suffix_of(b) != suffix_of(m("p1", gone=True))

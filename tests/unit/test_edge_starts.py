@@ -1,0 +1,153 @@
+"""Started by the request (edge/starts.py): which machine a request starts (pure), and
+Starts with a start injected and a real listening socket as the started machine's port:
+concurrent requests share one start and are released once its port answers (routed as
+started by this edge before the table says so), held requests are bounded per app, and a
+failed start is said to every held request, then not tried again for its backoff."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from bourse.wire.messages import Machine, Resources
+from edge.routing import STARTED, AppRoute, Backend, Choice, Router, RouteTable
+from edge.starts import Starts, to_start
+
+
+def b(mid: str, region: str = "mad", state: str = "stopped", **kw: object) -> Backend:
+    return Backend(mid, region, {}, state, **kw)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("backends", "want"),
+    [
+        ([b("m2"), b("m1")], "m1"),  # the lowest id
+        ([b("m1", "fra"), b("m2")], "m2"),  # the edge's region first
+        ([b("m1", "fra"), b("m2", "fra")], "m1"),  # else another region's
+        ([b("m1", state="reserved")], "m1"),  # placed, never started
+        ([b("m1", role="spare"), b("m2", state="started")], None),  # a spare: healing's
+        ([b("m1", worker_gone=True)], None),
+        ([b("m1", state="failed"), b("m2", state="destroyed")], None),
+    ],
+)
+def test_which_machine_a_request_starts(backends: list[Backend], want: str | None) -> None:
+    got = to_start(AppRoute("web", tuple(backends)), "mad")
+    assert (got.machine_id if got else None) == want
+
+
+PORT = 8080
+
+
+def machine(mid: str, port: int) -> Machine:
+    return Machine(
+        machine_id=mid, order_id="o1", worker_id="mad-1", region="mad", state="started",
+        resources=Resources(cpus=1, memory_mb=64), image="web",
+        addresses={"http": f"127.0.0.1:{port}"},
+    )  # fmt: skip
+
+
+def router_of(*backends: Backend) -> Router:
+    router = Router("mad")
+    router.update(RouteTable({"web": AppRoute("web", backends)}))
+    return router
+
+
+async def test_concurrent_requests_share_one_start_and_are_released_when_it_answers() -> None:
+    router = router_of(b("mad-1~m1"))
+    asked: list[str] = []
+    gate = anyio.Event()
+
+    async def start(mid: str) -> Machine:
+        asked.append(mid)
+        await gate.wait()
+        return machine(mid, PORT)
+
+    probed: list[tuple[str, int]] = []
+
+    async def probe(address: tuple[str, int], timeout_s: float) -> bool:
+        probed.append(address)
+        return len(probed) == 3  # the machine's port answers at the third probe
+
+    starts = Starts(router, start, max_held=3, probe=probe, probe_every_s=0.001)
+    released: list[str | None] = []
+    done = anyio.Event()
+
+    def release(why: str | None) -> None:
+        released.append(why)
+        if len(released) == 3:
+            done.set()
+
+    assert [starts.hold("web", release) for _ in range(3)] == [None, None, None]
+    full = starts.hold("web", release)
+    assert full == "3 requests of app 'web' already wait for machine mad-1~m1 to start"
+    gate.set()
+    with anyio.fail_after(5):
+        await done.wait()
+    assert (asked, released) == (["mad-1~m1"], [None, None, None])
+    assert probed == [("127.0.0.1", PORT)] * 3
+    # routed as started by this edge, the table still saying stopped
+    got = router.pick("web")
+    assert isinstance(got, Choice) and got.address == ("127.0.0.1", PORT)
+    # the table says started: the override is no longer needed, and is dropped
+    router.update(RouteTable({"web": AppRoute("web", (b("mad-1~m1", state=STARTED),))}))
+    assert router.started_here == {}
+    await starts.close()
+
+
+async def test_a_failed_start_is_said_to_every_held_request_then_backs_off() -> None:
+    router = router_of(b("mad-1~m1"))
+    now = [100.0]
+
+    async def start(mid: str) -> Machine:
+        raise RuntimeError("no room on mad-1")
+
+    starts = Starts(router, start, clock=lambda: now[0])
+    released: list[str | None] = []
+    done = anyio.Event()
+
+    def release(why: str | None) -> None:
+        released.append(why)
+        if len(released) == 2:
+            done.set()
+
+    assert starts.hold("web", release) is None and starts.hold("web", release) is None
+    with anyio.fail_after(5):
+        await done.wait()
+    why = "the start of machine mad-1~m1 of app 'web' failed: no room on mad-1"
+    assert released == [why, why]
+    assert starts.hold("web", release) == f"{why} (started again in 1.0 s)"
+    now[0] += 1.5  # past the backoff: started again (and failing again, twice as long)
+    assert starts.hold("web", release) is None
+    await starts.tasks.wait()
+    assert starts.failed["web"].backoff_s == 2.0
+    assert starts.hold("other", release) == ""  # no such app: nothing to start
+    await starts.close()
+
+
+def test_a_machine_started_here_is_routed_until_the_table_moves_on() -> None:
+    now = [0.0]
+    router = Router("mad", clock=lambda: now[0])
+    here = Backend("m1", "mad", {"http": ("127.0.0.1", PORT)}, STARTED, "passing")
+
+    def table(state: str) -> None:
+        router.update(RouteTable({"web": AppRoute("web", (b("m1", state=state),))}))
+
+    def routed() -> bool:
+        return isinstance(router.pick("web"), Choice)
+
+    table("stopped")
+    router.started(here)
+    assert routed()  # the table's row older than the start
+    table("starting")
+    assert routed()
+    table("stopped")  # started, then stopped again: the table's word now
+    assert not routed() and router.started_here == {}
+
+    router.started(here)
+    now[0] += 11.0
+    table("stopped")  # the table never moved: routed for STARTED_HERE_S at most
+    assert not routed()
+
+    table("started")
+    router.started(here)  # the table has it already: nothing to remember
+    assert router.started_here == {}
