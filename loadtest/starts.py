@@ -47,6 +47,7 @@ from bourse.runtime.launcher import Program, start_program, stop_all
 from bourse.wire.messages import Placed, PlaceOrder, Resources
 from bourse.wire.subjects import Subjects
 from loadtest.runner import fresh_run_dir
+from loadtest.running import get_ms, memory, primary_address
 from ops.hello import HELLO_DIR
 from ops.jetstream import set_up
 
@@ -249,26 +250,6 @@ async def measure(client: BourseClient, kinds: list[Kind], roots: Path, n: int, 
 
 
 # -- a request through the published port against the private address ---------------------
-def _get_ms(host: str, port: int) -> float:
-    """One small GET on a connection of its own: ms to the whole response."""
-    began = time.perf_counter()
-    with socket.create_connection((host, port), timeout=5) as sock:
-        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        while sock.recv(65536):
-            pass
-    return (time.perf_counter() - began) * 1000
-
-
-def primary_address() -> str:
-    """The host's address on its default route (no packet is sent), or "" without one."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only the route is looked up
-            return str(s.getsockname()[0])
-        except OSError:
-            return ""
-
-
 async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[str, Any]:
     """``n`` GETs each to a started machine of ``kind`` through its published address
     (loopback: DNAT with route_localnet and a masquerade), through the host's routable
@@ -286,10 +267,10 @@ async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[s
         routable = primary_address()
         published, direct, routed = [], [], []
         for _ in range(n):
-            published.append(await anyio.to_thread.run_sync(_get_ms, host, int(port)))
-            direct.append(await anyio.to_thread.run_sync(_get_ms, private, int(port)))
+            published.append(await anyio.to_thread.run_sync(get_ms, host, int(port)))
+            direct.append(await anyio.to_thread.run_sync(get_ms, private, int(port)))
             if routable:
-                routed.append(await anyio.to_thread.run_sync(_get_ms, routable, int(port)))
+                routed.append(await anyio.to_thread.run_sync(get_ms, routable, int(port)))
     finally:
         await client.machine("destroy", mid)
     p50, d50 = percentile(published, 50, 3), percentile(direct, 50, 3)
@@ -301,66 +282,6 @@ async def requests(client: BourseClient, kind: Kind, n: int, say: Say) -> dict[s
         "private_p99_ms": percentile(direct, 99, 3),
         "routable_p50_ms": percentile(routed, 50, 3),
         "ratio_p50": None if not p50 or not d50 else round(p50 / d50, 3),
-    }
-
-
-# -- the shims' memory ---------------------------------------------------------------------
-def pss_kib(pid: int) -> int | None:
-    try:
-        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1])
-    return None
-
-
-def shim_pids(shims_dir: Path) -> list[int]:
-    pids = []
-    for state in shims_dir.glob("*/state.json"):
-        try:
-            pids.append(int(msgspec.json.decode(state.read_bytes())["shim_pid"]))
-        except (OSError, msgspec.DecodeError, KeyError, TypeError, ValueError):
-            continue
-    return pids
-
-
-async def memory(client: BourseClient, n: int, shims_dir: Path, say: Say) -> dict[str, Any]:
-    """``n`` machines at once on the process worker: each shim's PSS (KiB)."""
-    say(f"{n} machines at once for the shims' memory...")
-    ids: list[str] = []
-
-    async def one() -> None:
-        order = PlaceOrder(
-            region=REGION,
-            # a quarter of a CPU each: 100 fit on the worker's 64 CPUs
-            resources=Resources(cpus=1, cpu_millis=250, memory_mb=64),
-            image="sleeper:latest",
-            constraints={"kind": "process"},
-        )
-        placed = await client.place(order)
-        if isinstance(placed, Placed):
-            ids.append(placed.machine_id)
-            await client.machine("start", placed.machine_id)
-
-    try:
-        async with anyio.create_task_group() as tasks:
-            for _ in range(n):
-                tasks.start_soon(one)
-        pss = [p for p in (pss_kib(pid) for pid in shim_pids(shims_dir)) if p is not None]
-    finally:
-        with anyio.CancelScope(shield=True):
-            async with anyio.create_task_group() as tasks:
-                for mid in ids:
-                    tasks.start_soon(client.machine, "destroy", mid)
-    pss.sort()
-    return {
-        "machines": len(ids),
-        "shims": len(pss),
-        "pss_kib_mean": round(sum(pss) / len(pss)) if pss else None,
-        "pss_kib_p50": pss[len(pss) // 2] if pss else None,
-        "pss_kib_max": pss[-1] if pss else None,
     }
 
 
@@ -417,7 +338,9 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
                 published = await requests(client, kinds[0], profile.requests, say)
             mem = {}
             if profile.machines:
-                mem = await memory(client, profile.machines, data / "shims" / "starts-p", say)
+                mem = await memory(
+                    client, profile.machines, data / "shims" / "starts-p", REGION, say
+                )
         finally:
             await shutdown(nc)
     finally:
