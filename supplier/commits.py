@@ -3,8 +3,9 @@
 
 The commit desk answers ``Commit`` in the protocol's order: wrong worker, a machine already
 placed for the order (the market's existing-machine rule, supplier/feasible.py ``handout``:
-refused while it is being reclaimed), the same order's commit under way, draining, no (or
-an expired, or a too small) hold, else the durable write. Two things make it more than a lookup:
+refused while it is being reclaimed or destroyed by an abort), the same order's commit
+under way, draining, no (or an expired, or a too small) hold, else the durable write. Two
+things make it more than a lookup:
 
 - **coalescing**: while an order's machine is being written, a duplicate commit (an
   auction's retry, a second exchange instance) waits for that write and gets the very same
@@ -12,7 +13,9 @@ an expired, or a too small) hold, else the durable write. Two things make it mor
 - **aborts**: an auction that gave up waiting for this commit says ``abort_commit``; if the
   write is under way, the machine is destroyed as soon as it is durable; if it is already
   written and still ``reserved``, it is destroyed now. Either way the auction's Unfilled
-  stays true (I4).
+  stays true (I4). From the moment an abort is decided until its destroy is durable the
+  machine is ``undoing``: handed to nobody (a retry's bid or commit), since a Placed for a
+  machine about to be destroyed is a lie.
 
 No NATS here: the host decodes the Commit and sends the reply this returns. The worker
 (supplier/worker.py) owns one commit desk, and the desk talks to it through one small
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Coroutine
 from typing import Protocol
 
 import structlog
@@ -40,7 +44,7 @@ from bourse.wire.messages import (
     now_ms,
 )
 from bourse.wire.resources import Vec, format_vec, leq, vec
-from supplier.feasible import EXISTING, RECLAIMING, Placements, handout
+from supplier.feasible import EXISTING, REFUSED, Placements, handout
 from supplier.ledger import Hold, Ledger
 from supplier.machines.api import Driver
 from supplier.machines.keeper import EventFn, Machines
@@ -140,6 +144,9 @@ class CommitDesk:
         # duplicate commit, an existing-machine offer): an abort never takes it back, since
         # a buyer may hold its Placed (docs/protocol.md §6.6)
         self.given: set[str] = set()
+        # orders whose machine an abort is destroying (decided, not yet durable): it is
+        # handed to nobody meanwhile (supplier/feasible.py ``handout``: UNDOING)
+        self.undoing: set[str] = set()
         self.log = log.bind(worker_id=worker.worker_id, region=worker.region)
 
     # -- commit -------------------------------------------------------------------------------
@@ -153,8 +160,8 @@ class CommitDesk:
                 detail=f"commit for worker {c.worker_id!r} sent to worker {w.worker_id!r}",
             )
         standing = handout(w, c.order_id)
-        if standing == RECLAIMING:  # its verdict may be "orphan" (§5.3d): handed to nobody
-            return self._rejected(c, "no_hold", "the order's machine here is being reclaimed")
+        if standing is not None and standing in REFUSED:  # being reclaimed (§5.3d) or
+            return self._rejected(c, "no_hold", REFUSED[standing])  # aborted: to nobody
         if standing == EXISTING:
             self.give(c.order_id)
             return self._placed(w.keeper.by_id[w.keeper.by_order[c.order_id]], t0, existing=True)
@@ -206,7 +213,7 @@ class CommitDesk:
             if not fut.done():  # cancelled mid-write (shutdown): waiters must not hang
                 fut.cancel()
         if aborted and isinstance(result, Placed):
-            await self.w.keeper.abort(machine)
+            await self._undo(machine)
         return result
 
     def _reserved(self, c: Commit, h: Hold) -> Machine:
@@ -319,5 +326,18 @@ class CommitDesk:
         if order_id in self.given:
             self.log.warning("abort_refused", order_id=order_id, machine_id=mid)
             return True  # the commit stands: nothing to undo, nothing to release either
-        keeper.spawn(keeper.abort(keeper.by_id[mid]))
+        keeper.spawn(self._undo(keeper.by_id[mid]))
         return True
+
+    def _undo(self, m: Machine) -> Coroutine[None, None, None]:
+        """Destroy ``m``, whose commit an abort undoes: from now (no await between the
+        decision and this call) until the destroy is durable, its order's machine is
+        handed to nobody, so no retry is told Placed for it."""
+        self.undoing.add(m.order_id)
+        return self._undone(m)
+
+    async def _undone(self, m: Machine) -> None:
+        try:
+            await self.w.keeper.abort(m)
+        finally:
+            self.undoing.discard(m.order_id)

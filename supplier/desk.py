@@ -19,7 +19,8 @@ then the chain of checks (supplier/feasible.py), once:
                                         commit is under way
     expired holds                    -> dropped (their hold_expired events are returned)
     the order's machine is here      -> Offer{machine_id}, at once, no hold (EXISTING),
-                                        unless it is being reclaimed (RECLAIMING)
+                                        unless it is being reclaimed (RECLAIMING) or
+                                        destroyed by an abort (UNDOING): silent
     any other reason in the chain    -> silent with it (COMMITTING, DRAINING, EXCLUDED,
                                         CONSTRAINT_MISMATCH, INSUFFICIENT, BLOCKED when
                                         only holds are in the way, CANNOT_RUN, TOO_SMALL,

@@ -43,8 +43,10 @@ __all__ = [
     "IMAGE_TOO_BIG",
     "INSUFFICIENT",
     "RECLAIMING",
+    "REFUSED",
     "STANDING",
     "TOO_SMALL",
+    "UNDOING",
     "Check",
     "OrderLike",
     "Placements",
@@ -60,6 +62,7 @@ __all__ = [
 # machine it already has on the worker.
 EXISTING = "existing_machine"
 RECLAIMING = "machine_being_reclaimed"  # asked whether it is an orphan: handed to nobody
+UNDOING = "machine_being_aborted"  # its commit's abort is being written: handed to nobody
 COMMITTING = "commit_under_way"  # a commit for this order is being written on the worker
 DRAINING = "draining"
 EXCLUDED = "excluded"
@@ -100,6 +103,11 @@ class Placements(Protocol):
     @property
     def reclaiming(self) -> Container[str]:
         """Orders whose machine here is being asked about (supplier/reclaim.py)."""
+        ...
+
+    @property
+    def undoing(self) -> Container[str]:
+        """Orders whose machine here is being destroyed by an abort (supplier/commits.py)."""
         ...
 
 
@@ -163,12 +171,23 @@ def wanted(order: OrderLike) -> Vec:
 Check = Callable[[WorkerView, OrderLike, Vec, Vec, list[Reason] | None], str | None]
 
 
+# Why an order's machine here is handed to nobody now (handout), as a Reason's detail.
+REFUSED = {
+    RECLAIMING: "the order's machine here is being reclaimed",
+    UNDOING: "the order's machine here is being destroyed: its commit was aborted",
+}
+
+
 def handout(w: Placements, order_id: str) -> str | None:
     """EXISTING when the order has a machine on ``w`` that may be handed out (to a bid's
     auction or a commit: I3), RECLAIMING when it has one that is being asked about (its
-    verdict may be "orphan", §5.3d: handed to nobody meanwhile), None when it has none."""
+    verdict may be "orphan", §5.3d: handed to nobody meanwhile), UNDOING when the abort of
+    its commit is being written (§6.6: decided before anyone else was handed it, so it is
+    destroyed, and a Placed for it would be a lie), None when it has none."""
     if order_id not in w.by_order:
         return None
+    if order_id in w.undoing:
+        return UNDOING
     return RECLAIMING if order_id in w.reclaiming else EXISTING
 
 
@@ -181,8 +200,8 @@ def existing_machine(
     if order.order_id not in w.by_order:  # the common case, answered without a call more
         return None
     reason = handout(w, order.order_id)
-    if reason == RECLAIMING and why is not None:
-        why.append(Reason(code=RECLAIMING, detail="the order's machine here is being reclaimed"))
+    if why is not None and reason is not None and reason in REFUSED:
+        why.append(Reason(code=reason, detail=REFUSED[reason]))
     return reason
 
 

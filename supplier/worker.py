@@ -178,6 +178,7 @@ class Worker:
         self.reclaiming = self.reclaims.orders  # their machines are handed to nobody meanwhile
         # Commits: a hold becomes a durable machine, once per order (supplier/commits.py).
         self.commits = CommitDesk(self)
+        self.undoing = self.commits.undoing  # machines an abort destroys: handed to nobody
         self.log = log.bind(worker_id=self.worker_id, region=self.region)
 
     # -- what the checks and the price read of its images -----------------------------------

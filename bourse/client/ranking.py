@@ -17,6 +17,7 @@ from bourse.wire.messages import PlaceOrder, Reason, WorkerVerdict
 # Declines are grouped by their first reason, in the order of the desk's stages (§6.2).
 DECLINE_ORDER = (
     "machine_being_reclaimed",
+    "machine_being_aborted",
     "commit_under_way",
     "draining",
     "excluded",
@@ -82,6 +83,7 @@ def rank(
 # is said as "no worker serves image ...".
 _WHY_NOT = {
     "machine_being_reclaimed": "the order's machine is being reclaimed on {names}",
+    "machine_being_aborted": "the order's machine is being destroyed (aborted) on {names}",
     "commit_under_way": "a commit for this order is under way on {names}",
     "draining": "draining: {names}",
     "excluded": "excluded by the order: {names}",

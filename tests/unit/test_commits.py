@@ -40,6 +40,7 @@ from bourse.wire.resources import ZERO, Vec
 from supplier.candidates import BidGroup
 from supplier.config import WorkerConfig
 from supplier.desk import Desk
+from supplier.feasible import UNDOING
 from supplier.oplog import Op
 from supplier.store import Store
 from supplier.worker import Worker
@@ -598,3 +599,40 @@ async def test_a_machine_being_reclaimed_is_not_handed_to_a_commit(worker: Worke
     )
     worker.reclaims.done(m.machine_id)  # settled "keep": handed out again
     assert blank(await worker.commits.commit(commit())) == placed(existing=True)
+
+
+@pytest.mark.parametrize("when", ["during", "after"])
+async def test_a_machine_being_aborted_is_handed_to_nobody(
+    when: str, worker: Worker, store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once an abort is decided (the committing auction gave up, nobody else had the
+    machine), a retry's bid and commit that come before the destroy is durable get
+    nothing of the machine: a Placed for it would name a machine destroyed a moment later
+    (the duplicate storm's dup-155, told Placed with a machine its first auction's abort
+    then destroyed). Asked at the last moment: as the destroy's write begins."""
+    hold(worker)
+    asked: list[tuple[int, dict[str, str], CommitReply]] = []  # offers, silences, reply
+    undo = worker.keeper.abort
+
+    async def asked_meanwhile(m: Machine) -> None:
+        b = Bid(order_id="order-1", region="mad", resources=res(), image="web", hold_ms=1000)
+        ans = DESK.answer(b, "inbox", time.monotonic(), BidGroup([worker]))
+        reply = blank(await worker.commits.commit(commit()))
+        asked.append((len(ans.replies), dict(ans.silent), reply))
+        await undo(m)
+
+    monkeypatch.setattr(worker.keeper, "abort", asked_meanwhile)
+    reply = await commit_and_abort(worker, when)
+    assert isinstance(reply, Placed)
+    assert asked == [
+        (
+            0,
+            {WID: UNDOING},
+            rejected(
+                "no_hold", "the order's machine here is being destroyed: its commit was aborted"
+            ),
+        )
+    ]
+    [m] = worker.machines.values()
+    assert (m.state, m.aborted, worker.by_order, worker.undoing) == ("destroyed", True, {}, set())
+    assert [row[1] for row in store.oplog(WID)] == ["place", "abort"]

@@ -50,6 +50,7 @@ from supplier.feasible import (
     RECLAIMING,
     STANDING,
     TOO_SMALL,
+    UNDOING,
     every_failure,
     first_failure,
     handout,
@@ -171,6 +172,11 @@ def reclaimed(w: Worker) -> None:
     w.reclaims.orders.add("o1")
 
 
+def aborting(w: Worker) -> None:
+    placed(w)
+    w.undoing.add("o1")  # an abort of its commit decided, its destroy not yet durable
+
+
 def committing(w: Worker) -> None:
     hold(w, "o1", (2000, 2048, 0, 0, 0)).committing = True
 
@@ -222,6 +228,7 @@ ROWS = {
     "takes it": Row(plain, order(), None, []),
     "its machine is here": Row(then(placed), order(), EXISTING, []),
     "its machine is being reclaimed": Row(then(reclaimed), order(), RECLAIMING, [RECLAIMING]),
+    "its machine is being aborted": Row(then(aborting), order(), UNDOING, [UNDOING]),
     "its commit is under way": Row(then(committing), order(), COMMITTING, [COMMITTING]),
     "draining": Row(then(lambda w: w.set_draining("maintenance")), order(), DRAINING, [DRAINING]),
     "excluded": Row(plain, order(exclude_workers=["w0", WID]), EXCLUDED, [EXCLUDED]),
@@ -359,8 +366,8 @@ def test_a_short_resource_says_its_numbers(store: Store) -> None:
 
 @pytest.mark.parametrize(
     ("make", "expect"),
-    [(lambda w: None, None), (placed, EXISTING), (reclaimed, RECLAIMING)],
-    ids=["no machine", "a machine", "a machine being reclaimed"],
+    [(lambda w: None, None), (placed, EXISTING), (reclaimed, RECLAIMING), (aborting, UNDOING)],
+    ids=["no machine", "a machine", "a machine being reclaimed", "a machine being aborted"],
 )
 def test_the_existing_machine_rule(
     store: Store, make: Callable[[Worker], None], expect: str | None
