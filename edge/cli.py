@@ -203,7 +203,7 @@ def serve(
     from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
     from bourse.runtime.metrics import EdgeMetrics
     from bourse.runtime.supervise import run, settle_heap
-    from edge.http import EdgeConfig
+    from edge.proxy import EdgeConfig
     from edge.routes import RoutesError, StaticRoutes, parse_address, read_routes
     from edge.service import EdgeService
 

@@ -23,8 +23,9 @@ from bourse.errors import BourseError
 from bourse.runtime.endpoint import format_addr
 from bourse.runtime.metrics import EdgeMetrics
 from bourse.runtime.supervise import cleanup_scope
-from edge.http import EdgeConfig, Proxy
+from edge.http import Client
 from edge.probe import run_prober
+from edge.proxy import EdgeConfig, Proxy
 from edge.routes import RouteSource
 from edge.routing import Router, RouteTable, Service
 from edge.starts import MAX_HELD, START_TIMEOUT_S, StartMachine, Starts
@@ -111,7 +112,9 @@ class EdgeService:
                 await tasks.start(self.source.run, self.publish)
                 services = list(self.services) + list(self.router.table.services)
                 sock = reuseport_socket(*self.listen)
-                servers.append(await loop.create_server(proxy.client, sock=sock, backlog=BACKLOG))
+                servers.append(
+                    await loop.create_server(lambda: Client(proxy), sock=sock, backlog=BACKLOG)
+                )
                 self.address = format_addr(self.listen[0], sock.getsockname()[1])
                 for service in services:
                     ssock = reuseport_socket(*service.listen)

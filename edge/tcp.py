@@ -11,7 +11,8 @@ from typing import Any
 
 import structlog
 
-from edge.http import PENDING_MAX, Proxy, reason_of
+from edge.proxy import Proxy
+from edge.requests import PENDING_MAX, reason_of
 from edge.routing import Choice, Service
 
 log = structlog.get_logger("bourse.edge")
