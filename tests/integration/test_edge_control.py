@@ -24,7 +24,7 @@ from tests.views import published, row
 # start); "slow" and "never" machines: see the catalog below.
 SERVER = """
 import http.server, os, time
-time.sleep(float(os.environ.get("DELAY", "0")))
+time.sleep(float(os.environ.get("DELAY", "0")))  # the app's own start: the workload, not a wait
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
@@ -37,7 +37,7 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("0.0.0.0", int(os.environ["PORT"])), H).serve_forever()
 """
 # Runs, never listens.
-NEVER = "import time; time.sleep(3600)"
+NEVER = "import time; time.sleep(3600)"  # the workload: an app that never listens
 
 
 def market_args(market: Market, *more: str) -> tuple[str, ...]:

@@ -31,6 +31,7 @@ from pathlib import Path
 import anyio
 
 from bourse.client import BourseClient
+from bourse.client.follow import follow_logs
 from bourse.images import ImageStore, RunSpec
 from bourse.nats.authdir import AuthFiles, SupplierSpec, write_auth_dir
 from bourse.nats.connection import connect
@@ -265,13 +266,15 @@ async def _victim(a: Arena, driver: str) -> Victim:
 
 
 async def said(client: BourseClient, machine_id: str, text: str) -> list[str]:
-    """The machine's output once a line of it begins with ``text``."""
+    """The machine's output once a line of it begins with ``text`` (its lines followed as
+    they come: bourse/client/follow.py)."""
+    lines: list[str] = []
     with anyio.fail_after(WAIT_S):
-        while True:
-            lines = (await client.logs(machine_id, tail=500)).lines
-            if any(x.startswith(text) for x in lines):
+        async for got in follow_logs(client, machine_id, tail=500):
+            lines += got.lines
+            if any(x.startswith(text) for x in got.lines):
                 return lines
-            await anyio.sleep(0.05)
+    raise AssertionError(f"{machine_id} stopped being followed before {text!r}")
 
 
 def get(address: str, path: str = "/") -> bytes:
