@@ -83,7 +83,7 @@ function renderMachines(doc) {
     el("td", {}, x.region), el("td", { class: "mono" }, x.worker_id),
     el("td", {}, x.app ? `${x.app}${x.tenant ? "." + x.tenant : ""}` : ""),
     el("td", { title: x.image_digest }, x.image),
-    el("td", { class: "mono" }, x.address || x.private_address),
+    el("td", { class: "mono" }, x.address || (x.private_address ? `private ${x.private_address}` : "")),
     el("td", {}, x.restarts), el("td", {}, x.last_exit))));
 }
 
@@ -108,7 +108,11 @@ function renderApps(apps) {
 }
 
 function renderCaches(caches) {
-  const size = (b) => (b >= 1 << 30 ? `${(b / (1 << 30)).toFixed(1)} GiB` : `${(b / (1 << 20)).toFixed(1)} MiB`);
+  const size = (b) => {
+    const units = [[1 << 30, "GiB"], [1 << 20, "MiB"], [1 << 10, "KiB"]];
+    for (const [n, unit] of units) if (b >= n) return `${(b / n).toFixed(1)} ${unit}`;
+    return `${b} B`;
+  };
   fill($("#caches tbody"), caches.map((c) => {
     const cache = c.budget_bytes ? `${size(c.bytes)} of ${size(c.budget_bytes)}` : size(c.bytes);
     return el("tr", { class: c.gone ? "gone" : "" }, el("td", { class: "mono" }, c.worker_id),
