@@ -399,15 +399,14 @@ def fleet_json(
     matched: int,
     apps: Sequence[AppRow],
     app_machines: Sequence[MachineSeen],
+    images: Mapping[str, Sequence[str]],
     view: Mapping[str, int],
 ) -> dict[str, object]:
     """The page's one JSON document (``/api/fleet``): ``machines`` those the filters
     matched (at most MAX_MACHINES of ``matched``), ``app_machines`` every machine of the
-    apps shown (their slots). The caller has already kept what ``who`` may see of the
-    machines and apps; the fleet's rows are everyone's."""
-    images: dict[str, set[str]] = {}
-    for seen in app_machines if not machines else [*machines, *app_machines]:
-        images.setdefault(seen.machine.worker_id, set()).add(seen.machine.image)
+    apps shown (their slots), ``images`` the images each worker's machines run. The caller
+    has already kept what ``who`` may see of the machines, apps and images; the fleet's
+    rows are everyone's."""
     return {
         "viewer": who.label(),
         "operator": who.operator,
@@ -417,7 +416,7 @@ def fleet_json(
         "machines": [machine_json(m) for m in machines],
         "matched": matched,
         "apps": apps_json(apps, app_machines),
-        "caches": caches_json(workers, {k: sorted(v) for k, v in images.items()}),
+        "caches": caches_json(workers, images),
         "filters": {
             "regions": sorted({w.row.region for w in workers}),
             "apps": sorted({a.app for a in apps}),

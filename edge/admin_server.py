@@ -140,7 +140,14 @@ def read_fleet(
         f"state != 'destroyed' AND {apps_where}{_ORDER}",
         tenant_args,
     )
-    return fleet_json(who, workers, machines, matched, apps, app_machines, freshness)
+    images: dict[str, list[str]] = {}
+    for wid, image in db.execute(
+        f"SELECT DISTINCT worker_id, image FROM machines WHERE state != 'destroyed' AND "
+        f"{apps_where}",
+        tenant_args,
+    ):
+        images.setdefault(wid, []).append(image)
+    return fleet_json(who, workers, machines, matched, apps, app_machines, images, freshness)
 
 
 def _machines(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[MachineSeen]:

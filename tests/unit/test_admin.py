@@ -215,7 +215,7 @@ def test_an_apps_slots_in_order() -> None:
         MachineSeen(machine("d"), None),  # no app
     ]
     doc = fleet_json(
-        OPERATOR, [], [], 0, [AppRow("", "shop", 2, "mad", 2, 2, 1, 0)], machines, {"seq": 7}
+        OPERATOR, [], [], 0, [AppRow("", "shop", 2, "mad", 2, 2, 1, 0)], machines, {}, {"seq": 7}
     )
     [app] = doc["apps"]  # type: ignore[misc]
     assert [(s["slot"], s["role"], s["machine_id"]) for s in app["slots"]] == [
