@@ -58,6 +58,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("bourse.edge")
 
 HEAD_LIMIT = 16 * 1024
+MAX_CONNECTIONS = 256  # open at once (streams included): the next ones are answered 503
+MAX_SLOTS = 10_000  # apps' machines listed in their slots
 HEAD_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0
 EVENTS_KEPT = 200  # per stream: the oldest dropped when a client reads slower
@@ -93,10 +95,11 @@ def read_fleet(
     """``/api/fleet``'s document from the view's tables (``query``: the machines' filters
     region, app, state)."""
     running: dict[str, dict[str, float]] = {}
+    own = " AND tenant = ?" if who.tenant is not None else ""  # a tenant's: its own used
     for wid, millis, mb in db.execute(
         "SELECT worker_id, sum(cpu_millis), sum(memory_mb) FROM machines "
-        f"WHERE state IN ({', '.join('?' * len(RUNNING))}) GROUP BY worker_id",
-        RUNNING,
+        f"WHERE state IN ({', '.join('?' * len(RUNNING))}){own} GROUP BY worker_id",
+        [*RUNNING, *([who.tenant] if who.tenant is not None else [])],
     ):
         running[wid] = {"cpu": (millis or 0) / 1000, "memory_mb": float(mb or 0)}
     workers = []
@@ -137,8 +140,8 @@ def read_fleet(
     app_machines = _machines(
         db,
         "SELECT row, worker_gone_since_ms FROM machines WHERE app IS NOT NULL AND "
-        f"state != 'destroyed' AND {apps_where}{_ORDER}",
-        tenant_args,
+        f"state != 'destroyed' AND {apps_where}{_ORDER} LIMIT ?",
+        [*tenant_args, MAX_SLOTS],
     )
     images: dict[str, list[str]] = {}
     for wid, image in db.execute(
@@ -197,6 +200,7 @@ class AdminPage:
     _streams: set[_Stream] = field(default_factory=set)
     _recent: deque[Event] = field(default_factory=lambda: deque(maxlen=RECENT))
     _closing: bool = False
+    _open: int = 0  # connections
 
     @property
     def url(self) -> str:
@@ -245,7 +249,11 @@ class AdminPage:
                         await sub.unsubscribe()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._open += 1
         try:
+            if self._open > MAX_CONNECTIONS:
+                await _answer(writer, 503, b"too many connections to the page\n", "text/plain")
+                return
             request = await asyncio.wait_for(_read(reader, writer), HEAD_TIMEOUT_S)
             if request is None:
                 await _answer(writer, 400, b"bad request\n", "text/plain")
@@ -254,6 +262,7 @@ class AdminPage:
         except (TimeoutError, ConnectionError, asyncio.IncompleteReadError, ValueError):
             pass
         finally:
+            self._open -= 1
             writer.close()
             with suppress(Exception):
                 await writer.wait_closed()

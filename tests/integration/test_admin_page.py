@@ -148,15 +148,22 @@ async def fleet(address: str, extra: str = "", path: str = "/api/fleet") -> Answ
     return await get(address, path=path, host=address, extra=extra)
 
 
-async def showing(address: str, ids: set[str]) -> Answer:
-    """The operator's fleet once it shows the machines ``ids`` (the edge's view has their
-    rows once it caught up with the stream): each try a fresh request."""
+async def showing(address: str, want: Callable[[Answer], bool]) -> Answer:
+    """The operator's fleet once it is ``want``ed (the edge's view has the rows once it
+    caught up with the stream): each try a fresh request."""
     with anyio.fail_after(WAIT_S):
         while True:
             answer = await fleet(address)
-            if machine_ids(answer) == ids:
+            if want(answer):
                 return answer
             await anyio.sleep(0.05)  # the next read, not a synchronisation
+
+
+def cpu(answer: Answer) -> dict[str, float]:
+    """The first worker's CPU bar."""
+    workers = answer.json()["workers"]
+    assert isinstance(workers, list)
+    return dict(workers[0]["bars"]["cpu"])
 
 
 def machine_ids(answer: Answer) -> set[str]:
@@ -176,17 +183,22 @@ async def test_who_may_look_and_what_a_tenants_token_shows(market: Market, tmp_p
     mine = await acme.place(order(metadata={"app": "web"}))
     theirs = await shared.place(order(metadata={"app": "shop"}))
     assert isinstance(mine, Placed) and isinstance(theirs, Placed)
+    await shared.machine("start", theirs.machine_id)  # running: 1 CPU used, 1 held
     tokens = ("--admin-token", OPERATOR_TOKEN, "--admin-token", f"{TENANT_TOKEN}=acme")
     async with edge(tmp_path, *market_args(market, "--admin", f"{HOST}:0", *tokens)) as e:
         at = page_address(e.ready_line)
-        operator = await showing(at, {mine.machine_id, theirs.machine_id})
+        both = {mine.machine_id, theirs.machine_id}
+        operator = await showing(at, lambda a: machine_ids(a) == both and cpu(a)["used"] == 1)
         assert operator.json()["viewer"] == "operator"
+        assert cpu(operator) == {"capacity": 8, "used": 1, "held": 1, "free": 6}
 
         tenant = await fleet(at, f"Authorization: Bearer {TENANT_TOKEN}\r\n")
         assert tenant.status == 200
         assert tenant.json()["viewer"] == "tenant acme"
         assert machine_ids(tenant) == {mine.machine_id}
         assert [a["app"] for a in tenant.json()["apps"]] == ["web"]  # type: ignore[index, union-attr]
+        # its own machine does not run: another tenant's running one counts as held to it
+        assert cpu(tenant) == {"capacity": 8, "used": 0, "held": 2, "free": 6}
 
         redirect = await fleet(at, path=f"/?token={TENANT_TOKEN}")
         assert (redirect.status, redirect.headers["location"]) == (303, "/")
