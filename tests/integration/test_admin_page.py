@@ -107,8 +107,8 @@ async def test_the_page_shows_a_placed_machine_and_a_gone_worker_without_a_reloa
     appears in the machines' table and its ``placed`` event in the live list; the first
     supplier stopped, its worker's row says ``gone``; the page was never loaded again."""
     w1, w2 = own_worker_id("page1"), own_worker_id("page2")
-    gone_host = await market.host(worker(w1, ports="29580-29589", advertise_host=HOST))
-    await market.host(worker(w2, region="fra", ports="29590-29599", advertise_host=HOST))
+    gone_host = await market.host(worker(w1, ports="29620-29629", advertise_host=HOST))
+    await market.host(worker(w2, region="fra", ports="29630-29639", advertise_host=HOST))
     await market.exchange()
     buyer = await market.client()
     async with (
@@ -176,7 +176,7 @@ async def test_who_may_look_and_what_a_tenants_token_shows(market: Market, tmp_p
     """Loopback without a token: the operator's view (every machine); a tenant's token
     (bearer, or the cookie ``?token=`` sets): its own machines and apps only; a bad
     token, or a name that is not loopback's without one: 401 saying why."""
-    await market.host(worker(own_worker_id("page3"), ports="29600-29609", advertise_host=HOST))
+    await market.host(worker(own_worker_id("page3"), ports="29640-29649", advertise_host=HOST))
     await market.exchange()
     shared = await market.client()
     acme = BourseClient(await market.connect("acme"), market.subjects, tenant="acme")
