@@ -1,8 +1,9 @@
 """The edge's page, its shell: a listener of its own (``edge serve --admin HOST:PORT``,
 never the apps' one) serving the page's files, its JSON (``/api/fleet``, read from the
-edge's fleet view at each request) and its live stream (``/api/stream``, server-sent
-events: ``fleet`` when the view changed, ``event`` for each of the market's events). Who
-may look and what each viewer sees: edge/admin.py. docs/page.md says the endpoints.
+edge's fleet view once per change of it, per viewer and filters) and its live stream
+(``/api/stream``, server-sent events: ``fleet`` when the view changed, ``event`` for each
+of the market's events). Who may look and what each viewer sees: edge/admin.py.
+docs/page.md says the endpoints.
 
 HTTP here is the least the page needs: GET (and HEAD) only, one request per connection,
 a head of at most 16 KiB read within 10 s.
@@ -60,6 +61,8 @@ log = structlog.get_logger("bourse.edge")
 HEAD_LIMIT = 16 * 1024
 MAX_CONNECTIONS = 256  # open at once (streams included): the next ones are answered 503
 MAX_SLOTS = 10_000  # apps' machines listed in their slots
+FILTERS = ("region", "app", "state")  # /api/fleet's machines' filters
+ANSWERS_KEPT = 64  # /api/fleet answers kept (by viewer and filters)
 HEAD_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0
 EVENTS_KEPT = 200  # per stream: the oldest dropped when a client reads slower
@@ -116,7 +119,7 @@ def read_fleet(
         clauses.append("tenant = ?")
         args.append(who.tenant)
     apps_where = " AND ".join(clauses)
-    for column in ("region", "app", "state"):
+    for column in FILTERS:
         if query.get(column):
             clauses.append(f"{column} = ?")
             args.append(query[column])
@@ -201,6 +204,9 @@ class AdminPage:
     _recent: deque[Event] = field(default_factory=lambda: deque(maxlen=RECENT))
     _closing: bool = False
     _open: int = 0  # connections
+    _version: int = 0  # the view's changes told
+    # /api/fleet's answers by viewer and filters, as of a version: open pages share a read
+    _answers: dict[tuple[str | None, str], tuple[int, bytes]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -208,6 +214,7 @@ class AdminPage:
 
     def changed(self, _db: sqlite3.Connection | None = None) -> None:
         """The view changed (a batch applied, a worker gone or back): every stream says so."""
+        self._version += 1
         for s in self._streams:
             s.fleet = True
             s.wake.set()
@@ -324,9 +331,22 @@ class AdminPage:
             why = "the fleet view is not open (the edge's routes come from elsewhere)"
             await _answer(writer, 503, _json({"error": why}), "application/json")
             return
+        doc = self._fleet_json(view, who, r.query)
+        await _answer(writer, 200, doc, "application/json", head=r.method == "HEAD")
+
+    def _fleet_json(self, view: View, who: Viewer, query: dict[str, str]) -> bytes:
+        """The fleet as ``who`` sees it with ``query``'s filters: read from the view once per
+        change of it, whatever the pages open (the read runs on the edge's loop)."""
+        key = (who.tenant, json.dumps({k: query.get(k, "") for k in FILTERS}))
+        kept = self._answers.get(key)
+        if kept is not None and kept[0] == self._version:
+            return kept[1]
         fresh = view.freshness()
-        doc = read_fleet(view.db.db, who, r.query, {"seq": fresh.seq, "age_ms": fresh.age_ms})
-        await _answer(writer, 200, _json(doc), "application/json", head=r.method == "HEAD")
+        doc = read_fleet(view.db.db, who, query, {"seq": fresh.seq, "age_ms": fresh.age_ms})
+        if len(self._answers) >= ANSWERS_KEPT:
+            self._answers.clear()
+        self._answers[key] = (self._version, _json(doc))
+        return self._answers[key][1]
 
     async def _stream(self, who: Viewer, writer: asyncio.StreamWriter) -> None:
         writer.write(

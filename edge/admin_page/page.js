@@ -131,15 +131,25 @@ function renderFilters(filters) {
   }
 }
 
+// One read at a time, at most one a second: a busy market changes the view many times.
+const EVERY_MS = 1000;
 let fetching = false;
 let again = false;
+let last = 0;
 
 async function refresh() {
   if (fetching) {
     again = true;
     return;
   }
+  const wait = last + EVERY_MS - Date.now();
+  if (wait > 0) {
+    if (!again) setTimeout(() => { again = false; refresh(); }, wait);
+    again = true;
+    return;
+  }
   fetching = true;
+  last = Date.now();
   try {
     const params = new URLSearchParams();
     for (const name of ["region", "app", "state"]) {
@@ -167,7 +177,7 @@ async function refresh() {
     fetching = false;
     if (again) {
       again = false;
-      setTimeout(refresh, 200);
+      refresh();
     }
   }
 }
@@ -195,6 +205,6 @@ function connect() {
   stream.addEventListener("event", (m) => addEvent(JSON.parse(m.data)));
 }
 
-$("#filters").addEventListener("change", refresh);
+$("#filters").addEventListener("change", () => { last = 0; refresh(); });
 refresh();
 connect();
