@@ -36,7 +36,7 @@ COOKIE = "bourse_admin"
 # The machine states whose resources are in use; the others committed hold theirs.
 RUNNING = ("starting", "started")
 # A page lists at most this many machines (the JSON says how many matched).
-MAX_MACHINES = 2000
+MAX_MACHINES = 500
 # The machines' states, for the page's filter.
 STATES = ("reserved", "starting", "started", "stopping", "stopped", "failed", "destroyed")
 
@@ -329,30 +329,35 @@ def _exit(reason: str, code: int | None, signal: int | None) -> str:
     return f"{reason} (signal {signal})"
 
 
-def apps_json(apps: Sequence[AppRow], machines: Sequence[MachineSeen]) -> list[dict[str, object]]:
+@dataclass(frozen=True, slots=True)
+class SlotRow:
+    """An app's machine in its slot, as the view's ``machines`` columns say (no row
+    decoded: an app of thousands of machines is listed from its columns)."""
+
+    tenant: str
+    app: str
+    region: str
+    slot: int | None
+    role: str | None
+    machine_id: str
+    state: str
+    generation: int | None
+    worker_gone_since_ms: int | None
+
+
+def apps_json(apps: Sequence[AppRow], slots: Sequence[SlotRow]) -> list[dict[str, object]]:
     """Each app with its slots: (region, slot, role) and the machine in it, its state and
-    generation (an app's machines that are not destroyed)."""
-    slots: dict[tuple[str, str], list[dict[str, object]]] = {}
-    for seen in machines:
-        m = seen.machine
-        app = m.metadata.get(APP, "")
-        if not app or m.state == "destroyed":
-            continue
-        slots.setdefault((tenant_of_order(m.order_id), app), []).append(
-            {
-                "region": m.region,
-                "slot": m.metadata.get(SLOT, ""),
-                "role": m.metadata.get(ROLE, ""),
-                "machine_id": m.machine_id,
-                "state": m.state,
-                "generation": m.metadata.get(GEN, ""),
-                "worker_gone": bool(seen.worker_gone_since_ms),
-            }
-        )
+    generation (an app's machines that are not destroyed), by region, slot, machine."""
+    by_app: dict[tuple[str, str], list[SlotRow]] = {}
+    for row in slots:
+        if row.state != "destroyed":
+            by_app.setdefault((row.tenant, row.app), []).append(row)
     out: list[dict[str, object]] = []
     for a in apps:
-        rows = slots.get((a.tenant, a.app), [])
-        rows.sort(key=lambda s: (str(s["region"]), _slot_key(s["slot"]), str(s["machine_id"])))
+        rows = sorted(
+            by_app.get((a.tenant, a.app), []),
+            key=lambda r: (r.region, r.slot is None, r.slot or 0, r.machine_id),
+        )
         out.append(
             {
                 "tenant": a.tenant,
@@ -363,15 +368,21 @@ def apps_json(apps: Sequence[AppRow], machines: Sequence[MachineSeen]) -> list[d
                 "started": a.started,
                 "spares": a.spares,
                 "unknown": a.unknown,
-                "slots": rows,
+                "slots": [
+                    {
+                        "region": r.region,
+                        "slot": r.slot,
+                        "role": r.role or "",
+                        "machine_id": r.machine_id,
+                        "state": r.state,
+                        "generation": r.generation,
+                        "worker_gone": bool(r.worker_gone_since_ms),
+                    }
+                    for r in rows
+                ],
             }
         )
     return out
-
-
-def _slot_key(slot: object) -> tuple[int, str]:
-    text = str(slot)
-    return (int(text), "") if text.isdigit() else (1 << 30, text)
 
 
 def caches_json(
@@ -398,13 +409,13 @@ def fleet_json(
     machines: Sequence[MachineSeen],
     matched: int,
     apps: Sequence[AppRow],
-    app_machines: Sequence[MachineSeen],
+    slots: Sequence[SlotRow],
     images: Mapping[str, Sequence[str]],
     view: Mapping[str, int],
 ) -> dict[str, object]:
     """The page's one JSON document (``/api/fleet``): ``machines`` those the filters
-    matched (at most MAX_MACHINES of ``matched``), ``app_machines`` every machine of the
-    apps shown (their slots), ``images`` the images each worker's machines run. The caller
+    matched (at most MAX_MACHINES of ``matched``), ``slots`` the machines of the apps
+    shown, ``images`` the images each worker's machines run. The caller
     has already kept what ``who`` may see of the machines, apps and images; the fleet's
     rows are everyone's."""
     return {
@@ -415,7 +426,7 @@ def fleet_json(
         "workers": [worker_json(w) for w in workers],
         "machines": [machine_json(m) for m in machines],
         "matched": matched,
-        "apps": apps_json(apps, app_machines),
+        "apps": apps_json(apps, slots),
         "caches": caches_json(workers, images),
         "filters": {
             "regions": sorted({w.row.region for w in workers}),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import sqlite3
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from contextlib import suppress
@@ -37,6 +38,7 @@ from edge.admin import (
     AppRow,
     MachineSeen,
     Refused,
+    SlotRow,
     Tokens,
     Viewer,
     WorkerSeen,
@@ -63,6 +65,10 @@ MAX_CONNECTIONS = 256  # open at once (streams included): the next ones are answ
 MAX_SLOTS = 10_000  # apps' machines listed in their slots
 FILTERS = ("region", "app", "state")  # /api/fleet's machines' filters
 ANSWERS_KEPT = 64  # /api/fleet answers kept (by viewer and filters)
+# After a read of the view that took T, the next one waits READ_EVERY times T: the page's
+# reads take at most a tenth of the edge's loop, however large the market.
+READ_EVERY = 10
+SLOW_READ_S = 0.1
 HEAD_TIMEOUT_S = 10.0
 KEEPALIVE_S = 15.0
 EVENTS_KEPT = 200  # per stream: the oldest dropped when a client reads slower
@@ -140,12 +146,15 @@ def read_fleet(
             tenant_args,
         )
     ]
-    app_machines = _machines(
-        db,
-        "SELECT row, worker_gone_since_ms FROM machines WHERE app IS NOT NULL AND "
-        f"state != 'destroyed' AND {apps_where}{_ORDER} LIMIT ?",
-        [*tenant_args, MAX_SLOTS],
-    )
+    slots = [
+        SlotRow(*r)
+        for r in db.execute(
+            "SELECT tenant, app, region, slot, role, machine_id, state, generation, "
+            "worker_gone_since_ms FROM machines WHERE app IS NOT NULL AND state != 'destroyed' "
+            f"AND {apps_where} ORDER BY tenant, app, region, slot, machine_id LIMIT ?",
+            [*tenant_args, MAX_SLOTS],
+        )
+    ]
     images: dict[str, list[str]] = {}
     for wid, image in db.execute(
         f"SELECT DISTINCT worker_id, image FROM machines WHERE state != 'destroyed' AND "
@@ -153,7 +162,7 @@ def read_fleet(
         tenant_args,
     ):
         images.setdefault(wid, []).append(image)
-    return fleet_json(who, workers, machines, matched, apps, app_machines, images, freshness)
+    return fleet_json(who, workers, machines, matched, apps, slots, images, freshness)
 
 
 def _machines(db: sqlite3.Connection, sql: str, args: Sequence[object]) -> list[MachineSeen]:
@@ -177,6 +186,16 @@ class _Stream:
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     fleet: bool = True  # the view changed since the last ``fleet`` sent
     events: deque[dict[str, object]] = field(default_factory=lambda: deque(maxlen=EVENTS_KEPT))
+
+
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """An answer of /api/fleet: the view's change it was read at, and until when it
+    stands for later ones."""
+
+    version: int
+    body: bytes
+    until: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,8 +224,8 @@ class AdminPage:
     _closing: bool = False
     _open: int = 0  # connections
     _version: int = 0  # the view's changes told
-    # /api/fleet's answers by viewer and filters, as of a version: open pages share a read
-    _answers: dict[tuple[str | None, str], tuple[int, bytes]] = field(default_factory=dict)
+    # /api/fleet's answers by viewer and filters: open pages share a read
+    _answers: dict[tuple[str | None, str], _Kept] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -336,17 +355,26 @@ class AdminPage:
 
     def _fleet_json(self, view: View, who: Viewer, query: dict[str, str]) -> bytes:
         """The fleet as ``who`` sees it with ``query``'s filters: read from the view once per
-        change of it, whatever the pages open (the read runs on the edge's loop)."""
+        change of it, whatever the pages open. The read runs on the edge's loop, beside its
+        requests: after one that took T, the answer is kept for READ_EVERY times T even if
+        the view changed (``"behind": true`` says so, and the page asks again)."""
         key = (who.tenant, json.dumps({k: query.get(k, "") for k in FILTERS}))
+        now = time.monotonic()
         kept = self._answers.get(key)
-        if kept is not None and kept[0] == self._version:
-            return kept[1]
+        if kept is not None and (kept.version == self._version or now < kept.until):
+            return (
+                kept.body if kept.version == self._version else b'{"behind":true,' + kept.body[1:]
+            )
         fresh = view.freshness()
         doc = read_fleet(view.db.db, who, query, {"seq": fresh.seq, "age_ms": fresh.age_ms})
+        body = _json(doc)
+        took = time.monotonic() - now
         if len(self._answers) >= ANSWERS_KEPT:
             self._answers.clear()
-        self._answers[key] = (self._version, _json(doc))
-        return self._answers[key][1]
+        self._answers[key] = _Kept(self._version, body, now + took * READ_EVERY)
+        if took > SLOW_READ_S:
+            log.info("admin_slow_read", ms=round(took * 1000), machines=doc["matched"])
+        return body
 
     async def _stream(self, who: Viewer, writer: asyncio.StreamWriter) -> None:
         writer.write(

@@ -171,6 +171,7 @@ async function refresh() {
     renderCaches(doc.caches);
     renderFilters(doc.filters);
     document.body.dataset.seq = doc.view.seq;
+    if (doc.behind) again = true; // the view changed since this answer was read: ask again
   } catch (e) {
     $("#freshness").textContent = `cannot read the fleet: ${e}`;
   } finally {

@@ -20,6 +20,7 @@ from edge.admin import (
     AppRow,
     MachineSeen,
     Refused,
+    SlotRow,
     TokenError,
     Viewer,
     WorkerSeen,
@@ -207,21 +208,26 @@ def test_a_machines_row() -> None:
 
 
 def test_an_apps_slots_in_order() -> None:
-    meta = {"app": "shop", "gen": "2"}
-    machines = [
-        MachineSeen(machine("b", metadata={**meta, "slot": "10", "role": "spare"}), None),
-        MachineSeen(machine("a", metadata={**meta, "slot": "2", "role": "primary"}), None),
-        MachineSeen(machine("c", "destroyed", metadata={**meta, "slot": "1"}), None),
-        MachineSeen(machine("d"), None),  # no app
+    """By region, slot (a number; none last), machine; a destroyed one left out; another
+    app's not in it."""
+    slots = [
+        SlotRow("", "shop", "mad", 10, "spare", "b", "reserved", 2, None),
+        SlotRow("", "shop", "mad", 2, "primary", "a", "started", 2, 5),
+        SlotRow("", "shop", "fra", None, None, "z", "started", None, None),
+        SlotRow("", "shop", "mad", 1, "primary", "c", "destroyed", 1, None),
+        SlotRow("acme", "shop", "mad", 0, "primary", "d", "started", 1, None),
     ]
     doc = fleet_json(
-        OPERATOR, [], [], 0, [AppRow("", "shop", 2, "mad", 2, 2, 1, 0)], machines, {}, {"seq": 7}
+        OPERATOR, [], [], 0, [AppRow("", "shop", 2, "mad,fra", 3, 2, 1, 0)], slots, {}, {"seq": 7}
     )
     [app] = doc["apps"]  # type: ignore[misc]
-    assert [(s["slot"], s["role"], s["machine_id"]) for s in app["slots"]] == [
-        ("2", "primary", "a"),
-        ("10", "spare", "b"),
+    assert [(s["region"], s["slot"], s["role"], s["machine_id"]) for s in app["slots"]] == [
+        ("fra", None, "", "z"),
+        ("mad", 2, "primary", "a"),
+        ("mad", 10, "spare", "b"),
     ]
+    assert app["slots"][1]["worker_gone"] is True
+    assert app["regions"] == ["mad", "fra"]
     assert doc["view"] == {"seq": 7}
     assert doc["filters"]["apps"] == ["shop"]  # type: ignore[index]
 
