@@ -176,7 +176,8 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
     machine's stop kept for its worker and a new spare's order (its controller), each
     through the exchange as the shared buyer's; why an order went unfilled; the machine
     listings (its routes where the market has no state stream); every edge's activity
-    (§4.23: what stops an idle machine). Its JetStream: grants.py."""
+    (§4.23: what stops an idle machine); the market's live events (its page's stream: what
+    they say of a machine its view holds already). Its JetStream: grants.py."""
     return Permissions(
         publish=(
             s.order("*"),
@@ -187,7 +188,7 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
             s.edge_activity(),  # its requests per machine (§4.23): one key for every edge
             *grants.allows(ROLE_EDGE, s.prefix),
         ),
-        subscribe=(s.edge_activity(), f"{inbox}.>"),
+        subscribe=(s.edge_activity(), s.events(), f"{inbox}.>"),
     )
 
 
