@@ -48,7 +48,6 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
     logs.configure("warning")
 
     async def main() -> T:
-        from bourse.client import ClientError
         from bourse.view import ViewUnavailable, open_view
         from bourse.view.cache import locked, view_path
 
@@ -60,6 +59,8 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
                 async with open_view(nc, s.subjects, path, tenant) as view:
                     return await fn(view)
         except ViewUnavailable as exc:
+            from bourse.client import ClientError  # the client's whole package: only now
+
             raise ClientError(await _unavailable(nc, str(exc)), "no_view") from None
         finally:
             await nc.drain()
