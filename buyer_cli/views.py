@@ -45,7 +45,7 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
     from bourse.runtime import logs
 
     s = session(ctx)
-    logs.configure("warning")
+    logs.configure("warning", lazy=True)  # structlog imported only if a line is logged
 
     async def main() -> T:
         from bourse.view import ViewUnavailable, open_view

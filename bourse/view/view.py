@@ -22,11 +22,11 @@ from pathlib import Path
 import anyio
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.errors import BourseError
 from bourse.nats.state import state_stream_name
+from bourse.runtime import logs
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
 from bourse.view.rows import Op, Reader
@@ -34,7 +34,7 @@ from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
 
-log = structlog.get_logger("bourse.view")
+log = logs.get_logger("bourse.view")  # structlog imported at its first line
 
 # Rows applied in one transaction at most (of each feed).
 BATCH = 4096
