@@ -3,9 +3,11 @@ machines' rows after every change, each of its workers' rows when it changes, an
 heartbeat a second for up to MAX_BEAT_WORKERS of its workers.
 
 Off the hot path: a change only marks its machine in a dict (supplier/rowwindow.py); one
-task sends each marked row as soon as it can, without waiting for the answers to the rows
-before it: up to WINDOW rows are in flight at once, one a machine (a machine changed again
-while its row is in flight goes once that row is answered, as its latest). A row the stream
+task sends it at once when no row is in flight, else with the next answer, together with
+every row marked meanwhile (one round a round trip, not one a row), without waiting for the
+answers to the rows before: up to WINDOW rows are in flight at once, one a machine (a
+machine changed again while its row is in flight goes once that row is answered, as its
+latest). A row the stream
 did not acknowledge (refused, or no answer in ACK_TIMEOUT_S) is marked again, and the next
 rows wait a pause that grows while no stream takes them: a supplier that cannot publish
 keeps its machines running and, once it can, sends their current rows. Every row goes out
@@ -28,7 +30,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import importlib.metadata
-import math
 import time
 from collections.abc import Mapping
 from typing import Protocol
@@ -52,8 +53,9 @@ log = structlog.get_logger("bourse.supplier")
 
 # Rows sent and not yet answered, at most (the window).
 WINDOW = 1024
-# A row not answered in this long is given up (and marked again).
+# A row not answered in this long is given up (and marked again), looked for this often.
 ACK_TIMEOUT_S = 5.0
+EXPIRE_S = 1.0
 BEAT_ACK_S = 2.0
 # After a round the stream did not acknowledge, the next waits this, doubled while it
 # keeps failing, up to RETRY_MAX_S.
@@ -179,10 +181,12 @@ class StateRows:
 
     # -- marking (the hot path: a dict) ---------------------------------------------------------
     def machine(self, m: Machine) -> None:
-        """``m`` changed (durably): its row goes out at once, or as soon as the window lets
-        it (its worker's, if that changed with it, at the next heartbeat)."""
+        """``m`` changed (durably): its row goes out at once when no row is in flight, else
+        with the next answer (with every row marked meanwhile: one round, not one a row);
+        its worker's, if that changed with it, at the next heartbeat."""
         self._rows.mark(m.machine_id, m)
-        self._ready.set()
+        if not self._rows.flying:  # else the next answer sends it, with what came meanwhile
+            self._ready.set()
 
     def everything(self) -> None:
         """Every row again: each worker's, each machine's but those destroyed longer ago
@@ -213,6 +217,7 @@ class StateRows:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._beats)
             tasks.start_soon(self._rounds)
+            tasks.start_soon(self._expiries)
             task_status.started()
 
     async def _beats(self) -> None:
@@ -225,10 +230,8 @@ class StateRows:
 
     async def _rounds(self) -> None:
         while True:
-            with anyio.move_on_after(self._until_expiry()):  # or give up a row not answered
-                await self._ready.wait()
+            await self._ready.wait()
             self._ready.clear()
-            self._expire()
             if self._failing:  # a row was not stored: a pause, or until a stream is back
                 self._failing = False
                 self._back.clear()
@@ -364,10 +367,12 @@ class StateRows:
         self._failing = True
         self._ready.set()
 
-    def _until_expiry(self) -> float:
-        """Seconds until the oldest row in flight is given up (inf: none is in flight)."""
-        at = self._rows.next_expiry(ACK_TIMEOUT_S)
-        return math.inf if at is None else max(0.0, at - time.monotonic())
+    async def _expiries(self) -> None:
+        """Give up the rows not answered in time, looked for every EXPIRE_S (not in each
+        round: a timeout a round is a cancel scope a row)."""
+        while True:
+            await anyio.sleep(EXPIRE_S)
+            self._expire()
 
     def _expire(self) -> None:
         """Give up the rows not answered in ACK_TIMEOUT_S; their futures cancelled (each

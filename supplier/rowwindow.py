@@ -102,9 +102,3 @@ class RowWindow(Generic[K, V]):
                 break  # the rest went later
             out.append((key, flight.ticket))
         return out
-
-    def next_expiry(self, timeout_s: float) -> float | None:
-        """When the oldest send in flight times out (None: nothing is in flight)."""
-        for flight in self.flying.values():
-            return flight.sent_at + timeout_s
-        return None
