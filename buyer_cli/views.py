@@ -65,7 +65,10 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
         finally:
             await nc.drain()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:  # what the command imports next may log through structlog itself: configured
+        logs.configure("warning", lazy=True)
 
 
 async def _unavailable(nc: NATS, why: str) -> str:
