@@ -1,0 +1,325 @@
+"""A command run inside a running machine (docs/protocol.md §4.24), the worker's side of
+``buyer machines exec``: what it runs (:func:`command_of`: a process machine's command
+through supplier/machines/shim/enter.py, with the machine's confinement and nothing more; a
+container's through its runtime's ``exec``), and the command as a process of the supplier
+(:class:`Command`: its pipes or its terminal, read and written without blocking, its
+terminal's size, its kill, its end). The session around it (flow control, the messages) is
+supplier/execs.py's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import os
+import signal
+import struct
+import sys
+import tempfile
+import termios
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+import anyio
+import anyio.abc
+import msgspec
+from anyio.abc import UNIXSocketStream
+
+from supplier.machines.api import Entry
+from supplier.machines.shim import teardown
+from supplier.machines.shim.contract import ContainerRun, ProcessRun
+from supplier.machines.shim.spawn import SIGNAL_STATUS_BASE, SIGRTMAX
+
+ENTER = "supplier.machines.shim.enter"
+# What a container's runtime runs with (the container's env is the spec's, and the exec's).
+RUNTIME_ENV = {"PATH": teardown.PATH}
+# How long the output of a command that ended may take to be read to its end (a process it
+# left in the background may hold its pipes).
+DRAIN_S = 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What the supplier starts: ``argv`` in ``env``, with ``spec`` on fd 3 when set (the
+    enter helper's), the pid file a container's runtime writes."""
+
+    argv: list[str]
+    env: dict[str, str]
+    spec: bytes = b""
+    pid_file: str = ""
+    container: bool = False
+    console: bool = False  # the runtime hands the terminal over a console socket
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+def command_of(
+    entry: Entry, command: list[str], env: Mapping[str, str], tty: bool, scratch: Path
+) -> Plan:
+    """The process that runs ``command`` inside the machine whose run is ``entry``, with
+    ``env`` over the machine's environment (``scratch``: a directory of the supplier's for
+    the runtime's pid file and console socket)."""
+    run = entry.run
+    if isinstance(run, ContainerRun):
+        argv = [run.runtime, "--root", run.state_root, "exec"]
+        pid_file = str(scratch / "pid")
+        argv += ["--pid-file", pid_file]
+        if tty:
+            argv += ["--tty", "--console-socket", str(scratch / "console")]
+        for key, value in env.items():
+            argv += ["--env", f"{key}={value}"]
+        argv += [run.runtime_id, *command]
+        return Plan(argv, RUNTIME_ENV, pid_file=pid_file, container=True, console=tty)
+    spec = enter_spec(entry.pid, run, command, env, tty)
+    return Plan([sys.executable, "-m", ENTER], {}, spec=spec)
+
+
+def enter_spec(
+    pid: int, run: ProcessRun, command: list[str], env: Mapping[str, str], tty: bool
+) -> bytes:
+    """What supplier/machines/shim/enter.py takes: the machine's run, its process (whose
+    namespaces it enters), the command and its environment."""
+    return msgspec.json.encode(
+        {
+            "pid": pid,
+            "argv": command,
+            "env": {**run.env, **env},
+            "cwd": run.cwd,
+            "cgroups": run.cgroups,
+            "rlimits": run.rlimits,
+            "uid": run.uid,
+            "gid": run.gid,
+            "netns": bool(run.netns),
+            "mounts": bool(run.tmp_mb > 0 or run.binds or run.hide),
+            "tty": tty,
+        }
+    )
+
+
+def exit_of(returncode: int, container: bool) -> tuple[int | None, int | None]:
+    """(code, signal) of an ended command: a container's runtime exits 128 + N for a
+    command killed by signal N."""
+    if returncode < 0:
+        return None, -returncode
+    if container and SIGNAL_STATUS_BASE < returncode <= SIGNAL_STATUS_BASE + SIGRTMAX:
+        return None, returncode - SIGNAL_STATUS_BASE
+    return returncode, None
+
+
+def set_size(fd: int, rows: int, cols: int) -> None:
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Command:
+    """One command running in a machine, as the supplier holds it: its output (stdout and
+    stderr apart, or one terminal), its input, its end."""
+
+    def __init__(
+        self,
+        proc: anyio.abc.Process,
+        plan: Plan,
+        outputs: dict[str, int],
+        stdin: int | None,
+        terminal: int | None,
+        scratch: Path,
+    ) -> None:
+        self.proc = proc
+        self.plan = plan
+        self.outputs = outputs  # "stdout" / "stderr" -> the fd it is read from
+        self.stdin = stdin  # where input is written (the terminal's, or a pipe); None: none
+        self.terminal = terminal
+        self.scratch = scratch
+        self.killed = False
+
+    async def read(self, fd: int, size: int) -> bytes:
+        """Up to ``size`` bytes of output; b"" at its end (a terminal none holds any more
+        reads EIO)."""
+        while True:
+            try:
+                return os.read(fd, size)
+            except BlockingIOError:
+                await anyio.wait_readable(fd)
+            except OSError as exc:
+                if exc.errno == errno.EIO:
+                    return b""
+                raise
+
+    async def write(self, data: bytes) -> None:
+        """``data`` written to the command's input (dropped once it closed its input)."""
+        fd = self.stdin
+        view = memoryview(data)
+        while view and fd is not None:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                await anyio.wait_writable(fd)
+            except (BrokenPipeError, OSError):
+                return
+
+    def close_input(self) -> None:
+        """No more input: its stdin's end (on a terminal, an end-of-file character)."""
+        if self.stdin is None:
+            return
+        if self.terminal is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.terminal, b"\x04")
+            return
+        with contextlib.suppress(OSError):
+            os.close(self.stdin)
+        self.stdin = None
+
+    def resize(self, rows: int, cols: int) -> None:
+        if self.terminal is not None:
+            with contextlib.suppress(OSError):
+                set_size(self.terminal, rows, cols)
+
+    def kill(self) -> None:
+        """The command (and what it started in its session) killed."""
+        self.killed = True
+        target = self._command_pid()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if target is not None:
+                os.kill(target, signal.SIGKILL)
+            if not self.plan.container:
+                os.killpg(self.proc.pid, signal.SIGKILL)  # the enter helper's session
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.kill()
+
+    def _command_pid(self) -> int | None:
+        """A container's command's pid on the host, as its runtime wrote it."""
+        if not self.plan.pid_file:
+            return None
+        try:
+            return int(Path(self.plan.pid_file).read_text().strip() or 0) or None
+        except (OSError, ValueError):
+            return None
+
+    async def wait(self) -> tuple[int | None, int | None]:
+        return exit_of(await self.proc.wait(), self.plan.container)
+
+    def close(self) -> None:
+        fds = {*self.outputs.values(), self.stdin, self.terminal}
+        for fd in fds:
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        teardown.remove_tree(str(self.scratch))
+
+
+async def start(
+    entry: Entry,
+    command: list[str],
+    env: Mapping[str, str],
+    tty: bool,
+    stdin: bool,
+    size: tuple[int, int],
+) -> Command:
+    """``command`` started inside the machine (OSError when it could not be)."""
+    scratch = Path(await anyio.to_thread.run_sync(tempfile.mkdtemp, "", "bourse-exec-"))
+    plan = command_of(entry, command, env, tty, scratch)
+    try:
+        if plan.console:
+            return await _start_console(plan, scratch, size)
+        return await _start(plan, scratch, tty, stdin, size)
+    except BaseException:
+        teardown.remove_tree(str(scratch))
+        raise
+
+
+async def _start(
+    plan: Plan, scratch: Path, tty: bool, stdin: bool, size: tuple[int, int]
+) -> Command:
+    """A process machine's command (or a container's without a terminal): pipes, or a
+    terminal of the worker's as its stdin, stdout and stderr."""
+    mine: list[int] = []  # the supplier's ends
+    theirs: list[int] = []  # the command's ends, closed here once it started
+    spec_r = -1
+    try:
+        if tty:
+            master, slave = os.openpty()
+            set_size(master, *size)
+            mine.append(master)
+            theirs.append(slave)
+            child = (slave, slave, slave)
+        else:
+            out_r, out_w = os.pipe()
+            err_r, err_w = os.pipe()
+            mine += [out_r, err_r]
+            theirs += [out_w, err_w]
+            if stdin:
+                in_r, in_w = os.pipe()
+                mine.append(in_w)
+                theirs.append(in_r)
+            else:
+                in_r = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+                theirs.append(in_r)
+            child = (in_r, out_w, err_w)
+        argv: list[str] = plan.argv
+        pass_fds: tuple[int, ...] = ()
+        if plan.spec:
+            spec_r = _spec_fd(scratch, plan.spec)
+            argv, pass_fds = [*plan.argv, str(spec_r)], (spec_r,)
+        proc = await anyio.open_process(
+            argv,
+            stdin=child[0],
+            stdout=child[1],
+            stderr=child[2],
+            env=plan.env or None,
+            pass_fds=pass_fds,
+            start_new_session=not plan.spec,  # the enter helper makes a session of its own
+        )
+    except BaseException:
+        for fd in mine:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+        if spec_r >= 0:
+            os.close(spec_r)
+    for fd in mine:
+        os.set_blocking(fd, False)
+    if tty:
+        return Command(proc, plan, {"stdout": mine[0]}, mine[0], mine[0], scratch)
+    outputs = {"stdout": mine[0], "stderr": mine[1]}
+    return Command(proc, plan, outputs, mine[2] if stdin else None, None, scratch)
+
+
+def _spec_fd(scratch: Path, spec: bytes) -> int:
+    """``spec`` in a file of the scratch directory, open for reading, its name removed
+    (a file: the machine's environment may be larger than a pipe holds)."""
+    path = scratch / "spec"
+    path.write_bytes(spec)
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    path.unlink()
+    return fd
+
+
+async def _start_console(plan: Plan, scratch: Path, size: tuple[int, int]) -> Command:
+    """A container's command with a terminal: its runtime makes the terminal and hands its
+    end over the console socket."""
+    path = scratch / "console"
+    async with await anyio.create_unix_listener(path) as listener:
+        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            proc = await anyio.open_process(
+                plan.argv, stdin=null, stdout=null, stderr=null, env=plan.env or None
+            )
+        finally:
+            os.close(null)
+        try:
+            with anyio.fail_after(10):
+                async with await listener.accept() as conn:
+                    _, fds = await cast(UNIXSocketStream, conn).receive_fds(1024, 1)
+        except BaseException:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            raise
+    if not fds:
+        raise OSError("the runtime handed over no terminal")
+    master = fds[0]
+    os.set_blocking(master, False)
+    set_size(master, *size)
+    return Command(proc, plan, {"stdout": master}, master, master, scratch)
