@@ -1,7 +1,7 @@
 """A command run inside a running machine (docs/protocol.md §4.24), the worker's side of
 ``buyer machines exec``: what it runs (:func:`command_of`: a process machine's command
-through supplier/machines/shim/enter.py, with the machine's confinement and nothing more; a
-container's through its runtime's ``exec``), and the command as a process of the supplier
+or a container's through supplier/machines/shim/enter.py, with the machine's confinement
+and nothing more), and the command as a process of the supplier
 (:class:`Command`: its pipes or its terminal, read and written without blocking, its
 terminal's size, its kill, its end). The session around it (flow control, the messages) is
 supplier/execs.py's.
@@ -19,22 +19,21 @@ import sys
 import tempfile
 import termios
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import cast
 
 import anyio
 import anyio.abc
 import msgspec
-from anyio.abc import UNIXSocketStream
 
 from supplier.machines.api import Entry
+from supplier.machines.oci.spec import Spec
 from supplier.machines.shim import teardown
 from supplier.machines.shim.contract import ContainerRun, ProcessRun
 from supplier.machines.shim.spawn import SIGNAL_STATUS_BASE, SIGRTMAX
 
 ENTER = "supplier.machines.shim.enter"
-# What a container's runtime runs with (the container's env is the spec's, and the exec's).
+# What a container's runtime runs with (asked for its container's first process).
 RUNTIME_ENV = {"PATH": teardown.PATH}
 # How long the output of a command that ended may take to be read to its end (a process it
 # left in the background may hold its pipes).
@@ -43,37 +42,92 @@ DRAIN_S = 2.0
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """What the supplier starts: ``argv`` in ``env``, with ``spec`` on fd 3 when set (the
-    enter helper's), the pid file a container's runtime writes."""
+    """What the supplier starts: ``argv`` in ``env``, ``spec`` handed to the enter helper
+    on an fd its last argument names."""
 
     argv: list[str]
     env: dict[str, str]
     spec: bytes = b""
-    pid_file: str = ""
-    container: bool = False
-    console: bool = False  # the runtime hands the terminal over a console socket
-    extra: dict[str, str] = field(default_factory=dict)
+    container: bool = False  # its exit status says a signal as 128 + N
 
 
 def command_of(
-    entry: Entry, command: list[str], env: Mapping[str, str], tty: bool, scratch: Path
+    entry: Entry,
+    command: list[str],
+    env: Mapping[str, str],
+    tty: bool,
+    container: Container | None = None,
 ) -> Plan:
     """The process that runs ``command`` inside the machine whose run is ``entry``, with
-    ``env`` over the machine's environment (``scratch``: a directory of the supplier's for
-    the runtime's pid file and console socket)."""
+    ``env`` over the machine's environment: supplier/machines/shim/enter.py, given what to
+    enter (a container's: its runtime spec and first process, ``container``)."""
     run = entry.run
     if isinstance(run, ContainerRun):
-        argv = [run.runtime, "--root", run.state_root, "exec"]
-        pid_file = str(scratch / "pid")
-        argv += ["--pid-file", pid_file]
-        if tty:
-            argv += ["--tty", "--console-socket", str(scratch / "console")]
-        for key, value in env.items():
-            argv += ["--env", f"{key}={value}"]
-        argv += [run.runtime_id, *command]
-        return Plan(argv, RUNTIME_ENV, pid_file=pid_file, container=True, console=tty)
+        if container is None:
+            raise OSError(f"the container {run.runtime_id} has no first process")
+        spec = container_spec(container, run, command, env, tty)
+        return Plan([sys.executable, "-m", ENTER], {}, spec=spec, container=True)
     spec = enter_spec(entry.pid, run, command, env, tty)
     return Plan([sys.executable, "-m", ENTER], {}, spec=spec)
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """A running container as its runtime has it: its first process on the host and its
+    runtime spec (the bundle's ``config.json``)."""
+
+    pid: int
+    spec: Spec
+
+
+# The runtime spec's namespaces as /proc/<pid>/ns/ names (the user namespace apart).
+NS_NAMES = {"pid": "pid", "mount": "mnt", "ipc": "ipc", "uts": "uts", "network": "net"}
+NS_NAMES["cgroup"] = "cgroup"
+
+
+def container_spec(
+    c: Container, run: ContainerRun, command: list[str], env: Mapping[str, str], tty: bool
+) -> bytes:
+    """What supplier/machines/shim/enter.py takes to run ``command`` as the container's
+    process runs: its namespaces, cgroups, rlimits, user, capabilities, no new privileges
+    and seccomp filter, its environment (``env`` over it) and working directory."""
+    p, linux = c.spec.process, c.spec.linux
+    types = [n.type for n in linux.namespaces]
+    own_env = dict(item.partition("=")[::2] for item in p.env)
+    return msgspec.json.encode(
+        {
+            "container": True,
+            "pid": c.pid,
+            "argv": command,
+            "env": {**own_env, **env},
+            "cwd": p.cwd,
+            "cgroups": [f"{d}/cgroup.procs" for d in run.cgroup_dirs],
+            "rlimits": [f"{r.type.removeprefix('RLIMIT_')}={r.hard}" for r in p.rlimits],
+            "namespaces": [NS_NAMES[t] for t in types if t in NS_NAMES],
+            "userns": "user" in types,
+            "uid": p.user.uid,
+            "gid": p.user.gid,
+            "groups": [str(g) for g in p.user.additional_gids],
+            "caps": msgspec.to_builtins(p.capabilities),
+            "nnp": p.no_new_privileges,
+            "seccomp": msgspec.to_builtins(linux.seccomp) if linux.seccomp else None,
+            "tty": tty,
+        }
+    )
+
+
+async def container_of(run: ContainerRun) -> Container:
+    """The container's first process (its runtime's ``state``) and its runtime spec."""
+    argv = [run.runtime, "--root", run.state_root, "state", run.runtime_id]
+    done = await anyio.run_process(argv, env=RUNTIME_ENV, check=False)
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip() or f"exit {done.returncode}"
+        raise OSError(f"{run.runtime} state {run.runtime_id}: {why}")
+    pid = int(msgspec.json.decode(done.stdout).get("pid") or 0)
+    if pid <= 0:
+        raise OSError(f"the container {run.runtime_id} runs no process")
+    config = await anyio.Path(run.bundle, "config.json").read_bytes()
+    return Container(pid, msgspec.json.decode(config, type=Spec))
 
 
 def enter_spec(
@@ -176,25 +230,13 @@ class Command:
                 set_size(self.terminal, rows, cols)
 
     def kill(self) -> None:
-        """The command (and what it started in its session) killed."""
+        """The command killed, with what it started in its session (the enter helper
+        made one; a container's command is its child there)."""
         self.killed = True
-        target = self._command_pid()
         with contextlib.suppress(ProcessLookupError, PermissionError):
-            if target is not None:
-                os.kill(target, signal.SIGKILL)
-            if not self.plan.container:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the enter helper's session
+            os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):
             self.proc.kill()
-
-    def _command_pid(self) -> int | None:
-        """A container's command's pid on the host, as its runtime wrote it."""
-        if not self.plan.pid_file:
-            return None
-        try:
-            return int(Path(self.plan.pid_file).read_text().strip() or 0) or None
-        except (OSError, ValueError):
-            return None
 
     async def wait(self) -> tuple[int | None, int | None]:
         return exit_of(await self.proc.wait(), self.plan.container)
@@ -217,11 +259,11 @@ async def start(
     size: tuple[int, int],
 ) -> Command:
     """``command`` started inside the machine (OSError when it could not be)."""
+    run = entry.run
+    container = await container_of(run) if isinstance(run, ContainerRun) else None
+    plan = command_of(entry, command, env, tty, container)
     scratch = Path(await anyio.to_thread.run_sync(tempfile.mkdtemp, "", "bourse-exec-"))
-    plan = command_of(entry, command, env, tty, scratch)
     try:
-        if plan.console:
-            return await _start_console(plan, scratch, size)
         return await _start(plan, scratch, tty, stdin, size)
     except BaseException:
         teardown.remove_tree(str(scratch))
@@ -295,31 +337,3 @@ def _spec_fd(scratch: Path, spec: bytes) -> int:
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     path.unlink()
     return fd
-
-
-async def _start_console(plan: Plan, scratch: Path, size: tuple[int, int]) -> Command:
-    """A container's command with a terminal: its runtime makes the terminal and hands its
-    end over the console socket."""
-    path = scratch / "console"
-    async with await anyio.create_unix_listener(path) as listener:
-        null = os.open(os.devnull, os.O_RDWR | os.O_CLOEXEC)
-        try:
-            proc = await anyio.open_process(
-                plan.argv, stdin=null, stdout=null, stderr=null, env=plan.env or None
-            )
-        finally:
-            os.close(null)
-        try:
-            with anyio.fail_after(10):
-                async with await listener.accept() as conn:
-                    _, fds = await cast(UNIXSocketStream, conn).receive_fds(1024, 1)
-        except BaseException:
-            with contextlib.suppress(ProcessLookupError):
-                proc.kill()
-            raise
-    if not fds:
-        raise OSError("the runtime handed over no terminal")
-    master = fds[0]
-    os.set_blocking(master, False)
-    set_size(master, *size)
-    return Command(proc, plan, {"stdout": master}, master, master, scratch)

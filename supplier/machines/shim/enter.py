@@ -1,7 +1,7 @@
-"""A command entered into a running process machine (``buyer machines exec``, docs/protocol.md
-§4.24): run as ``python -m supplier.machines.shim.enter`` by its worker's supplier, it takes
-exactly what the machine's own process took before its first instruction
-(supplier/machines/shim/spawn.py ``spawn``), then executes the command:
+"""A command entered into a running machine (``buyer machines exec``, docs/protocol.md §4.24):
+run as ``python -m supplier.machines.shim.enter`` by its worker's supplier, it takes exactly
+what the machine's own process took before its first instruction, then executes the
+command. A process machine's (supplier/machines/shim/spawn.py ``spawn``):
 
 - a session of its own (a terminal's: its stdin made its controlling terminal);
 - the machine's cgroups joined and its rlimits set;
@@ -10,6 +10,10 @@ exactly what the machine's own process took before its first instruction
   supplier's data dir hidden, a /proc of its own user's processes);
 - its user and group, no supplementary groups and no new privileges;
 - its working directory and environment (as the supplier hands them over).
+
+A container's (its runtime spec's ``process`` and namespaces, :func:`_into_container`): its
+cgroups and rlimits, every namespace of its first process (its user namespace last), its
+root, its process's user, groups, capabilities, no new privileges and seccomp filter.
 
 What to do comes as one JSON object on the fd its only argument names (the environment may
 hold secrets: never on the command line). A step that fails is said on stderr (``cannot
@@ -31,6 +35,8 @@ from supplier.machines.shim.spawn import (
     CLONE_NEWNET,
     CLONE_NEWNS,
     EXIT_CANNOT_RUN,
+    PR_SET_PDEATHSIG,
+    SIGNAL_STATUS_BASE,
     _become,
     _call,
     exec_paths,
@@ -45,6 +51,7 @@ else:
     import _signal
 
 EXIT_CANNOT_ENTER = 126
+CLONE_NEWUSER = 0x10000000
 TIOCSCTTY = 0x540E
 
 
@@ -72,6 +79,71 @@ def _join(path: str, nstype: int) -> None:
         _call("setns", fd, nstype)
     finally:
         os.close(fd)
+
+
+def _into_container(spec: dict[str, object], pid: int, uid: int, gid: int) -> None:
+    """A container's namespaces entered as nsenter enters them (all others first, as the
+    host's root, then its user namespace: runc 1.1's exec joins the user namespace first and
+    may then not join a network namespace the host's owns), its root made this process's,
+    then (in a child: the pid namespace counts from there) its process's groups, user,
+    capabilities, no new privileges and seccomp filter (privileges.py). The parent waits
+    and exits as the child did (128 + N: killed by signal N), as a runtime's exec does."""
+    from supplier.machines.shim.privileges import Privileges
+
+    raw_seccomp, raw_caps = spec.get("seccomp"), spec.get("caps")
+    seccomp = raw_seccomp if isinstance(raw_seccomp, dict) else None
+    caps = {str(k): [str(c) for c in v] for k, v in (raw_caps or {}).items()}  # type: ignore[attr-defined]
+    privileges = Privileges(seccomp=seccomp is not None)
+    fds = [_ns_fd(pid, name) for name in _strings(spec, "namespaces")]
+    user = _ns_fd(pid, "user") if spec.get("userns") else -1
+    root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    for fd in fds:
+        _call("setns", fd, 0)
+        os.close(fd)
+    if user >= 0:
+        _call("setns", user, CLONE_NEWUSER)
+        os.close(user)
+    os.fchdir(root)
+    os.chroot(".")
+    os.close(root)
+    child = os.fork()
+    if child:
+        _exit_as(child)
+    _call("prctl", PR_SET_PDEATHSIG, _signal.SIGKILL, 0, 0, 0)
+    nnp = bool(spec.get("nnp"))
+    if seccomp and not nnp:  # loaded while it may (it holds CAP_SYS_ADMIN in its userns)
+        privileges.load_seccomp(seccomp)
+    privileges.drop_bounding(caps.get("bounding", []))
+    privileges.keep_caps(True)
+    os.setgroups([int(g) for g in _strings(spec, "groups")])
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    privileges.keep_caps(False)
+    privileges.set_capabilities(caps)
+    if nnp:
+        privileges.no_new_privileges()
+    if seccomp and nnp:
+        privileges.load_seccomp(seccomp)
+
+
+def _ns_fd(pid: int, name: str) -> int:
+    return os.open(f"/proc/{pid}/ns/{name}", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _exit_as(child: int) -> None:
+    """Wait for ``child``, then end as it ended (never returns)."""
+    for sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        _signal.signal(sig, _signal.SIG_IGN)  # the child's to take; a kill takes both
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            os._exit(EXIT_CANNOT_ENTER)
+        except InterruptedError:
+            continue
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else SIGNAL_STATUS_BASE - code)
 
 
 def enter(spec: dict[str, object]) -> None:
@@ -102,15 +174,19 @@ def enter(spec: dict[str, object]) -> None:
         for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):
             _signal.signal(sig, _signal.SIG_DFL)
         pid = int(str(spec.get("pid") or 0))
-        if spec.get("netns"):
-            step = "enter its network"
-            _join(f"/proc/{pid}/ns/net", CLONE_NEWNET)
-        if spec.get("mounts"):
-            step = "enter its mounts"
-            _join(f"/proc/{pid}/ns/mnt", CLONE_NEWNS)
-        step = "make it its user"
         uid, gid = int(str(spec.get("uid", -1))), int(str(spec.get("gid", -1)))
-        _become(uid, gid)
+        if spec.get("container"):
+            step = "enter its container"
+            _into_container(spec, pid, uid, gid)
+        else:
+            if spec.get("netns"):
+                step = "enter its network"
+                _join(f"/proc/{pid}/ns/net", CLONE_NEWNET)
+            if spec.get("mounts"):
+                step = "enter its mounts"
+                _join(f"/proc/{pid}/ns/mnt", CLONE_NEWNS)
+                step = "make it its user"
+            _become(uid, gid)
         cwd = str(spec.get("cwd") or "/")
         step = f"enter {cwd}"
         os.chdir(cwd)
