@@ -147,6 +147,8 @@ class Session:
                     self.cmd.kill()
                     ended = await self.cmd.wait()
                 await sub.unsubscribe()
+                for end in self._inputs:
+                    end.close()
                 await anyio.to_thread.run_sync(self.cmd.close)
                 code, sig = ended
                 done = ExecExit(session=self.id, code=code, signal=sig, detail=self.detail)
