@@ -119,7 +119,7 @@ def _raw(on: bool) -> Iterator[None]:
     import tty
 
     saved = termios.tcgetattr(0)
-    tty.setraw(0)
+    tty.setraw(0, termios.TCSADRAIN)  # what was typed ahead is kept, not flushed
     try:
         yield
     finally:

@@ -190,3 +190,49 @@ async def test_the_cli_runs_a_command_and_exits_with_its_code(a: Arena) -> None:
         lambda: cli("-i", mid, "--", "tr", "a-z", "A-Z", stdin=b"piped in\n")
     )
     assert (done.returncode, done.stdout) == (0, b"PIPED IN\n"), done
+
+
+@pytest.mark.parametrize("driver", DRIVERS)
+async def test_the_cli_gives_a_terminal(a: Arena, driver: str) -> None:
+    """``exec -it ID -- sh`` from a terminal: a shell on a terminal of the worker's (its
+    size this terminal's), what is typed reaches it, its exit code is the CLI's."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    mid = a.victims[driver].web.machine_id
+    bob = str(a.files.seed_file("buyer:bob"))
+    common = ["--nats", a.nats.url, "--prefix", PREFIX, "--creds", bob]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 33, 101, 0, 0))
+    argv = [sys.executable, "-m", "buyer_cli", "machines", "exec", *common, "-it", mid, "--", "sh"]
+    try:
+        proc = await anyio.open_process(
+            argv, stdin=slave, stdout=slave, stderr=slave, start_new_session=True
+        )
+    finally:
+        os.close(slave)
+    os.set_blocking(master, False)
+    os.write(master, b"stty size; echo typed-$((6*7)); exit 5\n")  # typed ahead: kept
+    out = b""
+    try:
+        with anyio.fail_after(60):
+            while True:
+                try:
+                    chunk = os.read(master, 4096)
+                except BlockingIOError:
+                    await anyio.wait_readable(master)
+                    continue
+                except OSError:  # EIO: the CLI and its terminal are gone
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            code = await proc.wait()
+    finally:
+        os.close(master)
+        if proc.returncode is None:
+            proc.kill()
+    assert code == 5, out
+    assert b"typed-42" in out and b"33 101" in out, out
