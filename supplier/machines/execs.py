@@ -29,10 +29,12 @@ import msgspec
 from supplier.machines.api import Entry
 from supplier.machines.oci.spec import Spec
 from supplier.machines.shim import teardown
+from supplier.machines.shim.client import MAIN
 from supplier.machines.shim.contract import ContainerRun, ProcessRun
 from supplier.machines.shim.spawn import SIGNAL_STATUS_BASE, SIGRTMAX
 
-ENTER = "supplier.machines.shim.enter"
+# The enter helper, run as the shim is: isolated, without site, its packages' __init__ unrun.
+ENTER = [sys.executable, "-I", "-S", MAIN, "enter"]
 # What a container's runtime runs with (asked for its container's first process).
 RUNTIME_ENV = {"PATH": teardown.PATH}
 # How long the output of a command that ended may take to be read to its end (a process it
@@ -66,9 +68,9 @@ def command_of(
         if container is None:
             raise OSError(f"the container {run.runtime_id} has no first process")
         spec = container_spec(container, run, command, env, tty)
-        return Plan([sys.executable, "-m", ENTER], {}, spec=spec, container=True)
+        return Plan(ENTER, {}, spec=spec, container=True)
     spec = enter_spec(entry.pid, run, command, env, tty)
-    return Plan([sys.executable, "-m", ENTER], {}, spec=spec)
+    return Plan(ENTER, {}, spec=spec)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,7 @@
 """A command entered into a running machine (``buyer machines exec``, docs/protocol.md §4.24):
-run as ``python -m supplier.machines.shim.enter`` by its worker's supplier, it takes exactly
-what the machine's own process took before its first instruction, then executes the
-command. A process machine's (supplier/machines/shim/spawn.py ``spawn``):
+run by its worker's supplier as the shim is (``python -I -S .../shim/main.py enter FD``), it
+takes exactly what the machine's own process took before its first instruction, then
+executes the command. A process machine's (supplier/machines/shim/spawn.py ``spawn``):
 
 - a session of its own (a terminal's: its stdin made its controlling terminal);
 - the machine's cgroups joined and its rlimits set;
@@ -205,14 +205,10 @@ def enter(spec: dict[str, object]) -> None:
     os._exit(EXIT_CANNOT_RUN if failed.errno == ENOENT else EXIT_CANNOT_ENTER)
 
 
-def main() -> None:
+def main(argv: list[str]) -> None:
     try:
-        spec = _read_spec(int(sys.argv[1]))
+        spec = _read_spec(int(argv[0]))
     except (IndexError, OSError, ValueError) as exc:
         sys.stderr.write(f"cannot read what to run: {exc}\n")
         sys.exit(EXIT_CANNOT_ENTER)
     enter(spec)
-
-
-if __name__ == "__main__":
-    main()
