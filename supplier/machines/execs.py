@@ -187,7 +187,6 @@ class Command:
         self.stdin = stdin  # where input is written (the terminal's, or a pipe); None: none
         self.terminal = terminal
         self.scratch = scratch
-        self.killed = False
 
     async def read(self, fd: int, size: int) -> bytes:
         """Up to ``size`` bytes of output; b"" at its end (a terminal none holds any more
@@ -234,7 +233,6 @@ class Command:
     def kill(self) -> None:
         """The command killed, with what it started in its session (the enter helper
         made one; a container's command is its child there)."""
-        self.killed = True
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError):

@@ -51,6 +51,7 @@ else:
     import _signal
 
 EXIT_CANNOT_ENTER = 126
+PR_SET_DUMPABLE = 4
 CLONE_NEWUSER = 0x10000000
 TIOCSCTTY = 0x540E
 
@@ -94,6 +95,9 @@ def _into_container(spec: dict[str, object], pid: int, uid: int, gid: int) -> No
     seccomp = raw_seccomp if isinstance(raw_seccomp, dict) else None
     caps = {str(k): [str(c) for c in v] for k, v in (raw_caps or {}).items()}  # type: ignore[attr-defined]
     privileges = Privileges(seccomp=seccomp is not None)
+    # Not dumpable while it holds the host's privileges inside the container: no process
+    # of the container may ptrace it or read its /proc (runc's exec does the same).
+    _call("prctl", PR_SET_DUMPABLE, 0, 0, 0, 0)
     fds = [_ns_fd(pid, name) for name in _strings(spec, "namespaces")]
     user = _ns_fd(pid, "user") if spec.get("userns") else -1
     root = os.open(f"/proc/{pid}/root", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
