@@ -69,8 +69,8 @@ class WorkerSubjects:
             req = decode(msg.data, ExecRequest)
             if worker_of_machine(req.machine_id) != w.worker_id:
                 raise BadMessage(f"machine {req.machine_id} does not belong to worker {wid}")
-            if not req.session:
-                raise BadMessage("machine.exec on a worker needs the exchange's session")
+            if not req.session or not msg.reply:
+                raise BadMessage("machine.exec on a worker needs a session and a reply subject")
             self.responder.spawn(msg, self.execs.run(msg, w, req))
         else:
             await self.responder.error(
