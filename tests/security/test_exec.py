@@ -110,7 +110,7 @@ async def test_streams_apart_exit_codes_and_input(a: Arena, driver: str) -> None
     assert (ended.code, ended.status, out) == (7, 7, {"stdout": b"out\n", "stderr": b"err\n"})
     ended, out = await run(a.bob, mid, "sh", "-c", "kill -9 $$")
     assert (ended.code, ended.signal, ended.status) == (None, 9, 137), ended
-    piped = b"".join(b"line %d\n" % i for i in range(20000))  # past the window, in chunks
+    piped = b"".join(b"line %d\n" % i for i in range(100_000))  # 1 MB: 4 windows each way
     ended, out = await run(a.bob, mid, "cat", stdin=piped)
     assert (ended.code, out["stdout"]) == (0, piped), (ended, len(out["stdout"]))
     ended, out = await run(a.bob, mid, "no-such-command")
