@@ -170,9 +170,10 @@ async def _sizes(on: bool) -> AsyncIterator[MemoryObjectReceiveStream[tuple[int,
                 with contextlib.suppress(anyio.WouldBlock):
                     send.send_nowait(_size())
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(follow)
-        try:
-            yield receive
-        finally:
-            tg.cancel_scope.cancel()
+    with send, receive:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(follow)
+            try:
+                yield receive
+            finally:
+                tg.cancel_scope.cancel()

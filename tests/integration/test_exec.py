@@ -122,3 +122,29 @@ async def test_machines_that_cannot_be_entered(market: Market) -> None:
     sim = await started(buyer, exclude_workers=[P1])
     with pytest.raises(ClientError, match=r"runs nothing to enter \(its worker's driver is sim"):
         await run(buyer, sim.machine_id, "id")
+
+
+async def test_a_terminal_follows_the_clients_size(market: Market) -> None:
+    """A size the client sends (ExecResize) is the command's terminal's: the kernel tells
+    the command (SIGWINCH), which prints it."""
+    await market.host(process_worker())
+    await market.exchange()
+    buyer = await market.client()
+    m = await started(buyer)
+    script = 'trap "stty size; exit 0" WINCH; echo ready; while :; do sleep 0.05; done'
+    req = ExecRequest(
+        machine_id=m.machine_id, command=["sh", "-c", script], tty=True, rows=24, cols=80
+    )
+    send, sizes = anyio.create_memory_object_stream[tuple[int, int]](1)
+    out = b""
+
+    async def output(stream: str, data: bytes) -> None:
+        nonlocal out
+        out += data
+        if b"ready" in out and send.statistics().open_send_streams:  # the trap is set
+            await send.send((50, 132))
+            await send.aclose()
+
+    with sizes, anyio.fail_after(30):
+        ended = await buyer.exec(req, output, None, sizes)
+    assert ended.code == 0 and b"50 132" in out, (ended, out)
