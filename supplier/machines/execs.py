@@ -155,8 +155,9 @@ def enter_spec(
 
 
 def exit_of(returncode: int, container: bool) -> tuple[int | None, int | None]:
-    """(code, signal) of an ended command: a container's runtime exits 128 + N for a
-    command killed by signal N."""
+    """(code, signal) of an ended command: a container's comes through the enter helper's
+    parent (outside the container's pid namespace), which exits 128 + N for a command killed
+    by signal N, as a runtime's exec does."""
     if returncode < 0:
         return None, -returncode
     if container and SIGNAL_STATUS_BASE < returncode <= SIGNAL_STATUS_BASE + SIGRTMAX:
