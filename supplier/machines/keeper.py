@@ -22,6 +22,7 @@ ends with :meth:`Machines.close` when it stops.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -212,12 +213,13 @@ class Machines(Runs):
         return m
 
     async def _run(self, verb: str, m: Machine, to: str) -> Machine:
+        began = time.perf_counter()
         if verb in INTERMEDIATE:
             m = await self.records.record(m, INTERMEDIATE[verb], verb)
         if verb == "start":
             self._backoffs.pop(m.machine_id, None)  # a start by hand begins the count again
             try:
-                return await self._start(m)
+                return await self._start(m, began=began)
             except anyio.get_cancelled_exc_class():
                 await self._cut_short(m)
                 raise
@@ -258,9 +260,11 @@ class Machines(Runs):
         self._follow(m.machine_id)
         return pulled
 
-    async def _start(self, m: Machine, resumed: bool = False) -> Machine:
+    async def _start(self, m: Machine, resumed: bool = False, began: float = 0.0) -> Machine:
         """Pull if needed, run, record started; a failure records stopped (failed when the
-        image could not be pulled) and re-raises as a DriverError."""
+        image could not be pulled) and re-raises as a DriverError. ``began``: when the start
+        was asked (its steps' times are logged)."""
+        recorded = time.perf_counter()
         try:
             pulled = await self._launch(m)
         except PullFailed as exc:
@@ -272,7 +276,17 @@ class Machines(Runs):
             stopped = self.records.event_of("stopped", m, f"start failed: {why}")
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
             raise DriverError(why) from None
-        return await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
+        launched = time.perf_counter()
+        m = await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
+        done = time.perf_counter()
+        self.log.info(  # where a start's time went (docs/performance.md: machine starts)
+            "machine_start_steps",
+            machine_id=m.machine_id,
+            starting_ms=round((recorded - began) * 1000, 2) if began else None,
+            launch_ms=round((launched - recorded) * 1000, 2),
+            started_ms=round((done - launched) * 1000, 2),
+        )
+        return m
 
     async def _cut_short(self, m: Machine) -> None:
         """A start asked for was cancelled (its supplier stops): the driver undid what it
