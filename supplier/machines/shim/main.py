@@ -1,4 +1,6 @@
-"""The shim's command: ``python -I -S <this file> DIR [FD]`` (supplier/machines/shim/server.py).
+"""The shim's command: ``python -I -S <this file> DIR [FD]`` (supplier/machines/shim/server.py);
+and the fork server's, which forks shims: ``... fork-server DIR LINGER_S [FD]``
+(supplier/machines/shim/forkserver.py).
 
 Run isolated and without ``site``: nothing of the supplier's environment, no site-packages,
 so that a shim starts in milliseconds. Its own modules are found by registering their
@@ -17,7 +19,12 @@ for _name in ("supplier.machines.shim", "supplier.machines", "supplier"):
         sys.modules[_name] = _package
     _path = os.path.dirname(_path)
 
-from supplier.machines.shim import server  # noqa: E402 - after the packages above
-
 if __name__ == "__main__":
-    server.main(sys.argv[1:])
+    if sys.argv[1:2] == ["fork-server"]:
+        from supplier.machines.shim import forkserver  # after the packages above
+
+        forkserver.main(sys.argv[2:])
+    else:
+        from supplier.machines.shim import command  # after the packages above
+
+        command.main(sys.argv[1:])
