@@ -85,6 +85,9 @@ class Kind:
     hand_ms: list[float] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     machine_ids: list[str] = field(default_factory=list)  # of its timed market starts
+    # the harness's own steps of each timed market start, ms: the order placed, the start
+    # verb's answer, the port's first 200 after it
+    steps: dict[str, list[float]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -163,9 +166,11 @@ def runc_works() -> bool:
     return True
 
 
-async def market_start(client: BourseClient, kind: Kind) -> tuple[float, str]:
+async def market_start(
+    client: BourseClient, kind: Kind, steps: dict[str, list[float]] | None = None
+) -> tuple[float, str]:
     """Place and start one machine of ``kind`` with a port ``web``; the ms from the order
-    to its port answering 200, and its id."""
+    to its port answering 200, and its id (each step's ms added to ``steps``)."""
     order = PlaceOrder(
         region=REGION,
         resources=ORDER,
@@ -177,12 +182,23 @@ async def market_start(client: BourseClient, kind: Kind) -> tuple[float, str]:
     placed = await client.place(order)
     if not isinstance(placed, Placed):
         raise StartsError(f"unfilled: {placed.reason} {placed.detail}")
+    placed_at = time.perf_counter()
     m = await client.machine("start", placed.machine_id)
     if m.state != "started":
         raise StartsError(f"{m.machine_id} is {m.state}")
+    started_at = time.perf_counter()
     host, _, port = m.addresses["web"].rpartition(":")
     await http_ok(host, int(port), began + READY_S)
-    return (time.perf_counter() - began) * 1000, placed.machine_id
+    ready_at = time.perf_counter()
+    took = {
+        "place_ms": placed_at - began,
+        "start_verb_ms": started_at - placed_at,
+        "ready_ms": ready_at - started_at,
+    }
+    if steps is not None:
+        for name, seconds in took.items():
+            steps.setdefault(name, []).append(seconds * 1000)
+    return (ready_at - began) * 1000, placed.machine_id
 
 
 # A program started by hand: its argv for a port, its working directory, its environment.
@@ -242,7 +258,7 @@ async def measure(client: BourseClient, kinds: list[Kind], roots: Path, n: int, 
     for _ in range(n):
         for kind in kinds:
             try:
-                ms, mid = await market_start(client, kind)
+                ms, mid = await market_start(client, kind, kind.steps)
                 kind.market_ms.append(ms)
                 kind.machine_ids.append(mid)
                 await client.machine("destroy", mid)
@@ -379,8 +395,8 @@ STEP_LINES = {
 
 
 def start_steps(log: Path, kinds: list[Kind]) -> dict[str, dict[str, float | None]]:
-    """Each kind's median of each step of its timed market starts, ms, from the supplier's
-    JSON log lines."""
+    """Each kind's median of each step of its timed market starts, ms: the supplier's (its
+    JSON log lines) and the harness's own (the order, the start verb, the port)."""
     kind_of = {mid: k.name for k in kinds for mid in k.machine_ids}
     times: dict[str, dict[str, list[float]]] = {k.name: {} for k in kinds}
     for raw in log.read_bytes().splitlines() if log.exists() else ():
@@ -391,6 +407,8 @@ def start_steps(log: Path, kinds: list[Kind]) -> dict[str, dict[str, float | Non
         for key in STEP_LINES.get(line.get("event", ""), ()) if name else ():
             if isinstance(line.get(key), int | float):
                 times[str(name)].setdefault(key, []).append(float(line[key]))
+    for k in kinds:
+        times[k.name] |= k.steps
     return {
         name: {key: percentile(values, 50, 2) for key, values in steps.items()}
         for name, steps in times.items()
