@@ -147,6 +147,25 @@ async def test_the_fork_server_of_machines_that_stop_with_their_supplier_ends_wi
         assert not (tmp_path / "data" / "forkserver" / "pid").exists()
 
 
+async def test_a_fork_server_killed_costs_no_start(market: Market, tmp_path: Path) -> None:
+    """Its supplier's next start finds the connection gone: that shim is started by its
+    command, and the start after it is forked by a new fork server."""
+    wid = own_worker_id("fork-4")
+    sup = await supplier_process(market, tmp_path, fleet_file(tmp_path, TICKER, wid, keep=False))
+    try:
+        first = _forkserver(tmp_path)
+        os.kill(first.pid, signal.SIGKILL)
+        await wait_until(lambda: not alive(first.pid), WAIT_S)
+        mid, _ = await _started(market, tmp_path, wid, "k1")
+        assert "fork-server" not in _cmdline(_shim_pid(tmp_path, wid, mid))  # its command
+        assert "fork_server_failed" in (tmp_path / "s.log").read_text()
+        mid, _ = await _started(market, tmp_path, wid, "k2")
+        assert "fork-server" in _cmdline(_shim_pid(tmp_path, wid, mid))
+        assert _forkserver(tmp_path).pid != first.pid
+    finally:
+        assert await sup.stop() == 0
+
+
 @pytest.fixture(autouse=True)
 def _reaped(tmp_path: Path) -> Iterator[None]:
     """Kept machines and the fork server a test left are killed, not left on the host."""

@@ -99,10 +99,18 @@ class ForkServer:
     async def open(self) -> None:
         """Adopt the fork server of the directory, or start one (ForkServerError)."""
         async with self._lock:
-            if self._stream is None:
+            await self._ensure()
+
+    async def _ensure(self) -> None:
+        """Connected to a fork server (adopted or started), told how long to linger."""
+        if self._stream is None:
+            try:
                 with anyio.fail_after(ANSWER_S + GOING_DOWN_S):
                     await self._adopt() or await self._start()
-            await self._linger()
+            except (TimeoutError, contract.ContractError) as exc:
+                await self._drop()
+                raise ForkServerError(f"no fork server: {exc!r}") from None
+        await self._linger()
 
     async def spawn(self, directory: Path, first: socket.socket) -> None:
         """Ask for the shim of ``directory`` (its plan written), its first connection
@@ -111,10 +119,7 @@ class ForkServer:
         refused. A fork server that dies after the request leaves the caller's read to say
         whether the shim came."""
         async with self._lock:
-            if self._stream is None:
-                with anyio.fail_after(ANSWER_S + GOING_DOWN_S):
-                    await self._adopt() or await self._start()
-                await self._linger()
+            await self._ensure()
             assert self._stream is not None and self._lines is not None
             request = contract.line({"op": "spawn", "dir": str(directory)})
             try:
