@@ -84,6 +84,10 @@ class Kind:
     market_ms: list[float] = field(default_factory=list)
     hand_ms: list[float] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    machine_ids: list[str] = field(default_factory=list)  # of its timed market starts
+    # the harness's own steps of each timed market start, ms: the order placed, the start
+    # verb's answer, the port's first 200 after it
+    steps: dict[str, list[float]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -162,9 +166,11 @@ def runc_works() -> bool:
     return True
 
 
-async def market_start(client: BourseClient, kind: Kind) -> tuple[float, str]:
+async def market_start(
+    client: BourseClient, kind: Kind, steps: dict[str, list[float]] | None = None
+) -> tuple[float, str]:
     """Place and start one machine of ``kind`` with a port ``web``; the ms from the order
-    to its port answering 200, and its id."""
+    to its port answering 200, and its id (each step's ms added to ``steps``)."""
     order = PlaceOrder(
         region=REGION,
         resources=ORDER,
@@ -176,12 +182,23 @@ async def market_start(client: BourseClient, kind: Kind) -> tuple[float, str]:
     placed = await client.place(order)
     if not isinstance(placed, Placed):
         raise StartsError(f"unfilled: {placed.reason} {placed.detail}")
+    placed_at = time.perf_counter()
     m = await client.machine("start", placed.machine_id)
     if m.state != "started":
         raise StartsError(f"{m.machine_id} is {m.state}")
+    started_at = time.perf_counter()
     host, _, port = m.addresses["web"].rpartition(":")
     await http_ok(host, int(port), began + READY_S)
-    return (time.perf_counter() - began) * 1000, placed.machine_id
+    ready_at = time.perf_counter()
+    took = {
+        "place_ms": placed_at - began,
+        "start_verb_ms": started_at - placed_at,
+        "ready_ms": ready_at - started_at,
+    }
+    if steps is not None:
+        for name, seconds in took.items():
+            steps.setdefault(name, []).append(seconds * 1000)
+    return (ready_at - began) * 1000, placed.machine_id
 
 
 # A program started by hand: its argv for a port, its working directory, its environment.
@@ -241,8 +258,9 @@ async def measure(client: BourseClient, kinds: list[Kind], roots: Path, n: int, 
     for _ in range(n):
         for kind in kinds:
             try:
-                ms, mid = await market_start(client, kind)
+                ms, mid = await market_start(client, kind, kind.steps)
                 kind.market_ms.append(ms)
+                kind.machine_ids.append(mid)
                 await client.machine("destroy", mid)
             except (BourseError, OSError) as exc:
                 kind.failed.append(str(exc))
@@ -294,7 +312,7 @@ async def market_programs(
     programs.append(
         await start_program(
             "supplier", "run", "--fleet", str(fleet), "--data-dir", str(data),
-            "--machines-stop-with-supplier", *args,
+            "--machines-stop-with-supplier", "--log-json", *args,
             log_path=logs / "supplier.log", ready="supplier ready",
         )
     )  # fmt: skip
@@ -347,6 +365,7 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
         await stop_all(programs)
         server.stop()
     rep = report(profile, kinds, mem)
+    rep["steps"] = start_steps(out / "logs" / "supplier.log", kinds)
     rep["published_port"] = published
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(rep)))
     return rep
@@ -365,6 +384,35 @@ def percentile(values: list[float], q: float, digits: int = 1) -> float | None:
     for v in values:
         hist.record_value(max(1, round(v * 1000)))
     return round(hist.get_value_at_percentile(q) / 1000, digits)
+
+
+# The supplier's lines that time a start's steps (supplier/machines/keeper.py, runner.py),
+# and the fields of each that are milliseconds.
+STEP_LINES = {
+    "machine_start_steps": ("starting_ms", "launch_ms", "started_ms"),
+    "machine_launched": ("plan_ms", "network_ms", "running_ms", "shim_ms"),
+}
+
+
+def start_steps(log: Path, kinds: list[Kind]) -> dict[str, dict[str, float | None]]:
+    """Each kind's median of each step of its timed market starts, ms: the supplier's (its
+    JSON log lines) and the harness's own (the order, the start verb, the port)."""
+    kind_of = {mid: k.name for k in kinds for mid in k.machine_ids}
+    times: dict[str, dict[str, list[float]]] = {k.name: {} for k in kinds}
+    for raw in log.read_bytes().splitlines() if log.exists() else ():
+        if not raw.startswith(b"{"):
+            continue
+        line = msgspec.json.decode(raw)
+        name = kind_of.get(line.get("machine_id", ""))
+        for key in STEP_LINES.get(line.get("event", ""), ()) if name else ():
+            if isinstance(line.get(key), int | float):
+                times[str(name)].setdefault(key, []).append(float(line[key]))
+    for k in kinds:
+        times[k.name] |= k.steps
+    return {
+        name: {key: percentile(values, 50, 2) for key, values in steps.items()}
+        for name, steps in times.items()
+    }
 
 
 def report(profile: StartsProfile, kinds: list[Kind], mem: dict[str, Any]) -> dict[str, Any]:
@@ -418,6 +466,10 @@ def table(rep: dict[str, Any]) -> Table:
             f"{mem['shims']} shims of {mem['machines']} machines at once: PSS mean "
             f"{mem['pss_kib_mean']} KiB, p50 {mem['pss_kib_p50']} KiB, max {mem['pss_kib_max']} KiB"
         )
+    for name, steps in (rep.get("steps") or {}).items():
+        if steps:
+            said = ", ".join(f"{key[:-3]} {ms}" for key, ms in steps.items())
+            notes.append(f"{name}'s steps, medians in ms: {said}")
     t.caption = "\n".join(notes) or None
     return t
 

@@ -22,13 +22,15 @@ from supplier.machines.oci.kind import ContainerKind
 from supplier.machines.oci.runtime import detect
 from supplier.machines.process import ProcessKind
 from supplier.machines.runner import Kind, Runner
+from supplier.machines.shim.forks import ForkServer
 from supplier.machines.sim import SimDriver
 
 
 def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]) -> Driver:
     """The driver a worker's config asks for: machine logs go to <data_dir>/machines/<id>/,
-    their shims to <data_dir>/shims/<id>/, the working directories of its process machines
-    of images to <data_dir>/work/<id>/, its containers below <data_dir>/containers/<id>/;
+    their shims to <data_dir>/shims/<id>/ (forked by the fork server of
+    <data_dir>/forkserver/), the working directories of its process machines of images to
+    <data_dir>/work/<id>/, its containers below <data_dir>/containers/<id>/;
     machines are confined as the host allows (supplier/machines/host/confine.py; containers
     by their runtime), in cgroups of the supplier that owns ``data_dir``. ``size_mb``: an
     image's size, for sim's pulls. A worker set to ``oci`` on a host without a runtime:
@@ -58,6 +60,7 @@ def make_driver(cfg: WorkerConfig, data_dir: Path, size_mb: Callable[[str], int]
         data_dir / "shims" / cfg.worker_id,
         keep_machines=bool(cfg.keep_machines),
         log_caps=cfg.log_caps,
+        forks=ForkServer.of(data_dir / "forkserver"),
     )
 
 

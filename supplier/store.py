@@ -223,12 +223,18 @@ class Store:
     # -- writes ----------------------------------------------------------------------------------
     async def write(self, *ops: Op) -> None:
         """Append ``ops`` in one transaction; returns once it is durable. Raises StoreError."""
+        await self.queue(*ops)
+
+    def queue(self, *ops: Op) -> asyncio.Future[None]:
+        """Append ``ops`` in one transaction, as :meth:`write`, without waiting: the future
+        is done once they are durable (StoreError when they could not be written). Writes
+        are applied in the order they were queued."""
         if self._closed:
             raise StoreError(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         self._queue.put((ops, fut, loop))
-        await fut
+        return fut
 
     def forget_events(self, ids: list[int]) -> None:
         """Delete acknowledged outbox rows, in the writer's next transaction; no wait: a

@@ -22,6 +22,8 @@ ends with :meth:`Machines.close` when it stops.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -50,7 +52,7 @@ from supplier.machines.lifecycle import (
     next_state,
 )
 from supplier.machines.pulls import Pulls
-from supplier.machines.records import Records
+from supplier.machines.records import Queued, Records
 from supplier.machines.restart import Backoff, BadPolicy, policy_of
 from supplier.machines.runs import Runs
 from supplier.oplog import RunSpec
@@ -212,15 +214,10 @@ class Machines(Runs):
         return m
 
     async def _run(self, verb: str, m: Machine, to: str) -> Machine:
+        if verb == "start":
+            return await self._start_asked(m)
         if verb in INTERMEDIATE:
             m = await self.records.record(m, INTERMEDIATE[verb], verb)
-        if verb == "start":
-            self._backoffs.pop(m.machine_id, None)  # a start by hand begins the count again
-            try:
-                return await self._start(m)
-            except anyio.get_cancelled_exc_class():
-                await self._cut_short(m)
-                raise
         self._unfollow(m.machine_id)
         if verb == "stop":
             await self.driver.stop(m.machine_id)
@@ -258,31 +255,76 @@ class Machines(Runs):
         self._follow(m.machine_id)
         return pulled
 
-    async def _start(self, m: Machine, resumed: bool = False) -> Machine:
+    async def _start_asked(self, m: Machine) -> Machine:
+        """A start asked for. Its ``starting`` is written while the machine starts, not
+        before: it need not be durable before the shim runs, as a supplier killed first
+        finds the shim at its next start and stops it, its store saying the machine is not
+        to run (Runner.settle; the asker had no answer). It is durable before the start's
+        outcome is recorded."""
+        self._backoffs.pop(m.machine_id, None)  # a start by hand begins the count again
+        starting = self.records.queued(m, "starting", "start")
+        try:
+            return await self._start(starting.new, starting=starting)
+        except anyio.get_cancelled_exc_class():
+            await self._cut_short(starting)
+            raise
+        except BaseException:
+            with contextlib.suppress(StoreError):
+                await starting.done()  # memory as the store has it, whatever failed
+            raise
+
+    async def _start(
+        self, m: Machine, resumed: bool = False, starting: Queued | None = None
+    ) -> Machine:
         """Pull if needed, run, record started; a failure records stopped (failed when the
-        image could not be pulled) and re-raises as a DriverError."""
+        image could not be pulled) and re-raises as a DriverError. ``starting``: the start's
+        record, queued: durable before either (a run it could not be written for is
+        stopped, StoreError)."""
+        began = time.perf_counter()
         try:
             pulled = await self._launch(m)
         except PullFailed as exc:
+            m = await _written(m, starting)
             await self._pull_failed(m, exc)
             raise DriverError(pull_failed(str(exc))) from None
         except (LaunchFailed, DriverError) as exc:
+            m = await _written(m, starting)
             pulled = exc.pulled if isinstance(exc, LaunchFailed) else ()
             why = str(exc)
             stopped = self.records.event_of("stopped", m, f"start failed: {why}")
             await self.records.record(m, "stopped", "start_failed", why, (*pulled, stopped))
             raise DriverError(why) from None
-        return await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
+        launched = time.perf_counter()
+        try:
+            m = await _written(m, starting)
+        except StoreError:
+            with anyio.CancelScope(shield=True):
+                self._unfollow(m.machine_id)
+                await self.driver.stop(m.machine_id)
+            raise
+        written = time.perf_counter()
+        m = await self.records.started(m, resumed, pulled, self.driver.inspect(m.machine_id))
+        done = time.perf_counter()
+        self.log.info(  # where a start's time went (docs/performance.md: machine starts)
+            "machine_start_steps",
+            machine_id=m.machine_id,
+            launch_ms=round((launched - began) * 1000, 2),
+            starting_ms=round((written - launched) * 1000, 2),  # its record, after the launch
+            started_ms=round((done - written) * 1000, 2),
+        )
+        return m
 
-    async def _cut_short(self, m: Machine) -> None:
+    async def _cut_short(self, starting: Queued) -> None:
         """A start asked for was cancelled (its supplier stops): the driver undid what it
         made; the machine is recorded stopped (its asker got no started machine), not left
         starting (a resumed machine's start cut short stays as it was: the next supplier
         resumes it)."""
         why = "start cut short: the worker stopped"
+        m = starting.new
         stopped = self.records.event_of("stopped", m, why)
         with anyio.move_on_after(LIFECYCLE_S, shield=True):
             try:
+                m = await starting.done()
                 await self.records.record(m, "stopped", "start_failed", why, (stopped,))
             except StoreError as exc:
                 mid = m.machine_id
@@ -397,3 +439,8 @@ class Machines(Runs):
             self._closing = True
             if self._scope is not None:
                 self._scope.cancel()
+
+
+async def _written(m: Machine, starting: Queued | None) -> Machine:
+    """``m`` as its queued start's record made it, once durable (``m`` itself: none)."""
+    return m if starting is None else await starting.done()

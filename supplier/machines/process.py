@@ -42,6 +42,7 @@ import anyio
 import msgspec
 
 from bourse.images.oci import RunConfig
+from bourse.runtime.supervise import unwrap
 from bourse.wire.messages import Machine
 from bourse.wire.metadata import RestartPolicy
 from supplier.machines.api import NO_ENV, DriverError, ImageRun
@@ -273,16 +274,31 @@ class ProcessKind:
         self, m: Machine, image: ImageRun | None, env: Mapping[str, str]
     ) -> tuple[ProcessRun, float]:
         mid = m.machine_id
-        own = await self.isolation.enter(m)
+        confined: list[tuple[list[str], list[str]]] = []
+
+        async def make_cgroups() -> None:
+            confined.append(await confine(self.confiner, mid, m.resources))
+
         try:
-            return await self._plan(m, image, env, own)
+            try:  # its cgroups made while it enters its network: both on its start's path
+                async with anyio.create_task_group() as tasks:
+                    tasks.start_soon(make_cgroups)
+                    own = await self.isolation.enter(m)
+            except BaseExceptionGroup as group:
+                raise start_error(group) from None
+            return await self._plan(m, image, env, own, confined[0])
         except BaseException:
             with anyio.CancelScope(shield=True):
                 await self.isolation.leave(mid)
             raise
 
     async def _plan(
-        self, m: Machine, image: ImageRun | None, env: Mapping[str, str], own: Entered
+        self,
+        m: Machine,
+        image: ImageRun | None,
+        env: Mapping[str, str],
+        own: Entered,
+        confined: tuple[list[str], list[str]],
     ) -> tuple[ProcessRun, float]:
         mid = m.machine_id
         user = own.ids
@@ -304,7 +320,7 @@ class ProcessKind:
         if own.resolv:
             binds.append([own.resolv, "/etc/resolv.conf", "ro"])
         private = {"BOURSE_PRIVATE_ADDRESS": own.address} if own.address else {}
-        cgroups, limits = await confine(self.confiner, mid, m.resources)
+        cgroups, limits = confined
         return (
             ProcessRun(
                 argv=run.argv,
@@ -381,3 +397,10 @@ class ProcessKind:
 
     async def background(self) -> None:
         await self.isolation.background()
+
+
+def start_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """What a start's steps run at once raised: the first DriverError (the reason a start
+    gives), else the one error inside."""
+    found = [e for e in group.exceptions if isinstance(unwrap(e), DriverError)]
+    return unwrap(found[0]) if found else unwrap(group)

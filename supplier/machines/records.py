@@ -8,6 +8,7 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import anyio
 import msgspec
 import structlog
 
@@ -106,11 +107,28 @@ class Records:
         """Write the change and its events in one transaction, then announce the events. A
         machine that is not started has no health: its checks ran on a run that is over
         (and start from scratch with the next)."""
+        return await self.queued(m, state, op, detail, events, **changes).done()
+
+    def queued(
+        self,
+        m: Machine,
+        state: str,
+        op: str,
+        detail: str = "",
+        events: tuple[Event, ...] = (),
+        **changes: Any,
+    ) -> Queued:
+        """The change queued for the store's next group commit, not waited for (StoreError
+        at once when the store is closed): :meth:`Queued.done` waits until it is durable,
+        then does what :meth:`record` does after the write. A later change of the machine
+        is queued only after it."""
         if state != "started":
             changes["health"] = None
         new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
-        await self.store.write(Op(op, new, detail, events))
-        self.by_id[m.machine_id] = new
+        return Queued(self, new, events, self.store.queue(Op(op, new, detail, events)))
+
+    def _recorded(self, new: Machine, events: tuple[Event, ...]) -> Machine:
+        self.by_id[new.machine_id] = new
         self.changed(new)
         self.published(new)
         for e in events:
@@ -260,3 +278,31 @@ class Records:
             self.by_order.pop(m.order_id, None)
             self.gone(gone)
         self.log.warning("commit_aborted", order_id=m.order_id, machine_id=m.machine_id)
+
+
+class Queued:
+    """A machine's change in the store's queue (:meth:`Records.queued`)."""
+
+    def __init__(
+        self,
+        records: Records,
+        new: Machine,
+        events: tuple[Event, ...],
+        written: asyncio.Future[None],
+    ) -> None:
+        self.records = records
+        self.new = new
+        self.events = events
+        self.written = written
+        self._told: Machine | None = None
+
+    async def done(self) -> Machine:
+        """The change, once durable, told once (StoreError when it could not be written).
+        Waited for whole (the writer answers within its group commit): a cancellation
+        does not leave it told to nobody."""
+        if self._told is None:
+            with anyio.CancelScope(shield=True):
+                await self.written
+            if self._told is None:
+                self._told = self.records._recorded(self.new, self.events)
+        return self._told

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +51,7 @@ from supplier.machines.host.output import LogCaps, Logs
 from supplier.machines.shim import contract
 from supplier.machines.shim.client import Shim, ShimError, discover, launch
 from supplier.machines.shim.contract import ContractError, Plan, Run, read_plan
+from supplier.machines.shim.forks import ForkServer
 
 log = structlog.get_logger("bourse.driver")
 
@@ -120,6 +122,7 @@ class Runner:
         *,
         keep_machines: bool = True,
         log_caps: LogCaps | None = None,
+        forks: ForkServer | None = None,
     ) -> None:
         self.kind = kind
         self.name = kind.name
@@ -128,6 +131,7 @@ class Runner:
         self.shims_dir = shims_dir
         self.keep_machines = keep_machines
         self.log_caps = log_caps or LogCaps()
+        self.forks = forks  # what forks its shims (None: each started by its command)
         self.output = Logs(log_dir)
         self._runs: dict[str, _Run] = {}
         self._found: dict[str, Shim] = {}  # shims an earlier supplier left, not recovered yet
@@ -170,7 +174,14 @@ class Runner:
     ) -> None:
         """Find what an earlier supplier left (shims to recover; leftovers of dead ones
         swept), then follow the shims until cancelled; at the end let go of them (keep) or
-        stop what is left (their machines stop with the supplier)."""
+        stop what is left (their machines stop with the supplier). The fork server is held
+        meanwhile (supplier/machines/shim/forks.py)."""
+        async with contextlib.AsyncExitStack() as stack:
+            if self.forks is not None:
+                await stack.enter_async_context(self.forks.held(self.keep_machines))
+            await self._run(task_status)
+
+    async def _run(self, task_status: anyio.abc.TaskStatus[None]) -> None:
         c = self.confiner
         if weaker_than_cgroups(c.mechanism):
             self.log.warning("confinement_weaker_than_cgroups", confinement=c.mechanism)
@@ -250,8 +261,10 @@ class Runner:
             raise DriverError(f"the {self.name} driver is not running")
         if current is not None:
             await self._collect(mid, current)
+        began = time.perf_counter()
         try:  # the one place a start cut short is undone: whatever the kind made is removed
             run, grace = await self.kind.plan(m, image, env)
+            planned = time.perf_counter()
             if self.pause is not None:
                 await self.pause("made", mid)
             plan = Plan(
@@ -263,15 +276,28 @@ class Runner:
                 stop_grace_s=grace,
                 supplier_pid=0 if self.keep_machines else os.getpid(),
             )
-            shim = await launch(self.shims_dir / mid, plan, self.pause)  # stopped if cut
+            launched_ms = time.time_ns() / 1e6
+            # stopped if cut short
+            shim = await launch(self.shims_dir / mid, plan, self.pause, self.forks)
         except BaseException as exc:
             with anyio.CancelScope(shield=True):
                 await self.kind.undo(mid)
             if isinstance(exc, ShimError):
                 raise DriverError(str(exc)) from None  # the caller names the machine
             raise
+        finally:
+            network_ms = self.kind.isolation.entered_ms.pop(mid, 0.0)
         self._runs[mid] = _Run(shim, grace)
         self._tasks.start_soon(shim.follow)
+        done = time.perf_counter()
+        self.log.info(  # where a start's time went (docs/performance.md: machine starts)
+            "machine_launched",
+            machine_id=mid,
+            plan_ms=round((planned - began) * 1000, 2),
+            network_ms=round(network_ms, 2),
+            running_ms=round(shim.started_at_ms - launched_ms, 2),  # the shim ran the machine
+            shim_ms=round((done - planned) * 1000, 2),  # to the shim's answer
+        )
 
     async def wait(self, machine_id: str) -> Exit:
         run = self._runs.get(machine_id)

@@ -22,21 +22,23 @@ TICKER = "echo pid $$; while :; do echo tick; sleep 0.1; done"
 WAIT_S = 20.0
 
 
-def _fleet(tmp_path: Path, command: str) -> Path:
+def fleet_file(tmp_path: Path, command: str, worker_id: str = WID, keep: bool = True) -> Path:
+    """One process worker whose catalog image ``web`` runs ``command``."""
     fleet = tmp_path / "fleet.json"
     worker = {
-        "worker_id": WID,
+        "worker_id": worker_id,
         "region": "mad",
         "capacity": {"cpus": 4, "memory_mb": 4096},
         "driver": "process",
-        "keep_machines": True,
+        "keep_machines": keep,
         "catalog": {"web": {"command": ["sh", "-c", command], "stop_grace_s": 2}},
     }
     fleet.write_text(json.dumps({"worker": [worker]}))
     return fleet
 
 
-async def _supplier(market: Market, tmp_path: Path, fleet: Path) -> Program:
+async def supplier_process(market: Market, tmp_path: Path, fleet: Path) -> Program:
+    """``supplier run`` of ``fleet`` on ``tmp_path/data``, ready."""
     args = ("run", "--fleet", str(fleet), "--data-dir", str(tmp_path / "data"))
     args += ("--nats", market.url, "--prefix", market.subjects.prefix)
     return await start_program(
@@ -52,8 +54,8 @@ def _log(tmp_path: Path, machine_id: str) -> str:
 async def test_a_machine_runs_on_through_a_kill_9_and_a_sigterm_of_its_supplier(
     market: Market, tmp_path: Path
 ) -> None:
-    fleet = _fleet(tmp_path, TICKER)
-    sup = await _supplier(market, tmp_path, fleet)
+    fleet = fleet_file(tmp_path, TICKER)
+    sup = await supplier_process(market, tmp_path, fleet)
     buyer = await market.client(direct=True)
     r = await buyer.place(order())
     assert isinstance(r, Placed)
@@ -68,14 +70,14 @@ async def test_a_machine_runs_on_through_a_kill_9_and_a_sigterm_of_its_supplier(
     await wait_until(lambda: _log(tmp_path, mid).count("tick") > ticks + 3, WAIT_S)
     assert alive(pid)  # no supplier: the machine ran on, its output kept flowing
 
-    sup = await _supplier(market, tmp_path, fleet)
+    sup = await supplier_process(market, tmp_path, fleet)
     m = await buyer.machine("get", mid)
     assert m.state == "started" and alive(pid)
     assert _log(tmp_path, mid).count("pid ") == 1  # the same run: adopted, not restarted
 
     assert await sup.stop() == 0  # SIGTERM: keep mode leaves it running
     assert alive(pid)
-    sup = await _supplier(market, tmp_path, fleet)
+    sup = await supplier_process(market, tmp_path, fleet)
     try:
         assert (await buyer.machine("stop", mid)).state == "stopped"
         assert not alive(pid)
@@ -91,8 +93,8 @@ async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
     # the first run ends when told to (a file in its working directory, the one place of
     # the host a machine of its own user and the test both reach), the later ones run on
     script = "echo pid $$; while [ ! -e end-now ]; do sleep 0.05; done; rm end-now; exit 3"
-    fleet = _fleet(tmp_path, script)
-    sup = await _supplier(market, tmp_path, fleet)
+    fleet = fleet_file(tmp_path, script)
+    sup = await supplier_process(market, tmp_path, fleet)
     buyer = await market.client(direct=True)
     a = await buyer.place(order(order_id="a"))
     b = await buyer.place(order(order_id="b"))
@@ -115,7 +117,7 @@ async def test_an_exit_while_away_is_recorded_and_a_lost_machine_starts_again(
     os.kill(b_pid, signal.SIGKILL)
     await wait_until(lambda: not alive(b_pid), WAIT_S)
 
-    sup = await _supplier(market, tmp_path, fleet)
+    sup = await supplier_process(market, tmp_path, fleet)
     try:
         with anyio.fail_after(WAIT_S):  # its exit is recorded once the supplier adopted it
             while (ma := await buyer.machine("get", a.machine_id)).state != "stopped":  # noqa: ASYNC110 - a poll of the supplier (as wait_until polls)

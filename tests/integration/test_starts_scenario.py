@@ -1,6 +1,7 @@
 """The starts scenario (loadtest/starts.py) on a real market: it measures a machine's start
 through the market against its program started by hand, and the shims' memory; the figures
-are the benchmark's (docs/performance.md), here only that a run completes and reports."""
+are the benchmark's (docs/performance.md), here only that a run completes and reports,
+its steps' times included."""
 
 from __future__ import annotations
 
@@ -25,3 +26,6 @@ async def test_a_small_starts_run_reports_both_ways_and_the_shims(tmp_path: Path
     shared = rep["kinds"]["process-shared"]  # the same starts with isolation off, same run
     assert (shared["starts"], shared["failed"]) == (2, [])
     assert table(rep).row_count == 2 and said  # a row per kind
+    steps = rep["steps"]["process"]  # each step of a start timed: the supplier's, the harness's
+    assert {"launch_ms", "plan_ms", "shim_ms", "start_verb_ms", "ready_ms"} <= set(steps)
+    assert all(ms is not None and ms >= 0 for ms in steps.values()), steps

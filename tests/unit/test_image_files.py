@@ -12,8 +12,9 @@ import pytest
 
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Machine, Resources
+from supplier.machines.api import DriverError
 from supplier.machines.oci.bundle import BundleError
-from supplier.machines.process import launch, resolve, search_path, working_dir
+from supplier.machines.process import launch, resolve, search_path, start_error, working_dir
 
 DIGEST = "sha256:" + "ab" * 32
 MACHINE = Machine(
@@ -152,3 +153,12 @@ def test_the_working_directory_links_reach_the_image_from_a_relative_data_dir(
     working_dir(relative_root, RunConfig(working_dir="/app"), cwd)
     assert os.path.isabs(os.readlink(cwd / "serve.py"))
     assert (cwd / "serve.py").read_text() == "print('hi')\n"
+
+
+def test_a_start_step_run_beside_another_fails_with_itsstart_error() -> None:
+    """A process machine's cgroups are made while it enters its network (ProcessKind.plan):
+    what either raised comes out as the start's reason, not as a group."""
+    why = DriverError("cannot confine machine m: no room")
+    both = BaseExceptionGroup("steps", [ValueError("other"), ExceptionGroup("inner", [why])])
+    assert start_error(both) is why
+    assert isinstance(start_error(ExceptionGroup("steps", [KeyError("k")])), KeyError)

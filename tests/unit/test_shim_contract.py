@@ -1,6 +1,7 @@
 """The shim's contract and its pure parts (supplier/machines/shim/): plans and states round
 trip, the lines a shim writes without the json module are JSON, how a run ended is read
-from its wait status, OOM kills are counted from the cgroup files, versions adopt."""
+from its wait status, OOM kills are counted from the cgroup files, versions adopt; the fork
+server's state round trips and it lingers only for a supplier that keeps its machines."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from supplier.machines.api import Exit
-from supplier.machines.shim import contract
+from supplier.machines.shim import contract, forkserver
 from supplier.machines.shim.client import exit_of
 from supplier.machines.shim.contract import (
     ContainerRun,
@@ -22,6 +23,8 @@ from supplier.machines.shim.contract import (
     ProcessRun,
     State,
 )
+from supplier.machines.shim.forks import LINGER_S, ForkServer
+from supplier.machines.shim.forkserver import ForkState
 from supplier.machines.shim.logfiles import Rate
 from supplier.machines.shim.spawn import ended_of
 from supplier.machines.shim.teardown import mounts_below, oom_kills
@@ -141,3 +144,40 @@ def test_a_directory_is_written_owner_only_and_removed_whole(tmp_path: Path) -> 
     assert contract.read_state(d) is not None
     contract.remove_dir(d)
     assert not d.exists()
+
+
+# -- the fork server's state and lingering ------------------------------------------------------
+def test_a_fork_servers_state_round_trips_and_refuses_what_is_not_one() -> None:
+    state = ForkState(4242, 987654, "abc123", contract.FORK_PROTOCOL)
+    back = ForkState.of(contract.parse(contract.line(state.to_dict())))
+    assert (back.pid, back.started, back.code, back.protocol) == (4242, 987654, "abc123", 1)
+    for raw in ([], {"pid": 1, "started": 2}, {"pid": "1", "started": 2, "protocol": 1}):
+        with pytest.raises(ContractError):
+            ForkState.of(raw)
+
+
+def test_a_fork_server_is_alive_only_as_the_process_that_wrote_its_state() -> None:
+    me = os.getpid()
+    ticks = contract.started_ticks(me)
+    assert ticks is not None
+    assert ForkState(me, ticks, "", 1).alive()
+    assert not ForkState(me, ticks + 1, "", 1).alive()  # a later process of the same pid
+
+
+def test_the_shim_codes_fingerprint_is_of_its_files() -> None:
+    assert forkserver.code() == forkserver.code()
+    assert len(forkserver.code()) == 16
+
+
+async def test_a_fork_server_lingers_only_for_a_supplier_that_keeps_machines(
+    tmp_path: Path,
+) -> None:
+    """Its linger follows the drivers that hold it: none kept (0: it ends with its
+    supplier), one kept among them (it waits for the next supplier)."""
+    forks = ForkServer(tmp_path / "forkserver")
+    forks._holders = [False, False]
+    assert forks.linger_s == 0.0
+    forks._holders = [False, True]
+    assert forks.linger_s == LINGER_S
+    forks._holders, forks._kept = [False], True  # a keeping driver ended: still kept
+    assert forks.linger_s == LINGER_S

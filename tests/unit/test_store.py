@@ -152,6 +152,17 @@ async def test_oplog_records_ops_in_order(store: Store) -> None:
     assert store.batches == 4
 
 
+async def test_a_queued_write_is_not_waited_for_and_lands_before_a_later_one(store: Store) -> None:
+    """A start's record is queued while its machine starts (supplier/machines/keeper.py):
+    a write awaited after it is applied after it, and its future says when it is durable."""
+    m = machine("order-1")
+    queued = store.queue(Op("start", moved(m, "starting")))
+    await store.write(Op("start", moved(m, "started")))
+    assert queued.done() and queued.exception() is None  # before the later write returned
+    assert [row[4] for row in store.oplog("mad-1")] == ["starting", "started"]
+    assert store.load_machines("mad-1") == [moved(m, "started")]
+
+
 async def test_oplog_keeps_detail(db: Path, store: Store) -> None:
     m = machine("order-1")
     await store.write(Op("abort", moved(m, "destroyed"), "the auction gave up"))

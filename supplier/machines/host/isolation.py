@@ -7,6 +7,7 @@ and give them back after it, so that the rules are written once."""
 from __future__ import annotations
 
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -84,6 +85,9 @@ class Isolation:
         self.resolv = resolv
         self.wanted = anyio.Event()  # a namespace was taken: make another ahead
         self.pause: Pause | None = None  # a test's, once a start's network is taken (api.py)
+        # machine id -> how long its last start took to enter its network, ms (the start's
+        # log line says it: Runner.start takes it)
+        self.entered_ms: dict[str, float] = {}
 
     def describe(self) -> IsolationLevel:
         """``users,network``, ``users`` or ``none`` (a worker's status says it)."""
@@ -108,6 +112,7 @@ class Isolation:
                 f"cannot give {m.machine_id} a network: no private address left in "
                 f"{self.network.subnet} (each machine keeps its own until destroyed)"
             )
+        began = time.perf_counter()
         try:
             net = await anyio.to_thread.run_sync(self.network.take, m.machine_id, address)
             self.wanted.set()
@@ -117,6 +122,7 @@ class Isolation:
         except (NetworkError, NftError) as exc:
             await self.leave(m.machine_id)
             raise DriverError(f"cannot give {m.machine_id} a network: {exc}") from None
+        self.entered_ms[m.machine_id] = (time.perf_counter() - began) * 1000
         resolv = str(self.resolv) if self.resolv is not None else ""
         return Entered(ids=ids, netns=net.path, address=net.address, resolv=resolv)
 

@@ -30,6 +30,7 @@ from bourse.errors import BourseError
 from supplier.machines.api import Exit, Pause
 from supplier.machines.shim import contract, teardown
 from supplier.machines.shim.contract import Ended, Plan, State
+from supplier.machines.shim.forks import ForkServer, ForkServerError
 
 log = structlog.get_logger("bourse.shim")
 
@@ -230,25 +231,22 @@ class Shim:
                 await stream.aclose()
 
 
-async def launch(directory: Path, plan: Plan, pause: Pause | None = None) -> Shim:
+async def launch(
+    directory: Path, plan: Plan, pause: Pause | None = None, forks: ForkServer | None = None
+) -> Shim:
     """Start a shim for ``plan`` in ``directory`` (anything left there is removed first)
     and return it attached once the machine runs; ShimError says why it could not. The
-    shim's answer is awaited even when this is cancelled (it comes in milliseconds): a
-    machine it started is then stopped and collected before the cancellation goes on.
-    ``pause``: a test's, at the shim spawned and at the machine running (api.py)."""
+    shim is forked by ``forks`` (the supplier's fork server), else (none, or it failed:
+    logged) started by its command. The shim's answer is awaited even when this is
+    cancelled (it comes in milliseconds): a machine it started is then stopped and
+    collected before the cancellation goes on. ``pause``: a test's, at the shim spawned
+    and at the machine running (api.py)."""
     contract.write_plan(directory, plan)
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     shim = Shim(plan.machine_id, directory)
     with anyio.CancelScope(shield=True):
         try:
-            proc = await anyio.open_process(
-                [sys.executable, "-I", "-S", MAIN, str(directory), str(theirs.fileno())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                pass_fds=(theirs.fileno(),),
-                env={"PATH": teardown.PATH},
-            )
+            proc = await _spawn(directory, theirs, forks)
         except OSError as exc:
             ours.close()
             contract.remove_dir(directory)
@@ -260,8 +258,8 @@ async def launch(directory: Path, plan: Plan, pause: Pause | None = None) -> Shi
                 await pause("shim", plan.machine_id)
             with anyio.fail_after(LAUNCH_S):
                 await shim._take(await anyio.abc.SocketStream.from_socket(ours))
-                if await proc.wait() != 0:  # the launcher, which forked the shim and went
-                    raise ShimError(await _said(proc))
+                if proc is not None and await proc.wait() != 0:  # the launcher, which forked
+                    raise ShimError(await _said(proc))  # the shim and went
             if pause is not None:
                 await pause("running", plan.machine_id)
         except TimeoutError:
@@ -272,12 +270,13 @@ async def launch(directory: Path, plan: Plan, pause: Pause | None = None) -> Shi
             ) from None
         except OSError as exc:
             contract.remove_dir(directory)
-            raise ShimError(await _said(proc) or str(exc)) from None
+            raise ShimError((await _said(proc) if proc else "") or str(exc)) from None
         except ShimError:
             contract.remove_dir(directory)
             raise
         finally:
-            await _reap(proc)
+            if proc is not None:
+                await _reap(proc)
     try:
         await anyio.lowlevel.checkpoint()  # a cancellation that came meanwhile
     except BaseException:
@@ -286,6 +285,27 @@ async def launch(directory: Path, plan: Plan, pause: Pause | None = None) -> Shi
             await shim.collect()
         raise
     return shim
+
+
+async def _spawn(
+    directory: Path, first: socket.socket, forks: ForkServer | None
+) -> anyio.abc.Process | None:
+    """The shim of ``directory`` forked by the fork server (None), or its command started
+    (the launcher's process, which forks the shim and exits)."""
+    if forks is not None:
+        try:
+            await forks.spawn(directory, first)
+            return None
+        except ForkServerError as exc:
+            log.warning("fork_server_failed", machine_id=directory.name, error=str(exc))
+    return await anyio.open_process(
+        [sys.executable, "-I", "-S", MAIN, str(directory), str(first.fileno())],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        pass_fds=(first.fileno(),),
+        env={"PATH": teardown.PATH},
+    )
 
 
 async def _said(proc: anyio.abc.Process) -> str:

@@ -42,6 +42,9 @@ StrPath = str | os.PathLike[str]
 
 PROTOCOL = 2  # what this shim speaks and this supplier asks
 OLDEST = 1  # the oldest protocol a supplier still adopts
+# What the fork server speaks (supplier/machines/shim/forkserver.py): a supplier adopts one
+# of this protocol that forks the shim code of its own files, and stops any other.
+FORK_PROTOCOL = 1
 
 PLAN = "plan"
 STATE = "state.json"

@@ -1,6 +1,7 @@
 """The shim's command: ``python -I -S <this file> DIR [FD]`` (supplier/machines/shim/server.py);
-and ``python -I -S <this file> enter FD``, a command entered into a running machine
-(supplier/machines/shim/enter.py: ``buyer machines exec``).
+the fork server's, which forks shims: ``... fork-server DIR LINGER_S [FD]``
+(supplier/machines/shim/forkserver.py); and ``python -I -S <this file> enter FD``, a command
+entered into a running machine (supplier/machines/shim/enter.py: ``buyer machines exec``).
 
 Run isolated and without ``site``: nothing of the supplier's environment, no site-packages,
 so that a shim starts in milliseconds. Its own modules are found by registering their
@@ -20,11 +21,15 @@ for _name in ("supplier.machines.shim", "supplier.machines", "supplier"):
     _path = os.path.dirname(_path)
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["enter"]:  # a shim's DIR is an absolute path: never "enter"
+    if sys.argv[1:2] == ["fork-server"]:  # a shim's DIR is an absolute path: never these
+        from supplier.machines.shim import forkserver  # after the packages above
+
+        forkserver.main(sys.argv[2:])
+    elif sys.argv[1:2] == ["enter"]:
         from supplier.machines.shim import enter
 
         enter.main(sys.argv[2:])
     else:
-        from supplier.machines.shim import server
+        from supplier.machines.shim import command  # after the packages above
 
-        server.main(sys.argv[1:])
+        command.main(sys.argv[1:])

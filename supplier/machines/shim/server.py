@@ -1,4 +1,5 @@
-"""The shim of one machine: started by its supplier as
+"""The shim of one machine: forked by its supplier's fork server
+(supplier/machines/shim/forkserver.py) or started by its command
 ``python -I -S supplier/machines/shim/main.py DIR [FD]`` (supplier/machines/shim/client.py),
 it runs the machine, holds its output and its exit, and outlives the supplier.
 
@@ -7,8 +8,9 @@ starts on every machine's start path, and one runs beside every machine (its mem
 counted per machine). The contract it keeps with its supplier (the plan it runs, the
 state it records, the protocol on its socket) is supplier/machines/shim/contract.py.
 
-The command forks the shim proper and exits: the shim is a session of its own, not the
-supplier's child, so it lives on when the supplier stops or dies. ``FD`` is the shim's end
+Either way the shim proper is forked by a process that then exits
+(supplier/machines/shim/command.py): the shim is a session of its own, nobody's child, so
+it lives on when the supplier (or the fork server) stops or dies. ``FD`` is the shim's end
 of a socket pair the supplier made: its first connection, on which it says the machine's
 state once the machine runs (or why it could not start it, and ends). The shim then:
 
@@ -39,12 +41,10 @@ from __future__ import annotations
 
 import _socket
 import os
-import select
-import sys
 import time
-from _collections_abc import Callable  # loaded with os: no import cost
 
 from supplier.machines.shim import contract, logfiles, teardown
+from supplier.machines.shim.lines import Conn, Lines, say
 from supplier.machines.shim.spawn import StartFailed, ended_of, now_ms, output_pipe, spawn
 
 TYPE_CHECKING = False  # typing costs the shim an import: mypy reads this name alike
@@ -66,21 +66,8 @@ RUNTIME_ENV = {"PATH": teardown.PATH}
 ORPHANED_GRACE_S = 1.0
 
 
-def say(text: str) -> None:
-    """A line of the shim's own log (its stderr is ``DIR/shim.log``)."""
-    os.write(2, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {text}\n".encode(errors="replace"))
-
-
 # -- the shim ---------------------------------------------------------------------------------
-class Client:
-    __slots__ = ("buf", "sock")
-
-    def __init__(self, sock: _socket.socket) -> None:
-        self.sock = sock
-        self.buf = b""
-
-
-class Shim:
+class Shim(Lines):
     """One machine's shim (see the module doc); :meth:`run` returns its exit status."""
 
     def __init__(self, directory: str, plan: contract.Plan, first: int) -> None:
@@ -89,10 +76,7 @@ class Shim:
         self.run_ = plan.run
         self.container = isinstance(plan.run, contract.ContainerRun)
         self.first = first  # the launch's connection (-1: none)
-        self.ep = select.epoll()
-        self.handlers: dict[int, Callable[[int], None]] = {}
-        self.clients: dict[int, Client] = {}
-        self.listener: _socket.socket | None = None
+        super().__init__()
         self.state: contract.State | None = None
         self.pid = 0
         self.pidfd = -1
@@ -114,7 +98,6 @@ class Shim:
         self.going_down = False  # the supplier ended: stop, remove everything, end
         self.finished = False  # the exit is recorded
         self.done = False
-        self.signals = -1
 
     # -- start -------------------------------------------------------------------------------
     def run(self) -> int:
@@ -163,9 +146,9 @@ class Shim:
         finally:
             os.close(w)  # the machine's now: the pipe ends when its processes do
         self.out = r
-        self._watch(r, self._read_output)
+        self.watch(r, self._read_output)
         self.pidfd = os.pidfd_open(self.pid)
-        self._watch(self.pidfd, self._machine_ended)
+        self.watch(self.pidfd, self._machine_ended)
         me = os.getpid()
         self.state = contract.State(
             shim_pid=me,
@@ -174,62 +157,32 @@ class Shim:
             started_at_ms=now_ms(),
         )
         contract.write_state(self.directory, self.state)
-        self._signals()
-        listener = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            listener.bind(contract.SOCKET)  # relative: the shim runs in its directory
-        finally:
-            os.umask(old)
-        listener.listen(8)
-        listener.setblocking(False)
-        self.listener = listener
-        self._watch(listener.fileno(), self._accept)
+        self.catches_signals()
+        self.listen(contract.SOCKET)
         if self.first >= 0:
-            self._add(_socket.socket(fileno=self.first))
+            self.add(_socket.socket(fileno=self.first))
         if plan.supplier_pid:
             try:
-                self._watch(os.pidfd_open(plan.supplier_pid), self._supplier_gone)
+                self.watch(os.pidfd_open(plan.supplier_pid), self._supplier_gone)
             except ProcessLookupError:
                 self._supplier_gone(-1)
         say(f"machine {plan.machine_id} started: pid {self.pid}")
 
-    def _signals(self) -> None:
-        r, w = os.pipe()
-        os.set_blocking(r, False)
-        os.set_blocking(w, False)
-        _signal.set_wakeup_fd(w, warn_on_full_buffer=False)
-        for sig in (_signal.SIGTERM, _signal.SIGINT):
-            _signal.signal(sig, lambda signum, frame: None)  # the wake-up fd says which
-        self.signals = r
-        self._watch(r, self._signalled)
-
     # -- the loop ----------------------------------------------------------------------------
-    def _watch(self, fd: int, handler: Callable[[int], None]) -> None:
-        self.handlers[fd] = handler
-        self.ep.register(fd, select.EPOLLIN)
-
-    def _unwatch(self, fd: int) -> None:
-        if self.handlers.pop(fd, None) is not None:
-            self.ep.unregister(fd)
-
     def _turn(self) -> None:
         now = time.monotonic()
         deadlines = [t for t in (self.paused_until, self.kill_at, self.drain_until) if t > 0]
         if self.killed_at:
             deadlines.append(self.killed_at + KILL_WAIT_S)
         timeout = max(0.0, min(deadlines) - now) if deadlines else -1
-        for fd, _ in self.ep.poll(timeout):
-            handler = self.handlers.get(fd)
-            if handler is not None:
-                handler(fd)
+        self.poll(timeout)
         self._timers(time.monotonic())
 
     def _timers(self, now: float) -> None:
         if self.paused_until and now >= self.paused_until:
             self.paused_until = 0.0
             if self.out >= 0:
-                self._watch(self.out, self._read_output)
+                self.watch(self.out, self._read_output)
         if self.kill_at and now >= self.kill_at:
             self.kill_at = 0.0
             self._kill()
@@ -276,7 +229,7 @@ class Shim:
         done, status = os.waitpid(self.pid, os.WNOHANG)
         if not done:
             return
-        self._unwatch(fd)
+        self.unwatch(fd)
         os.close(fd)
         self.status = status
         self.kill_at = self.killed_at = 0.0
@@ -286,7 +239,7 @@ class Shim:
         self.drain_until = time.monotonic() + DRAIN_S
         if self.paused_until:  # the last output is read now, whatever its rate
             self.paused_until = 0.0
-            self._watch(self.out, self._read_output)
+            self.watch(self.out, self._read_output)
 
     def _cleanup(self) -> None:
         """Remove what the machine held (idempotent)."""
@@ -310,7 +263,7 @@ class Shim:
         """The machine ended and its output is in: record the exit and tell everyone."""
         assert self.status is not None and self.state is not None
         if self.out >= 0:
-            self._unwatch(self.out)
+            self.unwatch(self.out)
             os.close(self.out)
             self.out = -1
         self.logs.close()
@@ -324,8 +277,7 @@ class Shim:
             self.done = True
             return
         contract.write_state(self.directory, self.state)
-        for fd in list(self.clients):
-            self._tell(fd, {"state": self.state.to_dict()})
+        self.tell_all({"state": self.state.to_dict()})
 
     def _read_output(self, fd: int) -> None:
         try:
@@ -335,7 +287,7 @@ class Shim:
         except OSError:
             data = b""
         if not data:  # every writer is gone
-            self._unwatch(fd)
+            self.unwatch(fd)
             os.close(fd)
             self.out = -1
             return
@@ -343,55 +295,31 @@ class Shim:
         if self.status is None:
             wait = self.rate.spend(len(data), time.monotonic())
             if wait > 0:
-                self._unwatch(fd)
+                self.unwatch(fd)
                 self.paused_until = time.monotonic() + wait
 
     # -- the supplier --------------------------------------------------------------------------
-    def _signalled(self, fd: int) -> None:
-        try:
-            got = os.read(fd, 64)
-        except BlockingIOError:
-            return
-        if any(s in (_signal.SIGTERM, _signal.SIGINT) for s in got):
-            say("stop asked by a signal")
-            self.stop(self.plan.stop_grace_s)
+    def signalled(self) -> None:
+        say("stop asked by a signal")
+        self.stop(self.plan.stop_grace_s)
 
     def _supplier_gone(self, fd: int) -> None:
         """The machine stops with its supplier, which ended."""
         if fd >= 0:
-            self._unwatch(fd)
+            self.unwatch(fd)
             os.close(fd)
         say(f"supplier {self.plan.supplier_pid} gone: stopping")
         self.going_down = True
-        if self.listener is not None:  # no later supplier attaches to a shim going down
-            self._unwatch(self.listener.fileno())
-            self.listener.close()
-            self.listener = None
-            try:
-                os.unlink(contract.SOCKET)
-            except FileNotFoundError:
-                pass
+        self.stop_listening(contract.SOCKET)  # no later supplier attaches to a shim going down
         if self.finished:
             contract.remove_dir(self.directory)
             self.done = True
         else:
             self.stop(min(self.plan.stop_grace_s, ORPHANED_GRACE_S))
 
-    def _accept(self, fd: int) -> None:
-        assert self.listener is not None
-        try:
-            conn, _ = self.listener._accept()  # type: ignore[attr-defined]
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
-        self._add(_socket.socket(fileno=conn))
-
-    def _add(self, sock: _socket.socket) -> None:
-        sock.setblocking(False)
-        fd = sock.fileno()
-        self.clients[fd] = Client(sock)
-        self._watch(fd, self._request)
+    def greet(self, fd: int) -> None:
         assert self.state is not None
-        self._tell(fd, {"state": self.state.to_dict()})
+        self.tell(fd, {"state": self.state.to_dict()})
 
     def _tell_first(self, message: dict[str, object]) -> None:
         if self.first >= 0:
@@ -400,99 +328,16 @@ class Shim:
             except OSError:
                 pass
 
-    def _tell(self, fd: int, message: dict[str, object]) -> None:
-        client = self.clients.get(fd)
-        if client is None:
-            return
-        try:
-            client.sock.send(contract.line(message))
-        except OSError:  # gone, or not reading: it asks again when it attaches
-            self._drop(fd)
-
-    def _drop(self, fd: int) -> None:
-        client = self.clients.pop(fd, None)
-        if client is not None:
-            self._unwatch(fd)
-            client.sock.close()
-
-    def _request(self, fd: int) -> None:
-        client = self.clients[fd]
-        try:
-            data = client.sock.recv(CHUNK)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop(fd)  # the supplier went away: the machine runs on
-            return
-        client.buf += data
-        while b"\n" in client.buf:
-            raw, client.buf = client.buf.split(b"\n", 1)
-            self._answer(fd, raw)
-            if fd not in self.clients:
-                return
-        if len(client.buf) > contract.MAX_LINE:
-            say("a request longer than a line: dropped")
-            self._drop(fd)
-
-    def _answer(self, fd: int, raw: bytes) -> None:
-        try:
-            request = contract.parse(raw)
-        except contract.ContractError as exc:
-            self._tell(fd, {"error": str(exc)})
-            return
-        op = request.get("op")
+    def request(self, fd: int, conn: Conn, op: object, request: dict[str, object]) -> None:
         if op == "stop":
             grace = request.get("grace_s", 0.0)
             self.stop(float(grace) if isinstance(grace, int | float) else 0.0)
         elif op == "collect":
             if not self.finished:
-                self._tell(fd, {"error": "the machine still runs"})
+                self.tell(fd, {"error": "the machine still runs"})
                 return
             contract.remove_dir(self.directory)
-            self._tell(fd, {"collected": True})
+            self.tell(fd, {"collected": True})
             self.done = True
         else:
-            self._tell(fd, {"error": f"unknown op {op!r}"})
-
-
-# -- the command --------------------------------------------------------------------------------
-def main(argv: list[str]) -> None:
-    if len(argv) not in (1, 2):
-        sys.stderr.write("usage: python -I -S supplier/machines/shim/main.py DIR [FD]\n")
-        raise SystemExit(2)
-    directory = os.path.abspath(argv[0])
-    first = int(argv[1]) if len(argv) == 2 else -1
-    try:
-        plan = contract.read_plan(directory)
-    except contract.ContractError as exc:
-        sys.stderr.write(f"{exc}\n")
-        raise SystemExit(contract.START_FAILED) from None
-    # Nothing of the supplier's but stdin, stdout, stderr and the first connection: a
-    # descriptor it leaked would be held for the shim's life.
-    keep = sorted({0, 1, 2, first} - {-1})
-    low = 3
-    for fd in keep:
-        if fd >= low:
-            os.closerange(low, fd)
-            low = fd + 1
-    os.closerange(low, os.sysconf("SC_OPEN_MAX"))
-    if os.fork():  # the launcher: the shim goes on alone, not the supplier's child
-        os._exit(0)
-    os.setsid()
-    null = os.open(os.devnull, os.O_RDONLY)
-    log = os.open(
-        os.path.join(directory, contract.SHIM_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600
-    )
-    os.dup2(null, 0)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(null)
-    os.close(log)
-    os.chdir(directory)  # its socket is bound by name here (a path may be too long for one)
-    if first >= 0:
-        os.set_inheritable(first, False)
-    code = Shim(directory, plan, first).run()
-    sys.stdout.flush()
-    os._exit(code)
+            super().request(fd, conn, op, request)
