@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from edge.routing import Service
     from edge.service import EdgeService
     from edge.services import AppServices
-    from edge.starts import StartMachine
+    from edge.starts import PlaceFor, PlaceMachine, StartMachine
     from edge.viewroutes import ViewRoutes
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
@@ -237,6 +237,7 @@ def serve(
     async def main() -> None:
         nc: NATS | None = None
         start_machine: StartMachine | None = None
+        placing: tuple[PlaceFor, PlaceMachine] | None = None
         healer: Controller | None = None
         apps: AppServices | None = None
         view: ViewRoutes | None = None
@@ -253,6 +254,7 @@ def serve(
                 apps = _app_services(nc, prefix, view)
                 if auto_start:
                     start_machine = _starter(nc, prefix)
+                    placing = _placer(nc, prefix, apps, view, region)
                 if controller:
                     healer = _controller(nc, prefix)
                     view.observers.append(healer.changed)
@@ -269,6 +271,8 @@ def serve(
                 start_timeout_s=start_timeout_s,
                 max_held=max_held,
                 auto_start=apps.auto_start if apps is not None else None,
+                place_for=placing[0] if placing else None,
+                place=placing[1] if placing else None,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""
@@ -361,6 +365,38 @@ def _starter(nc: NATS, prefix: str) -> StartMachine:
         return await client.machine("start", machine_id)
 
     return start
+
+
+def _placer(
+    nc: NATS, prefix: str, apps: AppServices, view: ViewRoutes, region: str
+) -> tuple[PlaceFor, PlaceMachine]:
+    """A new machine for an app with none to start (edge/placing.py): its order from the
+    app's record and the view's rows, placed through the exchange. Apps of no tenant only
+    (the edge's key places as the shared buyer: a tenant's machine would not be its own)."""
+    from bourse.client import BourseClient
+    from bourse.client.policy import place_patiently
+    from bourse.errors import BourseError
+    from bourse.wire.messages import Placed, PlaceOrder
+    from bourse.wire.subjects import Subjects
+    from edge.placing import slot_rows, to_place
+
+    client = BourseClient(nc, Subjects(prefix))
+
+    def place_for(app: str) -> PlaceOrder | None:
+        record = apps.records.get(app)
+        if record is None or view.view is None or "." in app:
+            return None
+        return to_place(record, slot_rows(view.view.db.db, app), region)
+
+    async def place(order: PlaceOrder) -> str:
+        got = await place_patiently(client, order)
+        if not isinstance(got, Placed):
+            why = await client.reasons(order, got)
+            detail = f" ({why.detail})" if why.detail else ""
+            raise BourseError(f"unfilled: {why.reason}{detail}")
+        return got.machine_id
+
+    return place_for, place
 
 
 def _app_services(nc: NATS, prefix: str, view: ViewRoutes) -> AppServices:

@@ -180,6 +180,8 @@ class _Here:
     backend: Backend
     at: float
     moved: bool = False
+    key: str = ""  # its app's (routed before the table has a row of it: a new machine)
+    seen: bool = False  # the table has had a row of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,17 +234,22 @@ class Router:
         old = self.clock() - STARTED_HERE_S
         for mid, here in list(self.started_here.items()):
             row = present.get(mid)
-            if row is not None and row.state in MOVING:
-                here.moved = True
-            # gone, started by the table, too old, or started and then stopped again
-            done = row is None or row.state == STARTED or here.at < old
+            if row is not None:
+                here.seen = True
+                if row.state in MOVING:
+                    here.moved = True
+            # gone (its row was there, or never came), started by the table, too old, or
+            # started and then stopped again
+            vanished = row is None and here.seen
+            done = vanished or (row is not None and row.state == STARTED) or here.at < old
             if done or (here.moved and row is not None and row.state not in MOVING):
                 del self.started_here[mid]
 
-    def started(self, backend: Backend) -> None:
-        """This edge started ``backend`` and its port answered: routed as started until the
-        table says so (its row was older than the start), or STARTED_HERE_S passed, or the
-        table shows it starting and then stopping (it moved on)."""
+    def started(self, backend: Backend, key: str = "") -> None:
+        """This edge started ``backend`` (of app ``key``) and its port answered: routed as
+        started until the table says so (its row was older than the start, or there is none
+        yet: a machine just placed), or STARTED_HERE_S passed, or the table shows it
+        starting and then stopping (it moved on)."""
         route = self.table.apps
         row = next(
             (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
@@ -251,7 +258,9 @@ class Router:
         if row is not None and row.state == STARTED:
             return  # the table has it already
         moved = row is not None and row.state in MOVING
-        self.started_here[backend.machine_id] = _Here(backend, self.clock(), moved)
+        self.started_here[backend.machine_id] = _Here(
+            backend, self.clock(), moved, key, seen=row is not None
+        )
         self._ready = {}
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
@@ -263,7 +272,10 @@ class Router:
             return None
         good: list[tuple[Backend, tuple[str, int]]] = []
         passed: dict[str, int] = {}
-        for b in route.backends:
+        listed = {b.machine_id for b in route.backends}
+        new = [h.backend for h in self.started_here.values() if h.key == key and not h.seen
+               and h.backend.machine_id not in listed]  # fmt: skip
+        for b in (*route.backends, *new):
             here = self.started_here.get(b.machine_id)
             if here is not None and b.state != STARTED and not b.worker_gone:
                 b = here.backend

@@ -28,7 +28,7 @@ from edge.probe import run_prober
 from edge.proxy import EdgeConfig, Proxy
 from edge.routes import RouteSource
 from edge.routing import Router, RouteTable, Service
-from edge.starts import MAX_HELD, START_TIMEOUT_S, StartMachine, Starts
+from edge.starts import MAX_HELD, START_TIMEOUT_S, PlaceFor, PlaceMachine, StartMachine, Starts
 from edge.tcp import TcpClient
 
 log = structlog.get_logger("bourse.edge")
@@ -78,6 +78,10 @@ class EdgeService:
     start_timeout_s: float = START_TIMEOUT_S
     max_held: int = MAX_HELD
     auto_start: Callable[[str], bool] | None = None  # per app (None: every app)
+    # an app with no machine to start: the order of a new one, and how it is placed
+    # (edge/placing.py; None: nothing is placed)
+    place_for: PlaceFor | None = None
+    place: PlaceMachine | None = None
     address: str = ""
     service_addresses: dict[str, str] = field(default_factory=dict)
     router: Router = field(init=False)
@@ -105,6 +109,8 @@ class EdgeService:
                 max_held=self.max_held,
                 metrics=self.metrics,
                 auto_start=self.auto_start or every_app,
+                place_for=self.place_for,
+                place=self.place,
             )
         servers: list[asyncio.Server] = []
         try:

@@ -14,6 +14,10 @@ worker's check interval, not the view), then the machine routed as started by th
 request is answered 503 with why; a failed start is not tried again for the app for a
 backoff (doubling, up to BACKOFF_MAX_S: no start storm), and the requests meanwhile get
 the failure's reason.
+
+An app with no machine to start whose spec wants more (edge/placing.py) gets one placed
+first, through the market under its slot's order id (so edges and requests racing for the
+app place one machine), then started and probed as above.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from edge.routing import PASSING, STARTED, AppRoute, Backend, Router
 
 if TYPE_CHECKING:
     from bourse.runtime.metrics import EdgeMetrics
-    from bourse.wire.messages import Machine
+    from bourse.wire.messages import Machine, PlaceOrder
 
 log = structlog.get_logger("bourse.edge")
 
@@ -51,6 +55,10 @@ BACKOFF_MAX_S = 30.0
 # None: a machine answers now, route the request again; text: why not (its 503).
 Release = Callable[[str | None], None]
 StartMachine = Callable[[str], Awaitable["Machine"]]
+# The order of a new machine of an app that has none to start (None: its spec wants no
+# more), and how it is placed (the machine's id).
+PlaceFor = Callable[[str], "PlaceOrder | None"]
+PlaceMachine = Callable[["PlaceOrder"], Awaitable[str]]
 # Whether an address accepts a connection within a timeout (edge/probe.py ``probe``).
 Probe = Callable[[tuple[str, int], float], Awaitable[bool]]
 
@@ -67,8 +75,13 @@ def to_start(route: AppRoute, region: str) -> Backend | None:
 
 @dataclass(slots=True)
 class _Start:
-    machine_id: str
+    machine_id: str  # the order's id until a placed machine has one
     waiters: list[Release] = field(default_factory=list)
+    order: PlaceOrder | None = None  # a new machine placed first
+
+
+class _NotPlaced(Exception):
+    """Placing the new machine failed (its reason already said)."""
 
 
 @dataclass(slots=True)
@@ -94,6 +107,8 @@ class Starts:
         clock: Callable[[], float] = time.monotonic,
         probe: Probe = probe,
         auto_start: Callable[[str], bool] = lambda app: True,
+        place_for: PlaceFor | None = None,
+        place: PlaceMachine | None = None,
     ) -> None:
         self.router = router
         self.start_machine = start_machine
@@ -105,6 +120,8 @@ class Starts:
         self.clock = clock
         self.probe = probe
         self.auto_start = auto_start  # an app's service section may say no
+        self.place_for = place_for if place is not None else None
+        self.place = place
         self.pending: dict[str, _Start] = {}
         self.failed: dict[str, _Failed] = {}
         self.tasks = TaskSet("edge-start")
@@ -128,40 +145,50 @@ class Starts:
         if failed is not None and failed.retry_at > self.clock():
             return f"{failed.why} (started again in {failed.retry_at - self.clock():.1f} s)"
         route = self.router.table.apps.get(app)
-        backend = to_start(route, self.region) if route is not None else None
-        if route is None or backend is None:
+        if route is None:
             return ""
-        start = self.pending[app] = _Start(backend.machine_id, [release])
+        backend = to_start(route, self.region)
+        if backend is not None:
+            start = _Start(backend.machine_id, [release])
+        else:
+            order = self.place_for(app) if self.place_for is not None else None
+            if order is None:
+                return ""
+            start = _Start(f"of order {order.order_id}", [release], order)
+        self.pending[app] = start
         self.tasks.spawn(self._start(app, route, start))
         return None
 
     async def _start(self, app: str, route: AppRoute, start: _Start) -> None:
-        mid = start.machine_id
         t0 = time.perf_counter()
         why: str | None = None
         try:
             with anyio.fail_after(self.timeout_s):
-                machine = await self.start_machine(mid)
-                backend = Backend(
-                    mid, machine.region, machine_addresses(machine), STARTED, PASSING
-                )  # fmt: skip
-                address = route.address(backend)
-                if address is None:
-                    why = f"machine {mid} of app {app!r} has no port {route.port or 'http'!r}"
-                else:
-                    await self._answers(address)
-                    self.router.started(backend)
+                if start.order is not None and self.place is not None:
+                    try:
+                        start.machine_id = await self.place(start.order)
+                    except Exception as exc:
+                        oid = start.order.order_id
+                        why = f"placing a machine of app {app!r} (order {oid}) failed: {exc}"
+                        raise _NotPlaced from exc
+                why = await self._started(app, route, start.machine_id)
+        except _NotPlaced:
+            pass
         except TimeoutError:
-            why = f"machine {mid} of app {app!r} did not answer within {self.timeout_s:g} s"
+            why = (
+                f"machine {start.machine_id} of app {app!r} did not answer within "
+                f"{self.timeout_s:g} s"
+            )
         except Exception as exc:  # the start refused or failed: said to every held request
-            why = f"the start of machine {mid} of app {app!r} failed: {exc}"
+            why = f"the start of machine {start.machine_id} of app {app!r} failed: {exc}"
         finally:
             del self.pending[app]
+        mid = start.machine_id
         seconds = time.perf_counter() - t0
         if why is None:
             self.failed.pop(app, None)
             log.info("cold_start", app=app, machine=mid, ms=round(seconds * 1000, 3),
-                     held=len(start.waiters))  # fmt: skip
+                     held=len(start.waiters), placed=start.order is not None)  # fmt: skip
             if self.metrics is not None:
                 self.metrics.cold_start(app, seconds)
         else:
@@ -171,6 +198,18 @@ class Starts:
             log.warning("cold_start_failed", app=app, machine=mid, why=why, backoff_s=backoff)
         for release in start.waiters:
             release(why)
+
+    async def _started(self, app: str, route: AppRoute, mid: str) -> str | None:
+        """Start ``mid`` and probe its port until it answers, then route it: None, or why
+        it cannot be."""
+        machine = await self.start_machine(mid)
+        backend = Backend(mid, machine.region, machine_addresses(machine), STARTED, PASSING)
+        address = route.address(backend)
+        if address is None:
+            return f"machine {mid} of app {app!r} has no port {route.port or 'http'!r}"
+        await self._answers(address)
+        self.router.started(backend, app)
+        return None
 
     async def _answers(self, address: tuple[str, int]) -> None:
         """Until ``address`` accepts a connection (the edge's own probe, at its pace)."""

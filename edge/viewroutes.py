@@ -96,8 +96,9 @@ def view_table(
     tenant; a machine whose worker the view says is gone is marked so (0, "never seen
     beating", is not gone: nothing says so, and the edge's probe catches a dead address).
     An app with a service section (``services``, by key) takes its port and limits from
-    it; the others ``port``, ``soft_limit`` and ``hard_limit``."""
-    grouped: dict[str, list[Backend]] = {}
+    it; the others ``port``, ``soft_limit`` and ``hard_limit``. A deployed app (one with a
+    section) with no machine is in the table too, with none: its request may place one."""
+    grouped: dict[str, list[Backend]] = {key: [] for key in services or {}}
     for mid, tenant, app, region, state, status, addrs, gone, checks, role in db.execute(_ROWS):
         health = _health(status, checks)
         backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone), role=role)

@@ -11,9 +11,10 @@ from pathlib import Path
 import anyio
 
 from bourse.client import BourseClient
+from bourse.client.apps.apply import apply, context
 from bourse.client.apps.spec import AppService, AppSpec
 from bourse.client.apps.store import AppRecord, AppStore
-from bourse.wire.messages import Placed, Resources
+from bourse.wire.messages import Machine, Placed, Resources
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
@@ -183,6 +184,57 @@ async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
             again = await get(e.address, host="mute.localhost")
             assert again.status in (502, 503), again
         assert e.log.count("event='cold_start_failed'") == 1
+
+
+async def test_two_edges_and_concurrent_requests_place_one_machine_for_an_app_with_none(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app deployed (one primary) whose machine was then destroyed: nothing to start.
+    Two edges, ten requests at each at once: ONE new machine is placed (both edges derive
+    the slot's next order id, its claim gives both the same machine), started, and every
+    request is served by it; the next deploy keeps it in its slot."""
+    buyer = await process_market(market, "edgep1")
+    spec = AppSpec(app="zero", image="srv", regions=["mad"], ports=["http"], env={"DELAY": "0.2"},
+                   resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+    store = await AppStore.open(buyer.nc, market.subjects.prefix)
+    done = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    assert done.complete, done.outcomes
+    [first] = [o.machine_id for o in done.outcomes]
+    await buyer.machine("destroy", first)
+    nc = await market.connect("watch")
+    await published(nc, market.subjects, first, "destroyed", timeout_s=30)
+    # each edge is ready once its view and the apps' records are read: the destroy in them
+    async with (
+        edge(tmp_path, *market_args(market)) as e1,
+        edge(tmp_path, *market_args(market)) as e2,
+    ):
+        got: list[Answer] = []
+
+        async def ten(address: str) -> None:
+            got.extend(await all_of(address, "zero.localhost", 10))
+
+        async with anyio.create_task_group() as tasks:
+            for e in (e1, e2):
+                tasks.start_soon(ten, e.address)
+        machines = {a.headers.get("bourse-machine") for a in got}
+        assert {a.status for a in got} == {200} and len(machines) == 1, got
+        [new] = machines
+        assert new != first
+        live = [m for m in await market_machines(buyer, "zero") if m.state != "destroyed"]
+        assert [(m.machine_id, m.order_id, m.state) for m in live] == [
+            (new, "zero.g1.mad.0.r1", "started")
+        ]
+        placed_lines = [ln for e in (e1, e2) for ln in cold(e.log).splitlines()]
+        assert placed_lines and all("placed=True" in ln for ln in placed_lines), placed_lines
+    again = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    assert [(s.action, s.machine_id) for s in again.plan.steps] == [("keep", new)]
+
+
+async def market_machines(buyer: BourseClient, app: str) -> list[Machine]:
+    from bourse.wire.messages import ListMachines
+
+    listing = await buyer.list_machines(["mad"], ListMachines(app=app, include_destroyed=True))
+    return listing.machines
 
 
 def cold(log: str) -> str:

@@ -46,6 +46,25 @@ def machine(mid: str, port: int) -> Machine:
     )  # fmt: skip
 
 
+class Held:
+    """Held requests' releases: what each was told, and when ``n`` were."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.told: list[str | None] = []
+        self.done = anyio.Event()
+
+    def __call__(self, why: str | None) -> None:
+        self.told.append(why)
+        if len(self.told) == self.n:
+            self.done.set()
+
+    async def all(self) -> list[str | None]:
+        with anyio.fail_after(5):
+            await self.done.wait()
+        return self.told
+
+
 def router_of(*backends: Backend) -> Router:
     router = Router("mad")
     router.update(RouteTable({"web": AppRoute("web", backends)}))
@@ -69,21 +88,12 @@ async def test_concurrent_requests_share_one_start_and_are_released_when_it_answ
         return len(probed) == 3  # the machine's port answers at the third probe
 
     starts = Starts(router, start, max_held=3, probe=probe, probe_every_s=0.001)
-    released: list[str | None] = []
-    done = anyio.Event()
-
-    def release(why: str | None) -> None:
-        released.append(why)
-        if len(released) == 3:
-            done.set()
-
+    release = Held(3)
     assert [starts.hold("web", release) for _ in range(3)] == [None, None, None]
     full = starts.hold("web", release)
     assert full == "3 requests of app 'web' already wait for machine mad-1~m1 to start"
     gate.set()
-    with anyio.fail_after(5):
-        await done.wait()
-    assert (asked, released) == (["mad-1~m1"], [None, None, None])
+    assert (asked, await release.all()) == (["mad-1~m1"], [None, None, None])
     assert probed == [("127.0.0.1", PORT)] * 3
     # routed as started by this edge, the table still saying stopped
     got = router.pick("web")
@@ -102,19 +112,10 @@ async def test_a_failed_start_is_said_to_every_held_request_then_backs_off() -> 
         raise RuntimeError("no room on mad-1")
 
     starts = Starts(router, start, clock=lambda: now[0])
-    released: list[str | None] = []
-    done = anyio.Event()
-
-    def release(why: str | None) -> None:
-        released.append(why)
-        if len(released) == 2:
-            done.set()
-
+    release = Held(2)
     assert starts.hold("web", release) is None and starts.hold("web", release) is None
-    with anyio.fail_after(5):
-        await done.wait()
     why = "the start of machine mad-1~m1 of app 'web' failed: no room on mad-1"
-    assert released == [why, why]
+    assert await release.all() == [why, why]
     assert starts.hold("web", release) == f"{why} (started again in 1.0 s)"
     now[0] += 1.5  # past the backoff: started again (and failing again, twice as long)
     assert starts.hold("web", release) is None
