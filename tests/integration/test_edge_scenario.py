@@ -50,14 +50,16 @@ async def test_a_short_edge_run_reports_every_arm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_a_short_cold_start_run_measures_both(tmp_path: Path) -> None:
+async def test_a_short_cold_start_run_measures_each_arm(tmp_path: Path) -> None:
     """The edge-cold scenario (loadtest/edgecold.py): a real market, a process machine,
-    the edge; two rounds of each arm, none failed."""
+    the edge; two rounds of each arm (own start, through the edge, placed by the edge),
+    none failed."""
     from loadtest.edgecold import ColdProfile, run_cold
     from loadtest.edgecold import table as cold_table
 
     said: list[str] = []
     rep = await run_cold(ColdProfile(starts=2), tmp_path / "run", said.append)
-    assert rep["failed"] == [] and rep["samples"] == {"own": 2, "edge": 2}
+    assert rep["failed"] == [] and rep["samples"] == {"own": 2, "edge": 2, "placed": 2}
     assert rep["own_start_p50_ms"] > 0 and rep["edge_first_byte_p50_ms"] > 0
-    assert (tmp_path / "run" / "report.json").exists() and cold_table(rep).row_count == 2
+    assert rep["placed_first_byte_p50_ms"] > 0
+    assert (tmp_path / "run" / "report.json").exists() and cold_table(rep).row_count == 3
