@@ -145,7 +145,8 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.machines_every,
             *grants.allows(ROLE_BUYER, s.prefix),
         ),
-        subscribe=(s.events(), f"{inbox}.>"),
+        # the edges' activity (§4.23): a deploy's drain hears when requests have finished
+        subscribe=(s.events(), s.edge_activity(), f"{inbox}.>"),
     )
 
 
