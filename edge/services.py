@@ -1,10 +1,11 @@
 """The apps' service sections (docs/protocol.md §4.19: ``[service]`` of an app's spec), as
 the edge follows them: a watch of the apps bucket ``<PREFIX>_APPS`` (each app's record, its
 spec as last deployed), kept by app key (``web``, a tenant's ``web.acme``). The routes take
-an app's port and limits from it, the starts its ``auto_start`` (and a placement the
-whole record: its spec, generation and slots), the idle stops its
-``auto_stop``, ``idle_s`` and ``min_machines_running``. An app without a record (placed by
-hand) has none: the edge's own options say (``--port``, ``--soft-limit``...; started by its
+an app's port and limits from it, and its ``draining`` machines (a deploy drains them
+before it destroys them: no new request); the starts its ``auto_start`` (and a placement
+the whole record: its spec, generation and slots), the idle stops its ``auto_stop``,
+``idle_s`` and ``min_machines_running``. An app without a record (placed by hand) has
+none: the edge's own options say (``--port``, ``--soft-limit``...; started by its
 requests, never stopped when idle).
 """
 
@@ -58,6 +59,7 @@ class AppServices:
         self.prefix = prefix
         self.services: dict[str, AppService] = {}
         self.records: dict[str, AppRecord] = {}  # the whole record (a placement reads it)
+        self.draining: frozenset[str] = frozenset()  # every app's draining machines
         self.observers: list[Callable[[], None]] = []
 
     def get(self, key: str) -> AppService | None:
@@ -117,13 +119,23 @@ class AppServices:
             self.records.pop(key, None)
         else:
             self.records[key] = record
+        draining = frozenset(m for r in self.records.values() for m in r.draining)
+        drained, self.draining = self.draining != draining, draining
+        if drained:
+            log.info("draining", app=key, machines=record.draining if record else [])
+        if not self._service(key, service) and not drained:
+            return
+        for observe in self.observers:
+            observe()
+
+    def _service(self, key: str, service: AppService | None) -> bool:
+        """Keep app ``key``'s section: whether it changed."""
         if service is None:
             if self.services.pop(key, None) is None:
-                return
+                return False
         elif self.services.get(key) == service:
-            return
+            return False
         else:
             self.services[key] = service
         log.info("service", app=key, service=msgspec.to_builtins(service) if service else None)
-        for observe in self.observers:
-            observe()
+        return True
