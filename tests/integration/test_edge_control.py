@@ -7,8 +7,10 @@ the address a worker gave a machine's port plays the machine. Every wait is on a
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from bourse.client import BourseClient
 from bourse.client.apps.apply import apply, context
@@ -21,14 +23,20 @@ from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 from tests.views import published, row
 
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
 # Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
-# start); "slow" and "never" machines: see the catalog below.
+# start); GET /slow after 3 s (a long request); "slow" and "never" machines: see the
+# catalog below.
 SERVER = """
 import http.server, os, time
 time.sleep(float(os.environ.get("DELAY", "0")))  # the app's own start: the workload, not a wait
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(3)  # a long request: the workload
         self.send_response(200)
         self.send_header("Content-Length", "5")
         self.end_headers()
@@ -228,6 +236,65 @@ async def test_two_edges_and_concurrent_requests_place_one_machine_for_an_app_wi
         assert placed_lines and all("placed=True" in ln for ln in placed_lines), placed_lines
     again = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
     assert [(s.action, s.machine_id) for s in again.plan.steps] == [("keep", new)]
+
+
+async def test_a_rolling_deploy_drains_the_old_machine_before_it_destroys_it(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app of one primary behind an edge, a 3 s request under way at it: a deploy that
+    replaces it starts the new machine, names the old one draining (the edge sends it
+    nothing new from then on), waits until the edge's activity says the request finished,
+    and only then stops and destroys it: the long request is answered by the old machine,
+    the requests after the mark by the new one."""
+    buyer = await process_market(market, "edged1")
+    spec = AppSpec(app="roll", image="srv", regions=["mad"], ports=["http"], env={"V": "1"},
+                   resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+    store = await AppStore.open(buyer.nc, market.subjects.prefix)
+    first = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    [old] = [o.machine_id for o in first.outcomes]
+    async with edge(tmp_path, *market_args(market)) as e:
+        await answered(e.address, "roll.localhost", lambda a: a.status == 200)
+        long: list[Answer] = []
+        async with anyio.create_task_group() as tasks:
+
+            async def slow() -> None:
+                long.append(await get(e.address, "/slow", host="roll.localhost"))
+
+            tasks.start_soon(slow)
+            await in_flight(buyer, old)  # the edge's activity says so
+            v2 = msgspec.structs.replace(spec, env={"V": "2"})
+            second = await apply(buyer, store, await context(buyer, store, v2), check_wait_s=5)
+        assert second.complete, second.outcomes
+        [new] = [o.machine_id for o in second.outcomes]
+        [answer] = long
+        assert (answer.status, answer.headers["bourse-machine"]) == (200, old)
+        assert "event='draining'" in e.log, e.log[-3000:]
+        got = await get(e.address, host="roll.localhost")
+        assert (got.status, got.headers["bourse-machine"]) == (200, new)
+    machines = {m.machine_id: m.state for m in await market_machines(buyer, "roll")}
+    assert machines == {old: "destroyed", new: "started"}
+    record = await store.get("roll")
+    assert record is not None and record.draining == []
+
+
+async def in_flight(buyer: BourseClient, machine_id: str) -> None:
+    """Until an edge's activity report says a request to ``machine_id`` is in flight."""
+    from bourse.wire.codec import decode
+    from bourse.wire.messages import EdgeActivity
+
+    seen = anyio.Event()
+
+    async def report(msg: Msg) -> None:
+        a = decode(msg.data, EdgeActivity)
+        if a.machines.get(machine_id) == a.at_ms:
+            seen.set()
+
+    sub = await buyer.nc.subscribe(buyer.subjects.edge_activity(), cb=report)
+    try:
+        with anyio.fail_after(30):
+            await seen.wait()
+    finally:
+        await sub.unsubscribe()
 
 
 async def market_machines(buyer: BourseClient, app: str) -> list[Machine]:
