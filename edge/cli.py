@@ -273,6 +273,7 @@ def serve(
                 auto_start=apps.auto_start if apps is not None else None,
                 place_for=placing[0] if placing else None,
                 place=placing[1] if placing else None,
+                wanted=apps.wanted if apps is not None else None,
             )
             async with anyio.create_task_group() as tasks:
                 serving = ""

@@ -38,6 +38,7 @@ ROUTABLE_HEALTH = frozenset({PASSING, NO_CHECKS})
 
 STARTED = "started"
 MOVING = frozenset({"starting", STARTED})
+ENDED = frozenset({"stopped", "failed", "destroyed"})  # its requests under way cannot end well
 
 # Why a machine takes no request (named once: the 503's detail counts them).
 NOT_STARTED = "not started"
@@ -218,6 +219,13 @@ class Router:
         self.started_here: dict[str, _Here] = {}
         # when this edge last sent a request to each machine (its clock): its activity
         self.began: dict[str, float] = {}
+        # told when a machine may have become able to take requests: a new table, a
+        # probe that passed, a machine this edge started (held requests route again)
+        self.observers: list[Callable[[], None]] = []
+
+    def _changed(self) -> None:
+        for observe in self.observers:
+            observe()
 
     # -- the table -------------------------------------------------------------------------
 
@@ -244,6 +252,19 @@ class Router:
             done = vanished or (row is not None and row.state == STARTED) or here.at < old
             if done or (here.moved and row is not None and row.state not in MOVING):
                 del self.started_here[mid]
+        self._changed()
+
+    def dead_in_flight(self) -> set[str]:
+        """The machines this edge has requests outstanding at that the table says ended
+        (stopped, failed, destroyed: gone from it) or whose worker is gone; a machine this
+        edge started and routes before its row comes is not among them."""
+        present = {b.machine_id: b for r in self.table.apps.values() for b in r.backends}
+        return {
+            mid
+            for mid in self.outstanding
+            if mid not in self.started_here
+            and ((b := present.get(mid)) is None or b.worker_gone or b.state in ENDED)
+        }
 
     def started(self, backend: Backend, key: str = "") -> None:
         """This edge started ``backend`` (of app ``key``) and its port answered: routed as
@@ -262,6 +283,7 @@ class Router:
             backend, self.clock(), moved, key, seen=row is not None
         )
         self._ready = {}
+        self._changed()
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
         ready = self._ready.get((key, port))
@@ -384,6 +406,7 @@ class Router:
             return
         if ok:
             del self.skipped[machine_id]
+            self._changed()
             return
         skip.interval = min(skip.interval * 2, self.probe_max_s)
         skip.due = self.clock() + skip.interval

@@ -70,6 +70,14 @@ class AppServices:
         svc = self.services.get(key)
         return svc is None or svc.auto_start
 
+    def wanted(self, key: str, region: str) -> int | None:
+        """The machines app ``key`` wants running in ``region`` (its spec's count there, 0
+        where it does not run; None: no spec)."""
+        record = self.records.get(key)
+        if record is None or record.spec is None:
+            return None
+        return record.spec.count if region in record.spec.regions else 0
+
     @property
     def all(self) -> Mapping[str, AppService]:
         return self.services

@@ -23,7 +23,7 @@ app place one machine), then started and probed as above.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -34,7 +34,16 @@ from bourse.runtime.tasks import TaskSet
 from bourse.wire.metadata import SPARE
 from edge.probe import probe
 from edge.routes import machine_addresses
-from edge.routing import PASSING, STARTED, AppRoute, Backend, Router
+from edge.routing import (
+    CRITICAL,
+    MOVING,
+    PASSING,
+    PENDING,
+    STARTED,
+    AppRoute,
+    Backend,
+    Router,
+)
 
 if TYPE_CHECKING:
     from bourse.runtime.metrics import EdgeMetrics
@@ -59,6 +68,8 @@ StartMachine = Callable[[str], Awaitable["Machine"]]
 # more), and how it is placed (the machine's id).
 PlaceFor = Callable[[str], "PlaceOrder | None"]
 PlaceMachine = Callable[["PlaceOrder"], Awaitable[str]]
+# The machines an app wants running in a region (its spec's count; None: no spec says).
+Wanted = Callable[[str, str], "int | None"]
 # Whether an address accepts a connection within a timeout (edge/probe.py ``probe``).
 Probe = Callable[[tuple[str, int], float], Awaitable[bool]]
 
@@ -71,6 +82,37 @@ def to_start(route: AppRoute, region: str) -> Backend | None:
         b for b in route.backends if b.state in STARTABLE and b.role != SPARE and not b.worker_gone
     ]
     return min(stopped, key=lambda b: (b.region != region, b.machine_id), default=None)
+
+
+def running(route: AppRoute, region: str) -> int:
+    """The app's machines starting or started in ``region`` whose worker is not gone."""
+    return sum(1 for b in route.backends
+               if b.region == region and b.state in MOVING and not b.worker_gone)  # fmt: skip
+
+
+def failing_over(route: AppRoute, region: str) -> bool:
+    """Whether the app's machines in ``region`` are due a failover (one running whose
+    worker is gone or whose check is critical, and a spare to start in its place): a
+    request starts none of its stopped machines meanwhile."""
+    here = [b for b in route.backends if b.region == region]
+    failed = any(b.state in MOVING and (b.worker_gone or b.health == CRITICAL) for b in here)
+    return failed and any(
+        b.role == SPARE and b.state in STARTABLE and not b.worker_gone for b in here
+    )
+
+
+def waitable(route: AppRoute, skipped: Collection[str]) -> bool:
+    """Whether a request the app's machines cannot take now may be taken soon: one of them
+    is starting, or started and skipped after a failure (its probe may pass) or its check
+    not passed yet, or a spare a failover may start (its worker not gone, none draining)."""
+    for b in route.backends:
+        if b.worker_gone or b.draining:
+            continue
+        if b.state == "starting" or (b.role == SPARE and b.state in STARTABLE):
+            return True
+        if b.state == STARTED and (b.machine_id in skipped or b.health == PENDING):
+            return True
+    return False
 
 
 @dataclass(slots=True)
@@ -109,6 +151,7 @@ class Starts:
         auto_start: Callable[[str], bool] = lambda app: True,
         place_for: PlaceFor | None = None,
         place: PlaceMachine | None = None,
+        wanted: Wanted = lambda app, region: None,
     ) -> None:
         self.router = router
         self.start_machine = start_machine
@@ -122,16 +165,20 @@ class Starts:
         self.auto_start = auto_start  # an app's service section may say no
         self.place_for = place_for if place is not None else None
         self.place = place
+        self.wanted = wanted
         self.pending: dict[str, _Start] = {}
         self.failed: dict[str, _Failed] = {}
+        # requests waiting for a machine of their app able to take them, with deadlines
+        self.waiting: dict[str, list[tuple[Release, float]]] = {}
         self.tasks = TaskSet("edge-start")
+        router.observers.append(self.changed)
 
-    def hold(self, app: str, release: Release) -> str | None:
-        """Hold a request of ``app`` until a machine of it is started: None when held
-        (``release`` is called once, later); else why not, for its 503 ("": the app has
-        no machine to start, answer as routing said)."""
-        if not self.auto_start(app):
-            return ""
+    def hold(self, app: str, release: Release, deadline: float | None = None) -> str | None:
+        """Hold a request of ``app`` until a machine of it is started, or until one of its
+        machines can take it (``deadline``: the clock's time to give up at; default
+        ``timeout_s`` from now): None when held (``release`` is called once, later); else
+        why not, for its 503 ("": the app has no machine to start or wait for, answer as
+        routing said)."""
         start = self.pending.get(app)
         if start is not None:
             if len(start.waiters) >= self.max_held:
@@ -141,14 +188,28 @@ class Starts:
                 )
             start.waiters.append(release)
             return None
-        failed = self.failed.get(app)
-        if failed is not None and failed.retry_at > self.clock():
-            return f"{failed.why} (started again in {failed.retry_at - self.clock():.1f} s)"
         route = self.router.table.apps.get(app)
         if route is None:
             return ""
+        why = self._begin(app, route, release)
+        if why is None:
+            return None
+        if waitable(route, self.router.skipped) and self._wait(app, release, deadline):
+            return None
+        return why
+
+    def _begin(self, app: str, route: AppRoute, release: Release) -> str | None:
+        """A start (or a placing, then a start) of one of ``app``'s machines for the
+        request: None when one began; else why not ("": nothing to start)."""
+        if not self.auto_start(app):
+            return ""
+        failed = self.failed.get(app)
+        if failed is not None and failed.retry_at > self.clock():
+            return f"{failed.why} (started again in {failed.retry_at - self.clock():.1f} s)"
         backend = to_start(route, self.region)
-        if backend is not None:
+        if backend is not None and failing_over(route, backend.region):
+            return ""  # the controller starts the slot's spare: not a second primary
+        if backend is not None and self._more(app, route, backend.region):
             start = _Start(backend.machine_id, [release])
         else:
             order = self.place_for(app) if self.place_for is not None else None
@@ -158,6 +219,48 @@ class Starts:
         self.pending[app] = start
         self.tasks.spawn(self._start(app, route, start))
         return None
+
+    def _more(self, app: str, route: AppRoute, region: str) -> bool:
+        """Whether the app may have one more machine running in ``region`` (its spec's
+        count there, when it has one: a failover's stopped primary is not started again
+        beside the spare that replaced it)."""
+        wanted = self.wanted(app, region)
+        return wanted is None or running(route, region) < wanted
+
+    # -- requests that wait for a machine able to take them ---------------------------------
+    def _wait(self, app: str, release: Release, deadline: float | None) -> bool:
+        """Hold the request until the router may route it (``changed``) or ``deadline``;
+        False when the app holds too many already."""
+        waiters = self.waiting.setdefault(app, [])
+        if len(waiters) >= self.max_held:
+            return False
+        at = deadline if deadline is not None else self.clock() + self.timeout_s
+        waiters.append((release, at))
+        if len(waiters) == 1:
+            self.tasks.spawn(self._expire(app))
+        return True
+
+    def changed(self) -> None:
+        """A machine may take requests now (a new table, a probe passed, a start): every
+        waiting request routes again (held again, until its deadline, if none can)."""
+        waiting, self.waiting = self.waiting, {}
+        for waiters in waiting.values():
+            for release, _ in waiters:
+                release(None)
+
+    async def _expire(self, app: str) -> None:
+        """Answer the app's waiting requests whose deadline passed (503 with why), until
+        none waits."""
+        while waiters := self.waiting.get(app):
+            now = self.clock()
+            due = [w for w in waiters if w[1] <= now]
+            if due:
+                waiters[:] = [w for w in waiters if w[1] > now]
+                why = f"no machine of app {app!r} could take it within {self.timeout_s:g} s"
+                for release, _ in due:
+                    release(why)
+                continue
+            await anyio.sleep(min(w[1] for w in waiters) - now)  # until the next deadline
 
     async def _start(self, app: str, route: AppRoute, start: _Start) -> None:
         t0 = time.perf_counter()

@@ -7,6 +7,7 @@ that refused is skipped until its next passing probe, as for HTTP."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from typing import Any
 
 import structlog
@@ -113,6 +114,10 @@ class TcpClient(asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def cut(self, dead: Collection[str]) -> None:
+        if self.machine_id in dead:
+            self.abort()  # its client connects again, to another machine
 
 
 class TcpUpstream(asyncio.Protocol):

@@ -152,3 +152,53 @@ def test_a_machine_started_here_is_routed_until_the_table_moves_on() -> None:
     table("started")
     router.started(here)  # the table has it already: nothing to remember
     assert router.started_here == {}
+
+
+async def test_a_request_no_machine_can_take_now_waits_until_one_can() -> None:
+    """The app's one machine is started but skipped after a failure: nothing is started
+    (the spec wants one running), the request waits; a change (a probe passed, a new
+    table) releases it to route again; one still waiting at its deadline gets a 503."""
+    now = [0.0]
+    router = Router("mad", clock=lambda: now[0])
+    router.update(RouteTable({"web": AppRoute("web", (b("m1", state=STARTED),
+                                                      b("m2")))}))  # fmt: skip
+    router.failed("m1", ("127.0.0.1", PORT))
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("a second machine is not started beside the skipped one")
+
+    starts = Starts(router, start, clock=lambda: now[0], wanted=lambda app, region: 1)
+    release = Held(1)
+    assert starts.hold("web", release, deadline=5.0) is None
+    assert starts.pending == {} and len(starts.waiting["web"]) == 1
+    router.probed("m1", ok=True)  # its probe passed: the request routes again
+    assert release.told == [None] and starts.waiting == {}
+    await starts.close()
+
+
+async def test_no_request_starts_a_machine_while_a_failover_is_due() -> None:
+    """The primary's worker is gone and the slot has a spare: the controller's to start; a
+    request starts no stopped machine meanwhile (not a second primary), it waits."""
+    router = router_of(b("m1", state=STARTED, worker_gone=True), b("m2"),
+                       b("m3", role="spare"))  # fmt: skip
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("nothing started by a request")
+
+    starts = Starts(router, start)
+    assert starts.hold("web", Held(1)) is None and len(starts.waiting["web"]) == 1
+    await starts.close()
+
+
+async def test_a_waiting_request_past_its_deadline_gets_a_503() -> None:
+    router = router_of(b("m1", state="starting"))
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("nothing to start")
+
+    starts = Starts(router, start, timeout_s=0.05)
+    release = Held(1)
+    assert starts.hold("web", release) is None
+    assert await release.all() == ["no machine of app 'web' could take it within 0.05 s"]
+    assert starts.hold("other", release) == ""  # no such app
+    await starts.close()
