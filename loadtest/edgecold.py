@@ -90,17 +90,18 @@ class Times:
     failed: list[str] = field(default_factory=list)
 
 
-def fleet(path: Path) -> Path:
-    worker = {
-        "worker_id": WORKER,
-        "region": REGION,
+def fleet(path: Path, worker: str = WORKER, ports: str = PORTS, region: str = REGION) -> Path:
+    """A supplier's fleet file of one process worker advertising loopback."""
+    w = {
+        "worker_id": worker,
+        "region": region,
         "capacity": {"cpus": 8, "memory_mb": 8192, "disk_mb": 100_000},
         "driver": "process",
-        "ports": PORTS,
+        "ports": ports,
         "advertise_host": "127.0.0.1",
     }
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(msgspec.json.encode({"worker": [worker]}))
+    path.write_bytes(msgspec.json.encode({"worker": [w]}))
     return path
 
 
@@ -314,7 +315,12 @@ def main(argv: list[str] | None = None) -> None:
     a = parser.parse_args(argv)
     say: Say = (lambda _: None) if a.json else print
     rep = anyio.run(run_cold, ColdProfile(starts=a.starts), a.out, say)
-    if a.json:
+    show(rep, table, a.json)
+
+
+def show(rep: dict[str, Any], table: Callable[[dict[str, Any]], Table], as_json: bool) -> None:
+    """A scenario's report on stdout: JSON, or its table."""
+    if as_json:
         json.dump(rep, sys.stdout, indent=2)
         print()
     else:
