@@ -34,6 +34,7 @@ import argparse
 import asyncio
 import os
 import signal
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -188,6 +189,13 @@ class Market:
         await self.suppliers[worker].stop()
         await self.supplier(worker, ports)
 
+    async def revive(self) -> None:
+        """Every killed supplier started again (it finds its machines dead, and removes
+        what was theirs on the host when they are destroyed)."""
+        for worker, prog in list(self.suppliers.items()):
+            if prog.proc.returncode is not None:
+                await self.supplier(worker, PORTS[int(worker.rsplit("-", 1)[1])])
+
     async def kill(self, worker: str) -> list[int]:
         """``kill -9`` the worker's supplier and every process of its machines (their
         cgroups name the machine, ``<worker>~<id>``; their shims' command lines too)."""
@@ -276,6 +284,19 @@ async def faults(client: BourseClient, market: Market, settle_s: float, say: Say
     return marks
 
 
+async def clean_up(client: BourseClient, market: Market) -> None:
+    """The run's machines destroyed by their suppliers (the killed one's started again):
+    a supplier keeps its machines running when it stops (--keep-machines)."""
+    await market.revive()
+    listing = await client.list_machines([REGION], ListMachines(app=APP))
+    for m in listing.machines:
+        if m.state != "destroyed":
+            try:
+                await client.machine("destroy", m.machine_id)
+            except BourseError as exc:
+                print(f"not destroyed: {m.machine_id}: {exc}", file=sys.stderr)
+
+
 async def run_faults(profile: FaultsProfile, out: Path, say: Say) -> dict[str, Any]:
     fresh_run_dir(out)
     server = EmbeddedNats(workdir=out / "nats", tie_to_parent=True).start()
@@ -316,6 +337,7 @@ async def run_faults(profile: FaultsProfile, out: Path, say: Say) -> dict[str, A
                     marks = await faults(client, market, profile.settle_s, say)
                 finally:
                     stop.set()
+            await clean_up(client, market)
         finally:
             await shutdown(nc)
     finally:
