@@ -26,6 +26,8 @@ from bourse.runtime.cli import (
 from bourse.runtime.connection import Connection
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nats.aio.client import Client as NATS
 
     from edge.healing import Controller
@@ -241,6 +243,7 @@ def serve(
         healer: Controller | None = None
         apps: AppServices | None = None
         view: ViewRoutes | None = None
+        edges: list[EdgeService] = []  # the service, once made (the controller reads it)
         try:
             routes_from: RouteSource
             if table is not None:
@@ -256,7 +259,7 @@ def serve(
                     start_machine = _starter(nc, prefix)
                     placing = _placer(nc, prefix, apps, view, region)
                 if controller:
-                    healer = _controller(nc, prefix)
+                    healer = _controller(nc, prefix, lambda: edges[0])
                     view.observers.append(healer.changed)
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
@@ -275,6 +278,7 @@ def serve(
                 place=placing[1] if placing else None,
                 wanted=apps.wanted if apps is not None else None,
             )
+            edges.append(svc)
             async with anyio.create_task_group() as tasks:
                 serving = ""
                 if metrics is not None and metrics_at is not None:
@@ -428,14 +432,25 @@ def _idle(nc: NATS, prefix: str, svc: EdgeService, apps: AppServices, view: View
     return Idle(nc, subjects, svc.router, stop, lambda: apps.all, rows)
 
 
-def _controller(nc: NATS, prefix: str) -> Controller:
-    """The controller, acting on the market through the exchange."""
+def _controller(nc: NATS, prefix: str, edge: Callable[[], EdgeService]) -> Controller:
+    """The controller, acting on the market through the exchange, with ``edge``'s evidence
+    (the machines its router cannot reach) and its routes (a spare it starts routed once
+    the edge's probe answers)."""
     from bourse.client import BourseClient
+    from bourse.wire.messages import Machine
     from bourse.wire.subjects import Subjects
-    from edge.healing import Controller, market_actions
+    from edge.healing import UNREACHABLE_S, Controller, market_actions
 
-    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)))
-    return Controller(wanted_of, act)
+    def started(app: str, machine: Machine) -> None:
+        proxy = edge().proxy
+        if proxy is not None and proxy.starts is not None:
+            proxy.starts.serve_started(app, machine)
+
+    def suspects() -> set[str]:
+        return edge().router.unreachable(UNREACHABLE_S)
+
+    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)), started)
+    return Controller(wanted_of, act, suspects=suspects)
 
 
 def main() -> None:

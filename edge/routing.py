@@ -171,6 +171,7 @@ class _Skip:
     address: tuple[str, int]
     due: float  # when to probe next (math.inf while a probe runs)
     interval: float
+    since: float = 0.0  # when it was first skipped
 
 
 @dataclass(slots=True)
@@ -249,7 +250,9 @@ class Router:
             # gone (its row was there, or never came), started by the table, too old, or
             # started and then stopped again
             vanished = row is None and here.seen
-            done = vanished or (row is not None and row.state == STARTED) or here.at < old
+            # (a started row whose check has not passed yet: this edge's probe answered)
+            routed = row is not None and row.state == STARTED and row.health != PENDING
+            done = vanished or routed or here.at < old
             if done or (here.moved and row is not None and row.state not in MOVING):
                 del self.started_here[mid]
         self._changed()
@@ -276,7 +279,7 @@ class Router:
             (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
             None,
         )
-        if row is not None and row.state == STARTED:
+        if row is not None and row.state == STARTED and row.health != PENDING:
             return  # the table has it already
         moved = row is not None and row.state in MOVING
         self.started_here[backend.machine_id] = _Here(
@@ -299,7 +302,8 @@ class Router:
                and h.backend.machine_id not in listed]  # fmt: skip
         for b in (*route.backends, *new):
             here = self.started_here.get(b.machine_id)
-            if here is not None and b.state != STARTED and not b.worker_gone:
+            if here is not None and not b.worker_gone and (b.state != STARTED
+                                                           or b.health == PENDING):  # fmt: skip
                 b = here.backend
             why = unready(b, route, port)
             if why is None:
@@ -380,9 +384,15 @@ class Router:
         """A connection to ``machine_id`` at ``address`` failed: skip it until a probe of
         that address passes."""
         if machine_id not in self.skipped:
+            now = self.clock()
             self.skipped[machine_id] = _Skip(
-                address, self.clock() + self.probe_every_s, self.probe_every_s
+                address, now + self.probe_every_s, self.probe_every_s, now
             )
+
+    def unreachable(self, for_s: float) -> set[str]:
+        """The machines skipped for at least ``for_s`` (every probe since failed)."""
+        now = self.clock()
+        return {mid for mid, s in self.skipped.items() if now - s.since >= for_s}
 
     def probes_due(self) -> list[tuple[str, tuple[str, int]]]:
         """The skipped machines to probe now (machine id, address); each is then not due

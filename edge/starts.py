@@ -314,6 +314,24 @@ class Starts:
         self.router.started(backend, app)
         return None
 
+    def serve_started(self, app: str, machine: Machine) -> None:
+        """``machine`` of ``app`` was started by another hand (this edge's controller, a
+        failover's spare): routed once this edge's probe of its port answers, before its
+        row says started and its check passes."""
+        self.tasks.spawn(self._serve_started(app, machine))
+
+    async def _serve_started(self, app: str, machine: Machine) -> None:
+        route = self.router.table.apps.get(app)
+        backend = Backend(machine.machine_id, machine.region, machine_addresses(machine),
+                          STARTED, PASSING)  # fmt: skip
+        address = route.address(backend) if route is not None else None
+        if address is None:
+            return
+        with anyio.move_on_after(self.timeout_s):
+            await self._answers(address)
+            self.router.started(backend, app)
+            log.info("spare_routed", app=app, machine=machine.machine_id)
+
     async def _answers(self, address: tuple[str, int]) -> None:
         """Until ``address`` accepts a connection (the edge's own probe, at its pace)."""
         while True:

@@ -306,3 +306,16 @@ def test_the_machines_ended_under_requests_in_flight() -> None:
     for mid in ("a", "b", "c", "d", "e", "new"):
         router.begin(mid)
     assert router.dead_in_flight() == {"b", "c", "e"}
+
+
+def test_the_machines_unreachable_for_a_while() -> None:
+    now = [0.0]
+    r = Router("mad", clock=lambda: now[0])
+    r.failed("m1", ("127.0.0.1", 1))
+    now[0] = 0.6
+    r.failed("m2", ("127.0.0.1", 2))
+    assert r.unreachable(0.5) == {"m1"}
+    now[0] = 1.2
+    assert r.unreachable(0.5) == {"m1", "m2"}
+    r.probed("m1", ok=True)  # its probe passed: reachable again
+    assert r.unreachable(0.5) == {"m2"}

@@ -202,3 +202,21 @@ async def test_a_waiting_request_past_its_deadline_gets_a_503() -> None:
     assert await release.all() == ["no machine of app 'web' could take it within 0.05 s"]
     assert starts.hold("other", release) == ""  # no such app
     await starts.close()
+
+
+def test_a_machine_started_here_is_routed_while_its_check_has_not_passed_yet() -> None:
+    """Its row says started, its check not passed yet: this edge's probe answered, so it is
+    routed; once the row's check passes the table's word is enough."""
+    router = Router("mad")
+    here = Backend("m1", "mad", {"http": ("127.0.0.1", PORT)}, STARTED, "passing")
+
+    def table(health: str) -> None:
+        row = b("m1", state=STARTED, health=health)
+        router.update(RouteTable({"web": AppRoute("web", (row,))}))
+
+    table("pending")
+    assert not isinstance(router.pick("web"), Choice)  # no address in the row, not passed
+    router.started(here, "web")
+    assert isinstance(router.pick("web"), Choice)
+    table("passing")
+    assert router.started_here == {}
