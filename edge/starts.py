@@ -17,7 +17,14 @@ the failure's reason.
 
 An app with no machine to start whose spec wants more (edge/placing.py) gets one placed
 first, through the market under its slot's order id (so edges and requests racing for the
-app place one machine), then started and probed as above.
+app place one machine), then started and probed as above. None is started past the spec's
+``count`` running in the region, nor while a failover is due there (:func:`failing_over`:
+the controller starts the spare).
+
+A request no machine can take now, when one may soon (:func:`waitable`: starting, skipped
+after a failure, its check not passed yet, a spare a failover starts), waits instead:
+routed again at each change the router tells (a table, a probe passed, a start), until its
+deadline (then 503). So a failover shows as a pause, not as errors.
 """
 
 from __future__ import annotations

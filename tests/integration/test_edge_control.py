@@ -6,6 +6,7 @@ the address a worker gave a machine's port plays the machine. Every wait is on a
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -171,6 +172,28 @@ async def test_a_request_starts_a_stopped_machine_and_every_held_request_is_serv
         await buyer.machine("stop", p.machine_id)
         await answered(e.address, "cold.localhost", lambda a: a.status == 200, 20.0)
         assert e.log.count("event='cold_start'") == 2, e.log[-3000:]
+
+
+async def test_a_raw_tcp_connection_starts_a_stopped_machine(
+    market: Market, tmp_path: Path
+) -> None:
+    """A raw TCP service of an app whose one machine is placed and not started: the
+    connection is held while the edge starts it and its port answers, then passed to it
+    (the app sleeps 0.3 s before listening)."""
+    buyer = await process_market(market, "edget1")
+    p = await placed(buyer, "tcpcold", DELAY="0.3")
+    args = market_args(market, "--tcp", f"{HOST}:0=tcpcold:http")
+    async with edge(tmp_path, *args) as e:
+        where = e.ready_line.split("tcpcold:http on ")[1].split(";")[0].split()[0]
+        reader, writer = await asyncio.open_connection(*where.rsplit(":", 1))
+        try:
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            with anyio.fail_after(30):
+                answer = await reader.read()
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), answer
+        assert f"machine='{p.machine_id}'" in cold(e.log), e.log[-3000:]
 
 
 async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
