@@ -29,6 +29,7 @@ from bourse.wire.subjects import DEFAULT_PREFIX
 from buyer_cli import (
     app_views,
     apps,
+    execs,
     fleet,
     listing,
     machines,
@@ -88,6 +89,10 @@ machines_app.command("stop")(machines.stop)
 machines_app.command("restart")(machines.restart)
 machines_app.command("destroy")(machines.destroy)
 machines_app.command("logs")(machines.logs)
+# The command's own words are arguments, options included: nothing after its first one is ours.
+machines_app.command("exec", context_settings={"allow_interspersed_args": False})(
+    execs.exec_command
+)
 app.add_typer(apps_app, name="apps")
 apps_app.command("list")(app_views.list_apps)
 apps_app.command("status")(app_views.status)

@@ -13,6 +13,8 @@ from buyer_cli.session import session, with_client
 from buyer_cli.views import FreshOpt, from_view, gone_line, view_json, with_view
 
 if TYPE_CHECKING:
+    from msgspec import Raw
+
     from bourse.client import Listing
     from bourse.view import View
     from bourse.view.reads import MachineFilter, Seen
@@ -131,6 +133,9 @@ def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
     """``machines list`` from the view: the machines as their workers last published them,
     those of a worker gone shown as unknown (JSON: ``gone``, worker -> since when)."""
     s = session(ctx)
+    if s.json and not f.labels and not s.tenant():
+        _json_from_view(ctx, f)
+        return
 
     async def go(view: View) -> tuple[list[Seen], list[str], dict[str, int]]:
         from bourse.view import reads
@@ -138,7 +143,7 @@ def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
         return reads.machines(view.db.db, f), reads.beating_regions(view.db.db), view_json(view)
 
     seen, regions, fresh = with_view(ctx, go)
-    from bourse.client import Listing, render
+    from bourse.client import render
 
     tenant = s.tenant()
     gone = {x.machine().worker_id: x.gone_since_ms for x in seen if x.gone_since_ms is not None}
@@ -156,7 +161,26 @@ def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
     line = gone_line(gone)
     if line and not s.json:
         typer.echo(line, err=True)
-    _listing_problems(Listing(machines=[], complete=True, regions=regions), list(f.regions))
+    _problems([], regions, [], list(f.regions))
+
+
+def _json_from_view(ctx: typer.Context, f: MachineFilter) -> None:
+    """``machines list --json`` from the view with the shared key: its rows as the stream
+    holds them, joined as SQLite reads them (``reads.machines_json``), neither decoded nor
+    encoded again (a tenant's are: its order ids are shown without their scope)."""
+
+    async def go(view: View) -> tuple[Raw, dict[str, int], list[str], dict[str, int]]:
+        from bourse.view import reads
+
+        listed, gone = reads.machines_json(view.db.db, f)
+        return listed, gone, reads.beating_regions(view.db.db), view_json(view)
+
+    listed, gone, regions, fresh = with_view(ctx, go)
+    session(ctx).echo_json(
+        {"machines": listed, "complete": True, "missing": [], "regions": regions,
+         "errors": [], "gone": gone, "view": fresh}
+    )  # fmt: skip
+    _problems([], regions, [], list(f.regions))
 
 
 def own(tenant: str, m: Machine) -> Machine:
@@ -167,21 +191,27 @@ def own(tenant: str, m: Machine) -> Machine:
 
 
 def _listing_problems(got: Listing, regions: list[str]) -> None:
-    """One line on stderr per problem (a silent region, missing workers, a supplier's
-    error); exit 2 if there was one."""
-    from bourse.client import render
+    """One line on stderr per problem of a listing (see :func:`_problems`)."""
+    _problems(got.errors, got.regions, got.missing, regions)
 
-    problems = [f"supplier: {e}" for e in got.errors]
-    if not regions and not got.regions:
+
+def _problems(errors: list[str], found: list[str], missing: list[str], asked: list[str]) -> None:
+    """One line on stderr per problem (a region ``asked`` for, or with none asked any
+    region, not ``found``; missing workers; a supplier's error); exit 2 if there was one."""
+    problems = [f"supplier: {e}" for e in errors]
+    if not asked and not found:
         problems.append("no worker answers in any region")
     problems += [
-        f"no worker answers in region {r!r}" for r in dict.fromkeys(regions) if r not in got.regions
+        f"no worker answers in region {r!r}" for r in dict.fromkeys(asked) if r not in found
     ]
-    if got.missing:
-        shown = ", ".join(got.missing[:10])
-        more = f" and {len(got.missing) - 10} more" if len(got.missing) > 10 else ""
+    if missing:
+        shown = ", ".join(missing[:10])
+        more = f" and {len(missing) - 10} more" if len(missing) > 10 else ""
         problems.append(f"incomplete: no (whole) answer from worker(s) {shown}{more}")
+    if not problems:
+        return
+    from bourse.client import render
+
     for p in problems:
         typer.echo(render.visible(p), err=True)
-    if problems:
-        raise typer.Exit(EXIT_UNFILLED)
+    raise typer.Exit(EXIT_UNFILLED)

@@ -63,12 +63,12 @@ class Session:
 
     async def connect(self, name: str) -> NATS:
         """A NATS connection for a command; one that cannot be made is a ClientError."""
-        from bourse.client import ClientError
-
         conn = self.connection()
         try:
             return await conn.connect(name, service=False)
         except Exception as exc:  # nats-py's own errors, OSError, TimeoutError: all one line
+            from bourse.client import ClientError  # the client's package: only now
+
             urls = ", ".join(conn.urls)
             raise ClientError(
                 f"cannot connect to NATS at {urls}: {exc or type(exc).__name__}", "not_connected"
@@ -76,11 +76,20 @@ class Session:
 
     def echo_json(self, obj: object) -> None:
         """One JSON object on stdout. Written as it is: its text holds no terminal control
-        (JSON escapes it), and echo would scan a 10,000 machines' listing (8 MB) for some."""
-        from bourse.client.render import as_json
+        (JSON escapes it), and echo would scan a 10,000 machines' listing (8 MB) for some;
+        as bytes, where stdout has them (not decoded to be encoded again)."""
+        import msgspec
 
-        sys.stdout.write(as_json(obj) + "\n")
-        sys.stdout.flush()
+        data = msgspec.json.encode(obj) + b"\n"
+        out = sys.stdout
+        out.flush()
+        buffer = getattr(out, "buffer", None)
+        if buffer is None:
+            out.write(data.decode())
+            out.flush()
+        else:
+            buffer.write(data)
+            buffer.flush()
 
 
 def session(ctx: typer.Context) -> Session:

@@ -45,10 +45,9 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
     from bourse.runtime import logs
 
     s = session(ctx)
-    logs.configure("warning")
+    logs.configure("warning", lazy=True)  # structlog imported only if a line is logged
 
     async def main() -> T:
-        from bourse.client import ClientError
         from bourse.view import ViewUnavailable, open_view
         from bourse.view.cache import locked, view_path
 
@@ -60,11 +59,16 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
                 async with open_view(nc, s.subjects, path, tenant) as view:
                     return await fn(view)
         except ViewUnavailable as exc:
+            from bourse.client import ClientError  # the client's whole package: only now
+
             raise ClientError(await _unavailable(nc, str(exc)), "no_view") from None
         finally:
             await nc.drain()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:  # what the command imports next may log through structlog itself: configured
+        logs.configure("warning", lazy=True)
 
 
 async def _unavailable(nc: NATS, why: str) -> str:

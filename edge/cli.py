@@ -30,6 +30,8 @@ if TYPE_CHECKING:
 
     from nats.aio.client import Client as NATS
 
+    from edge.admin import Tokens
+    from edge.admin_server import AdminPage
     from edge.healing import Controller
     from edge.idle import Idle, Running
     from edge.routes import RouteSource
@@ -188,6 +190,25 @@ def serve(
     access_log: Annotated[
         bool, typer.Option(help="Log one line per request (structlog, key=value or JSON).")
     ] = True,
+    admin: Annotated[
+        str,
+        typer.Option(
+            metavar="HOST:PORT",
+            help="Serve the page (regions, workers, machines, apps, events: docs/page.md) on "
+            "a listener of its own, from the fleet view (PORT alone: on 127.0.0.1; port 0: "
+            "any free one, printed). '': no page.",
+        ),
+    ] = "",
+    admin_token: Annotated[
+        list[str] | None,
+        typer.Option(
+            metavar="TOKEN[=TENANT]",
+            envvar="BOURSE_ADMIN_TOKENS",
+            help="Who may look from outside loopback: TOKEN the operator's view, "
+            "TOKEN=TENANT that tenant's machines and apps (repeat for more; env: "
+            "space-separated).",
+        ),
+    ] = None,
     nats: NatsOpt = None,
     creds: CredsOpt = None,
     tls_ca: TlsCaOpt = None,
@@ -205,6 +226,7 @@ def serve(
     from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
     from bourse.runtime.metrics import EdgeMetrics
     from bourse.runtime.supervise import run, settle_heap
+    from edge.admin import TokenError, parse_tokens
     from edge.proxy import EdgeConfig
     from edge.routes import RoutesError, StaticRoutes, parse_address, read_routes
     from edge.service import EdgeService
@@ -212,6 +234,10 @@ def serve(
     logs.configure(log_level, log_json)
     try:
         listen_at = parse_address(listen)
+        admin_at = _admin_address(admin) if admin else None
+        tokens = parse_tokens(admin_token or [])
+        if admin_at is not None and (routes is not None or source == "listing"):
+            raise ValueError("--admin reads the fleet view: not with --routes or a listing")
         metrics_at = parse_addr(metrics_addr)
         services = [_service(text) for text in tcp or []]
         table = read_routes(routes) if routes is not None else None
@@ -219,7 +245,7 @@ def serve(
             raise ValueError(f"--source {source!r}: expected one of {', '.join(SOURCES)}")
         if controller and (routes is not None or source == "listing"):
             raise ValueError("--controller reads the fleet view: not with --routes or a listing")
-    except (ValueError, RoutesError, MetricsAddrError) as exc:
+    except (ValueError, RoutesError, MetricsAddrError, TokenError) as exc:
         fail(str(exc))
     conn = Connection.from_options(nats, creds, tls_ca, tls_cert, tls_key) if not routes else None
     config = EdgeConfig(
@@ -244,6 +270,7 @@ def serve(
         apps: AppServices | None = None
         view: ViewRoutes | None = None
         edges: list[EdgeService] = []  # the service, once made (the controller reads it)
+        page: AdminPage | None = None
         try:
             routes_from: RouteSource
             if table is not None:
@@ -261,6 +288,8 @@ def serve(
                 if controller:
                     healer = _controller(nc, prefix, lambda: edges[0])
                     view.observers.append(healer.changed)
+                if admin_at is not None:
+                    page = _page(nc, prefix, admin_at, tokens, view)
             metrics = EdgeMetrics() if metrics_at is not None else None
             svc = EdgeService(
                 routes_from,
@@ -292,6 +321,9 @@ def serve(
                 await tasks.start(svc.run)  # ListenError: one line, as any BourseError
                 if nc is not None and apps is not None and view is not None:
                     await tasks.start(_idle(nc, prefix, svc, apps, view).run)
+                if page is not None:
+                    await tasks.start(page.run)
+                    serving += f"; page on {page.url}"
                 settle_heap()
                 extra = "".join(f"; {k} on {v}" for k, v in svc.service_addresses.items())
                 typer.echo(
@@ -305,6 +337,28 @@ def serve(
                 await shutdown(nc)
 
     run(main)
+
+
+def _admin_address(text: str) -> tuple[str, int]:
+    """``--admin``: HOST:PORT, or PORT alone on loopback."""
+    from edge.routes import parse_address
+
+    try:
+        return parse_address(f"127.0.0.1:{text}" if text.isdigit() else text)
+    except ValueError:
+        raise ValueError(f"--admin {text!r}: expected HOST:PORT, or PORT (on 127.0.0.1)") from None
+
+
+def _page(
+    nc: NATS, prefix: str, listen: tuple[str, int], tokens: Tokens, view: ViewRoutes
+) -> AdminPage:
+    """The page on its own listener, reading the edge's view; the market's events heard."""
+    from bourse.wire.subjects import Subjects
+    from edge.admin_server import AdminPage
+
+    page = AdminPage(listen, lambda: view.view, tokens, nc, Subjects(prefix))
+    view.observers.append(page.changed)
+    return page
 
 
 def _service(text: str) -> Service:

@@ -3,6 +3,9 @@
 by the worker id embedded in the machine id (or ``ListMachines.worker_id``), the worker's
 reply relayed as it is.
 
+``exec`` (a command run inside a machine, its session relayed by this instance) is
+exchange/execs.py's, owner-checked here for a tenant.
+
 A ``queue_if_away`` stop or destroy (a buyer's or a tenant's) whose worker does not answer
 is kept for it in the command stream (``bourse.nats.commands.probe_or_keep``, §4.20) and
 answered with the MachineCommand kept; a tenant's is checked against its machines by the
@@ -23,6 +26,7 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import (
     COMMAND_VERBS,
     EXCHANGE_REQUESTER,
+    EXEC_VERB,
     MACHINE_VERBS,
     TENANT_REQUESTER,
     Error,
@@ -34,6 +38,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import own_machines, owns, unscoped
+from exchange.execs import ExecRelay
 
 log = structlog.get_logger("bourse.exchange")
 
@@ -47,9 +52,13 @@ class MachineRelay:
         self.nc = nc
         self.subjects = subjects
         self.responder = responder
+        self.execs = ExecRelay(nc, subjects, responder, self._owned)
 
     async def on_machine(self, msg: Msg) -> None:
         verb = self.subjects.tail(msg.subject, 1)[0]
+        if verb == EXEC_VERB:
+            self.execs.on_exec(msg)
+            return
         if not await self._known_verb(msg, verb):
             return
         if verb == "list":
@@ -126,6 +135,9 @@ class MachineRelay:
     async def on_tenant_machine(self, msg: Msg) -> None:
         """A tenant's machine request: only its own machines, whatever it names."""
         tenant, _, verb = self.subjects.tail(msg.subject, 1)
+        if verb == EXEC_VERB:
+            self.execs.on_exec(msg, tenant)
+            return
         if not await self._known_verb(msg, verb):
             return
         if verb == "list":
@@ -154,18 +166,8 @@ class MachineRelay:
             )
         if shown is None:
             return
-        machine: Machine | Error = decode(shown, Machine | Error)
-        if isinstance(machine, Error):
-            await self.responder.forward(msg, shown)
-            return
-        if not owns(tenant, machine.order_id):
-            self.responder.counts["not_owner"] += 1
-            log.warning(
-                "machine_request_not_owner", tenant=tenant, machine_id=machine_id, verb=verb
-            )
-            await self.responder.error(
-                msg, "bad_request", f"machine {machine_id} is not one of {tenant!r}'s machines"
-            )
+        machine = await self._owned_of(msg, tenant, machine_id, verb, shown)
+        if machine is None:
             return
         if verb == "get":
             await self.responder.reply(msg, unscoped(tenant, machine))
@@ -177,6 +179,36 @@ class MachineRelay:
             await self.responder.reply(msg, unscoped(tenant, decode(data, Machine)))
         except BadMessage:  # logs, or an Error: as the worker sent it
             await self.responder.forward(msg, data)
+
+    async def _owned(self, msg: Msg, tenant: str, machine_id: str) -> bool:
+        """Whether the machine is the tenant's (its worker asked); else ``msg`` was answered
+        with why not (an exec's check, exchange/execs.py)."""
+        worker_id = worker_of_machine(machine_id)
+        get = encode(MachineRequest(machine_id=machine_id))
+        shown = await self._ask(msg, worker_id, "get", get)
+        return shown is not None and (
+            await self._owned_of(msg, tenant, machine_id, EXEC_VERB, shown) is not None
+        )
+
+    async def _owned_of(
+        self, msg: Msg, tenant: str, machine_id: str, verb: str, shown: bytes
+    ) -> Machine | None:
+        """The machine its worker showed when it is the tenant's; else None once ``msg``
+        was answered with why not (the worker's Error, or not the tenant's)."""
+        machine: Machine | Error = decode(shown, Machine | Error)
+        if isinstance(machine, Error):
+            await self.responder.forward(msg, shown)
+            return None
+        if not owns(tenant, machine.order_id):
+            self.responder.counts["not_owner"] += 1
+            log.warning(
+                "machine_request_not_owner", tenant=tenant, machine_id=machine_id, verb=verb
+            )
+            await self.responder.error(
+                msg, "bad_request", f"machine {machine_id} is not one of {tenant!r}'s machines"
+            )
+            return None
+        return machine
 
 
 def _keeps(req: MachineRequest, verb: str) -> bool:

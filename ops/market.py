@@ -41,11 +41,18 @@ Say = Callable[[str], None]
 # The host a demo market's machines' addresses name.
 DEMO_HOST = "127.0.0.1"
 EDGE_PORT = 8080  # bourse up's edge, where free
+PAGE_PORT = 8081  # its page (edge serve --admin), where free
 
 
 def edge_address(program: Program) -> str:
     """The address an edge's ready line names ("edge serving on HOST:PORT (...)")."""
     return program.ready_line.split()[3]
+
+
+def page_url(program: Program) -> str:
+    """The page's URL an edge's ready line names ("...; page on URL"), or ""."""
+    _, sep, rest = program.ready_line.partition("page on ")
+    return rest.split(";", 1)[0].strip() if sep else ""
 
 
 class MetricsPorts:
@@ -120,7 +127,8 @@ async def start_market(
     metrics on its own port of ``metrics_at`` (the exchange on its port) when given;
     ``jetstream`` False: each runs in the degraded mode (--no-jetstream); ``driver``: how
     the demo fleet's workers run machines; ``edge``: an ``edge serve`` too (with its
-    controller), on port 8080 or, taken, a free one (:func:`edge_address`)."""
+    controller), on port 8080 or, taken, a free one (:func:`edge_address`), its page
+    on 127.0.0.1:8081 or, taken, a free one (:func:`page_url`)."""
     programs: list[Program] = []
     common = ["--nats", ",".join(urls), "--prefix", subjects.prefix]
     common += [] if jetstream else [NO_JETSTREAM_FLAG]
@@ -163,10 +171,11 @@ async def start_market(
         )
         if edge:
             listen = f"127.0.0.1:{0 if _port_busy(EDGE_PORT) else EDGE_PORT}"
+            page = f"127.0.0.1:{0 if _port_busy(PAGE_PORT) else PAGE_PORT}"
             programs.append(
                 await start_serving(
                     ports, ports.pick(),
-                    "edge", "serve", "--listen", listen, "--controller",
+                    "edge", "serve", "--listen", listen, "--controller", "--admin", page,
                     "--nats", ",".join(urls), "--prefix", subjects.prefix,
                     log_path=root / "logs" / "edge.log", ready="edge serving on",
                 )
@@ -364,6 +373,7 @@ async def run_up(
             f"edge on {edge_address(programs[-1])} (its controller on): an app deployed as "
             f"NAME answers at http://NAME.localhost:{edge_port}/"
         )
+        say(f"page on {page_url(programs[-1])} (regions, workers, machines, apps, events: live)")
         say(
             f"\n[bold]Bourse is up.[/] State and logs in {root}. In another shell:\n"
             + "".join(f"  {line}\n" for line in up_hints(urls[0], subjects.prefix, driver))

@@ -49,6 +49,7 @@ from supplier.commands import Commands
 from supplier.config import WorkerConfig, check_workers
 from supplier.control import WorkerControls
 from supplier.desk import DEFAULT_MAX_OFFERS, Desk
+from supplier.execs import ExecSessions
 from supplier.images import ImageListener, StoreSource
 from supplier.outbox import AT_MOST_ONCE_KINDS, EventOutbox, Outbox
 from supplier.ports import PortClaims, held_twice
@@ -159,7 +160,12 @@ class SupplierHost:
         # Each worker's own subjects: commits, releases, machine verbs (one subscription a
         # worker while it serves); and the operator's verbs on it (§4.22, while this runs).
         self.worker_subjects = WorkerSubjects(
-            self.subjects, self.workers, self.desk, lambda: self.responder, self._release_region
+            self.subjects,
+            self.workers,
+            self.desk,
+            lambda: self.responder,
+            self._release_region,
+            ExecSessions(lambda: self.responder.nc, self._announce),
         )
         self._worker_subs: dict[str, Subscription] = {}
         self.controls = WorkerControls(

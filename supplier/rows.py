@@ -2,15 +2,18 @@
 machines' rows after every change, each of its workers' rows when it changes, and one
 heartbeat a second for up to MAX_BEAT_WORKERS of its workers.
 
-Off the hot path: a change only marks its machine (and its worker) in a dict; one task
-sends the latest row of every marked one a few milliseconds later (a machine changed twice
-meanwhile is sent once), their acknowledgements awaited together. A row the stream did not
-acknowledge stays marked and is tried again (with a growing pause while no stream takes
-them): a supplier that cannot publish keeps its machines running and, once it can, sends
-their current rows. Every row goes out at the start, and again whenever a heartbeat finds
-its previous heartbeat gone from the stream (a purge, the stream made again): each
-heartbeat is published with the stream sequence of the one before it as its expected last
-subject sequence, which the stream checks.
+Off the hot path: a change only marks its machine in a dict (supplier/rowwindow.py); one
+task sends the marked rows in rounds, at once after a quiet spell and at most one round each
+FLUSH_S (what is marked meanwhile goes together), without waiting for the answers to the
+rows before: up to WINDOW rows are in flight at once, one a machine (a machine changed again
+while its row is in flight goes once that row is answered, as its latest). A row the stream
+did not acknowledge (refused, or no answer in ACK_TIMEOUT_S) is marked again, and the next
+rows wait a pause that grows while no stream takes them: a supplier that cannot publish
+keeps its machines running and, once it can, sends their current rows. Every row goes out
+at the start, and again whenever a heartbeat finds its previous heartbeat gone from the
+stream (a purge, the stream made again): each heartbeat is published with the stream
+sequence of the one before it as its expected last subject sequence, which the stream
+checks.
 
 A worker's row is compared every heartbeat (its committed capacity, drain, image cache: a
 tuple, cheap) and sent when it differs: at most once a heartbeat, however many machines it
@@ -24,6 +27,7 @@ and its machines unknown; started, it is named again and back at once.
 from __future__ import annotations
 
 import asyncio
+import functools
 import importlib.metadata
 import time
 from collections.abc import Mapping
@@ -42,14 +46,18 @@ from bourse.wire.codec import encode
 from bourse.wire.messages import MAX_BEAT_WORKERS, Heartbeat, Machine, WorkerRow, now_ms
 from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import owner_token
+from supplier.rowwindow import RowWindow
 
 log = structlog.get_logger("bourse.supplier")
 
-# How long a marked row waits for others to go out with it: the batch window.
+# Rows sent and not yet answered, at most (the window).
+WINDOW = 1024
+# Rounds of sends are this far apart at least: a change after a quiet spell goes at once,
+# a busy supplier's go together (a round costs ~0.1 ms of CPU whatever it holds).
 FLUSH_S = 0.01
-# Rows whose acknowledgements are awaited together.
-ROWS_BATCH = 1024
+# A row not answered in this long is given up (and marked again), looked for this often.
 ACK_TIMEOUT_S = 5.0
+EXPIRE_S = 1.0
 BEAT_ACK_S = 2.0
 # After a round the stream did not acknowledge, the next waits this, doubled while it
 # keeps failing, up to RETRY_MAX_S.
@@ -135,8 +143,11 @@ class StateRows:
         self.version = version()
         self.groups: list[tuple[str, str, list[str]]] = []
         self.beat_of: dict[str, str] = {}
-        self._machines: dict[str, Machine] = {}  # marked: the latest row of each
-        self._workers: set[str] = set()  # marked workers
+        # marked and in flight: a machine's row by its id, a worker's (made as it goes) by its id
+        self._rows: RowWindow[str, Machine | str] = RowWindow(WINDOW)
+        self._acks: dict[int, asyncio.Future[PubAck]] = {}  # the rows in flight, by ticket
+        self._failing = False  # a row was not stored: the next wait a pause
+        self._answered = asyncio.Event()  # a row in flight was answered (close waits on it)
         self._keys: dict[str, tuple[object, ...]] = {}  # each worker's last row, compared
         self._beat_seq: dict[str, int] = {}  # a heartbeat's last stream sequence
         self._lost = False  # no stream took a row or heartbeat: every row again once one does
@@ -159,21 +170,22 @@ class StateRows:
         beats = {beat for beat, _, _ in self.groups}
         for beat in [b for b in self._beat_seq if b not in beats]:
             del self._beat_seq[beat]  # not sent any more: no expectation when it is again
-        self._workers.update(changed)
+        for wid in changed:
+            self._rows.mark(wid, wid)
         self._beat_now.set()
         if changed:
             self._ready.set()
 
     @property
     def backlog(self) -> int:
-        """Rows marked and not yet acknowledged."""
-        return len(self._machines) + len(self._workers)
+        """Rows marked or in flight: not yet acknowledged."""
+        return self._rows.backlog
 
-    # -- marking (the hot path: a dict and a set) --------------------------------------------
+    # -- marking (the hot path: a dict) ---------------------------------------------------------
     def machine(self, m: Machine) -> None:
         """``m`` changed (durably): its row goes out with the next round (its worker's, if
         that changed with it, at the next heartbeat)."""
-        self._machines[m.machine_id] = m
+        self._rows.mark(m.machine_id, m)
         self._ready.set()
 
     def everything(self) -> None:
@@ -181,10 +193,10 @@ class StateRows:
         than the retention window (they have left the stream)."""
         now = now_ms()
         for wid, w in self.workers.items():
-            self._workers.add(wid)
+            self._rows.again(wid, wid)
             for m in w.machines.values():
                 if m.state != "destroyed" or ttl_of(m, now):
-                    self._machines.setdefault(m.machine_id, m)
+                    self._rows.again(m.machine_id, m)
         self.resyncs += 1
         self._ready.set()
 
@@ -192,8 +204,8 @@ class StateRows:
         """Mark the workers whose row differs from the one last sent."""
         for wid, w in self.workers.items():
             if self._keys.get(wid) != w.row_key():
-                self._workers.add(wid)
-        if self._workers:
+                self._rows.mark(wid, wid)
+        if self._rows.waiting():
             self._ready.set()
 
     # -- the task ----------------------------------------------------------------------------
@@ -205,6 +217,7 @@ class StateRows:
         async with anyio.create_task_group() as tasks:
             tasks.start_soon(self._beats)
             tasks.start_soon(self._rounds)
+            tasks.start_soon(self._expiries)
             task_status.started()
 
     async def _beats(self) -> None:
@@ -216,15 +229,20 @@ class StateRows:
                 await self._beat_now.wait()
 
     async def _rounds(self) -> None:
+        last = -FLUSH_S
         while True:
             await self._ready.wait()
-            await anyio.sleep(FLUSH_S)  # the batch window: what is marked meanwhile goes too
+            wait = last + FLUSH_S - time.monotonic()
+            if wait > 0:  # a round at most each FLUSH_S: what is marked meanwhile goes with it
+                await anyio.sleep(wait)
             self._ready.clear()
-            if not await self.flush():
+            last = time.monotonic()
+            if self._failing:  # a row was not stored: a pause, or until a stream is back
+                self._failing = False
                 self._back.clear()
-                with anyio.move_on_after(self._retry_s()):  # or as soon as a stream is back
+                with anyio.move_on_after(self._retry_s()):
                     await self._back.wait()
-                self._ready.set()
+            await self.send()
 
     def _retry_s(self) -> float:
         wait, self._wait_s = self._wait_s, min(2 * self._wait_s, RETRY_MAX_S)
@@ -292,60 +310,83 @@ class StateRows:
             log.warning("heartbeat_refused", error=repr(exc))
 
     # -- rows ----------------------------------------------------------------------------------
-    async def flush(self) -> bool:
-        """Send every marked row, ROWS_BATCH at a time; False when some were not
-        acknowledged (they stay marked). Nothing is sent while the connection is away (the
-        client would buffer it): the rows stay marked until it is back."""
+    async def send(self) -> None:
+        """Send the marked rows the window has room for (see supplier/rowwindow.py), without
+        waiting for their answers. Nothing is sent while the connection is away (the client
+        would buffer it): the rows stay marked, tried again after a pause."""
+        if not self._rows.waiting():
+            return
         if not self.nc.is_connected:
-            return False
-        machines, self._machines = self._machines, {}
-        wids, self._workers = self._workers, set()
+            self._failing = True
+            self._ready.set()  # after the pause, tried again
+            return
         now = now_ms()
-        rows: list[tuple[str, bytes, int, Machine | str]] = []
-        for m in machines.values():
-            subject = self.subjects.state_machine(
-                owner_token(m.order_id), m.region, m.worker_id, m.machine_id
-            )
-            rows.append((subject, encode(m), ttl_of(m, now), m))
-        for wid in wids:
-            w = self.workers[wid]
-            self._keys[wid] = w.row_key()
-            row = w.row(self.beat_of[wid], self.version)
-            rows.append((self.subjects.state_worker(w.region, wid), encode(row), 0, wid))
-        ok = True
-        for i in range(0, len(rows), ROWS_BATCH):
-            ok = await self._send(rows[i : i + ROWS_BATCH]) and ok
-        if ok:
-            self._wait_s = RETRY_S
-            if rows:
-                self._found()
-        return ok
-
-    async def _send(self, rows: list[tuple[str, bytes, int, Machine | str]]) -> bool:
-        futures: list[asyncio.Future[PubAck]] = []
-        try:
-            for subject, data, ttl, _ in rows:
-                headers = {HEADER_TTL: str(ttl)} if ttl else None
-                futures.append(await self.js.publish_async(subject, data, headers=headers))
-            with anyio.move_on_after(ACK_TIMEOUT_S):
-                if futures:
-                    await asyncio.wait(futures)
-        except Exception as exc:  # a closed connection, a stalled client: tried again
-            log.debug("state_rows_not_sent", error=repr(exc))
-        done = 0
-        for n, (_, _, _, what) in enumerate(rows):
-            fut = futures[n] if n < len(futures) else None
-            if fut is not None and fut.done() and not fut.cancelled() and not fut.exception():
-                done += 1
+        for key, what, ticket in self._rows.due(time.monotonic()):
+            subject, data, headers = self._row(what, now)
+            try:
+                fut = await self.js.publish_async(subject, data, headers=headers)
+            except Exception as exc:  # a closed connection, a stalled client: tried again
+                log.debug("state_rows_not_sent", error=repr(exc))
+                self._given_up(key, ticket)
                 continue
-            if fut is not None and fut.done() and not fut.cancelled():
+            self._acks[ticket] = fut
+            fut.add_done_callback(functools.partial(self._answer, key, ticket))
+
+    def _row(self, what: Machine | str, now: int) -> tuple[str, bytes, dict[str, str] | None]:
+        """A row's subject, payload and headers (a destroyed machine's: its TTL); a worker's
+        row is made as it goes."""
+        if isinstance(what, str):
+            w = self.workers[what]
+            self._keys[what] = w.row_key()
+            row = encode(w.row(self.beat_of[what], self.version))
+            return self.subjects.state_worker(w.region, what), row, None
+        subject = self.subjects.state_machine(
+            owner_token(what.order_id), what.region, what.worker_id, what.machine_id
+        )
+        ttl = ttl_of(what, now)
+        return subject, encode(what), {HEADER_TTL: str(ttl)} if ttl else None
+
+    def _answer(self, key: str, ticket: int, fut: asyncio.Future[PubAck]) -> None:
+        """A row's answer (the future's callback): stored, or given up."""
+        self._acks.pop(ticket, None)
+        self._answered.set()
+        if fut.cancelled() or fut.exception() is not None:
+            if not fut.cancelled():
                 self._missing_row(fut.exception())
-            self._again(what)
-        for fut in futures:
-            fut.cancel()  # no-op when done; else frees its slot in the client's window
-        self.published += done
-        self.failed += len(rows) - done
-        return done == len(rows)
+            self._given_up(key, ticket)
+            return
+        if self._rows.acked(key, ticket):
+            self.published += 1
+        self._wait_s = RETRY_S
+        self._found()
+        if self._rows.waiting():
+            self._ready.set()
+
+    def _given_up(self, key: str, ticket: int) -> None:
+        """A row not stored: marked again (a worker's made anew), the next rows after a
+        pause."""
+        if not self._rows.failed(key, ticket):
+            return  # given up already (timed out)
+        self.failed += 1
+        self._keys.pop(key, None)  # a worker's: compared again
+        self._failing = True
+        self._ready.set()
+
+    async def _expiries(self) -> None:
+        """Give up the rows not answered in time, looked for every EXPIRE_S (not in each
+        round: a timeout a round is a cancel scope a row)."""
+        while True:
+            await anyio.sleep(EXPIRE_S)
+            self._expire()
+
+    def _expire(self) -> None:
+        """Give up the rows not answered in ACK_TIMEOUT_S; their futures cancelled (each
+        frees its slot in the client's window)."""
+        for key, ticket in self._rows.expired(time.monotonic(), ACK_TIMEOUT_S):
+            self._given_up(key, ticket)
+            fut = self._acks.pop(ticket, None)
+            if fut is not None:
+                fut.cancel()
 
     def _missing_row(self, exc: BaseException | None) -> None:
         if isinstance(exc, nats.js.errors.NoStreamResponseError):
@@ -353,18 +394,13 @@ class StateRows:
         elif exc is not None:
             log.debug("state_row_refused", error=repr(exc))
 
-    def _again(self, what: Machine | str) -> None:
-        """A row not acknowledged: marked again, unless a newer one is marked already."""
-        if isinstance(what, str):
-            self._workers.add(what)
-            self._keys.pop(what, None)
-        else:
-            self._machines.setdefault(what.machine_id, what)
-
     async def close(self, timeout_s: float) -> None:
-        """Send what is marked (a stop's last changes), for at most ``timeout_s``."""
-        started = time.monotonic()
+        """Send what is marked (a stop's last changes) and wait for the answers, for at most
+        ``timeout_s``; no more once a row was not stored or the connection is away."""
+        self._failing = False
         with anyio.move_on_after(timeout_s, shield=True):
-            while self.backlog and time.monotonic() - started < timeout_s:
-                if not await self.flush():
-                    return
+            while self._rows.backlog and not self._failing and self.nc.is_connected:
+                self._answered.clear()
+                await self.send()
+                if self._rows.flying:
+                    await self._answered.wait()

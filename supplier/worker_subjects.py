@@ -1,5 +1,6 @@
 """A worker's own subjects (``bourse.v1.worker.<worker_id>.…``), as its supplier answers
-them: a commit (docs/protocol.md §4.6), a release (§4.11), the machine verbs (§4.13).
+them: a commit (docs/protocol.md §4.6), a release (§4.11), the machine verbs (§4.13), a
+command run inside a machine (§4.24, supplier/execs.py).
 Decoding and answering only; what each one does is the worker's (supplier/worker.py)."""
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from nats.aio.msg import Msg
 from bourse.nats.responder import Responder
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import (
+    EXEC_VERB,
     MACHINE_VERBS,
     Commit,
+    ExecRequest,
     ListMachines,
     MachineRequest,
     Placed,
@@ -22,6 +25,7 @@ from bourse.wire.messages import (
 )
 from bourse.wire.subjects import Subjects
 from supplier.desk import Desk
+from supplier.execs import ExecSessions
 from supplier.worker import Worker
 
 
@@ -35,12 +39,14 @@ class WorkerSubjects:
         desk: Desk,
         responder: Callable[[], Responder],
         release_region: Callable[[Release, str], None],
+        execs: ExecSessions,
     ) -> None:
         self.subjects = subjects
         self.workers = workers
         self.desk = desk
         self._responder = responder  # the host's, made when it runs
         self.release_region = release_region
+        self.execs = execs
 
     @property
     def responder(self) -> Responder:
@@ -59,12 +65,19 @@ class WorkerSubjects:
             w.release(rel.order_id, rel.auction_id, rel.abort_commit)
         elif len(rest) == 2 and rest[0] == "machine" and rest[1] in MACHINE_VERBS:
             await self._machine(w, msg, rest[1])
+        elif rest == ["machine", EXEC_VERB]:
+            req = decode(msg.data, ExecRequest)
+            if worker_of_machine(req.machine_id) != w.worker_id:
+                raise BadMessage(f"machine {req.machine_id} does not belong to worker {wid}")
+            if not req.session or not msg.reply:
+                raise BadMessage("machine.exec on a worker needs a session and a reply subject")
+            self.responder.spawn(msg, self.execs.run(msg, w, req))
         else:
             await self.responder.error(
                 msg,
                 "unknown_subject",
                 f"unknown subject {msg.subject!r}: a worker answers commit, release and "
-                f"machine.<{'|'.join(MACHINE_VERBS)}>",
+                f"machine.<{'|'.join((*MACHINE_VERBS, EXEC_VERB))}>",
             )
 
     async def _committed(self, msg: Msg, w: Worker, commit: Commit) -> None:

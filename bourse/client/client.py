@@ -28,8 +28,10 @@ from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
     EXCHANGE_REQUESTER,
+    EXEC_VERB,
     ControlReply,
     Error,
+    ExecRequest,
     ExplainRequest,
     ListMachines,
     Machine,
@@ -53,10 +55,13 @@ from bourse.wire.subjects import Subjects
 from bourse.wire.tenancy import scoped_order
 
 if TYPE_CHECKING:  # and imported where used: an order through the exchange needs neither
+    from anyio.streams.memory import MemoryObjectReceiveStream
+
     from bourse.auction.admission import ConcurrencyLimit
     from bourse.auction.broker import Broker, Refused
     from bourse.auction.content import ImageContent, Resolver
     from bourse.auction.core import AuctionConfig
+    from bourse.client.execs import Ended, Input, Output
 
 log = structlog.get_logger("bourse.client")
 
@@ -441,6 +446,25 @@ class BourseClient:
         body = encode(MachineRequest(machine_id=machine_id, tail=tail, since=since))
         reply = await ask(self.nc, subject, body, MachineReply, MACHINE_TIMEOUT_S, who)
         return expect(reply, MachineLogs)
+
+    async def exec(
+        self,
+        req: ExecRequest,
+        output: Output,
+        read_input: Input | None = None,
+        sizes: MemoryObjectReceiveStream[tuple[int, int]] | None = None,
+    ) -> Ended:
+        """Run a command inside a started machine (docs/protocol.md §4.24): its output to
+        ``output`` as it comes, its input from ``read_input`` (``req.stdin``), the
+        terminal's ``sizes`` as they change (``req.tty``); how it ended. Through the
+        exchange (a tenant's: its own machines only), or in direct mode to the worker."""
+        from bourse.client import execs
+
+        subject = self._exchange_machine(EXEC_VERB)
+        if self.direct:
+            req = execs.direct_request(req)
+            subject = self.subjects.worker_machine(worker_of_machine(req.machine_id), EXEC_VERB)
+        return await execs.run(self.nc, subject, req, output, read_input, sizes)
 
     async def machines(
         self,

@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import nats
 import nats.errors
-import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.nats.names import ENV_CA, ENV_CERT, ENV_CREDS, ENV_KEY, ENV_URL
+from bourse.runtime import logs
 
-log = structlog.get_logger("bourse.nats")
+log = logs.get_logger("bourse.nats")  # structlog imported at its first line
 
 # A slow consumer drops messages one error at a time: log at most this often (with totals).
 SLOW_LOG_INTERVAL_S = 1.0

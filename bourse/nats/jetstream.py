@@ -21,16 +21,16 @@ from dataclasses import dataclass
 import anyio
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from bourse.errors import BourseError
 from bourse.nats.names import DEGRADED, NO_JETSTREAM_FLAG
+from bourse.runtime import logs
 from bourse.wire.subjects import Subjects
 
-log = structlog.get_logger("bourse.jetstream")
+log = logs.get_logger("bourse.jetstream")  # structlog imported at its first line
 
 # The event stream's sizing rule (docs/operations.md): what it must hold is the bytes of one
 # stored event x events per order x orders per second x the window it keeps them.

@@ -15,18 +15,20 @@ bourse/nats/grants.py; docs/security.md shows both, rendered by bourse/nats/perm
   (the state stream's epoch, written once as it makes the stream).
 - ``buyer``: publish ``R.order.*``, ``R.machine.*``, ``R.status.*``, ``R.status`` (every
   region), ``R.explain.*``, ``R.machines.*`` and ``R.machines`` (listings of every
-  machine); subscribe ``R.event.>``. A tenant (``buyer:<name>``) may not list every
-  machine: it lists through the exchange (bourse/wire/tenancy.py); it pushes images
-  through the exchange too, publishing its blobs' chunks on ``R.stage.<name>.>``
-  (bourse/images/staging.py) and asking on ``R.tenant.<name>.image.*``.
+  machine), ``R.exec.*`` (an exec session's input, §4.24); subscribe ``R.event.>``. A
+  tenant (``buyer:<name>``) may not list every machine: it lists through the exchange
+  (bourse/wire/tenancy.py); it pushes images through the exchange too, publishing its
+  blobs' chunks on ``R.stage.<name>.>`` (bourse/images/staging.py) and asking on
+  ``R.tenant.<name>.image.*``; its exec sessions' input goes on ``R.tenant.<name>.exec.*``.
 - ``exchange``: publish ``R.bid.>``, ``R.release.*``, ``R.worker.*.commit|release|machine.*``,
   ``R.machines.*`` (a region's listing of a worker's reserved machines, which vouches for a
   reclaimed one, §5.3d), ``R.event.*.exchange.unfilled`` (order outcomes), ``R.command.*``
   (a buyer's or tenant's stop or destroy kept for a worker that does not answer),
   ``R.state.fleet.epoch`` (the state stream's epoch, written once as it makes it); subscribe
   ``R.order.*``, ``R.machine.*``, ``R.reclaim.*`` and the tenants' subjects (orders,
-  machines, images) only in the queue group ``exchange``; answers buyers and suppliers: it
-  may publish into their inboxes (and its own).
+  machines, images) only in the queue group ``exchange``, and the exec sessions' input it
+  relays (``R.exec.<session>``, ``R.tenant.<name>.exec.<session>``: one instance each);
+  answers buyers and suppliers: it may publish into their inboxes (and its own).
 - ``supplier:<name>``: one user per supplier process, covering exactly its workers. Subscribe
   its regions' ``R.bid.<region>``, ``R.bid.<region>.*``, ``R.release.<region>``,
   ``R.status.<region>``, ``R.explain.<region>``, ``R.machines.<region>``, ``R.status`` and
@@ -143,6 +145,7 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.explain("*"),
             s.machines("*"),  # every machine of a region (§4.17): the operator's view
             s.machines_every,
+            s.exec_input("*"),  # input to its exec sessions (§4.24)
             *grants.allows(ROLE_BUYER, s.prefix),
         ),
         # the edges' activity (§4.23): a deploy's drain hears when requests have finished
@@ -162,6 +165,7 @@ def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
             s.tenant_order(tenant, "*"),
             s.tenant_machine(tenant, "*"),
             s.tenant_image(tenant, "*"),
+            s.exec_input("*", tenant),  # input to its exec sessions (§4.24)
             s.stage_tenant(tenant),
             s.status("*"),
             s.status_every,
@@ -178,7 +182,8 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
     missing machine's order (a request found none to start), each
     through the exchange as the shared buyer's; why an order went unfilled; the machine
     listings (its routes where the market has no state stream); every edge's activity
-    (§4.23: what stops an idle machine). Its JetStream: grants.py."""
+    (§4.23: what stops an idle machine); the market's live events (its page's stream: what
+    they say of a machine its view holds already). Its JetStream: grants.py."""
     return Permissions(
         publish=(
             s.order("*"),
@@ -189,7 +194,7 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
             s.edge_activity(),  # its requests per machine (§4.23): one key for every edge
             *grants.allows(ROLE_EDGE, s.prefix),
         ),
-        subscribe=(s.edge_activity(), f"{inbox}.>"),
+        subscribe=(s.edge_activity(), s.events(), f"{inbox}.>"),
     )
 
 
@@ -217,6 +222,8 @@ def exchange_permissions(s: Subjects, inbox: str, answers: Sequence[str] = ()) -
             f"{s.tenant_order_all} {EXCHANGE_QUEUE}",
             f"{s.tenant_machine_all} {EXCHANGE_QUEUE}",
             f"{s.tenant_image_all} {EXCHANGE_QUEUE}",
+            s.exec_input("*"),  # an exec session's input, by the instance relaying it
+            s.exec_input("*", "*"),
             f"{inbox}.>",
         ),
     )

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 from ulid import ULID
@@ -30,11 +29,12 @@ from bourse.nats.jetstream import (
     create_missing,
     prefix_token,
 )
+from bourse.runtime import logs
 from bourse.wire.codec import encode
 from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
 
-log = structlog.get_logger("bourse.state")
+log = logs.get_logger("bourse.state")  # structlog imported at its first line
 
 # How long a destroyed machine's row (and a heartbeat no process sends any more) stays in
 # the stream: a view away longer than this rebuilds (§4.21). The header's value, seconds.

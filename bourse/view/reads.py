@@ -1,7 +1,8 @@
 """What the CLI asks of a view's database: machines (filtered and sorted as a listing is,
 §4.17), one machine, workers, an app's machines; each machine with its worker's liveness.
-Rows come back as their JSON as the stream holds it (``msgspec.Raw``: a listing of 10,000
-machines is passed through, not decoded and encoded again) and, decoded, for tables."""
+Rows come back as their JSON as the stream holds it (``msgspec.Raw``; a listing's as one
+JSON array, :func:`machines_json`: 10,000 machines are passed through, not decoded and
+encoded again) and, decoded, for tables."""
 
 from __future__ import annotations
 
@@ -68,29 +69,50 @@ class MachineFilter:
 def machines(db: sqlite3.Connection, f: MachineFilter) -> list[Seen]:
     where, args = f.where()
     rows = db.execute(
-        f"SELECT row, worker_gone_since_ms FROM machines{where}{_ORDER}",
+        f"SELECT CAST(row AS BLOB), worker_gone_since_ms FROM machines{where}{_ORDER}",
         args,
     ).fetchall()
-    out = [Seen(row.encode(), gone) for row, gone in rows]
+    out = [Seen(row, gone) for row, gone in rows]
     if f.labels:  # metadata key=value: on the decoded machine (rare: a listing's --label)
         out = [s for s in out if all(s.machine().metadata.get(k) == v for k, v in f.labels)]
     return out
 
 
+def machines_json(db: sqlite3.Connection, f: MachineFilter) -> tuple[msgspec.Raw, dict[str, int]]:
+    """What :func:`machines` finds as one JSON array of the rows as the stream holds them,
+    joined as they are read (no object per row: a listing of 10,000 machines is 8 MB), and
+    the workers gone among them (worker -> since when). Not for a filter by label, which
+    needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of a task (which
+    Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would copy 8 MB."""
+    if f.labels:
+        raise ValueError("a filter by label needs the rows decoded: machines()")
+    where, args = f.where()
+    rows = db.execute(f"SELECT CAST(row AS BLOB) FROM machines{where}{_ORDER}", args)
+    listed = msgspec.Raw(b"[" + b",".join([row for (row,) in rows]) + b"]")
+    gone_where = f"{where} AND" if where else " WHERE"
+    gone = db.execute(
+        f"SELECT DISTINCT worker_id, worker_gone_since_ms FROM machines{gone_where}"
+        " worker_gone_since_ms IS NOT NULL",
+        args,
+    )
+    return listed, dict(gone.fetchall())
+
+
 def machine(db: sqlite3.Connection, machine_id: str) -> Seen | None:
     row = db.execute(
-        "SELECT row, worker_gone_since_ms FROM machines WHERE machine_id = ?", (machine_id,)
+        "SELECT CAST(row AS BLOB), worker_gone_since_ms FROM machines WHERE machine_id = ?",
+        (machine_id,),
     ).fetchone()
-    return None if row is None else Seen(row[0].encode(), row[1])
+    return None if row is None else Seen(row[0], row[1])
 
 
 def workers(db: sqlite3.Connection, regions: tuple[str, ...] = ()) -> list[Seen]:
     where = f" WHERE region IN ({', '.join('?' * len(regions))})" if regions else ""
     rows = db.execute(
-        f"SELECT row, gone_since_ms FROM workers{where} ORDER BY region, worker_id",
+        f"SELECT CAST(row AS BLOB), gone_since_ms FROM workers{where} ORDER BY region, worker_id",
         regions,
     ).fetchall()
-    return [Seen(row.encode(), gone) for row, gone in rows]
+    return [Seen(row, gone) for row, gone in rows]
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,11 +22,11 @@ from pathlib import Path
 import anyio
 import nats.errors
 import nats.js.errors
-import structlog
 from nats.aio.client import Client as NATS
 
 from bourse.errors import BourseError
 from bourse.nats.state import state_stream_name
+from bourse.runtime import logs
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
 from bourse.view.rows import Op, Reader
@@ -34,7 +34,7 @@ from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
 
-log = structlog.get_logger("bourse.view")
+log = logs.get_logger("bourse.view")  # structlog imported at its first line
 
 # Rows applied in one transaction at most (of each feed).
 BATCH = 4096
@@ -185,22 +185,33 @@ class View:
 
     async def catch_up(self, timeout_s: float = CATCH_UP_S) -> None:
         """Apply until every feed has handed over all the stream held when it started (or
-        since), then sweep for gone workers. ViewUnavailable after ``timeout_s``."""
-        with anyio.move_on_after(timeout_s):
-            while True:
-                await self._repair()
-                if self._fill() or all(f.caught_up for f in self.feeds):
-                    self.apply()
-                    await self._flow()
-                if self.current:
-                    self.db.sweep(now_ms())
-                    self.db.refresh_apps()
-                    self.db.put("synced_ms", str(now_ms()))
-                    return
-                self._ready.clear()
-                with anyio.move_on_after(FILL_S if self._queued() else RETRY_S):
+        since), then sweep for gone workers. ViewUnavailable after ``timeout_s``.
+
+        Its timeouts are asyncio's, not anyio's: the CLI opens a view and answers, and
+        anyio's asyncio backend, imported at its first timeout, would cost it 16 ms."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._catch_up()
+        except TimeoutError:
+            raise ViewUnavailable(
+                f"the view did not catch up with {self.stream} in {timeout_s} s"
+            ) from None
+
+    async def _catch_up(self) -> None:
+        while True:
+            await self._repair()
+            if self._fill() or all(f.caught_up for f in self.feeds):
+                self.apply()
+                await self._flow()
+            if self.current:
+                self.db.sweep(now_ms())
+                self.db.refresh_apps()
+                self.db.put("synced_ms", str(now_ms()))
+                return
+            self._ready.clear()
+            with suppress(TimeoutError):
+                async with asyncio.timeout(FILL_S if self._queued() else RETRY_S):
                     await self._ready.wait()
-        raise ViewUnavailable(f"the view did not catch up with {self.stream} in {timeout_s} s")
 
     async def _flow(self) -> None:
         for f in self.feeds:

@@ -66,3 +66,18 @@ MAX_LAYER_BYTES = 1 << 40  # 1 TiB: one layer's size
 LABEL_KEY_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}\Z"
 LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/-]{0,128}\Z"
 MACHINE_ID_SEPARATOR = "~"
+
+# A command run inside a machine (docs/protocol.md §4.24): the bytes of one input or output
+# chunk (base64 in JSON: ~43 KiB, under MAX_PAYLOAD_BYTES), the bytes either side may send
+# unacknowledged (its window: a client's default and ceiling), the session's time limit,
+# and how often each side says it is there (an ExecAck) and how long a silence ends it.
+MAX_EXEC_CHUNK = 32 * 1024
+EXEC_WINDOW_BYTES = 256 * 1024
+MAX_EXEC_WINDOW_BYTES = 4 * 1024 * 1024
+DEFAULT_EXEC_TIMEOUT_S = 3600
+MAX_EXEC_TIMEOUT_S = 24 * 3600
+EXEC_KEEPALIVE_S = 5
+EXEC_SILENCE_S = 30
+MAX_EXEC_ARGS = 256
+MAX_EXEC_ARG = 4096
+EXEC_SESSION_PATTERN = r"^[A-Za-z0-9]{1,64}\Z"

@@ -18,8 +18,11 @@ from ulid import ULID
 from bourse.wire.limits import (
     CHECK_PATH_PATTERN,
     DEFAULT_DEADLINE_MS,
+    DEFAULT_EXEC_TIMEOUT_S,
     DIGEST_PATTERN,
     ENV_KEY_PATTERN,
+    EXEC_SESSION_PATTERN,
+    EXEC_WINDOW_BYTES,
     ID_PATTERN,
     IMAGE_PATTERN,
     LABEL_KEY_PATTERN,
@@ -36,6 +39,11 @@ from bourse.wire.limits import (
     MAX_DISK_MB,
     MAX_ENV,
     MAX_ENV_VALUE,
+    MAX_EXEC_ARG,
+    MAX_EXEC_ARGS,
+    MAX_EXEC_CHUNK,
+    MAX_EXEC_TIMEOUT_S,
+    MAX_EXEC_WINDOW_BYTES,
     MAX_GPUS,
     MAX_HOLD_MS,
     MAX_LAYER_BYTES,
@@ -111,6 +119,7 @@ EVENT_KINDS = (
     "pulled",
     "check",
     "command",
+    "exec",
 )
 # How a worker confines its machines (docs/protocol.md §4.12); "" = not said.
 Confinement = Literal["", "cgroup2", "cgroup1", "rlimit", "none"]
@@ -897,6 +906,111 @@ class Event(Message, kw_only=True):
     private_address: PrivateAddress = ""
 
 
+# -- a command run inside a machine (§4.24) --------------------------------------------------
+# Its verb on the machine subjects (request, then a stream: not one of MACHINE_VERBS, whose
+# answer is one reply).
+EXEC_VERB = "exec"
+ExecSession = Annotated[str, msgspec.Meta(pattern=EXEC_SESSION_PATTERN)]
+OptionalExecSession = Annotated[str, msgspec.Meta(pattern=r"^([A-Za-z0-9]{1,64})?\Z")]
+ExecChunk = Annotated[bytes, msgspec.Meta(max_length=MAX_EXEC_CHUNK)]
+TermSize = Annotated[int, msgspec.Meta(ge=1, le=10_000)]
+
+
+class ExecRequest(Message, kw_only=True):
+    """Run ``command`` inside a started machine, as the machine runs (its users, namespaces,
+    cgroups, environment and working directory), on ``<prefix>.v1.machine.exec`` (a
+    tenant's: ``tenant.<name>.machine.exec``); the exchange forwards it to
+    ``worker.<id>.machine.exec`` with ``session`` and ``requester`` set. Its answers come on
+    the request's reply subject: ExecStarted (or Error), ExecOutput and ExecAck, ExecExit."""
+
+    machine_id: MachineId
+    command: Annotated[
+        list[Annotated[str, msgspec.Meta(max_length=MAX_EXEC_ARG)]],
+        msgspec.Meta(min_length=1, max_length=MAX_EXEC_ARGS),
+    ]
+    tty: bool = False  # a terminal (a pty): its output comes as stdout only
+    stdin: bool = False  # input follows (ExecInput); False: the command's stdin is empty
+    env: Env = {}  # over the machine's own
+    rows: TermSize = 24  # the terminal's size (tty)
+    cols: TermSize = 80
+    timeout_s: Annotated[int, msgspec.Meta(ge=1, le=MAX_EXEC_TIMEOUT_S)] = DEFAULT_EXEC_TIMEOUT_S
+    # Output bytes the worker may send before the client acknowledges them (ExecAck).
+    window_bytes: Annotated[int, msgspec.Meta(ge=MAX_EXEC_CHUNK, le=MAX_EXEC_WINDOW_BYTES)] = (
+        EXEC_WINDOW_BYTES
+    )
+    # Set by the exchange (whatever a client sent): the session's id and who asked
+    # ("exchange" for the shared buyer key, "tenant:<name>"), for the machine's event.
+    session: OptionalExecSession = ""
+    requester: Annotated[str, msgspec.Meta(max_length=128)] = ""
+
+
+class ExecStarted(Message, kw_only=True):
+    """The command runs: ``input`` is where its ExecInput, ExecAck, ExecResize and
+    ExecCancel go (``<prefix>.v1.exec.<session>``, a tenant's
+    ``tenant.<name>.exec.<session>``; from the worker to the exchange, an inbox)."""
+
+    session: ExecSession
+    machine_id: MachineId
+    input: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_SUBJECT)]
+    window_bytes: Annotated[int, msgspec.Meta(ge=MAX_EXEC_CHUNK, le=MAX_EXEC_WINDOW_BYTES)] = (
+        EXEC_WINDOW_BYTES
+    )
+
+
+class ExecOutput(Message, kw_only=True):
+    """A chunk of the command's output; ``offset``: the output's bytes before it (stdout and
+    stderr counted together), so that a lost chunk is seen."""
+
+    session: ExecSession
+    stream: Literal["stdout", "stderr"] = "stdout"
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    data: ExecChunk
+
+
+class ExecInput(Message, kw_only=True):
+    """A chunk of the command's input (``offset``: the input's bytes before it); ``eof``:
+    nothing follows (its stdin is closed)."""
+
+    session: ExecSession
+    offset: Annotated[int, msgspec.Meta(ge=0)]
+    data: ExecChunk = b""
+    eof: bool = False
+
+
+class ExecAck(Message, kw_only=True):
+    """``received``: the bytes of the other side's stream taken so far (the client: output
+    written; the worker: input written to the command). Also says the sender is there:
+    each side sends one at least every EXEC_KEEPALIVE_S."""
+
+    session: ExecSession
+    received: Annotated[int, msgspec.Meta(ge=0)]
+
+
+class ExecResize(Message, kw_only=True):
+    """The client's terminal changed size (tty)."""
+
+    session: ExecSession
+    rows: TermSize
+    cols: TermSize
+
+
+class ExecCancel(Message, kw_only=True):
+    """End the command now (it is killed); ExecExit follows."""
+
+    session: ExecSession
+
+
+class ExecExit(Message, kw_only=True):
+    """The command ended (the session's last message): its exit code, or the signal that
+    killed it; ``detail`` says why when the worker ended it (time limit, cancel, silence) or
+    could not run it (code 126/127)."""
+
+    session: ExecSession
+    code: int | None = None
+    signal: int | None = None
+    detail: Annotated[str, msgspec.Meta(max_length=1024)] = ""
+
+
 # -- "why not": explain an order on every worker (§4.15) ---------
 # A worker's answer to an ExplainRequest: it would offer (with its score), it already has a
 # machine for the order, it would wait (only holds are in the way), or it declines. The
@@ -1056,5 +1170,7 @@ MachinesReply = MachinePage | Error  # machines.<region>
 ReclaimReply = ReclaimVerdicts | Error
 ControlReply = WorkerState | Error  # control.<worker_id>
 ImageReply = ImageTagged | Error  # tenant.<name>.image.<verb>
+ExecReply = ExecStarted | ExecOutput | ExecAck | ExecExit | Error  # machine.exec's answers
+ExecFeed = ExecInput | ExecAck | ExecResize | ExecCancel  # on ExecStarted.input
 # What the state stream holds (§4.21): a machine's row is the Machine as its worker has it.
 StateRow = Machine | WorkerRow | Heartbeat | StateEpoch

@@ -155,6 +155,12 @@ class Subjects:
     def tenant_machine(self, tenant: str, verb: str) -> str:
         return f"{self.root}.tenant.{tenant}.machine.{verb}"
 
+    def exec_input(self, session: str, tenant: str = "") -> str:
+        """Where a client's input to an exec session goes (§4.24): a tenant's under its name."""
+        if tenant:
+            return f"{self.root}.tenant.{tenant}.exec.{session}"
+        return f"{self.root}.exec.{session}"
+
     @property
     def tenant_order_all(self) -> str:
         return f"{self.root}.tenant.*.order.*"

@@ -33,6 +33,7 @@ import anyio.abc
 from bourse.errors import BourseError
 from bourse.images.oci import RunConfig
 from bourse.wire.messages import Event, IsolationLevel, Machine, Resources
+from supplier.machines.shim.contract import Run
 
 # A machine run without environment of its own (the default of Driver.start's ``env``).
 NO_ENV: Mapping[str, str] = MappingProxyType({})
@@ -120,6 +121,16 @@ class RunInfo:
     address: str = ""  # its private address, in its network of its own ("": the host's)
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """What a command entered into a machine's current run joins (docs/protocol.md §4.24):
+    its run as its shim runs it (a process machine's confinement, or a container's runtime
+    and id) and the pid of its first process."""
+
+    run: Run
+    pid: int
+
+
 class Driver(Protocol):
     name: str
 
@@ -200,6 +211,11 @@ class Driver(Protocol):
 
     def inspect(self, machine_id: str) -> RunInfo | None:
         """InspectTask: the current run, if any."""
+        ...
+
+    async def entry(self, machine_id: str) -> Entry | None:
+        """What a command entered into the machine's current run joins; None when it does
+        not run (or runs nothing: the sim driver)."""
         ...
 
     def logs(

@@ -34,13 +34,22 @@ import anyio.abc
 import structlog
 
 from bourse.wire.messages import IsolationLevel, Machine, Resources
-from supplier.machines.api import NO_ENV, DriverError, Exit, ImageRun, Mechanism, Pause, RunInfo
+from supplier.machines.api import (
+    NO_ENV,
+    DriverError,
+    Entry,
+    Exit,
+    ImageRun,
+    Mechanism,
+    Pause,
+    RunInfo,
+)
 from supplier.machines.host.confine import ConfineError, Confiner, too_small, weaker_than_cgroups
 from supplier.machines.host.isolation import Isolation
 from supplier.machines.host.output import LogCaps, Logs
 from supplier.machines.shim import contract
 from supplier.machines.shim.client import Shim, ShimError, discover, launch
-from supplier.machines.shim.contract import Plan, Run
+from supplier.machines.shim.contract import ContractError, Plan, Run, read_plan
 
 log = structlog.get_logger("bourse.driver")
 
@@ -332,6 +341,18 @@ class Runner:
             running=not run.shim.ended.is_set(),
             address=self.kind.isolation.private(machine_id),
         )
+
+    async def entry(self, machine_id: str) -> Entry | None:
+        """The machine's current run as its shim's plan says it, with its first process."""
+        run = self._runs.get(machine_id)
+        pid = run.shim.pid if run is not None else None
+        if run is None or not pid:
+            return None
+        try:
+            plan = await anyio.to_thread.run_sync(read_plan, run.shim.directory)
+        except (OSError, ContractError):
+            return None  # an older shim's, or gone meanwhile
+        return Entry(plan.run, pid)
 
     def is_running(self, machine_id: str) -> bool:
         info = self.inspect(machine_id)

@@ -11,7 +11,7 @@ import anyio.abc
 
 from bourse.wire.messages import IsolationLevel, Machine, Resources, now_ms
 from supplier.images import DEFAULT_IMAGE_MB, MIB
-from supplier.machines.api import NO_ENV, Exit, ImageRun, Mechanism, RunInfo
+from supplier.machines.api import NO_ENV, Entry, Exit, ImageRun, Mechanism, RunInfo
 
 # A real pull from the image store into a worker's cache, measured (docs/performance.md,
 # "pulls"): one 100 MB image pulled alone, 53 MiB/s; concurrent pulls of the pulls
@@ -91,6 +91,9 @@ class SimDriver:
 
     def inspect(self, machine_id: str) -> RunInfo | None:
         return RunInfo(0, 0, True) if machine_id in self.running else None
+
+    async def entry(self, machine_id: str) -> Entry | None:
+        return None  # a simulated machine runs nothing to enter
 
     def logs(
         self, machine_id: str, tail: int, max_bytes: int, since: int = -1

@@ -202,6 +202,20 @@ CASES: list[tuple[str, S, bytes, str, str]] = [
         "does not belong to worker mad-1",
     ),
     (
+        "worker-exec-without-session",
+        lambda s: s.worker_machine("mad-1", "exec"),
+        b'{"machine_id":"mad-1~01ARZ3NDEKTSV4RRFFQ69G5FAV","command":["id"]}',
+        "bad_request",
+        "needs a session and a reply subject",
+    ),
+    (
+        "exec-no-command",
+        lambda s: s.machine("exec"),
+        b'{"machine_id":"mad-1~01ARZ3NDEKTSV4RRFFQ69G5FAV","command":[]}',
+        "bad_request",
+        "$.command",
+    ),
+    (
         "worker-oversize",
         lambda s: s.commit("mad-1"),
         b"x" * (MAX_PAYLOAD_BYTES * 2),

@@ -99,6 +99,61 @@ def test_an_order_loads_no_auction_no_cryptography_no_pydantic(
     assert loaded(modules, ("nkeys", "nacl", "pydantic", "pydantic_core")) == []
 
 
+async def test_a_listing_from_the_view_loads_no_structlog_no_client(
+    tmp_path: Path, nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    """``machines list --json`` from the view (a worker that beats, no machine) loads
+    neither structlog (nothing was logged), nor anyio's asyncio backend, nor the client's
+    package: what it needs is NATS, the view and SQLite."""
+    from bourse.nats.connection import connect, shutdown
+    from bourse.nats.state import StateStream, make_state_stream
+    from bourse.wire.codec import encode
+    from bourse.wire.messages import Amount, Heartbeat, WorkerRow, now_ms
+
+    nc = await connect([nats_server.url], name="maker", service=False)
+    try:
+        js = nc.jetstream()
+        await make_state_stream(js, StateStream.of(subjects))
+        row = WorkerRow(worker_id="mad-1", region="mad", beat="mad-1", capacity=Amount(),
+                        free=Amount())  # fmt: skip
+        await js.publish(subjects.state_worker("mad", "mad-1"), encode(row))
+        beat = Heartbeat(beat="mad-1", workers=["mad-1"], at_ms=now_ms())
+        await js.publish(subjects.state_beat("mad", "mad-1"), encode(beat))
+    finally:
+        await shutdown(nc)
+    args = ["machines", "list", "--json", "--nats", nats_server.url, "--prefix", subjects.prefix]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        code, out, err, modules = run(tmp_path, "buyer", *args)
+    assert (code, err) == (0, "")
+    listed = json.loads(out)
+    assert (listed["machines"], listed["regions"], listed["gone"]) == ([], ["mad"], {})
+    assert "bourse.view.view" in modules and "nats.aio.client" in modules
+    assert loaded(modules, ("structlog", "anyio._backends", "bourse.client")) == []
+
+
+def test_a_lazily_configured_log_imports_structlog_at_its_first_line_shown() -> None:
+    """bourse/runtime/logs.py: with ``configure(lazy=True)`` a line below the level is
+    dropped without structlog; the first one at the level imports it, configured."""
+    probe = """
+import sys
+from bourse.runtime import logs
+logs.configure("warning", lazy=True)
+log = logs.get_logger("probe").bind(client="c")
+log.info("hidden")
+print("structlog" in sys.modules)
+log.warning("shown", n=1)
+log.debug("hidden")
+print("structlog" in sys.modules)
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.split() == ["False", "True"]
+    assert "hidden" not in done.stderr
+    assert "level='warning' event='shown' client='c' n=1" in done.stderr, done.stderr
+
+
 @pytest.mark.slow
 def test_the_benchmark_reports_each_command(tmp_path: Path) -> None:
     """``python -m loadtest.clistart`` (help and version; one run each): a figure per

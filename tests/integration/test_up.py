@@ -76,6 +76,14 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         assert address is not None, said
         got = await get(address.group(1), host="nope.localhost")
         assert got.status == 404 and got.body.startswith(b"no app 'nope' at this edge")
+        # ... and its page, on a listener of its own: every worker of the fleet
+        page = re.search(r"event='admin_serving' address='([^']+)'", said)
+        assert page is not None, said
+        fleet = await get(page.group(1), path="/api/fleet", host=page.group(1))
+        assert fleet.status == 200, fleet.body
+        workers = fleet.json()["workers"]
+        assert isinstance(workers, list)
+        assert {w["worker_id"] for w in workers} >= {"mad-1", "fra-1", "sjc-1"}
     finally:
         assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
     await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully

@@ -86,6 +86,14 @@ async def _walk_through(url: str) -> None:
     code, out, err = await buyer(url, "machines", "logs", machine)
     assert (code, err) == (0, ""), out + err
 
+    # buyer machines exec <id> -- id -u: the machine's user; the command's exit code is buyer's
+    code, out, err = await buyer(url, "machines", "exec", machine, "--", "id", "-u")
+    assert (code, err) == (0, "") and out.strip().isdigit(), out + err
+    if os.geteuid() == 0:  # a root supplier gives each machine users of its own
+        assert out.strip() != "0", out
+    code, out, err = await buyer(url, "machines", "exec", machine, "--", "sh", "-c", "exit 3")
+    assert (code, out, err) == (3, "", ""), out + err
+
     # buyer place --region mad --cpus 64 --memory-mb 64 --image web ; exit 2
     code, out, err = await buyer(
         url, "place", "--region", "mad", "--cpus", "64", "--memory-mb", "64", "--image", "web"

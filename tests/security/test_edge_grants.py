@@ -1,9 +1,10 @@
 """The ``edge`` key (``bourse auth init`` writes it: every ``edge serve`` shares it), on a
 live nats-server with the generated config: it follows a view of every row of the state
 stream and reads an app's record; it asks the exchange for starts, stops and orders (and
-the suppliers for listings, the exchange and suppliers may answer it); and nothing else:
-no bids, no rows of the state stream, no commands of its own, no apps' records written, no
-events, no tenant's subjects."""
+the suppliers for listings, the exchange and suppliers may answer it); it hears the
+market's live events (its page); and nothing else: no bids (neither sent nor heard), no
+rows of the state stream, no commands of its own, no apps' records written, no tenant's
+subjects."""
 
 from __future__ import annotations
 
@@ -60,7 +61,10 @@ async def test_the_edge_key_follows_the_view_and_asks_the_exchange(secured: Secu
     for subject in refused:
         await edge.publish(subject, b"{}")
         assert f'publish to "{subject.lower()}"' in (await v.next()).lower()
-    await edge.subscribe(s.events())
+    await edge.subscribe(s.events())  # the page's live events
+    await flush_all(edge)
+    assert v.none_yet(), v.queue.get_nowait()
+    await edge.subscribe(s.bid("mad"))  # but no order's bids
     assert "subscription" in (await v.next()).lower()
 
     # the exchange and the suppliers answer into its inbox

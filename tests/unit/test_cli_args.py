@@ -78,6 +78,23 @@ def test_buyer_refuses_bad_arguments_naming_the_flag(args: list[str], text: str)
     assert text in result.output
 
 
+@pytest.mark.parametrize(
+    ("options", "command", "text"),
+    [
+        ([], [], "no command: write it after --"),
+        (["-e", "A-B=1"], ["id"], "--env 'A-B=1': 'A-B' is not a variable name"),
+    ],
+)
+def test_exec_refuses_bad_arguments(options: list[str], command: list[str], text: str) -> None:
+    """``machines exec``: every word after the machine id is the command's (options go
+    before it); what is wrong is said before any connection."""
+    machine = "mad-1~01J8Y3Z6V5W4X3Y2Z1A0B9C8D7"
+    args = ["machines", "exec", *NO_NATS, *options, machine, "--", *command]
+    result = runner.invoke(buyer, args)
+    assert result.exit_code != 0
+    assert text in result.output
+
+
 def test_buyer_without_a_nats_url_says_how_to_give_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BOURSE_NATS_URL", raising=False)
     result = runner.invoke(buyer, PLACE)

@@ -22,6 +22,14 @@ from bourse.wire.messages import (
     EdgeActivity,
     Error,
     Event,
+    ExecAck,
+    ExecCancel,
+    ExecExit,
+    ExecInput,
+    ExecOutput,
+    ExecRequest,
+    ExecResize,
+    ExecStarted,
     ExplainRequest,
     Explanation,
     Heartbeat,
@@ -272,6 +280,26 @@ SAMPLES: list[Message] = [
         at_ms=1_795_320_934_000,
         machines={"mad-1~01J8Y3Z6V5W4X3Y2Z1A0B9C8D7": 1_795_320_933_512},
     ),
+    ExecRequest(
+        machine_id="mad-1~01J8Y3Z6V5W4X3Y2Z1A0B9C8D7",
+        command=["sh", "-c", "id -u"],
+        tty=True,
+        stdin=True,
+        env={"TERM": "xterm"},
+        session="5f0c8d6a0e0f4f3c9b7d2e1a4c6b8d0e",
+        requester="tenant:acme",
+    ),
+    ExecStarted(
+        session="5f0c8d6a0e0f4f3c9b7d2e1a4c6b8d0e",
+        machine_id="mad-1~01J8Y3Z6V5W4X3Y2Z1A0B9C8D7",
+        input="bourse.v1.exec.5f0c8d6a0e0f4f3c9b7d2e1a4c6b8d0e",
+    ),
+    ExecOutput(session="s1", stream="stderr", offset=7, data=b"\x00\xffoops\n"),
+    ExecInput(session="s1", offset=0, data=b"hello\n", eof=True),
+    ExecAck(session="s1", received=65536),
+    ExecResize(session="s1", rows=50, cols=132),
+    ExecCancel(session="s1"),
+    ExecExit(session="s1", code=None, signal=9, detail="timeout: 3600 s"),
     Offers(
         offers=[
             Offer(order_id="order-1", worker_id="mad-1", region="mad", score=0.9, sig="s1"),
@@ -791,3 +819,12 @@ def test_decoded_messages_are_not_tracked_by_the_cyclic_gc() -> None:
         created_at_ms=1, updated_at_ms=1,
     )  # fmt: skip
     assert not gc.is_tracked(m) and not gc.is_tracked(m.resources)
+
+
+def test_exec_chunks_are_bounded() -> None:
+    """An exec chunk over 32 KiB is refused, naming the field; one at the bound fits the
+    payload limit as base64."""
+    at_bound = ExecOutput(session="s1", offset=0, data=b"x" * (32 * 1024))
+    assert len(encode(at_bound)) < MAX_PAYLOAD_BYTES
+    over = encode(ExecOutput(session="s1", offset=0, data=b"x" * (32 * 1024 + 1)))
+    assert "$.data" in _bad(over, ExecOutput)

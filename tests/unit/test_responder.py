@@ -91,6 +91,7 @@ def test_a_tenant_publishes_only_under_its_own_name_and_reads_no_events() -> Non
         "t.v1.tenant.alice.order.*",
         "t.v1.tenant.alice.machine.*",
         "t.v1.tenant.alice.image.*",
+        "t.v1.tenant.alice.exec.*",  # its exec sessions' input (§4.24)
         "t.v1.stage.alice.>",  # the chunks of what it pushes (its own subjects)
         "t.v1.status.*",
         "t.v1.status",
@@ -100,3 +101,4 @@ def test_a_tenant_publishes_only_under_its_own_name_and_reads_no_events() -> Non
     ex = permissions_for(EXCHANGE, S, USERS).subscribe
     assert "t.v1.tenant.*.order.* exchange" in ex and "t.v1.tenant.*.machine.* exchange" in ex
     assert "t.v1.tenant.*.image.* exchange" in ex
+    assert "t.v1.tenant.*.exec.*" in ex  # a session's input: the instance relaying it alone

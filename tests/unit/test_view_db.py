@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from bourse.nats.state import RETENTION_S
@@ -239,3 +240,37 @@ def test_a_view_of_older_tables_is_rebuilt_with_these(tmp_path: Path) -> None:
     db.apply([(READER.read(S.state_worker("mad", "mad-1"), encode(w)), 1, T0)], FEED, T0)
     assert db.db.execute("SELECT isolation FROM workers").fetchall() == [("users,network",)]
     assert db.get("schema") == str(SCHEMA_VERSION) and db.seqs() == FEED["seqs"]
+
+
+def test_a_listings_json_is_its_rows_as_the_stream_holds_them_in_listing_order() -> None:
+    """``machines list --json`` from the view (bourse/view/reads.py machines_json): the rows
+    as published, joined as read, in the order and with the filters of reads.machines, and
+    the workers gone among them; a filter by label needs the rows decoded."""
+    from bourse.view import reads
+
+    db = ViewDB(":memory:")
+    ops: list[tuple[Op, int, int]] = [
+        (worker_op("mad-1"), 1, T0),
+        (worker_op("mad-2", beat="mad-2"), 2, T0),
+        (beat_op("mad-1"), 3, T0),
+        (machine_op(2, "mad-2", app="shop"), 4, T0),
+        (machine_op(1, "mad-1", app="shop"), 5, T0),
+        (machine_op(3, "mad-1", state="destroyed"), 6, T0),
+    ]
+    db.apply(ops, FEED, T0)
+    db.sweep(T0 + 1000)
+    db.apply([(beat_op("mad-1"), 7, T0 + 3500)], FEED, T0 + 3500)
+    assert db.sweep(T0 + 3500) == ["mad-2"]  # its heartbeat never came
+    every = reads.MachineFilter()
+    listed, gone_workers = reads.machines_json(db.db, every)
+    assert [m["machine_id"] for m in msgspec.json.decode(listed)] == ["mad-1~M1", "mad-2~M2"]
+    assert bytes(listed) == msgspec.json.encode([s.json for s in reads.machines(db.db, every)])
+    assert gone_workers == {"mad-2": T0}
+    destroyed = reads.MachineFilter(states=("destroyed",))
+    assert [
+        m["machine_id"] for m in msgspec.json.decode(reads.machines_json(db.db, destroyed)[0])
+    ] == ["mad-1~M3"]
+    none, no_one = reads.machines_json(db.db, reads.MachineFilter(regions=("fra",)))
+    assert (bytes(none), no_one) == (b"[]", {})
+    with pytest.raises(ValueError):
+        reads.machines_json(db.db, reads.MachineFilter(labels=(("app", "shop"),)))

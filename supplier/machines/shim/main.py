@@ -1,4 +1,6 @@
-"""The shim's command: ``python -I -S <this file> DIR [FD]`` (supplier/machines/shim/server.py).
+"""The shim's command: ``python -I -S <this file> DIR [FD]`` (supplier/machines/shim/server.py);
+and ``python -I -S <this file> enter FD``, a command entered into a running machine
+(supplier/machines/shim/enter.py: ``buyer machines exec``).
 
 Run isolated and without ``site``: nothing of the supplier's environment, no site-packages,
 so that a shim starts in milliseconds. Its own modules are found by registering their
@@ -17,7 +19,12 @@ for _name in ("supplier.machines.shim", "supplier.machines", "supplier"):
         sys.modules[_name] = _package
     _path = os.path.dirname(_path)
 
-from supplier.machines.shim import server  # noqa: E402 - after the packages above
-
 if __name__ == "__main__":
-    server.main(sys.argv[1:])
+    if sys.argv[1:2] == ["enter"]:  # a shim's DIR is an absolute path: never "enter"
+        from supplier.machines.shim import enter
+
+        enter.main(sys.argv[2:])
+    else:
+        from supplier.machines.shim import server
+
+        server.main(sys.argv[1:])

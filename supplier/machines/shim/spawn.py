@@ -135,6 +135,20 @@ def _proc_options_per_mount() -> bool:
     return (major, minor) >= (5, 8)
 
 
+def set_rlimits(rlimits: list[str] | tuple[str, ...]) -> None:
+    """Each ``NAME=VALUE`` as this process's soft and hard limit (never above its hard one)."""
+    if not rlimits:
+        return
+    import resource
+
+    for spec in rlimits:
+        name, _, value = spec.partition("=")
+        res = getattr(resource, "RLIMIT_" + name)
+        hard = resource.getrlimit(res)[1]
+        n = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
+        resource.setrlimit(res, (n, n))
+
+
 def _join_network(path: str) -> None:
     """The network namespace made for the machine (it sees none of the host's)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -198,15 +212,7 @@ def spawn(
                     os.write(fd, me)
                 finally:
                     os.close(fd)
-            if rlimits:
-                import resource
-
-                for spec in rlimits:
-                    name, _, value = spec.partition("=")
-                    res = getattr(resource, "RLIMIT_" + name)
-                    hard = resource.getrlimit(res)[1]
-                    n = int(value) if hard == resource.RLIM_INFINITY else min(int(value), hard)
-                    resource.setrlimit(res, (n, n))
+            set_rlimits(rlimits)
             for sig in (_signal.SIGPIPE, _signal.SIGXFSZ):  # Python ignores them: not the machine
                 _signal.signal(sig, _signal.SIG_DFL)
             if netns:
