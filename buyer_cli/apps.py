@@ -119,6 +119,14 @@ def deploy(
             min=0.1, metavar="S", help="How long a new machine's checks may take to pass."
         ),
     ] = DEFAULT_CHECK_WAIT_S,
+    drain_s: Annotated[
+        float,
+        typer.Option(
+            min=0,
+            metavar="S",
+            help="How long a replaced machine's requests under way through the edges may take.",
+        ),
+    ] = 30.0,
     min_score: MinScoreOpt = 0.0,
     deadline_ms: DeadlineOpt = DEFAULT_DEADLINE_MS,
     direct: DirectOpt = False,
@@ -168,6 +176,7 @@ def deploy(
             check_wait_s=check_wait_s,
             deadline_ms=deadline_ms,
             min_score=min_score,
+            drain_s=drain_s,
         )
 
     result = with_client(ctx, go, direct=direct, places=not plan_only)

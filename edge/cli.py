@@ -26,6 +26,8 @@ from bourse.runtime.cli import (
 from bourse.runtime.connection import Connection
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from nats.aio.client import Client as NATS
 
     from edge.admin import Tokens
@@ -36,7 +38,7 @@ if TYPE_CHECKING:
     from edge.routing import Service
     from edge.service import EdgeService
     from edge.services import AppServices
-    from edge.starts import StartMachine
+    from edge.starts import PlaceFor, PlaceMachine, StartMachine
     from edge.viewroutes import ViewRoutes
 
 DEFAULT_PREFIX = "bourse"  # bourse/wire/subjects.py's, not imported for a help
@@ -263,9 +265,11 @@ def serve(
     async def main() -> None:
         nc: NATS | None = None
         start_machine: StartMachine | None = None
+        placing: tuple[PlaceFor, PlaceMachine] | None = None
         healer: Controller | None = None
         apps: AppServices | None = None
         view: ViewRoutes | None = None
+        edges: list[EdgeService] = []  # the service, once made (the controller reads it)
         page: AdminPage | None = None
         try:
             routes_from: RouteSource
@@ -280,8 +284,9 @@ def serve(
                 apps = _app_services(nc, prefix, view)
                 if auto_start:
                     start_machine = _starter(nc, prefix)
+                    placing = _placer(nc, prefix, apps, view, region)
                 if controller:
-                    healer = _controller(nc, prefix)
+                    healer = _controller(nc, prefix, lambda: edges[0])
                     view.observers.append(healer.changed)
                 if admin_at is not None:
                     page = _page(nc, prefix, admin_at, tokens, view)
@@ -298,7 +303,11 @@ def serve(
                 start_timeout_s=start_timeout_s,
                 max_held=max_held,
                 auto_start=apps.auto_start if apps is not None else None,
+                place_for=placing[0] if placing else None,
+                place=placing[1] if placing else None,
+                wanted=apps.wanted if apps is not None else None,
             )
+            edges.append(svc)
             async with anyio.create_task_group() as tasks:
                 serving = ""
                 if metrics is not None and metrics_at is not None:
@@ -417,6 +426,38 @@ def _starter(nc: NATS, prefix: str) -> StartMachine:
     return start
 
 
+def _placer(
+    nc: NATS, prefix: str, apps: AppServices, view: ViewRoutes, region: str
+) -> tuple[PlaceFor, PlaceMachine]:
+    """A new machine for an app with none to start (edge/placing.py): its order from the
+    app's record and the view's rows, placed through the exchange. Apps of no tenant only
+    (the edge's key places as the shared buyer: a tenant's machine would not be its own)."""
+    from bourse.client import BourseClient
+    from bourse.client.policy import place_patiently
+    from bourse.errors import BourseError
+    from bourse.wire.messages import Placed, PlaceOrder
+    from bourse.wire.subjects import Subjects
+    from edge.placing import slot_rows, to_place
+
+    client = BourseClient(nc, Subjects(prefix))
+
+    def place_for(app: str) -> PlaceOrder | None:
+        record = apps.records.get(app)
+        if record is None or view.view is None or "." in app:
+            return None
+        return to_place(record, slot_rows(view.view.db.db, app), region)
+
+    async def place(order: PlaceOrder) -> str:
+        got = await place_patiently(client, order)
+        if not isinstance(got, Placed):
+            why = await client.reasons(order, got)
+            detail = f" ({why.detail})" if why.detail else ""
+            raise BourseError(f"unfilled: {why.reason}{detail}")
+        return got.machine_id
+
+    return place_for, place
+
+
 def _app_services(nc: NATS, prefix: str, view: ViewRoutes) -> AppServices:
     """The apps' service sections, followed; the view's table made again on a change."""
     from edge.services import AppServices
@@ -445,14 +486,25 @@ def _idle(nc: NATS, prefix: str, svc: EdgeService, apps: AppServices, view: View
     return Idle(nc, subjects, svc.router, stop, lambda: apps.all, rows)
 
 
-def _controller(nc: NATS, prefix: str) -> Controller:
-    """The controller, acting on the market through the exchange."""
+def _controller(nc: NATS, prefix: str, edge: Callable[[], EdgeService]) -> Controller:
+    """The controller, acting on the market through the exchange, with ``edge``'s evidence
+    (the machines its router cannot reach) and its routes (a spare it starts routed once
+    the edge's probe answers)."""
     from bourse.client import BourseClient
+    from bourse.wire.messages import Machine
     from bourse.wire.subjects import Subjects
-    from edge.healing import Controller, market_actions
+    from edge.healing import UNREACHABLE_S, Controller, market_actions
 
-    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)))
-    return Controller(wanted_of, act)
+    def started(app: str, machine: Machine) -> None:
+        proxy = edge().proxy
+        if proxy is not None and proxy.starts is not None:
+            proxy.starts.serve_started(app, machine)
+
+    def suspects() -> set[str]:
+        return edge().router.unreachable(UNREACHABLE_S)
+
+    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)), started)
+    return Controller(wanted_of, act, suspects=suspects)
 
 
 def main() -> None:

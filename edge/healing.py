@@ -11,6 +11,13 @@ controllers start one spare (a second start of a started machine is a no-op) and
 machine (one order id, one machine: §5.3c). A controller whose view already shows the
 spare starting does nothing: per app and region, it acts only while fewer machines serve
 than the app wants (its spec's ``count`` there; without a spec, its primaries).
+
+An edge's own evidence counts too (fly-proxy's "notices, and sends a signal to start a
+spare"): a machine this edge has found unreachable for UNREACHABLE_S (every connect and
+probe since failed) on a worker whose last heartbeat is LATE_MS old is failed as if its
+worker were gone, before the view says so (3 heartbeat intervals, at least 3 s). A spare
+it starts is handed to ``started`` (the edge routes it once its own probe answers, before
+its row says started and its check passes).
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ import hashlib
 import sqlite3
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import anyio
@@ -31,6 +38,7 @@ from bourse.wire.metadata import PRIMARY, SPARE
 
 if TYPE_CHECKING:
     from bourse.client import BourseClient
+    from bourse.wire.messages import Machine
 
 log = structlog.get_logger("bourse.edge")
 
@@ -40,6 +48,13 @@ CRITICAL = "critical"
 # A failed machine acted on is not acted on again by this controller for this long (its
 # spare's row shows it starting well before).
 QUIET_S = 30.0
+UNREACHABLE_S = 1.0  # an edge's connects and probes failing this long, and
+LATE_MS = 1500  # its worker's last heartbeat this old: failed (its worker is dying)
+TICK_S = 0.25  # how often the edge's evidence is looked at between the view's changes
+
+_BEATS = """
+SELECT w.worker_id FROM workers w JOIN beats b ON b.beat = w.beat WHERE b.at_ms < ?
+"""
 
 _ROWS = """
 SELECT machine_id, order_id, tenant, app, region, worker_id, state, coalesce(role, ''),
@@ -66,14 +81,16 @@ class Member:
     generation: int = 0
     health: str = ""
     gone: bool = False
+    unreachable: bool = False  # this edge cannot reach it, its worker's heartbeat late
 
     @property
     def failed(self) -> bool:
-        return self.state in RUNNING and (self.gone or self.health == CRITICAL)
+        return self.state in RUNNING and (self.gone or self.unreachable
+                                          or self.health == CRITICAL)  # fmt: skip
 
     @property
     def serving(self) -> bool:
-        return self.state in RUNNING and not self.gone and self.health != CRITICAL
+        return self.state in RUNNING and not self.failed
 
 
 Group = tuple[str, str, str]  # tenant, app, region
@@ -99,6 +116,19 @@ def members(db: sqlite3.Connection) -> list[Member]:
         out.append(Member(mid, oid, tenant, app, region, wid, state, role, slot, gen, health,
                           bool(gone)))  # fmt: skip
     return out
+
+
+def late_workers(db: sqlite3.Connection, now_ms: int, late_ms: int = LATE_MS) -> set[str]:
+    """The workers whose last heartbeat the view has is older than ``late_ms``."""
+    return {wid for (wid,) in db.execute(_BEATS, (now_ms - late_ms,))}
+
+
+def unreachable(rows: list[Member], suspects: set[str], late: set[str]) -> list[Member]:
+    """``rows`` with the machines this edge cannot reach on a late worker marked so."""
+    return [
+        replace(m, unreachable=True) if m.machine_id in suspects and m.worker_id in late else m
+        for m in rows
+    ]
 
 
 def groups(rows: list[Member]) -> dict[Group, list[Member]]:
@@ -162,10 +192,13 @@ class Controller:
         wanted_of: WantedOf,
         act: Act,
         clock: Callable[[], float] = time.monotonic,
+        suspects: Callable[[], set[str]] = set,
     ) -> None:
         self.wanted_of = wanted_of
         self.act = act
         self.clock = clock
+        self.suspects = suspects  # the machines this edge cannot reach (its router's)
+        self.late: set[str] = set()  # the workers whose heartbeat is late
         self.rows: list[Member] = []
         self.acted: dict[str, float] = {}  # failed machine id -> when
         self._changed = anyio.Event()
@@ -174,6 +207,7 @@ class Controller:
     def changed(self, db: sqlite3.Connection) -> None:
         """The view changed: its rows read now, decided on in the controller's task."""
         self.rows = own(members(db))
+        self.late = late_workers(db, int(time.time() * 1000))
         self._changed.set()
 
     async def run(
@@ -182,7 +216,8 @@ class Controller:
         task_status.started()
         try:
             while True:
-                await self._changed.wait()
+                with anyio.move_on_after(TICK_S):  # or the edge's evidence, looked at again
+                    await self._changed.wait()
                 self._changed = anyio.Event()
                 await self.turn()
         finally:
@@ -192,6 +227,8 @@ class Controller:
     async def turn(self) -> None:
         """One look at the rows: the failovers due, started."""
         rows = self.rows
+        if self.late:
+            rows = unreachable(rows, self.suspects(), self.late)
         need = failing(rows)
         if not need:
             return
@@ -212,7 +249,8 @@ class Controller:
     async def _act(self, r: Replace) -> None:
         f = r.failed
         log.info("heal", app=f.app, tenant=f.tenant, failed=f.machine_id, spare=r.spare.machine_id,
-                 why="worker gone" if f.gone else "check critical")  # fmt: skip
+                 why="worker gone" if f.gone else "unreachable, its worker's heartbeat late"
+                 if f.unreachable else "check critical")  # fmt: skip
         try:
             done = await self.act(r)
         except Exception as exc:  # said, and tried again after QUIET_S if still due
@@ -221,9 +259,12 @@ class Controller:
         log.info("healed", app=f.app, failed=f.machine_id, spare=r.spare.machine_id, did=done)
 
 
-def market_actions(client: BourseClient) -> tuple[WantedOf, Act]:
+def market_actions(
+    client: BourseClient, started: Callable[[str, Machine], None] | None = None
+) -> tuple[WantedOf, Act]:
     """The controller's reads and actions on the market: the wanted count from the app's
-    record (the apps bucket), a failover through the exchange."""
+    record (the apps bucket), a failover through the exchange (the spare, once started,
+    handed to ``started`` with its app's key)."""
     from bourse.client.apps.store import AppStore
     from bourse.client.policy import place_spare
     from bourse.errors import BourseError
@@ -245,7 +286,9 @@ def market_actions(client: BourseClient) -> tuple[WantedOf, Act]:
 
     async def act(r: Replace) -> str:
         f, spare = r.failed, r.spare
-        await client.machine("start", spare.machine_id)
+        machine = await client.machine("start", spare.machine_id)
+        if started is not None:
+            started(f.app, machine)  # apps of no tenant: the app's name is its key
         stop: str
         try:
             outcome = await client.machine_or_kept("stop", f.machine_id)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import math
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import httptools
@@ -119,6 +120,11 @@ class Client(Retries, Responses, asyncio.Protocol):
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def cut(self, dead: Collection[str]) -> None:
+        r = self.active
+        if r is not None and r.up is not None and r.backend_id in dead:
+            r.up.abort()  # connection_lost: upstream_lost, retried when it may be
 
     def pause_writing(self) -> None:
         up = self.tunnel or (self.active.up if self.active is not None else None)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
@@ -27,6 +28,10 @@ class Abortable(Protocol):
     """A connection the stop closes at once (an HTTP client's, a TCP service's)."""
 
     def abort(self) -> None: ...
+
+    def cut(self, dead: Collection[str]) -> None:
+        """Its upstream to a machine of ``dead`` closed (a request not yet answered goes
+        to another machine, as any lost upstream's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +84,11 @@ class Proxy:
             up.close()
         return None
 
+    def drop_pool(self, address: tuple[str, int]) -> None:
+        """Close every idle connection kept to ``address``."""
+        for up in self.pools.pop(address, ()):
+            up.close()
+
     def give(self, address: tuple[str, int], up: Upstream) -> None:
         """Keep ``up`` for the next request to ``address`` (or close it: pool full)."""
         pool = self.pools.get(address)
@@ -111,6 +121,13 @@ class Proxy:
                 self.hosts.clear()
             self.hosts[host] = key
         return key
+
+    def cut(self, dead: Collection[str]) -> None:
+        """The connections to the machines in ``dead`` (ended, or their worker gone) closed:
+        a request under way there gets no answer and no reset when the machine's network is
+        gone with it, so it is not waited for (retried elsewhere when it may be)."""
+        for client in list(self.clients):
+            client.cut(dead)
 
     def close(self) -> None:
         """Every connection, client and upstream, closed at once (the stop's last step)."""

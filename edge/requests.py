@@ -81,7 +81,8 @@ class Request:
     error = ""
     bytes_out = 0
     hosts = 0  # Host headers seen
-    held = False  # it waited for a machine's start (once at most)
+    held = False  # it waited for a machine's start, or for one to take it
+    held_until = 0.0  # until when it may be held (time.monotonic; set at its first hold)
 
     def __init__(self) -> None:
         self.headers: list[tuple[bytes, bytes]] = []

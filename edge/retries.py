@@ -12,6 +12,7 @@ added on the hot path.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import TYPE_CHECKING, Any
 
 from edge.requests import IDEMPOTENT, reason_of
@@ -41,19 +42,23 @@ class Retries:
         def _done(self, r: Request) -> None: ...
 
     def _hold(self, r: Request, detail: str) -> None:
-        """No machine can take ``r``: held while a stopped machine of its app starts
-        (edge/starts.py), else 503 with why (502 with the error of a retry: the machine
-        tried failed, and no other could take it)."""
+        """No machine can take ``r``: held while a stopped machine of its app starts, or
+        until one of its machines can take it (edge/starts.py; again after a release that
+        found none, until the first hold's deadline), else 503 with why (502 with the
+        error of a retry: the machine tried failed, and no other could take it)."""
         status, detail = (502, r.error) if r.error else (503, detail)
         starts = self.proxy.starts
-        if starts is None or r.held:
+        now = time.monotonic()  # the clock of Starts
+        if starts is None or (r.held and now >= r.held_until):
             self._respond(r, status, detail)
             return
-        why = starts.hold(r.app, lambda why: self._released(r, why))
+        if not r.held:
+            r.held_until = now + starts.timeout_s
+        why = starts.hold(r.app, lambda why: self._released(r, why), r.held_until)
         if why is None:
-            r.held = True
-            if self.proxy.metrics is not None:
+            if not r.held and self.proxy.metrics is not None:
                 self.proxy.metrics.held_request(r.app)
+            r.held = True
         else:
             self._respond(r, status, f"{detail}; {why}" if why else detail)
 
@@ -110,8 +115,10 @@ class Retries:
             if sent and r.replay is not None:
                 r.pending = list(r.replay)  # every chunk received so far, sent or not
                 r.pending_bytes = sum(len(c) for c in r.pending)
-            if not skip:  # a stale pooled connection: the same machine may be tried again
-                r.tried.pop()
+            if not skip:  # a stale pooled connection: the same machine may be tried again,
+                r.tried.pop()  # and the attempt is not counted; the address's other idle
+                r.attempts -= 1  # connections are likely as stale (its machine restarted)
+                proxy.drop_pool(r.address)
             self._route(r)
         else:
             self._respond(r, 502, error)

@@ -38,6 +38,7 @@ ROUTABLE_HEALTH = frozenset({PASSING, NO_CHECKS})
 
 STARTED = "started"
 MOVING = frozenset({"starting", STARTED})
+ENDED = frozenset({"stopped", "failed", "destroyed"})  # its requests under way cannot end well
 
 # Why a machine takes no request (named once: the 503's detail counts them).
 NOT_STARTED = "not started"
@@ -170,6 +171,7 @@ class _Skip:
     address: tuple[str, int]
     due: float  # when to probe next (math.inf while a probe runs)
     interval: float
+    since: float = 0.0  # when it was first skipped
 
 
 @dataclass(slots=True)
@@ -180,6 +182,8 @@ class _Here:
     backend: Backend
     at: float
     moved: bool = False
+    key: str = ""  # its app's (routed before the table has a row of it: a new machine)
+    seen: bool = False  # the table has had a row of it
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +220,13 @@ class Router:
         self.started_here: dict[str, _Here] = {}
         # when this edge last sent a request to each machine (its clock): its activity
         self.began: dict[str, float] = {}
+        # told when a machine may have become able to take requests: a new table, a
+        # probe that passed, a machine this edge started (held requests route again)
+        self.observers: list[Callable[[], None]] = []
+
+    def _changed(self) -> None:
+        for observe in self.observers:
+            observe()
 
     # -- the table -------------------------------------------------------------------------
 
@@ -232,27 +243,50 @@ class Router:
         old = self.clock() - STARTED_HERE_S
         for mid, here in list(self.started_here.items()):
             row = present.get(mid)
-            if row is not None and row.state in MOVING:
-                here.moved = True
-            # gone, started by the table, too old, or started and then stopped again
-            done = row is None or row.state == STARTED or here.at < old
+            if row is not None:
+                here.seen = True
+                if row.state in MOVING:
+                    here.moved = True
+            # gone (its row was there, or never came), started by the table, too old, or
+            # started and then stopped again
+            vanished = row is None and here.seen
+            # (a started row whose check has not passed yet: this edge's probe answered)
+            routed = row is not None and row.state == STARTED and row.health != PENDING
+            done = vanished or routed or here.at < old
             if done or (here.moved and row is not None and row.state not in MOVING):
                 del self.started_here[mid]
+        self._changed()
 
-    def started(self, backend: Backend) -> None:
-        """This edge started ``backend`` and its port answered: routed as started until the
-        table says so (its row was older than the start), or STARTED_HERE_S passed, or the
-        table shows it starting and then stopping (it moved on)."""
+    def dead_in_flight(self) -> set[str]:
+        """The machines this edge has requests outstanding at that the table says ended
+        (stopped, failed, destroyed: gone from it) or whose worker is gone; a machine this
+        edge started and routes before its row comes is not among them."""
+        present = {b.machine_id: b for r in self.table.apps.values() for b in r.backends}
+        return {
+            mid
+            for mid in self.outstanding
+            if mid not in self.started_here
+            and ((b := present.get(mid)) is None or b.worker_gone or b.state in ENDED)
+        }
+
+    def started(self, backend: Backend, key: str = "") -> None:
+        """This edge started ``backend`` (of app ``key``) and its port answered: routed as
+        started until the table says so (its row was older than the start, or there is none
+        yet: a machine just placed), or STARTED_HERE_S passed, or the table shows it
+        starting and then stopping (it moved on)."""
         route = self.table.apps
         row = next(
             (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
             None,
         )
-        if row is not None and row.state == STARTED:
+        if row is not None and row.state == STARTED and row.health != PENDING:
             return  # the table has it already
         moved = row is not None and row.state in MOVING
-        self.started_here[backend.machine_id] = _Here(backend, self.clock(), moved)
+        self.started_here[backend.machine_id] = _Here(
+            backend, self.clock(), moved, key, seen=row is not None
+        )
         self._ready = {}
+        self._changed()
 
     def _ready_of(self, key: str, port: str) -> _Ready | None:
         ready = self._ready.get((key, port))
@@ -263,9 +297,13 @@ class Router:
             return None
         good: list[tuple[Backend, tuple[str, int]]] = []
         passed: dict[str, int] = {}
-        for b in route.backends:
+        listed = {b.machine_id for b in route.backends}
+        new = [h.backend for h in self.started_here.values() if h.key == key and not h.seen
+               and h.backend.machine_id not in listed]  # fmt: skip
+        for b in (*route.backends, *new):
             here = self.started_here.get(b.machine_id)
-            if here is not None and b.state != STARTED and not b.worker_gone:
+            if here is not None and not b.worker_gone and (b.state != STARTED
+                                                           or b.health == PENDING):  # fmt: skip
                 b = here.backend
             why = unready(b, route, port)
             if why is None:
@@ -346,9 +384,15 @@ class Router:
         """A connection to ``machine_id`` at ``address`` failed: skip it until a probe of
         that address passes."""
         if machine_id not in self.skipped:
+            now = self.clock()
             self.skipped[machine_id] = _Skip(
-                address, self.clock() + self.probe_every_s, self.probe_every_s
+                address, now + self.probe_every_s, self.probe_every_s, now
             )
+
+    def unreachable(self, for_s: float) -> set[str]:
+        """The machines skipped for at least ``for_s`` (every probe since failed)."""
+        now = self.clock()
+        return {mid for mid, s in self.skipped.items() if now - s.since >= for_s}
 
     def probes_due(self) -> list[tuple[str, tuple[str, int]]]:
         """The skipped machines to probe now (machine id, address); each is then not due
@@ -372,6 +416,7 @@ class Router:
             return
         if ok:
             del self.skipped[machine_id]
+            self._changed()
             return
         skip.interval = min(skip.interval * 2, self.probe_max_s)
         skip.due = self.clock() + skip.interval

@@ -28,7 +28,15 @@ from edge.probe import run_prober
 from edge.proxy import EdgeConfig, Proxy
 from edge.routes import RouteSource
 from edge.routing import Router, RouteTable, Service
-from edge.starts import MAX_HELD, START_TIMEOUT_S, StartMachine, Starts
+from edge.starts import (
+    MAX_HELD,
+    START_TIMEOUT_S,
+    PlaceFor,
+    PlaceMachine,
+    StartMachine,
+    Starts,
+    Wanted,
+)
 from edge.tcp import TcpClient
 
 log = structlog.get_logger("bourse.edge")
@@ -78,16 +86,27 @@ class EdgeService:
     start_timeout_s: float = START_TIMEOUT_S
     max_held: int = MAX_HELD
     auto_start: Callable[[str], bool] | None = None  # per app (None: every app)
+    # an app with no machine to start: the order of a new one, and how it is placed
+    # (edge/placing.py; None: nothing is placed)
+    place_for: PlaceFor | None = None
+    place: PlaceMachine | None = None
+    wanted: Wanted | None = None  # an app's machines wanted running in a region (its spec)
     address: str = ""
     service_addresses: dict[str, str] = field(default_factory=dict)
     router: Router = field(init=False)
+    proxy: Proxy | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.router = Router(self.region)
 
     def publish(self, table: RouteTable) -> None:
-        """The source's new table: routed by from the next request on."""
+        """The source's new table: routed by from the next request on; the requests under
+        way at machines it says ended (or whose worker is gone) cut short, retried."""
         self.router.update(table)
+        dead = self.router.dead_in_flight()
+        if dead and self.proxy is not None:
+            log.info("cut", machines=sorted(dead))
+            self.proxy.cut(dead)
         log.debug("routes", source=table.source, apps=len(table.apps))
 
     async def run(
@@ -95,7 +114,7 @@ class EdgeService:
     ) -> None:
         """Serve until cancelled; ``started`` once every listener listens."""
         loop = asyncio.get_running_loop()
-        proxy = Proxy(self.router, self.config, self.metrics)
+        proxy = self.proxy = Proxy(self.router, self.config, self.metrics)
         if self.start_machine is not None:
             proxy.starts = Starts(
                 self.router,
@@ -105,6 +124,9 @@ class EdgeService:
                 max_held=self.max_held,
                 metrics=self.metrics,
                 auto_start=self.auto_start or every_app,
+                place_for=self.place_for,
+                place=self.place,
+                wanted=self.wanted or no_spec,
             )
         servers: list[asyncio.Server] = []
         try:
@@ -152,6 +174,10 @@ class EdgeService:
 
 def every_app(app: str) -> bool:
     return True
+
+
+def no_spec(app: str, region: str) -> int | None:
+    return None
 
 
 def _service_protocol(proxy: Proxy, service: Service) -> Callable[[], TcpClient]:

@@ -1,9 +1,11 @@
 """The apps' service sections (docs/protocol.md §4.19: ``[service]`` of an app's spec), as
 the edge follows them: a watch of the apps bucket ``<PREFIX>_APPS`` (each app's record, its
 spec as last deployed), kept by app key (``web``, a tenant's ``web.acme``). The routes take
-an app's port and limits from it, the starts its ``auto_start``, the idle stops its
-``auto_stop``, ``idle_s`` and ``min_machines_running``. An app without a record (placed by
-hand) has none: the edge's own options say (``--port``, ``--soft-limit``...; started by its
+an app's port and limits from it, and its ``draining`` machines (a deploy drains them
+before it destroys them: no new request); the starts its ``auto_start`` (and a placement
+the whole record: its spec, generation and slots), the idle stops its ``auto_stop``,
+``idle_s`` and ``min_machines_running``. An app without a record (placed by hand) has
+none: the edge's own options say (``--port``, ``--soft-limit``...; started by its
 requests, never stopped when idle).
 """
 
@@ -39,13 +41,13 @@ def key_of(bucket_key: str) -> str:
     return app_key(app, tenant) if sep else bucket_key
 
 
-def service_of(value: bytes) -> AppService | None:
-    """The service section of a record's JSON (None: no spec, or not a record)."""
+def record_of(value: bytes) -> AppRecord | None:
+    """A record's JSON with its spec (None: no spec, or not a record)."""
     try:
         record = msgspec.json.decode(value, type=AppRecord)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    return record.spec.service if record.spec is not None else None
+    return record if record.spec is not None else None
 
 
 class AppServices:
@@ -56,6 +58,8 @@ class AppServices:
         self.nc = nc
         self.prefix = prefix
         self.services: dict[str, AppService] = {}
+        self.records: dict[str, AppRecord] = {}  # the whole record (a placement reads it)
+        self.draining: frozenset[str] = frozenset()  # every app's draining machines
         self.observers: list[Callable[[], None]] = []
 
     def get(self, key: str) -> AppService | None:
@@ -65,6 +69,14 @@ class AppServices:
         """Whether a request may start a machine of app ``key`` (no section: it may)."""
         svc = self.services.get(key)
         return svc is None or svc.auto_start
+
+    def wanted(self, key: str, region: str) -> int | None:
+        """The machines app ``key`` wants running in ``region`` (its spec's count there, 0
+        where it does not run; None: no spec)."""
+        record = self.records.get(key)
+        if record is None or record.spec is None:
+            return None
+        return record.spec.count if region in record.spec.regions else 0
 
     @property
     def all(self) -> Mapping[str, AppService]:
@@ -109,14 +121,29 @@ class AppServices:
 
     def _apply(self, bucket_key: str, value: bytes | None, operation: str | None) -> None:
         key = key_of(bucket_key)
-        service = None if operation in (KV_DEL, KV_PURGE) else service_of(value or b"")
+        record = None if operation in (KV_DEL, KV_PURGE) else record_of(value or b"")
+        service = record.spec.service if record is not None and record.spec is not None else None
+        if record is None:
+            self.records.pop(key, None)
+        else:
+            self.records[key] = record
+        draining = frozenset(m for r in self.records.values() for m in r.draining)
+        drained, self.draining = self.draining != draining, draining
+        if drained:
+            log.info("draining", app=key, machines=record.draining if record else [])
+        if not self._service(key, service) and not drained:
+            return
+        for observe in self.observers:
+            observe()
+
+    def _service(self, key: str, service: AppService | None) -> bool:
+        """Keep app ``key``'s section: whether it changed."""
         if service is None:
             if self.services.pop(key, None) is None:
-                return
+                return False
         elif self.services.get(key) == service:
-            return
+            return False
         else:
             self.services[key] = service
         log.info("service", app=key, service=msgspec.to_builtins(service) if service else None)
-        for observe in self.observers:
-            observe()
+        return True

@@ -2,18 +2,22 @@
 to a machine of its app (on the machine's port of the service's name), bytes both ways as
 they come. A connection counts as one outstanding request on its machine while it lasts.
 Connecting is retried on another machine (at most the proxy's ``attempts``), and a machine
-that refused is skipped until its next passing probe, as for HTTP."""
+that refused is skipped until its next passing probe, as for HTTP. A connection no machine
+can take is held as an HTTP request is (edge/starts.py): one of the app's stopped machines
+started for it, or a machine that may take it soon awaited, until the start timeout."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Collection
 from typing import Any
 
 import structlog
 
 from edge.proxy import Proxy
 from edge.requests import PENDING_MAX, reason_of
-from edge.routing import Choice, Service
+from edge.routing import UNKNOWN_APP, Choice, Service
 
 log = structlog.get_logger("bourse.edge")
 
@@ -41,9 +45,16 @@ class TcpClient(asyncio.Protocol):
         proxy, service = self.proxy, self.service
         tried: list[str] = []
         error = ""
+        deadline: float | None = None
         while len(tried) < proxy.config.attempts and not self.closed:
             choice = proxy.router.pick(service.app, port=service.port, exclude=tried)
             if not isinstance(choice, Choice):
+                if choice.reason != UNKNOWN_APP and proxy.starts is not None:
+                    deadline = deadline or time.monotonic() + self._timeout_s()
+                    why = await self._held(tried, deadline)
+                    if why is None:
+                        continue  # a machine was started, or one may take it now
+                    error = why or error
                 error = error or choice.detail
                 break
             mid = choice.backend.machine_id
@@ -110,9 +121,38 @@ class TcpClient(asyncio.Protocol):
         if self.up is not None:
             self.up.transport.resume_reading()
 
+    def _timeout_s(self) -> float:
+        starts = self.proxy.starts
+        return starts.timeout_s if starts is not None else 0.0
+
+    async def _held(self, tried: list[str], deadline: float) -> str | None:
+        """No machine takes the connection now: held as an HTTP request is (one of the
+        app's stopped machines started, or a machine that may take it awaited) until
+        ``deadline``: None to pick again (``tried`` forgotten), else why not."""
+        starts = self.proxy.starts
+        if starts is None or time.monotonic() >= deadline:
+            return ""
+        answer: asyncio.Future[str | None] = self.proxy.loop.create_future()
+
+        def release(why: str | None) -> None:
+            if not answer.done():
+                answer.set_result(why)
+
+        why = starts.hold(self.service.app, release, deadline)
+        if why is not None:
+            return why
+        got = await answer
+        if got is None:
+            tried.clear()
+        return got
+
     def abort(self) -> None:
         if self.transport is not None:
             self.transport.abort()
+
+    def cut(self, dead: Collection[str]) -> None:
+        if self.machine_id in dead:
+            self.abort()  # its client connects again, to another machine
 
 
 class TcpUpstream(asyncio.Protocol):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -91,16 +91,21 @@ def view_table(
     soft_limit: int = 0,
     hard_limit: int = 0,
     services: Mapping[str, AppService] | None = None,
+    draining: Collection[str] = (),
 ) -> RouteTable:
     """The table of every app machine the view holds (not destroyed), keyed by app and
     tenant; a machine whose worker the view says is gone is marked so (0, "never seen
     beating", is not gone: nothing says so, and the edge's probe catches a dead address).
     An app with a service section (``services``, by key) takes its port and limits from
-    it; the others ``port``, ``soft_limit`` and ``hard_limit``."""
-    grouped: dict[str, list[Backend]] = {}
+    it; the others ``port``, ``soft_limit`` and ``hard_limit``. A deployed app (one with a
+    section) with no machine is in the table too, with none: its request may place one.
+    A machine in ``draining`` (a deploy drains it: its app's record says so) takes no new
+    request."""
+    grouped: dict[str, list[Backend]] = {key: [] for key in services or {}}
     for mid, tenant, app, region, state, status, addrs, gone, checks, role in db.execute(_ROWS):
         health = _health(status, checks)
-        backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone), role=role)
+        backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone),
+                          mid in draining, role)  # fmt: skip
         grouped.setdefault(app_key(app, tenant), []).append(backend)
     apps = {}
     for key, bs in grouped.items():
@@ -142,9 +147,9 @@ class ViewRoutes:
     def table(self, view: View) -> RouteTable:
         soft, hard = self.limits
         services = self.services.all if self.services is not None else None
-        return view_table(
-            view.db.db, port=self.port, soft_limit=soft, hard_limit=hard, services=services
-        )
+        draining = self.services.draining if self.services is not None else ()
+        return view_table(view.db.db, port=self.port, soft_limit=soft, hard_limit=hard,
+                          services=services, draining=draining)  # fmt: skip
 
     def refresh(self) -> None:
         """Publish the table again (the apps' service sections changed)."""

@@ -30,7 +30,10 @@ def loadtest(
             "throughput against nginx's reverse proxy, by wrk: --processes edge processes "
             "and nginx workers, --concurrency connections, --duration-s); or edge-cold (a "
             "request to a stopped app through the edge, its first byte against the app's own "
-            "start: --starts); or view (the view "
+            "start, and to an app with no machine, placed: --starts); or edge-faults (GETs "
+            "through an edge to an app of a primary and a spare, through a rolling deploy, a "
+            "supplier restart and a kill -9 of the primary's worker: --rate GET/s, 200); or "
+            "view (the view "
             "of the market: a change's delay to a view, a build from scratch, the CLI's "
             "listing: --workers, --machines, --changes-per-s, --duration-s, --build-machines, "
             "--regions, --cli-runs)."
@@ -245,6 +248,9 @@ def loadtest(
     if scenario == "edge-cold":
         _edge_cold({"starts": starts} if starts is not None else {}, out, json)
         return
+    if scenario == "edge-faults":
+        _edge_faults({"rate": int(rate)} if rate is not None else {}, out, json)
+        return
     if scenario == "view":
         view: dict[str, object] = {
             "workers": workers, "machines": machines, "changes_per_s": changes_per_s,
@@ -348,6 +354,14 @@ def _edge_cold(given: dict[str, object], out: Path | None, json: bool) -> None:
     from loadtest import edgecold
 
     _scenario("edge-cold", edgecold.profile_of, edgecold.run_cold, edgecold.table, given, out, json)
+
+
+def _edge_faults(given: dict[str, object], out: Path | None, json: bool) -> None:
+    """The edge-faults scenario (loadtest/edgefail.py) with the options given."""
+    from loadtest import edgefail
+
+    _scenario("edge-faults", edgefail.profile_of, edgefail.run_faults, edgefail.table, given, out,
+              json)  # fmt: skip
 
 
 def _views(given: dict[str, object], out: Path | None, json: bool) -> None:

@@ -148,7 +148,8 @@ def buyer_permissions(s: Subjects, inbox: str) -> Permissions:
             s.exec_input("*"),  # input to its exec sessions (§4.24)
             *grants.allows(ROLE_BUYER, s.prefix),
         ),
-        subscribe=(s.events(), f"{inbox}.>"),
+        # the edges' activity (§4.23): a deploy's drain hears when requests have finished
+        subscribe=(s.events(), s.edge_activity(), f"{inbox}.>"),
     )
 
 
@@ -177,7 +178,8 @@ def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
 
 def edge_permissions(s: Subjects, inbox: str) -> Permissions:
     """``edge serve``: a machine's start (a request found none able to take it), a failed
-    machine's stop kept for its worker and a new spare's order (its controller), each
+    machine's stop kept for its worker and a new spare's order (its controller), an app's
+    missing machine's order (a request found none to start), each
     through the exchange as the shared buyer's; why an order went unfilled; the machine
     listings (its routes where the market has no state stream); every edge's activity
     (§4.23: what stops an idle machine); the market's live events (its page's stream: what

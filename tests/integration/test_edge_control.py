@@ -6,28 +6,38 @@ the address a worker gave a machine's port plays the machine. Every wait is on a
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio
+import msgspec
 
 from bourse.client import BourseClient
+from bourse.client.apps.apply import apply, context
 from bourse.client.apps.spec import AppService, AppSpec
 from bourse.client.apps.store import AppRecord, AppStore
-from bourse.wire.messages import Placed, Resources
+from bourse.wire.messages import Machine, Placed, Resources
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_until, worker
 from tests.views import published, row
 
+if TYPE_CHECKING:
+    from nats.aio.msg import Msg
+
 # Answers every GET with "hello" on 0.0.0.0:$PORT, after sleeping $DELAY s (an app's own
-# start); "slow" and "never" machines: see the catalog below.
+# start); GET /slow after 3 s (a long request); "slow" and "never" machines: see the
+# catalog below.
 SERVER = """
 import http.server, os, time
 time.sleep(float(os.environ.get("DELAY", "0")))  # the app's own start: the workload, not a wait
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(3)  # a long request: the workload
         self.send_response(200)
         self.send_header("Content-Length", "5")
         self.end_headers()
@@ -164,6 +174,28 @@ async def test_a_request_starts_a_stopped_machine_and_every_held_request_is_serv
         assert e.log.count("event='cold_start'") == 2, e.log[-3000:]
 
 
+async def test_a_raw_tcp_connection_starts_a_stopped_machine(
+    market: Market, tmp_path: Path
+) -> None:
+    """A raw TCP service of an app whose one machine is placed and not started: the
+    connection is held while the edge starts it and its port answers, then passed to it
+    (the app sleeps 0.3 s before listening)."""
+    buyer = await process_market(market, "edget1")
+    p = await placed(buyer, "tcpcold", DELAY="0.3")
+    args = market_args(market, "--tcp", f"{HOST}:0=tcpcold:http")
+    async with edge(tmp_path, *args) as e:
+        where = e.ready_line.split("tcpcold:http on ")[1].split(";")[0].split()[0]
+        reader, writer = await asyncio.open_connection(*where.rsplit(":", 1))
+        try:
+            writer.write(b"GET / HTTP/1.0\r\n\r\n")
+            with anyio.fail_after(30):
+                answer = await reader.read()
+        finally:
+            writer.close()
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello"), answer
+        assert f"machine='{p.machine_id}'" in cold(e.log), e.log[-3000:]
+
+
 async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
     market: Market, tmp_path: Path
 ) -> None:
@@ -183,6 +215,116 @@ async def test_a_machine_that_never_answers_gets_a_503_that_says_why(
             again = await get(e.address, host="mute.localhost")
             assert again.status in (502, 503), again
         assert e.log.count("event='cold_start_failed'") == 1
+
+
+async def test_two_edges_and_concurrent_requests_place_one_machine_for_an_app_with_none(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app deployed (one primary) whose machine was then destroyed: nothing to start.
+    Two edges, ten requests at each at once: ONE new machine is placed (both edges derive
+    the slot's next order id, its claim gives both the same machine), started, and every
+    request is served by it; the next deploy keeps it in its slot."""
+    buyer = await process_market(market, "edgep1")
+    spec = AppSpec(app="zero", image="srv", regions=["mad"], ports=["http"], env={"DELAY": "0.2"},
+                   resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+    store = await AppStore.open(buyer.nc, market.subjects.prefix)
+    done = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    assert done.complete, done.outcomes
+    [first] = [o.machine_id for o in done.outcomes]
+    await buyer.machine("destroy", first)
+    nc = await market.connect("watch")
+    await published(nc, market.subjects, first, "destroyed", timeout_s=30)
+    # each edge is ready once its view and the apps' records are read: the destroy in them
+    async with (
+        edge(tmp_path, *market_args(market)) as e1,
+        edge(tmp_path, *market_args(market)) as e2,
+    ):
+        got: list[Answer] = []
+
+        async def ten(address: str) -> None:
+            got.extend(await all_of(address, "zero.localhost", 10))
+
+        async with anyio.create_task_group() as tasks:
+            for e in (e1, e2):
+                tasks.start_soon(ten, e.address)
+        machines = {a.headers.get("bourse-machine") for a in got}
+        assert {a.status for a in got} == {200} and len(machines) == 1, got
+        [new] = machines
+        assert new != first
+        live = [m for m in await market_machines(buyer, "zero") if m.state != "destroyed"]
+        assert [(m.machine_id, m.order_id, m.state) for m in live] == [
+            (new, "zero.g1.mad.0.r1", "started")
+        ]
+        placed_lines = [ln for e in (e1, e2) for ln in cold(e.log).splitlines()]
+        assert placed_lines and all("placed=True" in ln for ln in placed_lines), placed_lines
+    again = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    assert [(s.action, s.machine_id) for s in again.plan.steps] == [("keep", new)]
+
+
+async def test_a_rolling_deploy_drains_the_old_machine_before_it_destroys_it(
+    market: Market, tmp_path: Path
+) -> None:
+    """An app of one primary behind an edge, a 3 s request under way at it: a deploy that
+    replaces it starts the new machine, names the old one draining (the edge sends it
+    nothing new from then on), waits until the edge's activity says the request finished,
+    and only then stops and destroys it: the long request is answered by the old machine,
+    the requests after the mark by the new one."""
+    buyer = await process_market(market, "edged1")
+    spec = AppSpec(app="roll", image="srv", regions=["mad"], ports=["http"], env={"V": "1"},
+                   resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+    store = await AppStore.open(buyer.nc, market.subjects.prefix)
+    first = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    [old] = [o.machine_id for o in first.outcomes]
+    async with edge(tmp_path, *market_args(market)) as e:
+        await answered(e.address, "roll.localhost", lambda a: a.status == 200)
+        long: list[Answer] = []
+        async with anyio.create_task_group() as tasks:
+
+            async def slow() -> None:
+                long.append(await get(e.address, "/slow", host="roll.localhost"))
+
+            tasks.start_soon(slow)
+            await in_flight(buyer, old)  # the edge's activity says so
+            v2 = msgspec.structs.replace(spec, env={"V": "2"})
+            second = await apply(buyer, store, await context(buyer, store, v2), check_wait_s=5)
+        assert second.complete, second.outcomes
+        [new] = [o.machine_id for o in second.outcomes]
+        [answer] = long
+        assert (answer.status, answer.headers["bourse-machine"]) == (200, old)
+        assert "event='draining'" in e.log, e.log[-3000:]
+        got = await get(e.address, host="roll.localhost")
+        assert (got.status, got.headers["bourse-machine"]) == (200, new)
+    machines = {m.machine_id: m.state for m in await market_machines(buyer, "roll")}
+    assert machines == {old: "destroyed", new: "started"}
+    record = await store.get("roll")
+    assert record is not None and record.draining == []
+
+
+async def in_flight(buyer: BourseClient, machine_id: str) -> None:
+    """Until an edge's activity report says a request to ``machine_id`` is in flight."""
+    from bourse.wire.codec import decode
+    from bourse.wire.messages import EdgeActivity
+
+    seen = anyio.Event()
+
+    async def report(msg: Msg) -> None:
+        a = decode(msg.data, EdgeActivity)
+        if a.machines.get(machine_id) == a.at_ms:
+            seen.set()
+
+    sub = await buyer.nc.subscribe(buyer.subjects.edge_activity(), cb=report)
+    try:
+        with anyio.fail_after(30):
+            await seen.wait()
+    finally:
+        await sub.unsubscribe()
+
+
+async def market_machines(buyer: BourseClient, app: str) -> list[Machine]:
+    from bourse.wire.messages import ListMachines
+
+    listing = await buyer.list_machines(["mad"], ListMachines(app=app, include_destroyed=True))
+    return listing.machines
 
 
 def cold(log: str) -> str:

@@ -50,14 +50,35 @@ async def test_a_short_edge_run_reports_every_arm(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-async def test_a_short_cold_start_run_measures_both(tmp_path: Path) -> None:
+async def test_a_short_cold_start_run_measures_each_arm(tmp_path: Path) -> None:
     """The edge-cold scenario (loadtest/edgecold.py): a real market, a process machine,
-    the edge; two rounds of each arm, none failed."""
+    the edge; two rounds of each arm (own start, through the edge, placed by the edge),
+    none failed."""
     from loadtest.edgecold import ColdProfile, run_cold
     from loadtest.edgecold import table as cold_table
 
     said: list[str] = []
     rep = await run_cold(ColdProfile(starts=2), tmp_path / "run", said.append)
-    assert rep["failed"] == [] and rep["samples"] == {"own": 2, "edge": 2}
+    assert rep["failed"] == [] and rep["samples"] == {"own": 2, "edge": 2, "placed": 2}
     assert rep["own_start_p50_ms"] > 0 and rep["edge_first_byte_p50_ms"] > 0
-    assert (tmp_path / "run" / "report.json").exists() and cold_table(rep).row_count == 2
+    assert rep["placed_first_byte_p50_ms"] > 0
+    assert (tmp_path / "run" / "report.json").exists() and cold_table(rep).row_count == 3
+
+
+@pytest.mark.slow
+async def test_a_short_faults_run_counts_each_phase_and_the_spare(tmp_path: Path) -> None:
+    """The edge-faults scenario (loadtest/edgefail.py) at 50 GET/s and 2 s between faults:
+    three suppliers, the edge and its controller, the deploy, the restart, the kill; every
+    phase counted, the spare (another machine than the killed primary) serving after the
+    kill, the killed worker's processes found, nothing of the run left running."""
+    from loadtest.edgefail import FaultsProfile, kill_machines, run_faults
+    from loadtest.edgefail import table as faults_table
+
+    rep = await run_faults(FaultsProfile(rate=50, settle_s=2.0), tmp_path / "run", print)
+    assert list(rep["phases"]) == ["steady", "deploy", "restart", "kill"]
+    assert all(p["requests"] > 0 for p in rep["phases"].values()), rep
+    assert rep["spare_serving_s"] is not None and rep["killed_pids"] >= 1, rep
+    assert faults_table(rep).row_count == 4
+    assert (tmp_path / "run" / "report.json").exists()
+    workers = [p.name for p in (tmp_path / "run" / "data").iterdir()]
+    assert len(workers) == 3 and all(kill_machines(w) == [] for w in workers)

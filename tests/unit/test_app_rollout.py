@@ -4,6 +4,7 @@ in time, and the old machine is destroyed only once the new one is as it should 
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from bourse.client.apps.plan import Plan, Step
@@ -11,6 +12,8 @@ from bourse.client.apps.rollout import (
     Action,
     Destroyed,
     DestroyMachine,
+    Drained,
+    DrainMachine,
     Event,
     Finished,
     Health,
@@ -71,6 +74,29 @@ def test_an_update_places_starts_waits_for_checks_then_destroys_the_old() -> Non
     assert r.complete and not r.stopped
     [done] = r.outcomes
     assert (done.result, done.machine_id, done.worker_id) == ("done", "w5~NEW", "w5")
+
+
+def test_an_update_of_a_started_machine_drains_it_before_its_destroy() -> None:
+    """The old machine was serving (started): drained (the edges send it nothing new, what
+    is under way finishes, it is stopped), then destroyed; a stopped one is not."""
+    serving = Step(**{**msgspec.structs.asdict(UPDATE), "state": "started"})
+    r, actions = run(
+        [serving],
+        [(Placed("w5~NEW", "w5"), 1), (Started("w5~NEW"), 2), (Drained("w1~OLD"), 3),
+         (Destroyed("w1~OLD"), 4)],
+        checks=False,
+    )  # fmt: skip
+    assert actions == [
+        Place(serving, "app.g2.mad.0", ("w1",)),
+        StartMachine("w5~NEW"),
+        DrainMachine("w1~OLD"),
+        DestroyMachine("w1~OLD"),
+        Finished(),
+    ]
+    assert r.complete
+    stopped = Step(**{**msgspec.structs.asdict(UPDATE), "state": "stopped"})
+    _, actions = run([stopped], [(Placed("w5~NEW", "w5"), 1), (Started("w5~NEW"), 2)], False)
+    assert actions[-1] == DestroyMachine("w1~OLD")
 
 
 def test_no_other_worker_places_beside_the_old_one_and_no_room_stops() -> None:

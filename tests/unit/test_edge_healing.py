@@ -5,7 +5,7 @@ spare and the same new spare's order id; nothing when the spare already serves."
 
 from __future__ import annotations
 
-from edge.healing import Member, Replace, decide, suffix_of
+from edge.healing import Member, Replace, decide, suffix_of, unreachable
 
 
 def m(mid: str, role: str = "primary", state: str = "started", **kw: object) -> Member:
@@ -57,3 +57,12 @@ def test_a_stopped_machine_is_not_a_failure_and_no_spare_no_failover() -> None:
 def test_the_new_spares_order_id_differs_per_failure() -> None:
     a, b = m("p0", gone=True), m("p0", gone=True, generation=2)
     assert suffix_of(a) != suffix_of(b) != suffix_of(m("p1", gone=True))
+
+
+def test_a_machine_this_edge_cannot_reach_on_a_late_worker_is_a_failure() -> None:
+    """The edge's own evidence: unreachable (its router's) and its worker's heartbeat late,
+    both: failed before the view says the worker gone; either alone is not."""
+    rows = [m("p0"), m("s0", "spare", "stopped")]
+    assert pairs(decide(unreachable(rows, {"p0"}, {"w-p0"}), {})) == [("p0", "s0")]
+    assert decide(unreachable(rows, {"p0"}, set()), {}) == []  # its worker beats: not it
+    assert decide(unreachable(rows, set(), {"w-p0"}), {}) == []  # reachable: a late beat

@@ -287,3 +287,35 @@ def test_a_listing_becomes_a_table() -> None:
         ("w1~b", PASSING),
         ("w1~c", PENDING),
     ]
+
+
+def test_the_machines_ended_under_requests_in_flight() -> None:
+    """Requests outstanding at machines the table says stopped, failed or destroyed (gone
+    from it), or whose worker is gone: theirs are cut; not a started or stopping one's, nor
+    a machine this edge started before its row came."""
+    ip = {"http": ("127.0.0.1", 1)}
+    router = Router("mad")
+    machines = [
+        Backend("a", "mad", ip),
+        Backend("b", "mad", ip, "stopped"),
+        Backend("c", "mad", ip, worker_gone=True),
+        Backend("d", "mad", ip, "stopping"),
+    ]
+    router.update(RouteTable({"web": AppRoute("web", tuple(machines))}))
+    router.started(Backend("new", "mad", ip), "web")
+    for mid in ("a", "b", "c", "d", "e", "new"):
+        router.begin(mid)
+    assert router.dead_in_flight() == {"b", "c", "e"}
+
+
+def test_the_machines_unreachable_for_a_while() -> None:
+    now = [0.0]
+    r = Router("mad", clock=lambda: now[0])
+    r.failed("m1", ("127.0.0.1", 1))
+    now[0] = 0.6
+    r.failed("m2", ("127.0.0.1", 2))
+    assert r.unreachable(0.5) == {"m1"}
+    now[0] = 1.2
+    assert r.unreachable(0.5) == {"m1", "m2"}
+    r.probed("m1", ok=True)  # its probe passed: reachable again
+    assert r.unreachable(0.5) == {"m2"}

@@ -46,6 +46,25 @@ def machine(mid: str, port: int) -> Machine:
     )  # fmt: skip
 
 
+class Held:
+    """Held requests' releases: what each was told, and when ``n`` were."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.told: list[str | None] = []
+        self.done = anyio.Event()
+
+    def __call__(self, why: str | None) -> None:
+        self.told.append(why)
+        if len(self.told) == self.n:
+            self.done.set()
+
+    async def all(self) -> list[str | None]:
+        with anyio.fail_after(5):
+            await self.done.wait()
+        return self.told
+
+
 def router_of(*backends: Backend) -> Router:
     router = Router("mad")
     router.update(RouteTable({"web": AppRoute("web", backends)}))
@@ -69,21 +88,12 @@ async def test_concurrent_requests_share_one_start_and_are_released_when_it_answ
         return len(probed) == 3  # the machine's port answers at the third probe
 
     starts = Starts(router, start, max_held=3, probe=probe, probe_every_s=0.001)
-    released: list[str | None] = []
-    done = anyio.Event()
-
-    def release(why: str | None) -> None:
-        released.append(why)
-        if len(released) == 3:
-            done.set()
-
+    release = Held(3)
     assert [starts.hold("web", release) for _ in range(3)] == [None, None, None]
     full = starts.hold("web", release)
     assert full == "3 requests of app 'web' already wait for machine mad-1~m1 to start"
     gate.set()
-    with anyio.fail_after(5):
-        await done.wait()
-    assert (asked, released) == (["mad-1~m1"], [None, None, None])
+    assert (asked, await release.all()) == (["mad-1~m1"], [None, None, None])
     assert probed == [("127.0.0.1", PORT)] * 3
     # routed as started by this edge, the table still saying stopped
     got = router.pick("web")
@@ -102,19 +112,10 @@ async def test_a_failed_start_is_said_to_every_held_request_then_backs_off() -> 
         raise RuntimeError("no room on mad-1")
 
     starts = Starts(router, start, clock=lambda: now[0])
-    released: list[str | None] = []
-    done = anyio.Event()
-
-    def release(why: str | None) -> None:
-        released.append(why)
-        if len(released) == 2:
-            done.set()
-
+    release = Held(2)
     assert starts.hold("web", release) is None and starts.hold("web", release) is None
-    with anyio.fail_after(5):
-        await done.wait()
     why = "the start of machine mad-1~m1 of app 'web' failed: no room on mad-1"
-    assert released == [why, why]
+    assert await release.all() == [why, why]
     assert starts.hold("web", release) == f"{why} (started again in 1.0 s)"
     now[0] += 1.5  # past the backoff: started again (and failing again, twice as long)
     assert starts.hold("web", release) is None
@@ -150,4 +151,72 @@ def test_a_machine_started_here_is_routed_until_the_table_moves_on() -> None:
 
     table("started")
     router.started(here)  # the table has it already: nothing to remember
+    assert router.started_here == {}
+
+
+async def test_a_request_no_machine_can_take_now_waits_until_one_can() -> None:
+    """The app's one machine is started but skipped after a failure: nothing is started
+    (the spec wants one running), the request waits; a change (a probe passed, a new
+    table) releases it to route again; one still waiting at its deadline gets a 503."""
+    now = [0.0]
+    router = Router("mad", clock=lambda: now[0])
+    router.update(RouteTable({"web": AppRoute("web", (b("m1", state=STARTED),
+                                                      b("m2")))}))  # fmt: skip
+    router.failed("m1", ("127.0.0.1", PORT))
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("a second machine is not started beside the skipped one")
+
+    starts = Starts(router, start, clock=lambda: now[0], wanted=lambda app, region: 1)
+    release = Held(1)
+    assert starts.hold("web", release, deadline=5.0) is None
+    assert starts.pending == {} and len(starts.waiting["web"]) == 1
+    router.probed("m1", ok=True)  # its probe passed: the request routes again
+    assert release.told == [None] and starts.waiting == {}
+    await starts.close()
+
+
+async def test_no_request_starts_a_machine_while_a_failover_is_due() -> None:
+    """The primary's worker is gone and the slot has a spare: the controller's to start; a
+    request starts no stopped machine meanwhile (not a second primary), it waits."""
+    router = router_of(b("m1", state=STARTED, worker_gone=True), b("m2"),
+                       b("m3", role="spare"))  # fmt: skip
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("nothing started by a request")
+
+    starts = Starts(router, start)
+    assert starts.hold("web", Held(1)) is None and len(starts.waiting["web"]) == 1
+    await starts.close()
+
+
+async def test_a_waiting_request_past_its_deadline_gets_a_503() -> None:
+    router = router_of(b("m1", state="starting"))
+
+    async def start(mid: str) -> Machine:
+        raise AssertionError("nothing to start")
+
+    starts = Starts(router, start, timeout_s=0.05)
+    release = Held(1)
+    assert starts.hold("web", release) is None
+    assert await release.all() == ["no machine of app 'web' could take it within 0.05 s"]
+    assert starts.hold("other", release) == ""  # no such app
+    await starts.close()
+
+
+def test_a_machine_started_here_is_routed_while_its_check_has_not_passed_yet() -> None:
+    """Its row says started, its check not passed yet: this edge's probe answered, so it is
+    routed; once the row's check passes the table's word is enough."""
+    router = Router("mad")
+    here = Backend("m1", "mad", {"http": ("127.0.0.1", PORT)}, STARTED, "passing")
+
+    def table(health: str) -> None:
+        row = b("m1", state=STARTED, health=health)
+        router.update(RouteTable({"web": AppRoute("web", (row,))}))
+
+    table("pending")
+    assert not isinstance(router.pick("web"), Choice)  # no address in the row, not passed
+    router.started(here, "web")
+    assert isinstance(router.pick("web"), Choice)
+    table("passing")
     assert router.started_here == {}

@@ -4,6 +4,7 @@ checks and their status, the worker gone when the view says so, the named ports'
 
 from __future__ import annotations
 
+from bourse.client.apps.spec import AppService
 from bourse.view.db import ViewDB
 from bourse.view.rows import Op, Reader
 from bourse.wire.codec import encode
@@ -103,3 +104,18 @@ def test_a_machine_whose_worker_was_never_seen_is_not_marked_gone() -> None:
     db = ViewDB(":memory:")
     feed(db, [machine_op("a")])
     assert [b.worker_gone for b in view_table(db.db).apps["web"].backends] == [False]
+
+
+def test_a_draining_machine_is_marked_and_a_deployed_app_without_machines_is_routed() -> None:
+    """A machine its app's record names draining (a deploy drains it) is marked so: the
+    router sends it nothing new; an app with a record (a service section) and no machine
+    is in the table, with none (a request may place one)."""
+    db = ViewDB(":memory:")
+    feed(db, [*worker_ops("mad-1"), machine_op("a"), machine_op("b")])
+    services = {"web": AppService(), "zero": AppService()}
+    table = view_table(db.db, services=services, draining={"mad-1~b"})
+    assert [(b.machine_id, b.draining) for b in table.apps["web"].backends] == [
+        ("mad-1~a", False),
+        ("mad-1~b", True),
+    ]
+    assert table.apps["zero"].backends == ()

@@ -13,6 +13,7 @@ import msgspec
 import structlog
 
 from bourse.client.apps import rollout as ro
+from bourse.client.apps.drain import DRAIN_S, drain
 from bourse.client.apps.plan import Plan, plan
 from bourse.client.apps.slots import machine_metadata, slot_key
 from bourse.client.apps.spec import AppSpec
@@ -235,6 +236,7 @@ async def apply(
     check_wait_s: float = DEFAULT_CHECK_WAIT_S,
     deadline_ms: int = 500,
     min_score: float = 0.0,
+    drain_s: float = DRAIN_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> Applied:
     """Converge the app to ``ctx.spec``: its plan, carried out step by step by the rollout.
@@ -242,7 +244,9 @@ async def apply(
     off halfway is taken up again under the same ids, and again with the machines made.
     Each write names the revision the record was read at, and each step is taken only while
     the record is still this run's: an app changed meanwhile (another deploy, a secret set)
-    is :class:`AppChanged` and this run stops, so two runs never roll one app together."""
+    is :class:`AppChanged` and this run stops, so two runs never roll one app together. A
+    started machine an update replaces is drained first (bourse/client/apps/drain.py: named
+    in the record, the edges' requests under way finished or ``drain_s`` passed, stopped)."""
     p = ctx.plan()
     app = ctx.spec.app
     revision = await apps.write(app, _record(ctx, p, []), ctx.revision, by="deploy")
@@ -254,7 +258,12 @@ async def apply(
             if (await apps.read(app))[1] != revision:
                 raise AppChanged(f"app {app!r} changed while this deploy ran: run it again")
             bound.info("rollout", action=type(action).__name__, **_ids(action))
-        event = await _perform(client, ctx, action, deadline_ms, min_score)
+        if isinstance(action, ro.DrainMachine):
+            mid = action.machine_id
+            revision = await drain(client, apps, app, mid, revision, bound_s=drain_s)
+            event: ro.Event = ro.Drained(mid)
+        else:
+            event = await _perform(client, ctx, action, deadline_ms, min_score)
         action = r.on(event, int(clock() * 1000))
     await apps.write(app, _record(ctx, p, r.outcomes), revision, by="deploy")
     return Applied(p, r.outcomes, r.stopped)

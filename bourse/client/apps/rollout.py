@@ -7,9 +7,11 @@ nothing is decided there.
 
 One step at a time, so an app never has more than one extra machine: an update places the
 new machine (on a worker the app does not use in the region, else beside the old one),
-starts it (a primary), waits for its checks to pass (none: started is enough), then
-destroys the old one. An update with no room for the new machine, or whose checks do not
-pass in time, stops the rollout there: the old machines keep serving.
+starts it (a primary), waits for its checks to pass (none: started is enough), then drains
+the old one if it was started (the edges send it no new request and the requests under way
+finish; then it is stopped) and destroys it. An update with no room for the new machine,
+or whose checks do not pass in time, stops the rollout there: the old machines keep
+serving.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import msgspec
 from bourse.client.apps.plan import DESTROY, KEEP, START, UPDATE, Plan, Step
 from bourse.wire.metadata import PRIMARY
 
+# The states of an old machine that may be serving requests: drained before its destroy.
+RUNNING = frozenset({"starting", "started"})
 # What became of a step.
 DONE, UNFILLED, STOPPED, SKIPPED, FAILED = "done", "unfilled", "stopped", "skipped", "failed"
 
@@ -62,11 +66,18 @@ class Destroyed:
 
 
 @dataclass(frozen=True)
+class Drained:
+    """The old machine was drained (and stopped)."""
+
+    machine_id: str
+
+
+@dataclass(frozen=True)
 class Tick:
     """Time passed (the shell's watch found nothing new)."""
 
 
-Event = Placed | Unfilled | Started | StartFailed | Health | Destroyed | Tick
+Event = Placed | Unfilled | Started | StartFailed | Health | Destroyed | Drained | Tick
 
 
 # -- actions -------------------------------------------------------------------------------
@@ -92,6 +103,14 @@ class WatchHealth:
 
 
 @dataclass(frozen=True)
+class DrainMachine:
+    """Drain the machine an update replaces: no new request through the edges, those under
+    way finished (or a bound passed), then stopped."""
+
+    machine_id: str
+
+
+@dataclass(frozen=True)
 class DestroyMachine:
     machine_id: str
 
@@ -101,7 +120,7 @@ class Finished:
     pass
 
 
-Action = Place | StartMachine | WatchHealth | DestroyMachine | Finished
+Action = Place | StartMachine | WatchHealth | DrainMachine | DestroyMachine | Finished
 
 
 class Outcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -119,7 +138,7 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
 @dataclass
 class _Current:
     step: Step
-    stage: str  # place | beside | start | health | destroy
+    stage: str  # place | beside | start | health | drain | destroy
     new_id: str = ""
     new_worker: str = ""
     deadline_ms: int = 0
@@ -235,6 +254,9 @@ class Rollout:
                 return self._waiting(now_ms)
             case Tick():
                 return self._waiting(now_ms)
+            case Drained():
+                cur.stage = "destroy"
+                return DestroyMachine(step.machine_id)
             case Destroyed():
                 self._workers.setdefault(step.region, Counter())[step.worker_id] -= 1
                 return self._end(DONE, now_ms)
@@ -252,10 +274,14 @@ class Rollout:
         return self._end(STOPPED, now_ms, detail)
 
     def _settled(self, now_ms: int) -> Action:
-        """The new machine is as it should be: an update destroys the old one."""
+        """The new machine is as it should be: an update destroys the old one, drained
+        first if it runs (the edges may be sending it requests)."""
         cur = self._cur
         assert cur is not None
         if cur.step.action == UPDATE:
+            if cur.step.state in RUNNING:
+                cur.stage = "drain"
+                return DrainMachine(cur.step.machine_id)
             cur.stage = "destroy"
             return DestroyMachine(cur.step.machine_id)
         return self._end(DONE, now_ms)

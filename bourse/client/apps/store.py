@@ -62,7 +62,9 @@ class AppChanged(BourseError, RuntimeError):
 class AppRecord(msgspec.Struct, frozen=True, kw_only=True):
     """An app's record: its spec as last applied (None: secrets set before its first
     deploy), the generation and the digest it is of, the secrets' revision it was applied
-    with, its slots, and its secrets now (name -> the KV revision of its value; no value)."""
+    with, its slots, its secrets now (name -> the KV revision of its value; no value), and
+    the machines a deploy is draining (the edges send them no new request) before it stops
+    and destroys them."""
 
     spec: AppSpec | None = None
     generation: int = 0
@@ -70,6 +72,7 @@ class AppRecord(msgspec.Struct, frozen=True, kw_only=True):
     secrets_revision: str = ""
     slots: dict[str, SlotRecord] = {}
     secrets: dict[str, int] = {}
+    draining: list[str] = []
 
     @property
     def secrets_now(self) -> str:
