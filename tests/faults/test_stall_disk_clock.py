@@ -66,8 +66,17 @@ async def test_stalled_supplier_does_not_stall_the_auction(chaos: ChaosRun) -> N
     # half a second into the load; the stall's 2 s are the fault itself
     stall = strike_during_load(chaos, ONE_SECOND_OF_LOAD // 2, lambda: chaos.stall_supplier(0, 2.0))
     _, (at, _) = await asyncio.gather(chaos.load(orders), stall)
-    during = [r for r in chaos.records.values() if at + 0.2 < r.answered_at_s < at + 1.9]
-    assert during and all(r.outcome == "placed" for r in during)
+    # orders sent while it was stopped (an order whose commit it held at the stop may end
+    # unfilled by its deadline: immediate-or-cancel); answered_at_s - slowest_ms is never
+    # after its final attempt was sent
+    during = [
+        r
+        for r in chaos.records.values()
+        if r.answered_at_s - r.slowest_ms / 1000 > at and r.answered_at_s < at + 1.9
+    ]
+    assert during
+    missed = [(r.order_id, r.outcome, r.worker_id, round(r.answered_at_s - at, 3)) for r in during]
+    assert all(r.outcome == "placed" for r in during), [m for m in missed if m[1] != "placed"]
     assert all(r.worker_id not in stalled for r in during if r.answered_at_s > at + 0.3)
     assert all(r.slowest_ms < ANSWER_BOUND_MS for r in chaos.records.values())
     assert sum(chaos.stats.failed.values()) == 0

@@ -38,7 +38,7 @@ from supplier.machines.shim.contract import Run
 from tests.containers import busybox_root, need_runc
 from tests.isolation import own_worker_id
 from tests.leftovers import left_below, leftovers
-from tests.market import Market, worker
+from tests.market import ROOMY_DEADLINE_MS, Market, worker
 
 WAIT_S = 30.0
 SLEEP = "exec sleep 61.77"  # names this module's machines among the host's processes
@@ -294,7 +294,10 @@ async def test_a_supplier_stopped_in_a_start_records_it_stopped_and_leaves_nothi
     pause = PauseAt(step)  # never let on: the stop cancels the start there
     host.workers[wid].keeper.pulls.pause = runner.pause = runner.kind.isolation.pause = pause
     order = PlaceOrder(
-        region="mad", resources=Resources(cpus=1, memory_mb=64, disk_mb=16), image="sleeper:1"
+        region="mad",
+        resources=Resources(cpus=1, memory_mb=64, disk_mb=16),
+        image="sleeper:1",
+        deadline_ms=ROOMY_DEADLINE_MS,  # the first commit may make the first network
     )
     placed = await buyer.place(order)
     assert isinstance(placed, Placed), placed

@@ -29,7 +29,7 @@ from tests.containers import busybox_root, need_runc
 from tests.integration.test_signals import assert_stopped, program, slowdown
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME, own_worker_id
 from tests.leftovers import left_below
-from tests.market import Market, wait_until, worker
+from tests.market import ROOMY_DEADLINE_MS, Market, wait_until, worker
 
 STOP_BOUND_S = 2.0
 # As PID 1 of its namespace a shell gets SIGTERM only if it handles it.
@@ -75,6 +75,7 @@ async def test_sigterm_right_after_a_container_start_leaves_nothing(tmp_path: Pa
                 resources=Resources(cpus=1, memory_mb=64, disk_mb=16),
                 image="bb:1",
                 ports=["http"],
+                deadline_ms=ROOMY_DEADLINE_MS,
             )
             placed = await client.place(order)
             assert isinstance(placed, Placed), placed
@@ -135,6 +136,7 @@ async def test_a_supplier_stopping_with_a_machine_in_each_state_leaves_nothing(
             resources=Resources(cpus=1, memory_mb=64, disk_mb=16),
             image=image,
             restart=restart,
+            deadline_ms=ROOMY_DEADLINE_MS,
         )
         r = await buyer.place(order)
         assert isinstance(r, Placed), r
