@@ -8,6 +8,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,11 +80,16 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         # ... and its page, on a listener of its own: every worker of the fleet
         page = re.search(r"event='admin_serving' address='([^']+)'", said)
         assert page is not None, said
-        fleet = await get(page.group(1), path="/api/fleet", host=page.group(1))
-        assert fleet.status == 200, fleet.body
-        workers = fleet.json()["workers"]
-        assert isinstance(workers, list)
-        assert {w["worker_id"] for w in workers} >= {"mad-1", "fra-1", "sjc-1"}
+        # once its view has heard them (a view follows the state stream by a moment)
+        seen: set[str] = set()
+        end = time.monotonic() + 30.0
+        while not seen >= {"mad-1", "fra-1", "sjc-1"}:
+            assert time.monotonic() < end, seen
+            fleet = await get(page.group(1), path="/api/fleet", host=page.group(1))
+            assert fleet.status == 200, fleet.body
+            workers = fleet.json()["workers"]
+            assert isinstance(workers, list)
+            seen = {w["worker_id"] for w in workers}
     finally:
         assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
     await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully
