@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import Any, Protocol, Self, TypeVar
 
 import anyio
 import anyio.abc
@@ -42,6 +42,8 @@ from supplier.store import Store
 # one): on a busy machine (the suite twice at once, CPU burners beside it) the hops, the
 # auctions and the commit's durable write can take longer than the protocol's default
 # 500 ms. It lengthens no order that is placed, nor one nobody offers for.
+T = TypeVar("T")
+
 ROOMY_DEADLINE_MS = 10_000
 # The same for how long an auction listens for a first offer (the quiet window, 100 ms by
 # default; the market's exchanges' and direct buyers' unless a test gives one): a busy
@@ -115,6 +117,19 @@ async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> 
         if time.monotonic() > end:
             raise AssertionError("condition not met in time")
         await asyncio.sleep(0.005)
+
+
+async def wait_for(
+    probe: Callable[[], Awaitable[T]], done: Callable[[T], bool], timeout_s: float = 30.0
+) -> T:
+    """``probe``'s answer once ``done`` holds for it (a request asked again, as
+    :func:`wait_until` polls a condition: it returns as soon as the answer is right)."""
+    end = time.monotonic() + timeout_s
+    while not done(answer := await probe()):
+        if time.monotonic() > end:
+            raise AssertionError(f"not met in time; the last answer: {answer!r}")
+        await asyncio.sleep(0.005)
+    return answer
 
 
 class Service(Protocol):

@@ -19,7 +19,7 @@ from bourse.client import BourseClient
 from bourse.wire.messages import Placed
 from tests.edgekit import HOST, Answer, edge, get
 from tests.isolation import own_worker_id
-from tests.market import Market, order, worker
+from tests.market import Market, order, wait_for, worker
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
@@ -151,12 +151,7 @@ async def fleet(address: str, extra: str = "", path: str = "/api/fleet") -> Answ
 async def showing(address: str, want: Callable[[Answer], bool]) -> Answer:
     """The operator's fleet once it is ``want``ed (the edge's view has the rows once it
     caught up with the stream): each try a fresh request."""
-    with anyio.fail_after(WAIT_S):
-        while True:
-            answer = await fleet(address)
-            if want(answer):
-                return answer
-            await anyio.sleep(0.05)  # the next read, not a synchronisation
+    return await wait_for(lambda: fleet(address), want, WAIT_S)
 
 
 def cpu(answer: Answer) -> dict[str, float]:

@@ -21,7 +21,7 @@ from bourse.wire.messages import Machine, Placed, Resources
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
-from tests.market import Market, order, wait_until, worker
+from tests.market import Market, order, wait_for, wait_until, worker
 from tests.views import published, row
 
 if TYPE_CHECKING:
@@ -70,11 +70,11 @@ async def place_app(
 async def only(address: str, host: str, body: bytes, timeout_s: float = 30.0) -> None:
     """Until two requests in a row are answered ``body`` (an app of two machines taken in
     turn: the other one is out)."""
-    with anyio.fail_after(timeout_s):
-        while True:
-            if all([(await get(address, host=host)).body == body for _ in range(2)]):
-                return
-            await anyio.sleep(0.05)  # the next try, not a synchronisation
+
+    async def twice() -> bool:
+        return all([(await get(address, host=host)).body == body for _ in range(2)])
+
+    await wait_for(twice, bool, timeout_s)
 
 
 async def test_the_view_routes_started_machines_and_none_whose_worker_is_gone(

@@ -8,7 +8,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,9 +20,9 @@ from bourse.wire.messages import Placed
 from ops.hello import HELLO_REF, HELLO_RUN
 from tests.cli import run_module
 from tests.containers import need_runc
-from tests.edgekit import get
+from tests.edgekit import Answer, get
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
-from tests.market import order, wait_until
+from tests.market import order, wait_for, wait_until
 
 pytestmark = ONE_DEMO_FLEET_AT_A_TIME
 
@@ -80,16 +79,16 @@ async def test_up_stops_cleanly_and_the_next_up_restarts_running_machines(
         # ... and its page, on a listener of its own: every worker of the fleet
         page = re.search(r"event='admin_serving' address='([^']+)'", said)
         assert page is not None, said
+
         # once its view has heard them (a view follows the state stream by a moment)
-        seen: set[str] = set()
-        end = time.monotonic() + 30.0
-        while not seen >= {"mad-1", "fra-1", "sjc-1"}:
-            assert time.monotonic() < end, seen
-            fleet = await get(page.group(1), path="/api/fleet", host=page.group(1))
+        def heard_all(fleet: Answer) -> bool:
             assert fleet.status == 200, fleet.body
             workers = fleet.json()["workers"]
             assert isinstance(workers, list)
-            seen = {w["worker_id"] for w in workers}
+            return {w["worker_id"] for w in workers} >= {"mad-1", "fra-1", "sjc-1"}
+
+        address = page.group(1)
+        await wait_for(lambda: get(address, path="/api/fleet", host=address), heard_all)
     finally:
         assert await up.stop() == 0  # SIGTERM: everything stops, state is kept
     await wait_until(lambda: "web stopping" in log.read_text())  # stopped gracefully
