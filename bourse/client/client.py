@@ -8,7 +8,6 @@ first order on); otherwise orders go to the exchange queue group.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -18,12 +17,12 @@ import nats.errors
 import structlog
 from nats.aio.client import Client as NATS
 
+from bourse.client.entry import Images
 from bourse.client.errors import ClientError, expect, refusal
 from bourse.client.gathers import ExplainGather, Gather, Listing, MachinesGather
 from bourse.client.ranking import DryRun, rank, served_nowhere, why_unfilled
 from bourse.nats.commands import CommandNotKept, probe_or_keep
 from bourse.nats.scatter import scatter
-from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.listing import listed
 from bourse.wire.messages import (
@@ -58,8 +57,8 @@ if TYPE_CHECKING:  # and imported where used: an order through the exchange need
     from anyio.streams.memory import MemoryObjectReceiveStream
 
     from bourse.auction.admission import ConcurrencyLimit
-    from bourse.auction.broker import Broker, Refused
-    from bourse.auction.content import ImageContent, Resolver
+    from bourse.auction.broker import Broker
+    from bourse.auction.content import ImageContent
     from bourse.auction.core import AuctionConfig
     from bourse.client.execs import Ended, Input, Output
 
@@ -72,10 +71,6 @@ MACHINE_TIMEOUT_S = 60.0
 # A worker's stop waits for its machines to stop (each its stop grace), its start for them
 # to start again.
 CONTROL_TIMEOUT_S = 120.0
-# Direct mode: a market with no image store yet (nothing pushed) is asked again after this.
-STORE_RETRY_S = 5.0
-# Direct mode: how long the first order waits for the watched copy of the tags.
-WATCH_START_S = 5.0
 # How long a dry run waits for the region's status (the workers it knows, to list those
 # whose supplier gives no explanation as "no answer"), within the order's deadline.
 EXPLAIN_STATUS_S = 0.5
@@ -114,14 +109,10 @@ class BourseClient:
             from bourse.auction.broker import Broker
 
             self._broker = Broker(Auctioneer(nc, self.subjects, auction, claims=claims), admission)
-        # Direct mode: the watch of the image store's tags, started at the first order.
-        self._tasks = TaskSet("client.images")
-        self._watching = False
-        self._opening = asyncio.Lock()  # one opening of the store at a time
-        self._store_at = 0.0  # monotonic: when the image store may be opened (again)
+        self._images = Images(nc, self.subjects)
 
     async def close(self) -> None:
-        await self._tasks.finish(0.0)
+        await self._images.close()
         if self._broker is not None:
             await self._broker.close()
 
@@ -132,8 +123,7 @@ class BourseClient:
         name it (send the order again under the same id), ``internal`` when the auction
         cannot run)."""
         if self._broker is not None:
-            if not self._watching:
-                await self._watch_images(self._broker.images)
+            await self._images.watch(self._broker.images)
             from bourse.auction.broker import Refused
 
             outcome = await self._broker.place(order)
@@ -157,67 +147,12 @@ class BourseClient:
             raise refusal(reply)
         return reply
 
-    async def _watch_images(self, resolver: Resolver) -> None:
-        """Direct mode: watch the image store's tags from now on, in a task this client
-        owns, for ``resolver`` (once the copy is replayed, or ``WATCH_START_S``). A market
-        with no image store yet is asked again ``STORE_RETRY_S`` later; meanwhile every
-        image is a catalog name and a digest is refused."""
-        from bourse.images.errors import ImageError
-        from bourse.images.store import ImageStore
-
-        async with self._opening:
-            if self._watching or time.monotonic() < self._store_at:
-                return
-            try:
-                store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
-            except (ImageError, nats.errors.Error, TimeoutError) as exc:
-                log.info("image_store_not_open", error=str(exc) or repr(exc))
-                self._store_at = time.monotonic() + STORE_RETRY_S
-                return
-            self._watching = True
-            ready = anyio.Event()
-
-            async def watch() -> None:
-                async with anyio.create_task_group() as tg:
-                    await tg.start(resolver.watch, store)
-                    ready.set()
-
-            self._tasks.spawn(watch())
-            with anyio.move_on_after(WATCH_START_S):
-                await ready.wait()
-
     async def content(self, image: str) -> ImageContent:
         """What ``image`` names now (§4.3a), as the order's entry point resolves it: in
         direct mode from the watched copy, else with one read of its tag. ClientError
         ``image_unknown`` for a digest the store lacks, ``bad_request`` for a malformed one
         or one that names no image manifest."""
-        from bourse.auction.broker import Refused, resolve_image
-
-        if self._broker is not None:
-            if not self._watching:
-                await self._watch_images(self._broker.images)
-            found = await resolve_image(self._broker.images, image)
-        else:
-            found = await self._resolve_in_store(image)
-        if isinstance(found, Refused):
-            raise refusal(found.error())
-        return found
-
-    async def _resolve_in_store(self, image: str) -> ImageContent | Refused:
-        """``image`` resolved with one read of its tag in the store (no watched copy here);
-        every name is a catalog name where there is no image store yet."""
-        from bourse.auction.broker import RESOLVE_ERRORS, image_refusal, resolve_image
-        from bourse.auction.content import CATALOG, Resolver
-        from bourse.images.errors import ImageNotFound
-        from bourse.images.store import ImageStore
-
-        try:
-            store = await ImageStore.open(self.nc, self.subjects.prefix, create=False)
-        except ImageNotFound:
-            return CATALOG
-        except RESOLVE_ERRORS as exc:
-            return image_refusal(image, exc)
-        return await resolve_image(Resolver(blobs=store, lookup=store), image)
+        return await self._images.content(self._broker.images if self._broker else None, image)
 
     async def reasons(
         self, order: PlaceOrder, unfilled: Unfilled, explained: DryRun | None = None
