@@ -26,14 +26,11 @@ from bourse.runtime.cli import (
 from bourse.runtime.connection import Connection
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from nats.aio.client import Client as NATS
 
     from edge.admin import Tokens
     from edge.admin_server import AdminPage
     from edge.healing import Controller
-    from edge.idle import Idle, Running
     from edge.routes import RouteSource
     from edge.routing import Service
     from edge.service import EdgeService
@@ -226,6 +223,7 @@ def serve(
     from bourse.runtime.endpoint import MetricsAddrError, parse_addr, start_endpoint
     from bourse.runtime.metrics import EdgeMetrics
     from bourse.runtime.supervise import run, settle_heap
+    from edge import wiring
     from edge.admin import TokenError, parse_tokens
     from edge.proxy import EdgeConfig
     from edge.routes import RoutesError, StaticRoutes, parse_address, read_routes
@@ -278,15 +276,15 @@ def serve(
             else:
                 assert conn is not None
                 nc = await conn.connect("bourse-edge")
-                routes_from, view = _market(
+                routes_from, view = wiring.routes(
                     nc, prefix, source, view_db, region_list, refresh_s, port, limits
                 )
-                apps = _app_services(nc, prefix, view)
+                apps = wiring.app_services(nc, prefix, view)
                 if auto_start:
-                    start_machine = _starter(nc, prefix)
-                    placing = _placer(nc, prefix, apps, view, region)
+                    start_machine = wiring.starter(nc, prefix)
+                    placing = wiring.placer(nc, prefix, apps, view, region)
                 if controller:
-                    healer = _controller(nc, prefix, lambda: edges[0])
+                    healer = wiring.controller(nc, prefix, lambda: edges[0])
                     view.observers.append(healer.changed)
                 if admin_at is not None:
                     page = _page(nc, prefix, admin_at, tokens, view)
@@ -320,7 +318,7 @@ def serve(
                     await tasks.start(healer.run)
                 await tasks.start(svc.run)  # ListenError: one line, as any BourseError
                 if nc is not None and apps is not None and view is not None:
-                    await tasks.start(_idle(nc, prefix, svc, apps, view).run)
+                    await tasks.start(wiring.idle(nc, prefix, svc, apps, view).run)
                 if page is not None:
                     await tasks.start(page.run)
                     serving += f"; page on {page.url}"
@@ -374,137 +372,6 @@ def _service(text: str) -> Service:
         return Service(parse_address(listen), app_name, port_name)
     except ValueError as exc:
         raise ValueError(f"--tcp {text!r}: {exc}") from None
-
-
-def _market(
-    nc: NATS,
-    prefix: str,
-    source: str,
-    view_db: str,
-    regions: list[str],
-    refresh_s: float,
-    port: str,
-    limits: tuple[int, int],
-) -> tuple[RouteSource, ViewRoutes]:
-    """The market's routes on ``nc``: the view, the listing, or the view falling back to
-    the listing (``source``: auto); and the view (what a controller reads)."""
-    from bourse.client import BourseClient
-    from bourse.wire.subjects import Subjects
-    from edge.routes import ListingRoutes
-    from edge.viewroutes import Fallback, ViewRoutes
-
-    try:
-        subjects = Subjects(prefix)
-    except ValueError as exc:
-        fail(str(exc))
-    soft, hard = limits
-    view = ViewRoutes(nc, subjects, view_db, port=port, soft_limit=soft, hard_limit=hard)
-    if source == "view":
-        return view, view
-    listing = ListingRoutes(
-        BourseClient(nc, subjects),
-        regions,
-        refresh_s=refresh_s,
-        port=port,
-        soft_limit=soft,
-        hard_limit=hard,
-    )
-    return (listing if source == "listing" else Fallback(view, listing)), view
-
-
-def _starter(nc: NATS, prefix: str) -> StartMachine:
-    """A machine started through the exchange (the market's machine verb)."""
-    from bourse.client import BourseClient
-    from bourse.wire.messages import Machine
-    from bourse.wire.subjects import Subjects
-
-    client = BourseClient(nc, Subjects(prefix))
-
-    async def start(machine_id: str) -> Machine:
-        return await client.machine("start", machine_id)
-
-    return start
-
-
-def _placer(
-    nc: NATS, prefix: str, apps: AppServices, view: ViewRoutes, region: str
-) -> tuple[PlaceFor, PlaceMachine]:
-    """A new machine for an app with none to start (edge/placing.py): its order from the
-    app's record and the view's rows, placed through the exchange. Apps of no tenant only
-    (the edge's key places as the shared buyer: a tenant's machine would not be its own)."""
-    from bourse.client import BourseClient
-    from bourse.client.policy import place_patiently
-    from bourse.errors import BourseError
-    from bourse.wire.messages import Placed, PlaceOrder
-    from bourse.wire.subjects import Subjects
-    from edge.placing import slot_rows, to_place
-
-    client = BourseClient(nc, Subjects(prefix))
-
-    def place_for(app: str) -> PlaceOrder | None:
-        record = apps.records.get(app)
-        if record is None or view.view is None or "." in app:
-            return None
-        return to_place(record, slot_rows(view.view.db.db, app), region)
-
-    async def place(order: PlaceOrder) -> str:
-        got = await place_patiently(client, order)
-        if not isinstance(got, Placed):
-            why = await client.reasons(order, got)
-            detail = f" ({why.detail})" if why.detail else ""
-            raise BourseError(f"unfilled: {why.reason}{detail}")
-        return got.machine_id
-
-    return place_for, place
-
-
-def _app_services(nc: NATS, prefix: str, view: ViewRoutes) -> AppServices:
-    """The apps' service sections, followed; the view's table made again on a change."""
-    from edge.services import AppServices
-
-    apps = AppServices(nc, prefix)
-    view.services = apps
-    apps.observers.append(view.refresh)
-    return apps
-
-
-def _idle(nc: NATS, prefix: str, svc: EdgeService, apps: AppServices, view: ViewRoutes) -> Idle:
-    """This edge's activity, every edge's heard, idle machines stopped (docs/edge.md)."""
-    from bourse.client import BourseClient
-    from bourse.wire.subjects import Subjects
-    from edge.idle import Idle, running
-
-    subjects = Subjects(prefix)
-    client = BourseClient(nc, subjects)
-
-    async def stop(machine_id: str) -> object:
-        return await client.machine("stop", machine_id)
-
-    def rows() -> list[Running]:
-        return running(view.view.db.db) if view.view is not None else []
-
-    return Idle(nc, subjects, svc.router, stop, lambda: apps.all, rows)
-
-
-def _controller(nc: NATS, prefix: str, edge: Callable[[], EdgeService]) -> Controller:
-    """The controller, acting on the market through the exchange, with ``edge``'s evidence
-    (the machines its router cannot reach) and its routes (a spare it starts routed once
-    the edge's probe answers)."""
-    from bourse.client import BourseClient
-    from bourse.wire.messages import Machine
-    from bourse.wire.subjects import Subjects
-    from edge.healing import UNREACHABLE_S, Controller, market_actions
-
-    def started(app: str, machine: Machine) -> None:
-        proxy = edge().proxy
-        if proxy is not None and proxy.starts is not None:
-            proxy.starts.serve_started(app, machine)
-
-    def suspects() -> set[str]:
-        return edge().router.unreachable(UNREACHABLE_S)
-
-    wanted_of, act = market_actions(BourseClient(nc, Subjects(prefix)), started)
-    return Controller(wanted_of, act, suspects=suspects)
 
 
 def main() -> None:
