@@ -13,6 +13,13 @@ ONE machine. The attempt is one past the highest the slot has used in this gener
 record's, the view's machines'), so a slot lost again gets a new machine, not the claim of
 the destroyed one. The next deploy finds the machine in its slot and keeps it.
 
+A tenant's app is placed the same way, under the tenant's scope of that id
+(``<tenant>:<app>.g…``, bourse/wire/tenancy.py): the order id the exchange gives the
+tenant's own deploy of the slot, so whoever places it (the tenant's deploy, an edge, on the
+shared buyer's subject, which takes a scoped id as it is) gets ONE machine, and the
+machine is the tenant's (its order id says whose). The edge places only the slots of an
+app record the tenant wrote (its key ``<tenant>.<app>``), of the app that record names.
+
 The market prices the order as any other: a worker with the image cached offers first
 (its image term), so the new machine lands where its start is quickest.
 """
@@ -26,6 +33,7 @@ from typing import TYPE_CHECKING
 from bourse.client.apps.slots import machine_metadata, order_id
 from bourse.wire.messages import PlaceOrder
 from bourse.wire.metadata import PRIMARY
+from bourse.wire.tenancy import scope
 
 if TYPE_CHECKING:
     from bourse.client.apps.store import AppRecord
@@ -35,7 +43,7 @@ DEADLINE_MS = 2000
 
 _ROWS = """
 SELECT order_id, region, state, coalesce(slot, -1), coalesce(generation, 0), coalesce(role, '')
-FROM machines WHERE tenant = '' AND app = ?
+FROM machines WHERE tenant = ? AND app = ?
 """
 
 
@@ -55,9 +63,10 @@ class SlotRow:
         return self.state not in DEAD
 
 
-def slot_rows(db: sqlite3.Connection, app: str) -> list[SlotRow]:
-    """The view's rows of ``app`` (an app of no tenant), destroyed ones included."""
-    return [SlotRow(*r) for r in db.execute(_ROWS, (app,))]
+def slot_rows(db: sqlite3.Connection, app: str, tenant: str = "") -> list[SlotRow]:
+    """The view's rows of ``tenant``'s ``app`` ("": of no tenant), destroyed ones
+    included."""
+    return [SlotRow(*r) for r in db.execute(_ROWS, (tenant, app))]
 
 
 def attempt_of(oid: str) -> int:
@@ -72,9 +81,12 @@ def region_for(regions: list[str], region: str) -> str:
     return region if region in regions else regions[0]
 
 
-def to_place(record: AppRecord, rows: list[SlotRow], region: str) -> PlaceOrder | None:
+def to_place(
+    record: AppRecord, rows: list[SlotRow], region: str, tenant: str = ""
+) -> PlaceOrder | None:
     """The order of the app's next machine for a request at an edge of ``region`` (see the
-    module doc), None when the spec wants no more there."""
+    module doc), None when the spec wants no more there; ``tenant``'s app ("": of no
+    tenant): the order id under its scope."""
     spec = record.spec
     if spec is None or not spec.regions:
         return None
@@ -108,8 +120,9 @@ def to_place(record: AppRecord, rows: list[SlotRow], region: str) -> PlaceOrder 
         r.slot == slot and r.generation == gen for r in here
     )
     attempt = max(used, default=0) + (1 if filled else 0)
+    oid = order_id(spec.app, gen, where, slot, attempt)
     return PlaceOrder(
-        order_id=order_id(spec.app, gen, where, slot, attempt),
+        order_id=scope(tenant) + oid if tenant else oid,
         region=where,
         resources=spec.resources,
         image=spec.image,

@@ -126,6 +126,13 @@ def app_key(app: str, tenant: str = "") -> str:
     return f"{app}.{tenant}" if tenant else app
 
 
+def split_key(key: str) -> tuple[str, str]:
+    """An app key back to its app and tenant (``web.acme`` -> web, acme; ``web`` -> web,
+    ""): an app's name has no dot."""
+    app, _, tenant = key.partition(".")
+    return app, tenant
+
+
 def unready(backend: Backend, route: AppRoute, port: str = "") -> str | None:
     """Why ``backend`` takes no new request whatever the load (None: it may)."""
     if backend.state != STARTED:

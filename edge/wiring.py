@@ -77,22 +77,25 @@ def placer(
     nc: NATS, prefix: str, apps: AppServices, view: ViewRoutes, region: str
 ) -> tuple[PlaceFor, PlaceMachine]:
     """A new machine for an app with none to start (edge/placing.py): its order from the
-    app's record and the view's rows, placed through the exchange. Apps of no tenant only
-    (the edge's key places as the shared buyer: a tenant's machine would not be its own)."""
+    app's record and the view's rows, placed through the exchange as the shared buyer; a
+    tenant's app (key ``<app>.<tenant>``) under the tenant's scope of the slot's order id,
+    so the machine is the tenant's own, only for a record the tenant wrote of that app."""
     from bourse.client import BourseClient
     from bourse.client.policy import place_patiently
     from bourse.errors import BourseError
     from bourse.wire.messages import Placed, PlaceOrder
     from bourse.wire.subjects import Subjects
     from edge.placing import slot_rows, to_place
+    from edge.routing import split_key
 
     client = BourseClient(nc, Subjects(prefix))
 
-    def place_for(app: str) -> PlaceOrder | None:
-        record = apps.records.get(app)
-        if record is None or view.view is None or "." in app:
+    def place_for(key: str) -> PlaceOrder | None:
+        record = apps.records.get(key)
+        app, tenant = split_key(key)
+        if record is None or view.view is None or record.spec is None or record.spec.app != app:
             return None
-        return to_place(record, slot_rows(view.view.db.db, app), region)
+        return to_place(record, slot_rows(view.view.db.db, app, tenant), region, tenant)
 
     async def place(order: PlaceOrder) -> str:
         got = await place_patiently(client, order)

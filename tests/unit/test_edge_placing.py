@@ -4,13 +4,15 @@ has its row."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
-from bourse.client.apps.slots import SlotRecord
+from bourse.client.apps.slots import SlotRecord, order_id
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppRecord
 from bourse.wire.messages import Machine, PlaceOrder, Resources
 from bourse.wire.metadata import GEN, ROLE, SLOT
+from bourse.wire.tenancy import scoped_order, tenant_of_order
 from edge.placing import SlotRow, attempt_of, to_place
 from edge.routing import AppRoute, Choice, Router, RouteTable
 from edge.starts import Starts
@@ -75,6 +77,18 @@ def test_the_order_is_the_slots_as_a_deploy_places_it() -> None:
         GEN: "2",
     }
     assert "fields" in got.metadata  # so the next deploy keeps it in its slot
+
+
+def test_a_tenants_slot_is_placed_under_the_id_its_own_deploy_would_have() -> None:
+    """A tenant's app: the slot's order id under the tenant's scope, as the exchange scopes
+    the tenant's own deploy's order (one order id, one machine); its rows' attempts count
+    with the scope taken off."""
+    rows = [SlotRow("acme:web.g2.mad.0.r1", "mad", "destroyed", 0, 2)]
+    got = to_place(record(mad_0=LOST), rows, "mad", "acme")
+    assert got is not None and got.order_id == "acme:web.g2.mad.0.r2"
+    deploys = msgspec.structs.replace(got, order_id=order_id("web", 2, "mad", 0, 2))
+    assert scoped_order("acme", deploys) == got
+    assert tenant_of_order(got.order_id) == "acme" and got.metadata["app"] == "web"
 
 
 def test_attempt_of() -> None:
