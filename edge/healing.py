@@ -10,7 +10,9 @@ for the new spare (derived from the failed machine's order id and generation), s
 controllers start one spare (a second start of a started machine is a no-op) and place one
 machine (one order id, one machine: §5.3c). A controller whose view already shows the
 spare starting does nothing: per app and region, it acts only while fewer machines serve
-than the app wants (its spec's ``count`` there; without a spec, its primaries).
+than the app wants (its spec's ``count`` there; without a spec, its primaries). A tenant's
+apps are healed the same way, the new spare placed under the tenant's scope of its order id
+(the tenant's machine, as its own ``buyer failover`` would place it).
 
 An edge's own evidence counts too (fly-proxy's "notices, and sends a signal to start a
 spare"): a machine this edge has found unreachable for UNREACHABLE_S (every connect and
@@ -143,12 +145,6 @@ def failing(rows: list[Member]) -> set[Group]:
     return {(m.tenant, m.app, m.region) for m in rows if m.failed}
 
 
-def own(rows: list[Member]) -> list[Member]:
-    """The machines a controller heals: apps of no tenant (a tenant's machines are its
-    own key's to start and stop: ``buyer failover`` with it)."""
-    return [m for m in rows if not m.tenant]
-
-
 def suffix_of(failed: Member) -> str:
     """The new spare's order id suffix: the same for every controller (the failed machine's
     order id and its generation), another for the next failure of the slot."""
@@ -206,7 +202,7 @@ class Controller:
 
     def changed(self, db: sqlite3.Connection) -> None:
         """The view changed: its rows read now, decided on in the controller's task."""
-        self.rows = own(members(db))
+        self.rows = members(db)
         self.late = late_workers(db, int(time.time() * 1000))
         self._changed.set()
 
@@ -256,7 +252,8 @@ class Controller:
         except Exception as exc:  # said, and tried again after QUIET_S if still due
             log.warning("heal_failed", app=f.app, failed=f.machine_id, error=str(exc))
             return
-        log.info("healed", app=f.app, failed=f.machine_id, spare=r.spare.machine_id, did=done)
+        log.info("healed", app=f.app, tenant=f.tenant, failed=f.machine_id,
+                 spare=r.spare.machine_id, did=done)  # fmt: skip
 
 
 def market_actions(
@@ -264,11 +261,14 @@ def market_actions(
 ) -> tuple[WantedOf, Act]:
     """The controller's reads and actions on the market: the wanted count from the app's
     record (the apps bucket), a failover through the exchange (the spare, once started,
-    handed to ``started`` with its app's key)."""
+    handed to ``started`` with its app's key). A tenant's app is healed as any other: the
+    new spare is placed under the tenant's scope of its order id (bourse/wire/tenancy.py),
+    so it is the tenant's machine, its shape read from the tenant's record."""
     from bourse.client.apps.store import AppStore
     from bourse.client.policy import place_spare
     from bourse.errors import BourseError
     from bourse.wire.messages import MachineCommand
+    from edge.routing import app_key
 
     async def wanted_of(key: Group) -> int | None:
         tenant, app, region = key
@@ -288,7 +288,7 @@ def market_actions(
         f, spare = r.failed, r.spare
         machine = await client.machine("start", spare.machine_id)
         if started is not None:
-            started(f.app, machine)  # apps of no tenant: the app's name is its key
+            started(app_key(f.app, f.tenant), machine)
         stop: str
         try:
             outcome = await client.machine_or_kept("stop", f.machine_id)
@@ -298,7 +298,7 @@ def market_actions(
         like = await client.machine("get", spare.machine_id)
         refill = await place_spare(
             client, app=f.app, regions=[f.region], like=like, used_workers=set(r.used),
-            suffix=r.suffix,
+            suffix=r.suffix, tenant=f.tenant,
         )  # fmt: skip
         placed = refill.placed.machine_id if refill.placed is not None else "unfilled"
         return f"spare started; {f.machine_id} stop {stop}; new spare {placed}"

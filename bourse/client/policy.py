@@ -35,6 +35,7 @@ from bourse.wire.messages import (
     worker_of_machine,
 )
 from bourse.wire.metadata import APP, PRIMARY, RESTART, ROLE, SLOT, SPARE
+from bourse.wire.tenancy import scope
 
 
 @dataclass
@@ -152,20 +153,22 @@ async def _fill(
     restart: str = "",
     shape: Shape | None = None,
     suffix: str | None = None,
+    under: str = "",
 ) -> None:
     """Place ``slot`` in the first region that takes it, on a worker the app does not use
     yet; a primary is started. Order ids: ``<app>.<slot>.<region>`` on an app's first
     deploy (a retry of it is idempotent); with a random suffix once the app has had
     machines, so a refilled slot never reuses the id of a machine it replaces (an order id
     is kept for the idempotency window, §5.3c: the old id would hand back the old machine),
-    or ``suffix`` when the caller derives one (controllers racing for one slot)."""
+    or ``suffix`` when the caller derives one (controllers racing for one slot); each
+    ``under`` a tenant's scope (when the shared buyer's key places for it)."""
     if suffix is None:
         suffix = "" if fresh else secrets.token_hex(4)
     tail = f".{suffix}" if suffix else ""
     for region in regions:
         order = PlaceOrder(
             # One id per (slot, region): a slot tried in two regions never shares an id.
-            order_id=f"{app}.{slot.name}.{region}{tail}",
+            order_id=f"{under}{app}.{slot.name}.{region}{tail}",
             region=region,
             resources=resources,
             image=image,
@@ -203,12 +206,15 @@ class Shape:
     restart: str = ""
 
 
-async def app_shape(client: BourseClient, app: str, like: Machine) -> Shape:
-    """The app's shape: from its applied spec in the apps bucket when there is one, else
-    from ``like``, one of its machines (its port names are its addresses' keys; its env's
-    values are not shown, so none)."""
+async def app_shape(client: BourseClient, app: str, like: Machine, tenant: str = "") -> Shape:
+    """The app's shape: from its applied spec in the apps bucket when there is one (the
+    record of ``tenant``'s app, else of the client's own), else from ``like``, one of its
+    machines (its port names are its addresses' keys; its env's values are not shown, so
+    none)."""
     try:
-        store = await AppStore.open(client.nc, client.subjects.prefix, tenant=client.tenant)
+        store = await AppStore.open(
+            client.nc, client.subjects.prefix, tenant=tenant or client.tenant
+        )
         record = await store.get(app)
     except (BourseError, nats.errors.Error, nats.js.errors.Error):
         record = None  # no apps bucket this key may read: the machine says what it can
@@ -230,14 +236,18 @@ async def place_spare(
     constraints: dict[str, str] | None = None,
     deadline_ms: int = 500,
     suffix: str | None = None,
+    tenant: str = "",
 ) -> Slot:
     """A new spare in place of ``like`` (a spare just started in place of a failed
     primary): its slot, resources and image, the app's shape, on a worker of none of
     ``used_workers`` (a machine does not carry its order's labels: ``constraints`` are
     deploy's --label). Its order id ends in ``suffix`` (None: a random one): the same suffix
-    from any number of callers places one machine (one order id, §5.3c)."""
+    from any number of callers places one machine (one order id, §5.3c). ``tenant``: the
+    app's tenant when the shared buyer's key places for it (an edge's controller): the
+    order id under the tenant's scope (the machine is the tenant's), its record read under
+    its name."""
     refill = Slot(SPARE, int(like.metadata.get(SLOT, "0") or 0))
-    shape = await app_shape(client, app, like)
+    shape = await app_shape(client, app, like, tenant)
     await _fill(
         client,
         refill,
@@ -253,6 +263,7 @@ async def place_spare(
         restart=shape.restart,
         shape=shape,
         suffix=suffix,
+        under=scope(tenant) if tenant else "",
     )
     return refill
 

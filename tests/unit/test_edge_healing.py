@@ -66,3 +66,19 @@ def test_a_machine_this_edge_cannot_reach_on_a_late_worker_is_a_failure() -> Non
     assert pairs(decide(unreachable(rows, {"p0"}, {"w-p0"}), {})) == [("p0", "s0")]
     assert decide(unreachable(rows, {"p0"}, set()), {}) == []  # its worker beats: not it
     assert decide(unreachable(rows, set(), {"w-p0"}), {}) == []  # reachable: a late beat
+
+
+def test_a_tenants_app_is_healed_with_its_own_spare_only() -> None:
+    """Two tenants' apps of one name (and one of no tenant) are three apps: each failed
+    primary is replaced by its own app's spare, never another tenant's."""
+    rows = [
+        m("a0", tenant="acme", order_id="acme:web.g1.mad.0", gone=True),
+        m("b0", tenant="bolt", order_id="bolt:web.g1.mad.0", gone=True),
+        m("bs", "spare", "stopped", tenant="bolt"),
+        m("s0", "spare", "stopped"),
+        m("as", "spare", "reserved", tenant="acme"),
+    ]
+    got = decide(rows, {})
+    assert pairs(got) == [("a0", "as"), ("b0", "bs")]
+    assert [r.failed.tenant for r in got] == ["acme", "bolt"]
+    assert got[0].used == {"w-a0", "w-as"}
