@@ -18,8 +18,9 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.spec import AppService, AppSpec
 from bourse.client.apps.store import AppRecord, AppStore
 from bourse.wire.messages import Machine, Placed, Resources
+from supplier.host import SupplierHost
 from supplier.ports import PortClaims
-from tests.edgekit import HOST, Answer, Upstream, answered, edge, get
+from tests.edgekit import HOST, Answer, Edge, Upstream, answered, edge, get
 from tests.isolation import own_worker_id
 from tests.market import Market, order, wait_for, wait_until, worker
 from tests.views import published, row
@@ -132,14 +133,16 @@ async def test_without_a_state_stream_the_listing_routes(market: Market, tmp_pat
         await upstream.close()
 
 
-async def process_market(market: Market, name: str) -> BourseClient:
-    """A process worker (real machines: the catalog's srv and never), an exchange, a buyer."""
+async def process_market(market: Market, *names: str) -> BourseClient:
+    """A process worker of each name (real machines: the catalog's srv and never) on one
+    supplier, an exchange, a buyer."""
     catalog = {
         "srv": {"command": ["{python}", "-c", SERVER]},
         "never": {"command": ["{python}", "-c", NEVER]},
     }
-    w = worker(own_worker_id(name), driver="process", catalog=catalog, advertise_host=HOST)
-    await market.host(w, port_claims=PortClaims())
+    ws = [worker(own_worker_id(n), driver="process", catalog=catalog, advertise_host=HOST)
+          for n in names]  # fmt: skip
+    await market.host(*ws, port_claims=PortClaims())
     await market.exchange()
     return await market.client()
 
@@ -239,26 +242,40 @@ async def test_two_edges_and_concurrent_requests_place_one_machine_for_an_app_wi
         edge(tmp_path, *market_args(market)) as e1,
         edge(tmp_path, *market_args(market)) as e2,
     ):
-        got: list[Answer] = []
-
-        async def ten(address: str) -> None:
-            got.extend(await all_of(address, "zero.localhost", 10))
-
-        async with anyio.create_task_group() as tasks:
-            for e in (e1, e2):
-                tasks.start_soon(ten, e.address)
-        machines = {a.headers.get("bourse-machine") for a in got}
-        assert {a.status for a in got} == {200} and len(machines) == 1, got
-        [new] = machines
+        new = await placed_once((e1, e2), "zero.localhost")
         assert new != first
         live = [m for m in await market_machines(buyer, "zero") if m.state != "destroyed"]
         assert [(m.machine_id, m.order_id, m.state) for m in live] == [
             (new, "zero.g1.mad.0.r1", "started")
         ]
-        placed_lines = [ln for e in (e1, e2) for ln in cold(e.log).splitlines()]
-        assert placed_lines and all("placed=True" in ln for ln in placed_lines), placed_lines
     again = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
     assert [(s.action, s.machine_id) for s in again.plan.steps] == [("keep", new)]
+
+
+async def placed_once(edges: tuple[Edge, Edge], host: str) -> str:
+    """Ten requests at each edge at once to ``host``'s app, which has no machine to start:
+    every one served by ONE machine placed for them (each edge's cold start says placed):
+    its id."""
+    got: list[Answer] = []
+
+    async def ten(address: str) -> None:
+        got.extend(await all_of(address, host, 10))
+
+    async with anyio.create_task_group() as tasks:
+        for e in edges:
+            tasks.start_soon(ten, e.address)
+    machines = {a.headers.get("bourse-machine") for a in got}
+    assert {a.status for a in got} == {200} and len(machines) == 1, got
+    placed_lines = [ln for e in edges for ln in cold(e.log).splitlines()]
+    assert placed_lines and all("placed=True" in ln for ln in placed_lines), placed_lines
+    [new] = machines
+    assert new is not None
+    return new
+
+
+async def slow(address: str, host: str, into: list[Answer]) -> None:
+    """A 3 s request (the app's GET /slow), its answer put ``into``."""
+    into.append(await get(address, "/slow", host=host))
 
 
 async def test_a_rolling_deploy_drains_the_old_machine_before_it_destroys_it(
@@ -279,11 +296,7 @@ async def test_a_rolling_deploy_drains_the_old_machine_before_it_destroys_it(
         await answered(e.address, "roll.localhost", lambda a: a.status == 200)
         long: list[Answer] = []
         async with anyio.create_task_group() as tasks:
-
-            async def slow() -> None:
-                long.append(await get(e.address, "/slow", host="roll.localhost"))
-
-            tasks.start_soon(slow)
+            tasks.start_soon(slow, e.address, "roll.localhost", long)
             await in_flight(buyer, old)  # the edge's activity says so
             v2 = msgspec.structs.replace(spec, env={"V": "2"})
             second = await apply(buyer, store, await context(buyer, store, v2), check_wait_s=5)
@@ -291,12 +304,58 @@ async def test_a_rolling_deploy_drains_the_old_machine_before_it_destroys_it(
         [new] = [o.machine_id for o in second.outcomes]
         [answer] = long
         assert (answer.status, answer.headers["bourse-machine"]) == (200, old)
-        assert "event='draining'" in e.log, e.log[-3000:]
-        got = await get(e.address, host="roll.localhost")
-        assert (got.status, got.headers["bourse-machine"]) == (200, new)
-    machines = {m.machine_id: m.state for m in await market_machines(buyer, "roll")}
-    assert machines == {old: "destroyed", new: "started"}
-    record = await store.get("roll")
+        await drained(e, buyer, store, "roll", old, new)
+
+
+async def test_a_scale_down_drains_the_machine_it_destroys(market: Market, tmp_path: Path) -> None:
+    """An app of two primaries behind an edge, a 3 s request under way at each: a deploy
+    down to one names the machine it destroys draining (the edge sends it nothing new),
+    waits until the edge's activity says its request finished, and only then stops and
+    destroys it: both long requests are answered by their machines, the requests after
+    the mark by the machine kept."""
+    buyer = await process_market(market, "edgesd1", "edgesd2")  # a machine on each
+    spec = AppSpec(app="down", image="srv", regions=["mad"], ports=["http"], count=2,
+                   resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+    store = await AppStore.open(buyer.nc, market.subjects.prefix)
+    first = await apply(buyer, store, await context(buyer, store, spec), check_wait_s=5)
+    assert first.complete, first.outcomes
+    both = {o.machine_id for o in first.outcomes}
+    async with edge(tmp_path, *market_args(market)) as e:
+        seen: set[str] = set()
+
+        async def each() -> set[str]:  # both routed: each has answered
+            seen.add((await get(e.address, host="down.localhost")).headers["bourse-machine"])
+            return seen
+
+        await wait_for(each, lambda s: s == both)
+        long: list[Answer] = []
+        async with anyio.create_task_group() as tasks:
+            for _ in range(2):  # the fewest outstanding first: one at each machine
+                tasks.start_soon(slow, e.address, "down.localhost", long)
+            for mid in both:
+                await in_flight(buyer, mid)
+            one = msgspec.structs.replace(spec, count=1)
+            second = await apply(buyer, store, await context(buyer, store, one), check_wait_s=5)
+        assert second.complete, second.outcomes
+        [gone] = [s.machine_id for s in second.plan.steps if s.action == "destroy"]
+        [kept] = both - {gone}
+        assert sorted((a.status, a.headers["bourse-machine"]) for a in long) == sorted(
+            (200, m) for m in both
+        )
+        await drained(e, buyer, store, "down", gone, kept)
+
+
+async def drained(
+    e: Edge, buyer: BourseClient, store: AppStore, app: str, gone: str, kept: str
+) -> None:
+    """A deploy that drained ``gone`` done: the edge heard it draining, the next request
+    goes to ``kept``, ``gone`` is destroyed and the record drains nothing more."""
+    assert "event='draining'" in e.log and gone in e.log, e.log[-3000:]
+    got = await get(e.address, host=f"{app}.localhost")
+    assert (got.status, got.headers["bourse-machine"]) == (200, kept)
+    machines = {m.machine_id: m.state for m in await market_machines(buyer, app)}
+    assert machines == {gone: "destroyed", kept: "started"}
+    record = await store.get(app)
     assert record is not None and record.draining == []
 
 
@@ -345,6 +404,63 @@ async def all_of(address: str, host: str, n: int) -> list[Answer]:
     return out
 
 
+async def heal_hosts(market: Market, name: str, ports: int) -> tuple[SupplierHost, SupplierHost]:
+    """Three sim workers ``<name>1..3`` (ports from ``ports`` up, ten each): the first on a
+    supplier of its own (the one a test stops), the others on one; an exchange."""
+    w1, w2, w3 = (own_worker_id(f"{name}{i}") for i in (1, 2, 3))
+    gone_host = await market.host(worker(w1, ports=f"{ports}-{ports + 9}", advertise_host=HOST))
+    other = await market.host(
+        worker(w2, ports=f"{ports + 10}-{ports + 19}", advertise_host=HOST),
+        worker(w3, ports=f"{ports + 20}-{ports + 29}", advertise_host=HOST),
+    )
+    await market.exchange()
+    return gone_host, other
+
+
+async def primary_and_spare(
+    client: BourseClient, gone_host: SupplierHost, other: SupplierHost
+) -> tuple[Placed, Placed]:
+    """App heal's primary on ``gone_host``'s worker (started), its slot's spare on the
+    first of ``other``'s, placed by ``client``."""
+    [w1], [w2, w3] = list(gone_host.workers), list(other.workers)
+
+    async def place(role: str, on: str) -> Placed:
+        meta = {"app": "heal", "role": role, "slot": "0"}
+        others = [w for w in (w1, w2, w3) if w != on]
+        got = await client.place(order(ports=["http"], metadata=meta, exclude_workers=others))
+        assert isinstance(got, Placed), got
+        return got
+
+    primary, spare = await place("primary", w1), await place("spare", w2)
+    await client.machine("start", primary.machine_id)
+    return primary, spare
+
+
+async def healed_once(
+    edges: tuple[Edge, Edge], other: SupplierHost, primary: Placed, spare: Placed, scope: str = ""
+) -> Machine:
+    """Once ONE new spare of app heal is on ``other``'s second worker (under ``scope``) and
+    every controller that acted says the same spare started, the same refill, the failed
+    primary's stop queued: the new spare."""
+    [w2, w3] = list(other.workers)
+    refill = other.workers[w3]
+    await wait_until(lambda: len(refill.machines) == 1, 30)
+    new_spare = next(iter(refill.machines.values()))
+    assert new_spare.metadata == {"app": "heal", "role": "spare", "slot": "0"}
+    assert new_spare.order_id.startswith(f"{scope}heal.spare-0.mad.heal-")
+
+    def logs() -> str:
+        return "".join(e.log for e in edges)
+
+    await wait_until(lambda: "event='healed'" in logs(), 30)
+    healed = [ln for ln in logs().splitlines() if "event='healed'" in ln]
+    for line in healed:  # each controller that acted: the same spare, the same refill
+        assert f"spare='{spare.machine_id}'" in line and new_spare.machine_id in line, line
+        assert f"{primary.machine_id} stop queued" in line, line
+    assert len(refill.machines) == 1 and len(other.workers[w2].machines) == 1
+    return new_spare
+
+
 async def test_two_controllers_heal_a_gone_primary_with_one_failover(
     market: Market, tmp_path: Path
 ) -> None:
@@ -352,40 +468,15 @@ async def test_two_controllers_heal_a_gone_primary_with_one_failover(
     for the new spare; two edges each run a controller. The primary's supplier stopped:
     the spare is started, the primary's stop queued for its worker, and ONE new spare is
     placed (both controllers derive its order id), on the third worker."""
-    w1, w2, w3 = (own_worker_id(f"edgeh{i}") for i in (1, 2, 3))
-    gone_host = await market.host(worker(w1, ports="29580-29589", advertise_host=HOST))
-    other = await market.host(
-        worker(w2, ports="29590-29599", advertise_host=HOST),
-        worker(w3, ports="29600-29609", advertise_host=HOST),
-    )
-    await market.exchange()
+    gone_host, other = await heal_hosts(market, "edgeh", 29580)
     buyer = await market.client()
-
-    async def place(role: str, on: str) -> Placed:
-        meta = {"app": "heal", "role": role, "slot": "0"}
-        others = [w for w in (w1, w2, w3) if w != on]
-        got = await buyer.place(order(ports=["http"], metadata=meta, exclude_workers=others))
-        assert isinstance(got, Placed), got
-        return got
-
-    primary, spare = await place("primary", w1), await place("spare", w2)
-    await buyer.machine("start", primary.machine_id)
+    primary, spare = await primary_and_spare(buyer, gone_host, other)
     args = market_args(market, "--controller", "--no-auto-start")
     async with edge(tmp_path, *args) as e1, edge(tmp_path, *args) as e2:
         await market.stop(gone_host)
         nc = await market.connect("watch")
         await published(nc, market.subjects, spare.machine_id, "started", timeout_s=30)
-        refill = other.workers[w3]
-        await wait_until(lambda: len(refill.machines) == 1, 30)
-        new_spare = next(iter(refill.machines.values()))
-        assert new_spare.metadata == {"app": "heal", "role": "spare", "slot": "0"}
-        assert new_spare.order_id.startswith("heal.spare-0.mad.heal-")
-        await wait_until(lambda: "event='healed'" in e1.log + e2.log, 30)
-        healed = [ln for ln in (e1.log + e2.log).splitlines() if "event='healed'" in ln]
-        for line in healed:  # each controller that acted: the same spare, the same refill
-            assert f"spare='{spare.machine_id}'" in line and new_spare.machine_id in line, line
-            assert f"{primary.machine_id} stop queued" in line, line
-        assert len(refill.machines) == 1 and len(other.workers[w2].machines) == 1
+        await healed_once((e1, e2), other, primary, spare)
 
 
 async def test_idle_machines_are_stopped_down_to_the_minimum_by_one_edge(

@@ -99,6 +99,22 @@ def test_an_update_of_a_started_machine_drains_it_before_its_destroy() -> None:
     assert actions[-1] == DestroyMachine("w1~OLD")
 
 
+def test_a_scale_down_drains_a_running_machine_before_its_destroy() -> None:
+    """A machine a scale-down destroys that runs (the edges may be sending it requests) is
+    drained first, as an update's old one; one that does not run is destroyed at once."""
+    running = Step(region="mad", slot=1, role="primary", action="destroy", machine_id="w2~P",
+                   worker_id="w2", state="started", detail="scaled down")  # fmt: skip
+    r, actions = run([running, DESTROY], [(Drained("w2~P"), 1), (Destroyed("w2~P"), 2),
+                                          (Destroyed("w3~S"), 3)])  # fmt: skip
+    assert actions == [
+        DrainMachine("w2~P"),
+        DestroyMachine("w2~P"),
+        DestroyMachine("w3~S"),
+        Finished(),
+    ]
+    assert r.complete and [o.step.machine_id for o in r.outcomes] == ["w2~P", "w3~S"]
+
+
 def test_no_other_worker_places_beside_the_old_one_and_no_room_stops() -> None:
     _, actions = run([UPDATE], [(Unfilled("no_offers"), 1), (Placed("w1~NEW", "w1"), 2)])
     assert actions[1] == Place(UPDATE, "app.g2.mad.0.b", ())  # the old one's worker allowed

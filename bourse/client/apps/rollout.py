@@ -9,7 +9,8 @@ One step at a time, so an app never has more than one extra machine: an update p
 new machine (on a worker the app does not use in the region, else beside the old one),
 starts it (a primary), waits for its checks to pass (none: started is enough), then drains
 the old one if it was started (the edges send it no new request and the requests under way
-finish; then it is stopped) and destroys it. An update with no room for the new machine,
+finish; then it is stopped) and destroys it. A running machine a scale-down (or a region
+left) destroys is drained first the same way. An update with no room for the new machine,
 or whose checks do not pass in time, stops the rollout there: the old machines keep
 serving.
 """
@@ -185,6 +186,9 @@ class Rollout:
         step = self._queue.pop(0)
         self._cur = cur = _Current(step, "")
         if step.action == DESTROY:
+            if step.state in RUNNING:  # scaled down: drained first, as an update's old one
+                cur.stage = "drain"
+                return DrainMachine(step.machine_id)
             cur.stage = "destroy"
             return DestroyMachine(step.machine_id)
         if step.action == START:
