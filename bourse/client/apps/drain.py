@@ -9,6 +9,12 @@ the shell (the record written, the activity heard, then the machine's graceful s
 The times compared are the deploy's own clock at each report's arrival, never an edge's
 clock against the deploy's: a report that arrived one interval after the record was
 written was made by an edge that had had that interval to see the record.
+
+A tenant's deploy hears no report: a tenant's key may not subscribe to the edges' activity,
+since each report names the machines of every tenant an edge served (their ids and when
+their requests began). Its drain waits LISTEN_INTERVALS of the default interval (1.5 s)
+after the mark, time for every edge to have seen the record, and no more: a request
+still under way then meets the machine's graceful stop (its stop signal, then the grace).
 """
 
 from __future__ import annotations
@@ -91,8 +97,10 @@ async def drain(
         heard[report.edge] = heard_of(report, machine_id, clock())
         news.set()
 
-    # heard from before the mark (a tenant, whose key may not follow the edges, hears none)
-    sub = await client.nc.subscribe(client.subjects.edge_activity(), cb=on_report)
+    # heard from before the mark; not by a tenant: its key may not hear the edges (a report
+    # names every tenant's machines), so it hears none and waits LISTEN_INTERVALS only
+    subject = client.subjects.edge_activity()
+    sub = None if client.tenant else await client.nc.subscribe(subject, cb=on_report)
     try:
         record, at = await apps.read(app)
         if record is None or at != revision:
@@ -113,7 +121,8 @@ async def drain(
         log.info("drained", app=app, machine=machine_id, edges=len(heard),
                  ms=round((clock() - marked) * 1000), bounded=bound.cancelled_caught)  # fmt: skip
     finally:
-        await sub.unsubscribe()
+        if sub is not None:
+            await sub.unsubscribe()
     try:
         await client.machine("stop", machine_id)  # its graceful stop: signal, then grace
     except BourseError as exc:  # stopped already, or its worker away: the destroy says
