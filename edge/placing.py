@@ -34,6 +34,7 @@ from bourse.client.apps.slots import machine_metadata, order_id
 from bourse.wire.messages import PlaceOrder
 from bourse.wire.metadata import PRIMARY
 from bourse.wire.tenancy import scope
+from edge.routing import split_key
 
 if TYPE_CHECKING:
     from bourse.client.apps.store import AppRecord
@@ -79,6 +80,20 @@ def region_for(regions: list[str], region: str) -> str:
     """Where the edge places: its own region when the spec runs there, else the spec's
     first."""
     return region if region in regions else regions[0]
+
+
+def order_for(
+    key: str, record: AppRecord, db: sqlite3.Connection, region: str
+) -> PlaceOrder | None:
+    """The order a request to app ``key`` (``web``, a tenant's ``web.acme``) places at an
+    edge of ``region``, from the app's record (its key in the apps bucket, which only the
+    tenant's key and the shared buyer's write) and the view's rows; None when it wants none
+    here, or when the record names another app than its key (a tenant's record places only
+    the app it is of, under the tenant's own scope)."""
+    app, tenant = split_key(key)
+    if record.spec is None or record.spec.app != app:
+        return None
+    return to_place(record, slot_rows(db, app, tenant), region, tenant)
 
 
 def to_place(

@@ -85,17 +85,15 @@ def placer(
     from bourse.errors import BourseError
     from bourse.wire.messages import Placed, PlaceOrder
     from bourse.wire.subjects import Subjects
-    from edge.placing import slot_rows, to_place
-    from edge.routing import split_key
+    from edge.placing import order_for
 
     client = BourseClient(nc, Subjects(prefix))
 
     def place_for(key: str) -> PlaceOrder | None:
         record = apps.records.get(key)
-        app, tenant = split_key(key)
-        if record is None or view.view is None or record.spec is None or record.spec.app != app:
+        if record is None or view.view is None:
             return None
-        return to_place(record, slot_rows(view.view.db.db, app, tenant), region, tenant)
+        return order_for(key, record, view.view.db.db, region)
 
     async def place(order: PlaceOrder) -> str:
         got = await place_patiently(client, order)

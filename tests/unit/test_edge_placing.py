@@ -10,10 +10,11 @@ import pytest
 from bourse.client.apps.slots import SlotRecord, order_id
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppRecord
+from bourse.view.db import ViewDB
 from bourse.wire.messages import Machine, PlaceOrder, Resources
 from bourse.wire.metadata import GEN, ROLE, SLOT
 from bourse.wire.tenancy import scoped_order, tenant_of_order
-from edge.placing import SlotRow, attempt_of, to_place
+from edge.placing import SlotRow, attempt_of, order_for, to_place
 from edge.routing import AppRoute, Choice, Router, RouteTable
 from edge.starts import Starts
 from tests.unit.test_edge_starts import PORT, Held, machine
@@ -89,6 +90,21 @@ def test_a_tenants_slot_is_placed_under_the_id_its_own_deploy_would_have() -> No
     deploys = msgspec.structs.replace(got, order_id=order_id("web", 2, "mad", 0, 2))
     assert scoped_order("acme", deploys) == got
     assert tenant_of_order(got.order_id) == "acme" and got.metadata["app"] == "web"
+
+
+def test_a_request_places_only_the_app_its_record_is_of() -> None:
+    """The order for a request to an app key: a tenant's under its scope; none from a
+    record that names another app than its key (a tenant cannot have an edge place an app
+    it did not deploy, nor under another's name)."""
+    db = ViewDB(":memory:")
+    try:
+        got = order_for("web.acme", record(mad_0=LOST), db.db, "mad")
+        assert got is not None and got.order_id == "acme:web.g2.mad.0.r1"
+        assert order_for("web", record(mad_0=LOST), db.db, "mad") is not None
+        assert order_for("shop.acme", record(mad_0=LOST), db.db, "mad") is None
+        assert order_for("web.acme", AppRecord(spec=None), db.db, "mad") is None
+    finally:
+        db.close()
 
 
 def test_attempt_of() -> None:
