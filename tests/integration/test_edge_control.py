@@ -18,6 +18,7 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.spec import AppService, AppSpec
 from bourse.client.apps.store import AppRecord, AppStore
 from bourse.wire.messages import Machine, Placed, Resources
+from edge.routing import app_key
 from supplier.host import SupplierHost
 from supplier.ports import PortClaims
 from tests.edgekit import HOST, Answer, Edge, Upstream, answered, edge, get
@@ -349,9 +350,10 @@ async def drained(
     e: Edge, buyer: BourseClient, store: AppStore, app: str, gone: str, kept: str
 ) -> None:
     """A deploy that drained ``gone`` done: the edge heard it draining, the next request
-    goes to ``kept``, ``gone`` is destroyed and the record drains nothing more."""
+    goes to ``kept``, ``gone`` is destroyed (as ``buyer`` lists the app: a tenant's, its
+    own) and the record drains nothing more."""
     assert "event='draining'" in e.log and gone in e.log, e.log[-3000:]
-    got = await get(e.address, host=f"{app}.localhost")
+    got = await get(e.address, host=f"{app_key(app, buyer.tenant)}.localhost")
     assert (got.status, got.headers["bourse-machine"]) == (200, kept)
     machines = {m.machine_id: m.state for m in await market_machines(buyer, app)}
     assert machines == {gone: "destroyed", kept: "started"}

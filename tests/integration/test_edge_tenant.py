@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client as NATS
 
 from bourse.client import BourseClient
@@ -20,13 +21,14 @@ from bourse.client.apps.apply import apply, context
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppRecord, AppStore
 from bourse.nats.authdir import AuthFiles, SupplierSpec, write_auth_dir
-from bourse.nats.connection import connect
+from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.view import open_view
 from bourse.wire.messages import ListMachines, Machine, Resources
 from bourse.wire.subjects import Subjects
-from tests.edgekit import edge
+from tests.edgekit import answered, edge
 from tests.integration.test_edge_control import (
+    drained,
     heal_hosts,
     healed_once,
     placed_once,
@@ -35,6 +37,7 @@ from tests.integration.test_edge_control import (
 )
 from tests.isolation import own_worker_id
 from tests.market import Market, wait_until
+from tests.security.conftest import Violations
 
 PREFIX = "ten"
 TENANT = "acme"
@@ -60,8 +63,8 @@ class KeyedMarket(Market):
         self.conns.append(nc)
         return nc
 
-    async def tenant(self) -> BourseClient:
-        c = BourseClient(await self.connect(TENANT), self.subjects, tenant=TENANT)
+    async def tenant(self, **kw: Any) -> BourseClient:
+        c = BourseClient(await self.connect(TENANT, **kw), self.subjects, tenant=TENANT)
         self.clients.append(c)
         return c
 
@@ -179,3 +182,29 @@ async def test_two_controllers_heal_a_tenants_gone_primary_with_its_own_new_spar
             spare.machine_id: (spare.order_id, "started"),
             new_spare.machine_id: (unscoped, "reserved"),
         }, own
+
+
+async def test_a_tenants_update_drains_the_old_machine_hearing_no_edge(tmp_path: Path) -> None:
+    """The tenant's app of one primary behind an edge: the tenant's update names the old
+    machine draining (the edge sends it nothing new), waits its listening time, since its
+    key may not hear the edges' activity, and subscribes to none (no permissions
+    violation on its connection), then stops and destroys it; the new one serves."""
+    async with keyed_market(tmp_path, [own_worker_id("edgetd")]) as market:
+        await process_market(market, "edgetd")
+        violations = Violations()
+        acme = await market.tenant(error_cb=violations.error_cb)
+        store = await AppStore.open(acme.nc, PREFIX, tenant=TENANT, create=False)
+        spec = AppSpec(app="roll", image="srv", regions=["mad"], ports=["http"], env={"V": "1"},
+                       resources=Resources(cpus=1, memory_mb=256))  # fmt: skip
+        first = await apply(acme, store, await context(acme, store, spec), check_wait_s=5)
+        [old] = [o.machine_id for o in first.outcomes]
+        async with edge(tmp_path, *market.edge_args()) as e:
+            host = f"roll.{TENANT}.localhost"
+            await answered(e.address, host, lambda a: a.headers.get("bourse-machine") == old)
+            v2 = msgspec.structs.replace(spec, env={"V": "2"})
+            second = await apply(acme, store, await context(acme, store, v2), check_wait_s=5)
+            assert second.complete, second.outcomes
+            [new] = [o.machine_id for o in second.outcomes]
+            await drained(e, acme, store, "roll", old, new)
+        await flush_all(acme.nc)
+        assert violations.none_yet(), violations.queue.get_nowait()
