@@ -124,7 +124,8 @@ def deploy(
         typer.Option(
             min=0,
             metavar="S",
-            help="How long a replaced machine's requests under way through the edges may take.",
+            help="How long the requests under way through the edges at a machine the deploy "
+            "replaces or scales down may take.",
         ),
     ] = 30.0,
     min_score: MinScoreOpt = 0.0,

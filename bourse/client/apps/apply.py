@@ -245,8 +245,9 @@ async def apply(
     Each write names the revision the record was read at, and each step is taken only while
     the record is still this run's: an app changed meanwhile (another deploy, a secret set)
     is :class:`AppChanged` and this run stops, so two runs never roll one app together. A
-    started machine an update replaces is drained first (bourse/client/apps/drain.py: named
-    in the record, the edges' requests under way finished or ``drain_s`` passed, stopped)."""
+    running machine an update replaces or a scale-down destroys is drained first
+    (bourse/client/apps/drain.py: named in the record, the edges' requests under way
+    finished or ``drain_s`` passed, stopped)."""
     p = ctx.plan()
     app = ctx.spec.app
     revision = await apps.write(app, _record(ctx, p, []), ctx.revision, by="deploy")
