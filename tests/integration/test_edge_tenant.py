@@ -9,6 +9,7 @@ answer, a row, a line), never a sleep."""
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from bourse.nats.embedded import EmbeddedNats
 from bourse.view import open_view
 from bourse.wire.messages import ListMachines, Machine, Resources
 from bourse.wire.subjects import Subjects
+from tests.cli import buyer
 from tests.edgekit import answered, edge
 from tests.integration.test_edge_control import (
     drained,
@@ -142,6 +144,14 @@ async def test_a_request_places_a_tenants_missing_machine_once_and_it_is_the_ten
         assert sorted(own) == sorted(
             [(first, "zero.g1.mad.0", "destroyed"), (new, "zero.g1.mad.0.r1", "started")]
         )
+        # the tenant's own `buyer machines list` (from its view of the market) shows it so
+        args = ("machines", "list", "--app", "zero", "--json", "--creds", market.creds(TENANT))
+        code, out, err = await buyer(market, *args)
+        assert code == 0, err
+        shown = json.loads(out)["machines"]
+        assert [(m["machine_id"], m["order_id"], m["state"]) for m in shown] == [
+            (new, "zero.g1.mad.0.r1", "started")
+        ], out
         assert {m.order_id for m in await listed(shared, "zero")} == {
             f"{TENANT}:zero.g1.mad.0",
             f"{TENANT}:zero.g1.mad.0.r1",
