@@ -79,9 +79,12 @@ class CatalogCache:
         self.budget_mb = budget_mb
         self.size_of = size_of
         self._lru: OrderedDict[str, int] = OrderedDict()
+        self._used_mb = 0  # the sum of _lru's sizes, kept as they come and go
         self.listener = listener  # not told about the initial images: the host reads them
         for image in initial:  # configured images are cached whatever the budget says
-            self._lru[image] = size_of(image)
+            if image not in self._lru:
+                self._lru[image] = size = size_of(image)
+                self._used_mb += size
 
     def __contains__(self, image: object) -> bool:
         return image in self._lru
@@ -94,7 +97,7 @@ class CatalogCache:
 
     @property
     def used_mb(self) -> int:
-        return sum(self._lru.values())
+        return self._used_mb
 
     def touch(self, image: str) -> None:
         if image in self._lru:
@@ -111,9 +114,10 @@ class CatalogCache:
             if self.used_mb + size <= self.budget_mb:
                 break
             if not in_use(old):
-                del self._lru[old]
+                self._used_mb -= self._lru.pop(old)
                 evicted.append(old)
         self._lru[image] = size
+        self._used_mb += size
         if self.listener is not None:
             for old in evicted:
                 self.listener(old, False)
