@@ -15,9 +15,13 @@ stream (a purge, the stream made again): each heartbeat is published with the st
 sequence of the one before it as its expected last subject sequence, which the stream
 checks.
 
-A worker's row is compared every heartbeat (its committed capacity, drain, image cache: a
-tuple, cheap) and sent when it differs: at most once a heartbeat, however many machines it
-placed or destroyed meanwhile (a busy worker's free capacity changes with every commit).
+A worker's row is compared every heartbeat (cheap tuples) and sent when it differs: a change
+of its drain at once (the next heartbeat), a change of its counts (its free capacity, machine
+count and image cache use, which a busy worker changes with every commit) in turns: at most
+COUNTS_PER_BEAT workers' rows a heartbeat go for counts alone, those sent longest ago first.
+A small fleet's rows follow every change within a heartbeat; a busy supplier of many workers
+refreshes each one's counts every few seconds (1,000 busy workers: every 10 s), so its rows
+stay a small share of its messages (the machines' rows say what changed, each at once).
 
 A worker the operator stopped (§4.22) is left out of its heartbeat, as if its supplier had
 stopped: a view calls it gone 3 s after its last row (the stop's: it drains, ``stopped``),
@@ -27,8 +31,9 @@ and its machines unknown; started, it is named again and back at once.
 from __future__ import annotations
 
 import asyncio
-import functools
+import contextlib
 import importlib.metadata
+import json
 import time
 from collections.abc import Mapping
 from typing import Protocol
@@ -39,7 +44,8 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.js.api import PubAck
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 from bourse.nats.state import BEAT_INTERVAL_MS, HEADER_TTL, RETENTION_S
 from bourse.wire.codec import encode
@@ -65,6 +71,8 @@ RETRY_S = 0.25
 RETRY_MAX_S = 5.0
 HEADER_EXPECTED = "Nats-Expected-Last-Subject-Sequence"
 WRONG_LAST_SEQUENCE = 10071  # JetStream's error code when that expectation fails
+# Workers' rows sent for their counts alone, at most, each heartbeat (see the module doc).
+COUNTS_PER_BEAT = 100
 
 
 def version() -> str:
@@ -86,6 +94,7 @@ class Rowed(Protocol):
     def machines(self) -> dict[str, Machine]: ...
     def row(self, beat: str, version: str = "") -> WorkerRow: ...
     def row_key(self) -> tuple[object, ...]: ...
+    def row_counts(self) -> tuple[object, ...]: ...
 
 
 def beat_groups(workers: list[tuple[str, str]]) -> list[tuple[str, str, list[str]]]:
@@ -112,6 +121,31 @@ def regrouped(
         beat_of.setdefault(wid, was.get(wid, wid))
     changed = [wid for wid, _, _ in workers if was and was.get(wid) != beat_of[wid]]
     return groups, beat_of, changed
+
+
+Compared = tuple[tuple[object, ...], tuple[object, ...]]  # a worker's row key and counts
+
+
+def workers_due(
+    now: Mapping[str, Compared],
+    sent: Mapping[str, Compared],
+    sent_at: Mapping[str, float],
+    budget: int = COUNTS_PER_BEAT,
+) -> list[str]:
+    """The workers whose row goes at this heartbeat: each never sent or whose key differs
+    from the one sent, then up to ``budget`` whose counts alone differ, those sent longest
+    ago first."""
+    due: list[str] = []
+    counted: list[str] = []
+    for wid, (key, counts) in now.items():
+        last = sent.get(wid)
+        if last is None or last[0] != key:
+            due.append(wid)
+        elif last[1] != counts:
+            counted.append(wid)
+    if len(counted) > budget:
+        counted.sort(key=lambda wid: sent_at.get(wid, 0.0))
+    return due + counted[:budget]
 
 
 def ttl_of(m: Machine, now: int) -> int:
@@ -145,10 +179,16 @@ class StateRows:
         self.beat_of: dict[str, str] = {}
         # marked and in flight: a machine's row by its id, a worker's (made as it goes) by its id
         self._rows: RowWindow[str, Machine | str] = RowWindow(WINDOW)
-        self._acks: dict[int, asyncio.Future[PubAck]] = {}  # the rows in flight, by ticket
+        # the rows in flight by ticket: a row's ticket is the last token of the subject its
+        # answer comes back on (one subscription for every answer, see :meth:`send`)
+        self._tickets: dict[int, str] = {}
+        self._answers: Subscription | None = None
+        self._inbox = ""
         self._failing = False  # a row was not stored: the next wait a pause
         self._answered = asyncio.Event()  # a row in flight was answered (close waits on it)
-        self._keys: dict[str, tuple[object, ...]] = {}  # each worker's last row, compared
+        # each worker's last row as compared (its key, its counts), and when it went
+        self._keys: dict[str, Compared] = {}
+        self._sent_at: dict[str, float] = {}
         self._beat_seq: dict[str, int] = {}  # a heartbeat's last stream sequence
         self._lost = False  # no stream took a row or heartbeat: every row again once one does
         self._beat_now = asyncio.Event()  # the stream is back: beat without waiting
@@ -201,10 +241,10 @@ class StateRows:
         self._ready.set()
 
     def _changed_workers(self) -> None:
-        """Mark the workers whose row differs from the one last sent."""
-        for wid, w in self.workers.items():
-            if self._keys.get(wid) != w.row_key():
-                self._rows.mark(wid, wid)
+        """Mark the workers whose row is due (:func:`workers_due`)."""
+        now = {wid: (w.row_key(), w.row_counts()) for wid, w in self.workers.items()}
+        for wid in workers_due(now, self._keys, self._sent_at):
+            self._rows.mark(wid, wid)
         if self._rows.waiting():
             self._ready.set()
 
@@ -313,31 +353,40 @@ class StateRows:
     async def send(self) -> None:
         """Send the marked rows the window has room for (see supplier/rowwindow.py), without
         waiting for their answers. Nothing is sent while the connection is away (the client
-        would buffer it): the rows stay marked, tried again after a pause."""
+        would buffer it): the rows stay marked, tried again after a pause.
+
+        Each row is a plain publish whose reply subject ends in its ticket; the stream's
+        answers all come back on one subscription (:meth:`_answer`), read without a future,
+        a timer or a parsed acknowledgement each (nats-py's ``publish_async`` has all three:
+        three times the CPU a row)."""
         if not self._rows.waiting():
             return
         if not self.nc.is_connected:
             self._failing = True
             self._ready.set()  # after the pause, tried again
             return
+        if self._answers is None:
+            self._inbox = self.nc.new_inbox() + "."
+            self._answers = await self.nc.subscribe(self._inbox + "*", cb=self._answer)
         now = now_ms()
         for key, what, ticket in self._rows.due(time.monotonic()):
             subject, data, headers = self._row(what, now)
+            self._tickets[ticket] = key
+            reply = f"{self._inbox}{ticket}"
             try:
-                fut = await self.js.publish_async(subject, data, headers=headers)
+                await self.nc.publish(subject, data, reply=reply, headers=headers)
             except Exception as exc:  # a closed connection, a stalled client: tried again
                 log.debug("state_rows_not_sent", error=repr(exc))
+                self._tickets.pop(ticket, None)
                 self._given_up(key, ticket)
-                continue
-            self._acks[ticket] = fut
-            fut.add_done_callback(functools.partial(self._answer, key, ticket))
 
     def _row(self, what: Machine | str, now: int) -> tuple[str, bytes, dict[str, str] | None]:
         """A row's subject, payload and headers (a destroyed machine's: its TTL); a worker's
         row is made as it goes."""
         if isinstance(what, str):
             w = self.workers[what]
-            self._keys[what] = w.row_key()
+            self._keys[what] = (w.row_key(), w.row_counts())
+            self._sent_at[what] = time.monotonic()
             row = encode(w.row(self.beat_of[what], self.version))
             return self.subjects.state_worker(w.region, what), row, None
         subject = self.subjects.state_machine(
@@ -346,13 +395,20 @@ class StateRows:
         ttl = ttl_of(what, now)
         return subject, encode(what), {HEADER_TTL: str(ttl)} if ttl else None
 
-    def _answer(self, key: str, ticket: int, fut: asyncio.Future[PubAck]) -> None:
-        """A row's answer (the future's callback): stored, or given up."""
-        self._acks.pop(ticket, None)
+    async def _answer(self, msg: Msg) -> None:
+        """A row's answer: stored (an acknowledgement), refused (an error, or no stream
+        took it: a 503 status without a body), or one given up already (ignored)."""
+        try:
+            ticket = int(msg.subject[len(self._inbox) :])
+        except ValueError:
+            return
+        key = self._tickets.pop(ticket, None)
         self._answered.set()
-        if fut.cancelled() or fut.exception() is not None:
-            if not fut.cancelled():
-                self._missing_row(fut.exception())
+        if key is None:
+            return  # given up already (timed out)
+        data = msg.data
+        if not data or b'"error"' in data:
+            self._refused(msg)
             self._given_up(key, ticket)
             return
         if self._rows.acked(key, ticket):
@@ -361,6 +417,18 @@ class StateRows:
         self._found()
         if self._rows.waiting():
             self._ready.set()
+
+    def _refused(self, msg: Msg) -> None:
+        """Why a row was not stored: no stream for its subject, or the stream's error."""
+        if not msg.data:
+            if (msg.headers or {}).get("Status") == "503":
+                self._missing(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            error = json.loads(msg.data).get("error", {})
+        except ValueError:
+            error = msg.data[:200]
+        log.debug("state_row_refused", error=error)
 
     def _given_up(self, key: str, ticket: int) -> None:
         """A row not stored: marked again (a worker's made anew), the next rows after a
@@ -380,19 +448,11 @@ class StateRows:
             self._expire()
 
     def _expire(self) -> None:
-        """Give up the rows not answered in ACK_TIMEOUT_S; their futures cancelled (each
-        frees its slot in the client's window)."""
+        """Give up the rows not answered in ACK_TIMEOUT_S (an answer that comes later is
+        ignored)."""
         for key, ticket in self._rows.expired(time.monotonic(), ACK_TIMEOUT_S):
+            self._tickets.pop(ticket, None)
             self._given_up(key, ticket)
-            fut = self._acks.pop(ticket, None)
-            if fut is not None:
-                fut.cancel()
-
-    def _missing_row(self, exc: BaseException | None) -> None:
-        if isinstance(exc, nats.js.errors.NoStreamResponseError):
-            self._missing(exc)
-        elif exc is not None:
-            log.debug("state_row_refused", error=repr(exc))
 
     async def close(self, timeout_s: float) -> None:
         """Send what is marked (a stop's last changes) and wait for the answers, for at most
@@ -404,3 +464,7 @@ class StateRows:
                 await self.send()
                 if self._rows.flying:
                     await self._answered.wait()
+        if self._answers is not None and self.nc.is_connected:
+            with anyio.move_on_after(1.0, shield=True), contextlib.suppress(nats.errors.Error):
+                await self._answers.unsubscribe()
+            self._answers = None

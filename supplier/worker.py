@@ -423,9 +423,15 @@ class Worker:
         )
 
     def row_key(self) -> tuple[object, ...]:
-        """What a change of this worker's row shows in, cheap to compare (committed
-        capacity, drain, image cache use): the host compares it every heartbeat."""
-        return (self.ledger.committed, self.draining, self.drain_reason, self.images.used_bytes())
+        """What a change of this worker's row shows in at once (its drain), cheap to
+        compare: the host compares it every heartbeat."""
+        return (self.draining, self.drain_reason)
+
+    def row_counts(self) -> tuple[object, ...]:
+        """What a change of this worker's row shows in when its turn comes (committed
+        capacity, image cache use: a busy worker's change with every commit), cheap to
+        compare."""
+        return (self.ledger.committed, self.images.used_bytes())
 
     @property
     def confinement(self) -> Mechanism:

@@ -7,7 +7,7 @@ import pytest
 
 from bourse.nats.state import RETENTION_S
 from bourse.wire.messages import MAX_BEAT_WORKERS, Machine, Resources
-from supplier.rows import beat_groups, regrouped, ttl_of
+from supplier.rows import beat_groups, regrouped, ttl_of, workers_due
 
 
 def test_one_heartbeat_names_up_to_4096_workers_keyed_by_the_first() -> None:
@@ -81,3 +81,22 @@ def test_a_destroyed_rows_ttl_is_what_is_left_of_the_retention_window(
     state: str, age_s: int, ttl: int
 ) -> None:
     assert ttl_of(machine(state, NOW - age_s * 1000), NOW) == ttl
+
+
+def test_a_workers_drain_goes_at_once_its_counts_in_turns_those_sent_longest_ago_first() -> None:
+    """A worker's row goes at the next heartbeat when its drain changed (or it was never
+    sent); when only its counts changed (free capacity, cache use: every commit of a busy
+    worker), at most ``budget`` such rows go a heartbeat, the longest unsent first."""
+    sent = {f"w-{i}": (("serving",), (i,)) for i in range(5)}
+    sent_at = {"w-0": 4.0, "w-1": 3.0, "w-2": 2.0, "w-3": 1.0, "w-4": 0.0}
+    now = dict(sent)
+    assert workers_due(now, sent, sent_at, budget=2) == []  # nothing changed
+
+    now |= {"w-0": (("draining",), (0,)), "w-9": (("serving",), (0,))}
+    assert workers_due(now, sent, sent_at, budget=2) == ["w-0", "w-9"]  # at once, no budget
+
+    counts_changed = {wid: (key, (99,)) for wid, (key, _) in sent.items()}
+    assert workers_due(counts_changed, sent, sent_at, budget=2) == ["w-4", "w-3"]
+    assert workers_due(counts_changed, sent, sent_at, budget=10) == [f"w-{i}" for i in range(5)]
+    both = counts_changed | {"w-1": (("draining",), (99,))}
+    assert workers_due(both, sent, sent_at, budget=1) == ["w-1", "w-4"]
