@@ -5,6 +5,7 @@ and the changes that happened while the store refused writes (facts), written la
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -52,7 +53,7 @@ class Records:
         self.by_order: dict[str, str] = {}  # order id -> machine id (I3)
         self.specs: dict[str, RunSpec] = {}  # machine id -> its order's env, when it has one
         self.facts: dict[str, Fact] = {}  # machine id -> what the store has not recorded yet
-        # Told every recorded change too: the machine's row goes to the state stream.
+        # Told every change as soon as it is durable: the machine's row goes to the state stream.
         self.published: Callable[[Machine], None] = lambda m: None
         self._locks: dict[str, asyncio.Lock] = {}
         self.log = structlog.get_logger("bourse.machines").bind(worker_id=worker_id)
@@ -125,12 +126,22 @@ class Records:
         if state != "started":
             changes["health"] = None
         new = msgspec.structs.replace(m, state=state, updated_at_ms=now_ms(), **changes)
-        return Queued(self, new, events, self.store.queue(Op(op, new, detail, events)))
+        written = self.store.queue(Op(op, new, detail, events))
+        written.add_done_callback(functools.partial(self._durable, new))
+        return Queued(self, new, events, written)
+
+    def _durable(self, new: Machine, written: asyncio.Future[None]) -> None:
+        """A change is durable: memory has it and its row goes, at once, whenever whoever
+        queued it looks (a start's ``starting`` is looked at after its launch, a pull
+        included: a view sees it while it lasts)."""
+        if written.cancelled() or written.exception() is not None:
+            return
+        self.by_id[new.machine_id] = new
+        self.published(new)
 
     def _recorded(self, new: Machine, events: tuple[Event, ...]) -> Machine:
         self.by_id[new.machine_id] = new
         self.changed(new)
-        self.published(new)
         for e in events:
             self.announce(e)
         return new
