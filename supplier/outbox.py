@@ -23,8 +23,8 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.js.api import PubAck
 
+from bourse.nats.acks import Answer, StreamAcks
 from bourse.nats.jetstream import DEGRADED, HEADER_MSG_ID, NO_JETSTREAM_FLAG, stream_name
 from bourse.wire.subjects import Subjects
 from supplier.oplog import OutboxRow
@@ -136,6 +136,12 @@ class EventOutbox:
         self.published = 0  # rows acknowledged (or sent plainly without JetStream)
         self.duplicates = 0  # acks saying the stream already had the message id
         self.retries = 0  # rounds that failed and were tried again
+        # the round being sent: each publish's ticket -> its answer (None: none yet)
+        self._acks = StreamAcks(nc, self._answer)
+        self._round: dict[int, Answer | None] = {}
+        self._unanswered = 0
+        self._sending = False
+        self._answered = asyncio.Event()  # every publish of the round has its answer
 
     @property
     def backlog(self) -> int:
@@ -244,37 +250,48 @@ class EventOutbox:
                     log.warning("event_publish_failed", error=repr(exc))
                     return n
             return len(batch)
-        js = self.nc.jetstream()
-        futures: list[asyncio.Future[PubAck]] = []
+        tickets: list[int] = []
+        self._round, self._unanswered, self._sending = {}, 0, True
+        self._answered.clear()
         try:
             for row in batch:
-                futures.append(
-                    await js.publish_async(
-                        self._subject(row), row.data, headers={HEADER_MSG_ID: row.msg_id}
-                    )
-                )
-            with anyio.fail_after(ACK_TIMEOUT_S):
-                await asyncio.wait(futures)
+                headers = {HEADER_MSG_ID: row.msg_id}
+                tickets.append(await self._acks.publish(self._subject(row), row.data, headers))
+                self._round[tickets[-1]] = None
+                self._unanswered += 1
+            self._sending = False
+            if self._unanswered:
+                with anyio.fail_after(ACK_TIMEOUT_S):
+                    await self._answered.wait()
         except Exception as exc:
             log.warning("event_publish_failed", error=repr(exc), rows=len(batch))
+        self._sending = False
+        answers = [self._round.get(t) for t in tickets]
+        self._round = {}  # a late answer is ignored: its row goes again, a duplicate
         done = 0
-        for fut in futures:
-            if not fut.done() or fut.cancelled() or fut.exception() is not None:
+        for answer in answers:
+            if answer is None or not answer.stored:
                 break
             done += 1
-            self.duplicates += fut.result().duplicate or 0
+            self.duplicates += answer.duplicate
         if done:
             self._found()
-        for fut in futures[done:]:
-            if fut.done() and not fut.cancelled() and fut.exception() is not None:
-                if isinstance(fut.exception(), nats.js.errors.NoStreamResponseError):
-                    self._missing()  # no stream takes the subject
-                else:
-                    log.warning("event_not_acked", error=repr(fut.exception()))
-                break
-        for fut in futures:
-            fut.cancel()  # no-op when done; else frees its slot in the client's window
+        refused = answers[done] if done < len(answers) else None
+        if refused is not None:
+            if refused.no_stream:
+                self._missing()  # no stream takes the subject
+            else:
+                log.warning("event_not_acked", error=refused.error)
         return done
+
+    def _answer(self, ticket: int, answer: Answer) -> None:
+        """A publish of the round has its answer (one of an earlier round: ignored)."""
+        if ticket not in self._round or self._round[ticket] is not None:
+            return
+        self._round[ticket] = answer
+        self._unanswered -= 1
+        if not self._unanswered and not self._sending:
+            self._answered.set()
 
     async def close(self, timeout_s: float = 1.0) -> None:
         """Publish what is queued (for at most ``timeout_s``), then end the pump; what is
@@ -288,3 +305,4 @@ class EventOutbox:
         self._scope.cancel()
         if self._queue:
             log.warning("outbox_left_for_next_start", count=len(self._queue))
+        await self._acks.close()

@@ -31,9 +31,7 @@ and its machines unknown; started, it is named again and back at once.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import importlib.metadata
-import json
 import time
 from collections.abc import Mapping
 from typing import Protocol
@@ -44,9 +42,8 @@ import nats.errors
 import nats.js.errors
 import structlog
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
+from bourse.nats.acks import Answer, StreamAcks
 from bourse.nats.state import BEAT_INTERVAL_MS, HEADER_TTL, RETENTION_S
 from bourse.wire.codec import encode
 from bourse.wire.messages import MAX_BEAT_WORKERS, Heartbeat, Machine, WorkerRow, now_ms
@@ -179,11 +176,9 @@ class StateRows:
         self.beat_of: dict[str, str] = {}
         # marked and in flight: a machine's row by its id, a worker's (made as it goes) by its id
         self._rows: RowWindow[str, Machine | str] = RowWindow(WINDOW)
-        # the rows in flight by ticket: a row's ticket is the last token of the subject its
-        # answer comes back on (one subscription for every answer, see :meth:`send`)
-        self._tickets: dict[int, str] = {}
-        self._answers: Subscription | None = None
-        self._inbox = ""
+        # the rows in flight: each publish's ticket -> its row's key and window ticket
+        self._tickets: dict[int, tuple[str, int]] = {}
+        self._acks = StreamAcks(nc, self._answer)
         self._failing = False  # a row was not stored: the next wait a pause
         self._answered = asyncio.Event()  # a row in flight was answered (close waits on it)
         # each worker's last row as compared (its key, its counts), and when it went
@@ -352,33 +347,25 @@ class StateRows:
     # -- rows ----------------------------------------------------------------------------------
     async def send(self) -> None:
         """Send the marked rows the window has room for (see supplier/rowwindow.py), without
-        waiting for their answers. Nothing is sent while the connection is away (the client
-        would buffer it): the rows stay marked, tried again after a pause.
-
-        Each row is a plain publish whose reply subject ends in its ticket; the stream's
-        answers all come back on one subscription (:meth:`_answer`), read without a future,
-        a timer or a parsed acknowledgement each (nats-py's ``publish_async`` has all three:
-        three times the CPU a row)."""
+        waiting for their answers (they come back on one subscription, bourse/nats/acks.py).
+        Nothing is sent while the connection is away (the client would buffer it): the rows
+        stay marked, tried again after a pause."""
         if not self._rows.waiting():
             return
         if not self.nc.is_connected:
             self._failing = True
             self._ready.set()  # after the pause, tried again
             return
-        if self._answers is None:
-            self._inbox = self.nc.new_inbox() + "."
-            self._answers = await self.nc.subscribe(self._inbox + "*", cb=self._answer)
         now = now_ms()
         for key, what, ticket in self._rows.due(time.monotonic()):
             subject, data, headers = self._row(what, now)
-            self._tickets[ticket] = key
-            reply = f"{self._inbox}{ticket}"
             try:
-                await self.nc.publish(subject, data, reply=reply, headers=headers)
+                sent = await self._acks.publish(subject, data, headers)
             except Exception as exc:  # a closed connection, a stalled client: tried again
                 log.debug("state_rows_not_sent", error=repr(exc))
-                self._tickets.pop(ticket, None)
                 self._given_up(key, ticket)
+                continue
+            self._tickets[sent] = (key, ticket)
 
     def _row(self, what: Machine | str, now: int) -> tuple[str, bytes, dict[str, str] | None]:
         """A row's subject, payload and headers (a destroyed machine's: its TTL); a worker's
@@ -395,20 +382,19 @@ class StateRows:
         ttl = ttl_of(what, now)
         return subject, encode(what), {HEADER_TTL: str(ttl)} if ttl else None
 
-    async def _answer(self, msg: Msg) -> None:
-        """A row's answer: stored (an acknowledgement), refused (an error, or no stream
-        took it: a 503 status without a body), or one given up already (ignored)."""
-        try:
-            ticket = int(msg.subject[len(self._inbox) :])
-        except ValueError:
-            return
-        key = self._tickets.pop(ticket, None)
+    def _answer(self, sent: int, answer: Answer) -> None:
+        """A row's answer: stored, or refused (no stream took it, or the stream's error);
+        one given up already is ignored."""
+        row = self._tickets.pop(sent, None)
         self._answered.set()
-        if key is None:
+        if row is None:
             return  # given up already (timed out)
-        data = msg.data
-        if not data or b'"error"' in data:
-            self._refused(msg)
+        key, ticket = row
+        if not answer.stored:
+            if answer.no_stream:
+                self._missing(nats.js.errors.NoStreamResponseError())
+            else:
+                log.debug("state_row_refused", error=answer.error)
             self._given_up(key, ticket)
             return
         if self._rows.acked(key, ticket):
@@ -417,18 +403,6 @@ class StateRows:
         self._found()
         if self._rows.waiting():
             self._ready.set()
-
-    def _refused(self, msg: Msg) -> None:
-        """Why a row was not stored: no stream for its subject, or the stream's error."""
-        if not msg.data:
-            if (msg.headers or {}).get("Status") == "503":
-                self._missing(nats.js.errors.NoStreamResponseError())
-            return
-        try:
-            error = json.loads(msg.data).get("error", {})
-        except ValueError:
-            error = msg.data[:200]
-        log.debug("state_row_refused", error=error)
 
     def _given_up(self, key: str, ticket: int) -> None:
         """A row not stored: marked again (a worker's made anew), the next rows after a
@@ -450,8 +424,12 @@ class StateRows:
     def _expire(self) -> None:
         """Give up the rows not answered in ACK_TIMEOUT_S (an answer that comes later is
         ignored)."""
-        for key, ticket in self._rows.expired(time.monotonic(), ACK_TIMEOUT_S):
-            self._tickets.pop(ticket, None)
+        expired = self._rows.expired(time.monotonic(), ACK_TIMEOUT_S)
+        if not expired:
+            return
+        given_up = set(expired)
+        self._tickets = {s: row for s, row in self._tickets.items() if row not in given_up}
+        for key, ticket in expired:
             self._given_up(key, ticket)
 
     async def close(self, timeout_s: float) -> None:
@@ -464,7 +442,4 @@ class StateRows:
                 await self.send()
                 if self._rows.flying:
                     await self._answered.wait()
-        if self._answers is not None and self.nc.is_connected:
-            with anyio.move_on_after(1.0, shield=True), contextlib.suppress(nats.errors.Error):
-                await self._answers.unsubscribe()
-            self._answers = None
+        await self._acks.close()
