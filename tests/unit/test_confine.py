@@ -196,3 +196,13 @@ def test_limits_of_fractional_cpus_take_the_millicores(
     lim = limits_for(resources, pids_max=100)
     assert lim.millicores == millicores
     assert cpu_quota(lim.millicores) == quota
+
+
+def test_a_cgroup2_mount_with_favordynmods_says_moves_do_not_wait() -> None:
+    """A move between cgroups waits for an RCU grace period unless a cgroup2 mount has
+    ``favordynmods`` (the kernel's lock for moves is one for every hierarchy)."""
+    assert not parse_mountinfo(HYBRID).favors_moves
+    assert not parse_mountinfo(PURE_V2).favors_moves
+    favoring = HYBRID.replace("cgroup2 cgroup2 rw\n", "cgroup2 cgroup2 rw,favordynmods\n")
+    assert parse_mountinfo(favoring).favors_moves
+    assert parse_mountinfo(favoring).v1 == parse_mountinfo(HYBRID).v1

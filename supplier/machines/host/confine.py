@@ -156,6 +156,10 @@ def owner_of(data_dir: Path) -> str:
 class Mounts:
     v2: str | None = None  # the cgroup2 mount point
     v1: dict[str, str] = field(default_factory=dict)  # controller -> mount point
+    # A cgroup2 mount has ``favordynmods``: moving a process between cgroups (any hierarchy:
+    # the kernel's lock for it is one) does not wait for an RCU grace period, 5-20 ms a
+    # start's first move on a host without it (docs/operations.md, "Host tuning").
+    favors_moves: bool = False
 
 
 def parse_mountinfo(text: str) -> Mounts:
@@ -163,6 +167,7 @@ def parse_mountinfo(text: str) -> Mounts:
     controllers, e.g. ``rw,cpu,cpuacct``)."""
     v2: str | None = None
     v1: dict[str, str] = {}
+    favors = False
     for line in text.splitlines():
         left, sep, right = line.partition(" - ")
         if not sep:
@@ -171,13 +176,14 @@ def parse_mountinfo(text: str) -> Mounts:
         if len(fields) < 5 or len(rest) < 3:
             continue
         point, fstype, options = fields[4], rest[0], rest[2].split(",")
-        if fstype == "cgroup2" and v2 is None:
-            v2 = point
+        if fstype == "cgroup2":
+            v2 = v2 or point
+            favors = favors or "favordynmods" in options
         elif fstype == "cgroup":
             for opt in options:
                 if opt in V1_REQUIRED or opt in V1_OPTIONAL:
                     v1.setdefault(opt, point)
-    return Mounts(v2=v2, v1=v1)
+    return Mounts(v2=v2, v1=v1, favors_moves=favors)
 
 
 def parse_proc_cgroup(text: str) -> tuple[str, dict[str, str]]:
@@ -285,6 +291,14 @@ class Confiner:
         mechanism, why = choose(want, offer)
         if why:
             raise ConfineError(f"confine = {mechanism} is not usable here: {why}")
+        if mechanism in CGROUP_MECHANISMS and not mounts.favors_moves:
+            log.info(
+                "cgroup_moves_wait",
+                worker_id=worker_id,
+                detail="each machine's move into its cgroups waits for the kernel (5-20 ms "
+                "a start): `mount -o remount,favordynmods <the cgroup2 mount>` makes it "
+                "sub-millisecond (docs/operations.md, Host tuning)",
+            )
         bases: dict[str, Path] = {}
         if mechanism == "cgroup2" and v2_base is not None:
             bases = {"": v2_base}
