@@ -136,4 +136,9 @@ def with_client(
         finally:
             await nc.drain()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:  # it may have changed the market: the next answer from the view catches up
+        from bourse.view.cache import unstamp, view_path
+
+        unstamp(view_path(s.connection().urls, s.prefix, tenant))

@@ -2,17 +2,19 @@
 §4.17), one machine, workers, an app's machines; each machine with its worker's liveness.
 Rows come back as their JSON as the stream holds it (``msgspec.Raw``; a listing's as one
 JSON array, :func:`machines_json`: 10,000 machines are passed through, not decoded and
-encoded again) and, decoded, for tables."""
+encoded again) and, decoded, for tables (the wire's types imported then: a listing's JSON
+does without them)."""
 
 from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from bourse.wire.codec import decode
-from bourse.wire.messages import Machine, WorkerRow
+if TYPE_CHECKING:
+    from bourse.wire.messages import Machine, WorkerRow
 
 # A listing's order (§4.17): region, worker, creation, id.
 _ORDER = " ORDER BY region, worker_id, created_at_ms, machine_id"
@@ -27,9 +29,15 @@ class Seen:
     gone_since_ms: int | None
 
     def machine(self) -> Machine:
+        from bourse.wire.codec import decode
+        from bourse.wire.messages import Machine
+
         return decode(self.raw, Machine)
 
     def worker(self) -> WorkerRow:
+        from bourse.wire.codec import decode
+        from bourse.wire.messages import WorkerRow
+
         return decode(self.raw, WorkerRow)
 
     @property

@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -30,6 +29,7 @@ from bourse.runtime import logs
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
 from bourse.view.rows import Op, Reader
+from bourse.view.stored import Freshness
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
@@ -49,18 +49,6 @@ RETRY_S = 0.5
 
 class ViewUnavailable(BourseError, RuntimeError):
     """The view cannot read the state stream (no stream, no JetStream, a refusal)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Freshness:
-    """How current a view is: the last stream sequence applied, and how long ago it was
-    last known caught up with the stream."""
-
-    seq: int
-    age_ms: int
-
-    def __str__(self) -> str:
-        return f"as of seq {self.seq}, {self.age_ms} ms ago"
 
 
 class View:
