@@ -89,28 +89,19 @@ def machines(db: sqlite3.Connection, f: MachineFilter) -> list[Seen]:
 def machines_json(db: sqlite3.Connection, f: MachineFilter) -> tuple[msgspec.Raw, dict[str, int]]:
     """What :func:`machines` finds as one JSON array of the rows as the stream holds them,
     joined as they are read (no object per row: a listing of 10,000 machines is 8 MB), and
-    the workers gone among them (worker -> since when). Not for a filter by label, which
-    needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of a task (which
-    Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would copy 8 MB."""
+    the workers gone among them (worker -> since when), from the same rows. Not for a filter
+    by label, which needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of
+    a task (which Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would
+    copy 8 MB."""
     if f.labels:
         raise ValueError("a filter by label needs the rows decoded: machines()")
     where, args = f.where()
-    rows = db.execute(f"SELECT CAST(row AS BLOB) FROM machines{where}{_ORDER}", args)
-    listed = msgspec.Raw(b"".join((b"[", b",".join([row for (row,) in rows]), b"]")))
-    return listed, gone_workers(db, f)
-
-
-def gone_workers(db: sqlite3.Connection, f: MachineFilter) -> dict[str, int]:
-    """The workers gone among those of the machines ``f`` finds (worker -> since when),
-    read from the index of the machines whose worker is gone (few: not the listing's)."""
-    where, args = f.where()
-    gone_where = f"{where} AND" if where else " WHERE"
-    gone = db.execute(
-        "SELECT DISTINCT worker_id, worker_gone_since_ms FROM machines INDEXED BY machines_gone"
-        f"{gone_where} worker_gone_since_ms IS NOT NULL",
+    rows = db.execute(
+        f"SELECT CAST(row AS BLOB), worker_id, worker_gone_since_ms FROM machines{where}{_ORDER}",
         args,
-    )
-    return dict(gone.fetchall())
+    ).fetchall()
+    listed = msgspec.Raw(b"".join((b"[", b",".join([row for row, _, _ in rows]), b"]")))
+    return listed, {wid: since for _, wid, since in rows if since is not None}
 
 
 def machine(db: sqlite3.Connection, machine_id: str) -> Seen | None:

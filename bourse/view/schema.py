@@ -6,7 +6,7 @@ up a moment ago without either."""
 from __future__ import annotations
 
 # Bumped when the tables change: a view of another version is thrown away and rebuilt.
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 2
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS workers (
@@ -38,8 +38,6 @@ CREATE INDEX IF NOT EXISTS machines_listing
 CREATE INDEX IF NOT EXISTS machines_worker ON machines (worker_id);
 CREATE INDEX IF NOT EXISTS machines_app ON machines (tenant, app);
 CREATE INDEX IF NOT EXISTS machines_destroyed ON machines (seen_ms) WHERE state = 'destroyed';
-CREATE INDEX IF NOT EXISTS machines_gone ON machines (worker_id, worker_gone_since_ms)
-    WHERE worker_gone_since_ms IS NOT NULL;
 CREATE TABLE IF NOT EXISTS apps (
     tenant TEXT NOT NULL, app TEXT NOT NULL, generation INTEGER, regions TEXT NOT NULL,
     machines INTEGER NOT NULL, started INTEGER NOT NULL, spares INTEGER NOT NULL,
