@@ -1,6 +1,7 @@
 """``buyer``: place orders, look at the fleet, manage machines. Thin commands over
-bourse.client, one module per topic (orders, apps, machines, fleet, watch); this one is the
-app: the common options and where every command is registered.
+bourse.client, one module per topic (orders, apps, machines, fleet, watch; the groups'
+commands registered in groups.py); this one is the app: the common options and the list of
+commands, each imported when it is used.
 
 The common options (--nats, --creds, --tls-*, --prefix, --json, --no-jetstream) go before
 the command or after it; ``--json`` prints one JSON object per command (README.md lists the shapes).
@@ -16,6 +17,7 @@ from bourse.runtime.cli import (
     BourseGroup,
     CredsOpt,
     JsonOpt,
+    Lazy,
     NatsOpt,
     NoJetStreamOpt,
     PrefixOpt,
@@ -26,35 +28,60 @@ from bourse.runtime.cli import (
     cli_main,
 )
 from bourse.wire.subjects import DEFAULT_PREFIX
-from buyer_cli import (
-    app_views,
-    apps,
-    execs,
-    fleet,
-    listing,
-    machines,
-    orders,
-    secrets,
-    views,
-    watch,
-    workers,
-)
 from buyer_cli.session import Session
 
+# Each command (a group: its commands) is imported when it is run or its help asked for: a
+# command pays for its own module only, not for every other's and typer's making of each.
+# Each line is the first paragraph of the command's help (tests/unit/test_cli_help.py).
+COMMANDS = {
+    "place": Lazy("buyer_cli.orders:place", "Place one immediate-or-cancel order."),
+    "deploy": Lazy(
+        "buyer_cli.apps:deploy",
+        "Deploy an app: converge it to its spec (-f APP.TOML, or the flags: a whole spec, "
+        "--port/--env/--check as `buyer place` reads them), updates rolling one slot at a "
+        "time. --plan prints the plan only. Exit 2 when a slot is left unfilled or the rollout "
+        "stopped (no room, checks not passing in time), 1 on an error.",
+    ),
+    "failover": Lazy(
+        "buyer_cli.apps:failover",
+        "Start a spare of the app in place of a machine whose worker is gone (--force: stop "
+        "the machine first), then place a new spare as deploy would (--label as given to "
+        "deploy). Exit 2 when no spare is left, 1 on an error; --json prints the same object "
+        'whatever happens ("error" says what went wrong).',
+    ),
+    "fleet": Lazy(
+        "buyer_cli.fleet:fleet",
+        "Every worker's capacity, commitments, machines, image cache (bytes used / budget), "
+        "labels, and whether it is gone, from the view of the market; --fresh: the workers "
+        "answer now (status scatter-gather: holds and images too). In every region or those "
+        "given. Exit 2 when a region asked for (or, with none given, any region) has no "
+        "worker that beats (--fresh: answers).",
+    ),
+    "watch": Lazy(
+        "buyer_cli.watch:watch",
+        "Print market events as they happen (order outcomes: placed, unfilled; machine "
+        "events), until Ctrl-C; with --since, replay stored ones first. --json: one event per "
+        'line, with its stream sequence ("seq").',
+    ),
+    "query": Lazy(
+        "buyer_cli.views:query",
+        "Read-only SQL on the view of the market: tables workers, machines, apps, beats, meta "
+        '(docs/architecture.md, bourse/view/db.py). --json: {"columns", "rows": [{col: '
+        'value}], "view": {"seq", "age_ms"}}; with --watch one {"op", "row", "seq"} per line.',
+    ),
+    "machines": Lazy("buyer_cli.groups:machines_app", "Machines on the workers."),
+    "apps": Lazy("buyer_cli.groups:apps_app", "Apps as a whole: their slots, logs and secrets."),
+    "workers": Lazy(
+        "buyer_cli.groups:workers_app",
+        "The operator's verbs on workers: drain, stop, start (the operator's key).",
+    ),
+}
+
 app = typer.Typer(
-    cls=BourseGroup,
+    cls=BourseGroup.loading(COMMANDS),
     help="Bourse buyer: place machine orders on the market.",
     no_args_is_help=True,
     rich_markup_mode=None,  # plain help: rich would nearly double a help's time
-)
-machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)
-apps_app = typer.Typer(help="Apps as a whole: their slots, logs and secrets.", no_args_is_help=True)
-workers_app = typer.Typer(
-    help="The operator's verbs on workers: drain, stop, start (the operator's key).",
-    no_args_is_help=True,
-)
-secrets_app = typer.Typer(
-    help="An app's secrets (names shown, never values).", no_args_is_help=True
 )
 
 
@@ -73,39 +100,6 @@ def _options(
 ) -> None:
     """Bourse buyer: place machine orders on the market."""
     ctx.obj = Session(nats, creds, tls_ca, tls_cert, tls_key, prefix, json, no_jetstream)
-
-
-app.command()(orders.place)
-app.command()(apps.deploy)
-app.command()(apps.failover)
-app.command()(fleet.fleet)
-app.command()(watch.watch)
-app.command()(views.query)
-app.add_typer(machines_app, name="machines")
-machines_app.command("list")(listing.list_machines)
-machines_app.command("show")(machines.show)
-machines_app.command("start")(machines.start)
-machines_app.command("stop")(machines.stop)
-machines_app.command("restart")(machines.restart)
-machines_app.command("destroy")(machines.destroy)
-machines_app.command("logs")(machines.logs)
-# The command's own words are arguments, options included: nothing after its first one is ours.
-machines_app.command("exec", context_settings={"allow_interspersed_args": False})(
-    execs.exec_command
-)
-app.add_typer(apps_app, name="apps")
-apps_app.command("list")(app_views.list_apps)
-apps_app.command("status")(app_views.status)
-apps_app.command("logs")(app_views.logs)
-apps_app.command("destroy")(app_views.destroy)
-apps_app.add_typer(secrets_app, name="secrets")
-secrets_app.command("set")(secrets.set_secrets)
-secrets_app.command("unset")(secrets.unset_secrets)
-secrets_app.command("list")(secrets.list_secrets)
-app.add_typer(workers_app, name="workers")
-workers_app.command("drain")(workers.drain)
-workers_app.command("stop")(workers.stop)
-workers_app.command("start")(workers.start)
 
 
 def main() -> None:

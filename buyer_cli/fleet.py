@@ -8,11 +8,12 @@ import typer
 
 from buyer_cli.options import EXIT_UNFILLED
 from buyer_cli.session import session, with_client
-from buyer_cli.views import FreshOpt, from_view, view_json, with_view
+from buyer_cli.views import FreshOpt, from_view, read_view
 
 if TYPE_CHECKING:
+    from sqlite3 import Connection
+
     from bourse.client import BourseClient
-    from bourse.view import View
     from bourse.view.reads import Seen
     from bourse.wire.messages import WorkerStatus
 
@@ -54,13 +55,12 @@ def _fleet_from_view(ctx: typer.Context, regions: tuple[str, ...]) -> None:
     """``fleet`` from the view: ``{"workers": [WorkerRow], "regions", "gone", "view"}``."""
     s = session(ctx)
 
-    async def go(view: View) -> tuple[list[Seen], list[str], dict[str, int]]:
+    def go(db: Connection, fresh: dict[str, int]) -> tuple[list[Seen], list[str], dict[str, int]]:
         from bourse.view import reads
 
-        db = view.db.db
-        return reads.workers(db, regions), reads.beating_regions(db), view_json(view)
+        return reads.workers(db, regions), reads.beating_regions(db), fresh
 
-    seen, beating, fresh = with_view(ctx, go)
+    seen, beating, fresh = read_view(ctx, go)
     rows = [x.worker() for x in seen]
     gone = {
         w.worker_id: x.gone_since_ms

@@ -10,13 +10,14 @@ import typer
 from bourse.runtime.cli import fail, parse_labels
 from buyer_cli.options import EXIT_UNFILLED, MachineDirectOpt
 from buyer_cli.session import session, with_client
-from buyer_cli.views import FreshOpt, from_view, gone_line, view_json, with_view
+from buyer_cli.views import FreshOpt, from_view, gone_line, read_view
 
 if TYPE_CHECKING:
+    from sqlite3 import Connection
+
     from msgspec import Raw
 
     from bourse.client import Listing
-    from bourse.view import View
     from bourse.view.reads import MachineFilter, Seen
     from bourse.wire.messages import Machine
 
@@ -90,7 +91,8 @@ def list_machines(
             worker=worker or "",
             app=app_name or "",
             states=tuple(_states(state)),
-            labels=tuple(parse_labels(label, "--label").items()),
+            # checked as labels only when given: that loads the wire's types
+            labels=tuple(parse_labels(label, "--label").items()) if label else (),
             include_destroyed=all_,
         )
         _list_from_view(ctx, f)
@@ -137,12 +139,12 @@ def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
         _json_from_view(ctx, f)
         return
 
-    async def go(view: View) -> tuple[list[Seen], list[str], dict[str, int]]:
+    def go(db: Connection, fresh: dict[str, int]) -> tuple[list[Seen], list[str], dict[str, int]]:
         from bourse.view import reads
 
-        return reads.machines(view.db.db, f), reads.beating_regions(view.db.db), view_json(view)
+        return reads.machines(db, f), reads.beating_regions(db), fresh
 
-    seen, regions, fresh = with_view(ctx, go)
+    seen, regions, fresh = read_view(ctx, go)
     from bourse.client import render
 
     tenant = s.tenant()
@@ -169,13 +171,15 @@ def _json_from_view(ctx: typer.Context, f: MachineFilter) -> None:
     holds them, joined as SQLite reads them (``reads.machines_json``), neither decoded nor
     encoded again (a tenant's are: its order ids are shown without their scope)."""
 
-    async def go(view: View) -> tuple[Raw, dict[str, int], list[str], dict[str, int]]:
+    def go(
+        db: Connection, fresh: dict[str, int]
+    ) -> tuple[Raw, dict[str, int], list[str], dict[str, int]]:
         from bourse.view import reads
 
-        listed, gone = reads.machines_json(view.db.db, f)
-        return listed, gone, reads.beating_regions(view.db.db), view_json(view)
+        listed, gone = reads.machines_json(db, f)
+        return listed, gone, reads.beating_regions(db), fresh
 
-    listed, gone, regions, fresh = with_view(ctx, go)
+    listed, gone, regions, fresh = read_view(ctx, go)
     session(ctx).echo_json(
         {"machines": listed, "complete": True, "missing": [], "regions": regions,
          "errors": [], "gone": gone, "view": fresh}

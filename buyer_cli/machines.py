@@ -21,11 +21,12 @@ from buyer_cli.options import (
     check_machine_id,
 )
 from buyer_cli.session import session, with_client
-from buyer_cli.views import FreshOpt, from_view, view_json, with_view
+from buyer_cli.views import FreshOpt, from_view, read_view
 
 if TYPE_CHECKING:
+    from sqlite3 import Connection
+
     from bourse.client import BourseClient
-    from bourse.view import View
     from bourse.view.reads import Seen
     from bourse.wire.messages import Machine
 
@@ -204,12 +205,12 @@ def _show_from_view(ctx: typer.Context, machine_id: str) -> None:
     machine the view does not have (yet) is asked of its worker (its id names it)."""
     s = session(ctx)
 
-    async def go(view: View) -> tuple[Seen | None, dict[str, int]]:
+    def go(db: Connection, fresh: dict[str, int]) -> tuple[Seen | None, dict[str, int]]:
         from bourse.view import reads
 
-        return reads.machine(view.db.db, machine_id), view_json(view)
+        return reads.machine(db, machine_id), fresh
 
-    seen, fresh = with_view(ctx, go)
+    seen, fresh = read_view(ctx, go)
     if seen is None:  # not (yet) in the view, e.g. placed a moment ago: its worker says
         m = with_client(ctx, lambda c: c.machine("get", machine_id))
         verb_shown(ctx, m)

@@ -1,14 +1,16 @@
 """The buyer's view of the market (bourse/view): a disposable cache under the user's cache
-directory, resumed by stream sequence, caught up before each answer. ``machines list``,
-``machines show``, ``fleet`` and ``apps status`` answer from it (``--fresh``: the workers
-as before; ``--no-jetstream``: the same, there is no stream); ``buyer query`` runs
-read-only SQL on it, once or, with ``--watch``, as its rows change.
+directory, resumed by stream sequence, caught up before each answer (:func:`with_view`) or,
+when it was caught up at most a second ago and none of the buyer's commands asked the
+market for a change since, read as it stands without NATS (:func:`read_view`; the answer
+says how old it is). ``machines list``, ``machines show``, ``fleet`` and ``apps status``
+answer from it (``--fresh``: the workers as before; ``--no-jetstream``: the same, there is
+no stream); ``buyer query`` runs read-only SQL on it, once or, with ``--watch``, as its
+rows change.
 
 Heavy imports (NATS, the view) are made inside the functions: ``--help`` loads neither."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -17,9 +19,11 @@ import typer
 from buyer_cli.session import Session, session
 
 if TYPE_CHECKING:
+    import sqlite3
+
     from nats.aio.client import Client as NATS
 
-    from bourse.view import View
+    from bourse.view import Freshness, View
     from bourse.view.query import Result
 
 T = TypeVar("T")
@@ -39,9 +43,53 @@ def from_view(ctx: typer.Context, fresh: bool) -> bool:
     return not fresh and not session(ctx).no_jetstream
 
 
+def read_view(ctx: typer.Context, fn: Callable[[sqlite3.Connection, dict[str, int]], T]) -> T:
+    """``fn`` on the view's tables and its freshness (:func:`fresh_json`): read as they
+    stand when the view was caught up at most FRESH_MS ago and the buyer's commands have not
+    asked the market for a change since (bourse/view/stored.py: NATS is not even imported),
+    else once it is caught up (:func:`with_view`)."""
+    import time
+
+    from bourse.view.cache import stamped, view_path
+    from bourse.view.stored import open_stored
+
+    s = session(ctx)
+    path = view_path(s.connection().urls, s.prefix, s.tenant())
+    fresh_ms = _fresh_ms()
+    if fresh_ms and stamped(path):
+        with open_stored(path, time.time_ns() // 1_000_000, fresh_ms) as stored:
+            if stored is not None:
+                return fn(stored.db, fresh_json(stored.freshness))
+
+    async def caught_up(view: View) -> T:
+        return fn(view.db.db, view_json(view))
+
+    return with_view(ctx, caught_up)
+
+
+def _fresh_ms() -> int:
+    """How long after it was caught up a view answers as it stands: FRESH_MS, or the
+    environment's (bourse/view/stored.py)."""
+    import os
+
+    from bourse.view.stored import ENV_FRESH_MS, FRESH_MS
+
+    given = os.environ.get(ENV_FRESH_MS, "").strip()
+    if not given:
+        return FRESH_MS
+    if not given.isdigit():
+        from bourse.runtime.cli import fail
+
+        fail(f"{ENV_FRESH_MS} must be a number of milliseconds (0: always catch up), not {given!r}")
+    return int(given)
+
+
 def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
     """Run ``fn`` on the invocation's view, caught up with the stream (made, resumed or
-    rebuilt in the cache directory; one invocation writes it at a time)."""
+    rebuilt in the cache directory; one invocation writes it at a time), and stamp it
+    caught up (bourse/view/cache.py)."""
+    import asyncio
+
     from bourse.runtime import logs
 
     s = session(ctx)
@@ -49,7 +97,7 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
 
     async def main() -> T:
         from bourse.view import ViewUnavailable, open_view
-        from bourse.view.cache import locked, view_path
+        from bourse.view.cache import locked, stamp, view_path
 
         tenant = s.tenant()
         path = view_path(s.connection().urls, s.prefix, tenant)
@@ -57,6 +105,7 @@ def with_view(ctx: typer.Context, fn: Callable[[View], Awaitable[T]]) -> T:
         try:
             with locked(path):
                 async with open_view(nc, s.subjects, path, tenant) as view:
+                    stamp(path)
                     return await fn(view)
         except ViewUnavailable as exc:
             from bourse.client import ClientError  # the client's whole package: only now
@@ -87,7 +136,10 @@ async def _unavailable(nc: NATS, why: str) -> str:
 
 def view_json(view: View) -> dict[str, int]:
     """The freshness every answer from the view carries: ``{"seq", "age_ms"}``."""
-    f = view.freshness()
+    return fresh_json(view.freshness())
+
+
+def fresh_json(f: Freshness) -> dict[str, int]:
     return {"seq": f.seq, "age_ms": f.age_ms}
 
 

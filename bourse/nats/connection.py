@@ -18,7 +18,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client as NATS
 
-from bourse.nats.names import ENV_CA, ENV_CERT, ENV_CREDS, ENV_KEY, ENV_URL
+from bourse.nats.names import ENV_CA, ENV_CERT, ENV_CREDS, ENV_KEY, ENV_URL, split_urls
 from bourse.runtime import logs
 
 log = logs.get_logger("bourse.nats")  # structlog imported at its first line
@@ -51,16 +51,6 @@ def stats_of(nc: NATS) -> ConnectionStats:
 CLOSE_AFTER_FAILURE_S = 1.0
 # A drain on the way out (finish queued messages, flush) gets at most this long.
 DRAIN_S = 1.0
-
-
-def split_urls(urls: list[str] | str | None, from_env: bool = True) -> list[str]:
-    """``["a,b", "c"]`` → ``["a", "b", "c"]``; falls back to $BOURSE_NATS_URL unless
-    ``from_env`` is false (commands that start their own server when given none)."""
-    if not urls:
-        urls = os.environ.get(ENV_URL, "") if from_env else ""
-    if isinstance(urls, str):
-        urls = [urls]
-    return [u.strip() for part in urls for u in part.split(",") if u.strip()]
 
 
 async def connect(

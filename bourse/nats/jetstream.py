@@ -26,7 +26,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, StorageType, StreamConfig
 
 from bourse.errors import BourseError
-from bourse.nats.names import DEGRADED, NO_JETSTREAM_FLAG
+from bourse.nats.names import DEGRADED, NO_JETSTREAM_FLAG, prefix_token
 from bourse.runtime import logs
 from bourse.wire.subjects import Subjects
 
@@ -90,27 +90,6 @@ class JetStreamMissing(BourseError, RuntimeError):
 
 class StreamUnavailable(BourseError, RuntimeError):
     """The event stream is not there and could not be made (or takes other subjects)."""
-
-
-def prefix_token(prefix: str) -> str:
-    """The subject prefix as it appears in stream and bucket names (which allow only
-    ``[A-Za-z0-9_-]``), one to one, so two markets never share a stream or a bucket:
-    ``bourse`` -> ``BOURSE``, ``t.x`` -> ``T_X``. Lower-case letters are upper-cased,
-    digits and ``-`` kept, ``.`` becomes ``_``; any other character (an upper-case letter,
-    ``_``) is written ``_x`` and its two hex digits (``Bourse`` -> ``_x42OURSE``,
-    ``a_b`` -> ``A_x5fB``). A lower-case ``x`` or hex digit appears only in such an escape,
-    so no two prefixes give one token."""
-    out: list[str] = []
-    for c in prefix:
-        if "a" <= c <= "z":
-            out.append(c.upper())
-        elif c.isdigit() or c == "-":
-            out.append(c)
-        elif c == ".":
-            out.append("_")
-        else:
-            out.append(f"_x{ord(c):02x}")
-    return "".join(out)
 
 
 def stream_name(prefix: str) -> str:

@@ -56,7 +56,7 @@ class Connection:
 
 def nats_urls(given: list[str] | None) -> list[str]:
     """The servers from --nats / $BOURSE_NATS_URL, or one clear error."""
-    from bourse.nats.connection import split_urls
+    from bourse.nats.names import split_urls
 
     urls = split_urls(given)
     if not urls:

@@ -1,7 +1,12 @@
 """Where the CLI keeps its view: a disposable cache under the user's cache directory
 (``$XDG_CACHE_HOME/bourse/views``, else ``~/.cache/bourse/views``), one database per market
 (its servers and subject prefix) and tenant, resumed by stream sequence. Deleting it costs
-one rebuild. One invocation at a time writes it (a lock file beside it)."""
+one rebuild. One invocation at a time writes it (a lock file beside it).
+
+A stamp beside it says that it was caught up and that none of the buyer's own commands has
+asked the market for a change since: while it is there, a view caught up a moment ago is
+read as it stands (bourse/view/stored.py), without NATS. A command that may change the
+market removes it when it is done (:func:`unstamp`), so the next answer catches up."""
 
 from __future__ import annotations
 
@@ -13,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bourse.nats.jetstream import prefix_token
+from bourse.nats.names import prefix_token
 
 
 def cache_dir() -> Path:
@@ -39,3 +44,21 @@ def locked(path: Path) -> Iterator[Path]:
             yield path
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def stamp_path(path: Path) -> Path:
+    return path.with_suffix(".fresh")
+
+
+def stamp(path: Path) -> None:
+    """Say that the view at ``path`` was caught up (its ``synced_ms`` says when)."""
+    stamp_path(path).touch()
+
+
+def unstamp(path: Path) -> None:
+    """Say that the market may have changed since the view at ``path`` was caught up."""
+    stamp_path(path).unlink(missing_ok=True)
+
+
+def stamped(path: Path) -> bool:
+    return stamp_path(path).exists()

@@ -128,9 +128,15 @@ class Feed:
         return out
 
     async def flow(self) -> None:
-        """Answer the flow control held while the queue was long, once it is short again."""
+        """Answer the flow control held while the queue was long, once it is short again.
+        The server sent nothing meanwhile, so its last message's count of what is pending
+        is old news (rows published while the view applied a build's backlog: heartbeats):
+        not caught up until it sends again (a message, or an idle heartbeat if it has
+        none). Else a view applying for longer than a heartbeat's window would take what
+        it was held from for silence, and every worker for gone."""
         if self._held and len(self.queue) < HOLD_ROWS:
             held, self._held = self._held, ""
+            self.caught_up = False
             with suppress(nats.errors.Error):
                 await self.nc.publish(held, b"")
 
@@ -148,6 +154,11 @@ class Feed:
     def stalled(self) -> bool:
         """Nothing (no message, no heartbeat) for STALLED_S: the consumer is gone."""
         return time.monotonic() - self._seen > STALLED_S
+
+    def heard_within(self, seconds: float) -> bool:
+        """Whether the server said something (a message, a heartbeat) in the last
+        ``seconds``: a view busy for longer may have unread messages on its socket."""
+        return time.monotonic() - self._seen <= seconds
 
     async def _on_msg(self, msg: Msg) -> None:
         self._seen = time.monotonic()
@@ -181,6 +192,7 @@ class Feed:
             stalled = headers.get("Nats-Consumer-Stalled")
             last = headers.get("Nats-Last-Consumer")
             if stalled:  # it waits for a flow control answer (held, or it came while busy)
+                self.caught_up = False  # it holds back what it has: said once it sends on
                 await self._answer(stalled)
             elif last is not None and int(last) > self._cseq:
                 self.broken = f"idle heartbeat says {last} delivered, {self._cseq} arrived"

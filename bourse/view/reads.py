@@ -2,17 +2,19 @@
 §4.17), one machine, workers, an app's machines; each machine with its worker's liveness.
 Rows come back as their JSON as the stream holds it (``msgspec.Raw``; a listing's as one
 JSON array, :func:`machines_json`: 10,000 machines are passed through, not decoded and
-encoded again) and, decoded, for tables."""
+encoded again) and, decoded, for tables (the wire's types imported then: a listing's JSON
+does without them)."""
 
 from __future__ import annotations
 
 import sqlite3
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import msgspec
 
-from bourse.wire.codec import decode
-from bourse.wire.messages import Machine, WorkerRow
+if TYPE_CHECKING:
+    from bourse.wire.messages import Machine, WorkerRow
 
 # A listing's order (§4.17): region, worker, creation, id.
 _ORDER = " ORDER BY region, worker_id, created_at_ms, machine_id"
@@ -27,9 +29,15 @@ class Seen:
     gone_since_ms: int | None
 
     def machine(self) -> Machine:
+        from bourse.wire.codec import decode
+        from bourse.wire.messages import Machine
+
         return decode(self.raw, Machine)
 
     def worker(self) -> WorkerRow:
+        from bourse.wire.codec import decode
+        from bourse.wire.messages import WorkerRow
+
         return decode(self.raw, WorkerRow)
 
     @property
@@ -81,21 +89,19 @@ def machines(db: sqlite3.Connection, f: MachineFilter) -> list[Seen]:
 def machines_json(db: sqlite3.Connection, f: MachineFilter) -> tuple[msgspec.Raw, dict[str, int]]:
     """What :func:`machines` finds as one JSON array of the rows as the stream holds them,
     joined as they are read (no object per row: a listing of 10,000 machines is 8 MB), and
-    the workers gone among them (worker -> since when). Not for a filter by label, which
-    needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of a task (which
-    Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would copy 8 MB."""
+    the workers gone among them (worker -> since when), from the same rows. Not for a filter
+    by label, which needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of
+    a task (which Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would
+    copy 8 MB."""
     if f.labels:
         raise ValueError("a filter by label needs the rows decoded: machines()")
     where, args = f.where()
-    rows = db.execute(f"SELECT CAST(row AS BLOB) FROM machines{where}{_ORDER}", args)
-    listed = msgspec.Raw(b"[" + b",".join([row for (row,) in rows]) + b"]")
-    gone_where = f"{where} AND" if where else " WHERE"
-    gone = db.execute(
-        f"SELECT DISTINCT worker_id, worker_gone_since_ms FROM machines{gone_where}"
-        " worker_gone_since_ms IS NOT NULL",
+    rows = db.execute(
+        f"SELECT CAST(row AS BLOB), worker_id, worker_gone_since_ms FROM machines{where}{_ORDER}",
         args,
-    )
-    return listed, dict(gone.fetchall())
+    ).fetchall()
+    listed = msgspec.Raw(b"".join((b"[", b",".join([row for row, _, _ in rows]), b"]")))
+    return listed, {wid: since for _, wid, since in rows if since is not None}
 
 
 def machine(db: sqlite3.Connection, machine_id: str) -> Seen | None:

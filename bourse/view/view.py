@@ -16,7 +16,6 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager, suppress
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
@@ -30,6 +29,7 @@ from bourse.runtime import logs
 from bourse.view.db import SCHEMA_VERSION, Batch, ViewDB
 from bourse.view.feed import Feed
 from bourse.view.rows import Op, Reader
+from bourse.view.stored import Freshness
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import StateEpoch, now_ms
 from bourse.wire.subjects import Subjects
@@ -42,6 +42,11 @@ BATCH = 4096
 FILL_S = 0.05
 # How often a following view looks for workers gone (and removes old destroyed rows).
 SWEEP_S = 0.5
+# A view looks for workers gone only when every feed heard from the server this recently:
+# one that was busy longer (applying a build's backlog, its event loop blocked) may have
+# heartbeats unread on its socket. A live supplier's last heartbeat is then at most ~1.5 s
+# old, well within the 3 s that call its workers gone.
+HEARD_S = 0.5
 # How long opening a view may take to catch up before it says it cannot.
 CATCH_UP_S = 30.0
 RETRY_S = 0.5
@@ -49,18 +54,6 @@ RETRY_S = 0.5
 
 class ViewUnavailable(BourseError, RuntimeError):
     """The view cannot read the state stream (no stream, no JetStream, a refusal)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Freshness:
-    """How current a view is: the last stream sequence applied, and how long ago it was
-    last known caught up with the stream."""
-
-    seq: int
-    age_ms: int
-
-    def __str__(self) -> str:
-        return f"as of seq {self.seq}, {self.age_ms} ms ago"
 
 
 class View:
@@ -203,7 +196,7 @@ class View:
             if self._fill() or all(f.caught_up for f in self.feeds):
                 self.apply()
                 await self._flow()
-            if self.current:
+            if self.current and self._heard():
                 self.db.sweep(now_ms())
                 self.db.refresh_apps()
                 self.db.put("synced_ms", str(now_ms()))
@@ -216,6 +209,9 @@ class View:
     async def _flow(self) -> None:
         for f in self.feeds:
             await f.flow()
+
+    def _heard(self) -> bool:
+        return all(f.heard_within(HEARD_S) for f in self.feeds)
 
     def _queued(self) -> int:
         return sum(len(f.queue) for f in self.feeds)
@@ -249,7 +245,7 @@ class View:
                 await self._flow()
                 batch.applied += more.applied
                 batch.changed += more.changed
-            if time.monotonic() - last_sweep >= SWEEP_S:
+            if time.monotonic() - last_sweep >= SWEEP_S and self._heard():
                 last_sweep = time.monotonic()
                 batch.changed += self.db.sweep(now_ms())
             if batch.applied or batch.changed:

@@ -99,12 +99,9 @@ def test_an_order_loads_no_auction_no_cryptography_no_pydantic(
     assert loaded(modules, ("nkeys", "nacl", "pydantic", "pydantic_core")) == []
 
 
-async def test_a_listing_from_the_view_loads_no_structlog_no_client(
-    tmp_path: Path, nats_server: EmbeddedNats, subjects: Subjects
-) -> None:
-    """``machines list --json`` from the view (a worker that beats, no machine) loads
-    neither structlog (nothing was logged), nor anyio's asyncio backend, nor the client's
-    package: what it needs is NATS, the view and SQLite."""
+async def _a_worker_beats(nats_server: EmbeddedNats, subjects: Subjects) -> None:
+    """The state stream with one worker's row and its heartbeat (no machine): stream
+    sequences 1 (the epoch) to 3."""
     from bourse.nats.connection import connect, shutdown
     from bourse.nats.state import StateStream, make_state_stream
     from bourse.wire.codec import encode
@@ -121,6 +118,15 @@ async def test_a_listing_from_the_view_loads_no_structlog_no_client(
         await js.publish(subjects.state_beat("mad", "mad-1"), encode(beat))
     finally:
         await shutdown(nc)
+
+
+async def test_a_listing_from_the_view_loads_no_structlog_no_client(
+    tmp_path: Path, nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    """``machines list --json`` from the view (a worker that beats, no machine) loads
+    neither structlog (nothing was logged), nor anyio's asyncio backend, nor the client's
+    package: what it needs is NATS, the view and SQLite."""
+    await _a_worker_beats(nats_server, subjects)
     args = ["machines", "list", "--json", "--nats", nats_server.url, "--prefix", subjects.prefix]
     with pytest.MonkeyPatch.context() as env:
         env.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
@@ -130,6 +136,44 @@ async def test_a_listing_from_the_view_loads_no_structlog_no_client(
     assert (listed["machines"], listed["regions"], listed["gone"]) == ([], ["mad"], {})
     assert "bourse.view.view" in modules and "nats.aio.client" in modules
     assert loaded(modules, ("structlog", "anyio._backends", "bourse.client")) == []
+
+
+async def test_a_view_caught_up_a_moment_ago_answers_without_nats(
+    tmp_path: Path, nats_server: EmbeddedNats, subjects: Subjects
+) -> None:
+    """A listing caught up its view and stamped it (bourse/view/cache.py): the next one
+    within BOURSE_VIEW_FRESH_MS (FRESH_MS, a second, unless set: here a minute, so that a
+    loaded machine cannot make it late) reads it as it stands without nats-py, saying how
+    old it is. A command that may change the market (any through the client: here
+    ``--fresh``) removes the stamp, and the next listing catches up again; so does every
+    one with BOURSE_VIEW_FRESH_MS=0."""
+    await _a_worker_beats(nats_server, subjects)
+    args = ["machines", "list", "--json", "--nats", nats_server.url, "--prefix", subjects.prefix]
+
+    def listing() -> tuple[dict[str, int], bool]:
+        code, out, err, modules = run(tmp_path, "buyer", *args)
+        # its one heartbeat is 3 s old on a slow machine: then gone, and no region beats
+        assert (code, err) in ((0, ""), (2, "no worker answers in any region\n")), err
+        assert json.loads(out)["machines"] == []
+        return json.loads(out)["view"], "nats.aio.client" in modules
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+        env.setenv("BOURSE_VIEW_FRESH_MS", "60000")
+        first, networked = listing()
+        assert networked and first["seq"] == 3
+        again, networked = listing()
+        assert not networked and again["seq"] == 3 and again["age_ms"] >= first["age_ms"]
+        code, _, err, _ = run(tmp_path, "buyer", *args, "--fresh")
+        assert (code, err) == (2, "no worker answers in any region\n")  # none runs: it asked
+        assert listing()[1]  # the stamp was removed: caught up
+        assert not listing()[1]
+        env.setenv("BOURSE_VIEW_FRESH_MS", "0")
+        assert listing()[1]
+        env.setenv("BOURSE_VIEW_FRESH_MS", "soon")
+        code, _, err, _ = run(tmp_path, "buyer", *args)
+        assert (code, err) == (1, "error: BOURSE_VIEW_FRESH_MS must be a number of "
+                               "milliseconds (0: always catch up), not 'soon'\n")  # fmt: skip
 
 
 def test_a_lazily_configured_log_imports_structlog_at_its_first_line_shown() -> None:

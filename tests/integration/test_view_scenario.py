@@ -27,7 +27,11 @@ async def test_the_view_scenario_measures_what_it_says(tmp_path: Path) -> None:
     assert (rep["build"]["machines"], rep["build"]["workers"]) == (600, 20)
     assert rep["build"]["peak_rss_mb"] > 0
     assert rep["cli"]["machines_listed"] == 210  # region r0: 7 of the 20 workers, 30 each
+    # caught up before each answer; then as it stands (caught up a moment before)
+    assert rep["cli"]["runs"] == 1 and rep["cli"]["view_age_ms_max"] < 1000
+    stands = rep["cli"]["as_it_stands"]
+    assert stands["machines_listed"] == 210 and stands["view_age_ms_max"] > 0
     s, again = rep["stream"], rep["stream_after_republish"]
     assert s["messages"] >= 620  # every row, and the heartbeats
     assert again["republished"] == 210 and again["messages"] <= s["messages"] + 3  # + beats
-    assert (tmp_path / "run" / "report.json").exists() and table(rep).row_count == 5
+    assert (tmp_path / "run" / "report.json").exists() and table(rep).row_count == 6

@@ -274,3 +274,39 @@ def test_a_listings_json_is_its_rows_as_the_stream_holds_them_in_listing_order()
     assert (bytes(none), no_one) == (b"[]", {})
     with pytest.raises(ValueError):
         reads.machines_json(db.db, reads.MachineFilter(labels=(("app", "shop"),)))
+
+
+def test_a_view_caught_up_a_moment_ago_is_read_as_it_stands(tmp_path: Path) -> None:
+    """bourse/view/stored.py: a view caught up at most FRESH_MS ago (its ``synced_ms``) is
+    read as it stands, in one read transaction, with how old it is; older, of another
+    schema, never caught up or not there: None (it must be caught up first)."""
+    from bourse.view.stored import FRESH_MS, Freshness, open_stored
+
+    path = tmp_path / "view.sqlite"
+    with open_stored(path, T0) as none:
+        assert none is None  # no view yet (and none made by looking)
+    assert not path.exists()
+    db = ViewDB(path)
+    db.apply([(worker_op("mad-1"), 1, T0), (machine_op(1), 7, T0)], FEED, T0)
+    with open_stored(path, T0) as never:
+        assert never is None  # applied, never caught up
+    db.put("synced_ms", str(T0))
+    db.put("schema", str(SCHEMA_VERSION))  # as a View says it
+    with open_stored(path, T0 + FRESH_MS) as stored:
+        assert stored is not None and stored.freshness == Freshness(0, FRESH_MS)
+        # caught up again meanwhile: the transaction still reads what it began with
+        db.apply([(machine_op(2), 8, T0)], FEED | {"seqs": {"bourse.v1.state.>": 8}}, T0)
+        assert stored.db.execute("SELECT count(*) FROM machines").fetchone() == (1,)
+    with open_stored(path, T0 + FRESH_MS) as stored:
+        assert stored is not None and stored.freshness.seq == 8
+        assert stored.db.execute("SELECT count(*) FROM machines").fetchone() == (2,)
+        with pytest.raises(sqlite3.OperationalError):  # read-only
+            stored.db.execute("DELETE FROM machines")
+    with open_stored(path, T0 + FRESH_MS + 1) as old:
+        assert old is None
+    with open_stored(path, T0 - 1) as ahead:  # a clock gone back: not trusted
+        assert ahead is None
+    db.put("schema", "0")
+    with open_stored(path, T0) as other:
+        assert other is None
+    db.close()
