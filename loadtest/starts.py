@@ -50,7 +50,7 @@ from loadtest.runner import fresh_run_dir
 from loadtest.running import get_ms, memory, primary_address
 from ops.hello import HELLO_DIR
 from ops.jetstream import set_up
-from supplier.machines.host.confine import parse_mountinfo
+from supplier import cgroup_moves_favored
 
 Say = Callable[[str], None]
 REGION = "starts"
@@ -368,18 +368,9 @@ async def run_starts(profile: StartsProfile, out: Path, say: Say) -> dict[str, A
     rep = report(profile, kinds, mem)
     rep["steps"] = start_steps(out / "logs" / "supplier.log", kinds)
     rep["published_port"] = published
-    rep["host"] = {"favordynmods": moves_favored(), "load_end": list(os.getloadavg())}
+    rep["host"] = {"favordynmods": cgroup_moves_favored(), "load_end": list(os.getloadavg())}
     (out / "report.json").write_bytes(msgspec.json.format(msgspec.json.encode(rep)))
     return rep
-
-
-def moves_favored() -> bool:
-    """Whether a cgroup2 mount has ``favordynmods`` (a machine's move into its cgroups does
-    not wait for the kernel: docs/operations.md, Host tuning)."""
-    try:
-        return parse_mountinfo(Path("/proc/self/mountinfo").read_text()).favors_moves
-    except OSError:
-        return False
 
 
 async def _push(store: ImageStore, ref: str, directory: Path, run: RunSpec) -> ImageInfo:

@@ -30,6 +30,7 @@ from supplier.config import ConfigError, WorkerConfig, check_workers, load_fleet
 from supplier.desk import DEFAULT_MAX_OFFERS
 from supplier.images import CatalogCache
 from supplier.machines.heartbeat import command as heartbeat_command
+from supplier.machines.host.confine import moves_favored as cgroup_moves_favored
 from supplier.machines.oci.runtime import RuntimeUnavailable
 from supplier.machines.oci.runtime import detect as detect_runtime
 from supplier.pricing import ImageCost, Pricer, PricingConfig, image_term
@@ -46,6 +47,7 @@ __all__ = [
     "PricingConfig",
     "RuntimeUnavailable",
     "WorkerConfig",
+    "cgroup_moves_favored",
     "check_workers",
     "detect_runtime",
     "heartbeat_command",

@@ -186,6 +186,14 @@ def parse_mountinfo(text: str) -> Mounts:
     return Mounts(v2=v2, v1=v1, favors_moves=favors)
 
 
+def moves_favored() -> bool:
+    """Whether this host's cgroup moves skip the kernel's wait (:attr:`Mounts.favors_moves`)."""
+    try:
+        return parse_mountinfo(_read(Path("/proc/self/mountinfo"))).favors_moves
+    except OSError:
+        return False
+
+
 def parse_proc_cgroup(text: str) -> tuple[str, dict[str, str]]:
     """(the cgroup2 path, {v1 controller: path}) from /proc/<pid>/cgroup."""
     v2 = "/"
