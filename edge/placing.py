@@ -30,7 +30,7 @@ import sqlite3
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bourse.client.apps.slots import machine_metadata, order_id
+from bourse.client.apps.slots import attempt_of, machine_metadata, order_id
 from bourse.wire.messages import PlaceOrder
 from bourse.wire.metadata import PRIMARY
 from bourse.wire.tenancy import scope
@@ -68,12 +68,6 @@ def slot_rows(db: sqlite3.Connection, app: str, tenant: str = "") -> list[SlotRo
     """The view's rows of ``tenant``'s ``app`` ("": of no tenant), destroyed ones
     included."""
     return [SlotRow(*r) for r in db.execute(_ROWS, (tenant, app))]
-
-
-def attempt_of(oid: str) -> int:
-    """The attempt an order id of a slot names (``….r2`` -> 2; none: 0)."""
-    _, dot, tail = oid.rpartition(".r")
-    return int(tail) if dot and tail.isdigit() else 0
 
 
 def region_for(regions: list[str], region: str) -> str:

@@ -280,13 +280,18 @@ class Router:
         """This edge started ``backend`` (of app ``key``) and its port answered: routed as
         started until the table says so (its row was older than the start, or there is none
         yet: a machine just placed), or STARTED_HERE_S passed, or the table shows it
-        starting and then stopping (it moved on)."""
+        starting and then stopping (it moved on). Its port answering is a passing probe: a
+        machine skipped after an earlier failure (its worker killed, then back) is skipped
+        no more (its held requests waited for the skip's next probe, up to probe_max_s)."""
+        unskipped = self.skipped.pop(backend.machine_id, None) is not None
         route = self.table.apps
         row = next(
             (b for r in route.values() for b in r.backends if b.machine_id == backend.machine_id),
             None,
         )
         if row is not None and row.state == STARTED and row.health != PENDING:
+            if unskipped:
+                self._changed()
             return  # the table has it already
         moved = row is not None and row.state in MOVING
         self.started_here[backend.machine_id] = _Here(

@@ -135,6 +135,14 @@ def test_an_update_names_the_fields_that_differ(
 def test_a_tag_that_moved_is_an_image_update() -> None:
     p = plan(SPEC, 1, deployed(), image_digest="sha256:" + "b" * 64)
     assert {(s.action, tuple(s.fields)) for s in p.steps} == {("update", ("image",))}
+    # the same generation (the spec's text is unchanged): the new machine is placed under
+    # the slot's next attempt, never the old machine's own order id (its claim would give
+    # the old machine back, and the rollout then destroyed it: the app left with none)
+    assert [s.order_id for s in p.steps][:2] == ["hello.g1.mad.0.r1", "hello.g1.mad.1.r1"]
+    assert {r.attempt for r in p.records.values()} == {1}
+    again = [msgspec.structs.replace(m, order_id=m.order_id + ".r1") for m in deployed()]
+    p = plan(SPEC, 1, again, image_digest="sha256:" + "c" * 64)
+    assert [s.order_id for s in p.steps][:2] == ["hello.g1.mad.0.r2", "hello.g1.mad.1.r2"]
 
 
 def test_a_scale_down_destroys_spares_first_then_primaries() -> None:

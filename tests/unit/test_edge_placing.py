@@ -7,14 +7,14 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from bourse.client.apps.slots import SlotRecord, order_id
+from bourse.client.apps.slots import SlotRecord, attempt_of, order_id
 from bourse.client.apps.spec import AppSpec
 from bourse.client.apps.store import AppRecord
 from bourse.view.db import ViewDB
 from bourse.wire.messages import Machine, PlaceOrder, Resources
 from bourse.wire.metadata import GEN, ROLE, SLOT
 from bourse.wire.tenancy import scoped_order, tenant_of_order
-from edge.placing import SlotRow, attempt_of, order_for, to_place
+from edge.placing import SlotRow, order_for, to_place
 from edge.routing import AppRoute, Choice, Router, RouteTable
 from edge.starts import Starts
 from tests.unit.test_edge_starts import PORT, Held, machine

@@ -145,6 +145,24 @@ def test_a_failed_machine_is_skipped_until_a_probe_passes() -> None:
     assert sorted(picked(r) for _ in range(2)) == ["a", "b"]
 
 
+@pytest.mark.parametrize("row", ["stopped", "started"])
+def test_a_skipped_machine_whose_start_answered_is_routed_at_once(row: str) -> None:
+    """A machine skipped after a failure (its worker killed), stopped, then started by this
+    edge (a request's cold start, a controller's spare): its port answering the start's
+    probe is a passing probe, so the held requests need not wait for the skip's own next
+    probe (its backoff: up to probe_max_s). Its row may still say stopped, or already
+    started."""
+    r = router(b("a", state="stopped"))
+    woken: list[int] = []
+    r.observers.append(lambda: woken.append(1))
+    r.failed("a", ("127.0.0.1", 1))
+    r.update(RouteTable({"web": AppRoute("web", (b("a", state=row),))}))
+    woken.clear()
+    r.started(b("a"), "web")
+    assert picked(r) == "a" and r.skipped == {} and r.next_probe_in() is None
+    assert woken  # held requests route again
+
+
 def test_a_new_table_keeps_outstanding_counts_and_forgets_machines_gone() -> None:
     r = router(b("a"), b("b"))
     r.begin("a")

@@ -19,6 +19,7 @@ from bourse.client.apps.slots import (
     NO_SECRETS,
     SECRETS,
     SlotRecord,
+    attempt_of,
     decode_fields,
     fingerprints,
     order_id,
@@ -261,6 +262,13 @@ class _Planner:
             oid, attempt = self.new_id(region, slot)
             if current:  # the order id it was placed under (a tenant's scope taken off)
                 oid = keep.order_id.rpartition(":")[2]
+            else:  # old ones of this generation (only their image's tag moved): an attempt
+                # past theirs, or the claim of their order id hands one of them back
+                ours = [attempt_of(m.order_id.rpartition(":")[2]) for m in old
+                        if m.metadata.get(GEN) == str(self.generation)]  # fmt: skip
+                if ours and attempt <= max(ours):
+                    attempt = max(ours) + 1
+                    oid = order_id(self.spec.app, self.generation, region, slot.index, attempt)
             diff = diffs[head.machine_id]
             self.step(region, slot.index, slot.role, UPDATE, head, order_id=oid, fields=diff)
             self.records[key] = SlotRecord(

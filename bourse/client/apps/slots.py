@@ -42,6 +42,12 @@ def order_id(app: str, generation: int, region: str, index: int, attempt: int = 
     return oid
 
 
+def attempt_of(oid: str) -> int:
+    """The attempt an order id of a slot names (``….r2`` -> 2; none: 0)."""
+    _, dot, tail = oid.rpartition(".r")
+    return int(tail) if dot and tail.isdigit() else 0
+
+
 def _fp(value: Any) -> str:
     doc = msgspec.json.encode(value, order="sorted")
     return hashlib.sha256(doc).hexdigest()[:10]
