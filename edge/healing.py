@@ -61,7 +61,7 @@ SELECT w.worker_id FROM workers w JOIN beats b ON b.beat = w.beat WHERE b.at_ms 
 _ROWS = """
 SELECT machine_id, order_id, tenant, app, region, worker_id, state, coalesce(role, ''),
        coalesce(slot, 0), coalesce(generation, 0), coalesce(health, ''),
-       worker_gone_since_ms
+       worker_gone_since_ms, coalesce(updated_at_ms, 0)
 FROM machines WHERE app IS NOT NULL AND state != 'destroyed'
 ORDER BY tenant, app, region, machine_id
 """
@@ -84,6 +84,7 @@ class Member:
     health: str = ""
     gone: bool = False
     unreachable: bool = False  # this edge cannot reach it, its worker's heartbeat late
+    changed_ms: int = 0  # its row's last change (its worker's clock): the same in every view
 
     @property
     def failed(self) -> bool:
@@ -112,11 +113,10 @@ class Replace:
 def members(db: sqlite3.Connection) -> list[Member]:
     """Every app machine the view holds (not destroyed)."""
     out = []
-    for mid, oid, tenant, app, region, wid, state, role, slot, gen, health, gone in db.execute(
-        _ROWS
-    ):
+    for row in db.execute(_ROWS):
+        mid, oid, tenant, app, region, wid, state, role, slot, gen, health, gone, changed = row
         out.append(Member(mid, oid, tenant, app, region, wid, state, role, slot, gen, health,
-                          bool(gone)))  # fmt: skip
+                          bool(gone), changed_ms=changed))  # fmt: skip
     return out
 
 
@@ -147,8 +147,11 @@ def failing(rows: list[Member]) -> set[Group]:
 
 def suffix_of(failed: Member) -> str:
     """The new spare's order id suffix: the same for every controller (the failed machine's
-    order id and its generation), another for the next failure of the slot."""
-    seed = f"{failed.order_id}|{failed.generation}".encode()
+    order id, its generation and its row's last change, which every view has alike), another
+    for the next failure of the slot, the same machine's included (started again since, its
+    row changed: the first failure's new spare may be destroyed by then, and its order id
+    would hand that one back)."""
+    seed = f"{failed.order_id}|{failed.generation}|{failed.changed_ms}".encode()
     return "heal-" + hashlib.sha256(seed).hexdigest()[:10]
 
 

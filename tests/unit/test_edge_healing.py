@@ -57,6 +57,11 @@ def test_a_stopped_machine_is_not_a_failure_and_no_spare_no_failover() -> None:
 def test_the_new_spares_order_id_differs_per_failure() -> None:
     a, b = m("p0", gone=True), m("p0", gone=True, generation=2)
     assert suffix_of(a) != suffix_of(b) != suffix_of(m("p1", gone=True))
+    # the same machine failing again in its generation, its row changed since (started
+    # again): another new spare, not the first failure's (destroyed by then, maybe)
+    first, again = m("p0", gone=True, changed_ms=1000), m("p0", gone=True, changed_ms=9000)
+    assert suffix_of(first) != suffix_of(again)
+    assert suffix_of(first) == suffix_of(m("p0", health="critical", changed_ms=1000))
 
 
 def test_a_machine_this_edge_cannot_reach_on_a_late_worker_is_a_failure() -> None:
