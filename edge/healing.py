@@ -155,13 +155,30 @@ def suffix_of(failed: Member) -> str:
     return "heal-" + hashlib.sha256(seed).hexdigest()[:10]
 
 
+def replaced(rows: list[Member]) -> set[str]:
+    """The failed machines already replaced: their app has, in their region, the new spare
+    a failover of each places (its order id ends with :func:`suffix_of` the failed one).
+    Such a machine is due no failover again (its stop is queued; its app, an idle one's
+    machines stopped since, starts its spares for a request instead: edge/starts.py)."""
+    out: set[str] = set()
+    for group in groups(rows).values():
+        orders = [m.order_id for m in group]
+        for f in group:
+            if f.failed and any(o.endswith(suffix_of(f)) for o in orders):
+                out.add(f.machine_id)
+    return out
+
+
 def decide(rows: list[Member], wanted: Mapping[Group, int]) -> list[Replace]:
     """The failovers to do now (see the module doc). ``wanted``: machines an app wants
-    serving in a region (missing: its primaries there)."""
+    serving in a region (missing: its primaries there). A failed machine already replaced
+    (:func:`replaced`) is not failed over again: an app whose machines stopped when idle
+    since is started by its requests, not by the controller."""
     out: list[Replace] = []
+    done = replaced(rows)
     for key, group in sorted(groups(rows).items()):
-        failed = sorted((m for m in group if m.failed), key=lambda m: (m.role != PRIMARY,
-                                                                       m.machine_id))  # fmt: skip
+        failed = sorted((m for m in group if m.failed and m.machine_id not in done),
+                        key=lambda m: (m.role != PRIMARY, m.machine_id))  # fmt: skip
         if not failed:
             continue
         want = wanted.get(key)

@@ -77,7 +77,11 @@ class Backend:
     health: str = NO_CHECKS
     worker_gone: bool = False
     draining: bool = False
-    role: str = ""  # its metadata's role (a spare is never started for a request)
+    role: str = ""  # its metadata's role (a spare is started for a request only as below)
+    # failed (its worker gone, or its check critical) and already replaced by a failover
+    # (edge/healing.py ``replaced``): its app's spares in its region may be started for a
+    # request, and no failover is due for it
+    replaced: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -59,8 +59,8 @@ if TYPE_CHECKING:
 log = structlog.get_logger("bourse.edge")
 
 # The states a machine is started from for a request (placed and never started, or
-# stopped), and the role that never is (a slot's spare: healing starts it, not a
-# request, or its slot would have two primaries).
+# stopped). A slot's spare is not (healing starts it, or its slot would have two
+# primaries), unless a failover replaced a machine of its app in its region (to_start).
 STARTABLE = frozenset({"reserved", "stopped"})
 START_TIMEOUT_S = 10.0
 MAX_HELD = 256  # requests held per app while its machine starts
@@ -82,13 +82,20 @@ Probe = Callable[[tuple[str, int], float], Awaitable[bool]]
 
 
 def to_start(route: AppRoute, region: str) -> Backend | None:
-    """The app's machine to start for a request: stopped (or placed and never started),
-    not a spare, its worker not gone, in ``region`` first, then the lowest id (None: there
-    is none)."""
+    """The app's machine to start for a request: stopped (or placed and never started), its
+    worker not gone, not a spare unless a failover replaced a machine of the app in the
+    spare's region (the spares are the slot's machines since: a failover started one, and
+    the app stopped it when idle); in ``region`` first, a spare last, then the lowest id
+    (None: there is none)."""
+    healed = {b.region for b in route.backends if b.replaced}
     stopped = [
-        b for b in route.backends if b.state in STARTABLE and b.role != SPARE and not b.worker_gone
+        b
+        for b in route.backends
+        if b.state in STARTABLE and not b.worker_gone and (b.role != SPARE or b.region in healed)
     ]
-    return min(stopped, key=lambda b: (b.region != region, b.machine_id), default=None)
+    return min(
+        stopped, key=lambda b: (b.region != region, b.role == SPARE, b.machine_id), default=None
+    )
 
 
 def running(route: AppRoute, region: str) -> int:
@@ -99,10 +106,13 @@ def running(route: AppRoute, region: str) -> int:
 
 def failing_over(route: AppRoute, region: str) -> bool:
     """Whether the app's machines in ``region`` are due a failover (one running whose
-    worker is gone or whose check is critical, and a spare to start in its place): a
-    request starts none of its stopped machines meanwhile."""
+    worker is gone or whose check is critical, not replaced yet, and a spare to start in
+    its place): a request starts none of its stopped machines meanwhile."""
     here = [b for b in route.backends if b.region == region]
-    failed = any(b.state in MOVING and (b.worker_gone or b.health == CRITICAL) for b in here)
+    failed = any(
+        b.state in MOVING and (b.worker_gone or b.health == CRITICAL) and not b.replaced
+        for b in here
+    )
     return failed and any(
         b.role == SPARE and b.state in STARTABLE and not b.worker_gone for b in here
     )

@@ -29,6 +29,7 @@ import anyio.abc
 import structlog
 
 from bourse.view import ViewUnavailable, open_view
+from edge.healing import members, replaced
 from edge.routes import Publish, RouteSource, parse_address
 from edge.routing import (
     CRITICAL,
@@ -102,10 +103,11 @@ def view_table(
     A machine in ``draining`` (a deploy drains it: its app's record says so) takes no new
     request."""
     grouped: dict[str, list[Backend]] = {key: [] for key in services or {}}
+    done = replaced(members(db))
     for mid, tenant, app, region, state, status, addrs, gone, checks, role in db.execute(_ROWS):
         health = _health(status, checks)
         backend = Backend(mid, region, _addresses(addrs), state, health, bool(gone),
-                          mid in draining, role)  # fmt: skip
+                          mid in draining, role, mid in done)  # fmt: skip
         grouped.setdefault(app_key(app, tenant), []).append(backend)
     apps = {}
     for key, bs in grouped.items():

@@ -5,7 +5,7 @@ spare and the same new spare's order id; nothing when the spare already serves."
 
 from __future__ import annotations
 
-from edge.healing import Member, Replace, decide, suffix_of, unreachable
+from edge.healing import Member, Replace, decide, replaced, suffix_of, unreachable
 
 
 def m(mid: str, role: str = "primary", state: str = "started", **kw: object) -> Member:
@@ -87,3 +87,21 @@ def test_a_tenants_app_is_healed_with_its_own_spare_only() -> None:
     assert pairs(got) == [("a0", "as"), ("b0", "bs")]
     assert [r.failed.tenant for r in got] == ["acme", "bolt"]
     assert got[0].used == {"w-a0", "w-as"}
+
+
+def test_a_failed_machine_already_replaced_is_not_failed_over_again() -> None:
+    """After a failover (its new spare placed under the failed machine's heal order id)
+    the app stopped its machines when idle: the dead primary, still started in the view
+    while its worker is away, is due no second failover (the edge's requests start the
+    spares); another failure is."""
+    dead = m("p0", gone=True, changed_ms=5)
+    healed = [
+        dead,
+        m("s0", "spare", "stopped"),
+        m("n0", "spare", "reserved", order_id=f"web.spare-0.mad.{suffix_of(dead)}"),
+    ]
+    assert replaced(healed) == {"p0"}
+    assert decide(healed, {("", "web", "mad"): 1}) == []
+    unhealed = healed[:2]
+    assert replaced(unhealed) == set()
+    assert pairs(decide(unhealed, {("", "web", "mad"): 1})) == [("p0", "s0")]

@@ -11,7 +11,7 @@ import pytest
 
 from bourse.wire.messages import Machine, Resources
 from edge.routing import STARTED, AppRoute, Backend, Choice, Router, RouteTable
-from edge.starts import Starts, to_start
+from edge.starts import Starts, failing_over, to_start
 
 
 def b(mid: str, region: str = "mad", state: str = "stopped", **kw: object) -> Backend:
@@ -28,11 +28,34 @@ def b(mid: str, region: str = "mad", state: str = "stopped", **kw: object) -> Ba
         ([b("m1", role="spare"), b("m2", state="started")], None),  # a spare: healing's
         ([b("m1", worker_gone=True)], None),
         ([b("m1", state="failed"), b("m2", state="destroyed")], None),
+        # a failover replaced the primary (its worker gone), the spare it started stopped
+        # since when idle: the spares are the slot's machines now
+        ([b("p", state="started", worker_gone=True, replaced=True), b("s", role="spare")], "s"),
+        (
+            [b("p", "fra", "started", worker_gone=True, replaced=True), b("s", role="spare")],
+            None,
+        ),  # not in the spare's region: the spare stays the slot's spare
+        (
+            [
+                b("p", state="started", worker_gone=True, replaced=True),
+                b("a", role="spare"),
+                b("z"),
+            ],
+            "z",
+        ),  # a machine that is no spare first
     ],
 )
 def test_which_machine_a_request_starts(backends: list[Backend], want: str | None) -> None:
     got = to_start(AppRoute("web", tuple(backends)), "mad")
     assert (got.machine_id if got else None) == want
+
+
+def test_a_failed_machine_already_replaced_is_due_no_failover() -> None:
+    failed = b("p", state="started", worker_gone=True)
+    spare = b("s", role="spare")
+    assert failing_over(AppRoute("web", (failed, spare)), "mad")
+    replaced = b("p", state="started", worker_gone=True, replaced=True)
+    assert not failing_over(AppRoute("web", (replaced, spare)), "mad")
 
 
 PORT = 8080
