@@ -58,10 +58,11 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("bourse.edge")
 
-# The states a machine is started from for a request (placed and never started, or
-# stopped). A slot's spare is not (healing starts it, or its slot would have two
-# primaries), unless a failover replaced a machine of its app in its region (to_start).
-STARTABLE = frozenset({"reserved", "stopped"})
+# The states a machine is started from for a request (placed and never started, stopped,
+# or failed: killed, its restart policy done with it; a start that fails again backs off).
+# A slot's spare is not (healing starts it, or its slot would have two primaries), unless
+# a failover replaced a machine of its app in its region (to_start).
+STARTABLE = frozenset({"reserved", "stopped", "failed"})
 START_TIMEOUT_S = 10.0
 MAX_HELD = 256  # requests held per app while its machine starts
 PROBE_EVERY_S = 0.005  # the edge's probe of a starting machine's port, this often

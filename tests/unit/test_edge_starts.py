@@ -27,7 +27,8 @@ def b(mid: str, region: str = "mad", state: str = "stopped", **kw: object) -> Ba
         ([b("m1", state="reserved")], "m1"),  # placed, never started
         ([b("m1", role="spare"), b("m2", state="started")], None),  # a spare: healing's
         ([b("m1", worker_gone=True)], None),
-        ([b("m1", state="failed"), b("m2", state="destroyed")], None),
+        ([b("m1", state="failed"), b("m2", state="destroyed")], "m1"),  # killed: again
+        ([b("m1", state="destroyed"), b("m2", state="started")], None),
         # a failover replaced the primary (its worker gone), the spare it started stopped
         # since when idle: the spares are the slot's machines now
         ([b("p", state="started", worker_gone=True, replaced=True), b("s", role="spare")], "s"),
