@@ -2,7 +2,9 @@
 requests per machine (``EdgeActivity`` on ``R.edge.activity.<edge>``, every second) and
 hears every edge's; the live edge with the smallest id decides, from the view's rows and
 the apps' service sections, which machines are idle and stops them through the exchange,
-never below an app's ``min_machines_running`` in a region.
+never below an app's ``min_machines_running`` in a region. With each report goes each
+tenant's share of it (:func:`shares`, on ``R.edge.activity.<edge>.<tenant>``): a tenant's
+deploy drains on what its key may hear, its own machines only.
 
 :func:`idle_stops` is the decision, pure: in, the started machines (from the view), each
 app's service section, the latest request time per machine across the live edges, the
@@ -21,12 +23,13 @@ from typing import TYPE_CHECKING
 
 import anyio
 import anyio.abc
+import msgspec
 import structlog
 
 from bourse.runtime.tasks import TaskSet
 from bourse.wire.codec import BadMessage, decode, encode
 from bourse.wire.messages import MAX_ACTIVITY_MACHINES, EdgeActivity, now_ms
-from edge.routing import app_key
+from edge.routing import app_key, split_key
 
 if TYPE_CHECKING:
     from nats.aio.client import Client as NATS
@@ -95,6 +98,17 @@ def idle_stops(
     return out
 
 
+def shares(report: EdgeActivity, owners: Mapping[str, str]) -> dict[str, EdgeActivity]:
+    """``report`` cut to each tenant's machines (``owners``: machine -> tenant, "" none), for
+    each tenant it names a machine of: a tenant's key hears its own share only (§4.23)."""
+    by_tenant: dict[str, dict[str, int]] = {}
+    for mid, at in report.machines.items():
+        tenant = owners.get(mid, "")
+        if tenant:
+            by_tenant.setdefault(tenant, {})[mid] = at
+    return {t: msgspec.structs.replace(report, machines=ms) for t, ms in sorted(by_tenant.items())}
+
+
 def decider(heard: Mapping[str, float], me: str, now: float, interval_s: float) -> bool:
     """Whether ``me`` decides: the smallest id of the edges heard within GONE_INTERVALS
     (``heard``: edge -> when, this edge's own clock; itself always counts)."""
@@ -155,6 +169,20 @@ class Idle:
             machines=machines,
         )
 
+    def tenants_activity(self, report: EdgeActivity) -> dict[str, EdgeActivity]:
+        """``report`` cut to each tenant's machines (by the route table's app keys), for the
+        tenants it names: what each tenant's key may hear (§4.23)."""
+        return shares(report, self.owners())
+
+    def owners(self) -> dict[str, str]:
+        """Each routed machine's tenant ("" none)."""
+        out: dict[str, str] = {}
+        for key, route in self.router.table.apps.items():
+            tenant = split_key(key)[1]
+            for b in route.backends:
+                out[b.machine_id] = tenant
+        return out
+
     async def _heard(self, msg: Msg) -> None:
         try:
             a = decode(msg.data, EdgeActivity)
@@ -208,7 +236,11 @@ class Idle:
         task_status.started()
         try:
             while True:
-                await self.nc.publish(self.subjects.edge_activity(self.me), encode(self.activity()))
+                report = self.activity()
+                await self.nc.publish(self.subjects.edge_activity(self.me), encode(report))
+                for tenant, share in self.tenants_activity(report).items():
+                    subject = self.subjects.edge_activity_of(tenant, self.me)
+                    await self.nc.publish(subject, encode(share))
                 for mid in self.turn():
                     self.tasks.spawn(self._stop(mid))
                 await anyio.sleep(self.interval_s)  # the activity's period

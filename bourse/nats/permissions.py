@@ -172,7 +172,8 @@ def tenant_permissions(s: Subjects, tenant: str, inbox: str) -> Permissions:
             s.explain("*"),
             *grants.allows(ROLE_TENANT, s.prefix, tenant),
         ),
-        subscribe=(f"{inbox}.>",),
+        # the edges' activity at its own machines (§4.23): its deploy's drain hears it
+        subscribe=(s.edge_activity_of(tenant), f"{inbox}.>"),
     )
 
 
@@ -192,6 +193,7 @@ def edge_permissions(s: Subjects, inbox: str) -> Permissions:
             s.machines("*"),
             s.machines_every,
             s.edge_activity(),  # its requests per machine (§4.23): one key for every edge
+            s.edge_activity_of(),  # ... and each tenant's share, on a subject of its own
             *grants.allows(ROLE_EDGE, s.prefix),
         ),
         subscribe=(s.edge_activity(), s.events(), f"{inbox}.>"),

@@ -239,6 +239,11 @@ class Subjects:
         """An edge's requests per machine (``*``: every edge's)."""
         return f"{self.root}.edge.activity.{edge}"
 
+    def edge_activity_of(self, tenant: str = "*", edge: str = "*") -> str:
+        """An edge's requests per machine of one tenant's (``*``: every edge's, every
+        tenant's): what a tenant's key may hear of the edges."""
+        return f"{self.root}.edge.activity.{edge}.{tenant}"
+
     # -- events -------------------------------------------------------------------------------
     def event(self, region: str, worker_id: str, kind: str) -> str:
         return f"{self.root}.event.{region}.{worker_id}.{kind}"

@@ -25,7 +25,8 @@ from bourse.nats.authdir import AuthFiles, SupplierSpec, write_auth_dir
 from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.view import open_view
-from bourse.wire.messages import ListMachines, Machine, Resources
+from bourse.wire.codec import decode
+from bourse.wire.messages import EdgeActivity, ListMachines, Machine, Resources
 from bourse.wire.subjects import Subjects
 from tests.cli import buyer
 from tests.edgekit import answered, edge
@@ -194,11 +195,12 @@ async def test_two_controllers_heal_a_tenants_gone_primary_with_its_own_new_spar
         }, own
 
 
-async def test_a_tenants_update_drains_the_old_machine_hearing_no_edge(tmp_path: Path) -> None:
-    """The tenant's app of one primary behind an edge: the tenant's update names the old
-    machine draining (the edge sends it nothing new), waits its listening time, since its
-    key may not hear the edges' activity, and subscribes to none (no permissions
-    violation on its connection), then stops and destroys it; the new one serves."""
+async def test_a_tenants_update_drains_the_old_machine_hearing_its_share(tmp_path: Path) -> None:
+    """The tenant's app of one primary behind an edge: the edge publishes its share of the
+    tenant's machines (§4.23), which the tenant's key hears (no permissions violation on its
+    connection); the tenant's update names the old machine draining (the edge sends it
+    nothing new), hears the edge's shares until it is drained, then stops and destroys it;
+    the new one serves."""
     async with keyed_market(tmp_path, [own_worker_id("edgetd")]) as market:
         await process_market(market, "edgetd")
         violations = Violations()
@@ -211,6 +213,10 @@ async def test_a_tenants_update_drains_the_old_machine_hearing_no_edge(tmp_path:
         async with edge(tmp_path, *market.edge_args()) as e:
             host = f"roll.{TENANT}.localhost"
             await answered(e.address, host, lambda a: a.headers.get("bourse-machine") == old)
+            shares = await acme.nc.subscribe(acme.subjects.edge_activity_of(TENANT))
+            share = decode((await shares.next_msg(timeout=30)).data, EdgeActivity)
+            assert old in share.machines  # its own machine, served by the edge
+            await shares.unsubscribe()
             v2 = msgspec.structs.replace(spec, env={"V": "2"})
             second = await apply(acme, store, await context(acme, store, v2), check_wait_s=5)
             assert second.complete, second.outcomes

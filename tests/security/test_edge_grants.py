@@ -76,3 +76,34 @@ async def test_the_edge_key_follows_the_view_and_asks_the_exchange(secured: Secu
     # ... and not into another's (a tenant's is theirs to answer): the check bites
     await sup.publish("_INBOX.nobody.x", b"{}")
     assert "publish to" in await sup_v.next()
+
+
+async def test_a_tenant_hears_each_edges_share_of_its_own_machines_only(
+    secured: Secured,
+) -> None:
+    """An edge's whole activity report names every tenant's machines: a tenant's key may not
+    hear it, nor another tenant's share; it hears the share the edge publishes of its own
+    machines (§4.23), which is what its deploy's drain waits on."""
+    s = secured.subjects
+    alice, alice_v = await secured.connect("buyer:alice")
+    shares = await alice.subscribe(s.edge_activity_of("alice"))
+    await flush_all(alice)
+    assert alice_v.none_yet(), alice_v.queue.get_nowait()
+    for refused in (s.edge_activity(), s.edge_activity_of("bob"), s.edge_activity_of()):
+        await alice.subscribe(refused)
+        assert "subscription" in (await alice_v.next()).lower()
+
+    edge, v = await secured.connect("edge")
+    await edge.publish(s.edge_activity("e1"), b"{}")  # the whole report
+    await edge.publish(s.edge_activity_of("alice", "e1"), b"alice's share")
+    await edge.publish(s.edge_activity_of("bob", "e1"), b"bob's share")
+    await flush_all(edge)
+    assert v.none_yet(), v.queue.get_nowait()
+    assert (await shares.next_msg(timeout=5)).data == b"alice's share"
+    # one publisher's messages arrive in order: the next she gets after hers is this one,
+    # so bob's share, sent between, never reached her
+    await edge.publish(s.edge_activity_of("alice", "e1"), b"next")
+    assert (await shares.next_msg(timeout=5)).data == b"next"
+    bob, bob_v = await secured.connect("buyer:bob")
+    await bob.publish(s.edge_activity_of("alice", "e2"), b"forged")  # no tenant speaks for one
+    assert "publish" in (await bob_v.next()).lower()

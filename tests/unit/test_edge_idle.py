@@ -5,7 +5,8 @@ region; apps without auto_stop untouched), and who decides (the smallest live ed
 from __future__ import annotations
 
 from bourse.client.apps.spec import AppService
-from edge.idle import Running, decider, edge_id, idle_stops
+from bourse.wire.messages import EdgeActivity
+from edge.idle import Running, decider, edge_id, idle_stops, shares
 
 NOW = 1_800_000_100_000
 SINCE = 1_800_000_000_000  # the deciding edge started 100 s ago
@@ -48,3 +49,19 @@ def test_the_smallest_live_edge_decides() -> None:
     assert decider({}, "e9", 0.0, 1.0)  # alone
     a, b = edge_id(), edge_id()
     assert a != b and a.startswith("e") and len(a) <= 63
+
+
+def test_a_report_is_cut_into_each_tenants_share() -> None:
+    """Each tenant hears the edge's report of its own machines only (§4.23); machines of no
+    tenant, or that the edge no longer routes, are in no share."""
+    report = EdgeActivity(
+        edge="e1", at_ms=5000, machines={"a1": 4000, "a2": 5000, "b1": 3000, "x": 2000, "y": 1}
+    )
+    owners = {"a1": "acme", "a2": "acme", "b1": "bee", "x": ""}
+    got = shares(report, owners)
+    assert {t: dict(a.machines) for t, a in got.items()} == {
+        "acme": {"a1": 4000, "a2": 5000},
+        "bee": {"b1": 3000},
+    }
+    assert all((a.edge, a.at_ms, a.interval_ms) == ("e1", 5000, 1000) for a in got.values())
+    assert shares(EdgeActivity(edge="e1", at_ms=1, machines={"x": 1}), owners) == {}

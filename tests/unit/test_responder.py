@@ -97,7 +97,8 @@ def test_a_tenant_publishes_only_under_its_own_name_and_reads_no_events() -> Non
         "t.v1.status",
         "t.v1.explain.*",
     ]
-    assert p.subscribe == (inbox(ALICE),)
+    # its inbox, and the edges' share of its own machines' activity (§4.23): no events
+    assert p.subscribe == ("t.v1.edge.activity.*.alice", inbox(ALICE))
     ex = permissions_for(EXCHANGE, S, USERS).subscribe
     assert "t.v1.tenant.*.order.* exchange" in ex and "t.v1.tenant.*.machine.* exchange" in ex
     assert "t.v1.tenant.*.image.* exchange" in ex

@@ -10,11 +10,10 @@ The times compared are the deploy's own clock at each report's arrival, never an
 clock against the deploy's: a report that arrived one interval after the record was
 written was made by an edge that had had that interval to see the record.
 
-A tenant's deploy hears no report: a tenant's key may not subscribe to the edges' activity,
-since each report names the machines of every tenant an edge served (their ids and when
-their requests began). Its drain waits LISTEN_INTERVALS of the default interval (1.5 s)
-after the mark, time for every edge to have seen the record, and no more: a request
-still under way then meets the machine's graceful stop (its stop signal, then the grace).
+A tenant's deploy hears each edge's share of its own machines (``R.edge.activity.<edge>.
+<tenant>``, §4.23): a whole report names the machines of every tenant an edge served (their
+ids and when their requests began), which its key may not hear. An edge that served none of
+its machines lately sends it no share: the drain counts the edges it hears.
 """
 
 from __future__ import annotations
@@ -97,10 +96,14 @@ async def drain(
         heard[report.edge] = heard_of(report, machine_id, clock())
         news.set()
 
-    # heard from before the mark; not by a tenant: its key may not hear the edges (a report
-    # names every tenant's machines), so it hears none and waits LISTEN_INTERVALS only
-    subject = client.subjects.edge_activity()
-    sub = None if client.tenant else await client.nc.subscribe(subject, cb=on_report)
+    # heard from before the mark; a tenant's key hears each edge's share of its own
+    # machines (a whole report names every tenant's: §4.23)
+    subjects = client.subjects
+    if client.tenant:
+        subject = subjects.edge_activity_of(client.tenant)
+    else:
+        subject = subjects.edge_activity()
+    sub = await client.nc.subscribe(subject, cb=on_report)
     try:
         record, at = await apps.read(app)
         if record is None or at != revision:
@@ -121,8 +124,7 @@ async def drain(
         log.info("drained", app=app, machine=machine_id, edges=len(heard),
                  ms=round((clock() - marked) * 1000), bounded=bound.cancelled_caught)  # fmt: skip
     finally:
-        if sub is not None:
-            await sub.unsubscribe()
+        await sub.unsubscribe()
     try:
         await client.machine("stop", machine_id)  # its graceful stop: signal, then grace
     except BourseError as exc:  # stopped already, or its worker away: the destroy says
