@@ -128,7 +128,7 @@ async def wait_for(
     while not done(answer := await probe()):
         if time.monotonic() > end:
             raise AssertionError(f"not met in time; the last answer: {answer!r}")
-        await asyncio.sleep(0.005)
+        await asyncio.sleep(0.005)  # the pace of asking again: nothing to wait on but the answer
     return answer
 
 
