@@ -325,3 +325,24 @@ def test_a_forced_mechanism_the_host_lacks_is_one_clear_config_error() -> None:
         check_workers([_worker("x1", confine="cgroup2")])
     assert str(err.value) == f"worker x1: confine = cgroup2 is not usable here: {offer.cgroup2}"
     print(err.value)
+
+
+def test_a_suppliers_end_leaves_bourses_own_directory_to_the_others(tmp_path: Path) -> None:
+    """Bourse's directory above every supplier's is the host's: a supplier's stop removes its
+    own (empty) directories and never that one, which another supplier may be making its
+    machines' directories below at that moment (removed, its make failed ENOENT)."""
+    _cgroups_or_skip()
+    wid = own_worker_id("sh")
+    a, _ = Confiner.probe("auto", wid, owner=owner_of(tmp_path / "a"))
+    b, _ = Confiner.probe("auto", wid, owner=owner_of(tmp_path / "b"))
+    machine = f"{wid}~01"
+    resources = order(image="web").resources
+    a.prepare(machine, resources)
+    a.sweep(remove_base=True)
+    try:
+        assert not any(d.parent.exists() for d in a.bases.values())  # the supplier's is gone
+        assert all(d.parent.parent.is_dir() for d in a.bases.values())  # bourse's stays
+        procs, _ = b.prepare(machine, resources)
+        assert procs and all(Path(p).exists() for p in procs)
+    finally:
+        b.sweep(remove_base=True)

@@ -399,8 +399,10 @@ class Confiner:
         """Remove every machine cgroup of this worker of this supplier but those of the
         machines in ``keep`` (at the driver's start: leftovers of its run that died, beside
         the machines their shims still hold; at its end: none should be left), and with
-        ``remove_base`` the worker's own directories, and the supplier's and bourse's above
-        them, when empty; returns the machines it removed."""
+        ``remove_base`` the worker's own directories and the supplier's above them, when
+        empty; returns the machines it removed. Bourse's own directory above every
+        supplier's stays: removed by one supplier while another makes its directories
+        below it, the other's make would fail."""
         gone: set[str] = set()
         for base in self.bases.values():
             if base.is_dir():
@@ -412,7 +414,6 @@ class Confiner:
             for base in set(self.bases.values()):
                 _rmdir(base, wait=False)
                 _rmdir(base.parent, wait=False)  # the supplier's, if no other worker uses it
-                _rmdir(base.parent.parent, wait=False)  # .../bourse, if no other supplier does
         return sorted(gone)
 
 

@@ -430,12 +430,13 @@ class Containers:
         return gone
 
     def remove_empty_parents(self) -> None:
-        """The owner's bundles' directory, its cgroup directories and the subtree's above
-        them, where empty."""
+        """The owner's bundles' directory, its cgroup directories and the supplier's above
+        them, where empty. Bourse's own directory, above every supplier's, stays: another
+        supplier may be making its directories below it."""
         with contextlib.suppress(OSError):
             self.bundles.rmdir()
         owner_dirs = set(self.cgroups(self._below(f"{self.subtree}/{self.owner}")).values())
-        levels = len(self.subtree.split("/"))  # bourse/<owner>: 2 above a machine's
+        levels = len(self.subtree.split("/")) - 1  # bourse/<owner>: the supplier's only
         parents = {p.parents[i] for p in owner_dirs for i in range(levels)}
         for d in sorted({*owner_dirs, *parents}, key=lambda p: len(p.parts), reverse=True):
             with contextlib.suppress(OSError):
