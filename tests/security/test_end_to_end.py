@@ -21,8 +21,8 @@ from tests.security.conftest import FLEET_FRA, PREFIX, Secured
 
 
 async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Program]:
-    """A one-worker supplier (mad-1), a fleet supplier (fra-1, fra-2) and an exchange with
-    the trust file, each with --creds of its own user."""
+    """An exchange with the trust file, a one-worker supplier (mad-1) and a fleet supplier
+    (fra-1, fra-2), each with --creds of its own user."""
     common = ["--nats", secured.url, "--prefix", PREFIX, *extra]
     fleet = tmp_path / "fleet-fra.toml"
     fleet.write_text(FLEET_FRA)
@@ -49,14 +49,17 @@ async def start_market(secured: Secured, tmp_path: Path, *extra: str) -> list[Pr
         "--memory-mb",
         "8192",
     )
+    # The exchange first: it makes the streams, so the suppliers' rows and heartbeats are in
+    # the state stream from their start (a supplier started before them finds the stream
+    # with its next heartbeat, up to a second on: a view read meanwhile lacks its workers).
     specs = [
+        ("exchange", "exchange", ("exchange", "serve", "--trust", str(secured.files.trust))),
         ("mad-1", "supplier:mad-1", ("supplier", "run", *one, "--data-dir", str(tmp_path / "m"))),
         (
             "fra",
             "supplier:fleet-fra",
             ("supplier", "run", "--fleet", str(fleet), "--data-dir", str(tmp_path / "f")),
         ),
-        ("exchange", "exchange", ("exchange", "serve", "--trust", str(secured.files.trust))),
     ]
     programs: list[Program] = []
     try:
