@@ -15,8 +15,6 @@ from buyer_cli.views import FreshOpt, from_view, gone_line, read_view
 if TYPE_CHECKING:
     from sqlite3 import Connection
 
-    from msgspec import Raw
-
     from bourse.client import Listing
     from bourse.view.reads import MachineFilter, Seen
     from bourse.wire.messages import Machine
@@ -168,22 +166,27 @@ def _list_from_view(ctx: typer.Context, f: MachineFilter) -> None:
 
 def _json_from_view(ctx: typer.Context, f: MachineFilter) -> None:
     """``machines list --json`` from the view with the shared key: its rows as the stream
-    holds them, joined as SQLite reads them (``reads.machines_json``), neither decoded nor
-    encoded again (a tenant's are: its order ids are shown without their scope)."""
+    holds them, written as SQLite reads them (``reads.write_machines_json``), neither
+    decoded nor encoded again, nor held whole (a tenant's are decoded: its order ids are
+    shown without their scope)."""
+    s = session(ctx)
 
-    def go(
-        db: Connection, fresh: dict[str, int]
-    ) -> tuple[Raw, dict[str, int], list[str], dict[str, int]]:
+    def go(db: Connection, fresh: dict[str, int]) -> list[str]:
+        import msgspec
+
         from bourse.view import reads
 
-        listed, gone = reads.machines_json(db, f)
-        return listed, gone, reads.beating_regions(db), fresh
+        write = s.stdout_bytes()
+        write(b'{"machines":')
+        gone = reads.write_machines_json(db, f, write)
+        regions = reads.beating_regions(db)
+        rest = {"complete": True, "missing": [], "regions": regions, "errors": [],
+                "gone": gone, "view": fresh}  # fmt: skip
+        write(b"," + msgspec.json.encode(rest)[1:] + b"\n")  # the object's rest: past its "{"
+        s.flush_stdout()
+        return regions
 
-    listed, gone, regions, fresh = read_view(ctx, go)
-    session(ctx).echo_json(
-        {"machines": listed, "complete": True, "missing": [], "regions": regions,
-         "errors": [], "gone": gone, "view": fresh}
-    )  # fmt: skip
+    regions = read_view(ctx, go)
     _problems([], regions, [], list(f.regions))
 
 

@@ -74,6 +74,21 @@ class Session:
                 f"cannot connect to NATS at {urls}: {exc or type(exc).__name__}", "not_connected"
             ) from None
 
+    def stdout_bytes(self) -> Callable[[bytes], object]:
+        """A writer of bytes to stdout (the buffer under it, or decoded where it has none),
+        what it holds of text flushed first; the caller flushes (:meth:`flush_stdout`)."""
+        out = sys.stdout
+        out.flush()
+        buffer = getattr(out, "buffer", None)
+        if buffer is None:
+            return lambda data: out.write(bytes(data).decode())
+        write: Callable[[bytes], object] = buffer.write
+        return write
+
+    def flush_stdout(self) -> None:
+        out = sys.stdout
+        (getattr(out, "buffer", None) or out).flush()
+
     def echo_json(self, obj: object) -> None:
         """One JSON object on stdout. Written as it is: its text holds no terminal control
         (JSON escapes it), and echo would scan a 10,000 machines' listing (8 MB) for some;

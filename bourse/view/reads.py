@@ -1,13 +1,14 @@
 """What the CLI asks of a view's database: machines (filtered and sorted as a listing is,
 §4.17), one machine, workers, an app's machines; each machine with its worker's liveness.
-Rows come back as their JSON as the stream holds it (``msgspec.Raw``; a listing's as one
-JSON array, :func:`machines_json`: 10,000 machines are passed through, not decoded and
-encoded again) and, decoded, for tables (the wire's types imported then: a listing's JSON
-does without them)."""
+Rows come back as their JSON as the stream holds it (``msgspec.Raw``; a listing's written
+as one JSON array, :func:`write_machines_json`: 10,000 machines are passed through, not
+decoded and encoded again) and, decoded, for tables (the wire's types imported then: a
+listing's JSON does without them)."""
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,9 @@ if TYPE_CHECKING:
 
 # A listing's order (§4.17): region, worker, creation, id.
 _ORDER = " ORDER BY region, worker_id, created_at_ms, machine_id"
+# Rows a listing's JSON writes at a time: ~54 KB, under malloc's threshold for a mapping of
+# its own, so each chunk's buffer reuses the memory of the one before.
+CHUNK = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,22 +90,33 @@ def machines(db: sqlite3.Connection, f: MachineFilter) -> list[Seen]:
     return out
 
 
-def machines_json(db: sqlite3.Connection, f: MachineFilter) -> tuple[msgspec.Raw, dict[str, int]]:
-    """What :func:`machines` finds as one JSON array of the rows as the stream holds them,
-    joined as they are read (no object per row: a listing of 10,000 machines is 8 MB), and
-    the workers gone among them (worker -> since when), from the same rows. Not for a filter
-    by label, which needs the rows decoded. A ``msgspec.Raw``, not bytes: asyncio's repr of
-    a task (which Python 3.11's ``signal.getsignal`` makes as ``asyncio.run`` ends) would
-    copy 8 MB."""
+def write_machines_json(
+    db: sqlite3.Connection, f: MachineFilter, write: Callable[[bytes], object]
+) -> dict[str, int]:
+    """What :func:`machines` finds, written with ``write`` as one JSON array of the rows as
+    the stream holds them, CHUNK rows at a time as SQLite reads them (no object a row, no
+    buffer of the whole: a listing of 10,000 machines is 8 MB, and each new buffer of it a
+    process's memory faulted in, twice the SQL's time); returns the workers gone among them
+    (worker -> since when), from the same rows. Not for a filter by label, which needs the
+    rows decoded."""
     if f.labels:
         raise ValueError("a filter by label needs the rows decoded: machines()")
     where, args = f.where()
     rows = db.execute(
         f"SELECT CAST(row AS BLOB), worker_id, worker_gone_since_ms FROM machines{where}{_ORDER}",
         args,
-    ).fetchall()
-    listed = msgspec.Raw(b"".join((b"[", b",".join([row for row, _, _ in rows]), b"]")))
-    return listed, {wid: since for _, wid, since in rows if since is not None}
+    )
+    gone: dict[str, int] = {}
+    between = b"["
+    while chunk := rows.fetchmany(CHUNK):
+        write(between)
+        write(b",".join([row for row, _, _ in chunk]))
+        between = b","
+        for _, wid, since in chunk:
+            if since is not None:
+                gone[wid] = since
+    write(b"]" if between == b"," else b"[]")
+    return gone
 
 
 def machine(db: sqlite3.Connection, machine_id: str) -> Seen | None:

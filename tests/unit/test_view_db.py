@@ -243,10 +243,16 @@ def test_a_view_of_older_tables_is_rebuilt_with_these(tmp_path: Path) -> None:
 
 
 def test_a_listings_json_is_its_rows_as_the_stream_holds_them_in_listing_order() -> None:
-    """``machines list --json`` from the view (bourse/view/reads.py machines_json): the rows
-    as published, joined as read, in the order and with the filters of reads.machines, and
-    the workers gone among them; a filter by label needs the rows decoded."""
+    """``machines list --json`` from the view (bourse/view/reads.py write_machines_json):
+    the rows as published, written as read (in chunks: more rows than one), in the order and
+    with the filters of reads.machines, and the workers gone among them; a filter by label
+    needs the rows decoded."""
     from bourse.view import reads
+
+    def written(f: reads.MachineFilter) -> tuple[bytes, dict[str, int]]:
+        out = bytearray()
+        gone = reads.write_machines_json(db.db, f, out.extend)
+        return bytes(out), gone
 
     db = ViewDB(":memory:")
     ops: list[tuple[Op, int, int]] = [
@@ -262,18 +268,20 @@ def test_a_listings_json_is_its_rows_as_the_stream_holds_them_in_listing_order()
     db.apply([(beat_op("mad-1"), 7, T0 + 3500)], FEED, T0 + 3500)
     assert db.sweep(T0 + 3500) == ["mad-2"]  # its heartbeat never came
     every = reads.MachineFilter()
-    listed, gone_workers = reads.machines_json(db.db, every)
+    listed, gone_workers = written(every)
     assert [m["machine_id"] for m in msgspec.json.decode(listed)] == ["mad-1~M1", "mad-2~M2"]
-    assert bytes(listed) == msgspec.json.encode([s.json for s in reads.machines(db.db, every)])
+    assert listed == msgspec.json.encode([s.json for s in reads.machines(db.db, every)])
     assert gone_workers == {"mad-2": T0}
     destroyed = reads.MachineFilter(states=("destroyed",))
-    assert [
-        m["machine_id"] for m in msgspec.json.decode(reads.machines_json(db.db, destroyed)[0])
-    ] == ["mad-1~M3"]
-    none, no_one = reads.machines_json(db.db, reads.MachineFilter(regions=("fra",)))
-    assert (bytes(none), no_one) == (b"[]", {})
+    assert [m["machine_id"] for m in msgspec.json.decode(written(destroyed)[0])] == ["mad-1~M3"]
+    assert written(reads.MachineFilter(regions=("fra",))) == (b"[]", {})
     with pytest.raises(ValueError):
-        reads.machines_json(db.db, reads.MachineFilter(labels=(("app", "shop"),)))
+        written(reads.MachineFilter(labels=(("app", "shop"),)))
+    many = 2 * reads.CHUNK + 1
+    db.apply([(machine_op(10 + i, "mad-1"), 8 + i, T0 + 3500) for i in range(many)], FEED, T0)
+    listed, _ = written(every)
+    assert listed == msgspec.json.encode([s.json for s in reads.machines(db.db, every)])
+    assert len(msgspec.json.decode(listed)) == many + 2
 
 
 def test_a_view_caught_up_a_moment_ago_is_read_as_it_stands(tmp_path: Path) -> None:
