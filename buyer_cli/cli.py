@@ -75,6 +75,9 @@ COMMANDS = {
         "buyer_cli.groups:workers_app",
         "The operator's verbs on workers: drain, stop, start (the operator's key).",
     ),
+    "view": Lazy(
+        "buyer_cli.groups:view_app", "The view of the market in your cache directory: its keeper."
+    ),
 }
 
 app = typer.Typer(

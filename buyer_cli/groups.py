@@ -1,4 +1,4 @@
-"""The ``buyer`` command groups (machines, apps and its secrets, workers): each a typer app
+"""The ``buyer`` command groups (machines, apps and its secrets, workers, view): each a typer app
 whose commands are registered here, imported only when the group is used (buyer_cli/cli.py
 lists it by its :class:`~bourse.runtime.cli.Lazy` line)."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import typer
 
-from buyer_cli import app_views, execs, listing, machines, secrets, workers
+from buyer_cli import app_views, execs, keeper, listing, machines, secrets, workers
 
 machines_app = typer.Typer(help="Machines on the workers.", no_args_is_help=True)
 machines_app.command("list")(listing.list_machines)
@@ -41,3 +41,9 @@ workers_app = typer.Typer(
 workers_app.command("drain")(workers.drain)
 workers_app.command("stop")(workers.stop)
 workers_app.command("start")(workers.start)
+
+view_app = typer.Typer(
+    help="The view of the market in your cache directory: its keeper.", no_args_is_help=True
+)
+view_app.command("keep")(keeper.keep)
+view_app.command("stop")(keeper.stop)

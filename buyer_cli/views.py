@@ -20,6 +20,7 @@ from buyer_cli.session import Session, session
 
 if TYPE_CHECKING:
     import sqlite3
+    from pathlib import Path
 
     from nats.aio.client import Client as NATS
 
@@ -27,6 +28,12 @@ if TYPE_CHECKING:
     from bourse.view.query import Result
 
 T = TypeVar("T")
+
+# How long an invocation waits for its view's keeper to catch the view up (its own catch-up
+# would wait as long, bourse/view/view.py CATCH_UP_S), and how old a view the keeper caught
+# up may be when it is read (a moment: only a clock's step makes it older).
+KEEPER_WAIT_S = 30.0
+SYNCED_MS = 60_000
 
 FreshOpt = Annotated[
     bool,
@@ -60,11 +67,75 @@ def read_view(ctx: typer.Context, fn: Callable[[sqlite3.Connection, dict[str, in
         with open_stored(path, time.time_ns() // 1_000_000, fresh_ms) as stored:
             if stored is not None:
                 return fn(stored.db, fresh_json(stored.freshness))
+    idle_s = _keeper_s()
+    keeper = _keeper_sync(path) if idle_s else "off"
+    if keeper == "synced":  # caught up a moment ago: read as it stands
+        with open_stored(path, time.time_ns() // 1_000_000, SYNCED_MS) as stored:
+            if stored is not None:
+                return fn(stored.db, fresh_json(stored.freshness))
 
     async def caught_up(view: View) -> T:
         return fn(view.db.db, view_json(view))
 
-    return with_view(ctx, caught_up)
+    answer = with_view(ctx, caught_up)
+    if keeper == "none":
+        start_keeper(s, idle_s)  # for the next invocation
+    return answer
+
+
+def _keeper_sync(path: Path) -> str:
+    """Ask the view's keeper (bourse/view/keeper.py) to catch the view up: "synced", or
+    "none" (no keeper runs) or "failed" (it could not: the invocation catches up by
+    itself, and says why if it cannot either)."""
+    from bourse.view.keeper import KeeperError, NoKeeper, ask
+
+    try:
+        ask(path, timeout_s=KEEPER_WAIT_S)
+    except NoKeeper:
+        return "none"
+    except KeeperError:
+        return "failed"
+    return "synced"
+
+
+def _keeper_s() -> float:
+    from bourse.view.keeper import keeper_s
+
+    try:
+        return keeper_s()
+    except ValueError as exc:
+        from bourse.runtime.cli import fail
+
+        fail(str(exc))
+
+
+def start_keeper(s: Session, idle_s: float) -> None:
+    """Start the keeper of this invocation's view (``buyer view keep``, with its options),
+    detached: its own session, no terminal, its log beside the view."""
+    import os
+    import subprocess
+    import sys
+
+    from bourse.view.cache import view_path
+
+    conn = s.connection()
+    argv = [sys.executable, "-m", "buyer_cli", "--prefix", s.prefix]
+    for url in conn.urls:
+        argv += ["--nats", url]
+    for flag, value in (("--creds", conn.creds), ("--tls-ca", conn.tls_ca),
+                        ("--tls-cert", conn.tls_cert), ("--tls-key", conn.tls_key)):  # fmt: skip
+        if value:
+            argv += [flag, value]
+    argv += ["view", "keep", "--idle-s", str(idle_s)]
+    log = view_path(conn.urls, s.prefix, s.tenant()).with_suffix(".keeper.log")
+    try:
+        with open(log, "ab") as out:
+            subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                close_fds=True, cwd="/", env=os.environ | {"PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+    except OSError:
+        pass  # no keeper: the next invocation catches up by itself, as this one did
 
 
 def _fresh_ms() -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from bourse.nats.embedded import EmbeddedNats
+from bourse.view.keeper import ENV_KEEPER_S
 from bourse.wire.subjects import Subjects
 from tests.market import Market
 
@@ -35,8 +36,12 @@ def nats_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedNa
 @pytest.fixture(scope="session", autouse=True)
 def _view_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """The buyer keeps its view of a market under the user's cache directory: the tests'
-    under a directory of their own, not the home's."""
+    under a directory of their own, not the home's. And no keeper of a view is started by
+    an invocation (a keeper outlives its invocation by minutes: one a test's market would
+    outlive the tests); tests/integration/test_view_keeper.py turns them on, and stops
+    them."""
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    os.environ[ENV_KEEPER_S] = "0"
     yield
 
 
