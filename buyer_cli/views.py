@@ -1,11 +1,12 @@
 """The buyer's view of the market (bourse/view): a disposable cache under the user's cache
-directory, resumed by stream sequence, caught up before each answer (:func:`with_view`) or,
-when it was caught up at most a second ago and none of the buyer's commands asked the
-market for a change since, read as it stands without NATS (:func:`read_view`; the answer
-says how old it is). ``machines list``, ``machines show``, ``fleet`` and ``apps status``
-answer from it (``--fresh``: the workers as before; ``--no-jetstream``: the same, there is
-no stream); ``buyer query`` runs read-only SQL on it, once or, with ``--watch``, as its
-rows change.
+directory, resumed by stream sequence. An answer reads it as it stands without NATS when it
+was caught up at most a second ago and none of the buyer's commands asked the market for a
+change since (the answer says how old it is); else it is caught up first, by the view's
+keeper (bourse/view/keeper.py) when one runs, else by the invocation, which then starts one
+(:func:`read_view`; :func:`with_view` catches up in the invocation). ``machines list``,
+``machines show``, ``fleet``, ``apps status`` and ``buyer query`` answer from it
+(``--fresh``: the workers; ``--no-jetstream``: the same, there is no stream); ``buyer
+query`` runs read-only SQL on it, once or, with ``--watch``, as its rows change.
 
 Heavy imports (NATS, the view) are made inside the functions: ``--help`` loads neither."""
 
@@ -248,12 +249,16 @@ def query(
     "view": {"seq", "age_ms"}}; with --watch one {"op", "row", "seq"} per line."""
     s = session(ctx)
 
-    async def once(view: View) -> tuple[Result, dict[str, int]]:
-        from bourse.view.query import connect_ro, run
+    def once(_: sqlite3.Connection, fresh: dict[str, int]) -> tuple[Result, dict[str, int]]:
+        from bourse.runtime.cli import fail
+        from bourse.view.cache import view_path
+        from bourse.view.query import QueryError, connect_ro, run
 
-        db = connect_ro(view.db.path)  # type: ignore[arg-type]
+        db = connect_ro(view_path(s.connection().urls, s.prefix, s.tenant()))
         try:
-            return run(db, sql, timeout_s), view_json(view)
+            return run(db, sql, timeout_s), fresh
+        except QueryError as exc:
+            fail(str(exc))
         finally:
             db.close()
 
@@ -273,7 +278,7 @@ def query(
     if watch:
         with_view(ctx, _query_errors(follow))
         return
-    result, fresh = with_view(ctx, _query_errors(once))
+    result, fresh = read_view(ctx, once)  # as it stands when caught up a moment ago
     if s.json:
         s.echo_json({"columns": result.columns, "rows": result.objects(), "view": fresh})
         return
