@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING
 
 import msgspec
 from rich.console import Console
@@ -23,7 +24,6 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from bourse.client.policy import Failover
 from bourse.client.ranking import DryRun
 from bourse.wire.messages import (
     Amount,
@@ -36,6 +36,9 @@ from bourse.wire.messages import (
     now_ms,
 )
 from bourse.wire.resources import format_cpus, millis_of
+
+if TYPE_CHECKING:
+    from bourse.client.policy import Failover
 
 # soft_wrap: a long line (an Unfilled detail) is never broken at 80 columns in a pipe.
 console = Console(soft_wrap=True)
