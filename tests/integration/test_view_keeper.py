@@ -27,7 +27,7 @@ from bourse.view.cache import view_path
 from bourse.view.keeper import ENV_KEEPER_S, STOP, KeeperError, NoKeeper, ask, keeper_s
 from bourse.view.schema import SCHEMA_VERSION
 from bourse.wire.subjects import Subjects
-from tests.integration.test_cli_start import _a_worker_beats, run
+from tests.integration.test_cli_start import _a_worker_beats, loaded, run
 from tests.market import wait_until
 
 
@@ -118,6 +118,12 @@ async def test_the_next_answer_is_caught_up_by_the_keeper_the_first_one_started(
     code, out, err, modules = run(tmp_path, "buyer", *args)
     assert code == 0, err
     assert "nats.aio.client" not in modules and json.loads(out)["view"]["seq"] == 5
+    # a query, its rows as a table: through the keeper too, and the table's printing loads
+    # nothing of the client (bourse.client's names are imported when first asked for)
+    sql = ["query", "SELECT worker_id FROM workers", *args[3:]]
+    code, out, err, modules = run(tmp_path, "buyer", *sql)
+    assert code == 0 and "mad-1" in out and "view: as of seq 5" in err, (out, err)
+    assert loaded(modules, ("nats", "bourse.client.client")) == []
 
     code, out, err, _ = run(tmp_path, "buyer", "view", "stop", *args[3:])
     assert (code, out.strip()) == (0, "stopped"), err
