@@ -126,7 +126,7 @@ def start_keeper(s: Session, idle_s: float) -> None:
     for flag, value in (("--creds", conn.creds), ("--tls-ca", conn.tls_ca),
                         ("--tls-cert", conn.tls_cert), ("--tls-key", conn.tls_key)):  # fmt: skip
         if value:
-            argv += [flag, value]
+            argv += [flag, os.path.abspath(value)]  # the keeper runs in /
     argv += ["view", "keep", "--idle-s", str(idle_s)]
     log = view_path(conn.urls, s.prefix, s.tenant()).with_suffix(".keeper.log")
     try:
