@@ -4,6 +4,7 @@ exchange taking only signed offers), a buyer on the buyer's, real orders placed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import sys
@@ -144,5 +145,52 @@ async def test_a_tenant_key_from_auth_init_places_and_keeps_its_machines_its_own
         code, out, err = await buyer("buyer:bob", "watch", "--count", "1")
         assert code == 1 and "tenant 'bob' may not read events" in err, (out, err)
     finally:
+        codes = [await p.stop() for p in reversed(programs)]
+    assert codes == [0, 0, 0]
+
+
+@pytest.mark.slow
+async def test_a_tenants_view_keeper_catches_up_on_her_key_given_by_a_relative_path(
+    secured: Secured, tmp_path: Path
+) -> None:
+    """alice lists her machines with `--creds` relative to her working directory: the
+    listing starts her view's keeper (which runs in /), and the keeper catches her view up
+    on her key, within her grants, for the next listing."""
+    from bourse.view.cache import view_path
+    from bourse.view.keeper import ENV_KEEPER_S, STOP, KeeperError, NoKeeper, ask
+    from tests.integration.test_view_keeper import _answers
+    from tests.market import wait_until
+
+    programs = await start_market(secured, tmp_path)
+    seed = Path(secured.creds("buyer:alice"))
+    path = view_path([secured.url], PREFIX, "alice")
+    try:
+        place = ("place", "--region", "mad", "--cpus", "1", "--memory-mb", "256", "--json")
+        code, out, err = await run_buyer(secured, "buyer:alice", *place, "--image", "web")
+        assert code == 0, err
+        mid = json.loads(out)["result"]["machine_id"]
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+            env.setenv(ENV_KEEPER_S, "60")
+            env.setenv("BOURSE_VIEW_FRESH_MS", "0")
+            path = view_path([secured.url], PREFIX, "alice")
+
+            async def listing() -> str:
+                proc = await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "buyer_cli", "machines", "list", "--json",
+                    "--creds", seed.name, "--nats", secured.url, "--prefix", PREFIX,
+                    cwd=seed.parent, stdout=asyncio.subprocess.PIPE,
+                    stderr=asyncio.subprocess.PIPE,
+                )  # fmt: skip
+                out, err = await asyncio.wait_for(proc.communicate(), 60)
+                assert proc.returncode == 0, err
+                return out.decode()
+
+            assert mid in await listing()
+            await wait_until(lambda: _answers(path))  # it caught up on her key
+            assert mid in await listing()
+    finally:
+        with contextlib.suppress(NoKeeper, KeeperError):
+            ask(path, STOP, timeout_s=5.0)
         codes = [await p.stop() for p in reversed(programs)]
     assert codes == [0, 0, 0]
