@@ -8,6 +8,7 @@ reconnect forever; connection events are logged with structlog.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import time
 from dataclasses import dataclass
@@ -149,8 +150,15 @@ async def close_bounded(nc: NATS, timeout_s: float = CLOSE_AFTER_FAILURE_S) -> N
     """Close ``nc`` even while the caller is being cancelled (shielded), giving up after
     ``timeout_s``: a client that never connected, or is reconnecting, must not hold a stop."""
     _drop_unsendable(nc)
-    with anyio.move_on_after(timeout_s, shield=True):
-        await nc.close()
+    with anyio.move_on_after(timeout_s, shield=True) as scope:
+        try:
+            await nc.close()
+        except asyncio.CancelledError:
+            if scope.cancel_called:
+                raise  # the bound: the scope ends it
+            # Not a cancellation of this task (shielded, and not the bound): a future of the
+            # closed socket's was cancelled under it (uvloop's close waiter, when the socket
+            # was lost while nats-py reconnected). The socket is closed: nothing to wait for.
 
 
 def _drop_unsendable(nc: NATS) -> None:
