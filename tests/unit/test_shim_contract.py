@@ -181,3 +181,29 @@ async def test_a_fork_server_lingers_only_for_a_supplier_that_keeps_machines(
     assert forks.linger_s == LINGER_S
     forks._holders, forks._kept = [False], True  # a keeping driver ended: still kept
     assert forks.linger_s == LINGER_S
+
+
+async def test_a_shim_whose_line_was_reset_is_lost_not_an_error(tmp_path: Path) -> None:
+    """A shim killed with a request of ours unread resets its end of the line (Linux: a unix
+    socket closed with data in it). The supplier's reader takes that as the line's end, as
+    it takes an orderly close: the shim is lost, nothing raises (CI: a stop of a start cut
+    short raised BrokenResourceError out of the launch)."""
+    import socket
+
+    import anyio
+    from anyio.abc import SocketStream
+
+    from supplier.machines.shim.client import Shim
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    state = State(shim_pid=os.getpid(), shim_started=0, pid=os.getpid(), started_at_ms=1)
+    theirs.sendall(contract.line({"state": state.to_dict()}))
+    shim = Shim("w~m", tmp_path)
+    await shim._take(await SocketStream.from_socket(ours))
+    assert await shim._send({"op": "collect"})  # left unread by the shim
+    with anyio.fail_after(5):
+        await anyio.wait_readable(theirs)  # the request is at the other end
+    theirs.close()  # with our request in it: a reset
+    with anyio.fail_after(5):
+        await shim.follow()
+    assert shim.lost and shim.ended.is_set()

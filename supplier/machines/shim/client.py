@@ -100,7 +100,13 @@ class Shim:
         try:
             with anyio.fail_after(ANSWER_S):
                 await self._receive()
-        except (TimeoutError, anyio.EndOfStream, anyio.IncompleteRead, OSError) as exc:
+        except (
+            TimeoutError,
+            anyio.EndOfStream,
+            anyio.IncompleteRead,
+            anyio.BrokenResourceError,  # the shim's end of the line reset (it was killed)
+            OSError,
+        ) as exc:
             await self._close()
             raise OSError(f"the shim of {self.machine_id} did not say its state: {exc!r}") from None
         except ShimError:
@@ -162,7 +168,13 @@ class Shim:
                     if self._lines is None or (event is not None and event.is_set()):
                         return
                     await self._receive()
-        except (anyio.EndOfStream, anyio.ClosedResourceError, OSError, ShimError):
+        except (
+            anyio.EndOfStream,
+            anyio.ClosedResourceError,
+            anyio.BrokenResourceError,  # the shim's end of the line reset (it was killed)
+            OSError,
+            ShimError,
+        ):
             if self._stream is not None and not self.collected.is_set():
                 await self._close()
             if not (self.ended.is_set() or self.collected.is_set() or self.let_go):
