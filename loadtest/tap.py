@@ -27,7 +27,7 @@ import anyio
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import connect, flush_all, shutdown
 from bourse.nats.jetstream import jetstream_available
 from bourse.runtime import logs
 from bourse.runtime.launcher import start_program, stop_all
@@ -134,7 +134,7 @@ async def tap(url: str, prefix: str, counts_file: Path) -> None:
             await nc.subscribe(subject, cb=on_msg, pending_msgs_limit=0, pending_bytes_limit=0)
             for subject in await tapped_subjects(nc, prefix)
         ]
-        await nc.flush()
+        await flush_all(nc)  # every subscription the server's before it says ready
         print(TAP_READY, flush=True)
         with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:

@@ -332,7 +332,7 @@ class SupplierHost:
         if self.rows is not None:  # named by its heartbeat again: back in a view at once
             self.rows.regroup()
         await self._serve_subjects(w.worker_id)
-        await self.nc.flush()
+        await flush_all(self.nc)  # its subscriptions the server's before it says so
         log.warning("worker_started", worker_id=w.worker_id, by="operator")
 
     async def _stop(self) -> None:

@@ -27,7 +27,7 @@ from bourse.auction.auctioneer import Auctioneer
 from bourse.auction.claims import Claim
 from bourse.auction.core import AuctionConfig
 from bourse.client import BourseClient
-from bourse.nats.connection import connect
+from bourse.nats.connection import connect, flush_all
 from bourse.nats.jetstream import EventStream
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Commit, Placed, PlaceOrder, Resources, Unfilled
@@ -279,7 +279,7 @@ async def collect(nc: NATS, subject: str) -> list[Msg]:
         seen.append(msg)
 
     await nc.subscribe(subject, cb=keep)
-    await nc.flush()
+    await flush_all(nc)
     return seen
 
 

@@ -26,6 +26,7 @@ from nats.aio.subscription import Subscription
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from bourse.errors import BourseError
+from bourse.nats.connection import flush_all
 from bourse.nats.jetstream import jetstream_available, stream_name
 from bourse.wire.codec import BadMessage, decode
 from bourse.wire.messages import Event
@@ -148,7 +149,7 @@ class EventFeed:
     async def __aenter__(self) -> EventFeed:
         if self.since is None:
             self._sub = await self.nc.subscribe(self.subject, cb=self._on_msg)
-            await self.nc.flush()
+            await flush_all(self.nc)  # the subscription is the server's before we return
             return self
         if not await jetstream_available(self.nc):
             raise EventsError(

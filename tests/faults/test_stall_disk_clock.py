@@ -15,7 +15,7 @@ import msgspec
 import pytest
 import structlog
 
-from bourse.nats.connection import STATS, connect, shutdown
+from bourse.nats.connection import STATS, connect, flush_all, shutdown
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Offer, PlaceOrder, Resources, WorkerStatus
@@ -98,7 +98,7 @@ async def test_slow_consumer_is_counted_and_logged(nats_server: EmbeddedNats) ->
             await nc.subscribe("slow.test", cb=wedged, pending_msgs_limit=5)
             for _ in range(50):
                 await nc.publish("slow.test", b"x")
-            await nc.flush()
+            await flush_all(nc)
             # drops are counted as they happen, not when the handler catches up
             await wait_until(lambda: STATS["slow-test"].slow_consumer_drops >= 40, timeout_s=10)
         gate.set()

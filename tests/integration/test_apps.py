@@ -19,6 +19,7 @@ from nats.aio.msg import Msg
 from bourse.client.apps import spec as spec_mod
 from bourse.client.apps.apply import apply, context
 from bourse.client.apps.store import AppChanged, AppStore
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.machines.heartbeat import SCRIPT
@@ -131,7 +132,7 @@ async def test_deploy_plan_rolling_update_again_and_scale_down(
             started[row["region"]].add(row["machine_id"])
     sub = await nc.subscribe(market.subjects.events(), cb=seen)
     code, out, err = await buyer(market, "deploy", "-f", bigger, "--json")
-    await nc.flush()
+    await flush_all(nc)
     await sub.unsubscribe()
     assert code == 0, err
     doc = json.loads(out)
@@ -397,7 +398,7 @@ async def test_a_machine_is_given_its_apps_secrets_and_nothing_says_them(
     for cmd in (["apps", "status", "hello", "--json"], ["machines", "show", mid, "--json"]):
         code, out, err = await buyer(market, *cmd)
         assert code == 0 and "s3cr3t" not in out + err, cmd
-    await nc.flush()
+    await flush_all(nc)
     await sub.unsubscribe()
     assert events and not [e for e in events if b"s3cr3t" in e]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from nats.aio.msg import Msg
 
 from bourse.nats.auth import new_seed
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, BidReply, Offer, Offers, Placed, Resources
 from bourse.wire.signing import OfferSigner, TrustStore
@@ -95,7 +96,7 @@ async def test_a_supplier_that_ignores_the_flag_is_placed_on_all_the_same(market
 
     await nc.subscribe(s.bid("mad"), cb=on_bid)
     await answer_commits(nc, s, "old-1", "old-2", score=0.9)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     r = await client.place(order(order_id="o-old"))
     assert [b.batch_offers for b in bids] == [True]  # asked for a batch, got single offers

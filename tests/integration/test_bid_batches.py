@@ -9,6 +9,7 @@ import asyncio
 
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (
     Answers,
@@ -85,7 +86,7 @@ async def test_concurrent_orders_go_in_batches_and_are_all_placed(market: Market
         seen.append(decode(msg.data, Batch))
 
     await nc.subscribe(market.subjects.bid_batch("mad"), cb=tap)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
@@ -115,7 +116,7 @@ async def test_no_batches_where_a_supplier_does_not_take_them(market: Market) ->
         await nc.publish(msg.reply, encode(answer))
 
     await nc.subscribe(market.subjects.bid("mad"), cb=on_bid)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None

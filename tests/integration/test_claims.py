@@ -105,14 +105,14 @@ async def test_a_retry_of_a_placed_order_is_answered_from_its_claim(market: Mark
 
     nc = await market.connect("spy")
     await nc.subscribe(market.subjects.bid("mad"), cb=spy)
-    await nc.flush()
+    await flush_all(nc)
     for c in (client, await market.client(direct=True)):
         again = await c.place(order(order_id="again", retry=True, exclude_workers=["a", "b"]))
         assert isinstance(again, Placed) and again.existing
         assert (again.machine_id, again.worker_id) == (first.machine_id, first.worker_id)
     marker = await client.place(order(order_id="marker"))  # a bid the spy must see...
     assert isinstance(marker, Placed)
-    await nc.flush()
+    await flush_all(nc)
     assert "marker" in bids and "again" not in bids  # ...while the retries sent none
 
 
@@ -269,7 +269,7 @@ async def test_the_buyer_is_answered_once_the_placed_claim_is_acknowledged(
     await market.exchange()
     nc = await market.connect("watcher")
     sub = await nc.subscribe(">")  # everything, in the order the server delivers it here
-    await nc.flush()
+    await flush_all(nc)
     inbox = nc.new_inbox()
     bucket = claims_bucket_name(market.subjects.prefix)
     await nc.publish(market.subjects.order("mad"), encode(order(order_id="acked")), reply=inbox)

@@ -12,6 +12,7 @@ import anyio
 import pytest
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
@@ -111,7 +112,7 @@ async def test_a_machine_past_its_memory_is_killed_and_recorded_failed_oom(
 
     spy = await market.connect("spy")
     await spy.subscribe(market.subjects.events(kind="failed"), cb=on_event)
-    await spy.flush()
+    await flush_all(spy)
     m = await _started(market, "hog", memory_mb=64)
     w = host.workers[C1]
     await wait_until(lambda: w.machines[m.machine_id].state == "failed", timeout_s=10)

@@ -14,6 +14,7 @@ import time
 from nats.aio.msg import Msg
 
 from bourse.client import DryRun
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import encode
 from bourse.wire.messages import Amount, Placed, WorkerStatus
 from supplier.ledger import Hold
@@ -88,7 +89,7 @@ async def foreign(market: Market) -> None:
         await nc.publish(msg.reply, encode(status))
 
     await nc.subscribe(market.subjects.status("mad"), cb=answer)
-    await nc.flush()
+    await flush_all(nc)
 
 
 def rows(d: DryRun) -> list[tuple[str, str, float, list[str]]]:

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bourse.client import OVERLOADED_CODE, BourseClient, ClientError
 from bourse.client.events import EventFeed, Since, StreamedEvent
+from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.nats.jetstream import EVENT_BYTES, EVENTS_PER_ORDER, stream_name
 from bourse.runtime.launcher import Program, start_program
@@ -231,7 +232,7 @@ async def test_without_jetstream_events_flow_at_most_once_and_it_is_said_once(
             got.append(decode(msg.data, Event))
 
         await spy.subscribe(market.subjects.events(kind="placed"), cb=on_event)
-        await spy.flush()
+        await flush_all(spy)
         client = await market.client()
         placed = await _place_many(client, "mad", 20)
         await wait_until(lambda: len(got) == 20)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from bourse.auction.broker import SHUTTING_DOWN
+from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import SHUTTING_DOWN_REASON, Error, Placed, Unfilled
@@ -31,7 +32,7 @@ async def test_sigterm_answers_the_buyers_of_the_orders_in_flight(
     listener = await market.connect("listener")
     bids = await listener.subscribe(f"{s.bid('mad')}.>")
     plain = await listener.subscribe(s.bid("mad"))
-    await listener.flush()
+    await flush_all(listener)
     args = [
         *exchange_args(nats_server.url, s.prefix),
         *("--max-inflight", "1", "--quiet-ms", "60000", "--metrics-addr", "127.0.0.1:0"),

@@ -13,6 +13,7 @@ from nats.aio.msg import Msg
 
 from bourse.client import BourseClient, ClientError
 from bourse.client.execs import Ended
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, ExecRequest, Machine, Placed
 from supplier.config import WorkerConfig
@@ -68,7 +69,7 @@ async def test_a_command_in_a_process_machine_and_its_event(market: Market) -> N
         events.append(decode(msg.data, Event))
 
     await nc.subscribe(market.subjects.events(kind="exec"), cb=took)
-    await nc.flush()
+    await flush_all(nc)
     ended, out = await run(buyer, m.machine_id, "id", "-u", "--secret-argument")
     assert ended.code == 1  # id refuses the argument: the command's own code
     ended, out = await run(buyer, m.machine_id, "id", "-u")

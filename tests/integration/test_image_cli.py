@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from bourse.client.render import visible
 from bourse.images import ImageStore
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import encode
 from bourse.wire.messages import Resources, WorkerStatus
 from ops.cli import app as ops_app
@@ -129,7 +130,7 @@ async def test_ls_says_which_workers_hold_each_image(market: Market, tmp_path: P
 
     status = holding(raw, done["digest"])  # a worker whose cache holds the image
     await raw.subscribe(market.subjects.status_every, cb=status)
-    await raw.flush()
+    await flush_all(raw)
     code, out, _ = await image(market, "ls", "--json")
     assert code == 0 and json.loads(out)["images"][0]["cached_by"] == ["w9"]
     code, out, _ = await image(market, "ls")
@@ -211,7 +212,7 @@ async def test_gc_keeps_what_a_worker_holds(market: Market, tmp_path: Path) -> N
 
     await raw.subscribe(market.subjects.status_every, cb=status)
     await raw.subscribe(market.subjects.machines_every, cb=machines)
-    await raw.flush()
+    await flush_all(raw)
     code, out, err = await image(market, "gc", "--grace-s", "0", "--json")
     assert code == 0, err
     assert json.loads(out)["removed"] == [] and json.loads(out)["in_use"] == 1

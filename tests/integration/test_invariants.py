@@ -10,6 +10,7 @@ from nats.aio.msg import Msg
 
 from bourse.auction.core import AuctionConfig
 from bourse.client import ClientError
+from bourse.nats.connection import flush_all
 from bourse.wire.messages import Placed, Unfilled
 from tests.market import Market, order, wait_until, worker
 
@@ -133,10 +134,10 @@ async def test_i5_workers_of_other_regions_never_receive_the_bid(market: Market)
         seen[msg.subject.rsplit(".", 1)[-1]] += 1
 
     await spy.subscribe(market.subjects.bid("*"), cb=count)
-    await spy.flush()
+    await flush_all(spy)
     buyer = await market.client()
     rs = [await buyer.place(order(region="mad")) for _ in range(5)]
-    await spy.flush()
+    await flush_all(spy)
     assert all(isinstance(r, Placed) and r.region == "mad" and r.worker_id == "mad-1" for r in rs)
     assert seen == {"mad": 5}
 
@@ -160,7 +161,7 @@ async def test_an_order_without_a_reply_subject_places_nothing(market: Market) -
     from bourse.wire.codec import encode
 
     await nc.publish(market.subjects.order("mad"), encode(order(order_id="no-reply")))
-    await nc.flush()
+    await flush_all(nc)
     await wait_until(lambda: svc.responder.counts["order_without_reply"] == 1)
     assert not host.workers["a"].machines
 
@@ -228,6 +229,6 @@ async def test_a_passive_listener_on_all_subjects_does_not_block_a_supplier(
         pass
 
     await spy.subscribe(f"{market.subjects.root}.>", cb=ignore)
-    await spy.flush()
+    await flush_all(spy)
     host = await market.host(worker("w1"))
     assert "w1" in host.workers

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.runtime.launcher import start_program as start
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event, Machine, Placed, Unfilled
@@ -176,7 +177,7 @@ async def test_restart_policy_no_records_the_exit_as_stopped(market: Market) -> 
 
     spy = await market.connect("spy")
     await spy.subscribe(market.subjects.events(kind="stopped"), cb=on_event)
-    await spy.flush()
+    await flush_all(spy)
     m = await _placed_and_started(market)
     w = market.hosts[0].workers[P1]
     await wait_until(lambda: w.machines[m.machine_id].state == "stopped")

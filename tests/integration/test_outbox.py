@@ -6,6 +6,7 @@ from __future__ import annotations
 import anyio
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from supplier.outbox import Outbox
 from tests.market import Market, wait_until
 
@@ -19,7 +20,7 @@ async def test_messages_go_out_in_order_and_close_sends_what_is_queued(market: M
 
     subject = market.subjects.prefix + ".outbox"
     await sub_nc.subscribe(subject, cb=collect)
-    await sub_nc.flush()
+    await flush_all(sub_nc)
     box = Outbox(await market.connect("pub"))
     async with anyio.create_task_group() as tasks:
         await tasks.start(box.run)
@@ -27,7 +28,7 @@ async def test_messages_go_out_in_order_and_close_sends_what_is_queued(market: M
             box.post(subject, str(i).encode())
         await box.close()  # returns once all 200 are handed to the connection
     assert len(box) == 0
-    await box.nc.flush()
+    await flush_all(box.nc)
     await wait_until(lambda: len(got) == 200)
     assert got == [str(i).encode() for i in range(200)]
 

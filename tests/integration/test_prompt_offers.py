@@ -12,6 +12,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import (
     Answers,
@@ -118,7 +119,7 @@ async def test_a_supplier_that_does_not_answer_promptly_turns_the_quorum_off(
 
     await nc.subscribe(s.bid("mad"), cb=on_bid)
     await answer_commits(nc, s, "old-1", score=0.99)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
@@ -142,13 +143,13 @@ async def test_one_offering_process_drops_the_other_holds_itself(market: Market)
         releases.append(msg.subject)
 
     await nc.subscribe(market.subjects.region_release("*"), cb=tap)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     auctioneer = client._broker.auctioneer if client._broker else None
     assert auctioneer is not None
     assert isinstance(await client.place(order(order_id="learn")), Placed)  # learns the process
     await wait_until(lambda: not any(w.ledger.holds for w in host.workers.values()))
-    await nc.flush()
+    await flush_all(nc)
     mad, bcn = market.subjects.region_release("mad"), market.subjects.region_release("bcn")
     assert releases == [mad]  # the first auction did not know the process yet
     r = await client.place(order(order_id="alone"))
@@ -218,7 +219,7 @@ async def test_a_late_offer_after_a_folded_release_gets_its_worker_a_release(
     await late.start()
     told = await nc.subscribe(market.subjects.release("late-1"))
     regional = await nc.subscribe(market.subjects.region_release("mad"))
-    await nc.flush()
+    await flush_all(nc)
     # Without claims, an auction queues its bid in the loop turn it starts in (no KV write
     # first), so two orders placed at once share a batch whatever the machine's load.
     client = await market.client(direct=True, claims=False)
@@ -237,7 +238,7 @@ async def test_a_late_offer_after_a_folded_release_gets_its_worker_a_release(
     await late.offer("late-1", "learn")
     marker = await client.place(order(order_id="marker", region="bcn"))  # same connection
     assert not isinstance(marker, Placed)
-    await nc.flush()
+    await flush_all(nc)
     with pytest.raises(nats.errors.TimeoutError):
         await told.next_msg(0.2)
     assert regional.pending_msgs == 0  # no region release for a1 and a2
@@ -273,7 +274,7 @@ async def test_an_offer_that_comes_during_the_folded_commit_gets_a_release(
     await nc.subscribe(s.bid("mad"), cb=on_bid)
     await nc.subscribe(s.commit("k1"), cb=on_commit)
     told = await nc.subscribe(s.release("late-1"))
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True)
     assert isinstance(await client.place(order(order_id="learn")), Placed)
     await commits.get()

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode
 from bourse.wire.messages import Event
 from supplier.config import WorkerConfig
@@ -62,7 +63,7 @@ async def test_place_restart_on_failure_shows_last_exit_restarts_and_events(
 
     spy = await market.connect("spy")
     await spy.subscribe(market.subjects.events(kind="restarted"), cb=on_event)
-    await spy.flush()
+    await flush_all(spy)
 
     code, out, err = await buyer(market, *_place("crash", "--restart", "on-failure", "--start"))
     mid = out.split("placed ")[1].split()[0]

@@ -17,7 +17,7 @@ import msgspec
 from nats.aio.msg import Msg
 
 from bourse.client import BourseClient
-from bourse.nats.connection import connect, shutdown
+from bourse.nats.connection import connect, flush_all, shutdown
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Machine, Offer, Placed, PlaceOrder, Resources
@@ -71,7 +71,7 @@ async def _run(
         await nc.subscribe(subjects.bid("mad"), cb=owner)
         await nc.subscribe(subjects.commit("b"), cb=commit_b)
         await nc.subscribe(subjects.worker_machine("a", "get"), cb=show_a)
-        await nc.flush()
+        await flush_all(nc)
         client = BourseClient(nc, subjects, direct=True, claims=False)
         order = PlaceOrder(
             order_id="o-retry", region="mad", resources=Resources(cpus=1, memory_mb=64), image="web"

@@ -7,6 +7,7 @@ from collections import Counter
 
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.wire.messages import Placed, Unfilled
 from bourse.wire.subjects import sampled_shards, shard_of
 from tests.market import Market, collect, order, wait_until, worker
@@ -23,7 +24,7 @@ async def _count_bids(market: Market) -> Counter[str]:
 
     await spy.subscribe(market.subjects.bid("mad") + ".>", cb=count)
     await spy.subscribe(market.subjects.bid("mad"), cb=count)
-    await spy.flush()
+    await flush_all(spy)
     return seen
 
 
@@ -117,7 +118,7 @@ async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: 
         assert isinstance(r, Placed)
     expected = {home: {small_host.responder_id}, 1 - home: {big_host.responder_id}}
     assert ex.auctioneer.expected_shard_responders("mad") == expected
-    await spy.flush()
+    await flush_all(spy)
     before = len(releases)
 
     r = await buyer.place(order(order_id="fits", deadline_ms=8_000))
@@ -130,7 +131,7 @@ async def test_a_sampled_bid_commits_once_the_shards_processes_answered(market: 
     # the home shard answered with nothing: the broadcast did not wait out the 5 s window
     assert r.elapsed_ms < 2_500
     await (await market.connect("flush")).flush()
-    await spy.flush()
+    await flush_all(spy)
     # the fallback's order is released to the region (the broadcast reached both
     # processes); the sampled one that fit needed no region release
     await wait_until(lambda: len(releases) > before)

@@ -11,6 +11,7 @@ import nats.errors
 import pytest
 from nats.aio.msg import Msg
 
+from bourse.nats.connection import flush_all
 from bourse.nats.scatter import scatter
 from tests.market import Market
 
@@ -29,7 +30,7 @@ async def test_every_responder_answers_into_an_inbox_of_the_requests_own(market:
 
     for nc, name in ((a, b"a"), (b, b"b")):
         await nc.subscribe(subject, cb=answering(name))
-        await nc.flush()
+        await flush_all(nc)
 
     async with scatter(asker, subject, b"hi") as replies:
         got = {await replies.next(5.0), await replies.next(5.0)}

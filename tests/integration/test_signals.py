@@ -22,6 +22,7 @@ import anyio
 import psutil
 import pytest
 
+from bourse.nats.connection import flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.wire.messages import Placed
 from tests.isolation import ONE_DEMO_FLEET_AT_A_TIME
@@ -387,7 +388,7 @@ async def test_loadtest_mid_burst(
         got.set()
 
     await nc.subscribe("*.v1.event.*.*.placed", cb=placed)
-    await nc.flush()
+    await flush_all(nc)
     args = loadtest_args(tmp_path, "--nats", nats_server.url)
     async with program("ops.cli", *args, log_path=tmp_path / "lt.log") as lt:
         with anyio.fail_after(READY_S):

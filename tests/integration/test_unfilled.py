@@ -8,6 +8,7 @@ from pathlib import Path
 from nats.aio.msg import Msg
 
 from bourse.images import ImageStore, RunSpec
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, Commit, Offer, Offers, Placed, Rejected, Release, Unfilled
 from tests.cli import buyer
@@ -42,7 +43,7 @@ async def _ghost_worker(market: Market, worker_id: str, on_commit: str) -> list[
     await nc.subscribe(market.subjects.bid("mad"), cb=bid)
     await nc.subscribe(market.subjects.commit(worker_id), cb=commit)
     await nc.subscribe(market.subjects.release(worker_id), cb=release)
-    await nc.flush()
+    await flush_all(nc)
     return releases
 
 
@@ -123,7 +124,7 @@ async def test_no_offers_only_after_listening_the_quiet_window_not_while_the_pro
 
     await nc.subscribe(market.subjects.bid("mad"), cb=on_bid)
     await answer_commits(nc, market.subjects, "k1", score=0.9)
-    await nc.flush()
+    await flush_all(nc)
     client = await market.client(direct=True, quiet_ms=STALL_QUIET_MS)
     placed = await client.place(order(order_id="stalled"))
     assert isinstance(placed, Placed) and placed.worker_id == "k1"

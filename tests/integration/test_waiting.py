@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from nats.aio.client import Client as NATS
 
+from bourse.nats.connection import flush_all
 from bourse.wire.codec import decode, encode
 from bourse.wire.messages import Bid, BidReply, Commit, Offer, Placed, Release, Resources, Waiting
 from tests.market import Market, wait_until, worker
@@ -92,7 +93,7 @@ async def test_a_bid_that_arrives_after_its_own_release_is_ignored(market: Marke
     nc = await market.connect("bidder")
     release = Release(order_id="late", auction_id="a-late")
     await nc.publish(market.subjects.region_release("mad"), encode(release))
-    await nc.flush()
+    await flush_all(nc)
     _, sub = await _bid(nc, market, "late", wait_ms=0)  # same auction id "a-late"
     _, probe = await _bid(nc, market, "probe", wait_ms=0)
     # the host handles bids in order: once the probe is answered, "late" was seen

@@ -22,7 +22,7 @@ from nats.aio.subscription import Subscription
 from bourse.auction.core import FOREIGN_MACHINE, MACHINE_UNSHOWN, NOT_THIS_ORDER
 from bourse.client import BourseClient, ClientError
 from bourse.nats.auth import tenant_of
-from bourse.nats.connection import connect
+from bourse.nats.connection import connect, flush_all
 from bourse.nats.embedded import EmbeddedNats
 from bourse.runtime.launcher import start_program
 from bourse.wire.codec import decode, encode
@@ -160,7 +160,7 @@ async def nothing_arrived(nc: NATS, sub: Subscription) -> bool:
     """Whether ``sub`` got nothing. Sound once the publisher's later message was received
     elsewhere: the server queues a connection's messages in order, so a PING/PONG on this
     connection comes after anything published to it before."""
-    await nc.flush()
+    await flush_all(nc)
     return sub.pending_msgs == 0
 
 
@@ -203,7 +203,7 @@ async def test_a_supplier_key_cannot_hand_out_another_workers_machine(
             sent.append(claim)
 
         await attacker.subscribe(secured.subjects.bid("mad"), cb=forge)
-        await attacker.flush()
+        await flush_all(attacker)
         for i in range(len(claims)):
             got = await place(m, f"attack-{i}")
             assert got.machine_id not in claims and not got.existing, got
@@ -268,7 +268,7 @@ async def test_a_buyer_cannot_make_a_program_publish_on_a_workers_subject(
         wid = victim_subject.split(".")[1]
         ear_nc, ear_v = await secured.connect(f"supplier:{wid}")  # the victim worker's ear
         ear = await ear_nc.subscribe(victim)
-        await ear_nc.flush()
+        await flush_all(ear_nc)
         attacker, violations = await secured.connect("buyer")
         subject, body = {
             "status": (s.status("mad"), encode(StatusRequest())),
@@ -315,7 +315,7 @@ async def test_a_rogue_responder_cannot_publish_on_a_reply_subject_it_was_handed
     victim = s.commit("mad-2")
     ear_nc, _ = await secured.connect("supplier:mad-2")
     ear = await ear_nc.subscribe(victim)
-    await ear_nc.flush()
+    await flush_all(ear_nc)
     rogue, rogue_v = await secured.connect("supplier:mad-1")
 
     async def deputy(msg: Msg) -> None:
@@ -323,7 +323,7 @@ async def test_a_rogue_responder_cannot_publish_on_a_reply_subject_it_was_handed
         await rogue.publish(msg.reply, status.encode())
 
     await rogue.subscribe(s.status("mad"), cb=deputy)
-    await rogue.flush()
+    await flush_all(rogue)
     buyer, _ = await secured.connect("buyer")
     await buyer.publish(s.status("mad"), b"", reply=victim)
     refused = await rogue_v.next()
@@ -405,7 +405,7 @@ async def test_a_status_flood_is_shed_and_the_market_keeps_serving(
         body = encode(StatusRequest())
         for _ in range(5000):
             await flood.publish(s.status("mad"), body, reply=inbox)
-        await flood.flush()
+        await flush_all(flood)
         # every flooded request was taken off the queue (answered or shed)
         await wait_until(
             lambda: all(h.responder.counts["requests"] >= 5000 for h in m.hosts.values()), 30
@@ -448,13 +448,13 @@ async def test_allow_responses_would_let_a_responder_publish_on_a_subject_it_den
                 conns.append(await connect(url, name=user, service=False))
             r, q, v = conns
             ear = await v.subscribe("victim.>")
-            await v.flush()
+            await flush_all(v)
 
             async def respond(msg: Msg) -> None:
                 await r.publish(msg.reply, b"reply")
 
             await r.subscribe("svc", cb=respond)
-            await r.flush()
+            await flush_all(r)
             # The server does not always let the first response through (about 1 run in
             # 20 here, with nothing in its log): the property is that one can get through
             # at all, so a few requests are sent; a server where the deny wins stops all.

@@ -11,6 +11,7 @@ import pytest
 
 from bourse.auction.claim_store import ClaimStore
 from bourse.auction.claims import Claim
+from bourse.nats.connection import flush_all
 from tests.security.conftest import PREFIX, Secured
 
 
@@ -33,7 +34,7 @@ async def test_who_runs_auctions_can_use_the_claims(secured: Secured, user: str)
     assert second is not None and await moved
     await store.remove(key, second)
     assert (await store.get(key))[0] is None
-    await nc.flush()
+    await flush_all(nc)
     assert violations.none_yet(), await violations.next()
 
 
