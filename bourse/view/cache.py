@@ -14,8 +14,8 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 
 from bourse.nats.names import prefix_token
@@ -44,6 +44,30 @@ def locked(path: Path) -> Iterator[Path]:
             yield path
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@asynccontextmanager
+async def locked_async(path: Path, pace_s: float = 0.05) -> AsyncIterator[Path]:
+    """:func:`locked` in an event loop, which it never blocks: another invocation that
+    writes the view (a ``query --watch`` holds it while it follows) is waited for by
+    trying again every ``pace_s`` (no event says when a process lets a file lock go)."""
+    import asyncio
+
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    lock = os.open(path.with_suffix(".lock"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                await asyncio.sleep(pace_s)  # a pace: see above
+        try:
+            yield path
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    finally:
+        os.close(lock)
 
 
 def stamp_path(path: Path) -> Path:

@@ -7,8 +7,9 @@ connection and a consumer (flyctl's agent, for the same reason: a CLI that answe
 - **Asked.** An invocation sends ``sync`` (with its tables' version: a keeper of another,
   one an upgrade left running, answers an error and exits, and the next invocation starts
   one of its own): the keeper catches the view up as an invocation
-  does (bourse/view/view.py ``open_view``, under the view's lock, from the sequences in its
-  file, so a view another invocation caught up meanwhile is resumed, not overwritten),
+  does (bourse/view/view.py ``open_view``, under the view's lock, waited for without
+  blocking the keeper, from the sequences in its file, so a view another invocation
+  caught up meanwhile is resumed, not overwritten),
   stamps it (bourse/view/cache.py) and answers ``ok <seq>``, or ``error <why>``; the
   invocation then reads the view as it stands. ``stop`` ends the keeper.
 - **Found.** A socket in Linux's abstract namespace named by the view's path (a path under
@@ -144,7 +145,7 @@ async def keep(
     import structlog
 
     from bourse.view import ViewUnavailable, open_view
-    from bourse.view.cache import locked, stamp
+    from bourse.view.cache import locked_async, stamp
 
     log = structlog.get_logger("bourse.view").bind(view=path.name)
     listener = listen(path)
@@ -158,12 +159,15 @@ async def keep(
     async def sync() -> bytes:
         async with one_at_a_time:
             try:
-                with locked(path):
-                    async with open_view(nc, subjects, path, tenant) as view:
-                        stamp(path)
-                        return b"ok %d\n" % view.freshness().seq
+                async with locked_async(path), open_view(nc, subjects, path, tenant) as view:
+                    stamp(path)
+                    return b"ok %d\n" % view.freshness().seq
             except ViewUnavailable as exc:
-                return b"error " + str(exc).replace("\n", " ").encode() + b"\n"
+                why = str(exc)
+            except Exception as exc:  # the server away, the file refused: said, not raised
+                why = f"{type(exc).__name__}: {exc}"
+                log.warning("view_keeper_sync_failed", error=why)
+            return b"error " + why.replace("\n", " ").encode()[:500] + b"\n"
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal last
