@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol, Self, TypeVar
@@ -108,15 +108,29 @@ def alive(pid: int) -> bool:
         return False
 
 
+# How often wait_until and wait_for look again.
+POLL_S = 0.005
+
+
+async def _attempts(timeout_s: float, failed: Callable[[], str]) -> AsyncIterator[None]:
+    """One turn per look, POLL_S apart; AssertionError (``failed()`` says why) once
+    ``timeout_s`` passed. The looks are the wait: whatever is waited for has no event of its
+    own here (a process's state, another program's answer)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        yield
+        if time.monotonic() > end:
+            raise AssertionError(failed())
+        await asyncio.sleep(POLL_S)  # the pace of looking again, not a synchronisation
+
+
 async def wait_until(predicate: Callable[[], bool], timeout_s: float = 30.0) -> None:
     """Poll a condition (not a sleep-as-sync: it returns as soon as the condition holds).
     ``timeout_s`` only bounds a test that is failing: generous, as a busy machine starts a
     machine's process, or answers, seconds later than an idle one."""
-    end = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(0.005)
+    async for _ in _attempts(timeout_s, lambda: "condition not met in time"):
+        if predicate():
+            return
 
 
 async def wait_for(
@@ -124,12 +138,16 @@ async def wait_for(
 ) -> T:
     """``probe``'s answer once ``done`` holds for it (a request asked again, as
     :func:`wait_until` polls a condition: it returns as soon as the answer is right)."""
-    end = time.monotonic() + timeout_s
-    while not done(answer := await probe()):
-        if time.monotonic() > end:
-            raise AssertionError(f"not met in time; the last answer: {answer!r}")
-        await asyncio.sleep(0.005)  # the pace of asking again: nothing to wait on but the answer
-    return answer
+    answer: list[T] = []  # the last one
+
+    def failed() -> str:
+        return f"not met in time; the last answer: {answer[0]!r}"
+
+    async for _ in _attempts(timeout_s, failed):
+        answer[:] = [await probe()]
+        if done(answer[0]):
+            return answer[0]
+    raise AssertionError("unreachable")  # _attempts ends by raising
 
 
 class Service(Protocol):

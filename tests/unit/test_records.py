@@ -5,8 +5,6 @@ included), once; a write the store refuses is told to nobody."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any, cast
 
 import anyio
@@ -19,15 +17,6 @@ from supplier.store import Store, StoreError
 
 def nothing(*_: Any) -> None:
     return None
-
-
-@pytest.fixture
-def store(tmp_path: Path) -> Iterator[Store]:
-    s = Store(tmp_path / "supplier.db")
-    try:
-        yield s
-    finally:
-        s.close()
 
 
 def records(store: Store, told: list[Machine], heard: anyio.Event | None = None) -> Records:
