@@ -56,24 +56,17 @@ def read_view(ctx: typer.Context, fn: Callable[[sqlite3.Connection, dict[str, in
     stand when the view was caught up at most FRESH_MS ago and the buyer's commands have not
     asked the market for a change since (bourse/view/stored.py: NATS is not even imported),
     else once it is caught up (:func:`with_view`)."""
-    import time
-
     from bourse.view.cache import stamped, view_path
-    from bourse.view.stored import open_stored
 
     s = session(ctx)
     path = view_path(s.connection().urls, s.prefix, s.tenant())
     fresh_ms = _fresh_ms()
-    if fresh_ms and stamped(path):
-        with open_stored(path, time.time_ns() // 1_000_000, fresh_ms) as stored:
-            if stored is not None:
-                return fn(stored.db, fresh_json(stored.freshness))
+    if fresh_ms and stamped(path) and (got := _as_it_stands(path, fresh_ms, fn)):
+        return got[0]
     idle_s = _keeper_s()
     keeper = _keeper_sync(path) if idle_s else "off"
-    if keeper == "synced":  # caught up a moment ago: read as it stands
-        with open_stored(path, time.time_ns() // 1_000_000, SYNCED_MS) as stored:
-            if stored is not None:
-                return fn(stored.db, fresh_json(stored.freshness))
+    if keeper == "synced" and (got := _as_it_stands(path, SYNCED_MS, fn)):
+        return got[0]  # caught up by the keeper a moment ago
 
     async def caught_up(view: View) -> T:
         return fn(view.db.db, view_json(view))
@@ -82,6 +75,19 @@ def read_view(ctx: typer.Context, fn: Callable[[sqlite3.Connection, dict[str, in
     if keeper == "none":
         start_keeper(s, idle_s)  # for the next invocation
     return answer
+
+
+def _as_it_stands(
+    path: Path, within_ms: int, fn: Callable[[sqlite3.Connection, dict[str, int]], T]
+) -> list[T]:
+    """``fn``'s answer on the view read as it stands (one, in a list), when it was caught
+    up at most ``within_ms`` ago; none when it was not (or there is no view to read)."""
+    import time
+
+    from bourse.view.stored import open_stored
+
+    with open_stored(path, time.time_ns() // 1_000_000, within_ms) as stored:
+        return [] if stored is None else [fn(stored.db, fresh_json(stored.freshness))]
 
 
 def _keeper_sync(path: Path) -> str:
