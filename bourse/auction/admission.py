@@ -9,7 +9,8 @@ burst of a deploy's orders is served, not refused); if none frees in that time i
 refused (``Refused("overloaded")`` from ``bourse/auction/broker.py``, an ``Error`` with
 reason ``overloaded`` on the wire: the client may try again later or elsewhere), and the
 auction that does run gets only what is left of the deadline. When no order has found a
-free slot for ``standing_ms``, the line is not a burst but overload (as in CoDel): orders
+free slot at once, nor one in line within ``standing_ms`` of joining it, for ``standing_ms``,
+the line is not a burst but overload (as in CoDel, by how long orders wait): orders
 arriving then wait at most ``congested_wait_ms``, so under sustained overload refusals
 come fast and the orders that are placed do not queue for long either.
 
@@ -134,11 +135,12 @@ class ConcurrencyLimit:
             # its result: True, handed a slot (the releaser counted us in); False, closed
             fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             self._waiters.append(fut)
+            lined_up = time.monotonic()
             try:
-                return await asyncio.wait_for(fut, within_s)
+                return self._served(await asyncio.wait_for(fut, within_s), lined_up)
             except TimeoutError:
                 if fut.done() and not fut.cancelled():
-                    return fut.result()  # answered just as the wait ran out
+                    return self._served(fut.result(), lined_up)  # just as the wait ran out
             except asyncio.CancelledError:
                 if fut.done() and not fut.cancelled() and fut.result():  # handed a slot,
                     self.inflight -= 1  # then cancelled: give it back, or it is lost
@@ -150,6 +152,16 @@ class ConcurrencyLimit:
         self.refused += 1
         self._refused_at = time.monotonic()
         return False
+
+    def _served(self, got: bool, lined_up: float) -> bool:
+        """An order handed a slot after waiting less than ``standing_ms`` says the line
+        moves (a burst being served, as CoDel reads a short sojourn): calm, as a slot free
+        at once is. Else a burst whose orders arrive over more than ``standing_ms`` (a busy
+        exchange reads them slowly) would be taken for overload while its line drains."""
+        now = time.monotonic()
+        if got and now - lined_up <= self.standing_ms / 1000.0:
+            self._calm_at = now
+        return got
 
     def _hand_over(self) -> None:
         """Give free slots to the orders waiting longest."""

@@ -132,6 +132,28 @@ async def test_a_standing_line_shortens_the_wait_of_new_arrivals() -> None:
     assert await first  # the one in line keeps its place and gets the slot
 
 
+async def test_a_line_that_moves_is_a_burst_being_served_not_overload() -> None:
+    """An order handed a slot within standing_ms of joining the line says the line moves:
+    a newcomer past standing_ms since a slot was last free at once, but not since that
+    order was served, still waits its full share (a burst whose orders a busy exchange
+    reads over more than standing_ms)."""
+    cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1, standing_ms=600, congested_wait_ms=0)
+    assert cap.try_acquire()
+    first = asyncio.ensure_future(cap.acquire(within_s=5))
+    await wait_until(lambda: cap.waiting == 1)
+    # Not sleeps for ordering: time must pass, first within standing_ms of the first's place
+    # in line, then past standing_ms since the slot free at once (but not since it was served)
+    await asyncio.sleep(0.3)
+    cap.release(None)
+    assert await first  # waited ~0.3 s of the 0.6 allowed: the line moves
+    await asyncio.sleep(0.4)
+    newcomer = asyncio.ensure_future(cap.acquire(within_s=5))
+    await wait_until(lambda: cap.waiting == 1 or newcomer.done())
+    assert not newcomer.done()  # in line, not refused at once as overload
+    cap.release(None)
+    assert await newcomer
+
+
 async def test_a_waiter_cancelled_after_being_handed_a_slot_gives_it_back() -> None:
     cap = ConcurrencyLimit(ceiling=1, target_ms=0, floor=1)
     assert cap.try_acquire()
